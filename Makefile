@@ -1,0 +1,84 @@
+# kvstats — the two README commands are `make figures` and `make test`; both set everything up from
+# nothing (a venv in .venv, the package, the compiled extension) and are fast when nothing changed.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PIP_FLAGS := -q --disable-pip-version-check -c constraints.txt
+EXT_SOURCES := $(shell find cuda_ext/csrc -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+SCALE ?= quick
+# CUDA compile check: a separate venv with a CUDA build of torch (no GPU needed to compile).
+CUDA_VENV ?= .venv-cuda
+CUDA_TORCH ?= torch==2.14.1
+CUDA_HOME ?= /usr/local/cuda
+
+.PHONY: all setup extension test lint pytest figures bench cuda-check gpu-check clean distclean
+
+all: test
+
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-ext
+
+# Dependencies and the editable install (pure Python: the extension is built by the next rule).
+$(VENV)/.stamp-deps: pyproject.toml constraints.txt
+	@echo ">> creating $(VENV) and installing kvstats with its dependencies (torch pinned by constraints.txt)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install $(PIP_FLAGS) --upgrade pip setuptools wheel ninja 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PIP) install $(PIP_FLAGS) torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c "import torch, scipy, statsmodels, kvstats" 2>/dev/null || { echo "dependency install failed"; exit 1; }
+	@touch $@
+
+# The op library kvstats._C, compiled ahead of time in place against the venv's torch (OpenMP on).
+$(VENV)/.stamp-ext: $(VENV)/.stamp-deps setup.py $(EXT_SOURCES)
+	@echo ">> building the extension kvstats._C from cuda_ext/csrc"
+	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE '^(\[[0-9]+/[0-9]+\]|running|copying)' || true
+	@$(PY) -c "import kvstats.ops as o; assert o.HAS_EXTENSION, o.EXTENSION_ERROR; print('   kernels:', o.kernel_devices())"
+	@touch $@
+
+extension: $(VENV)/.stamp-ext
+
+lint: $(VENV)/.stamp-deps
+	@echo ">> ruff"
+	@$(VENV)/bin/ruff check kvstats tests studies scripts benchmarks setup.py
+
+# pytest exits 5 when it collected nothing: treat that as a failure, never as a pass.
+pytest: setup
+	@echo ">> pytest"
+	@$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test: lint pytest
+
+figures: setup
+	@echo ">> regenerating figures and figures/REPORT.md (scale: $(SCALE))"
+	@$(PY) -m kvstats.cli reproduce --scale $(SCALE)
+
+bench: setup
+	@echo ">> benchmarks (results in benchmarks/results/)"
+	@$(PY) benchmarks/bench_ops.py --out benchmarks/results/cpu.json
+
+$(CUDA_VENV)/.stamp: constraints.txt
+	@echo ">> creating $(CUDA_VENV) with a CUDA build of torch (large download on first run)"
+	@test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
+	@$(CUDA_VENV)/bin/python -m pip install -q --disable-pip-version-check $(CUDA_TORCH) setuptools wheel ninja numpy 2>&1 | grep -v '^WARNING: Location' || true
+	@$(CUDA_VENV)/bin/python -c "import torch; assert torch.version.cuda, 'not a CUDA build of torch'"
+	@touch $@
+
+# Compiles every .cu (and .cpp) of the extension for sm_90 without a GPU, then loads the library
+# and checks that each op has a CUDA kernel registered.
+cuda-check: $(CUDA_VENV)/.stamp
+	@echo ">> compiling the extension with CUDA (sm_90) against $(CUDA_TORCH)"
+	@rm -rf build/cuda-check
+	@CUDA_HOME=$(CUDA_HOME) TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=2 $(CUDA_VENV)/bin/python setup.py -q \
+	  build_ext --build-temp build/cuda-check/temp --build-lib build/cuda-check/lib
+	@$(CUDA_VENV)/bin/python scripts/check_cuda_build.py build/cuda-check/lib
+
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf build kvstats/_C*.so $(VENV)/.stamp-ext
+
+distclean: clean
+	rm -rf $(VENV) $(CUDA_VENV) *.egg-info

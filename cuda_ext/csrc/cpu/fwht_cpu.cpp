@@ -1,0 +1,67 @@
+// CPU kernel of the orthonormal fast Walsh–Hadamard transform (Sylvester order).
+// One vector per task: load into an fp32 (fp64 for double) buffer, log2(d) in-place butterfly stages,
+// scale by 1/sqrt(d), store in the input dtype. Vectors are independent, so at::parallel_for splits
+// the batch across OpenMP threads.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../kernels.h"
+
+namespace kvstats {
+namespace {
+
+template <typename acc_t>
+inline void butterfly_inplace(acc_t* buf, int64_t d) {
+  for (int64_t h = 1; h < d; h <<= 1) {
+    for (int64_t i = 0; i < d; i += 2 * h) {
+      acc_t* __restrict__ lo = buf + i;
+      acc_t* __restrict__ hi = buf + i + h;
+      for (int64_t j = 0; j < h; ++j) {
+        const acc_t a = lo[j];
+        const acc_t b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(d));
+  // Grain: about 16K elements per task so small batches stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, 16384 / d);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> buf(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* xr = x + r * d;
+      scalar_t* yr = y + r * d;
+      for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(xr[j]);
+      butterfly_inplace(buf.data(), d);
+      for (int64_t j = 0; j < d; ++j) yr[j] = static_cast<scalar_t>(buf[j] * scale);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor fwht_cpu(const at::Tensor& x) {
+  check_fwht_input(x);
+  TORCH_CHECK(x.device().is_cpu(), "fwht_cpu: x must be a CPU tensor, got ", x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
+  const int64_t d = xc.size(-1);
+  const int64_t rows = xc.numel() / d;
+  if (rows == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "fwht_cpu", [&] {
+    fwht_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), rows, d);
+  });
+  return y;
+}
+
+}  // namespace kvstats

@@ -1,0 +1,54 @@
+"""Argument checks shared by the public API. Every error names the argument and the value seen."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: Input dtypes accepted everywhere (arithmetic is fp32; fp64 is accepted for references and oracles).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def as_tensor(x, name: str) -> torch.Tensor:
+    """Return x as a torch tensor (numpy arrays are wrapped without copying); reject anything else."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def check_float_tensor(
+    x: torch.Tensor,
+    name: str,
+    *,
+    min_dim: int = 1,
+    check_finite: bool = True,
+    allow_empty: bool = False,
+) -> torch.Tensor:
+    """Check dtype, rank, emptiness and finiteness of a floating tensor; return it unchanged."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
+    if not allow_empty and x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
+    if check_finite and x.numel() > 0 and not bool(torch.isfinite(x).all()):
+        bad = x[~torch.isfinite(x)].flatten()[0].item()
+        raise ValueError(f"{name} contains non-finite values (first seen: {bad}); pass finite data")
+    return x
+
+
+def check_int_range(value, name: str, low: int, high: int) -> int:
+    """Check that value is an int in [low, high] (bools rejected); return it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return int(value)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0

@@ -1,0 +1,156 @@
+"""The ``kvstats`` command.
+
+Subcommands register themselves with :func:`subcommand`; adding one is a decorated function::
+
+    @subcommand("codebook", help="print one codebook", args=[arg("--dim", type=int, required=True)])
+    def _codebook(args) -> int:
+        ...
+        return 0
+
+Heavy imports happen inside the command functions so ``kvstats --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["main", "subcommand", "arg"]
+
+
+@dataclass(frozen=True)
+class _Arg:
+    flags: tuple[str, ...]
+    options: dict = field(default_factory=dict)
+
+
+def arg(*flags: str, **options) -> _Arg:
+    """One argparse argument of a subcommand: the same signature as ``parser.add_argument``."""
+    return _Arg(flags, options)
+
+
+_COMMANDS: dict[str, tuple[str, list[_Arg], Callable[[argparse.Namespace], int]]] = {}
+
+
+def subcommand(name: str, *, help: str, args: list[_Arg] | None = None):
+    """Register ``fn(args) -> exit code`` as ``kvstats NAME``."""
+
+    def register(fn: Callable[[argparse.Namespace], int]):
+        _COMMANDS[name] = (help, list(args or []), fn)
+        return fn
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvstats import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kvstats", description="Statistics that survive review for KV-cache quantizers."
+    )
+    parser.add_argument("--version", action="version", version=f"kvstats {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, arguments, fn) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        for a in arguments:
+            p.add_argument(*a.flags, **a.options)
+        p.set_defaults(_run=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"kvstats {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _print(payload: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(payload, indent=2, default=str))
+        return
+    width = max(len(k) for k in payload)
+    for key, value in payload.items():
+        print(f"{key:<{width}}  {value}")
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+@subcommand("info", help="versions, whether the extension is built, which devices have kernels",
+            args=[arg("--json", action="store_true", help="print JSON")])
+def _info(args: argparse.Namespace) -> int:
+    import platform
+
+    import numpy
+    import scipy
+    import torch
+
+    from kvstats import __version__, ops
+
+    payload = {
+        "kvstats": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "extension built": ops.HAS_EXTENSION,
+        "extension error": ops.EXTENSION_ERROR or "-",
+        "kernels": ops.kernel_devices(),
+        "cuda available": torch.cuda.is_available(),
+        "cuda devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "threads": torch.get_num_threads(),
+    }
+    _print(payload, args.json)
+    return 0
+
+
+@subcommand(
+    "reproduce",
+    help="run every study script (figures/*.png, figures/data/*.csv) and rebuild figures/REPORT.md",
+    args=[
+        arg("--scale", choices=["quick", "paper"], default="quick", help="sample sizes (default quick)"),
+        arg("--studies-dir", default="studies", help="folder of study scripts (default ./studies)"),
+        arg("--only", nargs="*", default=None, help="run only these studies (names without .py)"),
+        arg("--scheduler", default=None, help="Dask scheduler address (default: joblib on all cores)"),
+    ],
+)
+def _reproduce(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    studies_dir = Path(args.studies_dir)
+    if not studies_dir.is_dir():
+        raise FileNotFoundError(f"--studies-dir {studies_dir} is not a folder (run from the repository root)")
+    scripts = sorted(p for p in studies_dir.glob("*.py") if not p.name.startswith("_"))
+    if args.only:
+        unknown = set(args.only) - {p.stem for p in scripts}
+        if unknown:
+            raise ValueError(f"--only names unknown studies {sorted(unknown)}; known: {[p.stem for p in scripts]}")
+        scripts = [p for p in scripts if p.stem in args.only]
+    if not scripts:
+        print(f"no study scripts in {studies_dir}")
+        return 0
+    extra = ["--scale", args.scale] + (["--scheduler", args.scheduler] if args.scheduler else [])
+    env = dict(os.environ, MPLBACKEND="Agg")
+    for i, script in enumerate(scripts, 1):
+        print(f"[{i}/{len(scripts)}] {script.stem}", flush=True)
+        done = subprocess.run([sys.executable, str(script), *extra], env=env)
+        if done.returncode != 0:
+            print(f"study {script.stem} failed (exit {done.returncode})", file=sys.stderr)
+            return done.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

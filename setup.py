@@ -1,0 +1,61 @@
+"""Builds the op library `kvstats._C` from cuda_ext/csrc (the pytorch/extension-cpp recipe).
+
+The .cpp files always compile (CPU kernels, OpenMP). The .cu files are added, and the build switches
+to CUDAExtension, only when torch was built with CUDA and CUDA_HOME is known. Set
+KVSTATS_NO_EXTENSION=1 to install the pure-Python package (the references run instead).
+"""
+
+import glob
+import os
+
+from setuptools import setup
+
+ext_modules = []
+cmdclass = {}
+
+if os.environ.get("KVSTATS_NO_EXTENSION", "0") != "1":
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    csrc = os.path.join("cuda_ext", "csrc")
+    sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp")))
+    cuda_sources = sorted(glob.glob(os.path.join(csrc, "cuda", "*.cu")))
+    use_cuda = (
+        os.environ.get("KVSTATS_FORCE_CPU", "0") != "1"
+        and torch.version.cuda is not None
+        and CUDA_HOME is not None
+        and len(cuda_sources) > 0
+    )
+    debug = os.environ.get("KVSTATS_DEBUG", "0") == "1"
+    cxx_flags = ["-O0", "-g"] if debug else ["-O3", "-march=x86-64-v2"]
+    # torch.utils.cpp_extension does not add OpenMP: without it at::parallel_for runs on one thread.
+    cxx_flags += ["-fopenmp"]
+    extra_compile_args = {"cxx": cxx_flags}
+    extra_link_args = ["-fopenmp"]
+    include_dirs = [os.path.join(here, csrc)]
+    Extension = CppExtension
+    if use_cuda:
+        Extension = CUDAExtension
+        sources += cuda_sources
+        extra_compile_args["nvcc"] = ["-O3", "--use_fast_math", "-lineinfo", "-std=c++17"]
+        # CUDA 13 wheels of torch ship the CUDA headers inside site-packages/nvidia/cu13/include.
+        site_packages = os.path.dirname(os.path.dirname(torch.__file__))
+        include_dirs += sorted(glob.glob(os.path.join(site_packages, "nvidia", "cu*", "include")))
+    ext_modules = [
+        Extension(
+            "kvstats._C",
+            sources,
+            include_dirs=include_dirs,
+            extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
+            py_limited_api=True,
+        )
+    ]
+    cmdclass = {"build_ext": BuildExtension}
+
+setup(
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    options={"bdist_wheel": {"py_limited_api": "cp39"}} if ext_modules else {},
+)
