@@ -1,0 +1,642 @@
+"""Error metrics of a KV-cache quantizer: attention KL, top-k recall, geometric K/V errors, the 6D error.
+
+Shapes follow DESIGN.md: queries ``q`` are ``[B, Hq, Nq, d]``, keys and values ``k, v`` are
+``[B, Hkv, S, d]`` (values may have their own last dim ``dv``), with ``Hq`` a multiple of ``Hkv``
+(grouped-query attention): query head ``h`` attends with KV head ``h // (Hq // Hkv)``. Inputs may be torch
+tensors or numpy arrays, fp16/bf16/fp32/fp64. Arithmetic is fp32, or fp64 when ``double=True`` or when an
+input is already fp64. Reductions return a Python float; ``reduction="none"`` returns a tensor.
+
+Attention probabilities are ``p = softmax(q kᵀ / √d)`` per query, computed with ``log_softmax`` (no
+overflow, no ``log(0)`` from underflow of ``p``).
+
+Causal mask. With ``causal=True`` the ``Nq`` queries sit at absolute positions
+``query_offset, …, query_offset + Nq − 1`` and query ``i`` sees keys ``0 … query_offset + i`` (inclusive).
+The default ``query_offset = S − Nq`` puts the queries at the end of the sequence (decode, or prefill
+with ``Nq = S``: the usual lower-triangular mask). Masked keys get probability exactly 0 in both the
+reference and the quantized distribution.
+
+Zero vectors (geometric errors): the direction of a zero vector is undefined; we define ``1 − cos = 0``
+(angle 0) when both ``x`` and ``x̂`` are zero and ``1 − cos = 1`` (angle π/2, "no directional
+information") when exactly one is zero. The relative norm error is ``0`` when both are zero and ``+inf``
+when ``x = 0 ≠ x̂`` (a relative error with zero reference is unbounded; it is reported, not hidden).
+The same rule holds for the relative attention-output error when ``o = 0``.
+
+The 6D error and the tests on its clouds are defined in docs/metrics_error6d.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import scipy.stats
+import torch
+
+from kvstats._validation import as_tensor, check_float_tensor, check_int_range
+from kvstats.results import TestResult
+
+__all__ = [
+    "ERROR6D_COMPONENTS",
+    "attention_kl",
+    "attention_kl_from_scores",
+    "attention_output_error",
+    "attention_scores",
+    "direction_error",
+    "energy_distance",
+    "energy_distance_6d",
+    "energy_test",
+    "error6d",
+    "mse",
+    "relative_norm_error",
+    "topk_recall",
+    "topk_recall_from_scores",
+]
+
+#: Names of the six columns returned by :func:`error6d`, in order.
+ERROR6D_COMPONENTS = ("k_direction", "k_norm", "v_direction", "v_norm", "attention_kl", "output_error")
+
+Reduction = Literal["mean", "none"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument handling
+
+
+def _prep(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
+    return check_float_tensor(as_tensor(x, name), name, min_dim=min_dim)
+
+
+def _work_dtype(double: bool, *tensors: torch.Tensor) -> torch.dtype:
+    if double or any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+
+
+def _reduce(x: torch.Tensor, reduction: str) -> float | torch.Tensor:
+    return float(x.mean().item()) if reduction == "mean" else x
+
+
+def _check_same_shape(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{b_name} must have the shape of {a_name} {tuple(a.shape)}, got {tuple(b.shape)}")
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor, k_name: str = "k") -> int:
+    """Check q [B, Hq, Nq, d] against k [B, Hkv, S, d]; return the group size Hq // Hkv."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [batch, q_heads, n_q, d], got shape {tuple(q.shape)}")
+    if k.dim() != 4:
+        raise ValueError(f"{k_name} must be 4-D [batch, kv_heads, seq, d], got shape {tuple(k.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{k_name}.shape[0] (batch) must equal q.shape[0] = {q.shape[0]}, got {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{k_name}.shape[-1] (head dim) must equal q.shape[-1] = {q.shape[-1]}, got {k.shape[-1]}")
+    if q.shape[-1] < 2:
+        raise ValueError(f"q.shape[-1] (head dim d) must be >= 2, got {q.shape[-1]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % hkv != 0:
+        raise ValueError(
+            f"q.shape[1] (q_heads = {hq}) must be a multiple of {k_name}.shape[1] (kv_heads), got kv_heads = {hkv}"
+        )
+    return hq // hkv
+
+
+def attention_scores(q, k, *, double: bool = False) -> torch.Tensor:
+    """Scaled attention logits ``s = q kᵀ / √d`` with grouped-query heads.
+
+    Args:
+        q: queries ``[B, Hq, Nq, d]``.
+        k: keys ``[B, Hkv, S, d]``, ``Hq`` a multiple of ``Hkv``; query head ``h`` uses KV head
+            ``h // (Hq // Hkv)``.
+        double: compute in fp64.
+
+    Returns:
+        ``[B, Hq, Nq, S]`` logits in fp32 (fp64 when ``double`` or an input is fp64).
+    """
+    q, k = _prep(q, "q"), _prep(k, "k")
+    group = _check_qk(q, k)
+    return _scores(q, k, group, _work_dtype(double, q, k))
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    b, hq, nq, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    qg = q.to(dtype).reshape(b, hkv, group, nq, d)
+    kk = k.to(dtype).reshape(b, hkv, 1, s, d)
+    return (torch.matmul(qg, kk.transpose(-1, -2)) / math.sqrt(d)).reshape(b, hq, nq, s)
+
+
+def _causal_visible(nq: int, s: int, query_offset: int | None, device) -> torch.Tensor:
+    """Boolean [Nq, S]: True where query i (absolute position offset + i) may see key j (j <= offset + i)."""
+    if query_offset is None:
+        query_offset = s - nq
+        if query_offset < 0:
+            raise ValueError(
+                f"causal=True with n_q = {nq} queries > seq = {s} keys needs an explicit query_offset >= 0, "
+                f"got the default query_offset = seq - n_q = {query_offset}"
+            )
+    else:
+        query_offset = check_int_range(query_offset, "query_offset", 0, 2**62)
+    pos = torch.arange(nq, device=device).unsqueeze(-1) + query_offset
+    return torch.arange(s, device=device).unsqueeze(0) <= pos
+
+
+def _masked(scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    if visible is None:
+        return scores
+    return scores.masked_fill(~visible, float("-inf"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# attention KL
+
+
+def attention_kl_from_scores(
+    scores_ref,
+    scores_quant,
+    *,
+    causal: bool = False,
+    query_offset: int | None = None,
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """KL divergence between the attention distributions of two sets of logits.
+
+    ``KL(p ‖ p̂) = Σ_j p_j (log p_j − log p̂_j)`` with ``p = softmax(scores_ref)`` and
+    ``p̂ = softmax(scores_quant)`` over the last axis. The inputs are *logits*, i.e. whatever goes
+    into the softmax: if your estimator returns raw inner products ``⟨q, k⟩``, divide by ``√d`` first
+    (:func:`attention_kl` does this for you). Use this form when a quantizer estimates scores directly
+    (e.g. QJL's asymmetric inner-product estimator) and has no reconstructed keys.
+
+    Args:
+        scores_ref, scores_quant: ``[..., Nq, S]`` logits of the same shape.
+        causal, query_offset: causal mask, see the module docstring.
+        reduction: ``"mean"`` (float, mean over all queries) or ``"none"`` (tensor ``[..., Nq]``).
+        double: compute in fp64.
+
+    Returns:
+        KL in nats, ``≥ 0``, exactly 0 when the logits are equal (tiny negative rounding is clamped to 0).
+    """
+    _check_reduction(reduction)
+    a = _prep(scores_ref, "scores_ref", min_dim=2)
+    b = _prep(scores_quant, "scores_quant", min_dim=2)
+    _check_same_shape(a, "scores_ref", b, "scores_quant")
+    dtype = _work_dtype(double, a, b)
+    visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
+    kl = _kl_logits(a.to(dtype), b.to(dtype), visible)
+    return _reduce(kl, reduction)
+
+
+def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    lp = torch.log_softmax(_masked(a, visible), dim=-1)
+    lq = torch.log_softmax(_masked(b, visible), dim=-1)
+    terms = lp.exp() * (lp - lq)
+    if visible is not None:  # masked keys: p = 0 and 0·(−inf − −inf) would be nan
+        terms = torch.where(visible, terms, torch.zeros((), dtype=terms.dtype, device=terms.device))
+    return terms.sum(-1).clamp_min(0.0)
+
+
+def attention_kl(
+    q,
+    k,
+    k_hat,
+    *,
+    causal: bool = False,
+    query_offset: int | None = None,
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """KL of the attention distribution with quantized keys from the one with exact keys.
+
+    ``KL(p ‖ p̂) = Σ_j p_j (log p_j − log p̂_j)``, ``p = softmax(q kᵀ/√d)``, ``p̂ = softmax(q k̂ᵀ/√d)``,
+    per query, with ``d = q.shape[-1]``. Values never enter (see :func:`attention_output_error`).
+
+    Args:
+        q: queries ``[B, Hq, Nq, d]``.
+        k, k_hat: exact and reconstructed keys ``[B, Hkv, S, d]`` (GQA: ``Hq`` a multiple of ``Hkv``).
+        causal, query_offset: causal mask, see the module docstring.
+        reduction: ``"mean"`` (float: mean over ``B·Hq·Nq`` queries) or ``"none"`` (``[B, Hq, Nq]``).
+        double: compute in fp64.
+    """
+    _check_reduction(reduction)
+    q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
+    group = _check_qk(q, k)
+    _check_same_shape(k, "k", k_hat, "k_hat")
+    dtype = _work_dtype(double, q, k, k_hat)
+    visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
+    kl = _kl_logits(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), visible)
+    return _reduce(kl, reduction)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# top-k recall
+
+
+def topk_recall_from_scores(
+    scores_ref,
+    scores_quant,
+    *,
+    top_k: int = 5,
+    causal: bool = False,
+    query_offset: int | None = None,
+    reduction: Reduction = "mean",
+) -> float | torch.Tensor:
+    """Fraction of the reference top-k keys that are also in the quantized top-k, per query.
+
+    ``recall = |T_k(s) ∩ T_k(ŝ)| / k'`` where ``T_k(s)`` is the set of the ``k'`` keys with the largest
+    logits and ``k' = min(top_k, number of visible keys)``. In ``[0, 1]``; 1 when the logits are equal.
+
+    Ties are broken deterministically: keys are ranked by a *stable* descending sort, so among equal
+    logits the lower key index ranks first. Masked keys rank last and never count.
+
+    Args:
+        scores_ref, scores_quant: ``[..., Nq, S]`` logits of the same shape (any monotone scaling is fine).
+        top_k: ``k ≥ 1``, at most ``S``.
+        causal, query_offset: causal mask, see the module docstring.
+        reduction: ``"mean"`` (float) or ``"none"`` (tensor ``[..., Nq]``).
+    """
+    _check_reduction(reduction)
+    a = _prep(scores_ref, "scores_ref", min_dim=2)
+    b = _prep(scores_quant, "scores_quant", min_dim=2)
+    _check_same_shape(a, "scores_ref", b, "scores_quant")
+    top_k = check_int_range(top_k, "top_k", 1, a.shape[-1])
+    visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
+    return _reduce(_recall(a, b, top_k, visible), reduction)
+
+
+def _top_membership(scores: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
+    return ranks < k_eff.unsqueeze(-1)
+
+
+def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:
+    a, b = _masked(a, visible), _masked(b, visible)
+    if visible is None:
+        k_eff = torch.full(a.shape[:-1], top_k, device=a.device)
+    else:
+        k_eff = visible.sum(-1).clamp_max(top_k).expand(a.shape[:-1])
+    hits = (_top_membership(a, k_eff) & _top_membership(b, k_eff)).sum(-1)
+    return hits.to(torch.float64) / k_eff.to(torch.float64)
+
+
+def topk_recall(
+    q,
+    k,
+    k_hat,
+    *,
+    top_k: int = 5,
+    causal: bool = False,
+    query_offset: int | None = None,
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """Top-k recall of attention with quantized keys (REFERENCE §5: k = 5).
+
+    The reference top-k are the keys with the largest ``q kᵀ/√d``; the quantized top-k use ``q k̂ᵀ/√d``.
+    See :func:`topk_recall_from_scores` for the formula and tie rule. (The argument is ``top_k``, not
+    ``k``, because ``k`` is the key tensor.)
+
+    Args:
+        q: ``[B, Hq, Nq, d]``; k, k_hat: ``[B, Hkv, S, d]``.
+        reduction: ``"mean"`` or ``"none"`` (``[B, Hq, Nq]``).
+    """
+    _check_reduction(reduction)
+    q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
+    group = _check_qk(q, k)
+    _check_same_shape(k, "k", k_hat, "k_hat")
+    top_k = check_int_range(top_k, "top_k", 1, k.shape[2])
+    dtype = _work_dtype(double, q, k, k_hat)
+    visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
+    return _reduce(_recall(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), top_k, visible), reduction)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# geometric errors
+
+
+def _pair(x, x_hat, double: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    x, x_hat = _prep(x, "x"), _prep(x_hat, "x_hat")
+    _check_same_shape(x, "x", x_hat, "x_hat")
+    dtype = _work_dtype(double, x, x_hat)
+    return x.to(dtype), x_hat.to(dtype)
+
+
+def direction_error(
+    x,
+    x_hat,
+    *,
+    kind: Literal["cosine", "angle"] = "cosine",
+    reduction: Reduction = "none",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """Directional error of reconstructions, per vector on the last axis.
+
+    ``kind="cosine"``: ``1 − cos θ = ½ ‖x/‖x‖ − x̂/‖x̂‖‖²`` (computed in this form: accurate for small θ).
+    ``kind="angle"``: ``θ = 2·atan2(‖u − û‖, ‖u + û‖)`` in radians, ``u = x/‖x‖`` (Kahan's stable angle).
+    Zero vectors: 0 when both are zero, ``1 − cos = 1`` / ``θ = π/2`` when exactly one is zero.
+
+    Args:
+        x, x_hat: ``[..., d]`` of the same shape.
+        reduction: ``"none"`` (tensor ``[...]``) or ``"mean"`` (float).
+    """
+    if kind not in ("cosine", "angle"):
+        raise ValueError(f"kind must be 'cosine' or 'angle', got {kind!r}")
+    _check_reduction(reduction)
+    x, x_hat = _pair(x, x_hat, double)
+    nx, nh = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x_hat, dim=-1)
+    u = x / torch.where(nx > 0, nx, 1.0).unsqueeze(-1)
+    uh = x_hat / torch.where(nh > 0, nh, 1.0).unsqueeze(-1)
+    diff = torch.linalg.vector_norm(u - uh, dim=-1)
+    if kind == "cosine":
+        err = 0.5 * diff.square()
+        one_zero = torch.ones_like(err)
+    else:
+        err = 2.0 * torch.atan2(diff, torch.linalg.vector_norm(u + uh, dim=-1))
+        one_zero = torch.full_like(err, math.pi / 2)
+    zx, zh = nx == 0, nh == 0
+    err = torch.where(zx ^ zh, one_zero, err)
+    err = torch.where(zx & zh, torch.zeros_like(err), err)
+    return _reduce(err, reduction)
+
+
+def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    out = num / torch.where(den > 0, den, 1.0)
+    inf = torch.full_like(out, float("inf"))
+    return torch.where(den > 0, out, torch.where(num > 0, inf, torch.zeros_like(out)))
+
+
+def relative_norm_error(x, x_hat, *, reduction: Reduction = "none", double: bool = False) -> float | torch.Tensor:
+    """``|‖x̂‖ − ‖x‖| / ‖x‖`` per vector on the last axis (0 if both zero, +inf if only ``x`` is zero).
+
+    Args:
+        x, x_hat: ``[..., d]`` of the same shape.
+        reduction: ``"none"`` (tensor ``[...]``) or ``"mean"`` (float).
+    """
+    _check_reduction(reduction)
+    x, x_hat = _pair(x, x_hat, double)
+    nx, nh = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x_hat, dim=-1)
+    return _reduce(_relative((nh - nx).abs(), nx), reduction)
+
+
+def mse(
+    x, x_hat, *, relative: bool = False, reduction: Reduction = "mean", double: bool = False
+) -> float | torch.Tensor:
+    """Squared reconstruction error per vector, ``‖x − x̂‖²`` (summed over the last axis, not averaged).
+
+    This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (REFERENCE §3) when averaged over unit vectors; divide by
+    ``d`` for a per-coordinate MSE. ``relative=True`` gives ``‖x − x̂‖² / ‖x‖²`` (zero ``x``: 0 if
+    ``x̂ = 0`` too, else +inf).
+
+    Args:
+        x, x_hat: ``[..., d]`` of the same shape.
+        reduction: ``"mean"`` (float, mean over vectors) or ``"none"`` (tensor ``[...]``).
+    """
+    _check_reduction(reduction)
+    x, x_hat = _pair(x, x_hat, double)
+    err = (x - x_hat).square().sum(-1)
+    if relative:
+        err = _relative(err, x.square().sum(-1))
+    return _reduce(err, reduction)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# attention output
+
+
+def attention_output_error(
+    q,
+    k,
+    v,
+    k_hat,
+    v_hat,
+    *,
+    causal: bool = False,
+    query_offset: int | None = None,
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """Relative error of the attention output, ``‖o − ô‖ / ‖o‖`` per query.
+
+    ``o = softmax(q kᵀ/√d) v`` and ``ô = softmax(q k̂ᵀ/√d) v̂`` (both K and V errors enter).
+    Zero ``o``: 0 if ``ô = 0`` too, else +inf.
+
+    Args:
+        q: ``[B, Hq, Nq, d]``; k, k_hat: ``[B, Hkv, S, d]``; v, v_hat: ``[B, Hkv, S, dv]``.
+        reduction: ``"mean"`` (float) or ``"none"`` (``[B, Hq, Nq]``).
+    """
+    _check_reduction(reduction)
+    q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
+    v, v_hat = _prep(v, "v"), _prep(v_hat, "v_hat")
+    group = _check_qk(q, k)
+    _check_same_shape(k, "k", k_hat, "k_hat")
+    if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be [batch, kv_heads, seq, dv] with leading dims {tuple(k.shape[:3])} of k, "
+                         f"got shape {tuple(v.shape)}")
+    _check_same_shape(v, "v", v_hat, "v_hat")
+    dtype = _work_dtype(double, q, k, k_hat, v, v_hat)
+    visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
+    o = _attend(_scores(q, k, group, dtype), v.to(dtype), group, visible)
+    o_hat = _attend(_scores(q, k_hat, group, dtype), v_hat.to(dtype), group, visible)
+    err = _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
+    return _reduce(err, reduction)
+
+
+def _attend(scores: torch.Tensor, v: torch.Tensor, group: int, visible: torch.Tensor | None) -> torch.Tensor:
+    b, hq, nq, s = scores.shape
+    p = torch.softmax(_masked(scores, visible), dim=-1).reshape(b, v.shape[1], group, nq, s)
+    return torch.matmul(p, v.unsqueeze(2)).reshape(b, hq, nq, v.shape[-1])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the 6D error
+
+
+def error6d(
+    q,
+    k,
+    v,
+    k_hat,
+    v_hat,
+    *,
+    causal: bool = False,
+    query_offset: int | None = None,
+    double: bool = True,
+) -> torch.Tensor:
+    """Per-trial 6-vector of errors (docs/metrics_error6d.md gives the definition and its reasons).
+
+    For each trial ``t`` the row is, in the order of :data:`ERROR6D_COMPONENTS`:
+
+    0. ``k_direction``: mean over the trial's ``B·Hkv·S`` keys of ``1 − cos(k, k̂)``;
+    1. ``k_norm``: mean over the keys of ``|‖k̂‖ − ‖k‖| / ‖k‖``;
+    2. ``v_direction``, 3. ``v_norm``: the same for values;
+    4. ``attention_kl``: mean over the trial's ``B·Hq·Nq`` queries of ``KL(p ‖ p̂)`` (:func:`attention_kl`);
+    5. ``output_error``: mean over the queries of ``‖o − ô‖/‖o‖`` (:func:`attention_output_error`).
+
+    Args:
+        q: ``[T, B, Hq, Nq, d]`` (or ``[B, Hq, Nq, d]`` for one trial).
+        k, k_hat: ``[T, B, Hkv, S, d]``; v, v_hat: ``[T, B, Hkv, S, dv]`` (or without ``T``).
+        double: fp64 arithmetic (default: the 6D cloud feeds statistics).
+
+    Returns:
+        fp64 tensor ``[T, 6]``.
+    """
+    names = ("q", "k", "v", "k_hat", "v_hat")
+    ts = [_prep(x, n) for x, n in zip((q, k, v, k_hat, v_hat), names)]
+    if ts[0].dim() == 4:
+        ts = [t.unsqueeze(0) for t in ts]
+    for t, n in zip(ts, names):
+        if t.dim() != 5:
+            raise ValueError(f"{n} must be 5-D [trials, batch, heads, seq, d] (or 4-D for one trial), "
+                             f"got shape {tuple(t.shape)}")
+        if t.shape[0] != ts[0].shape[0]:
+            raise ValueError(f"{n}.shape[0] (trials) must equal q.shape[0] = {ts[0].shape[0]}, got {t.shape[0]}")
+    q5, k5, v5, kh5, vh5 = ts
+    n_trials = q5.shape[0]
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, *t.shape[2:])
+
+    q4, k4, v4, kh4, vh4 = map(flat, ts)
+    opts = dict(causal=causal, query_offset=query_offset, reduction="none", double=double)
+    cols = [
+        direction_error(k5, kh5, double=double),
+        relative_norm_error(k5, kh5, double=double),
+        direction_error(v5, vh5, double=double),
+        relative_norm_error(v5, vh5, double=double),
+        attention_kl(q4, k4, kh4, **opts),
+        attention_output_error(q4, k4, v4, kh4, vh4, **opts),
+    ]
+    return torch.stack([c.reshape(n_trials, -1).to(torch.float64).mean(-1) for c in cols], dim=-1)
+
+
+def _as_cloud(x, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [n_points, n_components], got shape {x.shape}")
+    if x.shape[0] < 1:
+        raise ValueError(f"{name} is empty (shape {x.shape})")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} contains non-finite values (first seen: {x[~np.isfinite(x)][0]})")
+    return x
+
+
+def _standardized(a: np.ndarray, b: np.ndarray, standardize: bool) -> np.ndarray:
+    pooled = np.concatenate([a, b])
+    if not standardize:
+        return pooled
+    scale = pooled.std(axis=0, ddof=1) if len(pooled) > 1 else np.ones(pooled.shape[1])
+    scale = np.where(scale > 0, scale, 1.0)
+    return (pooled - pooled.mean(axis=0)) / scale
+
+
+def _pairwise(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
+
+
+def _energy_from_distances(dist: np.ndarray, idx_a: np.ndarray, idx_b: np.ndarray) -> np.ndarray:
+    """V-statistic energy distance for (batched) index sets idx_a [..., n], idx_b [..., m]."""
+    dab = dist[idx_a[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
+    daa = dist[idx_a[..., :, None], idx_a[..., None, :]].mean(axis=(-1, -2))
+    dbb = dist[idx_b[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
+    return 2.0 * dab - daa - dbb
+
+
+def energy_distance(cloud_a, cloud_b, *, standardize: bool = True) -> float:
+    """Energy distance between two point clouds ``[n, p]`` and ``[m, p]`` (Székely & Rizzo).
+
+    ``ℰ = 2·mean‖aᵢ − bⱼ‖ − mean‖aᵢ − aᵢ'‖ − mean‖bⱼ − bⱼ'‖`` with all means over all ordered pairs,
+    diagonal included (the V-statistic; always ``≥ 0``, 0 iff the empirical distributions coincide).
+    For ``p = 1`` and ``standardize=False``, ``√ℰ`` equals ``scipy.stats.energy_distance``.
+
+    ``standardize=True`` first centres each component and divides it by its standard deviation in the
+    *pooled* sample (components with zero spread are left unscaled), so that components with different
+    units (KL in nats, relative errors) weigh alike. Pooled scaling is invariant under permutations of
+    the group labels, so the permutation test on standardized clouds stays exact.
+    """
+    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
+    pooled = _standardized(a, b, standardize)
+    dist = _pairwise(pooled)
+    n = len(a)
+    return float(max(_energy_from_distances(dist, np.arange(n), np.arange(n, len(pooled))), 0.0))
+
+
+def energy_distance_6d(cloud_a, cloud_b, *, standardize: bool = True) -> float:
+    """:func:`energy_distance` between two 6D error clouds ``[n, 6]`` from :func:`error6d`."""
+    for x, name in ((cloud_a, "cloud_a"), (cloud_b, "cloud_b")):
+        shape = tuple(x.shape)
+        if len(shape) != 2 or shape[1] != 6:
+            raise ValueError(f"{name} must be [n_trials, 6] (rows of error6d), got shape {shape}")
+    return energy_distance(cloud_a, cloud_b, standardize=standardize)
+
+
+def energy_test(
+    cloud_a,
+    cloud_b,
+    *,
+    standardize: bool = True,
+    n_resamples: int = 9999,
+    seed: int = 0,
+) -> TestResult:
+    """Multivariate two-sample test: energy-distance permutation test (Székely & Rizzo 2004).
+
+    H0: both clouds are draws from the same distribution. The statistic is :func:`energy_distance`
+    (scaled by ``n·m/(n+m)``, which does not change the p-value); the null distribution comes from
+    ``scipy.stats.permutation_test`` relabelling the pooled points (exact when ``n_resamples`` exceeds
+    the number of distinct splits, else random with p = (#{ℰ* ≥ ℰ} + 1)/(n_resamples + 1)). One-sided:
+    large distances are evidence against H0. Consistent against all alternatives with finite means.
+
+    Returns:
+        :class:`~kvstats.results.TestResult` with ``statistic`` = energy distance, ``effect_size`` =
+        the same distance (on the standardized scale), ``extra`` = n_resamples, standardize, e_statistic.
+    """
+    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"energy_test needs at least 2 points per cloud, got n_a = {len(a)}, n_b = {len(b)}")
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    pooled = _standardized(a, b, standardize)
+    dist = _pairwise(pooled)
+    n, m = len(a), len(b)
+
+    def statistic(ia, ib, axis=-1):
+        ia, ib = np.moveaxis(ia, axis, -1).astype(np.intp), np.moveaxis(ib, axis, -1).astype(np.intp)
+        return _energy_from_distances(dist, ia, ib)
+
+    batch = max(1, int(2e7 // (len(pooled) ** 2)))
+    res = scipy.stats.permutation_test(
+        (np.arange(n), np.arange(n, n + m)),
+        statistic,
+        permutation_type="independent",
+        vectorized=True,
+        n_resamples=n_resamples,
+        alternative="greater",
+        batch=batch,
+        rng=np.random.default_rng(seed),
+    )
+    e = float(max(res.statistic, 0.0))
+    return TestResult(
+        statistic=e,
+        pvalue=float(res.pvalue),
+        method=f"energy-distance permutation test ({n_resamples} resamples, "
+        f"{'pooled-SD standardized' if standardize else 'raw'} components)",
+        null_hypothesis="the two clouds are drawn from the same multivariate distribution",
+        n=(n, m),
+        effect_size=e,
+        effect_size_name="energy distance",
+        extra={"n_resamples": n_resamples, "standardize": standardize, "e_statistic": e * n * m / (n + m)},
+    )
