@@ -1,0 +1,192 @@
+"""Mann–Whitney, compare() and bootstrap against scipy, statsmodels, hand-computed cases and brute force.
+
+Everything here is deterministic given the seeds; the only randomness with a failure probability is the
+bootstrap coverage check, sized in its comment.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from statsmodels.stats.multitest import multipletests
+
+from kvstats import stats as S
+from kvstats.results import TestResult
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
+@pytest.mark.parametrize("n1, n2, ties", [(7, 5, False), (30, 25, False), (30, 25, True), (1200, 50, False)])
+def test_u_and_p_equal_scipy(alternative, n1, n2, ties):
+    rng = np.random.default_rng(n1 * n2)
+    a, b = rng.normal(size=n1), rng.normal(0.3, 1, size=n2)
+    if ties:
+        a, b = np.round(a, 1), np.round(b, 1)
+    r = S.mann_whitney(a, b, alternative=alternative)
+    ref_asym = scipy.stats.mannwhitneyu(a, b, alternative=alternative, method="asymptotic")
+    assert isinstance(r, TestResult)
+    assert r.statistic == r.u1 == ref_asym.statistic
+    assert r.p_asymptotic == pytest.approx(ref_asym.pvalue, rel=1e-12)
+    if ties or max(n1, n2) > S.EXACT_MAX_N:
+        assert r.pvalue_method == "asymptotic" and math.isnan(r.p_exact) and r.pvalue == r.p_asymptotic
+    else:
+        ref_exact = scipy.stats.mannwhitneyu(a, b, alternative=alternative, method="exact").pvalue
+        assert r.pvalue_method == "exact" and r.pvalue == pytest.approx(ref_exact, rel=1e-12)
+
+
+def test_effect_sizes_hand_computed():
+    # a = [1, 2, 6], b = [3, 4, 5]: pairs with a > b: only 6 beats 3, 4, 5 -> U1 = 3, n1 n2 = 9.
+    r = S.mann_whitney([1.0, 2.0, 6.0], [3.0, 4.0, 5.0])
+    assert r.u1 == 3.0
+    assert r.rank_biserial == pytest.approx(2 * 3 / 9 - 1)  # = -1/3: a tends to be smaller -> negative
+    # Z = (U1 - n1 n2 / 2) / sqrt(n1 n2 (N + 1) / 12) = (3 - 4.5) / sqrt(9 * 7 / 12), N = 6, no ties
+    z = (3 - 4.5) / math.sqrt(9 * 7 / 12)
+    assert r.z == pytest.approx(z) and r.r_z == pytest.approx(z / math.sqrt(6))
+    # other sample's U gives the same number with 1 - 2U/(n1 n2)
+    assert r.rank_biserial == pytest.approx(1 - 2 * S.mann_whitney([3.0, 4.0, 5.0], [1.0, 2.0, 6.0]).u1 / 9)
+    assert r.median_a == 2.0 and r.median_b == 4.0 and r.median_ratio == 0.5
+
+
+def test_tie_corrected_z_hand_computed():
+    # a = [1, 2, 2], b = [2, 3]: pooled ranks 1, 3, 3, 3, 5 -> tie group of size 3.
+    # U1 = #(a > b) + 0.5 #(a = b) = 0 + 0.5 * 2 = 1; sigma^2 = 6/12 * ((6) - (27 - 3)/(5*4)) = 0.5 * 4.8 = 2.4
+    r = S.mann_whitney([1.0, 2.0, 2.0], [2.0, 3.0])
+    assert r.u1 == 1.0
+    assert r.z == pytest.approx((1 - 3) / math.sqrt(2.4))
+    assert r.r_z == pytest.approx(r.z / math.sqrt(5))
+    assert r.pvalue_method == "asymptotic"
+
+
+def test_far_tail_exact_versus_normal():
+    # complete separation, 10 vs 10: exact two-sided p = 2 / C(20, 10) (only the two extreme orderings)
+    a, b = np.arange(10.0), np.arange(10.0) + 100
+    r = S.mann_whitney(a, b)
+    assert r.rank_biserial == -1.0 and r.u1 == 0.0
+    assert r.pvalue_method == "exact"
+    assert r.p_exact == pytest.approx(2 / math.comb(20, 10), rel=1e-12)
+    z = -50 / math.sqrt(100 * 21 / 12)
+    assert r.z == pytest.approx(z)
+    # scipy's asymptotic p uses a continuity correction: 2 Phi(-(50 - 0.5)/sigma)
+    assert r.p_asymptotic == pytest.approx(2 * scipy.stats.norm.sf(49.5 / math.sqrt(175)), rel=1e-9)
+    # 70 vs 70 (the paper's regime): exact 2/C(140,70) ~ 2e-41 against normal ~ 1e-23: 17 orders of magnitude
+    r70 = S.mann_whitney(np.arange(70.0), np.arange(70.0) + 1000)
+    assert r70.p_exact == pytest.approx(2 / math.comb(140, 70), rel=1e-9)
+    assert r70.p_asymptotic / r70.p_exact > 1e15
+    assert r70.r_z == pytest.approx(-4900 / 2 / math.sqrt(4900 * 141 / 12) / math.sqrt(140))
+    assert abs(r70.r_z) < 0.87  # |Z/sqrt(N)| cannot reach the published 0.983 at this size
+
+
+def test_null_cdf_matches_enumeration():
+    n1, n2 = 4, 5
+    counts = np.zeros(n1 * n2 + 1)
+    for combo in itertools.combinations(range(n1 + n2), n1):  # positions of a in the ranking
+        u = sum(pos - i for i, pos in enumerate(sorted(combo)))  # number of b's below each a
+        counts[u] += 1
+    np.testing.assert_allclose(S.mwu_null_cdf(n1, n2), np.cumsum(counts) / counts.sum(), rtol=1e-13)
+
+
+@given(seed=st.integers(0, 2**31 - 1), n1=st.integers(1, 12), n2=st.integers(1, 12))
+@settings(max_examples=40, deadline=None)
+def test_hodges_lehmann_brute_force(seed, n1, n2):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n1), rng.normal(size=n2)
+    shift, (lo, hi), how = S.hodges_lehmann(a, b)
+    diffs = sorted(x - y for x in a for y in b)
+    assert shift == pytest.approx(float(np.median(diffs)))
+    # brute-force k: the largest k with P(U <= k - 1) <= alpha/2 from the enumerated null
+    cdf = S.mwu_null_cdf(n1, n2)
+    k = sum(1 for c in cdf if c <= 0.025 * (1 + 1e-12))
+    if k == 0:
+        assert (lo, hi) == (-math.inf, math.inf)
+    else:
+        assert (lo, hi) == (diffs[k - 1], diffs[-k]) and how == "exact"
+        assert lo <= shift <= hi
+
+
+def test_hodges_lehmann_ci_is_the_inversion_of_the_test():
+    # For a shift D inside the exact CI, the exact two-sided test of a - D against b does not reject at 5%;
+    # just outside it does (the CI is the set of shifts the test accepts).
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(1, 1, size=15), rng.normal(size=12)
+    _, (lo, hi), _ = S.hodges_lehmann(a, b)
+    eps = 1e-9
+    for inside in (lo + eps, hi - eps, (lo + hi) / 2):
+        assert scipy.stats.mannwhitneyu(a - inside, b, method="exact").pvalue > 0.05
+    for outside in (lo - eps, hi + eps):
+        assert scipy.stats.mannwhitneyu(a - outside, b, method="exact").pvalue <= 0.05
+
+
+def test_rejects_bad_input():
+    with pytest.raises(ValueError, match="a contains non-finite values"):
+        S.mann_whitney([1.0, float("nan")], [1.0, 2.0])
+    with pytest.raises(ValueError, match="b must have at least 1 value"):
+        S.mann_whitney([1.0], [])
+    with pytest.raises(ValueError, match="method='exact' needs samples without ties"):
+        S.mann_whitney([1.0, 2.0], [2.0, 3.0], method="exact")
+    with pytest.raises(ValueError, match="alternative must be .*got 'bigger'"):
+        S.mann_whitney([1.0], [2.0], alternative="bigger")
+
+
+def _table():
+    rng = np.random.default_rng(11)
+    rows = []
+    for n in (2, 4):
+        for scheme, loc in (("kv", 0.0), ("kqv", -0.8), ("qkqv", 0.4)):
+            for x in rng.normal(loc * n / 2, 1, size=9):
+                rows.append({"bits": n, "scheme": scheme, "kl": x})
+    return pd.DataFrame(rows)
+
+
+def test_compare_holm_and_bh_equal_statsmodels():
+    table = _table()
+    out = S.compare(table, "kl", "scheme", within=["bits"])
+    assert len(out) == 6 and list(out["bits"]) == [2, 2, 2, 4, 4, 4]
+    # every row is the Mann-Whitney of the two groups
+    for row in out.itertuples():
+        xa = table.query("bits == @row.bits and scheme == @row.level_a")["kl"]
+        xb = table.query("bits == @row.bits and scheme == @row.level_b")["kl"]
+        assert row.p == pytest.approx(scipy.stats.mannwhitneyu(xa, xb, method="exact").pvalue, rel=1e-12)
+    np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
+    np.testing.assert_allclose(out["p_bh"], multipletests(out["p"], method="fdr_bh")[1], rtol=1e-12)
+    np.testing.assert_allclose(out["p_adj"], out["p_holm"])
+    per_cell = S.compare(table, "kl", "scheme", within=["bits"], family="cell", correction="fdr_bh")
+    for bits in (2, 4):
+        sel = per_cell["bits"] == bits
+        np.testing.assert_allclose(per_cell.loc[sel, "p_holm"], multipletests(per_cell.loc[sel, "p"], method="holm")[1])
+    np.testing.assert_allclose(per_cell["p_adj"], per_cell["p_bh"])
+
+
+def test_compare_without_within_and_errors():
+    out = S.compare(_table(), "kl", "scheme", levels=["kqv", "qkqv", "kv"])
+    assert list(zip(out["level_a"], out["level_b"])) == [("kqv", "qkqv"), ("kqv", "kv"), ("qkqv", "kv")]
+    assert (out["n_a"] == 18).all()
+    with pytest.raises(ValueError, match="metric column 'nope' is not in table"):
+        S.compare(_table(), "nope", "scheme")
+
+
+def test_bootstrap_ci_matches_scipy_and_covers():
+    rng = np.random.default_rng(5)
+    x = rng.exponential(size=200)
+    r = S.bootstrap_ci(x, np.mean, n_resamples=2000, seed=1)
+    ref = scipy.stats.bootstrap((x,), np.mean, n_resamples=2000, rng=np.random.default_rng(1))
+    assert r.statistic == pytest.approx(x.mean())
+    assert r.confidence_interval == pytest.approx(tuple(ref.confidence_interval), rel=1e-12)
+    # the mean is ~ 6 standard errors away from 0.7 and from 1.35 at n = 200 (sd 1 / sqrt(200) = 0.07)
+    assert 0.7 < r.confidence_interval[0] < r.statistic < r.confidence_interval[1] < 1.35
+
+
+def test_ratio_ci_of_medians():
+    rng = np.random.default_rng(6)
+    a, b = rng.lognormal(np.log(2.25), 0.3, size=150), rng.lognormal(0, 0.3, size=150)
+    r = S.ratio_ci(a, b, np.median, n_resamples=2000, seed=2)
+    assert r.statistic == pytest.approx(np.median(a) / np.median(b))
+    # true ratio 2.25; the log-ratio has sd ~ 0.3 * 1.25 * sqrt(2/150) ~ 0.043, the CI is ~ +-0.085 in log:
+    # it must contain 2.25 unless the sample is > 4 sd off (seeded: it is not), and exclude 1.
+    lo, hi = r.confidence_interval
+    assert 1.5 < lo < 2.25 < hi < 3.0
+    with pytest.raises(ValueError, match=r"median\(b\) is 0"):
+        S.ratio_ci(a, np.zeros(5))
