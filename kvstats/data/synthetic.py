@@ -57,7 +57,7 @@ import torch
 
 from kvstats._validation import FLOAT_DTYPES, check_int_range
 
-__all__ = ["KINDS", "generate", "outlier_channel_indices", "attention_entropy"]
+__all__ = ["KINDS", "generate", "synthetic_queries", "outlier_channel_indices", "attention_entropy"]
 
 #: Key/value laws accepted by :func:`generate`.
 KINDS = ("gaussian", "heavy_tail", "low_rank")
@@ -199,12 +199,12 @@ def _cache(kind: str, shape: tuple[int, int, int, int], p: dict, gen: torch.Gene
     return p["scale"] * x
 
 
-def _queries(keys: torch.Tensor, q_heads: int, n_q: int, p: dict, gen: torch.Generator) -> torch.Tensor:
+def _queries(keys: torch.Tensor, q_heads: int, n_q: int, p: dict, gen: torch.Generator):
     b, h, s, d = keys.shape
     group = q_heads // h
     k = keys.repeat_interleave(group, dim=1)  # [b, hq, s, d]: the KV head each query head reads
     m = min(p["n_focus"], s)
-    # m focus keys per query, uniformly without replacement (smallest m of i.i.d. uniforms).
+    # m focus keys per query, uniformly without replacement (the first m of a random permutation).
     focus = torch.rand(b, q_heads, n_q, s, generator=gen, dtype=torch.float64).argsort(dim=-1)[..., :m]
     gathered = torch.gather(k, 2, focus.reshape(b, q_heads, n_q * m)[..., None].expand(-1, -1, -1, d))
     target = gathered.reshape(b, q_heads, n_q, m, d).sum(dim=3)
@@ -215,7 +215,48 @@ def _queries(keys: torch.Tensor, q_heads: int, n_q: int, p: dict, gen: torch.Gen
     direction = rho * u + math.sqrt(max(0.0, 1.0 - rho * rho)) * g
     med = torch.linalg.vector_norm(k, dim=-1).median(dim=-1).values.clamp_min(1e-300)  # [b, hq]
     amplitude = p["peak"] * math.sqrt(m) * math.sqrt(d) / (rho * med)
-    return amplitude[..., None, None] * direction
+    return amplitude[..., None, None] * direction, focus
+
+
+def synthetic_queries(
+    keys: torch.Tensor,
+    q_heads: int,
+    n_q: int,
+    seed: int | torch.Generator,
+    *,
+    peak: float = 8.0,
+    query_key_correlation: float = 0.7,
+    n_focus: int = 2,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Peaked queries for given keys (synthetic or real), as :func:`generate` builds them.
+
+    Args:
+        keys: ``[batch, heads, seq, d]`` float tensor, finite.
+        q_heads: query heads, a multiple of ``heads``; n_q: queries per query head.
+        seed: int ≥ 0 or a CPU ``torch.Generator`` (consumed in place).
+        peak, query_key_correlation, n_focus: see the module doc.
+        dtype: output dtype (default: the keys' dtype).
+
+    Returns:
+        ``(Q [batch, q_heads, n_q, d], focus [batch, q_heads, n_q, n_focus])`` — focus holds the indices of
+        the keys each query aims at.
+    """
+    from kvstats._validation import check_float_tensor
+
+    check_float_tensor(keys, "keys", min_dim=4)
+    if keys.dim() != 4:
+        raise ValueError(f"keys must be 4-D [batch, heads, seq, d], got shape {tuple(keys.shape)}")
+    h = keys.shape[1]
+    q_heads = check_int_range(q_heads, "q_heads", 1, _MAX_SIZE)
+    if q_heads % h:
+        raise ValueError(f"q_heads must be a multiple of heads={h} (grouped-query attention), got {q_heads}")
+    n_q = check_int_range(n_q, "n_q", 1, _MAX_SIZE)
+    p = _check_params("gaussian", {"peak": peak, "query_key_correlation": query_key_correlation,
+                                   "n_focus": n_focus})
+    p["n_focus"] = check_int_range(p["n_focus"], "n_focus", 1, _MAX_SIZE)
+    q, focus = _queries(keys.detach().cpu().double(), q_heads, n_q, p, _generator(seed))
+    return q.to(dtype or keys.dtype).contiguous(), focus
 
 
 def generate(
@@ -286,7 +327,7 @@ def generate(
     if channels:
         k[..., channels] *= p["outlier_scale"]
         v[..., channels] *= p["value_outlier_scale"]
-    q = _queries(k, q_heads, n_q, p, gen)
+    q, _ = _queries(k, q_heads, n_q, p, gen)
     return tuple(t.to(dtype).contiguous() for t in (q, k, v))
 
 

@@ -1,0 +1,201 @@
+"""Synthetic Q/K/V generators: shapes, dtypes, seeds, and the stated laws (checked statistically).
+
+Sizing of the statistical checks: each check is a test whose p-value is uniform (or whose statistic is
+approximately standard normal) when the implementation is correct, and it fails only below p = 1e-6
+(or |z| > 5, two-sided probability 5.7e-7). All draws are seeded, so a given run is deterministic; the
+quoted probabilities are the chance that a correct implementation would fail for a random seed. Sample
+sizes (≥ 10⁵ coordinates) make the same checks reject plausible bugs (a 5 % scale error, df off by one).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from kvstats.data.synthetic import KINDS, attention_entropy, generate, outlier_channel_indices, synthetic_queries
+
+P_MIN = 1e-6
+Z_MAX = 5.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_shapes_and_dtypes(kind, dtype):
+    q, k, v = generate(kind, 2, 3, 17, 24, 0, q_heads=6, n_q=5, dtype=dtype)
+    assert q.shape == (2, 6, 5, 24) and k.shape == v.shape == (2, 3, 17, 24)
+    assert q.dtype == k.dtype == v.dtype == dtype
+    assert all(t.is_contiguous() and bool(torch.isfinite(t).all()) for t in (q, k, v))
+
+
+def test_q_heads_default_to_heads_and_odd_d():
+    q, k, _ = generate("gaussian", 1, 4, 9, 7, 1)
+    assert q.shape == (1, 4, 16, 7) and k.shape == (1, 4, 9, 7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_seed_same_tensors_different_seed_different(kind):
+    a = generate(kind, 2, 2, 32, 16, 123, q_heads=4, outlier_channels=3)
+    b = generate(kind, 2, 2, 32, 16, 123, q_heads=4, outlier_channels=3)
+    c = generate(kind, 2, 2, 32, 16, 124, q_heads=4, outlier_channels=3)
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x, y)
+        assert not torch.equal(x, z)
+    g = generate(kind, 2, 2, 32, 16, torch.Generator().manual_seed(123), q_heads=4, outlier_channels=3)
+    for x, y in zip(a, g):
+        assert torch.equal(x, y)
+
+
+def _coords(kind, **params):
+    # 2 × 4 × 512 × 64 = 262,144 coordinates each of K and V (drawn from the same law).
+    _, k, v = generate(kind, 2, 4, 512, 64, 7, n_q=1, dtype=torch.float64, **params)
+    return k.flatten().numpy(), v.flatten().numpy()
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.3])
+def test_gaussian_law(scale):
+    k, v = _coords("gaussian", scale=scale)
+    for x in (k, v):
+        assert stats.kstest(x, stats.norm(scale=scale).cdf).pvalue > P_MIN
+        assert abs(x.mean()) * math.sqrt(x.size) / scale < Z_MAX
+        # variance: sample var has sd ≈ scale² √(2/n)
+        assert abs(x.var() / scale**2 - 1) / math.sqrt(2 / x.size) < Z_MAX
+
+
+@pytest.mark.parametrize("df", [1.0, 3.0, 10.0])
+def test_heavy_tail_is_student_t_with_tail_index_df(df):
+    k, v = _coords("heavy_tail", df=df)
+    law = stats.t(df)
+    for x in (k, v):
+        assert stats.kstest(x, law.cdf).pvalue > P_MIN
+        # tail: the count beyond the 0.999 two-sided quantile is Binomial(n, 1e-3); z-test at 5σ.
+        t = law.ppf(1 - 5e-4)
+        n, p = x.size, 1e-3
+        z = (np.count_nonzero(np.abs(x) > t) - n * p) / math.sqrt(n * p * (1 - p))
+        assert abs(z) < Z_MAX, f"tail count z = {z:.2f} for df={df}"
+
+
+def test_heavy_tail_tail_count_rejects_a_wrong_df():
+    # Power check of the tail test above: df=4 data against the df=3 quantile is far outside 5σ.
+    _, k, _ = generate("heavy_tail", 2, 4, 512, 64, 7, n_q=1, dtype=torch.float64, df=4.0)
+    x = k.flatten().numpy()
+    t = stats.t(3.0).ppf(1 - 5e-4)
+    n, p = x.size, 1e-3
+    z = (np.count_nonzero(np.abs(x) > t) - n * p) / math.sqrt(n * p * (1 - p))
+    assert abs(z) > Z_MAX
+
+
+@pytest.mark.parametrize("rank", [1, 3, 8])
+def test_low_rank_has_rank_r(rank):
+    _, k, v = generate("low_rank", 2, 2, 200, 32, 3, dtype=torch.float64, rank=rank, noise=0.0)
+    for x in (k, v):
+        s = torch.linalg.svdvals(x)  # [b, h, 32]
+        assert bool((s[..., rank - 1] > 1e-3 * s[..., 0]).all())
+        assert bool((s[..., rank:] < 1e-10 * s[..., :1]).all())
+
+
+def test_low_rank_noise_and_norm():
+    rank, noise, d = 4, 0.05, 64
+    _, k, _ = generate("low_rank", 2, 4, 4096, d, 5, n_q=1, dtype=torch.float64, rank=rank, noise=noise)
+    s = torch.linalg.svdvals(k)
+    # signal singular values ≈ √(seq·d/r), noise ones ≈ noise·(√seq + √d): a wide gap at r
+    assert bool((s[..., rank] / s[..., rank - 1] < 5 * noise).all())
+    sq = (k**2).sum(-1).flatten()
+    # E‖x‖² = d(1 + noise²); ‖x‖² = (d/r)·χ²_r + noise² χ²_d, var ≈ 2d²/r; 32768 vectors
+    z = (sq.mean() - d * (1 + noise**2)) / (math.sqrt(2 * d * d / rank) / math.sqrt(sq.numel()))
+    assert abs(float(z)) < Z_MAX
+
+
+def test_outlier_channels_by_index_scale_k_and_v():
+    plain = generate("gaussian", 1, 2, 64, 16, 9)
+    out = generate("gaussian", 1, 2, 64, 16, 9, outlier_channels=[2, 11], outlier_scale=4.0, value_outlier_scale=2.0)
+    mask = torch.zeros(16, dtype=torch.bool)
+    mask[[2, 11]] = True
+    torch.testing.assert_close(out[1][..., mask], 4.0 * plain[1][..., mask])
+    torch.testing.assert_close(out[1][..., ~mask], plain[1][..., ~mask])
+    torch.testing.assert_close(out[2][..., mask], 2.0 * plain[2][..., mask])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outlier_channels_by_count(kind):
+    idx = outlier_channel_indices(3, 64, 11)
+    assert len(idx) == 3 and len(set(idx)) == 3
+    _, k, v = generate(kind, 1, 3, 512, 64, 11, outlier_channels=3, outlier_scale=6.0)
+    mag = k.abs().mean(dim=(0, 1, 2))
+    assert set(torch.topk(mag, 3).indices.tolist()) == set(idx)
+    assert float(mag.max() / mag.median()) > 3.0
+    vmag = v.abs().mean(dim=(0, 1, 2))
+    assert float(vmag.max() / vmag.median()) < 2.0  # values untouched by default
+
+
+def test_queries_are_peaked_and_peak_controls_entropy():
+    seq = 1024
+    ent = []
+    for peak in (2.0, 8.0, 16.0):
+        q, k, _ = generate("gaussian", 1, 4, seq, 64, 0, q_heads=8, n_q=64, peak=peak)
+        ent.append(attention_entropy(q, k).mean().item())
+    assert ent[0] > ent[1] > ent[2]
+    assert ent[1] < math.log(seq) - 2  # default-like peak: far from uniform
+    assert ent[2] < 1.0  # a few keys dominate
+    # the attention mass on the 2 focus keys (n_focus=2) dominates at a high peak
+    q, k, _ = generate("gaussian", 1, 4, seq, 64, 0, q_heads=8, n_q=64, peak=16.0)
+    p = torch.softmax(q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 8.0, -1)
+    assert p.topk(2, dim=-1).values.sum(-1).mean().item() > 0.8
+
+
+def test_query_key_correlation_controls_mass_on_the_focus_keys():
+    _, k, _ = generate("gaussian", 1, 2, 512, 64, 0, n_q=1)
+    mass = []
+    for rho in (0.3, 0.6, 0.95):
+        q, focus = synthetic_queries(k, 4, 64, 1, peak=8.0, query_key_correlation=rho)
+        assert q.shape == (1, 4, 64, 64) and focus.shape == (1, 4, 64, 2)
+        p = torch.softmax(q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 8.0, -1)
+        mass.append(torch.gather(p, -1, focus).sum(-1).mean().item())
+    assert mass[0] < mass[1] < mass[2]
+    assert mass[2] > 0.5
+
+
+def test_synthetic_queries_on_real_like_keys_are_reproducible():
+    _, k, _ = generate("heavy_tail", 1, 3, 100, 64, 2, n_q=1)
+    a = synthetic_queries(k, 9, 8, 5)
+    b = synthetic_queries(k, 9, 8, 5)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="q_heads"):
+        synthetic_queries(k, 4, 8, 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, needle",
+    [
+        ({"kind": "cauchy"}, ValueError, "kind"),
+        ({"d": 1}, ValueError, "d must"),
+        ({"seq": 0}, ValueError, "seq"),
+        ({"q_heads": 5}, ValueError, "q_heads"),
+        ({"dtype": torch.int32}, TypeError, "dtype"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"seed": 1.5}, TypeError, "seed"),
+        ({"df": 3.0}, TypeError, "df"),  # df is not a gaussian parameter
+        ({"kind": "heavy_tail", "df": 0.0}, ValueError, "df"),
+        ({"kind": "heavy_tail", "df": float("nan")}, ValueError, "df"),
+        ({"kind": "low_rank", "rank": 0}, ValueError, "rank"),
+        ({"kind": "low_rank", "rank": 17}, ValueError, "rank"),
+        ({"kind": "low_rank", "noise": -0.1}, ValueError, "noise"),
+        ({"query_key_correlation": 0.0}, ValueError, "query_key_correlation"),
+        ({"query_key_correlation": 1.5}, ValueError, "query_key_correlation"),
+        ({"peak": -1.0}, ValueError, "peak"),
+        ({"scale": 0.0}, ValueError, "scale"),
+        ({"outlier_channels": [3, 16]}, ValueError, "outlier_channels"),
+        ({"outlier_channels": [3, 3]}, ValueError, "outlier_channels"),
+        ({"outlier_channels": 17}, ValueError, "outlier_channels"),
+        ({"outlier_channels": "3"}, TypeError, "outlier_channels"),
+        ({"n_focus": 0}, ValueError, "n_focus"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_argument(kwargs, exc, needle):
+    args = {"kind": "gaussian", "batch": 1, "heads": 2, "seq": 8, "d": 16, "seed": 0}
+    args.update(kwargs)
+    with pytest.raises(exc, match=needle):
+        generate(**args)
