@@ -418,7 +418,7 @@ def _solve_gaussian(bits: int) -> Codebook:
     return lloyd_max(stats.norm(0.0, 1.0), bits, symmetric=True)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: 128.0 must not hit the entry of 128
 def beta_codebook(d: int, bits: int) -> Codebook:
     """Exact b-bit Lloyd–Max codebook of f_d, the law of a coordinate of a uniform point on S^{d-1}.
 
@@ -433,7 +433,7 @@ def beta_codebook(d: int, bits: int) -> Codebook:
     return Codebook.from_dict(entry) if entry is not None else _solve_beta(d, bits)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: 128.0 must not hit the entry of 128
 def gaussian_codebook(bits: int) -> Codebook:
     """b-bit Lloyd–Max codebook of N(0, 1) (Max 1960), the d → ∞ limit of √d·``beta_codebook(d, bits)``.
 
