@@ -22,6 +22,7 @@ works too. Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformer
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -131,6 +132,27 @@ def _transformers():
     return transformers
 
 
+@contextlib.contextmanager
+def _quiet_gguf_progress():
+    """Silence the per-tensor progress bar transformers prints while de-quantising a GGUF file."""
+    mod = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if mod is None:
+        try:
+            import transformers.modeling_gguf_pytorch_utils as mod
+        except ImportError:  # pragma: no cover
+            yield
+            return
+    original = getattr(mod, "tqdm", None)
+    if original is None:
+        yield
+        return
+    mod.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        mod.tqdm = original
+
+
 def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch.float32,
                attn_implementation: str | None = None):
     """Load a causal LM and its tokenizer from local files only.
@@ -148,10 +170,18 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    converted = None
     if str(model) == SMOLLM2:
         gguf = smollm2_gguf_path()
-        folder, kwargs["gguf_file"], name = str(gguf.parent), gguf.name, "SmolLM2-135M-Instruct"
-        tok_kwargs = {"gguf_file": gguf.name}
+        name = "SmolLM2-135M-Instruct"
+        stat = gguf.stat()
+        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+        if (converted / "config.json").is_file() and dtype == torch.float32:
+            folder, tok_kwargs = str(converted), {}  # de-quantised once, then loaded in ~1 s
+            converted = None
+        else:
+            folder, kwargs["gguf_file"], tok_kwargs = str(gguf.parent), gguf.name, {"gguf_file": gguf.name}
+            converted = converted if dtype == torch.float32 else None
     else:
         path = Path(model)
         if not path.exists():
@@ -165,18 +195,33 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
             folder, name, tok_kwargs = str(path), path.name, {}
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF de-quantisation progress bar
-    try:
+    with _quiet_gguf_progress():
         lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
         tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
-    finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+    if converted is not None and os.environ.get("KVSTATS_NO_MODEL_CACHE") != "1":
+        _save_converted(lm, tokenizer, converted)
     lm.eval()
     return lm, tokenizer, name
+
+
+def _save_converted(lm, tokenizer, folder: Path) -> None:
+    """Keep the de-quantised GGUF as a float32 HF folder (0.5 GB) so later loads skip the conversion."""
+    import shutil
+    import tempfile
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        from safetensors.torch import save_model
+
+        config = lm.config.to_dict()
+        config.pop("quantization_config", None)  # the weights are de-quantised float32 now
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str), encoding="utf-8")
+        save_model(lm, str(tmp / "model.safetensors"))  # handles the tied embedding / lm_head
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except OSError:  # a read-only cache or a concurrent writer: loading from the GGUF still works
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------- capture
