@@ -1,0 +1,198 @@
+"""Study: the anatomy of real keys and values (SmolLM2-135M-Instruct over the shipped public-domain text).
+
+    python studies/kv_anatomy.py --scale quick|paper [--scheduler ADDR]
+
+Writes (data beside each figure in figures/data/):
+  figures/kv_anatomy_channels.png  mean |k| and mean |v| per head-dim channel, layer × channel heatmaps
+                                   (each layer divided by its median channel), as in QJL's figure 2
+  figures/kv_anatomy_outliers.png  max/median channel magnitude per layer, keys and values
+  figures/kv_anatomy_wht.png       coordinates of unit keys before and after a random-sign Walsh–Hadamard
+                                   rotation, against the sphere law f_d (Beta((d−1)/2, (d−1)/2) on [−1, 1])
+  figures/kv_anatomy_ks.png        KS distance of raw and rotated key coordinates to f_d, per layer
+  figures/data/kv_anatomy_channels.csv   layer, tensor, channel, mean_abs, ratio_to_median
+  figures/data/kv_anatomy_outliers.csv   layer, tensor, top channels, max/median ratio
+  figures/data/kv_anatomy_ks.csv         layer, KS statistic and p-value of raw and rotated coordinates
+
+quick: 1024 tokens; paper: 2048 tokens. The capture is cached (kvstats.data.real.load_default_capture),
+so only the first run loads the model. Everything is a pass over the cached tensors, run in-process
+(``--scheduler`` is accepted for a uniform study interface and ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from kvstats.data.real import load_default_capture  # noqa: E402
+from kvstats.rotations import fwht  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIG = ROOT / "figures"
+DATA = FIG / "data"
+TOKENS = {"quick": 1024, "paper": 2048}
+HIST_LAYERS = (0, 1, 7, 15, 22, 29)
+
+
+def _write_csv(name: str, rows: list[dict]) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    with open(DATA / f"{name}.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _sphere_ks(x: np.ndarray, d: int):
+    """KS test of x against the sphere law f_d: kvstats.sphere.goodness_of_fit when present, else scipy."""
+    try:
+        from kvstats.sphere import goodness_of_fit
+    except ImportError:
+        a = (d - 1) / 2
+        res = stats.kstest(x, stats.beta(a, a, loc=-1, scale=2).cdf)
+        return float(res.statistic), float(res.pvalue)
+    res = goodness_of_fit(x, d, method="ks")
+    return float(res.statistic), float(res.pvalue)
+
+
+def channel_profiles(cap) -> tuple[np.ndarray, np.ndarray]:
+    """mean |x| per channel, pooled over heads and tokens: [layers, d] for keys and values."""
+    k = np.stack([cap.keys(i).abs().mean(dim=(0, 1, 2)).numpy() for i in cap.layers])
+    v = np.stack([cap.values(i).abs().mean(dim=(0, 1, 2)).numpy() for i in cap.layers])
+    return k, v
+
+
+def channels_figure(k: np.ndarray, v: np.ndarray) -> list[dict]:
+    rows, outlier_rows = [], []
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6), constrained_layout=True)
+    for ax, name, prof in ((axes[0], "keys", k), (axes[1], "values", v)):
+        ratio = prof / np.median(prof, axis=1, keepdims=True)
+        im = ax.imshow(ratio, aspect="auto", cmap="magma", origin="lower", interpolation="nearest")
+        ax.set_title(f"SmolLM2-135M {name}: mean |x| per channel / layer median")
+        ax.set_xlabel("head-dim channel (RoPE pairs channel i with i + 32)")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(0, prof.shape[1], 8))
+        fig.colorbar(im, ax=ax, label="mean |x| / median over channels")
+        for layer in range(prof.shape[0]):
+            for c in range(prof.shape[1]):
+                rows.append({"layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
+                             "ratio_to_median": f"{ratio[layer, c]:.4f}"})
+            top = np.argsort(prof[layer])[::-1][:6]
+            outlier_rows.append({"layer": layer, "tensor": name,
+                                 "top_channels": " ".join(str(int(c)) for c in top),
+                                 "max_over_median": f"{ratio[layer].max():.3f}"})
+    fig.savefig(FIG / "kv_anatomy_channels.png", dpi=120)
+    plt.close(fig)
+    _write_csv("kv_anatomy_channels", rows)
+    _write_csv("kv_anatomy_outliers", outlier_rows)
+    return outlier_rows
+
+
+def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    layers = np.arange(k.shape[0])
+    for prof, name, color in ((k, "keys", "#d62728"), (v, "values", "#1f77b4")):
+        ax.plot(layers, prof.max(1) / np.median(prof, 1), "o-", color=color, label=name)
+    ax.axhspan(3.0, 5.6, color="#d62728", alpha=0.08, label="REFERENCE §8 keys: 3–5.6")
+    ax.axhspan(1.7, 3.8, color="#1f77b4", alpha=0.08, label="REFERENCE §8 values: 1.7–3.8")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("max / median of mean |x| over channels")
+    ax.set_title("Outlier channels per layer (SmolLM2-135M-Instruct)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(FIG / "kv_anatomy_outliers.png", dpi=120)
+    plt.close(fig)
+
+
+def wht_figure(cap, seed: int = 0) -> list[dict]:
+    d = int(cap.metadata["head_dim"])
+    a = (d - 1) / 2
+    law = stats.beta(a, a, loc=-1, scale=2)
+    rows, hist = [], {}
+    for layer in cap.layers:
+        k = cap.keys(layer).double().reshape(-1, d)  # [heads * tokens, d]
+        unit = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
+        signs = torch.where(torch.rand(d, generator=torch.Generator().manual_seed(seed + layer)) < 0.5, -1.0, 1.0)
+        rotated = fwht(unit * signs.to(unit.dtype))
+        # one coordinate per vector (cycling through the channels) so the KS draws are independent
+        pick = torch.arange(unit.shape[0]) % d
+        raw_x = unit[torch.arange(unit.shape[0]), pick].numpy()
+        rot_x = rotated[torch.arange(unit.shape[0]), pick].numpy()
+        ks_raw, p_raw = _sphere_ks(raw_x, d)
+        ks_rot, p_rot = _sphere_ks(rot_x, d)
+        rows.append({"layer": layer, "n": raw_x.size, "ks_raw": f"{ks_raw:.4f}", "p_raw": f"{p_raw:.3g}",
+                     "ks_wht": f"{ks_rot:.4f}", "p_wht": f"{p_rot:.3g}"})
+        if layer in HIST_LAYERS:
+            hist[layer] = (unit.flatten().numpy(), rotated.flatten().numpy(), ks_raw, ks_rot)
+    _write_csv("kv_anatomy_ks", rows)
+
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
+    grid = np.linspace(-0.6, 0.6, 400)
+    bins = np.linspace(-0.6, 0.6, 81)
+    for ax, layer in zip(axes.flat, HIST_LAYERS):
+        raw, rot, ks_raw, ks_rot = hist[layer]
+        ax.hist(raw, bins=bins, density=True, histtype="step", color="#999999", lw=1.2,
+                label=f"unit keys, raw (KS {ks_raw:.3f})")
+        ax.hist(rot, bins=bins, density=True, color="#9ecae1", edgecolor="#3182bd", lw=0.3,
+                label=f"after random-sign WHT (KS {ks_rot:.3f})")
+        ax.plot(grid, law.pdf(grid), color="#d62728", lw=1.6, label=f"sphere law f_{d}")
+        ax.set_title(f"layer {layer}")
+        ax.set_xlabel("coordinate value")
+        ax.set_ylabel("density")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.45)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Coordinates of real unit keys vs the sphere law (SmolLM2-135M, all heads and tokens)")
+    fig.savefig(FIG / "kv_anatomy_wht.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    ax.plot([r["layer"] for r in rows], [float(r["ks_raw"]) for r in rows], "o-", color="#777777", label="raw")
+    ax.plot([r["layer"] for r in rows], [float(r["ks_wht"]) for r in rows], "o-", color="#3182bd",
+            label="after random-sign WHT")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("KS distance to the sphere law f_d")
+    ax.set_title("How far real key coordinates are from the sphere law, per layer")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(FIG / "kv_anatomy_ks.png", dpi=120)
+    plt.close(fig)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=sorted(TOKENS), default="quick")
+    parser.add_argument("--scheduler", default=None, help="accepted for a uniform interface; unused here")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    FIG.mkdir(parents=True, exist_ok=True)
+    cap = load_default_capture(TOKENS[args.scale])
+    print(f"capture: {cap}", flush=True)
+    k, v = channel_profiles(cap)
+    outliers = channels_figure(k, v)
+    outliers_figure(k, v)
+    ks = wht_figure(cap)
+    for row in outliers:
+        if row["tensor"] == "keys":
+            print(f"layer {row['layer']:2d} keys: top channels {row['top_channels']}, "
+                  f"max/median {row['max_over_median']}")
+    kr, vr = k.max(1) / np.median(k, 1), v.max(1) / np.median(v, 1)
+    print(f"keys max/median: {kr.min():.2f}–{kr.max():.2f}; values: {vr.min():.2f}–{vr.max():.2f}")
+    ks_raw = [float(r["ks_raw"]) for r in ks]
+    ks_wht = [float(r["ks_wht"]) for r in ks]
+    print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
+    print(f"kv_anatomy done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
