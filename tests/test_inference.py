@@ -185,7 +185,7 @@ def test_jensen_weight_inflation_matches_lognormal_mean():
 def test_jensen_kl_expansion_and_superlinear_condition():
     # Diffuse attention (flat logits over 512 keys): E[KL]/σ̄² stays at ≈ ½ for uniform σ² and grows with σ̄²
     # for score-correlated σ², as the σ⁴ term ⅛Var_p(σ²) predicts. MC se of E[KL]/σ̄² is ~0.001 here;
-    # the growth 0.585 -> 0.618 is > 25 se.
+    # the growth 0.584 -> 0.615 is > 25 se.
     scores = np.linspace(0, 1, 512)
     ratios = {}
     for mode in ("uniform", "correlated"):
