@@ -1,0 +1,146 @@
+"""The quantizer protocol: codes, bit budgets and the base class every quantizer derives from.
+
+    code = q.encode(x)          # x [..., d] -> Code (packed payload + per-vector scalars); exact .nbytes
+    x_hat = q.decode(code)      # [..., d], x's dtype
+    s = q.inner(query, code)    # estimates <query_i, x_j>: query [..., n_q, d] -> [..., n_q, n_k]
+    q.bits_per_coordinate()     # BitBudget(payload, norms, side, total), bits per coordinate
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvstats._validation import check_float_tensor, check_int_range
+
+__all__ = ["BitBudget", "Code", "Quantizer", "ACC_DTYPES"]
+
+#: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
+ACC_DTYPES = {torch.float64: torch.float64}
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return ACC_DTYPES.get(dtype, torch.float32)
+
+
+@dataclass(frozen=True)
+class BitBudget:
+    """Storage cost in bits per coordinate (per cache element).
+
+    payload: the codes themselves as stored, byte padding included (ceil(d·b/8) bytes per vector, so
+        exactly b when d·b is a multiple of 8; the nominal budget n of a scheme counts this);
+    norms: per-vector norms (‖x‖, and γ = ‖r‖ for QJL residuals) at their stored precision;
+    side: other side information (min/scale of min-max groups, calibration data amortised, ...);
+    total: payload + norms + side.
+    """
+
+    payload: float
+    norms: float = 0.0
+    side: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.payload + self.norms + self.side
+
+    def __add__(self, other: BitBudget) -> BitBudget:
+        return BitBudget(self.payload + other.payload, self.norms + other.norms, self.side + other.side)
+
+    def scaled(self, factor: float) -> BitBudget:
+        return BitBudget(self.payload * factor, self.norms * factor, self.side * factor)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"payload": self.payload, "norms": self.norms, "side": self.side, "total": self.total}
+
+
+@dataclass
+class Code:
+    """An encoded batch of vectors: packed payloads and per-vector scalars, all real tensors.
+
+    Attributes:
+        shape: shape of the encoded x, [..., n, d].
+        dtype: dtype of the encoded x (decode returns it).
+        payload: named packed tensors (uint8), e.g. {"indices": [..., n, ceil(d·b/8)]}.
+        scalars: named per-vector (or per-group) scalars, e.g. {"norm": [..., n]} in the stored dtype.
+        parts: nested codes of composite quantizers (e.g. turbo_prod's MSE and QJL stages).
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+    payload: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, torch.Tensor] = field(default_factory=dict)
+    parts: dict[str, Code] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes held by the code's tensors (payloads, scalars and nested parts)."""
+        own = sum(t.numel() * t.element_size() for t in (*self.payload.values(), *self.scalars.values()))
+        return own + sum(p.nbytes for p in self.parts.values())
+
+    @property
+    def device(self) -> torch.device:
+        for t in (*self.payload.values(), *self.scalars.values()):
+            return t.device
+        return next(iter(self.parts.values())).device
+
+
+class Quantizer:
+    """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
+    estimator is not decode-then-dot) and bits_per_coordinate."""
+
+    name: str = ""
+    min_bits: int = 1
+    max_bits: int = 8
+
+    def __init__(self, bits: int, dim: int, seed: int = 0):
+        self.bits = check_int_range(bits, "bits", self.min_bits, self.max_bits)
+        self.dim = check_int_range(dim, "dim", 2, 1 << 15)
+        self.seed = seed
+
+    # ------------------------------------------------------------------------------------ public API
+    def encode(self, x: torch.Tensor) -> Code:
+        """Encode x [..., d] (fp16/bf16/fp32, or fp64 for references); arithmetic in fp32."""
+        self._check_vectors(x, "x")
+        return self._encode(x)
+
+    def decode(self, code: Code) -> torch.Tensor:
+        """Reconstruct x̂ [..., d] in the dtype x had."""
+        if not isinstance(code, Code):
+            raise TypeError(f"code must be a kvstats Code, got {type(code).__name__}")
+        return self._decode(code)
+
+    def inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        """Estimate ⟨query_i, x_j⟩ for query [..., n_q, d] and code of x [..., n_k, d] -> [..., n_q, n_k].
+
+        Leading dims broadcast. Uses the estimator the method prescribes (decode-then-dot unless the
+        subclass overrides ``_inner``). Returned in fp32 (fp64 for fp64 queries).
+        """
+        self._check_vectors(query, "query")
+        if query.dim() < 2:
+            raise ValueError(f"query must be [..., n_q, d], got shape {tuple(query.shape)}")
+        if len(code.shape) < 2:
+            raise ValueError(f"inner needs a code of x [..., n_k, d], got a code of shape {tuple(code.shape)}")
+        return self._inner(query, code)
+
+    def bits_per_coordinate(self) -> BitBudget:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(bits={self.bits}, dim={self.dim}, seed={self.seed})"
+
+    # -------------------------------------------------------------------------------- for subclasses
+    def _check_vectors(self, x: torch.Tensor, name: str) -> None:
+        check_float_tensor(x, name)
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"{name}.shape[-1] must equal the quantizer's dim {self.dim}, got {x.shape[-1]}")
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        raise NotImplementedError
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        acc = acc_dtype(query.dtype)
+        x_hat = self._decode(code).to(acc)
+        return query.to(acc) @ x_hat.transpose(-1, -2)

@@ -1,0 +1,108 @@
+"""KIVI-style asymmetric min-max integer quantization (the usual baseline).
+
+Within each group G of values (``axis="token"``: ``group_size`` consecutive coordinates of one vector;
+``axis="channel"``: one coordinate over ``group_size`` consecutive tokens, as KIVI does for keys):
+
+    lo = min G,  s = (max G − lo) / (2^b − 1)   (both stored in ``side_dtype``, fp16 by default)
+    code = clamp(round((x − lo) / s), 0, 2^b − 1),   x̂ = lo + s·code
+
+Codes are computed from the *stored* (rounded) lo and s, so decode is consistent with what is kept.
+A constant group (s = 0) decodes exactly to lo. With ``axis="channel"`` x must be [..., n, d] with
+tokens on axis −2; a last partial group of tokens gets its own lo and s. Inner products are
+decode-then-dot. Side information: 2 scalars per group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvstats._validation import check_int_range
+from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+
+__all__ = ["MinMaxQuantizer"]
+
+
+class MinMaxQuantizer(Quantizer):
+    """b-bit asymmetric min-max quantization per token group or per channel group.
+
+    Args:
+        bits: b in [1, 8]. dim: d. seed: unused (deterministic method).
+        axis: ``"token"`` (default; groups along d) or ``"channel"`` (groups along tokens).
+        group_size: values per group (default: d for ``"token"``, 32 for ``"channel"``); for
+            ``"token"`` it must divide d.
+        side_dtype: precision of lo and s (fp16 default, as in KIVI).
+    """
+
+    name = "minmax"
+
+    def __init__(self, bits: int, dim: int, seed: int = 0, *, axis: str = "token", group_size: int | None = None,
+                 side_dtype: torch.dtype = torch.float16):
+        super().__init__(bits, dim, seed)
+        if axis not in ("token", "channel"):
+            raise ValueError(f"axis must be 'token' or 'channel', got {axis!r}")
+        self.axis = axis
+        default = self.dim if axis == "token" else 32
+        self.group_size = check_int_range(default if group_size is None else group_size, "group_size", 1, 1 << 20)
+        if axis == "token" and self.dim % self.group_size:
+            raise ValueError(f"group_size must divide dim={self.dim} for axis='token', got {self.group_size}")
+        self.side_dtype = check_norm_dtype(side_dtype, "side_dtype")
+
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """View x as [..., groups, group_size] (channel axis: groups over tokens, padded by replication)."""
+        g = self.group_size
+        if self.axis == "token":
+            return x.reshape(*x.shape[:-1], self.dim // g, g)
+        n = x.shape[-2]
+        pad = -n % g
+        xt = x.transpose(-1, -2)  # [..., d, n]
+        if pad:
+            xt = torch.cat([xt, xt[..., -1:].expand(*xt.shape[:-1], pad)], dim=-1)
+        return xt.reshape(*xt.shape[:-1], (n + pad) // g, g)
+
+    def _ungrouped(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        if self.axis == "token":
+            return grouped.reshape(shape)
+        n = shape[-2]
+        return grouped.reshape(*grouped.shape[:-2], -1)[..., :n].transpose(-1, -2)
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        if self.axis == "channel" and x.dim() < 2:
+            raise ValueError(f"x must be [..., n, d] for axis='channel', got shape {tuple(x.shape)}")
+        acc = acc_dtype(x.dtype)
+        grouped = self._grouped(x.to(acc))
+        lo = grouped.amin(-1, keepdim=True)
+        hi = grouped.amax(-1, keepdim=True)
+        levels = (1 << self.bits) - 1
+        side = acc if acc == torch.float64 else self.side_dtype
+        lo_s = lo.to(side)
+        scale_s = ((hi - lo) / levels).to(side)
+        scale = scale_s.to(acc)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.clamp(torch.round((grouped - lo_s.to(acc)) / safe), 0, levels)
+        codes = torch.where(scale > 0, codes, torch.zeros_like(codes))
+        codes = self._ungrouped(codes, x.shape).to(torch.int64)
+        return Code(x.shape, x.dtype, payload={"indices": pack_bits(codes, self.bits)},
+                    scalars={"min": lo_s.squeeze(-1), "scale": scale_s.squeeze(-1)})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        acc = acc_dtype(code.dtype)
+        codes = unpack_bits(code.payload["indices"], self.bits, self.dim).to(acc)
+        grouped = self._grouped(codes)
+        x_hat = code.scalars["min"].to(acc).unsqueeze(-1) + code.scalars["scale"].to(acc).unsqueeze(-1) * grouped
+        return self._ungrouped(x_hat, code.shape).to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
+        """Bits per coordinate; for ``axis="channel"`` pass n_tokens to count a partial last group."""
+        per_group = 2 * dtype_bits(self.side_dtype)
+        payload = 8 * packed_nbytes(self.dim, self.bits) / self.dim
+        if self.axis == "token" or n_tokens is None:
+            return BitBudget(payload=payload, side=per_group / self.group_size)
+        groups = math.ceil(n_tokens / self.group_size)
+        return BitBudget(payload=payload, side=per_group * groups / n_tokens)
+
+    def __repr__(self) -> str:
+        return f"MinMaxQuantizer(bits={self.bits}, dim={self.dim}, axis={self.axis!r}, group_size={self.group_size})"

@@ -1,0 +1,152 @@
+"""QJL: the 1-bit quantized Johnson–Lindenstrauss sketch (Zandieh, Daliri, Han, arXiv 2406.03482).
+
+    encode:  b = sign(S k) ∈ {±1}^m (packed 8 per byte, LSB first), ‖k‖
+    inner:   Prod(q, k) = (c/m) · ‖k‖ · ⟨S q, b⟩          (asymmetric: the query is projected, not quantized)
+    decode:  k̂ = (c/m) · ‖k‖ · Sᵀ b                        (unbiased reconstruction; ⟨q, k̂⟩ = Prod(q, k))
+
+Rows of S:
+* ``"gaussian"``: i.i.d. N(0, 1), c = √(π/2). Unbiased; Var = ((π/2)‖q‖²‖k‖² − ⟨q,k⟩²)/m.
+* ``"orthogonal"`` (default, the QJL paper's practice): rows orthogonalised in blocks of d, each of norm
+  √d, so each row is uniform on the sphere of radius √d. The Gaussian constant √(π/2) would then be
+  slightly biased (by ≈ 0.4% at d = 64); kvstats uses the exact constant
+  c = √π Γ((d+1)/2) / (√d Γ(d/2)) (:func:`kvstats.rotations.spherical_sign_scale`) so it stays unbiased.
+
+Outlier channels (``outliers=[...]``): those channels get their own sketch (``outlier_m`` rows) and
+norm, the rest another; the estimate is the sum of the two (both unbiased).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvstats._random import spawn_seeds
+from kvstats._validation import check_int_range
+from kvstats.packing import pack_signs, packed_nbytes, unpack_signs
+from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale
+
+__all__ = ["SignSketch", "QJLQuantizer"]
+
+ROWS = ("gaussian", "orthogonal")
+
+
+class SignSketch:
+    """One QJL sketch S [m, d] with its unbiasing constant c; the building block of qjl and turbo_prod."""
+
+    def __init__(self, m: int, d: int, rows: str, seed: int):
+        if rows not in ROWS:
+            raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
+        self.m, self.d, self.rows = m, d, rows
+        if rows == "gaussian":
+            s, self.scale = gaussian_sketch(m, d, seed), math.sqrt(math.pi / 2)
+        else:
+            s, self.scale = orthogonal_sketch(m, d, seed), spherical_sign_scale(d)
+        self._s = DeviceCache(s)
+
+    def matrix(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return self._s.on(device, dtype)
+
+    def signs(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed sign(S x): x [..., d] (acc dtype) -> uint8 [..., ceil(m/8)]."""
+        return pack_signs(x @ self.matrix(x.device, x.dtype).T)
+
+    def estimate(self, query: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        """(c/m)·‖x‖·⟨S q, b⟩: query [..., n_q, d], packed [..., n_k, m/8], norm [..., n_k] -> [..., n_q, n_k]."""
+        sq = query @ self.matrix(query.device, query.dtype).T
+        b = unpack_signs(packed, self.m, query.dtype)
+        return (sq @ b.transpose(-1, -2)) * (self.scale / self.m) * norm.to(query.dtype).unsqueeze(-2)
+
+    def reconstruct(self, packed: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(c/m)·‖x‖·Sᵀ b: [..., d]."""
+        b = unpack_signs(packed, self.m, dtype)
+        return (b @ self.matrix(packed.device, dtype)) * (self.scale / self.m) * norm.to(dtype).unsqueeze(-1)
+
+
+class QJLQuantizer(Quantizer):
+    """QJL key quantizer: m sign bits of S k and ‖k‖ per vector.
+
+    Args:
+        dim: d ≥ 2.
+        bits: sign bits per coordinate; m = bits·d when ``m`` is not given (default 1, i.e. m = d).
+        m: number of sketch rows (the QJL paper's default is 256 at d = 128).
+        rows: ``"orthogonal"`` (default) or ``"gaussian"``.
+        outliers: channel indices sketched separately (e.g. the 4–8 outlier channels of deep layers).
+        outlier_m: rows of the outlier sketch (default m).
+        norm_dtype: precision of the stored norms (fp32 default).
+    """
+
+    name = "qjl"
+
+    def __init__(self, bits: int | None = None, dim: int = 128, seed: int = 0, *, m: int | None = None,
+                 rows: str = "orthogonal", outliers=None, outlier_m: int | None = None,
+                 norm_dtype: torch.dtype = torch.float32):
+        self.dim = check_int_range(dim, "dim", 2, 1 << 15)
+        if m is None:
+            m = check_int_range(1 if bits is None else bits, "bits", 1, 8) * self.dim
+        elif bits is not None and bits * self.dim != m:
+            raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
+        self.m = check_int_range(m, "m", 1, 1 << 16)
+        self.bits = self.m / self.dim
+        self.seed = seed
+        self.rows = rows
+        self.norm_dtype = check_norm_dtype(norm_dtype)
+        seeds = spawn_seeds(seed, 2) if isinstance(seed, int) else [seed, seed]
+        if outliers is None or len(outliers) == 0:
+            self.outliers = None
+            self.sketch = SignSketch(self.m, self.dim, rows, seeds[0])
+            self.outlier_sketch = None
+        else:
+            idx = sorted({int(i) for i in outliers})
+            if idx[0] < 0 or idx[-1] >= self.dim or len(idx) >= self.dim - 1:
+                raise ValueError(f"outliers must be distinct channel indices in [0, {self.dim}) leaving at least "
+                                 f"2 inlier channels, got {list(outliers)}")
+            self.outliers = torch.tensor(idx)
+            mask = torch.ones(self.dim, dtype=torch.bool)
+            mask[self.outliers] = False
+            self.inliers = torch.nonzero(mask).flatten()
+            self.outlier_m = check_int_range(self.m if outlier_m is None else outlier_m, "outlier_m", 1, 1 << 16)
+            self.sketch = SignSketch(self.m, len(self.inliers), rows, seeds[0])
+            self.outlier_sketch = SignSketch(self.outlier_m, len(idx), rows, seeds[1])
+
+    def _parts(self, x: torch.Tensor) -> list[tuple[str, SignSketch, torch.Tensor]]:
+        if self.outlier_sketch is None:
+            return [("", self.sketch, x)]
+        return [("", self.sketch, x[..., self.inliers.to(x.device)]),
+                ("_outlier", self.outlier_sketch, x[..., self.outliers.to(x.device)])]
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        code = Code(x.shape, x.dtype)
+        for suffix, sketch, part in self._parts(x.to(acc_dtype(x.dtype))):
+            code.payload["signs" + suffix] = sketch.signs(part)
+            code.scalars["norm" + suffix] = store_scalar(torch.linalg.vector_norm(part, dim=-1), self.norm_dtype)
+        return code
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        q = query.to(acc_dtype(query.dtype))
+        return sum(sketch.estimate(part, code.payload["signs" + sfx], code.scalars["norm" + sfx])
+                   for sfx, sketch, part in self._parts(q))
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        acc = acc_dtype(code.dtype)
+        if self.outlier_sketch is None:
+            return self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc).to(code.dtype)
+        dev = code.device
+        out = torch.zeros(*code.shape, dtype=acc, device=dev)
+        out[..., self.inliers.to(dev)] = self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc)
+        out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
+            code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
+        return out.to(code.dtype)
+
+    def bits_per_coordinate(self) -> BitBudget:
+        norm_bits = dtype_bits(self.norm_dtype)
+        if self.outlier_sketch is None:
+            return BitBudget(payload=8 * packed_nbytes(self.m, 1) / self.dim, norms=norm_bits / self.dim)
+        payload = 8 * (packed_nbytes(self.m, 1) + packed_nbytes(self.outlier_m, 1)) / self.dim
+        return BitBudget(payload=payload, norms=2 * norm_bits / self.dim)
+
+    def __repr__(self) -> str:
+        extra = f", outliers={self.outliers.tolist()}" if self.outliers is not None else ""
+        return f"QJLQuantizer(m={self.m}, dim={self.dim}, seed={self.seed}, rows={self.rows!r}{extra})"

@@ -1,0 +1,161 @@
+"""KV-cache schemes: a K quantizer + a V quantizer at one fair budget of n bits per cache element.
+
+    s = kvstats.scheme("kqv", bits=4, dim=128, seed=0)
+    cache = s.encode(keys, values)             # keys, values [B, H_kv, S, d]
+    out = s.attention(queries, cache)          # queries [B, H_q, N, d] -> [B, H_q, N, d]
+
+Budget n (payload bits per element, the same for K and V; norms counted in ``bits_per_coordinate``):
+
+* ``kv``   — K and V: n-bit Lloyd–Max on the raw coordinates of the unit vector + norm (no rotation).
+* ``kqv``  — K: TurboQuant_mse(n) (WHT + n-bit Lloyd–Max). V: TurboQuant_prod(n) ((n−1)-bit + 1-bit QJL).
+* ``qkqv`` — K and V: TurboQuant_prod(n).
+
+Attention uses each quantizer's own estimator: scores = K-quantizer.inner(q, K-code) / √d (the
+unbiased asymmetric estimator for turbo_prod/QJL, decode-then-dot for the MSE quantizers), then
+softmax, then the weights times V̂ = V-quantizer.decode(V-code).
+
+Grouped-query attention: H_q must be a multiple of H_kv; query head h reads KV head h // (H_q/H_kv)
+(the grouping of transformers' ``repeat_kv``). Causal masking aligns the N queries with the last N
+cache positions: query i sits at position S − N + i and sees keys 0 .. S − N + i.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvstats._random import spawn_seeds
+from kvstats._validation import check_float_tensor, check_int_range
+from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
+
+__all__ = ["CacheCode", "Scheme", "SCHEMES", "scheme", "causal_mask", "gqa_groups"]
+
+
+@dataclass
+class CacheCode:
+    """An encoded cache: the codes of K and V, both of shape [B, H_kv, S, d]."""
+
+    k: Code
+    v: Code
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+def gqa_groups(queries: torch.Tensor, kv_heads: int) -> int:
+    """Query heads per KV head, checking that H_q is a multiple of H_kv."""
+    hq = queries.shape[1]
+    if hq % kv_heads:
+        raise ValueError(f"queries.shape[1] (query heads) must be a multiple of the KV heads {kv_heads}, got {hq}")
+    return hq // kv_heads
+
+
+def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
+    """Boolean [n_q, n_k], True where query i (at position n_k − n_q + i) may attend key j."""
+    if n_q > n_k:
+        raise ValueError(f"causal attention needs n_q <= n_k, got n_q={n_q}, n_k={n_k}")
+    pos = torch.arange(n_q, device=device).unsqueeze(-1) + (n_k - n_q)
+    return torch.arange(n_k, device=device).unsqueeze(0) <= pos
+
+
+class Scheme:
+    """A K quantizer and a V quantizer at the same nominal budget."""
+
+    def __init__(self, name: str, bits: int, k: Quantizer, v: Quantizer):
+        if k.dim != v.dim:
+            raise ValueError(f"k and v quantizers must share dim, got {k.dim} and {v.dim}")
+        self.name, self.bits, self.k, self.v, self.dim = name, bits, k, v, k.dim
+
+    def _check_cache(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        for name, t in (("keys", keys), ("values", values)):
+            check_float_tensor(t, name)
+            if t.dim() != 4 or t.shape[-1] != self.dim:
+                raise ValueError(f"{name} must be [B, H_kv, S, {self.dim}], got shape {tuple(t.shape)}")
+        if keys.shape != values.shape:
+            raise ValueError(f"keys and values must have the same shape, got {tuple(keys.shape)} "
+                             f"and {tuple(values.shape)}")
+
+    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> CacheCode:
+        """Encode a cache: keys, values [B, H_kv, S, d]."""
+        self._check_cache(keys, values)
+        return CacheCode(self.k.encode(keys), self.v.encode(values))
+
+    def decode(self, cache: CacheCode) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K̂, V̂), each [B, H_kv, S, d]."""
+        return self.k.decode(cache.k), self.v.decode(cache.v)
+
+    def _check_queries(self, queries: torch.Tensor, cache: CacheCode) -> int:
+        check_float_tensor(queries, "queries")
+        b, hkv, _, d = cache.k.shape
+        if queries.dim() != 4 or queries.shape[-1] != d or queries.shape[0] != b:
+            raise ValueError(f"queries must be [{b}, H_q, N, {d}] for this cache, got shape {tuple(queries.shape)}")
+        return gqa_groups(queries, hkv)
+
+    def scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        """Estimated logits ⟨q, k⟩ (not yet divided by √d): queries [B, H_q, N, d] -> [B, H_q, N, S]."""
+        g = self._check_queries(queries, cache)
+        b, hq, n, d = queries.shape
+        grouped = queries.reshape(b, hq // g, g * n, d)
+        return self.k.inner(grouped, cache.k).reshape(b, hq, n, -1)
+
+    def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
+                  return_weights: bool = False):
+        """softmax(scores/√d [+ causal mask]) · V̂: queries [B, H_q, N, d] -> [B, H_q, N, d] (queries' dtype).
+
+        With ``return_weights=True`` returns (output, weights [B, H_q, N, S]).
+        """
+        logits = self.scores(queries, cache) / math.sqrt(self.dim)
+        if causal:
+            logits = logits.masked_fill(~causal_mask(logits.shape[-2], logits.shape[-1], logits.device),
+                                        float("-inf"))
+        weights = torch.softmax(logits, dim=-1)
+        v_hat = self.v.decode(cache.v).to(weights.dtype)
+        b, hq, n, s = weights.shape
+        hkv = v_hat.shape[1]
+        out = (weights.reshape(b, hkv, (hq // hkv) * n, s) @ v_hat).reshape(b, hq, n, -1).to(queries.dtype)
+        return (out, weights) if return_weights else out
+
+    def bits_per_coordinate(self) -> dict[str, BitBudget]:
+        """Bits per element of K, of V, and their mean (the cache's cost per element)."""
+        k, v = self.k.bits_per_coordinate(), self.v.bits_per_coordinate()
+        return {"k": k, "v": v, "mean": (k + v).scaled(0.5)}
+
+    def __repr__(self) -> str:
+        return f"Scheme({self.name!r}, bits={self.bits}, k={self.k!r}, v={self.v!r})"
+
+
+def _kv(bits, dim, seeds, **opts):
+    return quantizer("lloyd", bits=bits, dim=dim, seed=seeds[0], **opts), \
+        quantizer("lloyd", bits=bits, dim=dim, seed=seeds[1], **opts)
+
+
+def _kqv(bits, dim, seeds, **opts):
+    return quantizer("turbo_mse", bits=bits, dim=dim, seed=seeds[0], **opts), \
+        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **opts)
+
+
+def _qkqv(bits, dim, seeds, **opts):
+    return quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[0], **opts), \
+        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **opts)
+
+
+#: name -> (builder(bits, dim, seeds, **options) -> (K quantizer, V quantizer), smallest budget n)
+SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2)}
+
+
+def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
+    """Build a scheme by name (``kv``, ``kqv``, ``qkqv``) at budget n = ``bits`` ∈ [2, 8].
+
+    K and V get independent child seeds of ``seed``. ``options`` go to both quantizers
+    (e.g. ``norm_dtype=torch.float16``).
+    """
+    if name not in SCHEMES:
+        raise ValueError(f"name must be one of {sorted(SCHEMES)}, got {name!r}")
+    builder, low = SCHEMES[name]
+    check_int_range(bits, "bits", max(2, low), 8)
+    k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
+    return Scheme(name, bits, k, v)
