@@ -38,7 +38,7 @@ if os.environ.get("KVSTATS_NO_EXTENSION", "0") != "1":
     if use_cuda:
         Extension = CUDAExtension
         sources += cuda_sources
-        extra_compile_args["nvcc"] = ["-O3", "--use_fast_math", "-lineinfo", "-std=c++17"]
+        extra_compile_args["nvcc"] = ["-O3", "-lineinfo"]
         # CUDA 13 wheels of torch ship the CUDA headers inside site-packages/nvidia/cu13/include.
         site_packages = os.path.dirname(os.path.dirname(torch.__file__))
         include_dirs += sorted(glob.glob(os.path.join(site_packages, "nvidia", "cu*", "include")))
