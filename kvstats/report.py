@@ -1,0 +1,267 @@
+"""Claims files and figures/REPORT.md: every published claim beside our measurement.
+
+Each study writes ``figures/data/<study>_claims.json``: a JSON list of claim objects, one per claim it
+checks (or per measurement of its own), with these keys:
+
+=============  ==============================================================================================
+key            meaning
+=============  ==============================================================================================
+``id``         short stable identifier, unique within the study (``"dalberto-ratio-n4"``)
+``claim``      the published claim in words, with its numbers
+``source``     paper and where in it (``"D'Alberto, arXiv 2605.08114, abstract"``); ``"kvstats"`` for our own
+``measurement`` what we measured, with numbers, CI, effect size and p (and which p) as text
+``data``       which data and at which scale (``"synthetic gaussian, d=128, seq 512, 12 trials (quick)"``)
+``verdict``    ``"reproduced"``, ``"not reproduced"``, ``"partly"``, or ``"measured"`` (no published counterpart)
+``figure``     path of the figure relative to ``figures/`` (``"budget_sweep_kl.png"``), or null
+``details``    optional markdown (a table, a caveat); may be omitted or null
+=============  ==============================================================================================
+
+    from kvstats.report import write_claims
+    write_claims("budget_sweep", [{"id": ..., "claim": ..., "source": ..., "measurement": ..., "data": ...,
+                                   "verdict": "reproduced", "figure": "budget_sweep_kl.png"}])
+
+:func:`build_report` assembles ``figures/REPORT.md`` from all claims files (in :func:`study_order`), with a
+summary table, one section per study and the study's figures embedded; ``kvstats reproduce`` calls it after
+running the studies.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CLAIM_KEYS",
+    "VERDICTS",
+    "STUDY_ORDER",
+    "build_report",
+    "claims_path",
+    "default_figures_dir",
+    "fmt_p",
+    "read_claims",
+    "study_order",
+    "validate_claim",
+    "write_claims",
+]
+
+#: Keys every claim object must have (``details`` may be omitted).
+CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details")
+_REQUIRED = CLAIM_KEYS[:-1]
+#: Allowed verdicts. ``measured``: our own measurement, no published number to hold it to.
+VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
+#: Order of the studies in REPORT.md (and of ``kvstats reproduce``); studies not listed follow, by name.
+STUDY_ORDER = ("sphere_law", "kv_anatomy", "beta_figures", "turboquant_distortion", "qjl_variance", "jensen",
+               "budget_sweep")
+
+
+def default_figures_dir() -> Path:
+    """``$KVSTATS_FIGURES_DIR``, else ``figures/`` of the source checkout kvstats runs from, else ``./figures``."""
+    env = os.environ.get("KVSTATS_FIGURES_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file() and (repo / "studies").is_dir():
+        return repo / "figures"
+    return Path.cwd() / "figures"
+
+
+def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
+    """``<figures_dir>/data/<study>_claims.json``."""
+    return Path(figures_dir or default_figures_dir()) / "data" / f"{study}_claims.json"
+
+
+def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, Any]:
+    """Check one claim object; return it as a plain dict with ``details`` filled in (None when absent).
+
+    Raises ValueError/TypeError naming the key and the value seen.
+    """
+    if not isinstance(claim, Mapping):
+        raise TypeError(f"{where} must be a dict, got {type(claim).__name__}")
+    missing = [k for k in _REQUIRED if k not in claim]
+    if missing:
+        raise ValueError(f"{where} lacks the key(s) {missing} (required: {list(_REQUIRED)})")
+    unknown = sorted(set(claim) - set(CLAIM_KEYS))
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {unknown} (allowed: {list(CLAIM_KEYS)})")
+    out = {k: claim.get(k) for k in CLAIM_KEYS}
+    for key in ("id", "claim", "source", "measurement", "data"):
+        if not isinstance(out[key], str) or not out[key].strip():
+            raise ValueError(f"{where}[{key!r}] must be a non-empty string, got {out[key]!r}")
+    if out["verdict"] not in VERDICTS:
+        raise ValueError(f"{where}['verdict'] must be one of {list(VERDICTS)}, got {out['verdict']!r}")
+    for key in ("figure", "details"):
+        if out[key] is not None and not isinstance(out[key], str):
+            raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
+    return out
+
+
+def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *,
+                 figures_dir: str | os.PathLike | None = None) -> Path:
+    """Validate ``claims`` and write them to ``figures/data/<study>_claims.json`` (atomically); return the path.
+
+    Ids must be unique within the study. ``figures_dir`` defaults to :func:`default_figures_dir`.
+    """
+    if not isinstance(study, str) or not study or "/" in study:
+        raise ValueError(f"study must be a study name like 'budget_sweep', got {study!r}")
+    if isinstance(claims, (str, bytes, Mapping)) or not isinstance(claims, Iterable):
+        raise TypeError(f"claims must be a list of dicts, got {type(claims).__name__}")
+    checked = [validate_claim(c, f"claims[{i}]") for i, c in enumerate(claims)]
+    ids = [c["id"] for c in checked]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"claim ids must be unique within study {study!r}, repeated: {dupes}")
+    path = claims_path(study, figures_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(checked, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read and validate one claims file."""
+    path = Path(path)
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(payload, list):
+        raise ValueError(f"{path} must hold a JSON list of claims, got {type(payload).__name__}")
+    return [validate_claim(c, f"{path.name}[{i}]") for i, c in enumerate(payload)]
+
+
+def study_order(names: Iterable[str]) -> list[str]:
+    """``names`` in report order: those in :data:`STUDY_ORDER` first (in that order), then the rest by name."""
+    names = set(names)
+    known = [s for s in STUDY_ORDER if s in names]
+    return known + sorted(names - set(known))
+
+
+def fmt_p(p: float) -> str:
+    """A p-value for text: ``p = 0.031``, ``p = 2.1e-08``, ``p < 1e-300`` (underflow)."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "p = n/a"
+    if p == 0.0:
+        return "p < 1e-300"
+    return f"p = {p:.2g}" if p >= 1e-3 else f"p = {p:.1e}"
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+_VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
+                 "measured": "· measured"}
+
+
+def _cell(text: str | None) -> str:
+    return (text or "—").replace("|", "\\|").replace("\n", " ")
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def _study_figures(figures_dir: Path, study: str, claims: list[dict]) -> list[str]:
+    """The study's PNGs: those its claims name, then every ``<study>_*.png`` / ``<study>.png``, no repeats."""
+    named = [c["figure"] for c in claims if c["figure"]]
+    globbed = sorted(p.name for p in figures_dir.glob(f"{study}*.png")
+                     if p.stem == study or p.stem.startswith(study + "_"))
+    return list(dict.fromkeys(named + globbed))
+
+
+def build_report(
+    figures_dir: str | os.PathLike | None = None,
+    *,
+    scale: str = "quick",
+    studies: Sequence[str] | None = None,
+    timings: Mapping[str, float] | None = None,
+    preamble: str | None = None,
+    date: _dt.datetime | None = None,
+    out: str | os.PathLike | None = None,
+) -> Path:
+    """Assemble ``figures/REPORT.md`` from every ``figures/data/*_claims.json``.
+
+    Args:
+        figures_dir: the figures folder (default :func:`default_figures_dir`).
+        scale: the scale the studies ran at (stated at the top).
+        studies: the studies to include, in this order (default: every claims file, in :func:`study_order`).
+        timings: wall seconds per study (shown in the run table when given).
+        preamble: markdown inserted after the header (conventions, how to read the verdicts).
+        date: the run's date (default now, UTC).
+        out: output path (default ``<figures_dir>/REPORT.md``).
+
+    Returns:
+        the path written.
+    """
+    fig = Path(figures_dir or default_figures_dir())
+    data = fig / "data"
+    found = {p.name[: -len("_claims.json")]: p for p in sorted(data.glob("*_claims.json"))}
+    order = list(studies) if studies is not None else study_order(found)
+    claims = {s: read_claims(found[s]) for s in order if s in found}
+    date = date or _dt.datetime.now(_dt.timezone.utc)
+    lines = [
+        "# kvstats — published claims against our measurements",
+        "",
+        f"Generated by `kvstats reproduce --scale {scale}` on {date:%Y-%m-%d %H:%M} UTC "
+        f"(commit {_git_commit(fig.parent)}). **Scale: {scale}.**"
+        + (" Quick-scale sample sizes are small: p-values and CIs below are those of the quick run, not the "
+           "paper-scale numbers; `make figures SCALE=paper` reruns at the sizes the claims need."
+           if scale == "quick" else ""),
+        "",
+        "Do not edit: this file is regenerated from `figures/data/*_claims.json` by `kvstats.report.build_report`.",
+        "",
+    ]
+    if preamble:
+        lines += [preamble.strip(), ""]
+    counts = {v: sum(c["verdict"] == v for cs in claims.values() for c in cs) for v in VERDICTS}
+    lines += ["## Summary", "",
+              "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "",
+              "| study | claim | verdict | our measurement |", "|---|---|---|---|"]
+    for study, cs in claims.items():
+        for c in cs:
+            lines.append(f"| [{study}](#{study.replace('_', '-')}) | {_cell(c['claim'])} | "
+                         f"{_VERDICT_MARK[c['verdict']]} | {_cell(c['measurement'])} |")
+    lines.append("")
+    if timings:
+        lines += ["| study | wall time (s) |", "|---|---:|"]
+        lines += [f"| {s} | {t:.0f} |" for s, t in timings.items()]
+        lines += [f"| **total** | **{sum(timings.values()):.0f}** |", ""]
+    for study, cs in claims.items():
+        lines += [f"## {study}", ""]
+        for c in cs:
+            lines += [
+                f"### {c['id']} — {_VERDICT_MARK[c['verdict']]}",
+                "",
+                f"- **Claim:** {c['claim']}",
+                f"- **Source:** {c['source']}",
+                f"- **Measured:** {c['measurement']}",
+                f"- **Data:** {c['data']}",
+            ]
+            if c["figure"]:
+                lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
+            lines.append("")
+            if c["details"]:
+                lines += [c["details"].strip(), ""]
+        figs = _study_figures(fig, study, cs)
+        if figs:
+            lines += [f"#### Figures of {study}", ""]
+            lines += [f"![{Path(f).stem}]({f})\n" for f in figs]
+    missing = [s for s in order if s not in found]
+    if missing:
+        lines += ["## Studies without a claims file", "", ", ".join(missing), ""]
+    path = Path(out) if out else fig / "REPORT.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
