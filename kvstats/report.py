@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstats.sweep import default_figures_dir
+
 __all__ = [
     "CLAIM_KEYS",
     "VERDICTS",
@@ -58,17 +60,6 @@ VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
 #: Order of the studies in REPORT.md (and of ``kvstats reproduce``); studies not listed follow, by name.
 STUDY_ORDER = ("sphere_law", "kv_anatomy", "beta_figures", "turboquant_distortion", "qjl_variance", "jensen",
                "budget_sweep")
-
-
-def default_figures_dir() -> Path:
-    """``$KVSTATS_FIGURES_DIR``, else ``figures/`` of the source checkout kvstats runs from, else ``./figures``."""
-    env = os.environ.get("KVSTATS_FIGURES_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[1]
-    if (repo / "pyproject.toml").is_file() and (repo / "studies").is_dir():
-        return repo / "figures"
-    return Path.cwd() / "figures"
 
 
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:

@@ -1,0 +1,355 @@
+"""The study runner: a sweep's cells run in parallel, each cell's rows stored the moment it finishes.
+
+A study declares its sweep — a list of *cells*, each a dict of parameters (scheme, budget n, distribution,
+dim, layer, seed, sizes, ...) — and a *cell function* ``cell(**params) -> list[dict]`` returning tidy rows::
+
+    from kvstats.sweep import Sweep, grid, cell_seed
+
+    def cell(scheme, n, dist, trials):
+        rng = cell_seed("data", dist, n)            # seeds come from the parameters: deterministic
+        return [{"trial": t, "kl": ...} for t in range(trials)]
+
+    sweep = Sweep("budget_sweep", cell, grid(scheme=["kqv", "qkqv"], n=[2, 3, 4], dist=["gaussian"], trials=[16]),
+                  version="1")
+    table = sweep.run()                             # pandas DataFrame: the params' columns, then the rows'
+
+Execution. ``run()`` uses joblib (loky processes, ``n_jobs`` workers, default all cores) or, given
+``scheduler`` (a Dask scheduler address such as ``"tcp://10.0.0.5:8786"``, ``"local"`` for a
+``LocalCluster`` on this machine, or a ``distributed.Client`` / ``LocalCluster`` object), a Dask cluster
+(extra ``kvstats[dist]``). Each cell runs with ``torch.set_num_threads(threads)`` (default 1: the
+parallelism is across cells). With ``n_jobs=1`` and no scheduler, cells run in this process, one by one.
+
+Storage and resumption. A finished cell is written at once (atomically) by the driving process to
+``<cells_dir>/<study>/<key>.json`` with ``key = sha256(study, version, params)``. A run first looks up
+every cell's file and computes only the missing ones, so an interrupted run resumes where it stopped and a
+rerun with the same parameters recomputes nothing. Bump ``version`` when the cell function changes
+meaning. ``cells_dir`` defaults to ``$KVSTATS_CELLS_DIR``, else ``figures/.cells`` (git-ignored).
+
+Progress: a tqdm bar on stderr counts cells done / total (cached cells count as done) with the time left.
+
+Rows must be JSON-serialisable dicts (numbers, strings, booleans, None; numpy scalars are converted).
+Parameter values must be str, int, float, bool or None (or lists/tuples of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "SCALES",
+    "Sweep",
+    "cell_seed",
+    "cells_dir",
+    "default_figures_dir",
+    "grid",
+    "study_args",
+]
+
+#: The scales every study accepts.
+SCALES = ("quick", "paper")
+
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def default_figures_dir() -> Path:
+    """``$KVSTATS_FIGURES_DIR``, else ``figures/`` of the source checkout kvstats runs from, else ``./figures``."""
+    env = os.environ.get("KVSTATS_FIGURES_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file() and (repo / "studies").is_dir():
+        return repo / "figures"
+    return Path.cwd() / "figures"
+
+
+def cells_dir() -> Path:
+    """Where finished cells are stored: ``$KVSTATS_CELLS_DIR``, else ``<figures>/.cells``."""
+    env = os.environ.get("KVSTATS_CELLS_DIR")
+    return Path(env) if env else default_figures_dir() / ".cells"
+
+
+def grid(**axes: Iterable) -> list[dict[str, Any]]:
+    """The Cartesian product of the axes as a list of cells, the last axis varying fastest.
+
+    ``grid(scheme=["kqv", "qkqv"], n=[2, 4])`` → ``[{"scheme": "kqv", "n": 2}, {"scheme": "kqv", "n": 4}, ...]``.
+    A scalar (or string) axis is a single value. Concatenate grids (``grid(...) + grid(...)``) for sweeps
+    that are not a full product.
+    """
+    names = list(axes)
+    values = [[v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else list(v) for v in axes.values()]
+    for name, vals in zip(names, values):
+        if not vals:
+            raise ValueError(f"axis {name!r} is empty")
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def _canonical(value: Any, where: str) -> Any:
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be finite, got {value}")
+    if isinstance(value, _SCALAR):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, where) for v in value]
+    raise TypeError(f"{where} must be a str, int, float, bool, None or a list of them, got {type(value).__name__}")
+
+
+def _canonical_params(params: Mapping[str, Any], where: str = "cell") -> dict[str, Any]:
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{where} must be a dict of parameters, got {type(params).__name__}")
+    return {str(k): _canonical(v, f"{where}[{k!r}]") for k, v in params.items()}
+
+
+def cell_seed(*parts: Any) -> int:
+    """A deterministic seed in [0, 2³¹) from any JSON-able parts: ``cell_seed("data", "gaussian", 128, trial)``.
+
+    Cells derive every seed from their parameters with it, so a cell's rows depend on its parameters only
+    (not on which worker ran it, nor on the order of the cells).
+    """
+    blob = json.dumps([_canonical(p, "seed part") for p in parts], sort_keys=True, separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if hasattr(obj, "item") and callable(obj.item):  # 0-d torch tensors
+        return obj.item()
+    raise TypeError(f"cell rows must be JSON-serialisable; got a {type(obj).__name__}")
+
+
+def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:
+    """Run one cell (in a worker or in-process) and check its rows."""
+    if threads is not None:
+        try:
+            import torch
+
+            torch.set_num_threads(threads)
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+    t0 = time.perf_counter()
+    rows = cell(**params)
+    seconds = time.perf_counter() - t0
+    if isinstance(rows, Mapping):
+        rows = [rows]
+    if isinstance(rows, pd.DataFrame):
+        rows = rows.to_dict(orient="records")
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"cell {params} returned a non-dict row at position {i}: {type(row).__name__}")
+    return [dict(r) for r in rows], seconds
+
+
+@dataclass
+class Sweep:
+    """A study's sweep: its name, its cell function, its cells and a version string.
+
+    Args:
+        study: the study name (``"budget_sweep"``), part of every cell's key and of the storage path.
+        cell: ``cell(**params) -> list[dict]`` (a dict or a DataFrame is accepted too). Must be picklable
+            for parallel runs: a module-level function (a study script's functions are fine: cloudpickle
+            sends ``__main__`` functions by value).
+        cells: the parameter dicts, e.g. from :func:`grid`; duplicates are refused.
+        version: part of the key: bump it when the cell function's output changes meaning.
+    """
+
+    study: str
+    cell: Callable[..., list[dict]]
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    version: str = "1"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.study, str) or not self.study or "/" in self.study:
+            raise ValueError(f"study must be a name like 'budget_sweep', got {self.study!r}")
+        if not callable(self.cell):
+            raise TypeError(f"cell must be callable, got {type(self.cell).__name__}")
+        self.cells = [_canonical_params(p, f"cells[{i}]") for i, p in enumerate(self.cells)]
+        keys = [self.key(p) for p in self.cells]
+        if len(set(keys)) != len(keys):
+            dupes = [p for p, k in zip(self.cells, keys) if keys.count(k) > 1]
+            raise ValueError(f"cells must be distinct; repeated: {dupes[:3]}")
+
+    # ----------------------------------------------------------------------------------------------- keys
+    def key(self, params: Mapping[str, Any]) -> str:
+        """The cell's storage key: sha256 of (study, version, params) as canonical JSON."""
+        blob = json.dumps({"study": self.study, "version": str(self.version), "params": _canonical_params(params)},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    def path(self, params: Mapping[str, Any], root: str | os.PathLike | None = None) -> Path:
+        """File where the cell's rows are (or will be) stored."""
+        return Path(root or cells_dir()) / self.study / f"{self.key(params)}.json"
+
+    def pending(self, root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+        """The cells not yet stored."""
+        return [p for p in self.cells if not self.path(p, root).is_file()]
+
+    # ------------------------------------------------------------------------------------------- storage
+    def _store(self, params: dict, rows: list[dict], seconds: float, root: Path) -> None:
+        path = self.path(params, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"study": self.study, "version": str(self.version), "key": self.key(params), "params": params,
+                   "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(payload, default=_json_default, separators=(",", ":")), encoding="utf-8")
+        tmp.replace(path)
+
+    def load(self, params: Mapping[str, Any], root: str | os.PathLike | None = None) -> list[dict]:
+        """The stored rows of one cell (FileNotFoundError when it has not run)."""
+        payload = json.loads(self.path(params, root).read_text(encoding="utf-8"))
+        return payload["rows"]
+
+    def table(self, root: str | os.PathLike | None = None) -> pd.DataFrame:
+        """All stored rows of the sweep's cells, in cell order: the params' columns, then the rows' columns."""
+        frames = []
+        for params in self.cells:
+            rows = self.load(params, root)
+            frames.extend({**params, **row} for row in rows)
+        return pd.DataFrame(frames)
+
+    # ----------------------------------------------------------------------------------------------- run
+    def run(
+        self,
+        *,
+        scheduler: Any = None,
+        n_jobs: int | None = None,
+        threads: int | None = 1,
+        cache_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+        recompute: bool = False,
+    ) -> pd.DataFrame:
+        """Compute the missing cells, store each as it finishes, return the whole table.
+
+        Args:
+            scheduler: None (joblib), a Dask scheduler address, ``"local"`` (a Dask LocalCluster here), or a
+                ``distributed.Client`` / cluster object.
+            n_jobs: joblib workers (default -1: all cores); 1 runs the cells in this process.
+            threads: torch threads per cell (default 1; None leaves torch's setting alone).
+            cache_dir: where cells are stored (default :func:`cells_dir`).
+            progress: show a tqdm bar (cells done / total, time left) on stderr.
+            recompute: ignore stored cells and compute every cell again.
+
+        Returns:
+            DataFrame of every cell's rows with the cell's parameters as leading columns, in cell order.
+            ``df.attrs["sweep"]`` = {"study", "cells", "cached", "computed", "seconds"}.
+        """
+        root = Path(cache_dir or cells_dir())
+        t0 = time.perf_counter()
+        todo = list(self.cells) if recompute else self.pending(root)
+        n_cached = len(self.cells) - len(todo)
+        bar = _progress_bar(self.study, len(self.cells), n_cached, progress)
+        try:
+            if todo:
+                for params, rows, seconds in self._results(todo, scheduler, n_jobs, threads):
+                    self._store(params, rows, seconds, root)
+                    bar.update(1)
+        finally:
+            bar.close()
+        table = self.table(root)
+        table.attrs["sweep"] = {"study": self.study, "cells": len(self.cells), "cached": n_cached,
+                                "computed": len(todo), "seconds": time.perf_counter() - t0}
+        return table
+
+    def _results(self, todo, scheduler, n_jobs, threads):
+        """Yield (params, rows, seconds) as cells finish, in any order."""
+        if scheduler is not None:
+            yield from _dask_results(self, todo, scheduler, threads)
+            return
+        jobs = -1 if n_jobs is None else int(n_jobs)
+        if jobs == 0:
+            raise ValueError("n_jobs must be a positive number of workers or negative (all cores - k), got 0")
+        if jobs == 1 or len(todo) == 1:
+            for params in todo:
+                rows, seconds = _execute_local(self.cell, params, threads)
+                yield params, rows, seconds
+            return
+        from joblib import Parallel, delayed
+
+        parallel = Parallel(n_jobs=jobs, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs")
+        outputs = parallel(delayed(_execute_tagged)(self.cell, params, threads) for params in todo)
+        yield from outputs
+
+
+def _execute_tagged(cell, params, threads):
+    rows, seconds = _execute(cell, params, threads)
+    return params, rows, seconds
+
+
+def _execute_local(cell, params, threads):
+    """In this process: restore torch's thread count afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return _execute(cell, params, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _dask_results(sweep: Sweep, todo, scheduler, threads):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("a Dask scheduler needs the 'dist' extra: pip install 'kvstats[dist]'") from exc
+    own_cluster = own_client = None
+    if isinstance(scheduler, Client):
+        client = scheduler
+    else:
+        if isinstance(scheduler, str) and scheduler == "local":
+            own_cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+            target = own_cluster
+        else:
+            target = scheduler  # an address string or a cluster object
+        client = own_client = Client(target)
+    try:
+        futures = [client.submit(_execute_tagged, sweep.cell, params, threads, pure=False,
+                                 key=f"{sweep.study}-{sweep.key(params)}-{i}") for i, params in enumerate(todo)]
+        for future in as_completed(futures):
+            yield future.result()
+    finally:
+        if own_client is not None:
+            own_client.close()
+        if own_cluster is not None:
+            own_cluster.close()
+
+
+def _progress_bar(study: str, total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=study, unit="cell", disable=not enabled, file=sys.stderr,
+                mininterval=1.0, dynamic_ncols=True, smoothing=0.1)
+
+
+# ------------------------------------------------------------------------------------- study command lines
+
+
+def study_args(description: str | None = None, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a study script's command line: ``--scale quick|paper``, ``--scheduler ADDR``, ``--n-jobs N``,
+    ``--no-progress``, ``--recompute``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=SCALES, default="quick", help="sample sizes (default quick)")
+    parser.add_argument("--scheduler", default=None,
+                        help="Dask scheduler address, or 'local' (default: joblib on all cores)")
+    parser.add_argument("--n-jobs", type=int, default=None, help="joblib workers (default: all cores)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--recompute", action="store_true", help="ignore stored cells")
+    return parser.parse_args(argv)

@@ -1,0 +1,143 @@
+"""The study runner: results, storage, resumption, no recomputation, joblib and Dask paths, progress."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvstats.sweep import Sweep, cell_seed, grid, study_args
+
+_FAIL_ON: set[int] = set()
+
+
+def _cell(x: int, y: str, log: str) -> list[dict]:
+    """Two rows per cell; appends one line per call to ``log`` (works across processes)."""
+    with open(log, "a") as fh:
+        fh.write(f"{x},{y}\n")
+    if x in _FAIL_ON:
+        raise RuntimeError(f"cell x={x} interrupted")
+    seed = cell_seed("test", x, y)
+    return [{"rep": r, "value": x * 10 + r, "seed": seed} for r in range(2)]
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.fixture
+def sweep_env(tmp_path):
+    log = tmp_path / "calls.log"
+    cells = grid(x=[1, 2, 3, 4], y=["a", "b"], log=[str(log)])
+    return Sweep("unit", _cell, cells, version="1"), tmp_path / "cells", log
+
+
+def test_grid_product_and_scalars():
+    g = grid(a=[1, 2], b="s", c=(True, False))
+    assert g == [{"a": 1, "b": "s", "c": True}, {"a": 1, "b": "s", "c": False},
+                 {"a": 2, "b": "s", "c": True}, {"a": 2, "b": "s", "c": False}]
+    with pytest.raises(ValueError, match="axis 'a' is empty"):
+        grid(a=[])
+
+
+def test_cell_seed_is_deterministic_and_distinct():
+    assert cell_seed("a", 1, 2.5) == cell_seed("a", 1, 2.5)
+    assert len({cell_seed("a", i) for i in range(1000)}) == 1000
+    assert 0 <= cell_seed("x") < 2**31
+
+
+def test_run_returns_tidy_table_and_stores_each_cell(sweep_env):
+    sweep, root, log = sweep_env
+    df = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert len(df) == 16 and list(df.columns[:3]) == ["x", "y", "log"]
+    assert df["value"].tolist() == [x * 10 + r for x in (1, 2, 3, 4) for _ in "ab" for r in (0, 1)]
+    assert df.attrs["sweep"]["computed"] == 8 and df.attrs["sweep"]["cached"] == 0
+    files = sorted((root / "unit").glob("*.json"))
+    assert len(files) == 8
+    payload = json.loads(sweep.path(sweep.cells[0], root).read_text())
+    assert payload["params"] == sweep.cells[0] and payload["version"] == "1" and len(payload["rows"]) == 2
+
+
+def test_rerun_recomputes_nothing(sweep_env):
+    sweep, root, log = sweep_env
+    first = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert len(_calls(log)) == 8
+    again = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert len(_calls(log)) == 8, "a rerun with the same parameters must not call the cell function"
+    assert again.attrs["sweep"]["computed"] == 0 and again.attrs["sweep"]["cached"] == 8
+    pd.testing.assert_frame_equal(first, again)
+    # a new version is a new key: everything recomputed
+    bumped = Sweep("unit", _cell, sweep.cells, version="2")
+    bumped.run(n_jobs=1, cache_dir=root, progress=False)
+    assert len(_calls(log)) == 16
+    # recompute=True ignores the store
+    sweep.run(n_jobs=1, cache_dir=root, progress=False, recompute=True)
+    assert len(_calls(log)) == 24
+
+
+def test_interrupted_run_resumes_where_it_stopped(sweep_env):
+    sweep, root, log = sweep_env
+    _FAIL_ON.add(3)
+    try:
+        with pytest.raises(RuntimeError, match="x=3 interrupted"):
+            sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    finally:
+        _FAIL_ON.clear()
+    # the four cells with x in {1, 2} finished and were stored before the interruption
+    assert len(sweep.pending(root)) == 4
+    assert len(_calls(log)) == 5
+    df = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert df.attrs["sweep"]["cached"] == 4 and df.attrs["sweep"]["computed"] == 4
+    assert [c.split(",")[0] for c in _calls(log)[5:]] == ["3", "3", "4", "4"]
+    assert len(df) == 16
+
+
+def test_joblib_processes_give_the_same_table(sweep_env):
+    sweep, root, log = sweep_env
+    seq = sweep.run(n_jobs=1, cache_dir=root / "seq", progress=False)
+    par = sweep.run(n_jobs=2, cache_dir=root / "par", progress=False)
+    pd.testing.assert_frame_equal(seq, par)
+    assert par.attrs["sweep"]["computed"] == 8
+
+
+def test_dask_local_cluster_path(sweep_env):
+    distributed = pytest.importorskip("distributed")
+    sweep, root, log = sweep_env
+    seq = sweep.run(n_jobs=1, cache_dir=root / "seq", progress=False)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        dask_df = sweep.run(scheduler=client, cache_dir=root / "dask", progress=False)
+        pd.testing.assert_frame_equal(seq, dask_df)
+        assert dask_df.attrs["sweep"]["computed"] == 8
+        n_calls = len(_calls(log))
+        again = sweep.run(scheduler=cluster.scheduler_address, cache_dir=root / "dask", progress=False)
+        assert again.attrs["sweep"]["computed"] == 0 and len(_calls(log)) == n_calls
+
+
+def test_progress_bar_counts_cells(sweep_env, capsys):
+    sweep, root, log = sweep_env
+    sweep.run(n_jobs=1, cache_dir=root, progress=True)
+    err = capsys.readouterr().err
+    assert "unit" in err and "8/8" in err
+    sweep.run(n_jobs=1, cache_dir=root, progress=True)
+    assert "8/8" in capsys.readouterr().err
+
+
+def test_bad_sweeps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="distinct"):
+        Sweep("s", _cell, [{"x": 1}, {"x": 1}])
+    with pytest.raises(TypeError, match=r"cells\[0\]\['x'\]"):
+        Sweep("s", _cell, [{"x": object()}])
+    with pytest.raises(ValueError, match="study"):
+        Sweep("a/b", _cell, [])
+    with pytest.raises(ValueError, match="n_jobs"):
+        cells = grid(x=[1, 2], y="a", log=str(tmp_path / "l"))
+        Sweep("s", _cell, cells).run(n_jobs=0, cache_dir=tmp_path, progress=False)
+
+
+def test_study_args_defaults():
+    args = study_args("doc", [])
+    assert args.scale == "quick" and args.scheduler is None and args.n_jobs is None
+    assert study_args("doc", ["--scale", "paper", "--scheduler", "local"]).scheduler == "local"
