@@ -9,6 +9,10 @@ Budget n (payload bits per element, the same for K and V; norms counted in ``bit
 * ``kv``   — K and V: n-bit Lloyd–Max on the raw coordinates of the unit vector + norm (no rotation).
 * ``kqv``  — K: TurboQuant_mse(n) (WHT + n-bit Lloyd–Max). V: TurboQuant_prod(n) ((n−1)-bit + 1-bit QJL).
 * ``qkqv`` — K and V: TurboQuant_prod(n).
+* ``nova`` — NOVA-KV (calibrated; :mod:`kvstats.quantizers.nova`): K: per-head transform + stratified group VQ,
+  V: rotation + n-bit min-max. ``NovaScheme.calibrate(queries, keys, values, bits=n)`` or
+  ``scheme("nova", bits=n, dim=d, queries=..., keys=...)``. Kept out of ``SCHEMES`` (which lists the
+  data-oblivious schemes) in ``CALIBRATED_SCHEMES``.
 
 Attention uses each quantizer's own estimator: scores = K-quantizer.inner(q, K-code) / √d (the
 unbiased asymmetric estimator for turbo_prod/QJL, decode-then-dot for the MSE quantizers), then
@@ -31,7 +35,7 @@ from kvstats._random import spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
 
-__all__ = ["CacheCode", "Scheme", "SCHEMES", "scheme", "causal_mask", "gqa_groups"]
+__all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "causal_mask", "gqa_groups"]
 
 
 @dataclass
@@ -143,19 +147,50 @@ def _qkqv(bits, dim, seeds, **opts):
         quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **opts)
 
 
+def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, **opts):
+    from kvstats.quantizers.nova import calibrate_cache
+
+    if queries is None or keys is None:
+        raise ValueError("scheme 'nova' is calibrated: pass queries= [B, H_q, N, d] and keys= [B, H_kv, S, d]")
+    if keys.shape[-1] != dim:
+        raise ValueError(f"keys.shape[-1] must equal dim {dim}, got {keys.shape[-1]}")
+    return calibrate_cache(bits, queries, keys, values, seed=seeds[0], **opts)
+
+
 #: name -> (builder(bits, dim, seeds, **options) -> (K quantizer, V quantizer), smallest budget n)
 SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2)}
+#: schemes that need calibration data (``queries=``, ``keys=``) among their options
+CALIBRATED_SCHEMES: dict[str, tuple[Callable, int]] = {"nova": (_nova, 1)}
+
+
+class NovaScheme(Scheme):
+    """NOVA-KV for one layer: per-KV-head calibrated keys (:class:`~kvstats.quantizers.nova.NovaQuantizer`)
+    and rotated min-max values; same encode / scores / attention as every :class:`Scheme`."""
+
+    @classmethod
+    def calibrate(cls, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,
+                  bits: int = 2, seed: int = 0, **options) -> NovaScheme:
+        """Calibrate on one layer's queries [B, H_q, N, d] and keys [B, H_kv, S, d] (values: shape check only).
+
+        ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype, ...).
+        """
+        check_int_range(bits, "bits", 1, 8)
+        check_float_tensor(keys, "keys")
+        k, v = _nova(bits, keys.shape[-1], spawn_seeds(seed, 2), queries=queries, keys=keys, values=values,
+                     **options)
+        return cls("nova", bits, k, v)
 
 
 def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
-    """Build a scheme by name (``kv``, ``kqv``, ``qkqv``) at budget n = ``bits`` ∈ [2, 8].
+    """Build a scheme by name (``kv``, ``kqv``, ``qkqv``, ``nova``) at budget n = ``bits`` ∈ [2, 8].
 
     K and V get independent child seeds of ``seed``. ``options`` go to both quantizers
-    (e.g. ``norm_dtype=torch.float16``).
+    (e.g. ``norm_dtype=torch.float16``); ``nova`` needs ``queries=`` and ``keys=`` (its calibration data).
     """
-    if name not in SCHEMES:
-        raise ValueError(f"name must be one of {sorted(SCHEMES)}, got {name!r}")
-    builder, low = SCHEMES[name]
+    known = {**SCHEMES, **CALIBRATED_SCHEMES}
+    if name not in known:
+        raise ValueError(f"name must be one of {sorted(known)}, got {name!r}")
+    builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
     k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
-    return Scheme(name, bits, k, v)
+    return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v)

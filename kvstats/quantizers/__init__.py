@@ -2,7 +2,8 @@
 
     q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)
 
-Names: ``lloyd`` (scalar Lloyd–Max, no rotation), ``turbo_mse``, ``turbo_prod``, ``qjl``, ``minmax``.
+Names: ``lloyd`` (scalar Lloyd–Max, no rotation), ``turbo_mse``, ``turbo_prod``, ``qjl``, ``minmax``, ``nova``
+(calibrated: call ``.calibrate(queries, keys)`` before encoding).
 Each class documents what it stores, its estimator and its bit count; see also docs/quantizers.md.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 from kvstats.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quantizers.lloyd import LloydQuantizer, TurboMSE
 from kvstats.quantizers.minmax import MinMaxQuantizer
+from kvstats.quantizers.nova import NovaQuantizer
 from kvstats.quantizers.qjl import QJLQuantizer
 from kvstats.quantizers.turbo_prod import TurboProd
 
 __all__ = ["BitBudget", "Code", "Quantizer", "QUANTIZERS", "quantizer", "register",
-           "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer"]
+           "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "NovaQuantizer"]
 
 QUANTIZERS: dict[str, type[Quantizer]] = {}
 
@@ -28,7 +30,7 @@ def register(cls: type[Quantizer]) -> type[Quantizer]:
     return cls
 
 
-for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer):
+for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer, NovaQuantizer):
     register(_cls)
 
 

@@ -1,0 +1,647 @@
+"""NOVA-KV: calibrated, attention-aware transform coding of keys (arXiv 2608.04074; REFERENCE §6).
+
+Calibration, per (layer, KV head), from real queries q (every query head of the GQA group) and keys k:
+
+    Σ_Q = E[q qᵀ] + ρ·(tr E[q qᵀ] / d)·I       second moment of the queries, ridge ρ (default 1e-3)
+    μ_K = E[k],   C_K = E[(k − μ_K)(k − μ_K)ᵀ]
+    A = Σ_Q^{1/2} C_K Σ_Q^{1/2} = V Λ Vᵀ         Λ descending; column r of V has eigen-rank r
+    T = Vᵀ Σ_Q^{1/2},   T⁻¹ = Σ_Q^{−1/2} V        the key transform (not orthogonal) and its inverse
+
+Keys (:class:`NovaQuantizer`, b bits per coefficient, groups of g coefficients, G = d/g groups):
+
+    y = T (k − μ_K)                 coefficients; Cov(y) = Λ
+    s = ‖y‖ / √d                    per-token RMS scale, stored in ``scale_dtype`` (fp16)
+    u = y / s, cut into G groups    stratified: eigen-rank r goes to group r mod G, so every group spans
+                                    the spectrum and the groups' volumes ∏σ_r are close to equal
+    idx_j = nearest centroid of group j's g values in its k-means codebook of 2^{g·b} centroids
+    decode: ŷ = s · c[idx],  k̂ = μ_K + T⁻¹ ŷ
+    scores: ⟨q, k̂⟩ = ⟨q, μ_K⟩ + ⟨q̃, ŷ⟩  with  q̃ = T⁻ᵀ q = Vᵀ Σ_Q^{−1/2} q
+
+(k − μ = T⁻¹ y = Σ_Q^{−1/2} V y, hence ⟨q, k⟩ = ⟨q, μ⟩ + ⟨Vᵀ Σ_Q^{−1/2} q, y⟩.) The queries are mapped
+once and the dot products run in the coefficient domain; ⟨q, μ_K⟩ is the same for every key of a query,
+so it does not change the attention weights, but it is added so scores equal ⟨q, k̂⟩ exactly.
+
+Generalized Parseval relation (:func:`parseval_terms`). TᵀT = Σ_Q^{1/2} V Vᵀ Σ_Q^{1/2} = Σ_Q, so for any
+k, k̂ with coefficients y, ŷ
+
+    ‖y − ŷ‖² = (k − k̂)ᵀ Σ_Q (k − k̂) = E_q[(qᵀ(k − k̂))²]
+
+where the last equality holds for the queries Σ_Q was computed from (ridge ρ = 0). MSE in the coefficient
+domain is the expected squared logit error, so an MSE-optimal quantizer of y (k-means) minimises it.
+With ρ > 0 the middle term uses the ridged Σ_Q. The identity is exact (float64) with ``side_dtype=float64``;
+with fp16 side information T is rounded and TᵀT equals Σ_Q to about 1e-3 relative.
+
+Group size and codebook size. g·b ≤ 8 so an index fits in a byte: g = 8 // b by default (b = 2: 4
+coefficients, 256 centroids, the paper's setting; b = 3: pairs, 64 centroids; b = 1: 8 coefficients),
+lowered to the largest divisor of d. Codebooks are trained (scipy.cluster.vq.kmeans2, k-means++ seeding
+drawn from ``seed``: same seed, same codebooks) on u of the calibration keys, in float64, then rounded to
+``side_dtype``.
+
+Ridge. Σ_Q is often ill-conditioned (SmolLM2 layer 0: smallest eigenvalue 2e-4 of the mean) and is
+singular when there are fewer queries than d or a dead channel. Adding ρ·(mean eigenvalue)·I floors
+every direction at a fraction ρ of the average query energy: T⁻¹ stays bounded (‖T⁻¹‖ ≤ 1/√(ρ·tr Σ_Q/d)),
+directions the calibration queries never use still get a little weight, and held-out queries that do use
+them are not met by unbounded key errors. ρ = 0 is allowed for a non-singular Σ_Q (Parseval tests).
+
+Bits per coordinate (:meth:`NovaQuantizer.bits_per_coordinate`), per key element, d = head dim:
+
+    payload  d·b bits per token (G indices of g·b bits, packed)                     -> b
+    norms    the scale s, one ``scale_dtype`` value per token                       -> 16/d
+    side     calibration: T (d² values), μ_K (d) and the codebooks (2^{g·b}·d values, G of them with
+             2^{g·b} centroids of g values) in ``side_dtype``, amortised over ``n_tokens`` cached tokens
+             -> 16·(d² + d + 2^{g·b}·d) / (n_tokens·d). T⁻¹ is computed from T when loaded, Σ_Q and Λ are
+             not needed to decode: neither is counted.
+
+Values (:class:`RotatedMinMax`): an orthogonal rotation (randomized Hadamard by default), then b-bit
+min-max per token (lo and step in fp16: 32/d bits per element). See docs/nova.md for the totals.
+
+Unbiasedness is not expected: the codec is deterministic once calibrated, so for a fixed key the logit
+error ⟨q, k − k̂⟩ is a fixed function of q; NOVA-KV minimises its second moment over the query
+distribution, not its mean (unlike turbo_prod / QJL).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvstats._random import spawn_seeds
+from kvstats._validation import check_float_tensor, check_int_range
+from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quantizers.minmax import MinMaxQuantizer
+from kvstats.rotations import Rotation, make_rotation
+
+__all__ = [
+    "DEFAULT_AMORTIZE_TOKENS",
+    "DEFAULT_RIDGE",
+    "NovaCalibration",
+    "NovaQuantizer",
+    "ParsevalTerms",
+    "PerHeadQuantizer",
+    "RotatedMinMax",
+    "attention_transform",
+    "calibrate_cache",
+    "default_group_dim",
+    "isotropic_calibration",
+    "kmeans_codebook",
+    "kmeans_plusplus",
+    "parseval_terms",
+    "stratified_ranks",
+]
+
+#: Relative ridge ρ: Σ_Q + ρ·(tr Σ_Q / d)·I.
+DEFAULT_RIDGE = 1e-3
+#: Tokens the calibration data are amortised over by default (the paper's 128K context).
+DEFAULT_AMORTIZE_TOKENS = 131072
+SIDE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# ------------------------------------------------------------------------------------------ pieces
+
+
+def default_group_dim(bits: int, dim: int) -> int:
+    """Coefficients per VQ group: the largest g ≤ 8 // bits (at least 1) that divides dim."""
+    g = max(1, 8 // bits)
+    while dim % g:
+        g -= 1
+    return g
+
+
+def stratified_ranks(dim: int, group_dim: int) -> torch.Tensor:
+    """Eigen-rank of each stored coefficient in group-major order: position j·g + i holds rank i·G + j.
+
+    So group j (positions j·g … j·g + g − 1) holds ranks j, j + G, j + 2G, …: eigen-rank r → group r mod G.
+    """
+    groups = dim // group_dim
+    return torch.tensor([i * groups + j for j in range(groups) for i in range(group_dim)], dtype=torch.int64)
+
+
+def attention_transform(sigma_q: torch.Tensor, key_cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NOVA key transform for a given (already ridged) Σ_Q and key covariance C_K.
+
+    Returns (T, Λ): T = Vᵀ Σ_Q^{1/2} [d, d] (row r: eigen-rank r) and Λ [d] descending, where
+    Σ_Q^{1/2} C_K Σ_Q^{1/2} = V Λ Vᵀ. Float64. Σ_Q must be symmetric positive definite.
+    """
+    sigma_q, key_cov = sigma_q.to(torch.float64), key_cov.to(torch.float64)
+    w, u = torch.linalg.eigh((sigma_q + sigma_q.T) / 2)
+    if not bool(w[0] > 1e-12 * w[-1].abs().clamp_min(1e-300)):
+        raise ValueError(f"sigma_q is singular or indefinite (eigenvalues {w[0].item():.3g} .. {w[-1].item():.3g}); "
+                         "pass ridge > 0")
+    half = (u * w.sqrt()) @ u.T
+    a = half @ key_cov @ half
+    lam, v = torch.linalg.eigh((a + a.T) / 2)
+    lam, v = lam.flip(0).clamp_min(0.0), v.flip(1)
+    return v.T @ half, lam
+
+
+def kmeans_plusplus(data: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding of ``size`` centers for each of several data sets at once.
+
+    data [..., n, g] -> centers [..., size, g]: the first center uniform, each next one drawn with
+    probability proportional to the squared distance to the nearest center so far (Arthur & Vassilvitskii).
+    """
+    lead, (n, g) = data.shape[:-2], data.shape[-2:]
+    x = data.reshape(-1, n, g)
+    sets = np.arange(x.shape[0])
+    centers = np.empty((x.shape[0], size, g))
+    pick = rng.integers(n, size=x.shape[0])
+    centers[:, 0] = x[sets, pick]
+    d2 = ((x - centers[:, :1]) ** 2).sum(-1)
+    for i in range(1, size):
+        cum = np.cumsum(d2, axis=1)
+        total = cum[:, -1]
+        target = rng.random(x.shape[0]) * total
+        pick = np.minimum((cum < target[:, None]).sum(1), n - 1)
+        pick = np.where(total > 0, pick, rng.integers(n, size=x.shape[0]))
+        centers[:, i] = x[sets, pick]
+        np.minimum(d2, ((x - centers[:, i:i + 1]) ** 2).sum(-1), out=d2)
+    return centers.reshape(*lead, size, g)
+
+
+def kmeans_codebook(data: np.ndarray, size: int, seed: int, iters: int = 20) -> np.ndarray:
+    """k-means codebooks of ``size`` centroids, reproducible from ``seed``.
+
+    data [n, g] -> [size, g], or [G, n, g] -> [G, size, g] (one codebook per group). k-means++ seeding
+    (:func:`kmeans_plusplus`, numpy ``default_rng(seed)``), then ``iters`` Lloyd iterations of
+    ``scipy.cluster.vq.kmeans2(minit="matrix")`` per codebook; a cluster left empty keeps its centroid.
+    """
+    from scipy.cluster.vq import kmeans2
+
+    data = np.asarray(data, dtype=np.float64)
+    if data.ndim not in (2, 3):
+        raise ValueError(f"data must be [n, g] or [groups, n, g], got shape {data.shape}")
+    if data.shape[-2] < size:
+        raise ValueError(f"data must have at least size={size} rows for k-means, got {data.shape[-2]}")
+    batched = data if data.ndim == 3 else data[None]
+    init = kmeans_plusplus(batched, size, np.random.default_rng(seed))
+    books = np.empty_like(init)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "One of the clusters is empty": kept, as documented
+        for j in range(batched.shape[0]):
+            books[j] = kmeans2(np.ascontiguousarray(batched[j]), init[j], iter=iters, minit="matrix",
+                               missing="warn")[0]
+    return books if data.ndim == 3 else books[0]
+
+
+def _rows(x: torch.Tensor, name: str, dim: int) -> torch.Tensor:
+    check_float_tensor(x, name)
+    if x.shape[-1] != dim:
+        raise ValueError(f"{name}.shape[-1] must equal dim {dim}, got {x.shape[-1]}")
+    return x.reshape(-1, dim).to(torch.float64)
+
+
+def _stored(x: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    out = x.to(dtype).to(torch.float64)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"{name} overflows side_dtype={dtype}; pass side_dtype=torch.float32")
+    return out
+
+
+@dataclass(frozen=True)
+class NovaCalibration:
+    """Calibration of one (layer, KV head), float64 (values already rounded to the stored precision).
+
+    transform: T [d, d], rows in group-major order (row p has eigen-rank ``ranks[p]``); y = T (k − μ).
+    inverse: T⁻¹ [d, d] (computed from the stored T). mean: μ_K [d]. codebooks: [G, 2^{g·b}, g].
+    eigenvalues: Λ [d] in the same group-major order. ranks: eigen-rank of each coefficient.
+    sigma_q: the ridged Σ_Q [d, d] (diagnostics and Parseval; not needed to decode).
+    ridge: the absolute ridge added, ρ·tr(E[qqᵀ])/d. n_queries, n_keys: calibration sizes.
+    source: ``"data"`` (:meth:`NovaQuantizer.calibrate`) or ``"isotropic prior"`` (:func:`isotropic_calibration`).
+    """
+
+    transform: torch.Tensor
+    inverse: torch.Tensor
+    mean: torch.Tensor
+    codebooks: torch.Tensor
+    eigenvalues: torch.Tensor
+    ranks: torch.Tensor
+    sigma_q: torch.Tensor
+    ridge: float
+    n_queries: int
+    n_keys: int
+    source: str = "data"
+
+    def group_log_volumes(self) -> torch.Tensor:
+        """½ Σ log λ_r over each group's coefficients, [G] (equal volumes ⇔ equal entries)."""
+        g = self.codebooks.shape[-1]
+        return 0.5 * self.eigenvalues.clamp_min(1e-300).log().reshape(-1, g).sum(-1)
+
+
+@functools.lru_cache(maxsize=32)
+def _isotropic_codebook(dim: int, group_dim: int, size: int, seed: int) -> torch.Tensor:
+    groups = dim // group_dim
+    n = max(16 * size, 1024)
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randn((n + groups - 1) // groups, dim, generator=gen, dtype=torch.float64)
+    u = y / (torch.linalg.vector_norm(y, dim=-1, keepdim=True) / math.sqrt(dim))
+    book = kmeans_codebook(u.reshape(-1, group_dim)[:n].numpy(), size, seed)
+    return torch.from_numpy(book)
+
+
+def isotropic_calibration(dim: int, bits: int, group_dim: int | None = None, seed: int = 0,
+                          side_dtype: torch.dtype = torch.float16) -> NovaCalibration:
+    """The calibration NOVA-KV derives with no data: Σ_Q = I, μ_K = 0, C_K = I.
+
+    Then A = I, T = I (y = k), and every group of u = y/RMS(y) has the same law, so all groups share
+    one k-means codebook trained on u of standard Gaussian vectors (seeded). This is plain group VQ of
+    the raw coordinates; :class:`NovaQuantizer` uses it until :meth:`NovaQuantizer.calibrate` is called.
+    """
+    g = default_group_dim(bits, dim) if group_dim is None else group_dim
+    groups, size = dim // g, 1 << (g * bits)
+    book = _stored(_isotropic_codebook(dim, g, size, seed), side_dtype, "codebooks")
+    eye = torch.eye(dim, dtype=torch.float64)
+    return NovaCalibration(transform=eye, inverse=eye.clone(), mean=torch.zeros(dim, dtype=torch.float64),
+                           codebooks=book.expand(groups, size, g).clone(),
+                           eigenvalues=torch.ones(dim, dtype=torch.float64), ranks=torch.arange(dim),
+                           sigma_q=eye.clone(), ridge=0.0, n_queries=0, n_keys=0, source="isotropic prior")
+
+
+# ------------------------------------------------------------------------------------- the quantizer
+
+
+class NovaQuantizer(Quantizer):
+    """NOVA-KV keys for one KV head: calibrated transform + stratified group VQ + per-token RMS scale.
+
+    Build, calibrate, then use like any quantizer::
+
+        q = kvstats.quantizer("nova", bits=2, dim=64, seed=0).calibrate(queries, keys)
+        code = q.encode(k); s = q.inner(query, code)
+
+    Before :meth:`calibrate` (``calibrated`` is False) it runs on :func:`isotropic_calibration`, the
+    transform NOVA-KV derives without data (identity; shared Gaussian codebooks): plain group VQ.
+
+    Args:
+        bits: b bits per coefficient, in [1, 8]. dim: d ≥ 2. seed: k-means seeding (child seed per group).
+        group_dim: coefficients per VQ group g (default :func:`default_group_dim`); g·b ≤ 8, g divides d.
+        ridge: relative ridge ρ of Σ_Q (module docstring); 0 needs a non-singular Σ_Q.
+        kmeans_iters: Lloyd iterations after k-means++ seeding.
+        scale_dtype: precision of the per-token scale (fp16 default).
+        side_dtype: precision of T, μ_K and the codebooks (fp16 default; float64 for exact oracles).
+        amortize_tokens: cached tokens the calibration data are amortised over in bits_per_coordinate.
+        calibration: a :class:`NovaCalibration` to reuse instead of calling :meth:`calibrate`.
+    """
+
+    name = "nova"
+
+    def __init__(self, bits: int = 2, dim: int = 128, seed: int = 0, *, group_dim: int | None = None,
+                 ridge: float = DEFAULT_RIDGE, kmeans_iters: int = 20, scale_dtype: torch.dtype = torch.float16,
+                 side_dtype: torch.dtype = torch.float16, amortize_tokens: int = DEFAULT_AMORTIZE_TOKENS,
+                 calibration: NovaCalibration | None = None):
+        super().__init__(bits, dim, seed)
+        g = default_group_dim(self.bits, self.dim) if group_dim is None else group_dim
+        self.group_dim = check_int_range(g, "group_dim", 1, self.dim)
+        if self.dim % self.group_dim or self.group_dim * self.bits > 8:
+            raise ValueError(f"group_dim must divide dim={self.dim} and satisfy group_dim*bits <= 8 "
+                             f"(bits={self.bits}), got {self.group_dim}")
+        self.groups = self.dim // self.group_dim
+        self.index_bits = self.group_dim * self.bits
+        self.codebook_size = 1 << self.index_bits
+        if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (ridge >= 0 and math.isfinite(ridge)):
+            raise ValueError(f"ridge must be a finite float >= 0, got {ridge!r}")
+        self.ridge = float(ridge)
+        self.kmeans_iters = check_int_range(kmeans_iters, "kmeans_iters", 1, 10_000)
+        self.scale_dtype = check_norm_dtype(scale_dtype, "scale_dtype")
+        if side_dtype not in SIDE_DTYPES:
+            raise ValueError(f"side_dtype must be one of {SIDE_DTYPES}, got {side_dtype}")
+        self.side_dtype = side_dtype
+        self.amortize_tokens = check_int_range(amortize_tokens, "amortize_tokens", 1, 1 << 40)
+        self.calibration: NovaCalibration | None = None  # the isotropic prior is built on first use
+        if calibration is not None:
+            self._set_calibration(calibration)
+
+    @property
+    def min_calibration_keys(self) -> int:
+        """Fewest calibration keys accepted: max(2^{g·b} (one per centroid), d + 1 (a full-rank C_K))."""
+        return max(self.codebook_size, self.dim + 1)
+
+    # ---------------------------------------------------------------------------------- calibration
+    def calibrate(self, queries: torch.Tensor, keys: torch.Tensor) -> NovaQuantizer:
+        """Fit Σ_Q, μ_K, T and the codebooks from queries [..., d] and keys [..., d] (rows pooled); returns self.
+
+        queries: every query of the KV head's GQA group (at least d rows); keys: at least
+        :attr:`min_calibration_keys` rows.
+        """
+        q, k = _rows(queries, "queries", self.dim), _rows(keys, "keys", self.dim)
+        if q.shape[0] < self.dim:
+            raise ValueError(f"queries must hold at least d = {self.dim} query vectors to calibrate Σ_Q, "
+                             f"got {q.shape[0]}")
+        if k.shape[0] < self.min_calibration_keys:
+            raise ValueError(f"keys must hold at least {self.min_calibration_keys} calibration tokens "
+                             f"(codebook size 2^(g*b) = {self.codebook_size}, d + 1 = {self.dim + 1}), "
+                             f"got {k.shape[0]}")
+        second = q.T @ q / q.shape[0]
+        mean_energy = float(torch.trace(second)) / self.dim
+        if mean_energy <= 0:
+            raise ValueError("queries are all zero: Σ_Q = E[q qᵀ] = 0 has no attention geometry to calibrate on")
+        ridge = self.ridge * mean_energy
+        sigma_q = second + ridge * torch.eye(self.dim, dtype=torch.float64)
+        mu = k.mean(0)
+        centred = k - mu
+        transform, lam = attention_transform(sigma_q, centred.T @ centred / k.shape[0])
+        ranks = stratified_ranks(self.dim, self.group_dim)
+        t_s = _stored(transform[ranks], self.side_dtype, "T")
+        mu_s = _stored(mu, self.side_dtype, "mean")
+        y = (k - mu_s) @ t_s.T
+        rms = torch.linalg.vector_norm(y, dim=-1, keepdim=True) / math.sqrt(self.dim)
+        u = (y / torch.where(rms > 0, rms, torch.ones_like(rms))).reshape(-1, self.groups, self.group_dim).numpy()
+        books = kmeans_codebook(u.transpose(1, 0, 2), self.codebook_size, self.seed, self.kmeans_iters)
+        self._set_calibration(NovaCalibration(
+            transform=t_s, inverse=torch.linalg.inv(t_s), mean=mu_s,
+            codebooks=_stored(torch.from_numpy(books), self.side_dtype, "codebooks"),
+            eigenvalues=lam[ranks], ranks=ranks, sigma_q=sigma_q, ridge=ridge,
+            n_queries=int(q.shape[0]), n_keys=int(k.shape[0])))
+        return self
+
+    def _set_calibration(self, cal: NovaCalibration) -> None:
+        d, shape = self.dim, (self.groups, self.codebook_size, self.group_dim)
+        if not isinstance(cal, NovaCalibration):
+            raise TypeError(f"calibration must be a NovaCalibration, got {type(cal).__name__}")
+        if cal.transform.shape != (d, d) or tuple(cal.codebooks.shape) != shape:
+            raise ValueError(f"calibration must have a [{d}, {d}] transform and {list(shape)} codebooks, got "
+                             f"{list(cal.transform.shape)} and {list(cal.codebooks.shape)}")
+        self.calibration = cal
+        self._t = DeviceCache(cal.transform)
+        self._t_inv = DeviceCache(cal.inverse)
+        self._mu = DeviceCache(cal.mean)
+        self._books = DeviceCache(cal.codebooks)
+
+    @property
+    def calibrated(self) -> bool:
+        """True once calibrated on data (False while running on the isotropic prior)."""
+        return self.calibration is not None and self.calibration.source == "data"
+
+    def _need_calibration(self) -> None:
+        if self.calibration is None:
+            self._set_calibration(isotropic_calibration(self.dim, self.bits, self.group_dim, self.seed,
+                                                        self.side_dtype))
+
+    # ------------------------------------------------------------------------------ transform domain
+    def coefficients(self, x: torch.Tensor) -> torch.Tensor:
+        """y = T (x − μ_K), [..., d] in group-major order, fp32 (fp64 for fp64 x)."""
+        self._need_calibration()
+        self._check_vectors(x, "x")
+        acc = acc_dtype(x.dtype)
+        return (x.to(acc) - self._mu.on(x.device, acc)) @ self._t.on(x.device, acc).T
+
+    def reconstruct(self, y: torch.Tensor) -> torch.Tensor:
+        """k = μ_K + T⁻¹ y (the inverse of :meth:`coefficients`), y's dtype."""
+        self._need_calibration()
+        return self._mu.on(y.device, y.dtype) + y @ self._t_inv.on(y.device, y.dtype).T
+
+    def map_queries(self, query: torch.Tensor) -> torch.Tensor:
+        """q̃ = T⁻ᵀ q = Vᵀ Σ_Q^{−1/2} q (group-major order), so ⟨q, k⟩ = ⟨q, μ_K⟩ + ⟨q̃, y⟩."""
+        self._need_calibration()
+        acc = acc_dtype(query.dtype)
+        return query.to(acc) @ self._t_inv.on(query.device, acc)
+
+    # -------------------------------------------------------------------------------------- codec
+    def encode_coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices [..., G] int64, stored scale [...], y [..., d]) for x [..., d]."""
+        y = self.coefficients(x)
+        acc = y.dtype
+        rms = torch.linalg.vector_norm(y, dim=-1) / math.sqrt(self.dim)
+        stored = store_scalar(rms, self.scale_dtype)
+        s = stored.to(acc)
+        u = y / torch.where(s > 0, s, torch.ones_like(s)).unsqueeze(-1)
+        books = self._books.on(y.device, acc)  # [G, K, g]
+        flat = u.reshape(-1, self.groups, self.group_dim)
+        idx = torch.empty(flat.shape[:2], dtype=torch.int64, device=y.device)
+        step = max(1, (1 << 22) // (self.groups * self.codebook_size))
+        book_sq = (books ** 2).sum(-1)  # [G, K]
+        for start in range(0, flat.shape[0], step):
+            part = flat[start:start + step]
+            dist = book_sq - 2 * torch.einsum("ngj,gkj->ngk", part, books)
+            idx[start:start + step] = dist.argmin(-1)
+        idx = torch.where(s.reshape(-1, 1) > 0, idx, torch.zeros_like(idx))
+        return idx.reshape(*y.shape[:-1], self.groups), stored, y
+
+    def decode_coefficients(self, code: Code, acc: torch.dtype) -> torch.Tensor:
+        """ŷ = s · c[idx], [..., d] in group-major order."""
+        self._need_calibration()
+        idx = unpack_bits(code.payload["indices"], self.index_bits, self.groups)  # [..., G]
+        books = self._books.on(idx.device, acc)
+        cent = books[torch.arange(self.groups, device=idx.device), idx]  # [..., G, g]
+        return cent.reshape(*idx.shape[:-1], self.dim) * code.scalars["scale"].to(acc).unsqueeze(-1)
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        idx, scale, _ = self.encode_coefficients(x)
+        return Code(x.shape, x.dtype, payload={"indices": pack_bits(idx, self.index_bits)},
+                    scalars={"scale": scale})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        acc = acc_dtype(code.dtype)
+        return self.reconstruct(self.decode_coefficients(code, acc)).to(code.dtype)
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        # ⟨q, k̂⟩ = ⟨q, μ⟩ + ⟨q̃, ŷ⟩: map the (few) queries, never reconstruct the (many) keys.
+        acc = acc_dtype(query.dtype)
+        y_hat = self.decode_coefficients(code, acc)
+        offset = query.to(acc) @ self._mu.on(query.device, acc)
+        return self.map_queries(query) @ y_hat.transpose(-1, -2) + offset.unsqueeze(-1)
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
+        """Bits per key element; calibration data amortised over n_tokens (default ``amortize_tokens``)."""
+        tokens = self.amortize_tokens if n_tokens is None else check_int_range(n_tokens, "n_tokens", 1, 1 << 40)
+        d = self.dim
+        side_values = d * d + d + self.codebook_size * d
+        return BitBudget(payload=8 * packed_nbytes(self.groups, self.index_bits) / d,
+                         norms=dtype_bits(self.scale_dtype) / d,
+                         side=dtype_bits(self.side_dtype) * side_values / (tokens * d))
+
+    def __repr__(self) -> str:
+        return (f"NovaQuantizer(bits={self.bits}, dim={self.dim}, seed={self.seed}, group_dim={self.group_dim}, "
+                f"ridge={self.ridge:g}, calibrated={self.calibrated})")
+
+
+# ---------------------------------------------------------------------------------------- Parseval
+
+
+@dataclass(frozen=True)
+class ParsevalTerms:
+    """The three sides of the generalized Parseval relation, one entry per key (float64).
+
+    coefficient_error: ‖y − ŷ‖²;  sigma_form: (k − k̂)ᵀ Σ_Q (k − k̂) with the calibration's (ridged) Σ_Q;
+    query_mean: mean over the given queries of (qᵀ(k − k̂))² (None when no queries were given).
+    """
+
+    coefficient_error: torch.Tensor
+    sigma_form: torch.Tensor
+    query_mean: torch.Tensor | None
+
+    def max_relative_gap(self) -> float:
+        """max over keys and the available right-hand sides of |side − ‖y − ŷ‖²|, over the mean ‖y − ŷ‖².
+
+        (Normalised by the mean, not per key: a key that k-means reproduces exactly has ‖y − ŷ‖² ≈ 0.)
+        """
+        ref = self.coefficient_error.mean().clamp_min(1e-300)
+        gaps = [(self.sigma_form - self.coefficient_error).abs() / ref]
+        if self.query_mean is not None:
+            gaps.append((self.query_mean - self.coefficient_error).abs() / ref)
+        return float(torch.stack(gaps).max())
+
+
+def parseval_terms(quantizer: NovaQuantizer, keys: torch.Tensor, queries: torch.Tensor | None = None,
+                   keys_hat: torch.Tensor | None = None) -> ParsevalTerms:
+    """Both sides of ‖y − ŷ‖² = (k − k̂)ᵀ Σ_Q (k − k̂) = E_q[(qᵀ(k − k̂))²], in float64.
+
+    Args:
+        quantizer: a calibrated :class:`NovaQuantizer`.
+        keys: k [..., d]. keys_hat: k̂ (default: decode(encode(keys)) in float64).
+        queries: q [..., d] (pooled) for the right-hand side; pass the calibration queries with ridge 0
+            for an exact identity, held-out queries to see how far it carries over.
+    """
+    quantizer._need_calibration()
+    k = keys.to(torch.float64)
+    k_hat = quantizer.decode(quantizer.encode(k)) if keys_hat is None else keys_hat.to(torch.float64)
+    if k_hat.shape != k.shape:
+        raise ValueError(f"keys_hat must have the shape of keys {tuple(k.shape)}, got {tuple(k_hat.shape)}")
+    dy = quantizer.coefficients(k) - quantizer.coefficients(k_hat)
+    dk = (k - k_hat).reshape(-1, quantizer.dim)
+    sigma = quantizer.calibration.sigma_q.to(dk.device)
+    lead = k.shape[:-1]
+    coef = (dy ** 2).sum(-1)
+    form = ((dk @ sigma) * dk).sum(-1).reshape(lead)
+    qmean = None
+    if queries is not None:
+        q = _rows(queries, "queries", quantizer.dim).to(dk.device)
+        qmean = ((dk @ q.T) ** 2).mean(-1).reshape(lead)
+    return ParsevalTerms(coef, form, qmean)
+
+
+# ------------------------------------------------------------------------------------------ values
+
+
+class RotatedMinMax(Quantizer):
+    """Values: an orthogonal rotation Π, then b-bit min-max per token on Π x (NOVA-KV's value path).
+
+    Args:
+        bits, dim, seed: as usual; the seed fixes Π. rotation: ``"wht"`` (randomized Hadamard) or ``"haar"``.
+        side_dtype: precision of the per-token lo and step (fp16).
+    Inner products: ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩ (decode-then-dot in the rotated domain).
+    """
+
+    name = "rotated_minmax"
+
+    def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht",
+                 side_dtype: torch.dtype = torch.float16):
+        super().__init__(bits, dim, seed)
+        self.rotation_kind = rotation
+        self.rotation: Rotation = make_rotation(rotation, self.dim, seed)
+        self.minmax = MinMaxQuantizer(self.bits, self.dim, axis="token", side_dtype=side_dtype)
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        inner = self.minmax.encode(self.rotation.forward(x.to(acc_dtype(x.dtype))))
+        return Code(x.shape, x.dtype, parts={"minmax": inner})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        return self.rotation.inverse(self.minmax.decode(code.parts["minmax"])).to(code.dtype)
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        acc = acc_dtype(query.dtype)
+        y_hat = self.minmax.decode(code.parts["minmax"]).to(acc)
+        return self.rotation.forward(query.to(acc)) @ y_hat.transpose(-1, -2)
+
+    def bits_per_coordinate(self) -> BitBudget:
+        return self.minmax.bits_per_coordinate()
+
+    def __repr__(self) -> str:
+        return f"RotatedMinMax(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"
+
+
+# ----------------------------------------------------------------------------------- whole caches
+
+
+class PerHeadQuantizer(Quantizer):
+    """One quantizer per KV head for caches [..., H_kv, S, d]: head h of x goes through ``heads[h]``.
+
+    The heads must share bits, dim and code layout (e.g. calibrated :class:`NovaQuantizer`\\ s). The code
+    stacks the heads' payloads and scalars on the head axis (payload [..., H_kv, S, bytes], scalars
+    [..., H_kv, S]); ``inner`` takes queries [..., H_kv, n_q, d] and returns [..., H_kv, n_q, S].
+    """
+
+    def __init__(self, heads: Sequence[Quantizer]):
+        heads = list(heads)
+        if not heads:
+            raise ValueError("heads is empty: need one quantizer per KV head")
+        first = heads[0]
+        if any(h.dim != first.dim or h.bits != first.bits or type(h) is not type(first) for h in heads):
+            raise ValueError("heads must all be quantizers of the same type, bits and dim")
+        super().__init__(first.bits, first.dim, first.seed)
+        self.heads = heads
+        self.name = first.name
+
+    def _check_heads(self, x: torch.Tensor, name: str) -> None:
+        if x.dim() < 3 or x.shape[-3] != len(self.heads):
+            raise ValueError(f"{name} must be [..., {len(self.heads)} (KV heads), n, {self.dim}], "
+                             f"got shape {tuple(x.shape)}")
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        self._check_heads(x, "x")
+        codes = [h.encode(x[..., i, :, :]) for i, h in enumerate(self.heads)]
+        return Code(x.shape, x.dtype,
+                    payload={n: torch.stack([c.payload[n] for c in codes], -3) for n in codes[0].payload},
+                    scalars={n: torch.stack([c.scalars[n] for c in codes], -2) for n in codes[0].scalars})
+
+    def head_code(self, code: Code, i: int) -> Code:
+        """The code of head i alone (views into ``code``)."""
+        return Code(torch.Size((*code.shape[:-3], *code.shape[-2:])), code.dtype,
+                    payload={n: t[..., i, :, :] for n, t in code.payload.items()},
+                    scalars={n: t[..., i, :] for n, t in code.scalars.items()})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        return torch.stack([h.decode(self.head_code(code, i)) for i, h in enumerate(self.heads)], -3)
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        self._check_heads(query, "query")
+        return torch.stack([h.inner(query[..., i, :, :], self.head_code(code, i))
+                            for i, h in enumerate(self.heads)], -3)
+
+    def bits_per_coordinate(self, **kwargs) -> BitBudget:
+        return self.heads[0].bits_per_coordinate(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"PerHeadQuantizer({len(self.heads)} × {self.heads[0]!r})"
+
+
+def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,
+                    seed: int = 0, rotation: str = "wht", value_side_dtype: torch.dtype = torch.float16,
+                    **options) -> tuple[PerHeadQuantizer, RotatedMinMax]:
+    """Calibrate NOVA-KV for one layer: (keys quantizer for [B, H_kv, S, d], values quantizer).
+
+    Args:
+        bits: b for keys (bits per coefficient) and values (min-max bits).
+        queries: [B, H_q, N, d], H_q a multiple of H_kv; KV head h is calibrated on query heads
+            h·(H_q/H_kv) … (h + 1)·(H_q/H_kv) − 1 (transformers' repeat_kv grouping), all B·N positions.
+        keys: [B, H_kv, S, d]. values: same shape, optional (only checked: the value path is data-oblivious).
+        seed: child seeds for the heads' k-means and the value rotation.
+        options: passed to every :class:`NovaQuantizer` (ridge, group_dim, side_dtype, amortize_tokens, ...).
+    """
+    for name, t in (("queries", queries), ("keys", keys)):
+        check_float_tensor(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, heads, tokens, d], got shape {tuple(t.shape)}")
+    b, hkv, _, d = keys.shape
+    if queries.shape[0] != b or queries.shape[-1] != d:
+        raise ValueError(f"queries must be [{b}, H_q, N, {d}] for keys of shape {tuple(keys.shape)}, "
+                         f"got {tuple(queries.shape)}")
+    if queries.shape[1] % hkv:
+        raise ValueError(f"queries.shape[1] (query heads) must be a multiple of the KV heads {hkv}, "
+                         f"got {queries.shape[1]}")
+    if values is not None:
+        check_float_tensor(values, "values")
+        if values.shape != keys.shape:
+            raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got {tuple(values.shape)}")
+    g = queries.shape[1] // hkv
+    head_seeds = spawn_seeds(seed, hkv + 1)
+    heads = [NovaQuantizer(bits, d, head_seeds[h], **options).calibrate(queries[:, h * g:(h + 1) * g], keys[:, h])
+             for h in range(hkv)]
+    return PerHeadQuantizer(heads), RotatedMinMax(bits, d, head_seeds[-1], rotation=rotation,
+                                                  side_dtype=value_side_dtype)
