@@ -1,0 +1,552 @@
+"""A quantized KV cache for real generation with Hugging Face transformers.
+
+    from kvstats.cache import KVStatsCache, use_estimator_attention
+    from kvstats.schemes import scheme
+
+    use_estimator_attention(model)                      # optional: attention through the scheme's estimator
+    cache = KVStatsCache(scheme=scheme("kqv", bits=4, dim=64), full_precision_window=32)
+    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=40)
+    cache.memory()                                      # bytes held vs an fp16 cache
+
+What is stored. Each layer holds the K and V of every token *as codes of the scheme* (``scheme.encode``:
+packed payloads + per-vector scalars, counted by ``Code.nbytes``), except the most recent
+``full_precision_window`` = W tokens, kept exactly in the model's dtype (as KIVI and QJL do). A token is
+encoded once, when it leaves the window (W = 0: as soon as it arrives), and never re-encoded; with
+``flush_size`` = G > 1 tokens leave in blocks of G (KIVI's residual groups).
+
+How attention reads it — two paths, chosen by the model's attention implementation:
+
+* ``attn_implementation="kvstats"`` (:func:`use_estimator_attention`, or ``load_model(...,
+  attn_implementation="kvstats")``): :func:`kvstats_attention` asks the cache layer for the logits.
+  Logits against quantized keys come from the scheme's *estimator*, ``scheme.scores(q, code)`` (for
+  ``turbo_prod``/QJL the asymmetric estimator ⟨Πq, ŷ⟩ + c·γ·⟨SΠq, sign(S r)⟩, for the MSE quantizers
+  ⟨q, k̂⟩); logits against window tokens are exact. Values enter linearly, so the output is
+  ``Σ_j w_j v̂_j`` with v̂ = ``scheme.v.decode`` (exact v for window tokens). The window is per *query*: key j
+  is exact for the query at cache position i iff it was still in the window when token i was decoded
+  (i − j < W for G = 1), exactly what token-by-token decoding gives, so a teacher-forced prefill of T
+  tokens equals T incremental steps (tested). This path can also record,
+  per layer, the attention KL and top-5 recall of the quantized against the exact logits of the same
+  queries (``record_attention=True``; needs the exact keys, i.e. a forward that starts from an empty cache).
+* any other implementation (``sdpa``, ``eager``, ...): ``update`` returns dense tensors, decoded K̂, V̂ for the
+  quantized tokens followed by the exact window, and the model's own attention computes q·k̂ᵀ
+  ("decode-then-dot"). The window is then counted from the end of the cache, so for a prefill chunk of
+  N > 1 tokens with W > 0 early queries see some keys quantized that the estimator path keeps exact; for
+  one-token decode steps and for W = 0 both paths treat every pair alike.
+
+Why both. A standard ``Cache`` can only hand K/V tensors to the attention function, which then forms
+q·kᵀ itself; an estimator that is not an inner product with a reconstructed vector (a sketch estimator
+with a non-linear correction, a learned scorer) can only be honoured by an attention function that asks
+the cache for *scores*. Every built-in kvstats K estimator is linear in the code — ⟨q, k̂⟩ with k̂ =
+``decode(code)`` equals ``inner(q, code)`` exactly (turbo_prod: x̂ = Πᵀ(ŷ + (c/d)·γ·Sᵀ sign(S r))) — so
+decode-then-dot gives the same logits up to float rounding (tested), which is why the dense fallback
+is offered and correct for them; the estimator path stays the reference. Once the estimator path has
+run on a layer, later ``update`` calls stop decoding the dense tensors (they are not used).
+
+Memory. :meth:`KVStatsCache.memory` reports what the cache holds between forwards: Σ ``Code.nbytes``
+of the quantized tokens + the bytes of the fp window, against an fp16 cache of the same tokens
+(2 bytes × 2 tensors × B × H_kv × S × d per layer). Transient buffers of a forward are not counted.
+
+Grouped-query attention: query head h reads KV head h // (H_q / H_kv), as transformers' ``repeat_kv``.
+Any Llama-style model whose attention calls ``cache.update`` and then an ``AttentionInterface`` function
+works (Llama, SmolLM, Mistral, Qwen2/3, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.schemes import CacheCode, Scheme
+
+try:
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("kvstats.cache needs transformers (the [models] extra): pip install 'kvstats[models]'") from exc
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "AttentionRecord",
+    "CacheMemory",
+    "IdentityQuantizer",
+    "IdentityScheme",
+    "KVStatsCache",
+    "KVStatsLayer",
+    "kvstats_attention",
+    "register_attention",
+    "use_estimator_attention",
+]
+
+#: Name under which :func:`kvstats_attention` is registered in transformers' AttentionInterface.
+ATTN_IMPLEMENTATION = "kvstats"
+#: k of the top-k recall recorded by ``record_attention`` (REFERENCE §5).
+RECORD_TOP_K = 5
+
+
+# ----------------------------------------------------------------------------------------- lossless scheme
+
+
+class IdentityQuantizer(Quantizer):
+    """A lossless "quantizer": stores x as it is (or cast to ``dtype``); decode returns it; inner is q·xᵀ.
+
+    The reference point of the cache tests (a KVStatsCache with it reproduces the model) and, with
+    ``dtype=torch.float16``, an fp16 cache. ``bits_per_coordinate`` counts the storage dtype (fp32 when
+    ``dtype`` is None, i.e. assuming fp32 inputs); ``Code.nbytes`` is exact either way.
+    """
+
+    name = "identity"
+    min_bits, max_bits = 8, 64
+
+    def __init__(self, dim: int, seed: int = 0, *, dtype: torch.dtype | None = None):
+        if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise ValueError(f"dtype must be None or a float dtype, got {dtype}")
+        self.store_dtype = dtype
+        super().__init__(torch.finfo(dtype or torch.float32).bits, dim, seed)
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        stored = x.clone() if self.store_dtype is None else x.to(self.store_dtype)
+        return Code(x.shape, x.dtype, payload={"x": stored})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        return code.payload["x"].to(code.dtype)
+
+    def bits_per_coordinate(self) -> BitBudget:
+        return BitBudget(payload=float(self.bits))
+
+    def __repr__(self) -> str:
+        return f"IdentityQuantizer(dim={self.dim}, dtype={self.store_dtype})"
+
+
+def IdentityScheme(dim: int, *, dtype: torch.dtype | None = None) -> Scheme:  # noqa: N802 - a factory read as a type
+    """A lossless :class:`~kvstats.schemes.Scheme` ("identity"): K and V stored as given (or cast to ``dtype``)."""
+    return Scheme("identity", torch.finfo(dtype or torch.float32).bits,
+                  IdentityQuantizer(dim, dtype=dtype), IdentityQuantizer(dim, dtype=dtype))
+
+
+# ---------------------------------------------------------------------------------------- code plumbing
+
+
+def _token_axis(code: Code) -> int:
+    return len(code.shape) - 2
+
+
+def _code_tensors(code: Code):
+    yield from code.payload.values()
+    yield from code.scalars.values()
+    for part in code.parts.values():
+        yield from _code_tensors(part)
+
+
+def _per_vector(code: Code) -> bool:
+    """True when every tensor of the code is indexed [..., n, ...] like x (so codes concatenate along n).
+
+    False for codes with groups across tokens (min-max per channel): those stay separate chunks."""
+    axis = _token_axis(code)
+    lead = tuple(code.shape[: axis + 1])
+    return all(t.dim() > axis and tuple(t.shape[: axis + 1]) == lead for t in _code_tensors(code))
+
+
+def _cat_codes(a: Code, b: Code) -> Code:
+    axis = _token_axis(a)
+    shape = torch.Size((*a.shape[:axis], a.shape[axis] + b.shape[axis], *a.shape[axis + 1:]))
+    return Code(shape, a.dtype,
+                payload={k: torch.cat([a.payload[k], b.payload[k]], dim=axis) for k in a.payload},
+                scalars={k: torch.cat([a.scalars[k], b.scalars[k]], dim=axis) for k in a.scalars},
+                parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
+
+
+def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
+    """Apply a batch-axis operation (index_select, repeat_interleave) to every tensor of a code."""
+    payload = {k: fn(t) for k, t in code.payload.items()}
+    scalars = {k: fn(t) for k, t in code.scalars.items()}
+    parts = {k: _map_batch(p, fn) for k, p in code.parts.items()}
+    probe = fn(torch.empty(code.shape[0], 0))
+    return Code(torch.Size((probe.shape[0], *code.shape[1:])), code.dtype, payload, scalars, parts)
+
+
+def _grouped_matmul(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """weights [B, Hq, N, S] @ v [B, Hkv, S, d] with query head h reading KV head h // (Hq/Hkv)."""
+    b, hq, n, s = weights.shape
+    hkv = v.shape[1]
+    return (weights.reshape(b, hkv, (hq // hkv) * n, s) @ v).reshape(b, hq, n, v.shape[-1])
+
+
+# ------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CacheMemory:
+    """Bytes a :class:`KVStatsCache` holds between forwards, against an fp16 cache of the same tokens.
+
+    code_bytes: Σ ``Code.nbytes`` over the quantized tokens of all layers (K and V);
+    window_bytes: the full-precision window (K and V) at its stored dtype;
+    fp16_bytes: 2 bytes × 2 tensors × B × H_kv × tokens × d summed over layers;
+    elements: number of cached K and V elements (2 × B × H_kv × tokens × d summed over layers).
+    """
+
+    code_bytes: int
+    window_bytes: int
+    fp16_bytes: int
+    elements: int
+    tokens: int
+    layers: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.code_bytes + self.window_bytes
+
+    @property
+    def ratio(self) -> float:
+        """total_bytes / fp16_bytes (0.25 means a 4× smaller cache)."""
+        return self.total_bytes / self.fp16_bytes if self.fp16_bytes else math.nan
+
+    @property
+    def bits_per_element(self) -> float:
+        """8 · total_bytes / elements: everything counted (payload, norms, side data, window)."""
+        return 8 * self.total_bytes / self.elements if self.elements else math.nan
+
+    def to_dict(self) -> dict:
+        return {"code_bytes": self.code_bytes, "window_bytes": self.window_bytes, "total_bytes": self.total_bytes,
+                "fp16_bytes": self.fp16_bytes, "ratio": self.ratio, "bits_per_element": self.bits_per_element,
+                "elements": self.elements, "tokens": self.tokens, "layers": self.layers}
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    """Attention-level damage of one layer in one forward (``record_attention=True``).
+
+    kl: ``[B, H_q, N]`` KL(p_exact ‖ p_used) per query (nats), p = softmax of the logits with the causal mask;
+    recall: ``[B, H_q, N]`` top-k recall of the used logits against the exact ones (k = ``top_k``);
+    both float64 on the CPU. ``query_offset``: cache position of the first query.
+    """
+
+    layer: int
+    query_offset: int
+    kl: torch.Tensor
+    recall: torch.Tensor
+    top_k: int
+
+
+# --------------------------------------------------------------------------------------------- layer
+
+
+class KVStatsLayer(CacheLayerMixin):
+    """One layer of a :class:`KVStatsCache`: codes of the quantized tokens + the exact window.
+
+    State: ``chunks`` (a list of :class:`~kvstats.schemes.CacheCode` covering cache positions
+    ``[0, n_quantized)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
+    separate), ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
+    """
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, scheme: Scheme, window: int = 0, flush_size: int = 1, *, layer_idx: int = -1,
+                 record: bool = False, records: list | None = None):
+        super().__init__()
+        self.scheme, self.window, self.flush_size, self.layer_idx = scheme, window, flush_size, layer_idx
+        self.record, self.records = record, records if records is not None else []
+        self.chunks: list[CacheCode] = []
+        self.n_quantized = 0
+        self.cumulative_length = 0
+        self.estimator_attention = False
+        self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------------------- Cache protocol
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.keys = key_states[..., :0, :].clone()
+        self.values = value_states[..., :0, :].clone()
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append N new tokens (``[B, H_kv, N, d]``); encode those leaving the window; return K/V for attention.
+
+        Returns dense (K̃, Ṽ) of all S tokens (decoded codes, then the exact window) for standard attention
+        functions; once :func:`kvstats_attention` has run on this layer, the exact states of this forward
+        instead (the estimator path reads the codes itself).
+        """
+        if key_states.shape[-1] != self.scheme.dim or value_states.shape[-1] != self.scheme.dim:
+            raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
+                             f"{key_states.shape[-1]} and {value_states.shape[-1]}")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        old = self.cumulative_length
+        span_start = old - self.keys.shape[-2]
+        span_k = torch.cat([self.keys, key_states], dim=-2)
+        span_v = torch.cat([self.values, value_states], dim=-2)
+        seq = old + key_states.shape[-2]
+        self.cumulative_length = seq
+        target = self.quantized_count(seq)
+        if target > self.n_quantized:
+            a, b = self.n_quantized - span_start, target - span_start
+            self._append(self.scheme.encode(span_k[..., a:b, :], span_v[..., a:b, :]))
+            self.n_quantized = target
+        cut = self.n_quantized - span_start
+        self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
+        self.values = span_v[..., cut:, :].clone()
+        self._span = (span_start, span_k, span_v)
+        if self.estimator_attention:
+            keys, values = span_k, span_v
+        else:
+            k_hat, v_hat = self.decoded()
+            keys, values = torch.cat([k_hat, self.keys], dim=-2), torch.cat([v_hat, self.values], dim=-2)
+        keys._kvstats_layer = self  # how kvstats_attention finds the codes behind the tensors it is given
+        return keys, values
+
+    def quantized_count(self, seq):
+        """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
+        g = self.flush_size
+        if isinstance(seq, torch.Tensor):
+            return torch.div((seq - self.window).clamp_min(0), g, rounding_mode="floor") * g
+        return max(0, seq - self.window) // g * g
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("KVStatsCache cannot crop: quantized tokens cannot be put back as they were")
+
+    def _batch_op(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if not self.is_initialized:
+            return
+        self.chunks = [CacheCode(_map_batch(c.k, fn), _map_batch(c.v, fn)) for c in self.chunks]
+        self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._batch_op(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._batch_op(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._batch_op(lambda t: t[indices.to(t.device) if isinstance(indices, torch.Tensor) else indices, ...])
+
+    # ------------------------------------------------------------------------------------- storage
+    def _append(self, code: CacheCode) -> None:
+        last = self.chunks[-1] if self.chunks else None
+        if last is not None and all(map(_per_vector, (last.k, last.v, code.k, code.v))):
+            self.chunks[-1] = CacheCode(_cat_codes(last.k, code.k), _cat_codes(last.v, code.v))
+        else:
+            self.chunks.append(code)
+
+    def decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K̂, V̂) of the quantized tokens, ``[B, H_kv, n_quantized, d]``, in the model's dtype."""
+        if not self.chunks:
+            return self.keys[..., :0, :], self.values[..., :0, :]
+        parts = [self.scheme.decode(c) for c in self.chunks]
+        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-2)
+
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes of the codes, bytes of the exact window), K and V together."""
+        codes = sum(c.nbytes for c in self.chunks)
+        window = 0 if self.keys is None else sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        return codes, window
+
+    # ----------------------------------------------------------------------------------- attention
+    def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of ``query`` [B, H_q, N, d] (the N tokens of the last ``update``) through the codes.
+
+        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do.
+        """
+        if self._span is None:
+            raise RuntimeError("attend() must follow update() in the same forward (no exact states available)")
+        self.estimator_attention = True
+        span_start, span_k, span_v = self._span
+        self._span = None
+        b, hq, n, d = query.shape
+        hkv, seq, nq = span_k.shape[1], self.cumulative_length, self.n_quantized
+        if hq % hkv:
+            raise ValueError(f"query heads {hq} must be a multiple of the KV heads {hkv}")
+        if n > seq - span_start:
+            raise ValueError(f"{n} queries but only {seq - span_start} tokens were added or kept exact by update()")
+        acc = acc_dtype(query.dtype)
+        q = query.to(acc)
+        exact = (q.reshape(b, hkv, (hq // hkv) * n, d) @ span_k.to(acc).transpose(-1, -2)).reshape(b, hq, n, -1)
+        exact = exact * scaling  # exact logits against the span [span_start, seq)
+        pos_q = torch.arange(seq - n, seq, device=q.device).unsqueeze(-1)
+        pos_k = torch.arange(seq, device=q.device).unsqueeze(0)
+        # key j is read exactly by the query at position i iff it was not yet quantized when token i was
+        # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
+        use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, S]
+        logits = F.pad(exact, (span_start, 0))
+        if nq:
+            quant = torch.cat([self.scheme.scores(q, c) for c in self.chunks], dim=-1).to(acc) * scaling
+            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - nq)))
+        if attention_mask is None:
+            visible = pos_k <= pos_q
+        elif attention_mask.dtype == torch.bool:
+            visible = attention_mask[..., -seq:]
+        else:
+            visible = None
+            logits = logits + attention_mask[..., -seq:].to(acc)
+        if visible is not None:
+            logits = logits.masked_fill(~visible, torch.finfo(acc).min)
+        weights = torch.softmax(logits, dim=-1)
+        if self.record:
+            self._record(exact, logits, span_start, seq, n)
+        used = F.dropout(weights, p=dropout, training=training)
+        out = _grouped_matmul(used[..., span_start:] * use_exact[:, span_start:], span_v.to(acc))
+        if nq:
+            v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc)
+            out = out + _grouped_matmul(used[..., :nq] * ~use_exact[:, :nq], v_hat)
+        return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int) -> None:
+        if span_start != 0:  # the exact keys of older tokens are gone: no reference to compare with
+            return
+        offset = seq - n
+        kl = attention_kl_from_scores(exact, logits, causal=True, query_offset=offset, reduction="none")
+        recall = topk_recall_from_scores(exact, logits, top_k=min(RECORD_TOP_K, seq), causal=True,
+                                         query_offset=offset, reduction="none")
+        self.records.append(AttentionRecord(self.layer_idx, offset, kl.to(torch.float64).cpu(),
+                                            recall.to(torch.float64).cpu(), min(RECORD_TOP_K, seq)))
+
+
+# --------------------------------------------------------------------------------------------- cache
+
+
+class KVStatsCache(Cache):
+    """A transformers ``Cache`` that stores every layer's K and V through a kvstats scheme.
+
+    Args:
+        scheme: a :class:`~kvstats.schemes.Scheme` (``kvstats.schemes.scheme("kqv", bits=4, dim=64)``, your
+            own ``Scheme(name, bits, k=..., v=...)``, or :func:`IdentityScheme`), shared by all layers; or a
+            callable ``layer_idx -> Scheme`` (per-layer seeds or calibrations).
+        full_precision_window: W ≥ 0, the most recent tokens kept exact (KIVI/QJL style); tokens are encoded
+            as they leave the window.
+        flush_size: G ≥ 1, tokens leave the window in blocks of G (KIVI's residual groups: a quantizer with
+            groups across tokens, e.g. min-max per channel, then sees G tokens at a time). The cache holds
+            the first G·⌊max(0, S − W)/G⌋ of S tokens as codes, the rest (W to W + G − 1 tokens) exactly.
+        record_attention: with the estimator path, keep per layer the attention KL and top-5 recall of the
+            logits used against the exact ones (:attr:`attention_records`, :class:`AttentionRecord`).
+
+    Use with any Llama-style model: ``model.generate(ids, past_key_values=KVStatsCache(scheme=s))`` or
+    ``model(ids, past_key_values=cache, use_cache=True)``. See the module docstring for the two attention
+    paths; :func:`use_estimator_attention` selects the estimator path.
+    """
+
+    def __init__(self, scheme: Scheme | Callable[[int], Scheme], full_precision_window: int = 0, *,
+                 flush_size: int = 1, record_attention: bool = False):
+        for name, value, low in (("full_precision_window", full_precision_window, 0), ("flush_size", flush_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.flush_size = flush_size
+        if not isinstance(scheme, Scheme) and not callable(scheme):
+            raise TypeError(f"scheme must be a kvstats Scheme or a callable layer_idx -> Scheme, got "
+                            f"{type(scheme).__name__}")
+        self.scheme, self.window, self.record_attention = scheme, full_precision_window, record_attention
+        self.attention_records: list[AttentionRecord] = []
+        super().__init__(layers=[])
+
+    def _scheme_for(self, layer_idx: int) -> Scheme:
+        s = self.scheme if isinstance(self.scheme, Scheme) else self.scheme(layer_idx)
+        if not isinstance(s, Scheme):
+            raise TypeError(f"scheme({layer_idx}) must return a kvstats Scheme, got {type(s).__name__}")
+        return s
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        while len(self.layers) <= layer_idx:
+            i = len(self.layers)
+            self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
+                                            record=self.record_attention, records=self.attention_records))
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def memory(self) -> CacheMemory:
+        """Bytes held now: codes (Σ Code.nbytes) + fp window, vs an fp16 cache of the same tokens."""
+        codes = window = fp16 = elements = 0
+        for layer in self.layers:
+            c, w = layer.nbytes()
+            codes, window = codes + c, window + w
+            if layer.is_initialized:
+                b, h, _, d = layer.keys.shape
+                count = 2 * b * h * layer.cumulative_length * d
+                elements, fp16 = elements + count, fp16 + 2 * count
+        return CacheMemory(codes, window, fp16, elements, self.get_seq_length(), len(self.layers))
+
+    def nbytes(self) -> int:
+        """Total bytes held (codes + window)."""
+        return self.memory().total_bytes
+
+    def __repr__(self) -> str:
+        name = repr(self.scheme) if isinstance(self.scheme, Scheme) else getattr(self.scheme, "__name__", "per-layer")
+        return (f"KVStatsCache(scheme={name}, full_precision_window={self.window}, flush_size={self.flush_size}, "
+                f"tokens={self.get_seq_length()})")
+
+
+# ------------------------------------------------------------------------------- attention function
+
+
+def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers attention function (registered as ``"kvstats"``): logits from the cache's codes.
+
+    With a :class:`KVStatsCache`, the key tensor it receives carries its cache layer, which computes the
+    attention (:meth:`KVStatsLayer.attend`). With any other cache (or none) it computes exact eager
+    attention, so a model set to ``"kvstats"`` behaves as the unquantized model there.
+    """
+    scaling = module.scaling if scaling is None else scaling
+    training = bool(getattr(module, "training", False))
+    layer = getattr(key, "_kvstats_layer", None)
+    if layer is not None:
+        return layer.attend(query, attention_mask, scaling, dropout, training)
+    acc = acc_dtype(query.dtype)
+    hq, hkv = query.shape[1], key.shape[1]
+    k = key.to(acc).repeat_interleave(hq // hkv, dim=1)
+    v = value.to(acc).repeat_interleave(hq // hkv, dim=1)
+    logits = query.to(acc) @ k.transpose(-1, -2) * scaling
+    n, seq = logits.shape[-2:]
+    if attention_mask is None:
+        pos = torch.arange(seq - n, seq, device=query.device).unsqueeze(-1)
+        attention_mask = torch.arange(seq, device=query.device).unsqueeze(0) <= pos
+    if attention_mask.dtype == torch.bool:
+        logits = logits.masked_fill(~attention_mask[..., -seq:], torch.finfo(acc).min)
+    else:
+        logits = logits + attention_mask[..., -seq:].to(acc)
+    weights = torch.softmax(logits, dim=-1)
+    out = F.dropout(weights, p=dropout, training=training) @ v
+    return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+
+def _kvstats_mask(*args, **kwargs):
+    """Boolean causal/padding mask (True = attend), never skipped: sdpa's mask without the is_causal shortcut."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> str:
+    """Register :func:`kvstats_attention` (and its mask) with transformers as ``"kvstats"``; idempotent."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvstats_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _kvstats_mask)
+    return ATTN_IMPLEMENTATION
+
+
+def use_estimator_attention(model):
+    """Switch ``model`` to the estimator path (``attn_implementation="kvstats"``); returns the model."""
+    register_attention()
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+register_attention()

@@ -1,0 +1,348 @@
+"""KVStatsCache inside real generation, on a tiny random Llama with grouped-query attention (4 query heads,
+2 KV heads; no download).
+
+* A lossless scheme reproduces the model: bit for bit through the dense path (sdpa), to fp32 rounding
+  through the estimator path, for one forward and for greedy generation (also batched with left padding and
+  with beam search).
+* The estimator path and decode-then-dot agree (every built-in K estimator is linear in the code).
+* A teacher-forced prefill equals token-by-token decoding, with and without a full-precision window.
+* The attention output obeys a derived bound given the logit and value errors; the model's logits differ
+  from the exact ones by an amount that shrinks like the quantization error (≈ 2× per bit).
+* The window keeps the last W tokens exact and the older ones quantized; memory() is Σ Code.nbytes + window.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
+
+from transformers import DynamicCache  # noqa: E402
+
+from kvstats.cache import (  # noqa: E402
+    ATTN_IMPLEMENTATION,
+    IdentityScheme,
+    KVStatsCache,
+    KVStatsLayer,
+    kvstats_attention,
+    use_estimator_attention,
+)
+from kvstats.quantizers import quantizer  # noqa: E402
+from kvstats.schemes import Scheme, scheme  # noqa: E402
+
+D, HQ, HKV, T = 16, 4, 2, 32
+SCHEMES = ("kv", "kqv", "qkqv")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # past_key_values -> cache rename in transformers
+
+
+def _tiny(attn="sdpa", init=0.1):
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=HQ,
+        num_key_value_heads=HKV, head_dim=D, max_position_embeddings=256, rope_theta=10000.0,
+        attn_implementation=attn, initializer_range=init, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster, and does not spin against other work on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(1, 100, (1, T), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def dense():
+    """The model on the default path (sdpa): KVStatsCache returns decoded tensors."""
+    return _tiny("sdpa")
+
+
+@pytest.fixture(scope="module")
+def est():
+    """The same model on the estimator path (attn_implementation="kvstats")."""
+    return use_estimator_attention(_tiny("sdpa"))
+
+
+def _logits(model, ids, cache=None, **kw):
+    with torch.inference_mode():
+        return model(ids, past_key_values=cache, use_cache=cache is not None, **kw).logits
+
+
+def _incremental(model, ids, cache, prefill):
+    with torch.inference_mode():
+        steps = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
+        for t in range(prefill, ids.shape[1]):
+            steps.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(steps, dim=1)
+
+
+# ------------------------------------------------------------------------------------ lossless scheme
+
+
+def test_identity_reproduces_the_model_full_forward(dense, est, ids):
+    ref = _logits(dense, ids, DynamicCache())
+    torch.testing.assert_close(_logits(dense, ids, KVStatsCache(IdentityScheme(D))), ref, rtol=0, atol=0)
+    assert est.config._attn_implementation == ATTN_IMPLEMENTATION
+    # estimator path: the same arithmetic up to fp32 re-association (logits are O(1))
+    torch.testing.assert_close(_logits(est, ids, KVStatsCache(IdentityScheme(D))), ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(_logits(est, ids), ref, rtol=0, atol=2e-5)  # no cache: exact attention
+
+
+@pytest.mark.parametrize("path", ["dense", "est"])
+def test_identity_reproduces_incremental_generation(path, dense, est, ids, request):
+    model = request.getfixturevalue(path)
+    prompt = ids[:, :10]
+    with torch.inference_mode():
+        ref = dense.generate(prompt, max_new_tokens=12, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        out = model.generate(prompt, max_new_tokens=12, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, past_key_values=KVStatsCache(IdentityScheme(D)))
+    assert torch.equal(out.sequences, ref.sequences)
+    atol = 0 if path == "dense" else 2e-5
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
+    # token-by-token decoding through the cache equals the one-shot forward
+    torch.testing.assert_close(_incremental(model, ids, KVStatsCache(IdentityScheme(D)), 7),
+                               _logits(dense, ids), rtol=0, atol=3e-5)
+
+
+@pytest.mark.parametrize("path", ["dense", "est"])
+def test_identity_padded_batch_and_beam_search(path, dense, est, request):
+    model = request.getfixturevalue(path)
+    ids = torch.randint(1, 100, (2, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, :4], mask[1, :4] = 0, 0  # left padding
+    with torch.inference_mode():
+        kw = dict(max_new_tokens=4, do_sample=False, attention_mask=mask)
+        assert torch.equal(model.generate(ids, past_key_values=KVStatsCache(IdentityScheme(D)), **kw),
+                           dense.generate(ids, **kw))
+        kw = dict(max_new_tokens=4, do_sample=False, num_beams=3)
+        assert torch.equal(model.generate(ids[:1], past_key_values=KVStatsCache(IdentityScheme(D)), **kw),
+                           dense.generate(ids[:1], **kw))
+
+
+# -------------------------------------------------------------------------------------- real schemes
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_estimator_path_equals_decode_then_dot(name, dense, est, ids):
+    s = scheme(name, bits=3, dim=D, seed=5)
+    a = _logits(est, ids, KVStatsCache(s))
+    b = _logits(dense, ids, KVStatsCache(s))
+    ref = _logits(dense, ids)
+    assert float((a - ref).abs().max()) > 0.05  # the scheme does change the output ...
+    torch.testing.assert_close(a, b, rtol=0, atol=5e-5)  # ... identically on both paths
+    # and at the level of one attention call: scheme.scores (estimator) = q · decode(k)ᵀ
+    g = torch.Generator().manual_seed(3)
+    k, v, q = torch.randn(1, HKV, 9, D, generator=g), torch.randn(1, HKV, 9, D, generator=g), \
+        torch.randn(1, HQ, 5, D, generator=g)
+    code = s.encode(k, v)
+    k_hat = s.decode(code)[0].repeat_interleave(HQ // HKV, dim=1)
+    torch.testing.assert_close(s.scores(q, code), q @ k_hat.transpose(-1, -2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("name", ["kv", "qkqv"])
+def test_prefill_equals_incremental_decoding(name, window, est, ids):
+    s = scheme(name, bits=3, dim=D, seed=1)
+    full = _logits(est, ids, KVStatsCache(s, full_precision_window=window))
+    inc = _incremental(est, ids, KVStatsCache(s, full_precision_window=window), prefill=7)
+    torch.testing.assert_close(inc, full, rtol=0, atol=5e-5)
+
+
+def test_attention_output_obeys_the_derived_bound():
+    """Per query: ‖o − ô‖ ≤ (e^{2δ} − 1)·Σ_j w_j‖v_j‖ + max_j ‖v_j − v̂_j‖, δ = max_j |ŝ_j − s_j| (visible j).
+
+    Derivation: ŵ_j/w_j = e^{ε_j} / Σ_k w_k e^{ε_k} ∈ [e^{−2δ}, e^{2δ}], so |ŵ_j − w_j| ≤ (e^{2δ} − 1) w_j; and
+    o − ô = Σ_j (w_j − ŵ_j) v_j + Σ_j ŵ_j (v_j − v̂_j) with Σ_j ŵ_j = 1.
+    """
+    g = torch.Generator().manual_seed(4)
+    n, hq, hkv, d, scale = 24, 6, 2, 32, 32 ** -0.5
+    for name, window in (("kv", 0), ("kqv", 0), ("qkqv", 5)):
+        s = scheme(name, bits=3, dim=d, seed=2)
+        k, v = torch.randn(1, hkv, n, d, generator=g) * 2, torch.randn(1, hkv, n, d, generator=g)
+        q = torch.randn(1, hq, n, d, generator=g) * 2
+        layer = KVStatsLayer(s, window)
+        layer.update(k, v)
+        out, w_hat = layer.attend(q, None, scale)
+        out = out.transpose(1, 2)  # [B, Hq, N, d]
+        rep = hq // hkv
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        logits = (q @ k.repeat_interleave(rep, 1).transpose(-1, -2) * scale).masked_fill(~visible, -math.inf)
+        w = logits.softmax(-1)
+        exact_out = w @ v.repeat_interleave(rep, 1)
+        # what the cache used: quantized for keys older than the window, exact inside it
+        q_logits = s.scores(q, s.encode(k, v)) * scale
+        i, j = torch.arange(n).unsqueeze(1), torch.arange(n).unsqueeze(0)
+        in_window = (i - j < window)
+        delta = torch.where(visible & ~in_window, (q_logits - logits.nan_to_num(0, 0, 0)).abs(), 0).amax(-1)
+        v_diff = (s.decode(s.encode(k, v))[1] - v).norm(dim=-1).repeat_interleave(rep, 1).unsqueeze(-2)  # [1,Hq,1,S]
+        v_err = torch.where(visible & ~in_window, v_diff, 0.0).amax(-1)  # [1, Hq, N]
+        vnorm = v.norm(dim=-1).repeat_interleave(rep, 1).unsqueeze(-2)  # [1, Hq, 1, S]
+        bound = torch.expm1(2 * delta) * (w * vnorm).sum(-1) + v_err
+        err = (out - exact_out).norm(dim=-1)
+        assert bool((err <= bound + 1e-5).all()), f"{name}: {float((err - bound).max())}"
+        assert float(err.max()) > 1e-3  # not vacuous
+        assert torch.allclose(w_hat.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_logit_error_is_bounded_and_shrinks_with_the_budget(est, ids):
+    """First order, the logit error is linear in the cache error, which shrinks ≈ 2× per bit (D_mse ∝ 4^{−b});
+    so err(n + 2) ≈ err(n)/4 — we require ≤ 0.6·err(n), and a relative error ≤ 5% at n = 8."""
+    ref = _logits(est, ids)
+    scale = float((ref - ref.mean(-1, keepdim=True)).norm())
+    for name in SCHEMES:
+        err = {n: float((_logits(est, ids, KVStatsCache(scheme(name, bits=n, dim=D, seed=0))) - ref).norm()) / scale
+               for n in (2, 4, 6, 8)}
+        assert 0 < err[8] <= 0.05, (name, err)
+        for n in (2, 4, 6):
+            assert err[n + 2] <= 0.6 * err[n], (name, err)
+        assert err[2] < 2.0, (name, err)  # degraded, not destroyed: below the spread of the logits twice over
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_generation_runs_with_gqa(name, est, dense, ids):
+    cache = KVStatsCache(scheme(name, bits=4, dim=D), full_precision_window=4)
+    with torch.inference_mode():
+        out = est.generate(ids[:, :8], max_new_tokens=10, do_sample=False, past_key_values=cache)
+    assert out.shape == (1, 18) and cache.get_seq_length() == 17  # the last token is never fed back
+    layer = cache.layers[0]
+    assert layer.n_quantized == 13 and layer.keys.shape == (1, HKV, 4, D)
+    assert "kvstats" in repr(cache) or "KVStatsCache" in repr(cache)
+
+
+# -------------------------------------------------------------------------- window, memory, records
+
+
+def test_window_keeps_recent_tokens_exact_and_quantizes_the_rest():
+    s, window = scheme("kqv", bits=3, dim=D, seed=0), 5
+    g = torch.Generator().manual_seed(6)
+    k, v = torch.randn(1, HKV, 12, D, generator=g), torch.randn(1, HKV, 12, D, generator=g)
+    layer = KVStatsLayer(s, window)
+    keys, values = layer.update(k[..., :8, :], v[..., :8, :])  # dense path: decoded, then exact
+    k_hat, v_hat = s.decode(s.encode(k, v))
+    torch.testing.assert_close(keys[..., :3, :], k_hat[..., :3, :], rtol=0, atol=0)
+    torch.testing.assert_close(keys[..., 3:, :], k[..., 3:8, :], rtol=0, atol=0)
+    torch.testing.assert_close(values[..., :3, :], v_hat[..., :3, :], rtol=0, atol=0)
+    assert not torch.allclose(keys[..., :3, :], k[..., :3, :], atol=1e-3)
+    for t in range(8, 12):  # one token at a time: the oldest window token is quantized as it leaves
+        keys, values = layer.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        assert layer.n_quantized == t + 1 - window and keys.shape[-2] == t + 1
+        torch.testing.assert_close(keys[..., :t + 1 - window, :], k_hat[..., :t + 1 - window, :], rtol=0, atol=0)
+        torch.testing.assert_close(keys[..., t + 1 - window:, :], k[..., t + 1 - window:t + 1, :], rtol=0, atol=0)
+        torch.testing.assert_close(layer.keys, k[..., t + 1 - window:t + 1, :], rtol=0, atol=0)
+
+
+def test_window_longer_than_the_text_is_exact(est, ids):
+    cache = KVStatsCache(scheme("qkqv", bits=2, dim=D), full_precision_window=T)
+    torch.testing.assert_close(_logits(est, ids, cache), _logits(est, ids), rtol=0, atol=2e-5)
+    assert cache.memory().code_bytes == 0
+
+
+@pytest.mark.parametrize("window", [0, 6])
+@pytest.mark.parametrize("name", SCHEMES)
+def test_memory_is_code_nbytes_plus_window(name, window, est, ids):
+    s = scheme(name, bits=3, dim=D, seed=0)
+    cache = KVStatsCache(s, full_precision_window=window)
+    with torch.inference_mode():
+        out = est(ids, past_key_values=cache, use_cache=True)
+        est(ids[:, :1], past_key_values=cache, use_cache=True)  # one more token, encoded incrementally
+    mem = cache.memory()
+    n_old = T + 1 - window
+    # the same bytes as encoding the quantized tokens in one go, per layer
+    expected = 0
+    for layer in cache.layers:
+        kv = s.encode(torch.randn(1, HKV, n_old, D), torch.randn(1, HKV, n_old, D))
+        expected += kv.nbytes
+        assert sum(c.nbytes for c in layer.chunks) == kv.nbytes
+    assert mem.code_bytes == expected
+    assert mem.window_bytes == 2 * 2 * HKV * window * D * 4  # layers × (K, V) × heads × W × d × fp32
+    assert mem.fp16_bytes == 2 * 2 * HKV * (T + 1) * D * 2 and mem.tokens == T + 1
+    assert cache.nbytes() == mem.total_bytes == mem.code_bytes + mem.window_bytes
+    if window == 0:  # everything counted: bits per element = the scheme's total budget (payload + norms)
+        assert mem.bits_per_element == pytest.approx(s.bits_per_coordinate()["mean"].total)
+    assert out.past_key_values is cache
+
+
+def test_channel_grouped_quantizer_flushes_in_blocks(est, ids):
+    """KIVI-style keys (min-max per channel over groups of 4 tokens) with flush_size = 4: codes stay separate
+    chunks, the window holds W..W+G−1 tokens, and prefill still equals incremental decoding."""
+    kivi = Scheme("kivi", 2, quantizer("minmax", bits=2, dim=D, axis="channel", group_size=4),
+                  quantizer("minmax", bits=2, dim=D))
+    full_cache = KVStatsCache(kivi, full_precision_window=3, flush_size=4)
+    full = _logits(est, ids, full_cache)
+    inc = _incremental(est, ids, KVStatsCache(kivi, full_precision_window=3, flush_size=4), prefill=5)
+    # looser than elsewhere: K/V from different chunkings differ by ~1e-7, which can move a group's fp16 min or
+    # scale by one ulp or flip a 2-bit code sitting on a rounding boundary (a jump of one step, not a drift)
+    torch.testing.assert_close(inc, full, rtol=0, atol=1e-3)
+    layer = full_cache.layers[0]
+    assert layer.n_quantized == T - 4 and layer.keys.shape[-2] == 4 and len(layer.chunks) == 1
+    assert float((full - _logits(est, ids)).abs().max()) > 1e-3
+
+
+def test_record_attention(est, ids):
+    cache = KVStatsCache(IdentityScheme(D), record_attention=True)
+    _logits(est, ids, cache)
+    assert [r.layer for r in cache.attention_records] == [0, 1]
+    for r in cache.attention_records:
+        assert r.kl.shape == r.recall.shape == (1, HQ, T) and r.top_k == 5
+        assert float(r.kl.abs().max()) < 1e-6 and bool((r.recall == 1).all())
+    cache = KVStatsCache(scheme("kv", bits=2, dim=D), record_attention=True)
+    _logits(est, ids, cache)
+    kl = torch.stack([r.kl for r in cache.attention_records])
+    recall = torch.stack([r.recall for r in cache.attention_records])
+    assert bool((kl >= 0).all()) and float(kl.mean()) > 1e-3
+    assert bool(((recall >= 0) & (recall <= 1)).all()) and float(recall.mean()) < 1
+    assert float(kl[..., 0].abs().max()) == 0  # the first query sees one key: nothing to get wrong
+    n = len(cache.attention_records)
+    _logits(est, ids[:, :1], cache)  # a decode step: the old exact keys are gone, nothing recorded
+    assert len(cache.attention_records) == n
+
+
+def test_attention_function_without_kvstats_cache_is_exact(dense, ids):
+    attn = dense.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(1, HQ, 6, D, generator=g), torch.randn(1, HKV, 6, D, generator=g), \
+        torch.randn(1, HKV, 6, D, generator=g)
+    out, w = kvstats_attention(attn, q, k, v, None, scaling=D ** -0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                           is_causal=True)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_inputs():
+    s = scheme("kqv", bits=3, dim=D)
+    with pytest.raises(ValueError, match="full_precision_window"):
+        KVStatsCache(s, full_precision_window=-1)
+    with pytest.raises(ValueError, match="flush_size"):
+        KVStatsCache(s, flush_size=0)
+    with pytest.raises(TypeError, match="scheme"):
+        KVStatsCache("kqv")
+    cache = KVStatsCache(lambda i: "not a scheme")
+    with pytest.raises(TypeError, match="scheme\\(0\\)"):
+        cache.update(torch.randn(1, 2, 3, D), torch.randn(1, 2, 3, D), 0)
+    cache = KVStatsCache(s)
+    with pytest.raises(ValueError, match="head dim"):
+        cache.update(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), 0)
+    cache.update(torch.randn(1, 2, 3, D), torch.randn(1, 2, 3, D), 0)
+    with pytest.raises(NotImplementedError, match="crop"):
+        cache.crop(-1)
+    with pytest.raises(RuntimeError, match="follow update"):
+        layer = KVStatsLayer(s)
+        layer.attend(torch.randn(1, 4, 1, D), None, 0.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.reset()
+    assert cache.get_seq_length() == 0
