@@ -114,6 +114,13 @@ class RandomizedHadamard(Rotation):
             self._cache[key] = [s.to(device=like.device, dtype=like.dtype) for s in self._signs]
         return self._cache[key]
 
+    def signs_matrix(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The random signs as [passes, block] (the form the fused kernels take; kvstats.ops)."""
+        key = ("matrix", torch.device(device), dtype)
+        if key not in self._cache:
+            self._cache[key] = torch.stack(self._signs).to(device=device, dtype=dtype)
+        return self._cache[key]
+
     def _span(self, k: int) -> slice:
         return slice(self.dim - self.block, self.dim) if k == 1 else slice(0, self.block)
 

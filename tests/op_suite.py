@@ -72,3 +72,111 @@ def check_fwht_opcheck(device: str) -> None:
         torch.library.opcheck(torch.ops.kvstats.fwht.default, (x,))
         if x.dtype == torch.float32:
             torch.library.opcheck(torch.ops.kvstats.fwht.default, (x.double().requires_grad_(),))
+
+
+# ------------------------------------------------------------------------ quantizer ops (kernels)
+from kvstats.codebooks import beta_codebook  # noqa: E402
+from kvstats.rotations import RandomizedHadamard, gaussian_sketch  # noqa: E402
+
+QUANT_DIMS = (64, 96, 128, 256, 33)
+
+
+def _rotation_signs(d: int, acc: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
+    return RandomizedHadamard(d, seed).signs_matrix(torch.device(device), acc)
+
+
+def _tables(d: int, bits: int, acc: torch.dtype, device: str):
+    cb = beta_codebook(d, bits)
+    return (torch.tensor(cb.thresholds, dtype=acc, device=device), torch.tensor(cb.levels, dtype=acc, device=device))
+
+
+def _random(shape, seed, device, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 1.7 + 0.3).to(device=device, dtype=dtype)
+
+
+def assert_codes_agree(kernel_packed, ref_packed, bits, d, max_fraction=1e-3):
+    """Packed codes equal, except codes of inputs within rounding of a threshold: at most a
+    `max_fraction` of them, each off by one cell."""
+    a = ops.unpack_bits_reference(kernel_packed.cpu(), bits, d).long()
+    b = ops.unpack_bits_reference(ref_packed.cpu(), bits, d).long()
+    diff = (a - b).abs()
+    assert diff.max().item() <= 1, "a code differs by more than one cell"
+    assert (diff > 0).float().mean().item() <= max_fraction, f"{(diff > 0).sum().item()} codes differ"
+
+
+def sample_cases(device: str):
+    """(name, args) of every quantizer op on fresh random inputs: dims incl. non-powers of two."""
+    cases = []
+    for i, d in enumerate(QUANT_DIMS):
+        dtype = DTYPES[i % len(DTYPES)]
+        bits = (1, 2, 3, 4, 8)[i % 5]
+        acc = torch.float32
+        x = _random((37, d), 10 + i, device, dtype)
+        th, lv = _tables(d, bits, acc, device)
+        signs = _rotation_signs(d, acc, device, i)
+        cases.append(("lloyd_encode", (x, signs, th, bits, torch.float16 if i % 2 else torch.float32)))
+        packed, norm = ops.lloyd_encode_reference(x, signs, th, bits, torch.float32)
+        cases.append(("lloyd_decode", (packed, norm, signs, lv, bits, d)))
+        q = _random((3, 5, d), 20 + i, device)
+        keys = _random((3, 11, d), 30 + i, device)
+        kp, kn = ops.lloyd_encode_reference(keys.reshape(-1, d), signs[:0], th, bits, torch.float32)
+        cases.append(("lloyd_scores", (q, kp.reshape(3, 11, -1), kn.reshape(3, 11), lv, bits)))
+        m = (d, 2 * d, 77)[i % 3]
+        sketch = gaussian_sketch(m, d, i).to(device=device, dtype=acc)
+        cases.append(("qjl_encode", (x, sketch, torch.float32)))
+        sp, sn = ops.qjl_encode_reference(keys.reshape(-1, d), sketch, torch.float32)
+        qs = q @ sketch.T
+        cases.append(("qjl_scores", (qs, sp.reshape(3, 11, -1), sn.reshape(3, 11), 0.0123)))
+        cases.append(("turbo_prod_encode", (x, signs, th, lv, bits, sketch[:, :d] if m >= d else
+                                            gaussian_sketch(d, d, i).to(device=device, dtype=acc), torch.float32)))
+        cases.append(("turbo_prod_scores", (q, qs, kp.reshape(3, 11, -1), kn.reshape(3, 11), lv, bits,
+                                            sp.reshape(3, 11, -1), sn.reshape(3, 11), 0.0123)))
+        group = (d, 32, 16, 64, 11)[i] if d % (d, 32, 16, 64, 11)[i] == 0 else d
+        cases.append(("minmax_encode", (x, group, bits, torch.float16)))
+        mp, ml, ms = ops.minmax_encode_reference(x, group, bits, torch.float16)
+        cases.append(("minmax_decode", (mp, ml, ms, group, bits, d)))
+        codes = (torch.arange(37 * d, device=device) * 7 % (1 << bits)).to(torch.uint8).reshape(37, d)
+        cases.append(("pack_bits", (codes, bits)))
+        cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
+    return cases
+
+
+def _float_close(kernel, ref, name, atol_scale=1.0):
+    kernel, ref = kernel.double().cpu(), ref.double().cpu()
+    scale = max(ref.abs().max().item(), 1.0)
+    tol = (1e-5 if kernel.dtype != torch.float16 else 2e-3) * scale * atol_scale
+    assert (kernel - ref).abs().max().item() <= tol, f"{name}: max error {(kernel - ref).abs().max().item()}"
+
+
+def check_ops_against_references(device: str) -> None:
+    """Every quantizer op: kernel vs its pure-torch reference on the same inputs."""
+    for name, args in sample_cases(device):
+        kernel = getattr(torch.ops.kvstats, name).default(*args)
+        ref = getattr(ops, f"{name}_reference")(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
+        kernel = kernel if isinstance(kernel, tuple) else (kernel,)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        assert len(kernel) == len(ref)
+        for j, (a, b) in enumerate(zip(kernel, ref)):
+            assert a.device.type == torch.device(device).type, name
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, j, a.dtype, b.dtype, a.shape, b.shape)
+            if a.dtype == torch.uint8 and name in ("pack_bits", "unpack_bits"):
+                assert torch.equal(a.cpu(), b), name
+            elif a.dtype == torch.uint8:
+                bits = args[3] if name == "lloyd_encode" else args[2] if name == "minmax_encode" else None
+                if name == "turbo_prod_encode":
+                    bits = args[4] if j == 0 else 1
+                    d = args[0].shape[1] if j == 0 else args[5].shape[0]
+                elif name == "qjl_encode":
+                    bits, d = 1, args[1].shape[0]
+                else:
+                    d = args[0].shape[1]
+                # Sign bits of a residual near zero may flip with rounding; codes near thresholds too.
+                assert_codes_agree(a, b, bits, d, max_fraction=2e-3 if name == "turbo_prod_encode" else 1e-3)
+            else:
+                _float_close(a, b, f"{name}[{j}]", atol_scale=10 if a.dtype in (torch.float16,) else 1)
+
+
+def check_ops_opcheck(device: str) -> None:
+    for name, args in sample_cases(device)[:12]:
+        torch.library.opcheck(getattr(torch.ops.kvstats, name).default, args)

@@ -1,16 +1,59 @@
-// Declarations of the kvstats kernels shared by ops.cpp (schemas + CPU registration) and the CUDA files.
+// Declarations shared by ops.cpp (schemas, input checks, CPU registration) and the CUDA files.
+// Every kernel validates its inputs with the check_* functions below before touching memory.
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include <tuple>
 
 namespace kvstats {
 
 // Largest head dimension the Walsh–Hadamard kernels accept (2^15).
 constexpr int64_t kMaxFwhtDim = 32768;
 
-// Shared input checks of fwht, used by the CPU and CUDA kernels alike.
+// ------------------------------------------------------------------------------ shared input checks
 void check_fwht_input(const at::Tensor& x);
+void check_pack_input(const at::Tensor& codes, int64_t bits);
+void check_unpack_input(const at::Tensor& packed, int64_t bits, int64_t d);
+// x [N, d]; signs [P, B] of x's accumulation dtype with P in {0, 1, 3}; thresholds [2^bits - 1].
+void check_lloyd_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
+                              int64_t bits);
+void check_lloyd_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                              const at::Tensor& levels, int64_t bits, int64_t d);
+void check_lloyd_scores_input(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
+                              const at::Tensor& levels, int64_t bits);
+void check_qjl_encode_input(const at::Tensor& x, const at::Tensor& sketch);
+void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor& packed, const at::Tensor& norm);
+void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits);
+void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
+                               int64_t group, int64_t bits, int64_t d);
+// Rounds a stored scalar (a norm, a min-max offset) to the precision it is kept in.
+at::ScalarType storage_dtype(const at::Tensor& x, at::ScalarType requested);
 
+// ------------------------------------------------------------------------------------- CPU kernels
 at::Tensor fwht_cpu(const at::Tensor& x);
+at::Tensor pack_bits_cpu(const at::Tensor& codes, int64_t bits);
+at::Tensor unpack_bits_cpu(const at::Tensor& packed, int64_t bits, int64_t d);
+std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const at::Tensor& signs,
+                                                    const at::Tensor& thresholds, int64_t bits,
+                                                    at::ScalarType norm_dtype);
+at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                            const at::Tensor& levels, int64_t bits, int64_t d);
+at::Tensor lloyd_scores_cpu(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
+                            const at::Tensor& levels, int64_t bits);
+std::tuple<at::Tensor, at::Tensor> qjl_encode_cpu(const at::Tensor& x, const at::Tensor& sketch,
+                                                  at::ScalarType norm_dtype);
+at::Tensor qjl_scores_cpu(const at::Tensor& q_sketch, const at::Tensor& packed, const at::Tensor& norm,
+                          double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu(
+    const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds, const at::Tensor& levels,
+    int64_t bits, const at::Tensor& sketch, at::ScalarType norm_dtype);
+at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
+                                 const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
+                                 const at::Tensor& signs_packed, const at::Tensor& gamma, double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tensor& x, int64_t group, int64_t bits,
+                                                                 at::ScalarType side_dtype);
+at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
+                             int64_t group, int64_t bits, int64_t d);
 
 }  // namespace kvstats

@@ -1,8 +1,11 @@
-// The op library `kvstats`: schemas declared once, CPU kernels registered here; the CUDA kernels
-// register the same names in csrc/cuda/*.cu. Importing kvstats._C only loads this library.
+// The op library `kvstats`: schemas declared once, input checks shared by every backend, CPU kernels
+// registered here; the CUDA kernels register the same names in csrc/cuda/*.cu. Importing kvstats._C
+// only loads this library. Shapes are fixed and small in number: vectors [N, d]; score ops take
+// queries [G, n_q, ·] against keys [G, n_k, ·] (G = batch × heads, flattened by kvstats/ops.py).
 #include <Python.h>
 #include <torch/library.h>
 
+#include "bitpack.h"
 #include "kernels.h"
 
 extern "C" {
@@ -14,22 +17,213 @@ PyObject* PyInit__C(void) {
 }
 
 namespace kvstats {
+namespace {
+
+bool is_float_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+at::ScalarType acc_dtype_of(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+void check_bits(int64_t bits, const char* op) {
+  TORCH_CHECK(bits >= 1 && bits <= 8, op, ": bits must be in [1, 8], got ", bits);
+}
+
+void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name) {
+  TORCH_CHECK(a.device() == b.device(), op, ": ", name, " must be on ", a.device(), ", got ", b.device());
+}
+
+// signs: [passes, block] of the accumulation dtype `acc`, on `ref`'s device, for vectors of length d.
+void check_rotation_signs(const at::Tensor& ref, const at::Tensor& signs, int64_t d, at::ScalarType acc,
+                          const char* op) {
+  check_same_device(ref, signs, op, "signs");
+  TORCH_CHECK(signs.dim() == 2, op, ": signs must be [passes, block], got ", signs.sizes());
+  TORCH_CHECK(signs.scalar_type() == acc, op, ": signs must be ", acc, ", got ", signs.scalar_type());
+  const int64_t passes = signs.size(0), block = signs.size(1);
+  TORCH_CHECK(passes == 0 || passes == 1 || passes == 3, op, ": signs must have 0, 1 or 3 passes, got ", passes);
+  if (passes > 0) {
+    TORCH_CHECK(block >= 1 && block <= kMaxFwhtDim && (block & (block - 1)) == 0 && block <= d &&
+                    (passes == 3 || block == d) && 2 * block > d,
+                op, ": rotation block ", block, " does not fit d = ", d, " with ", passes, " pass(es)");
+  }
+}
+
+void check_table(const at::Tensor& ref, const at::Tensor& table, int64_t expected, const char* op,
+                 const char* name) {
+  check_same_device(ref, table, op, name);
+  TORCH_CHECK(table.dim() == 1 && table.size(0) == expected, op, ": ", name, " must be 1-D of length ", expected,
+              ", got ", table.sizes());
+  TORCH_CHECK(table.scalar_type() == acc_dtype_of(ref), op, ": ", name, " must be ", acc_dtype_of(ref), ", got ",
+              table.scalar_type());
+}
+
+void check_packed(const at::Tensor& packed, int64_t rows_dim, int64_t bits, int64_t d, const char* op) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte, op, ": packed must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK(packed.dim() == rows_dim, op, ": packed must have ", rows_dim, " dimensions, got ", packed.sizes());
+  TORCH_CHECK(packed.size(-1) == packed_bytes(d, bits), op, ": packed.size(-1) must be ceil(", d, "*", bits,
+              "/8) = ", packed_bytes(d, bits), ", got ", packed.size(-1));
+}
+
+}  // namespace
+
+at::ScalarType storage_dtype(const at::Tensor& x, at::ScalarType requested) {
+  TORCH_CHECK(requested == at::kFloat || requested == at::kHalf || requested == at::kBFloat16 ||
+                  requested == at::kDouble,
+              "norm/side dtype must be float16, bfloat16, float32 or float64, got ", requested);
+  return x.scalar_type() == at::kDouble ? at::kDouble : requested;
+}
 
 void check_fwht_input(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1, "fwht: x must have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
-                  x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kDouble,
-              "fwht: x must be float16, bfloat16, float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(is_float_dtype(x.scalar_type()), "fwht: x must be float16, bfloat16, float32 or float64, got ",
+              x.scalar_type());
   const int64_t d = x.size(-1);
   TORCH_CHECK(d >= 2 && d <= kMaxFwhtDim && (d & (d - 1)) == 0,
               "fwht: the last dimension must be a power of two in [2, ", kMaxFwhtDim, "], got ", d);
 }
 
+void check_pack_input(const at::Tensor& codes, int64_t bits) {
+  check_bits(bits, "pack_bits");
+  TORCH_CHECK(codes.dim() == 2, "pack_bits: codes must be [N, d], got ", codes.sizes());
+  TORCH_CHECK(codes.scalar_type() == at::kByte, "pack_bits: codes must be uint8, got ", codes.scalar_type());
+}
+
+void check_unpack_input(const at::Tensor& packed, int64_t bits, int64_t d) {
+  check_bits(bits, "unpack_bits");
+  TORCH_CHECK(d >= 1, "unpack_bits: d must be positive, got ", d);
+  check_packed(packed, 2, bits, d, "unpack_bits");
+}
+
+void check_lloyd_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
+                              int64_t bits) {
+  check_bits(bits, "lloyd_encode");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) >= 2, "lloyd_encode: x must be [N, d] with d >= 2, got ", x.sizes());
+  TORCH_CHECK(is_float_dtype(x.scalar_type()), "lloyd_encode: x must be a float tensor, got ", x.scalar_type());
+  check_rotation_signs(x, signs, x.size(1), acc_dtype_of(x), "lloyd_encode");
+  check_table(x, thresholds, (int64_t{1} << bits) - 1, "lloyd_encode", "thresholds");
+}
+
+void check_lloyd_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                              const at::Tensor& levels, int64_t bits, int64_t d) {
+  check_bits(bits, "lloyd_decode");
+  TORCH_CHECK(d >= 2, "lloyd_decode: d must be >= 2, got ", d);
+  check_packed(packed, 2, bits, d, "lloyd_decode");
+  check_same_device(packed, norm, "lloyd_decode", "norm");
+  TORCH_CHECK(norm.dim() == 1 && norm.size(0) == packed.size(0), "lloyd_decode: norm must be [", packed.size(0),
+              "], got ", norm.sizes());
+  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "lloyd_decode: norm must be a float tensor");
+  TORCH_CHECK(levels.scalar_type() == at::kFloat || levels.scalar_type() == at::kDouble,
+              "lloyd_decode: levels must be float32 or float64, got ", levels.scalar_type());
+  check_same_device(packed, levels, "lloyd_decode", "levels");
+  TORCH_CHECK(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits), "lloyd_decode: levels must have ",
+              (int64_t{1} << bits), " entries, got ", levels.sizes());
+  check_rotation_signs(packed, signs, d, levels.scalar_type(), "lloyd_decode");
+}
+
+void check_lloyd_scores_input(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
+                              const at::Tensor& levels, int64_t bits) {
+  check_bits(bits, "lloyd_scores");
+  TORCH_CHECK(q.dim() == 3, "lloyd_scores: q must be [G, n_q, d], got ", q.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "lloyd_scores: q must be float32 or float64, got ", q.scalar_type());
+  check_packed(packed, 3, bits, q.size(2), "lloyd_scores");
+  check_same_device(q, packed, "lloyd_scores", "packed");
+  check_same_device(q, norm, "lloyd_scores", "norm");
+  TORCH_CHECK(packed.size(0) == q.size(0), "lloyd_scores: packed.size(0) must equal q.size(0) = ", q.size(0),
+              ", got ", packed.size(0));
+  TORCH_CHECK(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
+              "lloyd_scores: norm must be [G, n_k] = ", packed.sizes().slice(0, 2), ", got ", norm.sizes());
+  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "lloyd_scores: norm must be a float tensor");
+  check_table(q, levels, int64_t{1} << bits, "lloyd_scores", "levels");
+}
+
+void check_qjl_encode_input(const at::Tensor& x, const at::Tensor& sketch) {
+  TORCH_CHECK(x.dim() == 2, "qjl_encode: x must be [N, d], got ", x.sizes());
+  TORCH_CHECK(is_float_dtype(x.scalar_type()), "qjl_encode: x must be a float tensor, got ", x.scalar_type());
+  check_same_device(x, sketch, "qjl_encode", "sketch");
+  TORCH_CHECK(sketch.dim() == 2 && sketch.size(1) == x.size(1), "qjl_encode: sketch must be [m, ", x.size(1),
+              "], got ", sketch.sizes());
+  TORCH_CHECK(sketch.scalar_type() == acc_dtype_of(x), "qjl_encode: sketch must be ", acc_dtype_of(x), ", got ",
+              sketch.scalar_type());
+}
+
+void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor& packed, const at::Tensor& norm) {
+  TORCH_CHECK(q_sketch.dim() == 3, "qjl_scores: q_sketch must be [G, n_q, m], got ", q_sketch.sizes());
+  TORCH_CHECK(q_sketch.scalar_type() == at::kFloat || q_sketch.scalar_type() == at::kDouble,
+              "qjl_scores: q_sketch must be float32 or float64, got ", q_sketch.scalar_type());
+  check_packed(packed, 3, 1, q_sketch.size(2), "qjl_scores");
+  check_same_device(q_sketch, packed, "qjl_scores", "packed");
+  check_same_device(q_sketch, norm, "qjl_scores", "norm");
+  TORCH_CHECK(packed.size(0) == q_sketch.size(0), "qjl_scores: packed.size(0) must equal q_sketch.size(0) = ",
+              q_sketch.size(0), ", got ", packed.size(0));
+  TORCH_CHECK(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
+              "qjl_scores: norm must be [G, n_k] = ", packed.sizes().slice(0, 2), ", got ", norm.sizes());
+  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "qjl_scores: norm must be a float tensor");
+}
+
+void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits) {
+  check_bits(bits, "minmax_encode");
+  TORCH_CHECK(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());
+  TORCH_CHECK(is_float_dtype(x.scalar_type()), "minmax_encode: x must be a float tensor, got ", x.scalar_type());
+  TORCH_CHECK(group >= 1 && x.size(1) % group == 0, "minmax_encode: group must divide d = ", x.size(1), ", got ",
+              group);
+}
+
+void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
+                               int64_t group, int64_t bits, int64_t d) {
+  check_bits(bits, "minmax_decode");
+  TORCH_CHECK(group >= 1 && d % group == 0, "minmax_decode: group must divide d = ", d, ", got ", group);
+  check_packed(packed, 2, bits, d, "minmax_decode");
+  for (const at::Tensor* t : {&lo, &scale}) {
+    check_same_device(packed, *t, "minmax_decode", "lo/scale");
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == packed.size(0) && t->size(1) == d / group,
+                "minmax_decode: lo and scale must be [", packed.size(0), ", ", d / group, "], got ", t->sizes());
+    TORCH_CHECK(is_float_dtype(t->scalar_type()), "minmax_decode: lo and scale must be float tensors");
+  }
+}
+
 TORCH_LIBRARY(kvstats, m) {
   // Orthonormal Walsh–Hadamard transform along the last axis: y = x · H_d / sqrt(d).
   m.def("fwht(Tensor x) -> Tensor");
+  // Dense bit packing of codes [N, d] (uint8 < 2^bits) into [N, ceil(d*bits/8)], and back.
+  m.def("pack_bits(Tensor codes, int bits) -> Tensor");
+  m.def("unpack_bits(Tensor packed, int bits, int d) -> Tensor");
+  // Rotation + Lloyd–Max: (packed cell indices of (Pi x)/|x|, |x| in norm_dtype).
+  m.def("lloyd_encode(Tensor x, Tensor signs, Tensor thresholds, int bits, ScalarType norm_dtype) -> (Tensor, Tensor)");
+  // x_hat = Pi^T (|x| * levels[idx]), in the accumulation dtype.
+  m.def("lloyd_decode(Tensor packed, Tensor norm, Tensor signs, Tensor levels, int bits, int d) -> Tensor");
+  // scores[g, i, j] = norm[g, j] * sum_t q[g, i, t] * levels[idx[g, j, t]]   (q already rotated).
+  m.def("lloyd_scores(Tensor q, Tensor packed, Tensor norm, Tensor levels, int bits) -> Tensor");
+  // QJL: (packed sign(S x), |x| in norm_dtype).
+  m.def("qjl_encode(Tensor x, Tensor sketch, ScalarType norm_dtype) -> (Tensor, Tensor)");
+  // scores[g, i, j] = scale * norm[g, j] * <q_sketch[g, i], b[g, j]>, b = +-1 signs.
+  m.def("qjl_scores(Tensor q_sketch, Tensor packed, Tensor norm, float scale) -> Tensor");
+  // TurboQuant_prod: (packed (bits)-bit MSE indices, |x|, packed sign(S r), gamma = |r|), r the rotated residual.
+  m.def(
+      "turbo_prod_encode(Tensor x, Tensor signs, Tensor thresholds, Tensor levels, int bits, Tensor sketch, "
+      "ScalarType norm_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
+  // lloyd_scores(q, ...) + qjl_scores(q_sketch, ...) in one pass over the keys.
+  m.def(
+      "turbo_prod_scores(Tensor q, Tensor q_sketch, Tensor packed, Tensor norm, Tensor levels, int bits, "
+      "Tensor signs_packed, Tensor gamma, float scale) -> Tensor");
+  // Min-max: (packed codes, lo [N, d/group], scale [N, d/group]) in side_dtype.
+  m.def("minmax_encode(Tensor x, int group, int bits, ScalarType side_dtype) -> (Tensor, Tensor, Tensor)");
+  m.def("minmax_decode(Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(kvstats, CPU, m) { m.impl("fwht", &fwht_cpu); }
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("fwht", &fwht_cpu);
+  m.impl("pack_bits", &pack_bits_cpu);
+  m.impl("unpack_bits", &unpack_bits_cpu);
+  m.impl("lloyd_encode", &lloyd_encode_cpu);
+  m.impl("lloyd_decode", &lloyd_decode_cpu);
+  m.impl("lloyd_scores", &lloyd_scores_cpu);
+  m.impl("qjl_encode", &qjl_encode_cpu);
+  m.impl("qjl_scores", &qjl_scores_cpu);
+  m.impl("turbo_prod_encode", &turbo_prod_encode_cpu);
+  m.impl("turbo_prod_scores", &turbo_prod_scores_cpu);
+  m.impl("minmax_encode", &minmax_encode_cpu);
+  m.impl("minmax_decode", &minmax_decode_cpu);
+}
 
 }  // namespace kvstats

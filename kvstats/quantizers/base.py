@@ -84,11 +84,29 @@ class Code:
         return next(iter(self.parts.values())).device
 
 
+def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
+    """Broadcast the leading dims of query [..., n_q, d] and of per-key tensors [..., n_k, *key_dims]
+    and flatten them into one group axis G, as the score kernels take them.
+
+    Returns (lead shape, query [G, n_q, d], [tensor as [G, n_k, *rest] for each code tensor]).
+    """
+    lead = torch.broadcast_shapes(query.shape[:-2], *(t.shape[: t.dim() - 1 - k] for t, k in
+                                                      zip(code_tensors, key_dims)))
+    q3 = query.expand(*lead, *query.shape[-2:]).reshape(-1, *query.shape[-2:])
+    flat = []
+    for t, k in zip(code_tensors, key_dims):
+        tail = t.shape[t.dim() - 1 - k:]
+        flat.append(t.expand(*lead, *tail).reshape(-1, *tail))
+    return lead, q3, flat
+
+
 class Quantizer:
     """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
     estimator is not decode-then-dot) and bits_per_coordinate."""
 
     name: str = ""
+    #: True for quantizers fitted to data (calibrate before encode); False for data-oblivious ones.
+    needs_calibration: bool = False
     min_bits: int = 1
     max_bits: int = 8
 

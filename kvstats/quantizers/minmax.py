@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from kvstats import ops
 from kvstats._validation import check_int_range
 from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quantizers._common import check_norm_dtype, dtype_bits
@@ -70,7 +71,16 @@ class MinMaxQuantizer(Quantizer):
         return grouped.reshape(*grouped.shape[:-2], -1)[..., :n].transpose(-1, -2)
 
     def _encode(self, x: torch.Tensor) -> Code:
-        if self.axis == "channel" and x.dim() < 2:
+        if self.axis == "token":
+            lead = x.shape[:-1]
+            packed, lo, scale = ops.minmax_encode(x.reshape(-1, self.dim), self.group_size, self.bits, self.side_dtype)
+            return Code(x.shape, x.dtype, payload={"indices": packed.reshape(*lead, -1)},
+                        scalars={"min": lo.reshape(*lead, -1), "scale": scale.reshape(*lead, -1)})
+        return self._encode_channel(x)
+
+    def _encode_channel(self, x: torch.Tensor) -> Code:
+        # Groups cut across vectors (one channel over group_size tokens): plain torch, no fused kernel.
+        if x.dim() < 2:
             raise ValueError(f"x must be [..., n, d] for axis='channel', got shape {tuple(x.shape)}")
         acc = acc_dtype(x.dtype)
         grouped = self._grouped(x.to(acc))
@@ -89,6 +99,12 @@ class MinMaxQuantizer(Quantizer):
                     scalars={"min": lo_s.squeeze(-1), "scale": scale_s.squeeze(-1)})
 
     def _decode(self, code: Code) -> torch.Tensor:
+        if self.axis == "token":
+            packed, lead = code.payload["indices"], code.shape[:-1]
+            ng = self.dim // self.group_size
+            x_hat = ops.minmax_decode(packed.reshape(-1, packed.shape[-1]), code.scalars["min"].reshape(-1, ng),
+                                      code.scalars["scale"].reshape(-1, ng), self.group_size, self.bits, self.dim)
+            return x_hat.reshape(*lead, self.dim).to(code.dtype)
         acc = acc_dtype(code.dtype)
         codes = unpack_bits(code.payload["indices"], self.bits, self.dim).to(acc)
         grouped = self._grouped(codes)

@@ -12,7 +12,8 @@ Rows of S:
   c = √π Γ((d+1)/2) / (√d Γ(d/2)) (:func:`kvstats.rotations.spherical_sign_scale`) so it stays unbiased.
 
 Outlier channels (``outliers=[...]``): those channels get their own sketch (``outlier_m`` rows) and
-norm, the rest another; the estimate is the sum of the two (both unbiased).
+norm, the rest another; the estimate is the sum of the two (both unbiased). Encode and scores run in
+the fused kernels ``qjl_encode`` / ``qjl_scores`` (kvstats.ops).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import math
 
 import torch
 
+from kvstats import ops
 from kvstats._random import spawn_seeds
 from kvstats._validation import check_int_range
-from kvstats.packing import pack_signs, packed_nbytes, unpack_signs
-from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.packing import packed_nbytes, unpack_signs
+from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
 from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale
 
 __all__ = ["SignSketch", "QJLQuantizer"]
@@ -49,15 +51,19 @@ class SignSketch:
     def matrix(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         return self._s.on(device, dtype)
 
-    def signs(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed sign(S x): x [..., d] (acc dtype) -> uint8 [..., ceil(m/8)]."""
-        return pack_signs(x @ self.matrix(x.device, x.dtype).T)
+    def encode(self, x: torch.Tensor, norm_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed sign(S x) [..., ceil(m/8)], ‖x‖ [...]) for x [..., d]."""
+        lead = x.shape[:-1]
+        s = self.matrix(x.device, acc_dtype(x.dtype))
+        packed, norm = ops.qjl_encode(x.reshape(-1, self.d), s, norm_dtype)
+        return packed.reshape(*lead, -1), norm.reshape(lead)
 
     def estimate(self, query: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
-        """(c/m)·‖x‖·⟨S q, b⟩: query [..., n_q, d], packed [..., n_k, m/8], norm [..., n_k] -> [..., n_q, n_k]."""
+        """(c/m)·‖x‖·⟨S q, b⟩: query [..., n_q, d] (acc dtype), packed [..., n_k, m/8], norm [..., n_k]."""
         sq = query @ self.matrix(query.device, query.dtype).T
-        b = unpack_signs(packed, self.m, query.dtype)
-        return (sq @ b.transpose(-1, -2)) * (self.scale / self.m) * norm.to(query.dtype).unsqueeze(-2)
+        lead, q3, (p3, n2) = broadcast_groups(sq, packed, norm, key_dims=(1, 0))
+        scores = ops.qjl_scores(q3, p3, n2, self.scale / self.m)
+        return scores.reshape(*lead, *scores.shape[-2:])
 
     def reconstruct(self, packed: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """(c/m)·‖x‖·Sᵀ b: [..., d]."""
@@ -119,9 +125,8 @@ class QJLQuantizer(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> Code:
         code = Code(x.shape, x.dtype)
-        for suffix, sketch, part in self._parts(x.to(acc_dtype(x.dtype))):
-            code.payload["signs" + suffix] = sketch.signs(part)
-            code.scalars["norm" + suffix] = store_scalar(torch.linalg.vector_norm(part, dim=-1), self.norm_dtype)
+        for suffix, sketch, part in self._parts(x):
+            code.payload["signs" + suffix], code.scalars["norm" + suffix] = sketch.encode(part, self.norm_dtype)
         return code
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:

@@ -6,19 +6,23 @@
     inner:    ⟨q, x̂⟩ = ⟨Πq, ŷ⟩ + (c_S/d)·γ·⟨S Πq, sign(S r)⟩   — unbiased for ⟨q, x⟩
 
 The residual is sketched in the rotated domain (equivalent in law for Gaussian S, and it spares a
-de-rotation). For unit x and any y: D_prod = E|⟨y,x⟩ − ⟨y,x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d for
-Gaussian rows when the residual direction is uniform (REFERENCE §3, derived). At b = 1 there is no MSE
-stage: the quantizer is QJL on x with m = d.
+de-rotation); ŷ uses ‖x‖ rounded to its stored precision, so decode rebuilds exactly the point the
+residual was taken from. For unit x and y of uniformly random direction:
+D_prod = E|⟨y,x⟩ − ⟨y,x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d with Gaussian rows (REFERENCE §3, derived;
+for y ∥ x it is smaller, see :func:`kvstats.inference.turbo_prod_distortion`). At b = 1 there is no
+MSE stage: the quantizer is QJL on x with m = d. Encode and scores run in the fused kernels
+``turbo_prod_encode`` / ``turbo_prod_scores`` (kvstats.ops), scores straight from the packed codes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kvstats import ops
 from kvstats._random import spawn_seeds
 from kvstats.packing import packed_nbytes
-from kvstats.quantizers._common import check_norm_dtype, dtype_bits, store_scalar
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
 from kvstats.quantizers.lloyd import TurboMSE
 from kvstats.quantizers.qjl import SignSketch
 
@@ -49,38 +53,42 @@ class TurboProd(Quantizer):
         self.sketch = SignSketch(self.dim, self.dim, rows, seed_qjl)
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.mse is None else self.mse.rotation.forward(x)
-
-    def _unrotate(self, y: torch.Tensor) -> torch.Tensor:
-        return y if self.mse is None else self.mse.rotation.inverse(y)
+        return x if self.mse is None else self.mse.rotate(x)
 
     def _encode(self, x: torch.Tensor) -> Code:
-        acc = acc_dtype(x.dtype)
-        code = Code(x.shape, x.dtype)
         if self.mse is None:
-            residual = x.to(acc)
-        else:
-            mse_code = self.mse.encode(x)
-            y = self._rotate(x.to(acc))
-            residual = y - self.mse.decode_rotated(mse_code, acc)
-            code.parts["mse"] = mse_code
-        code.payload["signs"] = self.sketch.signs(residual)
-        code.scalars["gamma"] = store_scalar(torch.linalg.vector_norm(residual, dim=-1), self.norm_dtype)
-        return code
+            signs, gamma = self.sketch.encode(x, self.norm_dtype)
+            return Code(x.shape, x.dtype, payload={"signs": signs}, scalars={"gamma": gamma})
+        acc, dev, lead = acc_dtype(x.dtype), x.device, x.shape[:-1]
+        mse = self.mse
+        idx, norm, signs, gamma = ops.turbo_prod_encode(
+            mse.outer_rotate(x.reshape(-1, self.dim)), mse.kernel_signs(dev, acc), mse.thresholds(dev, acc),
+            mse.levels(dev, acc), mse.bits, self.sketch.matrix(dev, acc), self.norm_dtype)
+        mse_code = Code(x.shape, x.dtype, payload={"indices": idx.reshape(*lead, -1)},
+                        scalars={"norm": norm.reshape(lead)})
+        return Code(x.shape, x.dtype, payload={"signs": signs.reshape(*lead, -1)},
+                    scalars={"gamma": gamma.reshape(lead)}, parts={"mse": mse_code})
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
         y_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc)
-        if self.mse is not None:
-            y_hat = y_hat + self.mse.decode_rotated(code.parts["mse"], acc)
-        return self._unrotate(y_hat).to(code.dtype)
+        if self.mse is None:
+            return y_hat.to(code.dtype)
+        y_hat = y_hat + self.mse.decode_rotated(code.parts["mse"], acc)
+        return self.mse.rotation.inverse(y_hat).to(code.dtype)
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         q = self._rotate(query.to(acc_dtype(query.dtype)))
-        scores = self.sketch.estimate(q, code.payload["signs"], code.scalars["gamma"])
-        if self.mse is not None:
-            scores = scores + q @ self.mse.decode_rotated(code.parts["mse"], q.dtype).transpose(-1, -2)
-        return scores
+        if self.mse is None:
+            return self.sketch.estimate(q, code.payload["signs"], code.scalars["gamma"])
+        mse = code.parts["mse"]
+        lead, q3, (idx, norm, signs, gamma) = broadcast_groups(
+            q, mse.payload["indices"], mse.scalars["norm"], code.payload["signs"], code.scalars["gamma"],
+            key_dims=(1, 0, 1, 0))
+        q_sketch = q3 @ self.sketch.matrix(q.device, q.dtype).T
+        scores = ops.turbo_prod_scores(q3, q_sketch, idx, norm, self.mse.levels(q.device, q.dtype), self.mse.bits,
+                                       signs, gamma, self.sketch.scale / self.sketch.m)
+        return scores.reshape(*lead, *scores.shape[-2:])
 
     def bits_per_coordinate(self) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,

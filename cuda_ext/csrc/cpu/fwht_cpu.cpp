@@ -10,25 +10,10 @@
 #include <vector>
 
 #include "../kernels.h"
+#include "wht.h"
 
 namespace kvstats {
 namespace {
-
-template <typename acc_t>
-inline void butterfly_inplace(acc_t* buf, int64_t d) {
-  for (int64_t h = 1; h < d; h <<= 1) {
-    for (int64_t i = 0; i < d; i += 2 * h) {
-      acc_t* __restrict__ lo = buf + i;
-      acc_t* __restrict__ hi = buf + i + h;
-      for (int64_t j = 0; j < h; ++j) {
-        const acc_t a = lo[j];
-        const acc_t b = hi[j];
-        lo[j] = a + b;
-        hi[j] = a - b;
-      }
-    }
-  }
-}
 
 template <typename scalar_t>
 void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
@@ -42,7 +27,7 @@ void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
       const scalar_t* xr = x + r * d;
       scalar_t* yr = y + r * d;
       for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(xr[j]);
-      butterfly_inplace(buf.data(), d);
+      cpu::butterfly_inplace(buf.data(), d);
       for (int64_t j = 0; j < d; ++j) yr[j] = static_cast<scalar_t>(buf[j] * scale);
     }
   });

@@ -1,0 +1,88 @@
+// CPU kernels of KIVI-style min-max quantization along the vector (groups of `group` coordinates).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../bitpack.h"
+#include "../kernels.h"
+#include "common_cpu.h"
+
+namespace kvstats {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tensor& x, int64_t group, int64_t bits,
+                                                                 at::ScalarType side_dtype) {
+  check_minmax_encode_input(x, group, bits);
+  const at::Tensor xc = x.contiguous();
+  const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits), ng = d / group;
+  const at::ScalarType acc = xc.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType side = storage_dtype(x, side_dtype);
+  at::Tensor packed = at::empty({n, nb}, xc.options().dtype(at::kByte));
+  at::Tensor lo_t = at::empty({n, ng}, xc.options().dtype(acc));
+  at::Tensor scale_t = at::empty({n, ng}, xc.options().dtype(acc));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "minmax_encode_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
+    acc_t* lp = lo_t.mutable_data_ptr<acc_t>();
+    acc_t* sp = scale_t.mutable_data_ptr<acc_t>();
+    const acc_t top = static_cast<acc_t>((int64_t{1} << bits) - 1);
+    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> codes(d);
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = xp + r * d;
+        for (int64_t gi = 0; gi < ng; ++gi) {
+          acc_t lo = static_cast<acc_t>(row[gi * group]), hi = lo;
+          for (int64_t j = 1; j < group; ++j) {
+            const acc_t v = static_cast<acc_t>(row[gi * group + j]);
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+          }
+          // Codes come from the stored (rounded) offset and step, so decode matches what is kept.
+          const acc_t lo_s = cpu::round_to(lo, side);
+          const acc_t step = cpu::round_to((hi - lo) / top, side);
+          for (int64_t j = 0; j < group; ++j) {
+            acc_t c = 0;
+            if (step > 0) {
+              c = std::nearbyint((static_cast<acc_t>(row[gi * group + j]) - lo_s) / step);  // half to even
+              c = c < 0 ? acc_t(0) : (c > top ? top : c);
+            }
+            codes[gi * group + j] = static_cast<uint8_t>(c);
+          }
+          lp[r * ng + gi] = lo_s;
+          sp[r * ng + gi] = step;
+        }
+        auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]); };
+        for (int64_t k = 0; k < nb; ++k) pp[r * nb + k] = pack_byte(code_at, d, bits, k);
+      }
+    });
+  });
+  return {packed, lo_t.to(side), scale_t.to(side)};
+}
+
+at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
+                             int64_t group, int64_t bits, int64_t d) {
+  check_minmax_decode_input(packed, lo, scale, group, bits, d);
+  const at::ScalarType acc = lo.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor pc = packed.contiguous(), lc = lo.to(acc).contiguous(), sc = scale.to(acc).contiguous();
+  const int64_t n = pc.size(0), nb = pc.size(1), ng = d / group;
+  at::Tensor out = at::empty({n, d}, lc.options());
+  AT_DISPATCH_FLOATING_TYPES(acc, "minmax_decode_cpu", [&] {
+    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
+    const scalar_t* lp = lc.const_data_ptr<scalar_t>();
+    const scalar_t* sp = sc.const_data_ptr<scalar_t>();
+    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t j = 0; j < d; ++j) {
+          const int64_t gi = r * ng + j / group;
+          op[r * d + j] = lp[gi] + sp[gi] * static_cast<scalar_t>(unpack_code(pp + r * nb, nb, bits, j));
+        }
+    });
+  });
+  return out;
+}
+
+}  // namespace kvstats

@@ -1,0 +1,56 @@
+// In-place Walsh–Hadamard butterflies and the randomized-Hadamard rotation on one vector (CPU).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace kvstats {
+namespace cpu {
+
+// Unnormalised Sylvester–Hadamard transform of buf[0..n), n a power of two.
+template <typename acc_t>
+inline void butterfly_inplace(acc_t* buf, int64_t n) {
+  for (int64_t h = 1; h < n; h <<= 1) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      acc_t* __restrict__ lo = buf + i;
+      acc_t* __restrict__ hi = buf + i + h;
+      for (int64_t j = 0; j < h; ++j) {
+        const acc_t a = lo[j];
+        const acc_t b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
+      }
+    }
+  }
+}
+
+// Randomized Hadamard rotation of buf[0..d): `passes` (0, 1 or 3) sign-flip + orthonormal WHT passes
+// over blocks of `block` coordinates starting at 0, d - block, 0 (kvstats.rotations.RandomizedHadamard).
+// signs: [passes, block]. Order per pass: multiply by signs, butterflies, scale by 1/sqrt(block) —
+// the same operations, in the same order, as the pure-torch path fwht(x * signs).
+template <typename acc_t>
+inline void rotate_forward(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
+  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(block));
+  for (int64_t k = 0; k < passes; ++k) {
+    acc_t* span = buf + (k == 1 ? d - block : 0);
+    const acc_t* s = signs + k * block;
+    for (int64_t j = 0; j < block; ++j) span[j] *= s[j];
+    butterfly_inplace(span, block);
+    for (int64_t j = 0; j < block; ++j) span[j] *= scale;
+  }
+}
+
+// Inverse of rotate_forward: passes in reverse order, each fwht(span) * signs.
+template <typename acc_t>
+inline void rotate_inverse(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
+  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(block));
+  for (int64_t k = passes - 1; k >= 0; --k) {
+    acc_t* span = buf + (k == 1 ? d - block : 0);
+    const acc_t* s = signs + k * block;
+    butterfly_inplace(span, block);
+    for (int64_t j = 0; j < block; ++j) span[j] = span[j] * scale * s[j];
+  }
+}
+
+}  // namespace cpu
+}  // namespace kvstats
