@@ -127,6 +127,7 @@ def _info(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     import os
     import subprocess
+    import time
     from pathlib import Path
 
     studies_dir = Path(args.studies_dir)
@@ -143,12 +144,21 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 0
     extra = ["--scale", args.scale] + (["--scheduler", args.scheduler] if args.scheduler else [])
     env = dict(os.environ, MPLBACKEND="Agg")
-    for i, script in enumerate(scripts, 1):
-        print(f"[{i}/{len(scripts)}] {script.stem}", flush=True)
-        done = subprocess.run([sys.executable, str(script), *extra], env=env)
+    from kvstats.report import DEFAULT_PREAMBLE, build_report, study_order
+
+    by_name = {p.stem: p for p in scripts}
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+    for i, name in enumerate(study_order(by_name), 1):
+        print(f"[{i}/{len(scripts)}] {name}", flush=True)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, str(by_name[name]), *extra], env=env)
+        timings[name] = time.perf_counter() - t0
         if done.returncode != 0:
-            print(f"study {script.stem} failed (exit {done.returncode})", file=sys.stderr)
+            print(f"study {name} failed (exit {done.returncode})", file=sys.stderr)
             return done.returncode
+    report = build_report(scale=args.scale, timings=timings, preamble=DEFAULT_PREAMBLE)
+    print(f"all studies done in {time.perf_counter() - t_all:.0f} s; report: {report}")
     return 0
 
 

@@ -40,6 +40,7 @@ from kvstats.sweep import default_figures_dir
 
 __all__ = [
     "CLAIM_KEYS",
+    "DEFAULT_PREAMBLE",
     "VERDICTS",
     "STUDY_ORDER",
     "build_report",
@@ -142,6 +143,38 @@ def fmt_p(p: float) -> str:
 
 # ------------------------------------------------------------------------------------------- the report
 
+#: Conventions and known discrepancies, printed at the top of figures/REPORT.md by ``kvstats reproduce``.
+DEFAULT_PREAMBLE = """
+## How to read this report
+
+- **Verdicts.** *reproduced*: our measurement agrees with the published claim (direction, and the number
+  within our CI where a number is claimed); *partly*: the direction or part of the claim holds, a number or
+  part does not; *not reproduced*: our data contradict it; *measured*: our own measurement, with no published
+  number to hold it to. Each claim names its data and scale; quick-scale verdicts rest on small samples.
+- **Mann–Whitney effect sizes.** r is the **rank-biserial correlation r = 2U₁/(n₁n₂) − 1**, U₁ the statistic
+  of the *first* sample (as scipy reports it), so r < 0 when the first sample (e.g. KQV) tends to be smaller;
+  |r| = 1 is complete separation. We also give **Z/√N** (normal approximation, tie-corrected, N = n₁ + n₂),
+  which cannot reach ±1 (at 70 vs 70 its maximum is ≈ 0.86): a published r = −0.983 at that size must be the
+  rank-biserial one.
+- **Which p.** Unless stated otherwise p is the **exact** two-sided Mann–Whitney p (no ties, n ≤ 1000); the
+  normal-approximation p is given beside it where it matters — in the far tail they differ by many orders of
+  magnitude (complete separation at 70 vs 70: exact p ≈ 2e−41, normal p ≈ 1e−23). Multiple comparisons are
+  Holm-corrected over the family named in each claim. Ratio CIs are BCa bootstrap CIs of a ratio of medians.
+
+## Known discrepancies (details in the claims below)
+
+- TurboQuant's printed D_mse at b = 3 (0.03) is 11.7% below the exact value 0.033966 at d = 128
+  (`figures/data/turboquant_dmse_table.csv`); its printed D_prod at b = 4 (0.047/d) inherits the rounding.
+- REFERENCE §3 states D_prod = (π/2 − 1/d)·D_mse(b−1)/d "for any y"; it holds only averaged over y's direction.
+  For y ∥ x it is ((π/2)·D_mse − E⟨r,x⟩²)/d (`kvstats.inference.turbo_prod_distortion`), ≈ 20% lower at b = 2.
+- The randomized Walsh–Hadamard rotation maps the 1-hot vector e₁ to ±1/√d in every coordinate, its worst
+  case: squared error 0.255 vs D_mse 0.116 at d = 128, b = 2 (a Haar rotation gives ≈ D_mse).
+- Orthogonalised QJL rows need the exact spherical constant: the Gaussian √(π/2) over-scales by the factor
+  1.0039 at d = 64 (`kvstats.rotations.spherical_sign_scale`).
+- Real SmolLM2 key outlier ratio (max/median channel magnitude) is 2.9–9.1 over the 30 layers, wider than
+  REFERENCE §8's 3–5.6 (`figures/data/kv_anatomy_outliers.csv`).
+"""
+
 
 _VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
                  "measured": "· measured"}
@@ -222,7 +255,7 @@ def build_report(
               "| study | claim | verdict | our measurement |", "|---|---|---|---|"]
     for study, cs in claims.items():
         for c in cs:
-            lines.append(f"| [{study}](#{study.replace('_', '-')}) | {_cell(c['claim'])} | "
+            lines.append(f"| [{study}](#{study}) | {_cell(c['claim'])} | "
                          f"{_VERDICT_MARK[c['verdict']]} | {_cell(c['measurement'])} |")
     lines.append("")
     if timings:

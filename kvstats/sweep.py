@@ -135,6 +135,55 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cell rows must be JSON-serialisable; got a {type(obj).__name__}")
 
 
+@dataclass(frozen=True)
+class _ScriptFunction:
+    """A function of a study *script* (``python studies/x.py``: module ``__main__``), sent to workers by name.
+
+    Workers import the script as the module ``module`` (its file stem) from ``path`` — or find it already
+    imported (Dask's ``upload_file`` puts it there) — and call ``name`` in it. Unlike pickling the function
+    by value, the script's module-level state (constants, ``functools.lru_cache`` caches) then lives once
+    per worker and is shared by all the cells the worker runs.
+    """
+
+    module: str
+    path: str
+    name: str
+
+    def resolve(self) -> Callable:
+        import importlib
+        import importlib.util
+
+        mod = sys.modules.get(self.module)
+        if mod is None or getattr(mod, "__file__", None) is None:
+            try:
+                mod = importlib.import_module(self.module)
+            except ImportError:
+                mod = None
+            if mod is None or Path(getattr(mod, "__file__", "") or "").resolve() != Path(self.path).resolve():
+                if not Path(self.path).is_file():
+                    raise FileNotFoundError(f"study script {self.path} is not on this worker") from None
+                spec = importlib.util.spec_from_file_location(self.module, self.path)
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[self.module] = mod
+                spec.loader.exec_module(mod)
+        fn = mod
+        for part in self.name.split("."):
+            fn = getattr(fn, part)
+        return fn
+
+    def __call__(self, **params):
+        return self.resolve()(**params)
+
+
+def _portable(cell: Callable) -> Callable:
+    """The cell function as workers should receive it: by script path and name when it lives in ``__main__``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(cell, "__module__", None) == "__main__" and path and "<locals>" not in cell.__qualname__:
+        return _ScriptFunction(Path(path).stem, str(Path(path).resolve()), cell.__qualname__)
+    return cell
+
+
 def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:
     """Run one cell (in a worker or in-process) and check its rows."""
     if threads is not None:
@@ -284,7 +333,8 @@ class Sweep:
         from joblib import Parallel, delayed
 
         parallel = Parallel(n_jobs=jobs, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs")
-        outputs = parallel(delayed(_execute_tagged)(self.cell, params, threads) for params in todo)
+        fn = _portable(self.cell)
+        outputs = parallel(delayed(_execute_tagged)(fn, params, threads) for params in todo)
         yield from outputs
 
 
@@ -320,8 +370,15 @@ def _dask_results(sweep: Sweep, todo, scheduler, threads):
         else:
             target = scheduler  # an address string or a cluster object
         client = own_client = Client(target)
+    fn = _portable(sweep.cell)
     try:
-        futures = [client.submit(_execute_tagged, sweep.cell, params, threads, pure=False,
+        if isinstance(fn, _ScriptFunction):
+            try:  # remote workers may not see the script: ship it (Dask imports it there under its stem)
+                client.upload_file(fn.path, load=False)
+            except Exception as exc:  # noqa: BLE001 - a local cluster reads the file itself
+                print(f"note: could not upload {fn.path} to the Dask workers ({exc}); they must see the file",
+                      file=sys.stderr)
+        futures = [client.submit(_execute_tagged, fn, params, threads, pure=False,
                                  key=f"{sweep.study}-{sweep.key(params)}-{i}") for i, params in enumerate(todo)]
         for future in as_completed(futures):
             yield future.result()

@@ -1,0 +1,173 @@
+"""Study: the source paper's figures — coordinates after rotation vs the sphere law, and MSE vs MSE+QJL KL.
+
+    python studies/beta_figures.py --scale quick|paper [--scheduler ADDR]
+
+For d = 2, 4, 8, 1024 and the data laws gaussian, heavy_tail (Student-t, df 3) and low_rank (rank 1), as in
+D'Alberto's figures 1, 2, 4 and 7:
+
+* top row: coordinates of unit data vectors after a random-sign Walsh–Hadamard rotation (the rotation of
+  turbo_mse), all coordinates pooled, against the sphere law f_d; the KS distance uses one coordinate per
+  vector (the pooled coordinates of one vector are dependent);
+* bottom row: attention KL at equal budget n = 4 of the keys quantized by "MSE n bits" (turbo_mse(n)) and
+  by "MSE (n−1) bits + QJL 1 bit" (turbo_prod(n)); boxes over trials, outliers beyond 1.5 IQR as circles.
+
+Writes figures/beta_figures_d{2,4,8,1024}.png, figures/data/beta_figures_{kl,ks}.csv and the claims file.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from statsmodels.stats.multitest import multipletests
+
+from kvstats import metrics, plots
+from kvstats.quantizers import quantizer
+from kvstats.report import fmt_p, write_claims
+from kvstats.rotations import make_rotation
+from kvstats.sphere import goodness_of_fit
+from kvstats.stats import mann_whitney
+from kvstats.sweep import Sweep, cell_seed, grid, study_args
+
+STUDY = "beta_figures"
+VERSION = "1"
+DIMS = (2, 4, 8, 1024)
+KINDS = {"gaussian": {}, "heavy_tail": {"df": 3.0}, "low_rank": {"rank": 1}}
+METHODS = {"turbo_mse": "MSE n bits", "turbo_prod": "MSE (n−1) bits + QJL 1 bit"}
+BITS = 4
+SCALE = {"quick": {"trials": 20, "seq": 256, "n_q": 16, "hist_vectors": 4096},
+         "paper": {"trials": 80, "seq": 512, "n_q": 32, "hist_vectors": 32768}}
+
+
+def data(kind: str, d: int, seq: int, n_q: int, trial: int):
+    from kvstats.data.synthetic import generate
+
+    return generate(kind, 1, 1, seq, d, cell_seed(STUDY, "data", kind, d, seq, n_q, trial), n_q=n_q, **KINDS[kind])
+
+
+def cell(d: int, kind: str, method: str, bits: int, seq: int, n_q: int, trials: int) -> list[dict]:
+    """KL of softmax(q kᵀ/√d) with keys quantized by ``method`` at ``bits``: one row per trial."""
+    rows = []
+    for t in range(trials):
+        q, k, _ = data(kind, d, seq, n_q, t)
+        quant = quantizer(method, bits=bits, dim=d, seed=cell_seed(STUDY, "quant", method, d, t))
+        est = quant.inner(q, quant.encode(k)) / math.sqrt(d)
+        rows.append({"trial": t, "kl": metrics.attention_kl_from_scores(metrics.attention_scores(q, k), est)})
+    return rows
+
+
+def rotated_coordinates(kind: str, d: int, n_vectors: int) -> np.ndarray:
+    """[n_vectors, d] coordinates of unit data vectors after the random-sign WHT."""
+    from kvstats.data.synthetic import generate
+
+    _, k, _ = generate(kind, 1, 1, n_vectors, d, cell_seed(STUDY, "hist", kind, d), n_q=1, **KINDS[kind])
+    u = k[0, 0].double()
+    u = u / torch.linalg.vector_norm(u, dim=-1, keepdim=True)
+    return make_rotation("wht", d, cell_seed(STUDY, "rotation", d)).forward(u).numpy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = study_args(__doc__, argv)
+    t0 = time.perf_counter()
+    cfg = SCALE[args.scale]
+    cells = grid(d=list(DIMS), kind=list(KINDS), method=list(METHODS), bits=BITS, seq=cfg["seq"], n_q=cfg["n_q"],
+                 trials=cfg["trials"])
+    table = Sweep(STUDY, cell, cells, version=VERSION).run(scheduler=args.scheduler, n_jobs=args.n_jobs,
+                                                           progress=not args.no_progress, recompute=args.recompute)
+    plots.write_csv(f"{STUDY}_kl", table)
+
+    plots.setup()
+    ks_rows, mw_rows = [], []
+    for d in DIMS:
+        fig, axes = plots.panels(2, 3, f"d = {d}: rotated coordinates vs the sphere law f_d (top); attention KL at "
+                                 f"n = {BITS} bits, {cfg['trials']} trials per box (bottom)", width=4.2, height=3.3)
+        for j, kind in enumerate(KINDS):
+            x = rotated_coordinates(kind, d, cfg["hist_vectors"])
+            one = x[np.arange(len(x)), np.arange(len(x)) % d]  # one coordinate per vector: independent draws
+            gof = goodness_of_fit(one, d, method="ks")
+            ks_rows.append({"d": d, "kind": kind, "n": len(one), "ks": gof.statistic, "p": gof.pvalue})
+            ax = axes[0, j]
+            plots.sphere_histogram(ax, x, d, label=f"{kind} after WHT (KS {gof.statistic:.3f})")
+            ax.set_title(f"{kind}{' (rank 1)' if kind == 'low_rank' else ''}, d = {d}")
+            ax.legend(loc="upper center", fontsize=7)
+            if d == 2:
+                ax.set_ylim(0, 3.5)
+            else:
+                ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+            sub = table[(table["d"] == d) & (table["kind"] == kind)]
+            a = sub[sub["method"] == "turbo_mse"]["kl"].to_numpy()
+            b = sub[sub["method"] == "turbo_prod"]["kl"].to_numpy()
+            res = mann_whitney(a, b)
+            mw_rows.append({"d": d, "kind": kind, "median_kl_mse": np.median(a), "median_kl_mse_qjl": np.median(b),
+                            "ratio_qjl_over_mse": np.median(b) / np.median(a), "rank_biserial": res.rank_biserial,
+                            "r_z": res.r_z, "p": res.pvalue, "p_method": res.pvalue_method,
+                            "p_asymptotic": res.p_asymptotic})
+            ax = axes[1, j]
+            plots.boxplot(ax, {f"MSE {BITS} bits": a, f"MSE {BITS - 1} + QJL 1": b},
+                          colors=[plots.style("turbo_mse")["color"], plots.style("turbo_prod")["color"]],
+                          ylabel="attention KL [nats]", log=True)
+            ax.set_title(f"{kind}: r = {res.rank_biserial:+.2f}, {fmt_p(res.pvalue)}")
+        plots.save(fig, f"{STUDY}_d{d}")
+    ks, mw = pd.DataFrame(ks_rows), pd.DataFrame(mw_rows)
+    mw["p_holm"] = multipletests(mw["p"], method="holm")[1]
+    plots.write_csv(f"{STUDY}_ks", ks)
+    plots.write_csv(f"{STUDY}_mannwhitney", mw)
+
+    data_txt = (f"synthetic gaussian, heavy_tail (df 3), low_rank (rank 1); d = 2, 4, 8, 1024; seq {cfg['seq']}, "
+                f"{cfg['n_q']} queries; {cfg['trials']} trials per box; histograms over {cfg['hist_vectors']} "
+                f"vectors ({args.scale} scale)")
+    wins = mw[(mw["rank_biserial"] < 0) & (mw["p_holm"] < 0.05)]
+    table_md = ("| d | data | median KL, MSE 4 | median KL, MSE 3 + QJL 1 | ratio | rank-biserial r | Z/√N | p "
+                "(exact) | Holm p |\n|---|---|---|---|---|---|---|---|---|\n" +
+                "\n".join(f"| {r.d} | {r.kind} | {r.median_kl_mse:.3g} | {r.median_kl_mse_qjl:.3g} | "
+                          f"{r.ratio_qjl_over_mse:.2f} | {r.rank_biserial:+.3f} | {r.r_z:+.3f} | {r.p:.2g} | "
+                          f"{r.p_holm:.2g} |" for r in mw.itertuples()))
+    g = ks[ks["kind"] == "gaussian"]
+    lr8 = ks[(ks["kind"] == "low_rank") & (ks["d"] == 8)].iloc[0]
+    ks_md = ("| d | data | KS distance to f_d | p |\n|---|---|---|---|\n" +
+             "\n".join(f"| {r.d} | {r.kind} | {r.ks:.3f} | {r.p:.2g} |" for r in ks.itertuples()))
+    claims = [
+        {
+            "id": "dalberto-beta-figures-mse-wins",
+            "claim": "At equal budget, \"MSE n bits\" has lower attention KL than \"MSE (n−1) bits + QJL 1 bit\" for "
+                     "every distribution, at d = 2, 4, 8 and 1024 (figures 1, 2, 4, 7; n = 4).",
+            "source": "D'Alberto, arXiv 2605.08114, figures 1, 2, 4, 7 (captions: \"MSE wins in all distributions\")",
+            "measurement": (f"MSE n bits significantly lower KL (Holm p < 0.05) in {len(wins)}/{len(mw)} (d, data) "
+                            f"cells; median ratio (MSE+QJL)/MSE {mw['ratio_qjl_over_mse'].min():.2f}–"
+                            f"{mw['ratio_qjl_over_mse'].max():.2f}; rank-biserial r (MSE first) "
+                            f"{mw['rank_biserial'].min():+.2f} to {mw['rank_biserial'].max():+.2f}."),
+            "data": data_txt,
+            "verdict": "reproduced" if len(wins) == len(mw) else ("partly" if len(wins) >= len(mw) / 2
+                                                                  else "not reproduced"),
+            "figure": f"{STUDY}_d8.png",
+            "details": table_md + "\n\nr = 2U₁/(n₁n₂) − 1 with the MSE sample first (negative: MSE lower); p exact "
+                                  "Mann–Whitney (two-sided), Holm over the 12 cells.",
+        },
+        {
+            "id": "dalberto-beta-figures-sphere-law",
+            "claim": "After the random rotation, coordinates of Gaussian data follow the Beta law f_d (U-shaped at "
+                     "d = 2, near-Gaussian at d = 1024); rank-1 data at d = 8 gives a visibly non-Beta histogram "
+                     "(the marginal looks Beta only when the joint structure is not degenerate).",
+            "source": "D'Alberto, arXiv 2605.08114, §1 and figure 2; REFERENCE §1",
+            "measurement": (f"KS distance to f_d (one coordinate per vector): gaussian {g['ks'].min():.3f}–"
+                            f"{g['ks'].max():.3f} (p ≥ {g['p'].min():.2g}); low_rank rank 1 at d = 8: "
+                            f"{lr8['ks']:.3f} ({fmt_p(lr8['p'])})."),
+            "data": data_txt,
+            "verdict": "reproduced" if g["p"].min() > 0.001 and lr8["p"] < 1e-6 else "partly",
+            "figure": f"{STUDY}_d8.png",
+            "details": ks_md,
+        },
+    ]
+    write_claims(STUDY, claims)
+    for c in claims:
+        print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
+    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
