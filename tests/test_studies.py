@@ -1,0 +1,180 @@
+"""Each study's cell function on a tiny sweep, and the claims/report machinery on synthetic claims."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvstats.report import VERDICTS, build_report, fmt_p, read_claims, study_order, validate_claim, write_claims
+from kvstats.sweep import Sweep, grid
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+
+def load_study(name: str):
+    """Import studies/<name>.py as a module (studies/ is not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, STUDIES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tiny_run(study, cell, cells, tmp_path):
+    return Sweep(f"test_{study}", cell, cells).run(n_jobs=1, cache_dir=tmp_path, progress=False)
+
+
+# ------------------------------------------------------------------------------------------- studies' cells
+
+
+def test_budget_sweep_cell_synthetic_and_minmax(tmp_path):
+    bs = load_study("budget_sweep")
+    cells = grid(data=["gaussian", "low_rank_r1"], layer=[None], scheme_name=["kqv", "qkqv", "kv", "minmax"], n=3,
+                 d=16, seq=32, n_q=4, trials=2)
+    df = tiny_run("budget_sweep", bs.cell, cells, tmp_path)
+    assert len(df) == 16
+    assert (df["kl"] >= 0).all() and df["top5"].between(0, 1).all() and (df["k_dir"] >= 0).all()
+    assert set(bs.E6) <= set(df.columns) and np.isfinite(df[list(bs.E6)].to_numpy()).all()
+    # common random numbers: the data of a trial do not depend on the scheme
+    q1, k1, _, _ = bs.trial_data("gaussian", None, 16, 32, 4, 1)
+    q2, k2, _, _ = bs.trial_data.__wrapped__("gaussian", None, 16, 32, 4, 1)
+    assert torch.equal(k1, k2) and torch.equal(q1, q2)
+    # the 6D distance and the analysis helpers work on the tiny table
+    df = df.rename(columns={"scheme_name": "scheme"})
+    df["label"] = df.apply(bs.data_label, axis=1)
+    assert np.isfinite(bs.add_d6(df)["d6"]).all()
+
+
+def test_budget_sweep_cell_real_branch(monkeypatch):
+    """The real-data branch (causal, GQA 9/3, prefix windows) on stand-in tensors of SmolLM2's shape."""
+    bs = load_study("budget_sweep")
+    gen = torch.Generator().manual_seed(0)
+    fake = (torch.randn(1, 9, 80, 64, generator=gen), torch.randn(1, 3, 80, 64, generator=gen),
+            torch.randn(1, 3, 80, 64, generator=gen))
+    monkeypatch.setattr(bs, "_real", lambda layer: fake)
+    bs.trial_data.cache_clear()
+    try:
+        rows = bs.cell("smollm2", 7, "kqv", 4, 64, 32, 8, 2)
+    finally:
+        bs.trial_data.cache_clear()
+    assert len(rows) == 2 and all(32 <= r["seq_len"] <= 64 for r in rows)
+    assert all(r["kl"] >= 0 and 0 <= r["top5"] <= 1 for r in rows)
+
+
+def test_beta_figures_cell(tmp_path):
+    bf = load_study("beta_figures")
+    cells = grid(d=[2, 8], kind=["gaussian", "low_rank"], method=["turbo_mse", "turbo_prod"], bits=4, seq=32, n_q=4,
+                 trials=2)
+    df = tiny_run("beta_figures", bf.cell, cells, tmp_path)
+    assert len(df) == 16 and (df["kl"] >= 0).all() and np.isfinite(df["kl"]).all()
+    x = bf.rotated_coordinates("gaussian", 8, 64)
+    assert x.shape == (64, 8) and np.allclose((x**2).sum(1), 1.0)
+
+
+def test_turboquant_distortion_cells(tmp_path):
+    td = load_study("turboquant_distortion")
+    df = tiny_run("td", td.cell, grid(method=["turbo_mse", "turbo_prod"], bits=[1, 2], d=64, vectors=400, rep=0),
+                  tmp_path)
+    mse = df[df["method"] == "turbo_mse"].set_index("bits")["d_mse"]
+    assert mse[1] == pytest.approx(td.exact_dmse(64, 1), rel=0.1) and mse[2] == pytest.approx(td.exact_dmse(64, 2),
+                                                                                                rel=0.15)
+    assert df[df["method"] == "turbo_prod"]["residual_parallel2"].notna().all()
+    worst = tiny_run("tdw", td.worst_cell, grid(rotation=["wht", "haar"], vector="e1", bits=2, d=128, rep=[0, 1]),
+                     tmp_path)
+    wht = worst[worst["rotation"] == "wht"]["sq_error"]
+    assert wht.iloc[0] == pytest.approx(0.255, abs=0.01) and wht.nunique() == 1  # the same for every sign pattern
+
+
+def test_qjl_variance_cells(tmp_path):
+    qv = load_study("qjl_variance")
+    q, k = qv.unit_pairs(50, 16, 0.6, seed=3)
+    assert torch.allclose((q * k).sum(-1), torch.full((50,), 0.6, dtype=torch.float64))
+    assert torch.allclose(q.norm(dim=-1), torch.ones(50, dtype=torch.float64))
+    df = tiny_run("qv", qv.cell, grid(rows=["gaussian", "orthogonal"], m=32, cos=0.3, d=16, sketches=3, pairs=20),
+                  tmp_path)
+    assert len(df) == 6 and (df["mse"] > 0).all()
+    err = tiny_run("qve", qv.error_cell, grid(method=["turbo_mse", "turbo_prod"], bits=1, d=32, vectors=200),
+                   tmp_path)
+    assert len(err.iloc[0]["errors"]) == 200
+    assert err.set_index("method").loc["turbo_mse", "mean"] < 0  # biased towards 0: underestimates ⟨y, x⟩ = 0.5
+
+
+def test_jensen_cells(tmp_path):
+    js = load_study("jensen")
+    curves = tiny_run("jc", js.curve_cell, grid(mode=["uniform", "correlated"], sigma2=0.5, queries=2, draws=200),
+                      tmp_path)
+    assert len(curves) == 4 and (curves["kl"] > 0).all()
+    assert curves[curves["mode"] == "uniform"]["kl_mean_field"].max() < 1e-9
+    pts = tiny_run("js", js.scheme_cell, grid(scheme_name=["kqv", "qkqv"], n=3, trials=1), tmp_path)
+    s2 = pts.set_index("scheme_name")["sigma2"]
+    assert s2["qkqv"] > s2["kqv"] > 0
+
+
+# ------------------------------------------------------------------------------------- claims and the report
+
+
+def _claim(i: int, verdict: str = "reproduced", figure: str | None = None) -> dict:
+    return {"id": f"c{i}", "claim": f"claim {i}", "source": "paper, §1", "measurement": f"x = {i} [0, 1], p = 0.01",
+            "data": "tiny", "verdict": verdict, "figure": figure}
+
+
+def test_write_and_read_claims(tmp_path):
+    path = write_claims("alpha", [_claim(1), _claim(2, "measured") | {"details": "| a |\n|---|"}],
+                        figures_dir=tmp_path)
+    assert path == tmp_path / "data" / "alpha_claims.json"
+    back = read_claims(path)
+    assert [c["id"] for c in back] == ["c1", "c2"] and back[0]["details"] is None
+    assert json.loads(path.read_text())[1]["details"].startswith("| a |")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"verdict": "maybe"}, "verdict"),
+    ({"claim": ""}, "claim"),
+    ({"extra": 1}, "unknown key"),
+    ({"figure": 3}, "figure"),
+])
+def test_claims_are_validated(tmp_path, bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        write_claims("alpha", [_claim(1) | bad], figures_dir=tmp_path)
+    c = _claim(1)
+    del c["source"]
+    with pytest.raises(ValueError, match="source"):
+        validate_claim(c)
+    with pytest.raises(ValueError, match="unique"):
+        write_claims("alpha", [_claim(1), _claim(1)], figures_dir=tmp_path)
+    assert not (tmp_path / "data" / "alpha_claims.json").exists()
+
+
+def test_build_report_assembles_claims_in_study_order(tmp_path):
+    (tmp_path / "budget_sweep_kl.png").write_bytes(b"png")
+    (tmp_path / "sphere_law_density.png").write_bytes(b"png")
+    write_claims("budget_sweep", [_claim(1, "partly", "budget_sweep_kl.png"), _claim(2, "not reproduced")],
+                 figures_dir=tmp_path)
+    write_claims("sphere_law", [_claim(3)], figures_dir=tmp_path)
+    write_claims("zzz_new", [_claim(4, "measured")], figures_dir=tmp_path)
+    out = build_report(tmp_path, scale="quick", timings={"sphere_law": 3.0, "budget_sweep": 60.0},
+                       preamble="## Conventions\n\nrank-biserial", date=dt.datetime(2026, 1, 2, 3, 4))
+    text = out.read_text()
+    assert out == tmp_path / "REPORT.md"
+    assert "2026-01-02 03:04" in text and "**Scale: quick.**" in text and "## Conventions" in text
+    assert text.index("## sphere_law") < text.index("## budget_sweep") < text.index("## zzz_new")
+    assert "![budget_sweep_kl](budget_sweep_kl.png)" in text and "![sphere_law_density](sphere_law_density.png)" in text
+    assert "1 reproduced, 1 not reproduced, 1 partly, 1 measured" in text
+    assert "| **total** | **63** |" in text
+    assert study_order(["zzz", "budget_sweep", "sphere_law", "aaa"]) == ["sphere_law", "budget_sweep", "aaa", "zzz"]
+
+
+def test_fmt_p_and_verdicts():
+    assert fmt_p(0.0312) == "p = 0.031" and fmt_p(2.1e-8) == "p = 2.1e-08" and fmt_p(0.0) == "p < 1e-300"
+    assert fmt_p(math.nan) == "p = n/a"
+    assert VERDICTS == ("reproduced", "not reproduced", "partly", "measured")
