@@ -63,6 +63,77 @@ def bench_fwht(device: str, dtype: torch.dtype, rows: int, d: int, min_run_time:
     return Case("fwht", (rows, d), str(dtype).removeprefix("torch."), rows, moved, kernel, reference)
 
 
+def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: int, bits: int, n_q: int,
+                     min_run_time: float) -> list[Case]:
+    """Encode a [1, heads, seq, d] cache and score queries [1, heads, n_q, d] from the codes, through the
+    public quantizer API, with the kernels and with the references; plus the dense fp32 q·Kᵀ baseline."""
+    from kvstats.quantizers import quantizer
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, heads, seq, d, generator=g).to(device=device, dtype=dtype)
+    queries = torch.randn(1, heads, n_q, d, generator=g).to(device=device, dtype=dtype)
+    vectors = heads * seq
+    in_bytes = keys.numel() * keys.element_size()
+    cases = []
+    for name, opts in (("turbo_mse", {"bits": bits}), ("qjl", {"bits": bits}), ("turbo_prod", {"bits": bits})):
+        qz = quantizer(name, dim=d, seed=0, **opts)
+        code = qz.encode(keys)
+        enc = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time)
+        sc = median_seconds(lambda qz=qz, code=code: qz.inner(queries, code), min_run_time)
+        with ops.use_reference():
+            code_ref = qz.encode(keys)
+            enc_ref = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time)
+            sc_ref = median_seconds(lambda qz=qz, code=code_ref: qz.inner(queries, code), min_run_time)
+        dt = str(dtype).removeprefix("torch.")
+        cases.append(Case(f"{name}.encode", tuple(keys.shape), dt, vectors, in_bytes + code.nbytes, enc, enc_ref))
+        cases.append(Case(f"{name}.scores(n_q={n_q})", tuple(keys.shape), dt, vectors,
+                          code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4, sc, sc_ref))
+    dense_keys = keys.float()
+    dense = median_seconds(lambda: queries.float() @ dense_keys.transpose(-1, -2), min_run_time)
+    cases.append(Case(f"dense_fp32_qK.scores(n_q={n_q})", tuple(keys.shape), "float32", vectors,
+                      dense_keys.numel() * 4 + heads * n_q * seq * 4, dense, dense))
+    return cases
+
+
+_MEMORY_PROBE = """
+import resource, sys, torch
+from kvstats.quantizers import quantizer
+n, d = int(sys.argv[1]), 128
+x = torch.randn(n, d)
+qz = quantizer("turbo_prod", bits=4, dim=d, seed=0)
+qz.encode(x[:10])  # warm-up: tables, sketch, thread pool
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = qz.encode(x)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024, code.nbytes)
+"""
+
+
+def peak_extra_memory(device: str, n: int = 1 << 20) -> dict:
+    """Peak memory an encode needs beyond its input, vs the size of its output (turbo_prod, 4 bits).
+
+    CPU: growth of the peak resident set of a fresh process; CUDA: torch.cuda.max_memory_allocated.
+    """
+    if device == "cpu":
+        import subprocess
+
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(n)], capture_output=True, text=True, check=True)
+        extra, output = (int(v) for v in out.stdout.split())
+    else:
+        from kvstats.quantizers import quantizer
+
+        x = torch.randn(n, 128, device=device, dtype=torch.float16)
+        qz = quantizer("turbo_prod", bits=4, dim=128, seed=0)
+        qz.encode(x[:10])
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        code = qz.encode(x)
+        torch.cuda.synchronize()
+        extra, output = torch.cuda.max_memory_allocated() - base, code.nbytes
+    return {"vectors": n, "d": 128, "extra_bytes": extra, "output_bytes": output, "ratio": extra / output}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -75,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("--device cuda: no CUDA device")
 
     if args.device == "cpu":
-        # The issue's CPU setting: B=1, H_kv=8, S=32768, d=128 -> 262144 vectors.
+        # The issue's CPU setting: B=1, H_kv=8, S=32768, d=128 -> 262144 vectors, fp32, 4 bits.
         settings = [(torch.float32, 8 * 32768, 128), (torch.float32, 4096, 4096)]
+        quant_settings = [(torch.float32, 8, 32768, 128, 4, 1), (torch.float32, 8, 32768, 128, 4, 64)]
     else:
-        # The issue's GPU setting: B=1, H_kv=32, S=32768, d=128 -> 1M vectors.
+        # The issue's GPU setting: B=1, H_kv=32, S=32768, d=128 (GQA 4: 4 queries per KV head), fp16.
         settings = [(torch.float16, 32 * 32768, 128), (torch.float32, 32 * 32768, 128), (torch.float16, 4096, 8192)]
+        quant_settings = [(torch.float16, 32, 32768, 128, 4, 4)]
 
     results = {
         "kvstats": __version__,
@@ -92,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.device == "cuda":
         results["copy_bandwidth_GBps"] = copy_bandwidth("cuda") / 1e9
-    print(f"{'op':<8}{'shape':<16}{'dtype':<10}{'kernel ms':>11}{'ref ms':>10}{'speedup':>9}"
+    print(f"{'op':<32}{'shape':<22}{'dtype':<10}{'kernel ms':>11}{'ref ms':>10}{'speedup':>9}"
           f"{'Mvec/s':>9}{'GB/s':>8}")
-    for dtype, rows, d in settings:
-        case = bench_fwht(args.device, dtype, rows, d, args.min_run_time)
+    cases = [bench_fwht(args.device, dtype, rows, d, args.min_run_time) for dtype, rows, d in settings]
+    for setting in quant_settings:
+        cases += bench_quantizers(args.device, *setting, args.min_run_time)
+    for case in cases:
         row = asdict(case) | {
             "speedup": case.speedup,
             "vectors_per_s": case.vectors / case.kernel_s,
@@ -104,9 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda":
             row["fraction_of_copy_bandwidth"] = row["GBps"] / results["copy_bandwidth_GBps"]
         results["cases"].append(row)
-        print(f"{case.name:<8}{str(case.shape):<16}{case.dtype:<10}{case.kernel_s * 1e3:>11.3f}"
+        print(f"{case.name:<32}{str(case.shape):<22}{case.dtype:<10}{case.kernel_s * 1e3:>11.3f}"
               f"{case.reference_s * 1e3:>10.3f}{case.speedup:>9.1f}{row['vectors_per_s'] / 1e6:>9.2f}"
               f"{row['GBps']:>8.2f}")
+    results["memory_turbo_prod_encode"] = peak_extra_memory(args.device)
+    mem = results["memory_turbo_prod_encode"]
+    print(f"turbo_prod encode of {mem['vectors']} vectors: peak extra memory {mem['extra_bytes'] / 2**20:.1f} MiB "
+          f"= {mem['ratio']:.2f} x the output ({mem['output_bytes'] / 2**20:.1f} MiB)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -149,32 +149,44 @@ def _float_close(kernel, ref, name, atol_scale=1.0):
     assert (kernel - ref).abs().max().item() <= tol, f"{name}: max error {(kernel - ref).abs().max().item()}"
 
 
+def _code_layout(name: str, args, j: int):
+    """(bits, d) of the packed codes in output j of an encode op."""
+    if name == "lloyd_encode":
+        return args[3], args[0].shape[1]
+    if name == "minmax_encode":
+        return args[2], args[0].shape[1]
+    if name == "qjl_encode":
+        return 1, args[1].shape[0]
+    return (args[4], args[0].shape[1]) if j == 0 else (1, args[5].shape[0])  # turbo_prod_encode
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def assert_outputs_agree(name: str, args, got, want) -> None:
+    """Outputs of one op from two implementations: bit-exact packing, codes equal up to threshold ties
+    (sign bits of a near-zero residual may flip too), floats within the dtype's tolerance."""
+    got, want = as_tuple(got), as_tuple(want)
+    assert len(got) == len(want), name
+    for j, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and a.shape == b.shape, (name, j, a.dtype, b.dtype, a.shape, b.shape)
+        if name in ("pack_bits", "unpack_bits"):
+            assert torch.equal(a.cpu(), b.cpu()), name
+        elif a.dtype == torch.uint8:
+            bits, d = _code_layout(name, args, j)
+            assert_codes_agree(a, b, bits, d, max_fraction=2e-3 if name == "turbo_prod_encode" else 1e-3)
+        else:
+            _float_close(a, b, f"{name}[{j}]", atol_scale=10 if a.dtype == torch.float16 else 1)
+
+
 def check_ops_against_references(device: str) -> None:
     """Every quantizer op: kernel vs its pure-torch reference on the same inputs."""
     for name, args in sample_cases(device):
-        kernel = getattr(torch.ops.kvstats, name).default(*args)
+        kernel = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        assert all(t.device.type == torch.device(device).type for t in kernel), name
         ref = getattr(ops, f"{name}_reference")(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
-        kernel = kernel if isinstance(kernel, tuple) else (kernel,)
-        ref = ref if isinstance(ref, tuple) else (ref,)
-        assert len(kernel) == len(ref)
-        for j, (a, b) in enumerate(zip(kernel, ref)):
-            assert a.device.type == torch.device(device).type, name
-            assert a.dtype == b.dtype and a.shape == b.shape, (name, j, a.dtype, b.dtype, a.shape, b.shape)
-            if a.dtype == torch.uint8 and name in ("pack_bits", "unpack_bits"):
-                assert torch.equal(a.cpu(), b), name
-            elif a.dtype == torch.uint8:
-                bits = args[3] if name == "lloyd_encode" else args[2] if name == "minmax_encode" else None
-                if name == "turbo_prod_encode":
-                    bits = args[4] if j == 0 else 1
-                    d = args[0].shape[1] if j == 0 else args[5].shape[0]
-                elif name == "qjl_encode":
-                    bits, d = 1, args[1].shape[0]
-                else:
-                    d = args[0].shape[1]
-                # Sign bits of a residual near zero may flip with rounding; codes near thresholds too.
-                assert_codes_agree(a, b, bits, d, max_fraction=2e-3 if name == "turbo_prod_encode" else 1e-3)
-            else:
-                _float_close(a, b, f"{name}[{j}]", atol_scale=10 if a.dtype in (torch.float16,) else 1)
+        assert_outputs_agree(name, args, kernel, ref)
 
 
 def check_ops_opcheck(device: str) -> None:
