@@ -285,3 +285,44 @@ def test_rotated_minmax_values():
     assert bool(((x - x_hat).norm(dim=-1) <= math.sqrt(D) * step / 2 * 1.01 + 1e-3).all())
     qv = gaussian(4, D, 8, torch.ones(D)).float()
     assert torch.allclose(rm.inner(qv, code), qv @ x_hat.T, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- the study
+def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
+    """studies/nova.py end to end on small stand-ins of SmolLM2's tensors (GQA 3/1, d = 16, 300 tokens)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "studies" / "nova.py"
+    spec = importlib.util.spec_from_file_location("nova_study", path)
+    study = importlib.util.module_from_spec(spec)
+    sys.modules["nova_study"] = study
+    spec.loader.exec_module(study)
+
+    def stand_in(name, layer):
+        seed = 100 * layer + (name == study.TEXTS[1])
+        q, _ = calibration_data(d=D, n_q=3 * 300, seed=seed)
+        _, k = calibration_data(d=D, n_k=300, seed=seed + 7)
+        v = gaussian(300, D, seed + 9, torch.ones(D))
+        return q.reshape(1, 3, 300, D).float(), k.reshape(1, 1, 300, D).float(), v.reshape(1, 1, 300, D).float()
+
+    monkeypatch.setattr(study, "layer_qkv", stand_in)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the sweep runs cells
+    try:
+        rows = [dict(r, layer=0, seed=0) for r in study.cell(0, 0, 16, True)]
+    finally:
+        torch.set_num_threads(threads)
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    units = study.unit_table(table)
+    schemes = ("nova", "nova_insample") + study.OBLIVIOUS
+    assert len(units) == 3 * len(study.BUDGETS) * len(schemes)
+    assert np.isfinite(units[list(study.METRICS)].to_numpy()).all()
+    assert units["top5"].between(0, 1).all() and (units["kl"] >= 0).all()
+    pars = table[table["kind"] == "parseval"]
+    assert len(pars) == 1 and (pars["sigma_form"] / pars["coef_mse"] - 1).abs().max() < 1e-2
+    tst = study.tests(units)
+    assert set(tst["nova_vs"]) == set(schemes[1:]) and tst["p_holm"].between(0, 1).all()

@@ -150,19 +150,25 @@ def kmeans_plusplus(data: np.ndarray, size: int, rng: np.random.Generator) -> np
     """
     lead, (n, g) = data.shape[:-2], data.shape[-2:]
     x = data.reshape(-1, n, g)
+    cols = [np.ascontiguousarray(x[..., j]) for j in range(g)]  # [sets, n] each: fast elementwise passes
+
+    def sq_dist(c: np.ndarray) -> np.ndarray:  # squared distance of every point to c [sets, g]
+        out = (cols[0] - c[:, :1]) ** 2
+        for j in range(1, g):
+            out += (cols[j] - c[:, j:j + 1]) ** 2
+        return out
+
     sets = np.arange(x.shape[0])
     centers = np.empty((x.shape[0], size, g))
-    pick = rng.integers(n, size=x.shape[0])
-    centers[:, 0] = x[sets, pick]
-    d2 = ((x - centers[:, :1]) ** 2).sum(-1)
+    centers[:, 0] = x[sets, rng.integers(n, size=x.shape[0])]
+    d2 = sq_dist(centers[:, 0])
     for i in range(1, size):
         cum = np.cumsum(d2, axis=1)
         total = cum[:, -1]
-        target = rng.random(x.shape[0]) * total
-        pick = np.minimum((cum < target[:, None]).sum(1), n - 1)
+        pick = np.minimum((cum < (rng.random(x.shape[0]) * total)[:, None]).sum(1), n - 1)
         pick = np.where(total > 0, pick, rng.integers(n, size=x.shape[0]))
         centers[:, i] = x[sets, pick]
-        np.minimum(d2, ((x - centers[:, i:i + 1]) ** 2).sum(-1), out=d2)
+        np.minimum(d2, sq_dist(centers[:, i]), out=d2)
     return centers.reshape(*lead, size, g)
 
 

@@ -1,0 +1,554 @@
+"""Study: NOVA-KV (calibrated, attention-aware transform coding) against the data-oblivious schemes on real K/V.
+
+    python studies/nova.py --scale quick|paper [--scheduler ADDR] [--n-jobs N]
+
+Data: SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads, d = 64) over the shipped public-domain text,
+cut in two at "The Preamble to the Constitution": NOVA-KV is *calibrated* on one forward pass over the first
+part (the Declaration of Independence, ≈1700 tokens: Σ_Q from its 3 query heads per KV head, μ_K, C_K, the
+k-means codebooks) and *measured* on a separate forward pass over the rest (Constitution, Bill of Rights,
+Lincoln, ≈1850 tokens), whose queries never enter the calibration.
+
+Per layer and budget n ∈ {2, 3}: the held-out cache (all its tokens) is encoded by nova, kqv, qkqv, kv and
+a KIVI-style min-max (K per channel in groups of d tokens, V per token; as in studies/budget_sweep.py),
+and the last ``n_q`` held-out queries attend causally. Per (layer, query head) unit: mean attention
+KL(p_ref ‖ p_quant) over the queries (scores from each scheme's own estimator), mean top-5 recall, mean
+relative attention-output error, mean squared logit error; and KL and top-5 recall again with the attention
+sink (token 0, which draws ≈40% of the attention mass in mid layers) kept in full precision: the cache without
+token 0 is encoded and token 0's exact logit prepended, as deployments of 2-bit caches usually do (the
+primary numbers quantize every token). At ``--scale paper`` also ``nova_insample``
+(calibrated on the measured text itself: the price of holding the queries out). With several seeds
+(``SCALE[...]["seeds"]``) units are averaged over seeds before the tests.
+
+Statistics: per n and metric, Mann–Whitney of nova's units against each other scheme's
+(:func:`kvstats.stats.mann_whitney`; rank-biserial r = 2U₁/(n₁n₂) − 1 with nova as the first sample:
+negative = nova smaller, so r < 0 is a win for KL and r > 0 for recall), Z/√N, asymptotic p (ties) and
+Holm over the whole table; as the units are paired (same layer and head) also the fraction of units where
+nova is better and the Wilcoxon signed-rank p. Units are (layer, query head): the 3 query heads of a
+KV head share its quantized keys, so they are not independent (the p values are optimistic; the effect
+sizes are what to read).
+
+Generalized Parseval on real data (per layer and KV head, nova at n = 2): mean ‖y − ŷ‖² over the held-out keys
+vs the mean squared logit error E_q[(qᵀ(k − k̂))²] over the calibration queries (equal up to the ridge)
+and over the held-out queries (how far the calibrated metric carries over).
+
+Writes figures/nova_attention.png, nova_layers.png, nova_parseval.png and in figures/data/: nova_units.csv
+(every unit × scheme × n × seed), nova_tests.csv, nova_parseval.csv, nova_bits.csv, nova_claims.json.
+quick: layers 0, 5, ..., 25 (6 layers, 54 units per scheme), 64 queries; paper: all 30 layers (270
+units), 256 queries, nova_insample.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kvstats import metrics, plots
+from kvstats.quantizers import MinMaxQuantizer
+from kvstats.quantizers.nova import DEFAULT_AMORTIZE_TOKENS, DEFAULT_RIDGE, RotatedMinMax, parseval_terms
+from kvstats.report import fmt_p, write_claims
+from kvstats.schemes import NovaScheme, Scheme, scheme
+from kvstats.stats import mann_whitney
+from kvstats.sweep import Sweep, cell_seed, grid, study_args
+
+STUDY = "nova"
+VERSION = "3"
+BUDGETS = (2, 3)
+OBLIVIOUS = ("kqv", "qkqv", "kv", "minmax")
+SPLIT_AT = "The Preamble to the Constitution"
+TEXTS = ("declaration", "constitution_lincoln")  # (calibration, held-out)
+SCALE = {
+    "quick": {"layers": tuple(range(0, 30, 5)), "seeds": (0,), "n_q": 64, "insample": False},
+    "paper": {"layers": tuple(range(30)), "seeds": (0,), "n_q": 256, "insample": True},
+}
+METRICS = {"kl": ("attention KL [nats]", True, "low"), "top5": ("top-5 recall", False, "high"),
+           "output_error": ("attention-output rel. error", True, "low"),
+           "kl_sink_exact": ("KL, token 0 (sink) kept exact", True, "low"),
+           "top5_sink_exact": ("top-5 recall, token 0 kept exact", False, "high")}
+STYLE = {"nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated, held-out text)"},
+         "nova_insample": {"color": "#c5b0d5", "marker": "P", "label": "NOVA-KV calibrated in-sample"}}
+
+
+def style(name: str) -> dict[str, str]:
+    return STYLE.get(name) or plots.style(name)
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+
+def texts() -> dict[str, str]:
+    """The shipped text cut in two: the Declaration (calibration) and the rest (held out)."""
+    from kvstats.data.real import default_text
+
+    full = default_text()
+    i = full.index(SPLIT_AT)
+    return {TEXTS[0]: full[:i].strip(), TEXTS[1]: full[i:].strip()}
+
+
+def capture_path(name: str) -> Path:
+    from kvstats.data.real import cache_dir
+
+    text = texts()[name]
+    return cache_dir() / f"smollm2_{name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}.safetensors"
+
+
+def ensure_captures() -> None:
+    """Capture SmolLM2's Q/K/V over both parts once (cached beside the default capture)."""
+    from kvstats.data.real import SMOLLM2, capture
+
+    for name in TEXTS:
+        path = capture_path(name)
+        if not path.is_file():
+            print(f"capturing SmolLM2 Q/K/V over '{name}' into {path} ...", file=sys.stderr, flush=True)
+            capture(SMOLLM2, text=texts()[name], out=path)
+
+
+@functools.lru_cache(maxsize=4)
+def _file(name: str):
+    from kvstats.data.io import load_qkv
+
+    return load_qkv(capture_path(name))
+
+
+def layer_qkv(name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    f = _file(name)
+    return f.queries(layer).float(), f.keys(layer).float(), f.values(layer).float()
+
+
+# ------------------------------------------------------------------------------------------------- cell
+
+
+def make_scheme(name: str, n: int, d: int, seed: int, calib=None) -> Scheme:
+    """kv/kqv/qkqv (kvstats.schemes, fp32 norms), minmax (as budget_sweep), nova (calibrated on ``calib``)."""
+    if name == "minmax":
+        return Scheme("minmax", n, MinMaxQuantizer(n, d, axis="channel", group_size=d),
+                      MinMaxQuantizer(n, d, axis="token"))
+    if name.startswith("nova"):
+        q, k, v = calib
+        return NovaScheme.calibrate(q, k, v, bits=n, seed=seed)
+    return scheme(name, bits=n, dim=d, seed=seed)
+
+
+def _bits(s: Scheme, name: str, tokens: int) -> dict[str, float]:
+    if name == "minmax":
+        k = s.k.bits_per_coordinate(tokens).total
+    elif name.startswith("nova"):
+        k = s.k.bits_per_coordinate(n_tokens=tokens).total
+    else:
+        k = s.k.bits_per_coordinate().total
+    out = {"bits_k": k, "bits_v": s.v.bits_per_coordinate().total}
+    if name.startswith("nova"):
+        out["bits_k_128k"] = s.k.bits_per_coordinate().total
+    return out
+
+
+def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
+    """One layer and seed: every scheme at every budget, one row per query head; Parseval rows for nova."""
+    q_cal, k_cal, v_cal = layer_qkv(TEXTS[0], layer)
+    q, k, v = layer_qkv(TEXTS[1], layer)
+    d, hq, hkv, s_len = k.shape[-1], q.shape[1], k.shape[1], k.shape[2]
+    g = hq // hkv
+    qn = q[:, :, -n_q:]
+    ref = metrics.attention_scores(qn, k, double=True)
+    ref32 = ref.float()  # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
+    w_ref = torch.softmax(ref.masked_fill(~_visible(n_q, s_len), float("-inf")), -1)
+    o_ref = (w_ref.reshape(1, hkv, g * n_q, s_len) @ v.double()).reshape(1, hq, n_q, d)
+    rows = []
+    names = ("nova",) + (("nova_insample",) if insample else ()) + OBLIVIOUS
+    for n in BUDGETS:
+        for name in names:
+            sd = cell_seed(STUDY, name, n, layer, seed)
+            calib = (q_cal, k_cal, v_cal) if name == "nova" else (q, k, v)
+            t0 = time.perf_counter()
+            s = make_scheme(name, n, d, sd, calib)
+            code = s.encode(k, v)
+            est = (s.scores(qn, code) / math.sqrt(d)).double()
+            o_hat = s.attention(qn, code, causal=True).double()
+            seconds = time.perf_counter() - t0
+            kl = metrics.attention_kl_from_scores(ref, est, causal=True, reduction="none")[0]  # [hq, n_q]
+            top5 = metrics.topk_recall_from_scores(ref32, est.float(), top_k=5, causal=True, reduction="none")[0]
+            # the attention sink (token 0) kept in full precision: encode tokens 1.. only, exact logit for 0
+            rest = s.encode(k[:, :, 1:].contiguous(), v[:, :, 1:].contiguous())
+            est_s = torch.cat([ref[..., :1], (s.scores(qn, rest) / math.sqrt(d)).double()], -1)
+            kl_s = metrics.attention_kl_from_scores(ref, est_s, causal=True, reduction="none")[0]
+            top5_s = metrics.topk_recall_from_scores(ref32, est_s.float(), top_k=5, causal=True, reduction="none")[0]
+            sink_mass = torch.softmax(ref, -1)[0, ..., 0]  # [hq, n_q] (token 0 is visible to every query)
+            abs_err = ((est - ref) * math.sqrt(d)).abs()[0]  # [hq, n_q, S] raw logit errors
+            err_sink = abs_err[..., 0].mean(-1)
+            err_rest = abs_err[..., 1:].masked_fill(~_visible(n_q, s_len)[:, 1:], 0).sum(-1) \
+                / _visible(n_q, s_len)[:, 1:].sum(-1)
+            oerr = ((o_ref - o_hat).norm(dim=-1) / o_ref.norm(dim=-1))[0]
+            lerr = ((est - ref) * math.sqrt(d)).pow(2).masked_fill(~_visible(n_q, s_len), 0).sum(-1)[0]
+            lerr = lerr / _visible(n_q, s_len).sum(-1)
+            bits = _bits(s, name, s_len)
+            for h in range(hq):
+                rows.append({"kind": "unit", "scheme": name, "n": n, "head": h, "kv_head": h // g,
+                             "kl": kl[h].mean().item(), "top5": top5[h].mean().item(),
+                             "output_error": oerr[h].mean().item(), "logit_mse": lerr[h].mean().item(),
+                             "kl_sink_exact": kl_s[h].mean().item(), "top5_sink_exact": top5_s[h].mean().item(),
+                             "sink_mass": sink_mass[h].mean().item(), "abs_logit_err_sink": err_sink[h].item(),
+                             "abs_logit_err_rest": err_rest[h].mean().item(),
+                             "seconds": seconds, "seq_len": s_len, **bits})
+            if name == "nova" and n == 2:
+                rows.extend(_parseval_rows(s, k, q, q_cal, g))
+    return rows
+
+
+def _visible(n_q: int, s_len: int) -> torch.Tensor:
+    return torch.arange(s_len)[None, :] <= torch.arange(n_q)[:, None] + (s_len - n_q)
+
+
+def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int) -> list[dict]:
+    rows = []
+    for h, head in enumerate(s.k.heads):
+        keys = k[0, h].double()
+        cal = parseval_terms(head, keys, q_cal[0, h * g:(h + 1) * g])
+        held = parseval_terms(head, keys, q[0, h * g:(h + 1) * g])
+        lam = head.calibration.eigenvalues
+        rows.append({"kind": "parseval", "scheme": "nova", "n": 2, "kv_head": h,
+                     "coef_mse": cal.coefficient_error.mean().item(), "sigma_form": cal.sigma_form.mean().item(),
+                     "logit_mse_calib_q": cal.query_mean.mean().item(),
+                     "logit_mse_heldout_q": held.query_mean.mean().item(),
+                     "ridge_abs": head.calibration.ridge,
+                     "top8_energy": float(lam.sort(descending=True).values[:8].sum() / lam.sum()),
+                     "group_logvol_spread": float(np.ptp(head.calibration.group_log_volumes().numpy()))})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- analysis
+
+
+def unit_table(table: pd.DataFrame) -> pd.DataFrame:
+    units = table[table["kind"] == "unit"]
+    cols = list(METRICS) + ["logit_mse", "sink_mass", "abs_logit_err_sink", "abs_logit_err_rest", "bits_k", "bits_v"]
+    return units.groupby(["scheme", "n", "layer", "head"], as_index=False)[cols].mean()
+
+
+def tests(units: pd.DataFrame) -> pd.DataFrame:
+    from scipy.stats import wilcoxon
+    from statsmodels.stats.multitest import multipletests
+
+    rows = []
+    others = [s for s in units["scheme"].unique() if s != "nova"]
+    for n in BUDGETS:
+        sub = units[units["n"] == n]
+        a_all = sub[sub["scheme"] == "nova"].set_index(["layer", "head"]).sort_index()
+        for other in others:
+            b_all = sub[sub["scheme"] == other].set_index(["layer", "head"]).sort_index()
+            for metric, (_, _, better) in METRICS.items():
+                a, b = a_all[metric], b_all[metric]
+                res = mann_whitney(a.to_numpy(), b.to_numpy())
+                diff = (a - b).to_numpy()
+                win = (diff < 0) if better == "low" else (diff > 0)
+                nz = diff[diff != 0]
+                p_w = float(wilcoxon(nz).pvalue) if nz.size else math.nan
+                rows.append({"n": n, "metric": metric, "nova_vs": other, "units": len(a),
+                             "median_nova": float(a.median()), "median_other": float(b.median()),
+                             "median_ratio": float(a.median() / b.median()) if b.median() else math.nan,
+                             "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
+                             "p_method": res.pvalue_method, "p_asymptotic": res.p_asymptotic,
+                             "nova_better_fraction": float(win.mean()), "wilcoxon_p": p_w})
+    out = pd.DataFrame(rows)
+    out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
+    return out
+
+
+def figures(units: pd.DataFrame, tst: pd.DataFrame, pars: pd.DataFrame, schemes: list[str], scale: str) -> None:
+    plots.setup()
+    n_units = units[(units["scheme"] == "nova") & (units["n"] == 2)].shape[0]
+    fig, axes = plots.panels(3, 2, f"Held-out SmolLM2 attention: NOVA-KV vs data-oblivious schemes "
+                                   f"({n_units} (layer, query head) units per box, {scale} scale)\n"
+                                   "r: rank-biserial r of nova vs that scheme, 2U₁/(n₁n₂) − 1 (negative: nova lower);"
+                                   " KL lower is better, recall higher",
+                             width=5.2, height=3.3)
+    for col, n in enumerate(BUDGETS):
+        for row, metric in enumerate(("kl", "top5", "kl_sink_exact")):
+            ax = axes[row, col]
+            label, log, _ = METRICS[metric]
+            groups = {sch: units[(units["scheme"] == sch) & (units["n"] == n)][metric].to_numpy() for sch in schemes}
+            plots.boxplot(ax, groups, colors=[style(s)["color"] for s in schemes], ylabel=label, log=log)
+            ax.set_title(f"n = {n} bits: {label}")
+            t = tst[(tst["n"] == n) & (tst["metric"] == metric)].set_index("nova_vs")
+            ax.set_xticks(range(1, len(schemes) + 1),
+                          [sch if sch not in t.index else f"{sch}\nr={t.loc[sch, 'rank_biserial']:+.2f}"
+                           for sch in schemes])
+    plots.save(fig, f"{STUDY}_attention")
+
+    fig, axes = plots.panels(2, 2, "Per layer: median over query heads", width=5.2, height=3.4)
+    for col, n in enumerate(BUDGETS):
+        for row, metric in enumerate(("kl", "top5")):
+            ax = axes[row, col]
+            label, log, _ = METRICS[metric]
+            for sch in schemes:
+                med = units[(units["scheme"] == sch) & (units["n"] == n)].groupby("layer")[metric].median()
+                st = style(sch)
+                ax.plot(med.index, med.to_numpy(), marker=st["marker"], color=st["color"], ms=4, lw=1.1,
+                        label=st["label"])
+            ax.set_xlabel("layer")
+            ax.set_ylabel(label)
+            ax.set_title(f"n = {n} bits")
+            if log:
+                ax.set_yscale("log")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3)
+    plots.save(fig, f"{STUDY}_layers")
+
+    fig, axes = plots.panels(1, 2, "Generalized Parseval on real keys (NOVA-KV, n = 2, held-out keys; one point "
+                                   "per layer and KV head)", width=5.2, height=4.2)
+    ax = axes[0, 0]
+    lo = min(pars["coef_mse"].min(), pars["logit_mse_heldout_q"].min()) * 0.7
+    hi = max(pars["coef_mse"].max(), pars["logit_mse_heldout_q"].max()) * 1.4
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="y = x")
+    ax.scatter(pars["coef_mse"], pars["logit_mse_calib_q"], s=14, color="#9467bd",
+               label="E_q over the calibration queries")
+    ax.scatter(pars["coef_mse"], pars["logit_mse_heldout_q"], s=14, marker="x", color="#ff7f0e",
+               label="E_q over the held-out queries")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("mean ‖y − ŷ‖² (coefficient-domain MSE)")
+    ax.set_ylabel("mean (qᵀ(k − k̂))² (squared logit error)")
+    ax.legend()
+    ax = axes[0, 1]
+    layers = pars.groupby("layer")
+    ax.plot(layers["layer"].first(), (layers["logit_mse_calib_q"].sum() / layers["coef_mse"].sum()).to_numpy(),
+            "o-", color="#9467bd", ms=4, label="calibration queries")
+    ax.plot(layers["layer"].first(), (layers["logit_mse_heldout_q"].sum() / layers["coef_mse"].sum()).to_numpy(),
+            "x-", color="#ff7f0e", ms=5, label="held-out queries")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("E_q[(qᵀ(k − k̂))²] / ‖y − ŷ‖²")
+    ax.set_title(f"ratio per layer (calibration: 1 − ridge share, ρ = {DEFAULT_RIDGE:g})")
+    ax.legend()
+    plots.save(fig, f"{STUDY}_parseval")
+
+
+def bits_table() -> pd.DataFrame:
+    """Bits per element of each scheme at n = 2, 3 (d = 64 here, and d = 128 as in the paper)."""
+    rows = []
+    for d in (64, 128):
+        for n in BUDGETS:
+            from kvstats.quantizers.nova import NovaQuantizer
+
+            nk = NovaQuantizer(n, d)
+            for tokens in (1024, 8192, DEFAULT_AMORTIZE_TOKENS):
+                kb, vb = nk.bits_per_coordinate(n_tokens=tokens), RotatedMinMax(n, d).bits_per_coordinate()
+                rows.append({"scheme": "nova", "d": d, "n": n, "tokens": tokens, "k_payload": kb.payload,
+                             "k_norms": kb.norms, "k_side": kb.side, "v_payload": vb.payload, "v_side": vb.side,
+                             "k_total": kb.total, "v_total": vb.total, "mean_total": (kb.total + vb.total) / 2})
+            for name in OBLIVIOUS:
+                s = make_scheme(name, n, d, 0)
+                k = s.k.bits_per_coordinate(d) if name == "minmax" else s.k.bits_per_coordinate()
+                v = s.v.bits_per_coordinate()
+                rows.append({"scheme": name, "d": d, "n": n, "tokens": None, "k_payload": k.payload,
+                             "k_norms": k.norms, "k_side": k.side, "v_payload": v.payload, "v_side": v.side + v.norms,
+                             "k_total": k.total, "v_total": v.total, "mean_total": (k.total + v.total) / 2})
+    return pd.DataFrame(rows)
+
+
+def claims(tst: pd.DataFrame, units: pd.DataFrame, pars: pd.DataFrame, bits: pd.DataFrame, cfg: dict,
+           scale: str) -> list[dict]:
+    n_layers = units["layer"].nunique()
+    data_txt = (f"SmolLM2-135M-Instruct, calibration on the Declaration of Independence (one forward pass), "
+                f"measurement on the rest of the shipped text (a separate pass: Constitution, Bill of Rights, "
+                f"Lincoln): {n_layers} layers × 9 query heads = {n_layers * 9} units per scheme, last {cfg['n_q']} "
+                f"queries attending causally, {len(cfg['seeds'])} seed(s) ({scale} scale)")
+    conv = ("Mann–Whitney with nova as the first sample: rank-biserial r = 2U₁/(n₁n₂) − 1 (negative: nova lower), "
+            "Z/√N, asymptotic p (tie-corrected), Holm over all tests in figures/data/nova_tests.csv; units are "
+            "paired by (layer, head), so the share of units where nova is better and the Wilcoxon signed-rank p "
+            "are given too. Query heads sharing a KV head are not independent: read the effect sizes.")
+    out = []
+    for n in BUDGETS:
+        t = tst[(tst["n"] == n) & tst["nova_vs"].isin(OBLIVIOUS)]
+        lines = []
+        ok_all = True
+        for other in OBLIVIOUS:
+            if other == "minmax":  # not a rotation scheme: its own claim below
+                continue
+            cells = []
+            for metric in ("kl", "top5", "kl_sink_exact"):
+                r = t[(t["nova_vs"] == other) & (t["metric"] == metric)].iloc[0]
+                good = (r["rank_biserial"] < 0 if metric != "top5" else r["rank_biserial"] > 0) and r["p_holm"] < 0.05
+                if metric != "kl_sink_exact":
+                    ok_all &= bool(good)
+                cells.append(f"{r['median_nova']:.3g} vs {r['median_other']:.3g}, r = {r['rank_biserial']:+.3f}, "
+                             f"Z/√N = {r['r_z']:+.3f}, Holm {fmt_p(r['p_holm'])}, better in "
+                             f"{100 * r['nova_better_fraction']:.0f}% of units")
+            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+        kl = t[(t["metric"] == "kl") & (t["nova_vs"] != "minmax")]
+        best = kl.loc[kl["median_other"].idxmin()]
+        rec = t[(t["metric"] == "top5") & (t["nova_vs"] == best["nova_vs"])].iloc[0]
+        nb = bits[(bits["scheme"] == "nova") & (bits["d"] == 64) & (bits["n"] == n)]
+        verdict_txt = ("significantly better on both KL and top-5 recall" if ok_all
+                       else "not better on every metric (table)")
+        measurement = (f"n = {n}: nova's median KL {best['median_nova']:.3g} vs {best['median_other']:.3g} for the "
+                       f"best data-oblivious rotation scheme ({best['nova_vs']}), {_times(best['median_ratio'])}, "
+                       f"r = {best['rank_biserial']:+.3f} (Holm {fmt_p(best['p_holm'])}), lower in "
+                       f"{100 * best['nova_better_fraction']:.0f}% of units; top-5 recall {rec['median_nova']:.3f} vs "
+                       f"{rec['median_other']:.3f}, r = {rec['rank_biserial']:+.3f}. Against each of kqv, qkqv, kv "
+                       f"nova is {verdict_txt}.")
+        out.append({
+            "id": f"nova-beats-oblivious-n{n}",
+            "claim": ("A transform derived from calibration statistics (non-orthogonal, attention-aware) with MSE-"
+                      "optimal group VQ beats data-oblivious random/Hadamard rotations with scalar quantizers at "
+                      "low rates (the paper: at 2 bits per element NOVA-KV recovers most of the long-context "
+                      f"retrieval accuracy lost by scalar methods). Here at n = {n}, against kqv, qkqv and kv."),
+            "source": "NOVA-KV, arXiv 2608.04074, abstract; REFERENCE §6",
+            "measurement": measurement,
+            "data": data_txt,
+            "verdict": "reproduced" if ok_all else "partly",
+            "figure": f"{STUDY}_attention.png",
+            "details": ("| nova vs | KL: medians, effect size | top-5 recall: medians, effect size | KL with token 0 "
+                        "exact |\n|---|---|---|---|\n"
+                        + "\n".join(lines) + "\n\n" + conv + f" Bits per element at d = 64: nova K "
+                        f"{nb[nb['tokens'] == DEFAULT_AMORTIZE_TOKENS]['k_total'].iloc[0]:.3f} (calibration "
+                        f"amortised over 128K tokens; {nb[nb['tokens'] == 1024]['k_total'].iloc[0]:.2f} over 1024), "
+                        "kqv/kv K 2.5 or 3.5 with fp32 norms (figures/data/nova_bits.csv). The paper measures "
+                        "RULER retrieval on Qwen3-8B; attention KL and top-5 recall of a 135M model are proxies."),
+        })
+    mm_lines = []
+    for n in BUDGETS:
+        for metric in ("kl", "top5", "kl_sink_exact", "top5_sink_exact"):
+            r = tst[(tst["n"] == n) & (tst["metric"] == metric) & (tst["nova_vs"] == "minmax")].iloc[0]
+            mm_lines.append(f"| {n} | {METRICS[metric][0]} | {r['median_nova']:.3g} | {r['median_other']:.3g} | "
+                            f"{r['rank_biserial']:+.3f} | {r['r_z']:+.3f} | {fmt_p(r['p_holm'])} | "
+                            f"{100 * r['nova_better_fraction']:.0f}% |")
+    mm = {n: tst[(tst["n"] == n) & (tst["metric"] == "kl") & (tst["nova_vs"] == "minmax")].iloc[0] for n in BUDGETS}
+    out.append({
+        "id": "nova-vs-kivi-minmax",
+        "claim": "NOVA-KV against a KIVI-style min-max cache (K per channel in groups of d tokens, V per token).",
+        "source": "kvstats (REFERENCE §7 baseline)",
+        "measurement": "; ".join(f"n = {n}: median KL {r['median_nova']:.3g} (nova) vs {r['median_other']:.3g} "
+                                 f"(min-max), {_times(r['median_ratio'])}, r = {r['rank_biserial']:+.3f} "
+                                 f"(Holm {fmt_p(r['p_holm'])})" for n, r in mm.items())
+        + ". Min-max K spends 32/d = 0.5 side bits per element on per-channel ranges (nova 0.25 on its scale).",
+        "data": data_txt,
+        "verdict": "measured",
+        "figure": f"{STUDY}_attention.png",
+        "details": ("| n | metric | nova | min-max | rank-biserial r | Z/√N | Holm p | nova better in |\n"
+                    "|---|---|---|---|---|---|---|---|\n" + "\n".join(mm_lines) + "\n\n" + conv),
+    })
+    sink_lines = []
+    for n in BUDGETS:
+        t = tst[(tst["n"] == n) & tst["nova_vs"].isin(OBLIVIOUS)]
+        for metric in ("kl", "kl_sink_exact"):
+            tm = t[t["metric"] == metric]
+            best = tm.loc[tm["median_other"].idxmin()]
+            sink_lines.append(f"| {n} | {METRICS[metric][0]} | {best['median_nova']:.3g} | {best['nova_vs']} "
+                              f"{best['median_other']:.3g} | {best['rank_biserial']:+.3f} | "
+                              f"{100 * best['nova_better_fraction']:.0f}% |")
+    mass = units[(units["scheme"] == "nova") & (units["n"] == 2)]["sink_mass"]
+    err = units.groupby(["scheme", "n"])[["abs_logit_err_sink", "abs_logit_err_rest"]].median()
+    err_txt = "; ".join(f"{sch} {err.loc[(sch, n), 'abs_logit_err_sink']:.2f} vs "
+                        f"{err.loc[(sch, n), 'abs_logit_err_rest']:.2f}" for n in BUDGETS for sch in ("nova", "minmax"))
+    out.append({
+        "id": "nova-attention-sink",
+        "claim": "Where NOVA-KV's errors land: the attention sink (token 0) against the rest of the cache.",
+        "source": "kvstats",
+        "measurement": (f"Token 0 draws {100 * mass.median():.0f}% of the attention mass in the median (layer, "
+                        f"head) unit (up to {100 * mass.max():.0f}%). Median |logit error| on token 0 vs on the "
+                        f"other tokens (n = 2 then 3): {err_txt}. Keeping token 0 in full precision (as 2-bit "
+                        "deployments usually do) changes the comparison as in the table."),
+        "data": data_txt,
+        "verdict": "measured",
+        "figure": f"{STUDY}_attention.png",
+        "details": ("| n | metric | nova median | best oblivious (median) | rank-biserial r | nova better in |\n"
+                    "|---|---|---|---|---|---|\n" + "\n".join(sink_lines)),
+    })
+    nb2 = bits[(bits["scheme"] == "nova") & (bits["n"] == 2) & (bits["tokens"] == DEFAULT_AMORTIZE_TOKENS)]
+    b128 = nb2[nb2["d"] == 128].iloc[0]
+    b64 = nb2[nb2["d"] == 64].iloc[0]
+    out.append({
+        "id": "nova-bits-per-element",
+        "claim": "NOVA-KV stores 2.22 bits per element at its 2-bit setting.",
+        "source": "NOVA-KV, arXiv 2608.04074 (REFERENCE §6)",
+        "measurement": (f"Our count at d = 128 (Qwen3-8B's head dim), 128K cached tokens: K {b128['k_total']:.4f} "
+                        f"(2 payload + 16/128 scale + {b128['k_side']:.4f} calibration), V {b128['v_total']:.4f} "
+                        f"(2 + 32/128 min-max lo/step), mean {b128['mean_total']:.4f}. At SmolLM2's d = 64: "
+                        f"{b64['mean_total']:.4f}."),
+        "data": "bit accounting (kvstats.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
+        "verdict": "partly",
+        "figure": None,
+        "details": ("The paper's exact accounting is not stated; with ours (transform T, μ_K and the G codebooks of "
+                    "2^{g·b} centroids in fp16, amortised over 128K tokens; fp16 per-token scale; per-token fp16 "
+                    "min-max values) we land within 0.01 of 2.22. Calibration side information is "
+                    "16·(d² + d + 256·d)/d bits per cached token per head: negligible at 128K tokens, "
+                    "dominant at 1K."),
+    })
+    cal_ratio = pars["logit_mse_calib_q"].sum() / pars["coef_mse"].sum()
+    held_ratio = pars["logit_mse_heldout_q"] / pars["coef_mse"]
+    out.append({
+        "id": "nova-generalized-parseval",
+        "claim": ("The optimal key transform satisfies a generalized Parseval relation: MSE in the transform domain "
+                  "equals the attention-aware distortion E_q[(qᵀ(k − k̂))²]."),
+        "source": "NOVA-KV, arXiv 2608.04074, abstract; derivation in docs/nova.md",
+        "measurement": (f"Exact to float64 round-off in tests/test_nova.py (relative gap < 1e-10, ρ = 0). On real "
+                        f"held-out keys with ρ = {DEFAULT_RIDGE:g}: E_q over the calibration queries / ‖y − ŷ‖² = "
+                        f"{cal_ratio:.4f} in total (the ridge takes the rest); over the held-out queries the ratio is "
+                        f"{held_ratio.median():.2f} (median over {len(pars)} layer × KV-head cells, range "
+                        f"{held_ratio.min():.2f}–{held_ratio.max():.2f})."),
+        "data": data_txt,
+        "verdict": "reproduced",
+        "figure": f"{STUDY}_parseval.png",
+        "details": None,
+    })
+    if "nova_insample" in set(units["scheme"]):
+        t = tst[(tst["metric"] == "kl") & (tst["nova_vs"] == "nova_insample")]
+        txt = "; ".join(f"n = {r.n}: held-out/in-sample median KL {r.median_ratio:.2f}, r = {r.rank_biserial:+.3f}"
+                        for r in t.itertuples())
+        out.append({
+            "id": "nova-heldout-penalty",
+            "claim": "Calibrating on other text than the one measured costs NOVA-KV some accuracy.",
+            "source": "kvstats",
+            "measurement": txt,
+            "data": data_txt,
+            "verdict": "measured",
+            "figure": f"{STUDY}_attention.png",
+            "details": None,
+        })
+    return out
+
+
+def _times(ratio: float) -> str:
+    """'1.8× lower' / '1.5× higher' from a ratio nova/other."""
+    return f"{1 / ratio:.1f}× lower" if ratio <= 1 else f"{ratio:.1f}× higher"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = study_args(__doc__, argv)
+    t0 = time.perf_counter()
+    cfg = SCALE[args.scale]
+    ensure_captures()  # once here (cached), never in parallel workers
+    cells = grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"], insample=cfg["insample"])
+    sweep = Sweep(STUDY, cell, cells, version=VERSION)
+    table = sweep.run(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress,
+                      recompute=args.recompute)
+    info = dict(table.attrs.get("sweep", {}))
+    plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
+    pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
+    pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
+    plots.write_csv(f"{STUDY}_parseval", pars)
+    units = unit_table(table)
+    tst = tests(units)
+    plots.write_csv(f"{STUDY}_tests", tst)
+    bits = bits_table()
+    plots.write_csv(f"{STUDY}_bits", bits)
+    schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
+    figures(units, tst, pars, schemes, args.scale)
+    out = claims(tst, units, pars, bits, cfg, args.scale)
+    write_claims(STUDY, out)
+    for c in out:
+        print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
+    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
+          f"{info.get('cached')} cached)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
