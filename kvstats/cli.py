@@ -122,6 +122,9 @@ def _info(args: argparse.Namespace) -> int:
         arg("--studies-dir", default="studies", help="folder of study scripts (default ./studies)"),
         arg("--only", nargs="*", default=None, help="run only these studies (names without .py)"),
         arg("--scheduler", default=None, help="Dask scheduler address (default: joblib on all cores)"),
+        arg("--isolate", action="store_true",
+            help="run each study in its own Python process (default: all in this process, sharing one pool of "
+                 "joblib workers, which saves each study's start-up: imports and worker spawn)"),
     ],
 )
 def _reproduce(args: argparse.Namespace) -> int:
@@ -152,14 +155,38 @@ def _reproduce(args: argparse.Namespace) -> int:
     for i, name in enumerate(study_order(by_name), 1):
         print(f"[{i}/{len(scripts)}] {name}", flush=True)
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, str(by_name[name]), *extra], env=env)
+        if args.isolate:
+            code = subprocess.run([sys.executable, str(by_name[name]), *extra], env=env).returncode
+        else:
+            code = _run_script(by_name[name], extra)
         timings[name] = time.perf_counter() - t0
-        if done.returncode != 0:
-            print(f"study {name} failed (exit {done.returncode})", file=sys.stderr)
-            return done.returncode
+        if code != 0:
+            print(f"study {name} failed (exit {code})", file=sys.stderr)
+            return code
     report = build_report(scale=args.scale, timings=timings, preamble=DEFAULT_PREAMBLE)
     print(f"all studies done in {time.perf_counter() - t_all:.0f} s; report: {report}")
     return 0
+
+
+def _run_script(path, argv: list[str]) -> int:
+    """Run a study script in this process as ``__main__`` (like ``python path *argv``); its exit code."""
+    import os
+    import runpy
+    import traceback
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    saved = sys.argv
+    sys.argv = [str(path), *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # noqa: BLE001 - report the study's failure like a subprocess would
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = saved
 
 
 @subcommand(

@@ -60,7 +60,7 @@ _REQUIRED = CLAIM_KEYS[:-1]
 VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
 #: Order of the studies in REPORT.md (and of ``kvstats reproduce``); studies not listed follow, by name.
 STUDY_ORDER = ("sphere_law", "kv_anatomy", "beta_figures", "turboquant_distortion", "qjl_variance", "jensen",
-               "budget_sweep")
+               "budget_sweep", "nova", "end_to_end")
 
 
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:

@@ -45,7 +45,7 @@ M_VALUES = (32, 64, 128, 256, 512)
 COS_VALUES = (0.0, 0.3, 0.6, 0.8, 0.95)
 M_AT_COS = 128
 COS_AT_M = 0.3
-SCALE = {"quick": {"sketches": 40, "pairs": 128, "scale_sketches": 100, "err_vectors": 2000},
+SCALE = {"quick": {"sketches": 30, "pairs": 128, "scale_sketches": 100, "err_vectors": 2000},
          "paper": {"sketches": 300, "pairs": 512, "scale_sketches": 1000, "err_vectors": 20000}}
 
 

@@ -73,8 +73,7 @@ def test_budget_sweep_cell_real_branch(monkeypatch):
 
 def test_beta_figures_cell(tmp_path):
     bf = load_study("beta_figures")
-    cells = grid(d=[2, 8], kind=["gaussian", "low_rank"], method=["turbo_mse", "turbo_prod"], bits=4, seq=32, n_q=4,
-                 trials=2)
+    cells = grid(d=[2, 8], kind=["gaussian", "low_rank"], bits=4, seq=32, n_q=4, trials=2)
     df = tiny_run("beta_figures", bf.cell, cells, tmp_path)
     assert len(df) == 16 and (df["kl"] >= 0).all() and np.isfinite(df["kl"]).all()
     x = bf.rotated_coordinates("gaussian", 8, 64)
