@@ -198,10 +198,11 @@ def kmeans_codebook(data: np.ndarray, size: int, seed: int, iters: int = 20) -> 
 
 
 def _rows(x: torch.Tensor, name: str, dim: int) -> torch.Tensor:
+    """x [..., dim] as float64 rows [n, dim] on the CPU (calibration runs there: eigh, k-means in numpy)."""
     check_float_tensor(x, name)
     if x.shape[-1] != dim:
         raise ValueError(f"{name}.shape[-1] must equal dim {dim}, got {x.shape[-1]}")
-    return x.reshape(-1, dim).to(torch.float64)
+    return x.reshape(-1, dim).to(device="cpu", dtype=torch.float64)
 
 
 def _stored(x: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
