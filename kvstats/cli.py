@@ -151,6 +151,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     by_name = {p.stem: p for p in scripts}
     timings: dict[str, float] = {}
+    failed: dict[str, int] = {}
     t_all = time.perf_counter()
     for i, name in enumerate(study_order(by_name), 1):
         print(f"[{i}/{len(scripts)}] {name}", flush=True)
@@ -160,11 +161,14 @@ def _reproduce(args: argparse.Namespace) -> int:
         else:
             code = _run_script(by_name[name], extra)
         timings[name] = time.perf_counter() - t0
-        if code != 0:
+        if code != 0:  # keep going: the other studies and the report are still worth having
             print(f"study {name} failed (exit {code})", file=sys.stderr)
-            return code
-    report = build_report(scale=args.scale, timings=timings, preamble=DEFAULT_PREAMBLE)
+            failed[name] = code
+    report = build_report(scale=args.scale, timings=timings, preamble=DEFAULT_PREAMBLE, failed=sorted(failed))
     print(f"all studies done in {time.perf_counter() - t_all:.0f} s; report: {report}")
+    if failed:
+        print(f"failed studies: {', '.join(failed)}", file=sys.stderr)
+        return next(iter(failed.values()))
     return 0
 
 

@@ -214,6 +214,7 @@ def build_report(
     preamble: str | None = None,
     date: _dt.datetime | None = None,
     out: str | os.PathLike | None = None,
+    failed: Sequence[str] = (),
 ) -> Path:
     """Assemble ``figures/REPORT.md`` from every ``figures/data/*_claims.json``.
 
@@ -225,6 +226,7 @@ def build_report(
         preamble: markdown inserted after the header (conventions, how to read the verdicts).
         date: the run's date (default now, UTC).
         out: output path (default ``<figures_dir>/REPORT.md``).
+        failed: studies that failed in this run (named at the top: their claims files, if any, are stale).
 
     Returns:
         the path written.
@@ -247,6 +249,9 @@ def build_report(
         "Do not edit: this file is regenerated from `figures/data/*_claims.json` by `kvstats.report.build_report`.",
         "",
     ]
+    if failed:
+        lines += [f"**Failed in this run: {', '.join(failed)}** — their sections below (if any) come from an "
+                  "earlier run.", ""]
     if preamble:
         lines += [preamble.strip(), ""]
     counts = {v: sum(c["verdict"] == v for cs in claims.values() for c in cs) for v in VERDICTS}

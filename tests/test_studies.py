@@ -162,9 +162,11 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
     write_claims("sphere_law", [_claim(3)], figures_dir=tmp_path)
     write_claims("zzz_new", [_claim(4, "measured")], figures_dir=tmp_path)
     out = build_report(tmp_path, scale="quick", timings={"sphere_law": 3.0, "budget_sweep": 60.0},
-                       preamble="## Conventions\n\nrank-biserial", date=dt.datetime(2026, 1, 2, 3, 4))
+                       preamble="## Conventions\n\nrank-biserial", date=dt.datetime(2026, 1, 2, 3, 4),
+                       failed=["nova"])
     text = out.read_text()
     assert out == tmp_path / "REPORT.md"
+    assert "Failed in this run: nova" in text
     assert "2026-01-02 03:04" in text and "**Scale: quick.**" in text and "## Conventions" in text
     assert text.index("## sphere_law") < text.index("## budget_sweep") < text.index("## zzz_new")
     assert "![budget_sweep_kl](budget_sweep_kl.png)" in text and "![sphere_law_density](sphere_law_density.png)" in text
@@ -177,3 +179,21 @@ def test_fmt_p_and_verdicts():
     assert fmt_p(0.0312) == "p = 0.031" and fmt_p(2.1e-8) == "p = 2.1e-08" and fmt_p(0.0) == "p < 1e-300"
     assert fmt_p(math.nan) == "p = n/a"
     assert VERDICTS == ("reproduced", "not reproduced", "partly", "measured")
+
+
+def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
+    from kvstats.cli import main
+
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "alpha.py").write_text(
+        "import sys\nfrom kvstats.report import write_claims\n"
+        "if __name__ == '__main__':\n"
+        "    assert sys.argv[1:] == ['--scale', 'quick'], sys.argv\n"
+        "    write_claims('alpha', [{'id': 'a', 'claim': 'c', 'source': 's', 'measurement': 'm', 'data': 'd',"
+        " 'verdict': 'measured', 'figure': None}])\n")
+    (studies / "broken.py").write_text("import sys\nif __name__ == '__main__':\n    sys.exit(3)\n")
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    assert main(["reproduce", "--studies-dir", str(studies)]) == 3
+    text = (tmp_path / "figures" / "REPORT.md").read_text()
+    assert "Failed in this run: broken" in text and "## alpha" in text and "| alpha |" in text
