@@ -153,19 +153,20 @@ class _ScriptFunction:
         import importlib
         import importlib.util
 
+        target = Path(self.path).resolve()
         mod = sys.modules.get(self.module)
-        if mod is None or getattr(mod, "__file__", None) is None:
-            try:
-                mod = importlib.import_module(self.module)
-            except ImportError:
-                mod = None
-            if mod is None or Path(getattr(mod, "__file__", "") or "").resolve() != Path(self.path).resolve():
-                if not Path(self.path).is_file():
-                    raise FileNotFoundError(f"study script {self.path} is not on this worker") from None
-                spec = importlib.util.spec_from_file_location(self.module, self.path)
+        if mod is None or Path(getattr(mod, "__file__", "") or "").resolve() != target:
+            if target.is_file():  # the script itself (local workers, shared file systems)
+                spec = importlib.util.spec_from_file_location(self.module, target)
                 mod = importlib.util.module_from_spec(spec)
                 sys.modules[self.module] = mod
                 spec.loader.exec_module(mod)
+            else:  # a copy shipped to this worker (Dask's upload_file puts it on the path)
+                try:
+                    mod = importlib.import_module(self.module)
+                except ImportError as exc:
+                    raise FileNotFoundError(f"study script {self.path} is not on this worker and no module "
+                                            f"{self.module!r} was shipped to it") from exc
         fn = mod
         for part in self.name.split("."):
             fn = getattr(fn, part)

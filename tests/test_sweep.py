@@ -108,25 +108,35 @@ def cell(x, y):
 if __name__ == "__main__":
     sweep = Sweep("script", cell, grid(x=[1, 2, 3, 4], y=["a", "b"]))
     df = sweep.run(n_jobs=int(sys.argv[2]), cache_dir=sys.argv[1], progress=False)
-    print(json.dumps({"rows": df.to_dict(orient="records"), "computed": df.attrs["sweep"]["computed"]}))
+    out = {"rows": df.to_dict(orient="records"), "computed": df.attrs["sweep"]["computed"]}
+    if len(sys.argv) > 3:  # the same through a Dask cluster (in-process workers)
+        from distributed import LocalCluster
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c:
+            dd = sweep.run(scheduler=c.scheduler_address, cache_dir=sys.argv[3], progress=False)
+        out["dask_rows"] = dd.to_dict(orient="records")
+    print(json.dumps(out))
 """
 
 
 def test_study_script_cells_run_in_joblib_processes(tmp_path):
     """A study script's cell (module __main__, with module-level caches) runs in loky workers."""
+    import importlib.util
     import subprocess
     import sys
 
     script = tmp_path / "mystudy.py"
     script.write_text(_SCRIPT)
 
-    def run(cache, jobs):
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / cache), str(jobs)], capture_output=True,
-                              text=True, timeout=120)
+    def run(cache, jobs, *more):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / cache), str(jobs), *more],
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    par = run("par", 2)
+    dask = ["dask"] if importlib.util.find_spec("distributed") else []
+    par = run("par", 2, *(str(tmp_path / d) for d in dask))
+    if dask:
+        assert par["dask_rows"] == par["rows"]
     assert par["computed"] == 8 and len(list((tmp_path / "par" / "script").glob("*.json"))) == 8
     assert [r["value"] for r in par["rows"]] == [x * 10 + r for x in (1, 2, 3, 4) for _ in "ab" for r in (0, 1)]
     assert [r["seed"] for r in par["rows"]] == [cell_seed(x, y) for x in (1, 2, 3, 4) for y in "ab" for _ in (0, 1)]
