@@ -59,6 +59,7 @@ figures: setup
 bench: setup
 	@echo ">> benchmarks (results in benchmarks/results/)"
 	@$(PY) benchmarks/bench_ops.py --out benchmarks/results/cpu.json
+	@$(PY) benchmarks/render_performance.py
 
 $(CUDA_VENV)/.stamp: constraints.txt
 	@echo ">> creating $(CUDA_VENV) with a CUDA build of torch (large download on first run)"

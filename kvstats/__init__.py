@@ -1,4 +1,12 @@
-"""kvstats: statistics that survive review for KV-cache quantizers of LLM attention."""
+"""kvstats: statistics that survive review for KV-cache quantizers of LLM attention.
+
+    import kvstats
+    q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)   # any quantizer by name
+    s = kvstats.scheme("kqv", bits=4, dim=128, seed=0)             # a K + V scheme at budget n
+
+Modules: sphere, codebooks, rotations, quantizers, schemes, ops (the compiled kernels), data, metrics,
+inference, stats, sweep, plots, report. See README.md and docs/.
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -8,5 +16,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 
 from kvstats import ops, rotations  # noqa: E402
+from kvstats.quantizers import quantizer  # noqa: E402
+from kvstats.schemes import scheme  # noqa: E402
 
-__all__ = ["__version__", "ops", "rotations"]
+__all__ = ["__version__", "ops", "rotations", "quantizer", "scheme"]

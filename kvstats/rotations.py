@@ -13,8 +13,9 @@ WHT passes over overlapping power-of-two blocks: with p = 2^⌊log2 d⌋ it tran
 [0, p), then [d − p, d), then [0, p) again, each after its own random signs. Every pass is orthogonal,
 so the whole map is orthogonal on R^d and mixes all coordinates (the first two passes carry [0, p) into
 [d − p, d), the third carries that back into [0, d − p)). The mixing is not perfect: structured
-cancellations leave some entries of Π exactly zero (12.5% at d = 96, 2% at d = 100, none at powers of
-two), so an input coordinate reaches most, not all, outputs. Use ``HaarRotation`` where exact
+cancellations leave some entries of Π exactly zero (depending on the seed: 0–19% at d = 96, mean ≈ 8%;
+2–15% at d = 100; none at powers of two — docs/rotations.md), so an input coordinate reaches most, not
+all, outputs. Use ``HaarRotation`` where exact
 rotation invariance matters more than speed.
 All randomness is drawn on the CPU from the seed, so the same seed gives the same rotation on any device.
 """

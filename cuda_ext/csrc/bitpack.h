@@ -43,15 +43,29 @@ KVSTATS_HD uint32_t unpack_code(const uint8_t* row, int64_t nbytes, int64_t bits
 }
 
 // Index of the Lloyd–Max cell of u: the number of thresholds strictly below u (torch.bucketize,
-// right=False: a value equal to a threshold falls in the lower cell). thresholds ascending, n of them.
+// right=False: a value equal to a threshold falls in the lower cell). thresholds ascending, 2^bits - 1
+// of them. Branch-free binary lifting: bit by bit, step into the upper half when its first
+// threshold is still below u (compiles to conditional moves on CPU, no divergence on GPU).
 template <typename acc_t>
-KVSTATS_HD uint32_t cell_index(acc_t u, const acc_t* thresholds, int64_t n) {
-  int64_t lo = 0, hi = n;  // invariant: thresholds[< lo] < u, thresholds[>= hi] >= u
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) >> 1;
-    if (thresholds[mid] < u) lo = mid + 1; else hi = mid;
-  }
-  return static_cast<uint32_t>(lo);
+KVSTATS_HD uint32_t cell_index(acc_t u, const acc_t* thresholds, int64_t bits) {
+  uint32_t idx = 0;
+  for (uint32_t step = 1u << (bits - 1); step > 0; step >>= 1) idx += thresholds[idx + step - 1] < u ? step : 0u;
+  return idx;
+}
+
+// Eight consecutive codes take exactly `bits` bytes: codes 8c .. 8c+7 live in bytes [c*bits, (c+1)*bits).
+// These pack/unpack one such group through a 64-bit word (little-endian byte order, as the layout).
+KVSTATS_HD void pack_group8(const uint8_t* codes, int64_t bits, uint8_t* out) {
+  uint64_t word = 0;
+  for (int t = 0; t < 8; ++t) word |= static_cast<uint64_t>(codes[t]) << (t * bits);
+  for (int64_t b = 0; b < bits; ++b) out[b] = static_cast<uint8_t>(word >> (8 * b));
+}
+
+KVSTATS_HD void unpack_group8(const uint8_t* in, int64_t bits, uint8_t* codes) {
+  uint64_t word = 0;
+  for (int64_t b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[b]) << (8 * b);
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  for (int t = 0; t < 8; ++t) codes[t] = static_cast<uint8_t>((word >> (t * bits)) & mask);
 }
 
 }  // namespace kvstats

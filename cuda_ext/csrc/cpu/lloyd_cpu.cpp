@@ -28,11 +28,8 @@ acc_t encode_row(const scalar_t* x, int64_t d, const acc_t* signs, int64_t passe
   const acc_t norm = std::sqrt(ss);
   cpu::rotate_forward(buf, d, signs, passes, block);
   const acc_t denom = norm > 0 ? norm : acc_t(1);
-  const int64_t n_th = (int64_t{1} << bits) - 1;
-  for (int64_t j = 0; j < d; ++j) codes[j] = static_cast<uint8_t>(cell_index(buf[j] / denom, thresholds, n_th));
-  auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]); };
-  const int64_t nb = packed_bytes(d, bits);
-  for (int64_t k = 0; k < nb; ++k) packed[k] = pack_byte(code_at, d, bits, k);
+  for (int64_t j = 0; j < d; ++j) codes[j] = static_cast<uint8_t>(cell_index(buf[j] / denom, thresholds, bits));
+  cpu::pack_row(codes, d, bits, packed);
   return norm;
 }
 
@@ -83,9 +80,11 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
     const scalar_t* lp = lv.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
         scalar_t* row = op + r * d;
-        for (int64_t j = 0; j < d; ++j) row[j] = lp[unpack_code(pp + r * nb, nb, bits, j)] * np[r];
+        cpu::unpack_row(pp + r * nb, d, bits, codes.data());
+        for (int64_t j = 0; j < d; ++j) row[j] = lp[codes[j]] * np[r];
         cpu::rotate_inverse(row, d, sp, passes, block);
       }
     });
@@ -123,6 +122,7 @@ void score_codes(const acc_t* q, const uint8_t* packed, const acc_t* mse_w, cons
   constexpr int64_t kBlock = 256;
   const int64_t blocks = (nk + kBlock - 1) / kBlock;
   at::parallel_for(0, G * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> codes(byte_tables ? 0 : d);
     for (int64_t gb = begin; gb < end; ++gb) {
       const int64_t g = gb / blocks, j0 = (gb % blocks) * kBlock, j1 = std::min(nk, j0 + kBlock);
       for (int64_t i = 0; i < nq; ++i) {
@@ -136,7 +136,8 @@ void score_codes(const acc_t* q, const uint8_t* packed, const acc_t* mse_w, cons
           } else {
             s = 0;
             const int64_t L = int64_t{1} << bits;
-            for (int64_t c = 0; c < d; ++c) s += t[c * L + unpack_code(row, nb, bits, c)];
+            cpu::unpack_row(row, d, bits, codes.data());
+            for (int64_t c = 0; c < d; ++c) s += t[c * L + codes[c]];
           }
           s *= mse_w[g * nk + j];
           if (qs) s += qjl_w[g * nk + j] * cpu::table_sum(t + code_table, sign_packed + (g * nk + j) * mb, mb);
@@ -240,12 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
       const at::Tensor proj = at::matmul(residual.narrow(0, 0, rows), sk.t()).contiguous();
       const acc_t* jp = proj.const_data_ptr<acc_t>();
       uint8_t* spk = sign_packed.mutable_data_ptr<uint8_t>() + c0 * mb;
-      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          auto sign_at = [&](int64_t i) { return static_cast<uint32_t>(jp[r * m + i] >= 0); };
-          for (int64_t k = 0; k < mb; ++k) spk[r * mb + k] = pack_byte(sign_at, m, 1, k);
-        }
-      });
+      cpu::pack_sign_rows(jp, rows, m, spk);
     }
   });
   return {packed, norm.to(stored), sign_packed, gamma.to(stored)};

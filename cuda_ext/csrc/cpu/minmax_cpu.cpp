@@ -54,8 +54,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tenso
           lp[r * ng + gi] = lo_s;
           sp[r * ng + gi] = step;
         }
-        auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]); };
-        for (int64_t k = 0; k < nb; ++k) pp[r * nb + k] = pack_byte(code_at, d, bits, k);
+        cpu::pack_row(codes.data(), d, bits, pp + r * nb);
       }
     });
   });
@@ -75,11 +74,14 @@ at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, con
     const scalar_t* sp = sc.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
+      std::vector<uint8_t> codes(d);
+      for (int64_t r = begin; r < end; ++r) {
+        cpu::unpack_row(pp + r * nb, d, bits, codes.data());
         for (int64_t j = 0; j < d; ++j) {
           const int64_t gi = r * ng + j / group;
-          op[r * d + j] = lp[gi] + sp[gi] * static_cast<scalar_t>(unpack_code(pp + r * nb, nb, bits, j));
+          op[r * d + j] = lp[gi] + sp[gi] * static_cast<scalar_t>(codes[j]);
         }
+      }
     });
   });
   return out;

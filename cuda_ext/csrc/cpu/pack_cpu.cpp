@@ -3,6 +3,7 @@
 
 #include "../bitpack.h"
 #include "../kernels.h"
+#include "common_cpu.h"
 
 namespace kvstats {
 
@@ -13,12 +14,9 @@ at::Tensor pack_bits_cpu(const at::Tensor& codes, int64_t bits) {
   at::Tensor out = at::empty({n, nb}, c.options());
   const uint8_t* src = c.const_data_ptr<uint8_t>();
   uint8_t* dst = out.mutable_data_ptr<uint8_t>();
-  const uint32_t mask = (1u << bits) - 1u;
   at::parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* row = src + r * d;
-      auto code_at = [&](int64_t i) { return static_cast<uint32_t>(row[i]) & mask; };
-      for (int64_t k = 0; k < nb; ++k) dst[r * nb + k] = pack_byte(code_at, d, bits, k);
+      cpu::pack_row(src + r * d, d, bits, dst + r * nb);
     }
   });
   return out;
@@ -33,7 +31,7 @@ at::Tensor unpack_bits_cpu(const at::Tensor& packed, int64_t bits, int64_t d) {
   uint8_t* dst = out.mutable_data_ptr<uint8_t>();
   at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t i = 0; i < d; ++i) dst[r * d + i] = static_cast<uint8_t>(unpack_code(src + r * nb, nb, bits, i));
+      cpu::unpack_row(src + r * nb, d, bits, dst + r * d);
     }
   });
   return out;

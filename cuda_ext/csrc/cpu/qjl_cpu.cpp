@@ -26,12 +26,7 @@ std::tuple<at::Tensor, at::Tensor> qjl_encode_cpu(const at::Tensor& x, const at:
       const at::Tensor proj = at::matmul(xa.narrow(0, c0, rows), sk.t()).contiguous();
       const scalar_t* jp = proj.const_data_ptr<scalar_t>();
       uint8_t* pp = packed.mutable_data_ptr<uint8_t>() + c0 * mb;
-      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          auto sign_at = [&](int64_t i) { return static_cast<uint32_t>(jp[r * m + i] >= 0); };
-          for (int64_t k = 0; k < mb; ++k) pp[r * mb + k] = pack_byte(sign_at, m, 1, k);
-        }
-      });
+      cpu::pack_sign_rows(jp, rows, m, pp);
     }
   });
   return {packed, norm.to(storage_dtype(x, norm_dtype))};

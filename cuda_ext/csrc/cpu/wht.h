@@ -7,10 +7,25 @@
 namespace kvstats {
 namespace cpu {
 
-// Unnormalised Sylvester–Hadamard transform of buf[0..n), n a power of two.
+// Unnormalised Sylvester–Hadamard transform of buf[0..n), n a power of two. The butterfly stages
+// commute, so the three short-stride stages (h = 1, 2, 4) run first as an unrolled 8-point transform
+// per block of 8, and the long strides (h >= 8) as loops the compiler vectorises.
 template <typename acc_t>
 inline void butterfly_inplace(acc_t* buf, int64_t n) {
-  for (int64_t h = 1; h < n; h <<= 1) {
+  int64_t h = 1;
+  if (n >= 8) {
+    for (int64_t i = 0; i < n; i += 8) {
+      acc_t* a = buf + i;
+      const acc_t b0 = a[0] + a[1], b1 = a[0] - a[1], b2 = a[2] + a[3], b3 = a[2] - a[3];
+      const acc_t b4 = a[4] + a[5], b5 = a[4] - a[5], b6 = a[6] + a[7], b7 = a[6] - a[7];
+      const acc_t c0 = b0 + b2, c1 = b1 + b3, c2 = b0 - b2, c3 = b1 - b3;
+      const acc_t c4 = b4 + b6, c5 = b5 + b7, c6 = b4 - b6, c7 = b5 - b7;
+      a[0] = c0 + c4; a[1] = c1 + c5; a[2] = c2 + c6; a[3] = c3 + c7;
+      a[4] = c0 - c4; a[5] = c1 - c5; a[6] = c2 - c6; a[7] = c3 - c7;
+    }
+    h = 8;
+  }
+  for (; h < n; h <<= 1) {
     for (int64_t i = 0; i < n; i += 2 * h) {
       acc_t* __restrict__ lo = buf + i;
       acc_t* __restrict__ hi = buf + i + h;

@@ -109,9 +109,8 @@ __global__ void lloyd_encode_kernel(const scalar_t* __restrict__ x, int64_t d, c
   __syncthreads();
   cuda::smem_rotate_forward(buf, d, signs, passes, block);
   const acc_t denom = norm > 0 ? norm : acc_t(1);
-  const int64_t n_th = (int64_t{1} << bits) - 1;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-    codes[j] = static_cast<uint8_t>(cell_index(buf[j] / denom, thresholds, n_th));
+    codes[j] = static_cast<uint8_t>(cell_index(buf[j] / denom, thresholds, bits));
   __syncthreads();
   auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]); };
   pack_row(packed + row * packed_bytes(d, bits), d, bits, code_at);
