@@ -118,7 +118,8 @@ def sample_cases(device: str):
         cases.append(("lloyd_encode", (x, signs, th, bits, torch.float16 if i % 2 else torch.float32)))
         packed, norm = ops.lloyd_encode_reference(x, signs, th, bits, torch.float32)
         cases.append(("lloyd_decode", (packed, norm, signs, lv, bits, d)))
-        q = _random((3, 5, d), 20 + i, device)
+        # n_q = 5 scores through the lookup tables; n_q = 9 through the dense-chunk GEMM path (CPU).
+        q = _random((3, 5 if i % 2 else 9, d), 20 + i, device)
         keys = _random((3, 11, d), 30 + i, device)
         kp, kn = ops.lloyd_encode_reference(keys.reshape(-1, d), signs[:0], th, bits, torch.float32)
         cases.append(("lloyd_scores", (q, kp.reshape(3, 11, -1), kn.reshape(3, 11), lv, bits)))

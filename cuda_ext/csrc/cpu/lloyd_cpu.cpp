@@ -94,6 +94,43 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
 
 namespace {
 
+// Many queries per key (n_q >= kGemmQueries): decode a chunk of keys to dense rows (levels[codes] * w,
+// and ±w for the signs) and let BLAS multiply; the table path costs a look-up per byte per query, the
+// dense path a decode per key plus fused multiply-adds at GEMM speed. Extra memory: one chunk.
+constexpr int64_t kGemmQueries = 8;
+constexpr int64_t kGemmChunk = 4096;
+
+template <typename acc_t>
+void score_codes_gemm(const at::Tensor& q, const uint8_t* packed, const acc_t* mse_w, const acc_t* levels,
+                      int64_t bits, const at::Tensor& qs, const uint8_t* sign_packed, const acc_t* qjl_w, int64_t m,
+                      int64_t G, int64_t nk, int64_t d, at::Tensor& out) {
+  const int64_t nb = packed_bytes(d, bits), mb = qs.defined() ? packed_bytes(m, 1) : 0;
+  at::Tensor dense = at::empty({std::min(nk, kGemmChunk), d}, q.options());
+  at::Tensor dense_signs = qs.defined() ? at::empty({std::min(nk, kGemmChunk), m}, q.options()) : at::Tensor();
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t j0 = 0; j0 < nk; j0 += kGemmChunk) {
+      const int64_t rows = std::min(kGemmChunk, nk - j0);
+      acc_t* dp = dense.mutable_data_ptr<acc_t>();
+      acc_t* sp = qs.defined() ? dense_signs.mutable_data_ptr<acc_t>() : nullptr;
+      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+        std::vector<uint8_t> codes(std::max(d, m));
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t key = g * nk + j0 + r;
+          cpu::unpack_row(packed + key * nb, d, bits, codes.data());
+          for (int64_t t = 0; t < d; ++t) dp[r * d + t] = levels[codes[t]] * mse_w[key];
+          if (sp) {
+            cpu::unpack_row(sign_packed + key * mb, m, 1, codes.data());
+            for (int64_t t = 0; t < m; ++t) sp[r * m + t] = codes[t] ? qjl_w[key] : -qjl_w[key];
+          }
+        }
+      });
+      at::Tensor scores = at::matmul(q[g], dense.narrow(0, 0, rows).t());
+      if (qs.defined()) scores.add_(at::matmul(qs[g], dense_signs.narrow(0, 0, rows).t()));
+      out[g].narrow(1, j0, rows).copy_(scores);
+    }
+  }
+}
+
 // scores[g, i, j] = mse_w[g, j] * <q[g, i], levels[codes[g, j]]>  (+ qjl_w[g, j] * <qs[g, i], signs[g, j]>)
 template <typename acc_t>
 void score_codes(const acc_t* q, const uint8_t* packed, const acc_t* mse_w, const acc_t* levels, int64_t bits,
@@ -159,6 +196,11 @@ at::Tensor lloyd_scores_cpu(const at::Tensor& q, const at::Tensor& packed, const
   at::Tensor out = at::empty({G, nq, nk}, qc.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "lloyd_scores_cpu", [&] {
+    if (nq >= kGemmQueries) {
+      score_codes_gemm<scalar_t>(qc, pc.const_data_ptr<uint8_t>(), nc.const_data_ptr<scalar_t>(),
+                                 lv.const_data_ptr<scalar_t>(), bits, at::Tensor(), nullptr, nullptr, 0, G, nk, d, out);
+      return;
+    }
     score_codes<scalar_t>(qc.const_data_ptr<scalar_t>(), pc.const_data_ptr<uint8_t>(), nc.const_data_ptr<scalar_t>(),
                           lv.const_data_ptr<scalar_t>(), bits, nullptr, nullptr, nullptr, 0, G, nq, nk, d,
                           out.mutable_data_ptr<scalar_t>());
@@ -182,6 +224,12 @@ at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch
   at::Tensor out = at::empty({G, nq, nk}, qc.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "turbo_prod_scores_cpu", [&] {
+    if (nq >= kGemmQueries) {
+      score_codes_gemm<scalar_t>(qc, pc.const_data_ptr<uint8_t>(), nc.const_data_ptr<scalar_t>(),
+                                 lv.const_data_ptr<scalar_t>(), bits, qsc, spc.const_data_ptr<uint8_t>(),
+                                 gc.const_data_ptr<scalar_t>(), m, G, nk, d, out);
+      return;
+    }
     score_codes<scalar_t>(qc.const_data_ptr<scalar_t>(), pc.const_data_ptr<uint8_t>(), nc.const_data_ptr<scalar_t>(),
                           lv.const_data_ptr<scalar_t>(), bits, qsc.const_data_ptr<scalar_t>(),
                           spc.const_data_ptr<uint8_t>(), gc.const_data_ptr<scalar_t>(), m, G, nq, nk, d,

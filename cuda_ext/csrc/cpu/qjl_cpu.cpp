@@ -40,6 +40,23 @@ at::Tensor qjl_scores_cpu(const at::Tensor& q_sketch, const at::Tensor& packed, 
   const int64_t G = qc.size(0), nq = qc.size(1), m = qc.size(2), nk = pc.size(1), mb = pc.size(2);
   at::Tensor out = at::empty({G, nq, nk}, qc.options());
   if (out.numel() == 0) return out;
+  if (nq >= 8) {
+    // Many queries: unpack a chunk of keys to ±norm·scale rows and multiply by BLAS (bounded chunk).
+    constexpr int64_t kChunk = 4096;
+    for (int64_t j0 = 0; j0 < nk; j0 += kChunk) {
+      const int64_t rows = std::min(kChunk, nk - j0);
+      const at::Tensor bits = at::empty({G * rows, m}, pc.options());
+      const at::Tensor chunk = pc.narrow(1, j0, rows).reshape({G * rows, mb}).contiguous();
+      const uint8_t* cp = chunk.const_data_ptr<uint8_t>();
+      uint8_t* bp = bits.mutable_data_ptr<uint8_t>();
+      at::parallel_for(0, G * rows, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) cpu::unpack_row(cp + r * mb, m, 1, bp + r * m);
+      });
+      const at::Tensor signs = (bits.to(qc.scalar_type()) * 2 - 1).reshape({G, rows, m});
+      out.narrow(2, j0, rows).copy_(at::matmul(qc, signs.transpose(1, 2)) * wc.narrow(1, j0, rows).unsqueeze(1));
+    }
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "qjl_scores_cpu", [&] {
     const scalar_t* qp = qc.const_data_ptr<scalar_t>();
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
