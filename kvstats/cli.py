@@ -149,6 +149,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     env = dict(os.environ, MPLBACKEND="Agg")
     from kvstats.report import DEFAULT_PREAMBLE, build_report, study_order
 
+    if not args.isolate and not args.scheduler:
+        from kvstats.sweep import warm_workers
+
+        warm_workers()  # the joblib pool starts while the first studies run
     by_name = {p.stem: p for p in scripts}
     timings: dict[str, float] = {}
     failed: dict[str, int] = {}

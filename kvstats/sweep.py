@@ -57,6 +57,7 @@ __all__ = [
     "default_figures_dir",
     "grid",
     "study_args",
+    "warm_workers",
 ]
 
 #: The scales every study accepts.
@@ -388,6 +389,48 @@ def _dask_results(sweep: Sweep, todo, scheduler, threads):
             own_client.close()
         if own_cluster is not None:
             own_cluster.close()
+
+
+_WARM_MODULES = ("torch", "numpy", "pandas", "scipy.stats", "statsmodels.stats.multitest", "matplotlib.pyplot",
+                 "kvstats.sweep", "kvstats.plots", "kvstats.report", "kvstats.stats", "kvstats.metrics",
+                 "kvstats.schemes", "kvstats.data.synthetic", "kvstats.inference")
+
+
+def _import_modules(names: tuple[str, ...]) -> int:
+    import importlib
+    import os as _os
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    return _os.getpid()
+
+
+def warm_workers(n_jobs: int | None = None, modules: tuple[str, ...] = _WARM_MODULES):
+    """Start joblib's worker pool in the background and import the heavy modules there; returns the thread.
+
+    Spawning loky workers and importing torch & co. in them takes seconds (tens on a loaded machine); a
+    driver that runs several sweeps (``kvstats reproduce``) calls this first so that the pool is ready when
+    the first sweep needs it. The pool is joblib's reusable executor, which later ``Sweep.run`` calls share.
+    """
+    import threading
+
+    jobs = -1 if n_jobs is None else int(n_jobs)
+
+    def warm() -> None:
+        from joblib import Parallel, delayed, effective_n_jobs
+
+        try:
+            n = effective_n_jobs(jobs)
+            Parallel(n_jobs=jobs, batch_size=1)(delayed(_import_modules)(modules) for _ in range(n))
+        except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
+            print(f"note: could not warm the joblib workers ({exc})", file=sys.stderr)
+
+    thread = threading.Thread(target=warm, name="kvstats-warm-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 def _progress_bar(study: str, total: int, initial: int, enabled: bool):

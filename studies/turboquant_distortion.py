@@ -148,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                         marker=st["marker"], ms=5, capsize=3, label=f"{st['label']} (measured)")
         ax.plot(b, tab[exact], "k:", lw=1.2, label="exact (codebook): TurboQuant_prod" if col == "d_prod_x_d"
                 else "exact (codebook)")
-        ax.plot(b, tab[lo], "--", color="#2ca02c", lw=1.2, label="lower bound 4⁻ᵇ" + (" (× 1/d)" if col != "d_mse"
-                                                                                       else ""))
+        prod = col != "d_mse"
+        ax.plot(b, tab[lo], "--", color="#2ca02c", lw=1.2, label="lower bound: d·D_prod ≥ 4⁻ᵇ" if prod
+                else "lower bound: D_mse ≥ 4⁻ᵇ")
         ax.plot(b, tab[hi], "--", color="#9467bd", lw=1.2,
-                label="upper bound √3π²·4⁻ᵇ (× 1/d)" if col != "d_mse" else "upper bound (√3π/2)·4⁻ᵇ")
+                label="upper bound: d·D_prod ≤ √3π²·4⁻ᵇ" if prod else "upper bound: D_mse ≤ (√3π/2)·4⁻ᵇ")
         ax.plot(b[:4], tab[printed][:4], "*", color="black", ms=9, label="TurboQuant's printed values")
         ax.set_yscale("log")
         ax.set_xlabel("bits per coordinate b")
