@@ -223,6 +223,34 @@ def test_generation_runs_with_gqa(name, est, dense, ids):
     assert "kvstats" in repr(cache) or "KVStatsCache" in repr(cache)
 
 
+def test_from_pretrained_with_kvstats_attention(dense, ids, tmp_path):
+    """attn_implementation="kvstats" is accepted at load time (kvstats.cache registers it on import)."""
+    dense.save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    assert model.config._attn_implementation == ATTN_IMPLEMENTATION
+    cache = KVStatsCache(scheme("kqv", bits=4, dim=D), record_attention=True)
+    torch.testing.assert_close(_logits(model, ids, cache), _logits(dense, ids, KVStatsCache(cache.scheme)),
+                               rtol=0, atol=5e-5)
+    assert len(cache.attention_records) == 2  # the estimator path ran
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_model(dtype, ids):
+    """Codes are computed in fp32 from half inputs; the window stays in the model's dtype (2 bytes/element);
+    the estimator path computes attention in fp32, so it is within half-precision rounding of the model's."""
+    model = _tiny("sdpa").to(dtype)
+    ref = _logits(model, ids).float()
+    torch.testing.assert_close(_logits(model, ids, KVStatsCache(IdentityScheme(D))).float(), ref, rtol=0, atol=0)
+    use_estimator_attention(model)
+    torch.testing.assert_close(_logits(model, ids, KVStatsCache(IdentityScheme(D))).float(), ref, rtol=0,
+                               atol=0.1)  # bf16 ulp at |logit| ~ 4 is 1/32; fp32 attention vs half attention
+    cache = KVStatsCache(scheme("kqv", bits=4, dim=D), full_precision_window=3)
+    with torch.inference_mode():
+        out = model.generate(ids[:, :6], max_new_tokens=4, do_sample=False, past_key_values=cache)
+    assert out.shape == (1, 10) and cache.layers[0].keys.dtype == dtype
+    assert cache.memory().window_bytes == 2 * 2 * HKV * 3 * D * 2
+
+
 # -------------------------------------------------------------------------- window, memory, records
 
 
