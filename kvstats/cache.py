@@ -44,7 +44,9 @@ run on a layer, later ``update`` calls stop decoding the dense tensors (they are
 
 Memory. :meth:`KVStatsCache.memory` reports what the cache holds between forwards: Σ ``Code.nbytes``
 of the quantized tokens + the bytes of the fp window, against an fp16 cache of the same tokens
-(2 bytes × 2 tensors × B × H_kv × S × d per layer). Transient buffers of a forward are not counted.
+(2 bytes × 2 tensors × B × H_kv × S × d per layer). Transient buffers of a forward are not counted: the
+exact states of the tokens just added (and of the window), which the estimator path reads and releases in
+its attention call, and the dense path stops keeping from its second forward on.
 
 Grouped-query attention: query head h reads KV head h // (H_q / H_kv), as transformers' ``repeat_kv``.
 Any Llama-style model whose attention calls ``cache.update`` and then an ``AttentionInterface`` function
@@ -258,6 +260,7 @@ class KVStatsLayer(CacheLayerMixin):
         self.n_quantized = 0
         self.cumulative_length = 0
         self.estimator_attention = False
+        self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
         self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------- Cache protocol
@@ -279,6 +282,8 @@ class KVStatsLayer(CacheLayerMixin):
                              f"{key_states.shape[-1]} and {value_states.shape[-1]}")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif self._span is not None and not self.estimator_attention:
+            self.dense_attention = True  # the last forward did not call attend(): stop keeping its exact states
         old = self.cumulative_length
         span_start = old - self.keys.shape[-2]
         span_k = torch.cat([self.keys, key_states], dim=-2)
@@ -293,7 +298,7 @@ class KVStatsLayer(CacheLayerMixin):
         cut = self.n_quantized - span_start
         self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
         self.values = span_v[..., cut:, :].clone()
-        self._span = (span_start, span_k, span_v)
+        self._span = None if self.dense_attention else (span_start, span_k, span_v)
         if self.estimator_attention:
             keys, values = span_k, span_v
         else:
@@ -320,6 +325,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
+        self.estimator_attention = self.dense_attention = False
         self.keys = self.values = None
         self.is_initialized = False
 
@@ -370,7 +376,9 @@ class KVStatsLayer(CacheLayerMixin):
         Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do.
         """
         if self._span is None:
-            raise RuntimeError("attend() must follow update() in the same forward (no exact states available)")
+            raise RuntimeError("attend() must follow update() in the same forward (no exact states available"
+                               + ("; this cache was filled through another attention implementation: start a new "
+                                  "KVStatsCache after switching to 'kvstats')" if self.dense_attention else ")"))
         self.estimator_attention = True
         span_start, span_k, span_v = self._span
         self._span = None

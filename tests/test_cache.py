@@ -339,6 +339,18 @@ def test_record_attention(est, ids):
     assert len(cache.attention_records) == n
 
 
+def test_transient_exact_states_are_released(dense, est, ids):
+    for model, path in ((est, "est"), (dense, "dense")):
+        cache = KVStatsCache(scheme("kv", bits=3, dim=D))
+        _logits(model, ids[:, :10], cache)
+        _logits(model, ids[:, 10:11], cache)
+        layer = cache.layers[0]
+        assert layer._span is None and layer.dense_attention == (path == "dense")
+        assert layer.estimator_attention == (path == "est")
+    with pytest.raises(RuntimeError, match="another attention implementation"):
+        _logits(est, ids[:, 11:12], cache)  # a cache filled through sdpa cannot switch to the estimator path
+
+
 def test_attention_function_without_kvstats_cache_is_exact(dense, ids):
     attn = dense.model.layers[0].self_attn
     g = torch.Generator().manual_seed(7)
