@@ -24,6 +24,11 @@ void check_lloyd_scores_input(const at::Tensor& q, const at::Tensor& packed, con
                               const at::Tensor& levels, int64_t bits);
 void check_qjl_encode_input(const at::Tensor& x, const at::Tensor& sketch);
 void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor& packed, const at::Tensor& norm);
+void check_turbo_prod_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
+                                   const at::Tensor& levels, int64_t bits, const at::Tensor& sketch);
+void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
+                                   const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
+                                   const at::Tensor& signs_packed, const at::Tensor& gamma);
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits);
 void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
                                int64_t group, int64_t bits, int64_t d);

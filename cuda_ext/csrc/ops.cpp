@@ -161,6 +161,25 @@ void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor& packed
   TORCH_CHECK(is_float_dtype(norm.scalar_type()), "qjl_scores: norm must be a float tensor");
 }
 
+void check_turbo_prod_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
+                                   const at::Tensor& levels, int64_t bits, const at::Tensor& sketch) {
+  check_lloyd_encode_input(x, signs, thresholds, bits);
+  check_qjl_encode_input(x, sketch);
+  TORCH_CHECK(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits) &&
+                  levels.scalar_type() == thresholds.scalar_type(),
+              "turbo_prod_encode: levels must be [2^bits] of the thresholds' dtype");
+}
+
+void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
+                                   const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
+                                   const at::Tensor& signs_packed, const at::Tensor& gamma) {
+  check_lloyd_scores_input(q, packed, norm, levels, bits);
+  check_qjl_scores_input(q_sketch, signs_packed, gamma);
+  TORCH_CHECK(q_sketch.size(0) == q.size(0) && q_sketch.size(1) == q.size(1) && signs_packed.size(1) == packed.size(1),
+              "turbo_prod_scores: q_sketch [G, n_q, m] and signs_packed [G, n_k, m/8] must match q and packed");
+  TORCH_CHECK(q_sketch.scalar_type() == q.scalar_type(), "turbo_prod_scores: q_sketch must have q's dtype");
+}
+
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits) {
   check_bits(bits, "minmax_encode");
   TORCH_CHECK(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "../kernels.h"
+#include "device_utils.cuh"
 
 namespace kvstats {
 namespace {
@@ -26,18 +27,7 @@ __global__ void fwht_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict
   scalar_t* yr = y + row * d;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) buf[j] = static_cast<acc_t>(xr[j]);
   __syncthreads();
-  const int64_t half = d >> 1;
-  for (int64_t h = 1; h < d; h <<= 1) {
-    for (int64_t p = threadIdx.x; p < half; p += blockDim.x) {
-      // Pair p of this stage: block (p / h) of width 2h, offset p % h inside it.
-      const int64_t i = (p / h) * 2 * h + (p % h);
-      const acc_t a = buf[i];
-      const acc_t b = buf[i + h];
-      buf[i] = a + b;
-      buf[i + h] = a - b;
-    }
-    __syncthreads();
-  }
+  cuda::smem_butterfly(buf, d);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = static_cast<scalar_t>(buf[j] * scale);
 }
 

@@ -287,11 +287,7 @@ at::Tensor qjl_scores_cuda(const at::Tensor& q_sketch, const at::Tensor& packed,
 at::Tensor turbo_prod_scores_cuda(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
                                   const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
                                   const at::Tensor& signs_packed, const at::Tensor& gamma, double scale) {
-  check_lloyd_scores_input(q, packed, norm, levels, bits);
-  check_qjl_scores_input(q_sketch, signs_packed, gamma);
-  TORCH_CHECK(q_sketch.size(0) == q.size(0) && q_sketch.size(1) == q.size(1) && signs_packed.size(1) == packed.size(1),
-              "turbo_prod_scores: q_sketch [G, n_q, m] and signs_packed [G, n_k, m/8] must match q and packed");
-  TORCH_CHECK(q_sketch.scalar_type() == q.scalar_type(), "turbo_prod_scores: q_sketch must have q's dtype");
+  check_turbo_prod_scores_input(q, q_sketch, packed, norm, levels, bits, signs_packed, gamma);
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor qc = q.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
   const at::Tensor qsc = q_sketch.contiguous(), spc = signs_packed.contiguous();
@@ -340,11 +336,7 @@ std::tuple<at::Tensor, at::Tensor> qjl_encode_cuda(const at::Tensor& x, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cuda(
     const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds, const at::Tensor& levels,
     int64_t bits, const at::Tensor& sketch, at::ScalarType norm_dtype) {
-  check_lloyd_encode_input(x, signs, thresholds, bits);
-  check_qjl_encode_input(x, sketch);
-  TORCH_CHECK(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits) &&
-                  levels.scalar_type() == thresholds.scalar_type(),
-              "turbo_prod_encode: levels must be [2^bits] of the thresholds' dtype");
+  check_turbo_prod_encode_input(x, signs, thresholds, levels, bits, sketch);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), sg = signs.contiguous(), th = thresholds.contiguous();
   const at::Tensor lv = levels.contiguous(), sk = sketch.contiguous();
