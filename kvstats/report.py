@@ -94,10 +94,11 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, 
 
 
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *,
-                 figures_dir: str | os.PathLike | None = None) -> Path:
+                 figures_dir: str | os.PathLike | None = None, echo: bool = False) -> Path:
     """Validate ``claims`` and write them to ``figures/data/<study>_claims.json`` (atomically); return the path.
 
-    Ids must be unique within the study. ``figures_dir`` defaults to :func:`default_figures_dir`.
+    Ids must be unique within the study. ``figures_dir`` defaults to :func:`default_figures_dir`. With
+    ``echo`` each claim is printed as ``[verdict] id: measurement`` (what a study shows its user).
     """
     if not isinstance(study, str) or not study or "/" in study:
         raise ValueError(f"study must be a study name like 'budget_sweep', got {study!r}")
@@ -113,6 +114,9 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *,
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(checked, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     tmp.replace(path)
+    if echo:
+        for c in checked:
+            print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
     return path
 
 

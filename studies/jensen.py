@@ -187,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": pts_md,
         },
     ]
-    write_claims(STUDY, claims)
-    for cl in claims:
-        print(f"[{cl['verdict']}] {cl['id']}: {cl['measurement']}")
+    write_claims(STUDY, claims, echo=True)
     print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -276,9 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": None,
         },
     ]
-    write_claims(STUDY, claims)
-    for c in claims:
-        print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
+    write_claims(STUDY, claims, echo=True)
     print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
     return 0
 
