@@ -19,7 +19,6 @@ never repeats a seed, so different batches get different streams. (Seeding with 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,10 +195,8 @@ class UnbiasednessResult(TestResult):
     kurtosis: float = math.nan
 
     def summary(self) -> str:
-        names = ("bias", "truth", "mean", "variance", "variance_closed_form", "variance_ratio",
-                 "variance_ratio_ci", "variance_pvalue", "kurtosis")
-        extra = {n: getattr(self, n) for n in names} | self.extra
-        return TestResult.summary(dataclasses.replace(self, extra=extra))
+        return self.summary_with(("bias", "truth", "mean", "variance", "variance_closed_form", "variance_ratio",
+                                  "variance_ratio_ci", "variance_pvalue", "kurtosis"))
 
 
 def unbiasedness_test(
@@ -362,11 +359,9 @@ class JensenResult(TestResult):
     mode: str = ""
 
     def summary(self) -> str:
-        names = ("mode", "kl_second_order", "kl_fourth_order", "kl_jensen_bound", "kl_mean_field", "kl_bias")
-        extra = {n: getattr(self, n) for n in names}
-        extra["max |inflation/theory - 1|"] = float(np.max(np.abs(self.inflation / self.inflation_theory - 1)))
-        extra |= self.extra
-        return TestResult.summary(dataclasses.replace(self, extra=extra))
+        deviation = float(np.max(np.abs(self.inflation / self.inflation_theory - 1)))
+        return self.summary_with(("mode", "kl_second_order", "kl_fourth_order", "kl_jensen_bound", "kl_mean_field",
+                                  "kl_bias"), **{"max |inflation/theory - 1|": deviation})
 
 
 def kl_noise_expansion(p, sigma2) -> tuple[float, float]:

@@ -83,5 +83,10 @@ class TestResult:
         body = "\n".join(f"{k:<{width}}  {_fmt(v)}" for k, v in rows)
         return f"{title}\n{line}\n{body}\n{line}"
 
+    def summary_with(self, names, **computed: Any) -> str:
+        """summary() with the subclass's own fields ``names`` (then ``computed`` values, then ``extra``) listed."""
+        extra = {name: getattr(self, name) for name in names} | computed | self.extra
+        return TestResult.summary(dataclasses.replace(self, extra=extra))
+
     def __str__(self) -> str:
         return self.summary()

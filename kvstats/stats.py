@@ -18,7 +18,6 @@ Conventions (REFERENCE §5):
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -71,12 +70,6 @@ def _check_level(confidence_level: float) -> float:
     if not 0.0 < float(confidence_level) < 1.0:
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")
     return float(confidence_level)
-
-
-def _summary_with_fields(result: TestResult, names: Sequence[str]) -> str:
-    extra = {name: getattr(result, name) for name in names}
-    extra.update(result.extra)
-    return TestResult.summary(dataclasses.replace(result, extra=extra))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,7 +173,7 @@ class MannWhitneyResult(TestResult):
                "p_asymptotic", "pvalue_method", "alternative")
 
     def summary(self) -> str:
-        return _summary_with_fields(self, self._FIELDS)
+        return self.summary_with(self._FIELDS)
 
 
 def mann_whitney(
@@ -356,7 +349,7 @@ class BootstrapResult(TestResult):
     n_resamples: int = 0
 
     def summary(self) -> str:
-        return _summary_with_fields(self, ("standard_error", "n_resamples"))
+        return self.summary_with(("standard_error", "n_resamples"))
 
 
 def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what) -> BootstrapResult:
