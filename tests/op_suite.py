@@ -143,6 +143,35 @@ def sample_cases(device: str):
     return cases
 
 
+def block_boundary_cases(device: str):
+    """Cases with more rows / keys than one kernel block (256 on the CPU), the last block partial, and
+    code widths that take every scoring layout: 3 bits (pairs of codes, with a tail when 8 ∤ d), 4 bits
+    (bytes), 5 bits (code by code); queries below and above the GEMM switch (8)."""
+    cases = []
+    acc = torch.float32
+    for i, (d, bits, dtype) in enumerate(((70, 3, torch.float16), (64, 4, torch.float32), (40, 5, torch.bfloat16))):
+        n = 600
+        x = _random((n, d), 50 + i, device, dtype)
+        th, lv = _tables(d, bits, acc, device)
+        signs = _rotation_signs(d, acc, device, i)
+        sketch = gaussian_sketch(d, d, 60 + i).to(device=device, dtype=acc)
+        wide = gaussian_sketch(77, d, 70 + i).to(device=device, dtype=acc)
+        cases.append(("lloyd_encode", (x, signs, th, bits, torch.float32)))
+        cases.append(("qjl_encode", (x, wide, torch.float16)))
+        cases.append(("turbo_prod_encode", (x, signs, th, lv, bits, sketch, torch.float32)))
+        keys = _random((2, n, d), 80 + i, device)
+        kp, kn = ops.lloyd_encode_reference(keys.reshape(-1, d), signs[:0], th, bits, torch.float32)
+        sp, sn = ops.qjl_encode_reference(keys.reshape(-1, d), wide, torch.float32)
+        for n_q in (3, 9):
+            q = _random((2, n_q, d), 90 + i + n_q, device)
+            qs = q @ wide.T
+            cases.append(("lloyd_scores", (q, kp.reshape(2, n, -1), kn.reshape(2, n), lv, bits)))
+            cases.append(("qjl_scores", (qs, sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
+            cases.append(("turbo_prod_scores", (q, qs, kp.reshape(2, n, -1), kn.reshape(2, n), lv, bits,
+                                                sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
+    return cases
+
+
 def _float_close(kernel, ref, name, atol_scale=1.0):
     kernel, ref = kernel.double().cpu(), ref.double().cpu()
     scale = max(ref.abs().max().item(), 1.0)
@@ -181,9 +210,9 @@ def assert_outputs_agree(name: str, args, got, want) -> None:
             _float_close(a, b, f"{name}[{j}]", atol_scale=10 if a.dtype == torch.float16 else 1)
 
 
-def check_ops_against_references(device: str) -> None:
-    """Every quantizer op: kernel vs its pure-torch reference on the same inputs."""
-    for name, args in sample_cases(device):
+def check_ops_against_references(device: str, cases=None) -> None:
+    """Every quantizer op: kernel vs its pure-torch reference on the same inputs (default: sample_cases)."""
+    for name, args in sample_cases(device) if cases is None else cases:
         kernel = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
         assert all(t.device.type == torch.device(device).type for t in kernel), name
         ref = getattr(ops, f"{name}_reference")(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))

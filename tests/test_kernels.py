@@ -5,7 +5,7 @@ import torch
 
 from kvstats import ops
 from kvstats.quantizers import quantizer
-from tests.op_suite import check_ops_against_references, check_ops_opcheck
+from tests.op_suite import block_boundary_cases, check_ops_against_references, check_ops_opcheck
 
 pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
 
@@ -16,6 +16,10 @@ def test_every_op_has_a_cpu_kernel():
 
 def test_kernels_match_references():
     check_ops_against_references("cpu")
+
+
+def test_kernels_match_references_across_blocks():
+    check_ops_against_references("cpu", block_boundary_cases("cpu"))
 
 
 def test_opcheck():

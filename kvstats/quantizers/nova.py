@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from kvstats._random import spawn_seeds
-from kvstats._validation import check_float_tensor, check_int_range
+from kvstats._validation import all_finite, check_float_tensor, check_int_range
 from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
@@ -207,7 +207,7 @@ def _rows(x: torch.Tensor, name: str, dim: int) -> torch.Tensor:
 
 def _stored(x: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
     out = x.to(dtype).to(torch.float64)
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         raise ValueError(f"{name} overflows side_dtype={dtype}; pass side_dtype=torch.float32")
     return out
 

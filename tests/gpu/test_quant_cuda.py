@@ -8,6 +8,7 @@ from kvstats.quantizers import quantizer
 from tests.op_suite import (
     as_tuple,
     assert_outputs_agree,
+    block_boundary_cases,
     check_ops_against_references,
     check_ops_opcheck,
     sample_cases,
@@ -22,6 +23,10 @@ def test_cuda_kernels_match_references():
     check_ops_against_references("cuda")
 
 
+def test_cuda_kernels_match_references_across_blocks():
+    check_ops_against_references("cuda", block_boundary_cases("cuda"))
+
+
 def test_opcheck_cuda():
     check_ops_opcheck("cuda")
 
@@ -29,7 +34,7 @@ def test_opcheck_cuda():
 def test_cpu_and_cuda_kernels_agree():
     # Same inputs, same rotation/sketch matrices: float outputs within tolerance, codes equal except
     # where an input sits on a threshold within rounding (counted and bounded).
-    for name, args in sample_cases("cpu"):
+    for name, args in sample_cases("cpu") + block_boundary_cases("cpu"):
         cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
         cpu_out = getattr(torch.ops.kvstats, name).default(*args)
         cuda_out = as_tuple(getattr(torch.ops.kvstats, name).default(*cuda_args))

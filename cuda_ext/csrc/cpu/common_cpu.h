@@ -2,6 +2,26 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <type_traits>
+#include <vector>
+
+#include "../bitpack.h"
+
+// KVSTATS_SIMD_CLONES on a (non-template) fp32 row function: the compiler emits it twice, for the
+// baseline ISA the extension is built for and for AVX2, and the loader picks the one the CPU runs
+// (GCC/Clang target_clones, an ifunc). The hot loops are plain C++ written so that they vectorise;
+// without FMA in the clone's target no multiply-add is contracted, so both copies round alike.
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define KVSTATS_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef KVSTATS_SIMD_CLONES
+#define KVSTATS_SIMD_CLONES
+#endif
 
 namespace kvstats {
 namespace cpu {
@@ -21,13 +41,32 @@ inline acc_t round_to(acc_t v, at::ScalarType dtype) {
 // Rows per chunk when an op needs a scratch buffer per row (bounds the extra memory).
 constexpr int64_t kChunkRows = 8192;
 
-}  // namespace cpu
-}  // namespace kvstats
+// sum_j v[j]^2 with eight independent partial sums (vectorises; fixed order, so deterministic).
+template <typename acc_t>
+inline acc_t sum_squares(const acc_t* v, int64_t d) {
+  acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) part[t] += v[j + t] * v[j + t];
+  for (; j < d; ++j) part[j % 8] += v[j] * v[j];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
 
-#include "../bitpack.h"
-
-namespace kvstats {
-namespace cpu {
+// codes[j] = number of thresholds strictly below u[j] (torch.bucketize, right=False). Few cells: count
+// against every threshold (compare + add over the whole row, vectorised); many: binary search per code.
+template <typename acc_t>
+inline void cell_indices(const acc_t* u, int64_t d, const acc_t* thresholds, int64_t bits, uint8_t* codes) {
+  if (bits <= 5) {
+    const int64_t n_thresholds = (int64_t{1} << bits) - 1;
+    for (int64_t j = 0; j < d; ++j) codes[j] = 0;
+    for (int64_t k = 0; k < n_thresholds; ++k) {
+      const acc_t t = thresholds[k];
+      for (int64_t j = 0; j < d; ++j) codes[j] += static_cast<uint8_t>(t < u[j]);
+    }
+  } else {
+    for (int64_t j = 0; j < d; ++j) codes[j] = static_cast<uint8_t>(cell_index(u[j], thresholds, bits));
+  }
+}
 
 // Pack d codes (masked to `bits` bits) of one vector into ceil(d*bits/8) bytes, eight codes at a time.
 inline void pack_row(const uint8_t* codes, int64_t d, int64_t bits, uint8_t* out) {
@@ -51,27 +90,81 @@ inline void unpack_row(const uint8_t* in, int64_t d, int64_t bits, uint8_t* code
   for (int64_t i = full * 8; i < d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(in, nb, bits, i));
 }
 
-}  // namespace cpu
-}  // namespace kvstats
+// Rows per task of the sketch kernels (QJL, TurboQuant_prod): one block's projection, rows x m values,
+// stays in a core's L2 between the BLAS product that writes it and the sign packing that reads it.
+constexpr int64_t kSketchBlock = 256;
 
-#include <ATen/Parallel.h>
-
-#include <vector>
-
-namespace kvstats {
-namespace cpu {
-
-// Signs of proj [rows, m] (bit 1 for >= 0) packed 8 per byte into out [rows, ceil(m/8)].
+// Signs of proj[0..m) (bit 1 for >= 0, as the reference's `>= 0`) packed 8 per byte into out.
 template <typename acc_t>
-inline void pack_sign_rows(const acc_t* proj, int64_t rows, int64_t m, uint8_t* out) {
-  const int64_t mb = packed_bytes(m, 1);
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> bits(m);
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t i = 0; i < m; ++i) bits[i] = proj[r * m + i] >= acc_t(0);
-      pack_row(bits.data(), m, 1, out + r * mb);
-    }
-  });
+inline void pack_signs(const acc_t* proj, int64_t m, uint8_t* out) {
+  const int64_t full = m / 8;
+  for (int64_t c = 0; c < full; ++c) {
+    uint32_t byte = 0;
+    for (int t = 0; t < 8; ++t) byte |= static_cast<uint32_t>(proj[8 * c + t] >= acc_t(0)) << t;
+    out[c] = static_cast<uint8_t>(byte);
+  }
+  if (full * 8 < m) {
+    uint32_t byte = 0;
+    for (int64_t i = full * 8; i < m; ++i) byte |= static_cast<uint32_t>(proj[i] >= acc_t(0)) << (i - full * 8);
+    out[full] = static_cast<uint8_t>(byte);
+  }
+}
+
+// The fp32 instance with an AVX2 clone (simd_rows.cpp).
+void pack_signs_f32(const float* proj, int64_t m, uint8_t* out);
+
+// The eight ±1 values of each byte of packed signs (bit t of v set: +1 at t), for decoding 8 at a time.
+template <typename acc_t>
+inline const acc_t (&sign_patterns())[256][8] {
+  static const auto table = [] {
+    std::array<std::array<acc_t, 8>, 256> t{};
+    for (int v = 0; v < 256; ++v)
+      for (int b = 0; b < 8; ++b) t[v][b] = (v >> b) & 1 ? acc_t(1) : acc_t(-1);
+    return t;
+  }();
+  return reinterpret_cast<const acc_t(&)[256][8]>(table);
+}
+
+// out[0..m) = w · (±1 signs of one packed row).
+template <typename acc_t>
+inline void decode_signs(const uint8_t* row, int64_t m, acc_t w, acc_t* out) {
+  const acc_t(&pattern)[256][8] = sign_patterns<acc_t>();
+  const int64_t full = m / 8;
+  for (int64_t p = 0; p < full; ++p)
+    for (int t = 0; t < 8; ++t) out[8 * p + t] = pattern[row[p]][t] * w;
+  for (int64_t i = full * 8; i < m; ++i) out[i] = pattern[row[full]][i - full * 8] * w;
+}
+
+// The fp32 instance with an AVX2 clone (simd_rows.cpp).
+void decode_signs_f32(const uint8_t* row, int64_t m, float w, float* out);
+
+template <typename acc_t>
+inline void decode_sign_row(const uint8_t* row, int64_t m, acc_t w, acc_t* out) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    decode_signs_f32(row, m, w, out);
+  } else {
+    decode_signs(row, m, w, out);
+  }
+}
+
+template <typename acc_t>
+inline void pack_sign_row(const acc_t* proj, int64_t m, uint8_t* out) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    pack_signs_f32(proj, m, out);
+  } else {
+    pack_signs(proj, m, out);
+  }
+}
+
+// out[r] = packed signs of S y_r for the k rows y of one block ([k, d] contiguous, sketch's dtype);
+// proj is the task's scratch [>= k, m]. Runs inside a parallel task, so BLAS runs single-threaded.
+template <typename acc_t>
+inline void sketch_signs_block(const at::Tensor& y, const at::Tensor& sketch, at::Tensor& proj, uint8_t* out) {
+  const int64_t k = y.size(0), m = sketch.size(0), mb = packed_bytes(m, 1);
+  at::Tensor p = proj.narrow(0, 0, k);
+  at::mm_out(p, y, sketch.t());
+  const acc_t* pp = p.const_data_ptr<acc_t>();
+  for (int64_t r = 0; r < k; ++r) pack_sign_row(pp + r * m, m, out + r * mb);
 }
 
 }  // namespace cpu

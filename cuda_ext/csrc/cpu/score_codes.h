@@ -1,0 +1,138 @@
+// Scores straight from packed codes, shared by the lloyd / turbo_mse, TurboQuant_prod and QJL kernels:
+//
+//   scores[g, i, j] = mse_w[g, j] · <q[g, i], levels[codes[g, j]]>  +  qjl_w[g, j] · <qs[g, i], signs[g, j]>
+//
+// either part optional (QJL has only the second, lloyd only the first). Few queries per key group
+// (n_q < kGemmQueries): per-query lookup tables (score_tables.h), one look-up per byte (or code pair) per
+// key. Many: each task decodes a block of keys to dense rows (levels[codes] · w, ±w) in a buffer that
+// stays in cache and multiplies it by the queries with BLAS.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "../bitpack.h"
+#include "common_cpu.h"
+#include "score_tables.h"
+
+namespace kvstats {
+namespace cpu {
+
+constexpr int64_t kGemmQueries = 8;
+// Keys per task: the decoded block (kScoreBlock × (d + m) values) and its scores stay in L2.
+constexpr int64_t kScoreBlock = 256;
+
+// The packed keys of G groups of nk keys. codes: [G, nk, ceil(d·bits/8)] (nullptr: no MSE part);
+// signs: [G, nk, ceil(m/8)] (nullptr: no sign part); weights [G, nk].
+template <typename acc_t>
+struct PackedKeys {
+  int64_t G = 0, nk = 0;
+  const uint8_t* codes = nullptr;
+  const acc_t* mse_w = nullptr;
+  const acc_t* levels = nullptr;
+  int64_t bits = 0, d = 0;
+  const uint8_t* signs = nullptr;
+  const acc_t* qjl_w = nullptr;
+  int64_t m = 0;
+};
+
+// q: [G, nq, d] (undefined without MSE part), qs: [G, nq, m] (undefined without sign part), both
+// contiguous in acc_t; out: [G, nq, nk].
+template <typename acc_t>
+void score_packed_tables(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  const int64_t nq = out.size(1), d = k.d, m = k.m;
+  const int64_t mb = k.signs ? packed_bytes(m, 1) : 0;
+  const CodeTable ct(k.codes ? d : 0, k.codes ? k.bits : 1);
+  const int64_t code_size = k.codes ? ct.size : 0;
+  const int64_t stride = code_size + mb * 256;  // per (g, i): the codes' table, then the signs' byte table
+  std::vector<acc_t> tables(k.G * nq * stride);
+  const acc_t* qp = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
+  const acc_t* qsp = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
+  at::parallel_for(0, k.G * nq, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gi = begin; gi < end; ++gi) {
+      acc_t* t = tables.data() + gi * stride;
+      if (k.codes) build_code_table(ct, qp + gi * d, k.levels, t);
+      if (k.signs) build_sign_table(qsp + gi * m, m, mb, t + code_size);
+    }
+  });
+  acc_t* op = out.mutable_data_ptr<acc_t>();
+  const int64_t blocks = (k.nk + kScoreBlock - 1) / kScoreBlock;
+  at::parallel_for(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> scratch(d);
+    for (int64_t gb = begin; gb < end; ++gb) {
+      const int64_t g = gb / blocks, j0 = (gb % blocks) * kScoreBlock, j1 = std::min(k.nk, j0 + kScoreBlock);
+      for (int64_t i = 0; i < nq; ++i) {
+        const acc_t* t = tables.data() + (g * nq + i) * stride;
+        acc_t* o = op + (g * nq + i) * k.nk;
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t key = g * k.nk + j;
+          acc_t s = 0;
+          if (k.codes) s = k.mse_w[key] * score_row(ct, t, k.codes + key * ct.nb, scratch.data());
+          if (k.signs) s += k.qjl_w[key] * table_sum(t + code_size, k.signs + key * mb, mb);
+          o[j] = s;
+        }
+      }
+    }
+  });
+}
+
+template <typename acc_t>
+void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  const int64_t nq = out.size(1), d = k.d, m = k.m;
+  const int64_t nb = k.codes ? packed_bytes(d, k.bits) : 0, mb = k.signs ? packed_bytes(m, 1) : 0;
+  const int64_t blocks = (k.nk + kScoreBlock - 1) / kScoreBlock;
+  const auto opts = out.options();
+  at::parallel_for(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
+    at::Tensor dense = k.codes ? at::empty({kScoreBlock, d}, opts) : at::Tensor();
+    at::Tensor dense_signs = k.signs ? at::empty({kScoreBlock, m}, opts) : at::Tensor();
+    at::Tensor tile = at::empty({nq, kScoreBlock}, opts);
+    std::vector<uint8_t> codes(d);
+    for (int64_t gb = begin; gb < end; ++gb) {
+      const int64_t g = gb / blocks, j0 = (gb % blocks) * kScoreBlock;
+      const int64_t rows = std::min(kScoreBlock, k.nk - j0);
+      at::Tensor scores = tile.narrow(1, 0, rows);
+      if (k.codes) {
+        acc_t* dp = dense.mutable_data_ptr<acc_t>();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t key = g * k.nk + j0 + r;
+          unpack_row(k.codes + key * nb, d, k.bits, codes.data());
+          for (int64_t t = 0; t < d; ++t) dp[r * d + t] = k.levels[codes[t]] * k.mse_w[key];
+        }
+        at::mm_out(scores, q[g], dense.narrow(0, 0, rows).t());
+      }
+      if (k.signs) {
+        acc_t* sp = dense_signs.mutable_data_ptr<acc_t>();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t key = g * k.nk + j0 + r;
+          decode_sign_row(k.signs + key * mb, m, k.qjl_w[key], sp + r * m);
+        }
+        const at::Tensor sign_part = dense_signs.narrow(0, 0, rows).t();
+        if (k.codes) {
+          scores.addmm_(qs[g], sign_part);
+        } else {
+          at::mm_out(scores, qs[g], sign_part);
+        }
+      }
+      out[g].narrow(1, j0, rows).copy_(scores);
+    }
+  });
+}
+
+// out [G, nq, nk] from the packed keys; picks tables or GEMM by the number of queries.
+template <typename acc_t>
+at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
+                        const at::TensorOptions& opts) {
+  at::Tensor out = at::empty({k.G, nq, k.nk}, opts);
+  if (out.numel() == 0) return out;
+  if (nq >= kGemmQueries) {
+    score_packed_gemm(k, q, qs, out);
+  } else {
+    score_packed_tables(k, q, qs, out);
+  }
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace kvstats
