@@ -41,9 +41,12 @@ class Case:
         return self.reference_s / self.kernel_s
 
 
-def median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+def median_seconds(fn: Callable[[], object], min_run_time: float, repeats: int = 1) -> float:
+    """Median time of fn: the median over `repeats` blocked_autorange runs of their medians."""
+    # Timer runs stmt on ONE thread unless told otherwise; time with the whole intra-op pool.
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    runs = sorted(timer.blocked_autorange(min_run_time=min_run_time).median for _ in range(repeats))
+    return runs[len(runs) // 2]
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
@@ -56,42 +59,47 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
 
 def bench_fwht(device: str, dtype: torch.dtype, rows: int, d: int, min_run_time: float) -> Case:
     x = torch.randn(rows, d, device=device).to(dtype)
-    kernel = median_seconds(lambda: ops.fwht(x), min_run_time)
+    kernel = median_seconds(lambda: ops.fwht(x), min_run_time, repeats=3)
     with ops.use_reference():
         reference = median_seconds(lambda: ops.fwht(x), min_run_time)
     moved = 2 * x.numel() * x.element_size()
     return Case("fwht", (rows, d), str(dtype).removeprefix("torch."), rows, moved, kernel, reference)
 
 
-def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: int, bits: int, n_q: int,
-                     min_run_time: float) -> list[Case]:
+def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: int, bits: int,
+                     query_counts: tuple[int, ...], min_run_time: float) -> list[Case]:
     """Encode a [1, heads, seq, d] cache and score queries [1, heads, n_q, d] from the codes, through the
-    public quantizer API, with the kernels and with the references; plus the dense fp32 q·Kᵀ baseline."""
+    public quantizer API, with the kernels and with the references; plus the dense fp32 q·Kᵀ baseline.
+    Kernel times are the median of three timing runs (the references, slower by 5–500×, of one)."""
     from kvstats.quantizers import quantizer
 
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(1, heads, seq, d, generator=g).to(device=device, dtype=dtype)
-    queries = torch.randn(1, heads, n_q, d, generator=g).to(device=device, dtype=dtype)
+    all_queries = {n_q: torch.randn(1, heads, n_q, d, generator=g).to(device=device, dtype=dtype)
+                   for n_q in query_counts}
     vectors = heads * seq
     in_bytes = keys.numel() * keys.element_size()
+    dt = str(dtype).removeprefix("torch.")
     cases = []
     for name, opts in (("turbo_mse", {"bits": bits}), ("qjl", {"bits": bits}), ("turbo_prod", {"bits": bits})):
         qz = quantizer(name, dim=d, seed=0, **opts)
         code = qz.encode(keys)
-        enc = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time)
-        sc = median_seconds(lambda qz=qz, code=code: qz.inner(queries, code), min_run_time)
+        enc = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time, repeats=3)
         with ops.use_reference():
-            code_ref = qz.encode(keys)
             enc_ref = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time)
-            sc_ref = median_seconds(lambda qz=qz, code=code_ref: qz.inner(queries, code), min_run_time)
-        dt = str(dtype).removeprefix("torch.")
         cases.append(Case(f"{name}.encode", tuple(keys.shape), dt, vectors, in_bytes + code.nbytes, enc, enc_ref))
-        cases.append(Case(f"{name}.scores(n_q={n_q})", tuple(keys.shape), dt, vectors,
-                          code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4, sc, sc_ref))
+        for n_q, queries in all_queries.items():
+            sc = median_seconds(lambda qz=qz, code=code, q=queries: qz.inner(q, code), min_run_time, repeats=3)
+            with ops.use_reference():
+                sc_ref = median_seconds(lambda qz=qz, code=code, q=queries: qz.inner(q, code), min_run_time)
+            cases.append(Case(f"{name}.scores(n_q={n_q})", tuple(keys.shape), dt, vectors,
+                              code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4, sc, sc_ref))
     dense_keys = keys.float()
-    dense = median_seconds(lambda: queries.float() @ dense_keys.transpose(-1, -2), min_run_time)
-    cases.append(Case(f"dense_fp32_qK.scores(n_q={n_q})", tuple(keys.shape), "float32", vectors,
-                      dense_keys.numel() * 4 + heads * n_q * seq * 4, dense, dense))
+    for n_q, queries in all_queries.items():
+        dense_q = queries.float()
+        dense = median_seconds(lambda q=dense_q: q @ dense_keys.transpose(-1, -2), min_run_time, repeats=3)
+        cases.append(Case(f"dense_fp32_qK.scores(n_q={n_q})", tuple(keys.shape), "float32", vectors,
+                          dense_keys.numel() * 4 + heads * n_q * seq * 4, dense, dense))
     return cases
 
 
@@ -158,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         # The issue's CPU setting: B=1, H_kv=8, S=32768, d=128 -> 262144 vectors, fp32, 4 bits.
         settings = [(torch.float32, 8 * 32768, 128), (torch.float32, 4096, 4096)]
-        quant_settings = [(torch.float32, 8, 32768, 128, 4, 1), (torch.float32, 8, 32768, 128, 4, 64)]
+        quant_settings = [(torch.float32, 8, 32768, 128, 4, (1, 64))]
     else:
         # The issue's GPU setting: B=1, H_kv=32, S=32768, d=128 (GQA 4: 4 queries per KV head), fp16.
         settings = [(torch.float16, 32 * 32768, 128), (torch.float32, 32 * 32768, 128), (torch.float16, 4096, 8192)]
-        quant_settings = [(torch.float16, 32, 32768, 128, 4, 4)]
+        quant_settings = [(torch.float16, 32, 32768, 128, 4, (4,))]
 
     results = {
         "kvstats": __version__,

@@ -58,24 +58,41 @@ void score_packed_tables(const PackedKeys<acc_t>& k, const at::Tensor& q, const 
     }
   });
   acc_t* op = out.mutable_data_ptr<acc_t>();
-  const int64_t blocks = (k.nk + kScoreBlock - 1) / kScoreBlock;
-  at::parallel_for(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> scratch(d);
-    for (int64_t gb = begin; gb < end; ++gb) {
-      const int64_t g = gb / blocks, j0 = (gb % blocks) * kScoreBlock, j1 = std::min(k.nk, j0 + kScoreBlock);
-      for (int64_t i = 0; i < nq; ++i) {
-        const acc_t* t = tables.data() + (g * nq + i) * stride;
-        acc_t* o = op + (g * nq + i) * k.nk;
-        for (int64_t j = j0; j < j1; ++j) {
-          const int64_t key = g * k.nk + j;
-          acc_t s = 0;
-          if (k.codes) s = k.mse_w[key] * score_row(ct, t, k.codes + key * ct.nb, scratch.data());
-          if (k.signs) s += k.qjl_w[key] * table_sum(t + code_size, k.signs + key * mb, mb);
-          o[j] = s;
+  // One loop per layout (code_sum is a distinct lambda type), so each inner loop is specialised and inlined.
+  auto run = [&](auto code_sum) {
+    const int64_t nk = k.nk, nb = ct.nb, blocks = (nk + kScoreBlock - 1) / kScoreBlock;
+    const uint8_t* codes = k.codes;
+    const uint8_t* signs = k.signs;
+    const acc_t* mse_w = k.mse_w;
+    const acc_t* qjl_w = k.qjl_w;
+    at::parallel_for(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> scratch(d);
+      for (int64_t gb = begin; gb < end; ++gb) {
+        const int64_t g = gb / blocks, j0 = (gb % blocks) * kScoreBlock, j1 = std::min(nk, j0 + kScoreBlock);
+        for (int64_t i = 0; i < nq; ++i) {
+          const acc_t* t = tables.data() + (g * nq + i) * stride;
+          acc_t* o = op + (g * nq + i) * nk;
+          // Two simple passes over the block (codes, then signs) run faster than one loop doing both.
+          for (int64_t j = j0; j < j1; ++j)
+            o[j] = codes ? mse_w[g * nk + j] * code_sum(t, codes + (g * nk + j) * nb, scratch.data()) : acc_t(0);
+          if (signs)
+            for (int64_t j = j0; j < j1; ++j)
+              o[j] += qjl_w[g * nk + j] * table_sum(t + code_size, signs + (g * nk + j) * mb, mb);
         }
       }
-    }
-  });
+    });
+  };
+  switch (ct.layout) {
+    case CodeTable::Layout::kByte:
+      run([&](const acc_t* t, const uint8_t* row, uint8_t*) { return table_sum(t, row, ct.nb); });
+      break;
+    case CodeTable::Layout::kPair3:
+      run([&](const acc_t* t, const uint8_t* row, uint8_t*) { return pair3_sum(ct, t, row); });
+      break;
+    case CodeTable::Layout::kCode:
+      run([&](const acc_t* t, const uint8_t* row, uint8_t* c) { return per_code_sum(ct, t, row, c); });
+      break;
+  }
 }
 
 template <typename acc_t>

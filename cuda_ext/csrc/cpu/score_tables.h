@@ -10,9 +10,25 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../bitpack.h"
+
+namespace kvstats {
+namespace cpu {
+
+// A little-endian 32-bit word as loaded on this host (the packed layout is little-endian).
+inline uint32_t le32(uint32_t w) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap32(w);
+#else
+  return w;
+#endif
+}
+
+}  // namespace cpu
+}  // namespace kvstats
 
 namespace kvstats {
 namespace cpu {
@@ -89,40 +105,41 @@ inline void build_code_table(const CodeTable& ct, const acc_t* q, const acc_t* l
   }
 }
 
+// Sum over the 3-bit codes of one row from its kPair3 table: each group of 8 codes is 3 bytes, read as
+// one little-endian word (4 bytes, the 4th masked off, except for the last group, which may end the
+// buffer), whose four 6-bit fields index four 64-entry tables.
 template <typename acc_t>
-inline acc_t table_sum(const acc_t* table, const uint8_t* row, int64_t nb);
-
-// <q, levels[codes of row]> from the query's table; codes: scratch of d bytes (kCode layout only).
-template <typename acc_t>
-inline acc_t score_row(const CodeTable& ct, const acc_t* table, const uint8_t* row, uint8_t* codes) {
-  const int64_t L = int64_t{1} << ct.bits;
-  switch (ct.layout) {
-    case CodeTable::Layout::kByte: return table_sum(table, row, ct.nb);
-    case CodeTable::Layout::kPair3: {
-      acc_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t g = 0; g < ct.groups; ++g) {
-        const uint8_t* b = row + 3 * g;
-        const uint32_t w = b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16);
-        const acc_t* t = table + g * 256;
-        s0 += t[w & 63u];
-        s1 += t[64 + ((w >> 6) & 63u)];
-        s2 += t[128 + ((w >> 12) & 63u)];
-        s3 += t[192 + (w >> 18)];
-      }
-      const acc_t* tail = table + ct.groups * 256;
-      for (int64_t i = 8 * ct.groups; i < ct.d; ++i)
-        s0 += tail[(i - 8 * ct.groups) * L + unpack_code(row, ct.nb, ct.bits, i)];
-      return (s0 + s1) + (s2 + s3);
+inline acc_t pair3_sum(const CodeTable& ct, const acc_t* table, const uint8_t* row) {
+  acc_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int64_t g = 0; g < ct.groups; ++g) {
+    const uint8_t* b = row + 3 * g;
+    uint32_t w;
+    if (g + 1 < ct.groups) {
+      std::memcpy(&w, b, 4);
+      w = le32(w);
+    } else {
+      w = b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16);
     }
-    case CodeTable::Layout::kCode: {
-      acc_t s = 0;
-      for (int64_t g = 0; g < ct.groups; ++g) unpack_group8(row + g * ct.bits, ct.bits, codes + 8 * g);
-      for (int64_t i = 8 * ct.groups; i < ct.d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(row, ct.nb, ct.bits, i));
-      for (int64_t i = 0; i < ct.d; ++i) s += table[i * L + codes[i]];
-      return s;
-    }
+    const acc_t* t = table + g * 256;
+    s0 += t[w & 63u];
+    s1 += t[64 + ((w >> 6) & 63u)];
+    s2 += t[128 + ((w >> 12) & 63u)];
+    s3 += t[192 + ((w >> 18) & 63u)];
   }
-  return 0;
+  const acc_t* tail = table + ct.groups * 256;
+  for (int64_t i = 8 * ct.groups; i < ct.d; ++i) s0 += tail[(i - 8 * ct.groups) * 8 + unpack_code(row, ct.nb, 3, i)];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// Sum over the codes of one row from its kCode table; codes: scratch of d bytes.
+template <typename acc_t>
+inline acc_t per_code_sum(const CodeTable& ct, const acc_t* table, const uint8_t* row, uint8_t* codes) {
+  const int64_t L = int64_t{1} << ct.bits;
+  for (int64_t g = 0; g < ct.groups; ++g) unpack_group8(row + g * ct.bits, ct.bits, codes + 8 * g);
+  for (int64_t i = 8 * ct.groups; i < ct.d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(row, ct.nb, ct.bits, i));
+  acc_t s = 0;
+  for (int64_t i = 0; i < ct.d; ++i) s += table[i * L + codes[i]];
+  return s;
 }
 
 template <typename acc_t>
