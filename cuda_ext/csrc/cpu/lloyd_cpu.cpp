@@ -152,14 +152,7 @@ at::Tensor lloyd_scores_cpu(const at::Tensor& q, const at::Tensor& packed, const
   const at::Tensor nc = norm.to(qc.scalar_type()).contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "lloyd_scores_cpu", [&] {
-    cpu::PackedKeys<scalar_t> keys;
-    keys.G = pc.size(0);
-    keys.nk = pc.size(1);
-    keys.codes = pc.const_data_ptr<uint8_t>();
-    keys.mse_w = nc.const_data_ptr<scalar_t>();
-    keys.levels = lv.const_data_ptr<scalar_t>();
-    keys.bits = bits;
-    keys.d = qc.size(2);
+    const auto keys = cpu::code_keys<scalar_t>(pc, nc, lv, bits, qc.size(2));
     out = cpu::score_packed(keys, qc, at::Tensor(), qc.size(1), qc.options());
   });
   return out;
@@ -175,17 +168,7 @@ at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch
   const at::Tensor gc = (gamma.to(qc.scalar_type()) * scale).contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "turbo_prod_scores_cpu", [&] {
-    cpu::PackedKeys<scalar_t> keys;
-    keys.G = pc.size(0);
-    keys.nk = pc.size(1);
-    keys.codes = pc.const_data_ptr<uint8_t>();
-    keys.mse_w = nc.const_data_ptr<scalar_t>();
-    keys.levels = lv.const_data_ptr<scalar_t>();
-    keys.bits = bits;
-    keys.d = qc.size(2);
-    keys.signs = spc.const_data_ptr<uint8_t>();
-    keys.qjl_w = gc.const_data_ptr<scalar_t>();
-    keys.m = qsc.size(2);
+    const auto keys = cpu::with_signs(cpu::code_keys<scalar_t>(pc, nc, lv, bits, qc.size(2)), spc, gc, qsc.size(2));
     out = cpu::score_packed(keys, qc, qsc, qc.size(1), qc.options());
   });
   return out;

@@ -44,12 +44,7 @@ at::Tensor qjl_scores_cpu(const at::Tensor& q_sketch, const at::Tensor& packed, 
   const at::Tensor wc = (norm.to(qc.scalar_type()) * scale).contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "qjl_scores_cpu", [&] {
-    cpu::PackedKeys<scalar_t> keys;
-    keys.G = pc.size(0);
-    keys.nk = pc.size(1);
-    keys.signs = pc.const_data_ptr<uint8_t>();
-    keys.qjl_w = wc.const_data_ptr<scalar_t>();
-    keys.m = qc.size(2);
+    const auto keys = cpu::with_signs(cpu::PackedKeys<scalar_t>{}, pc, wc, qc.size(2));
     out = cpu::score_packed(keys, at::Tensor(), qc, qc.size(1), qc.options());
   });
   return out;

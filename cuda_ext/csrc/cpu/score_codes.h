@@ -38,6 +38,32 @@ struct PackedKeys {
   int64_t m = 0;
 };
 
+// Keys with an MSE part: packed [G, nk, ceil(d·bits/8)] uint8, w [G, nk] and levels [2^bits] in acc_t.
+template <typename acc_t>
+PackedKeys<acc_t> code_keys(const at::Tensor& packed, const at::Tensor& w, const at::Tensor& levels, int64_t bits,
+                            int64_t d) {
+  PackedKeys<acc_t> k;
+  k.G = packed.size(0);
+  k.nk = packed.size(1);
+  k.codes = packed.const_data_ptr<uint8_t>();
+  k.mse_w = w.const_data_ptr<acc_t>();
+  k.levels = levels.const_data_ptr<acc_t>();
+  k.bits = bits;
+  k.d = d;
+  return k;
+}
+
+// Adds the sign part: signs [G, nk, ceil(m/8)] uint8, w [G, nk] in acc_t.
+template <typename acc_t>
+PackedKeys<acc_t> with_signs(PackedKeys<acc_t> k, const at::Tensor& signs, const at::Tensor& w, int64_t m) {
+  k.G = signs.size(0);
+  k.nk = signs.size(1);
+  k.signs = signs.const_data_ptr<uint8_t>();
+  k.qjl_w = w.const_data_ptr<acc_t>();
+  k.m = m;
+  return k;
+}
+
 // q: [G, nq, d] (undefined without MSE part), qs: [G, nq, m] (undefined without sign part), both
 // contiguous in acc_t; out: [G, nq, nk].
 template <typename acc_t>
