@@ -14,6 +14,7 @@ key            meaning
 ``verdict``    ``"reproduced"``, ``"not reproduced"``, ``"partly"``, or ``"measured"`` (no published counterpart)
 ``figure``     path of the figure relative to ``figures/`` (``"budget_sweep_kl.png"``), or null
 ``details``    optional markdown (a table, a caveat); may be omitted or null
+``scale``      optional: the scale the study ran at (``"quick"`` or ``"paper"``), set by ``write_claims(scale=)``
 =============  ==============================================================================================
 
     from kvstats.report import write_claims
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstats.sweep import default_figures_dir
+from kvstats.sweep import SCALES, default_figures_dir
 
 __all__ = [
     "CLAIM_KEYS",
@@ -53,9 +54,9 @@ __all__ = [
     "write_claims",
 ]
 
-#: Keys every claim object must have (``details`` may be omitted).
-CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details")
-_REQUIRED = CLAIM_KEYS[:-1]
+#: Keys of a claim object; all but ``details`` and ``scale`` are required.
+CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale")
+_REQUIRED = CLAIM_KEYS[:-2]
 #: Allowed verdicts. ``measured``: our own measurement, no published number to hold it to.
 VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
 #: Order of the studies in REPORT.md (and of ``kvstats reproduce``); studies not listed follow, by name.
@@ -69,7 +70,7 @@ def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Pat
 
 
 def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, Any]:
-    """Check one claim object; return it as a plain dict with ``details`` filled in (None when absent).
+    """Check one claim object; return it as a plain dict with ``details`` and ``scale`` filled in (None when absent).
 
     Raises ValueError/TypeError naming the key and the value seen.
     """
@@ -90,21 +91,29 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, 
     for key in ("figure", "details"):
         if out[key] is not None and not isinstance(out[key], str):
             raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
+    if out["scale"] is not None and out["scale"] not in SCALES:
+        raise ValueError(f"{where}['scale'] must be one of {list(SCALES)} or None, got {out['scale']!r}")
     return out
 
 
-def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *,
+def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
                  figures_dir: str | os.PathLike | None = None, echo: bool = False) -> Path:
     """Validate ``claims`` and write them to ``figures/data/<study>_claims.json`` (atomically); return the path.
 
-    Ids must be unique within the study. ``figures_dir`` defaults to :func:`default_figures_dir`. With
-    ``echo`` each claim is printed as ``[verdict] id: measurement`` (what a study shows its user).
+    Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
+    a report assembled from studies run at different scales says which ran at which. ``figures_dir``
+    defaults to :func:`default_figures_dir`. With ``echo`` each claim is printed as
+    ``[verdict] id: measurement`` (what a study shows its user).
     """
     if not isinstance(study, str) or not study or "/" in study:
         raise ValueError(f"study must be a study name like 'budget_sweep', got {study!r}")
     if isinstance(claims, (str, bytes, Mapping)) or not isinstance(claims, Iterable):
         raise TypeError(f"claims must be a list of dicts, got {type(claims).__name__}")
+    if scale is not None and scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
     checked = [validate_claim(c, f"claims[{i}]") for i, c in enumerate(claims)]
+    if scale is not None:
+        checked = [c | {"scale": scale} for c in checked]
     ids = [c["id"] for c in checked]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -209,6 +218,27 @@ def _study_figures(figures_dir: Path, study: str, claims: list[dict]) -> list[st
     return list(dict.fromkeys(named + globbed))
 
 
+def _study_scales(claims: Mapping[str, list[dict[str, Any]]], default: str) -> dict[str, str]:
+    """The scale each study ran at: the one its claims record, else ``default`` (the command's scale)."""
+    out = {}
+    for study, cs in claims.items():
+        recorded = {c["scale"] for c in cs if c["scale"]}
+        out[study] = "/".join(sorted(recorded)) if recorded else default
+    return out
+
+
+def _scale_line(scales: Mapping[str, str], default: str) -> str:
+    """``paper`` when every study ran at one scale; else the majority scale and the exceptions."""
+    values = list(scales.values())
+    if not values:
+        return default
+    main = max(set(values), key=values.count)
+    others = {s: v for s, v in scales.items() if v != main}
+    if not others:
+        return main
+    return f"{main}, except " + ", ".join(f"{s} ({v})" for s, v in others.items())
+
+
 def build_report(
     figures_dir: str | os.PathLike | None = None,
     *,
@@ -224,7 +254,8 @@ def build_report(
 
     Args:
         figures_dir: the figures folder (default :func:`default_figures_dir`).
-        scale: the scale the studies ran at (stated at the top).
+        scale: the scale of the command (stated at the top); a study whose claims record their own scale
+            (``write_claims(scale=)``) is reported at that one, and a mixed run names the exceptions.
         studies: the studies to include, in this order (default: every claims file, in :func:`study_order`).
         timings: wall seconds per study (shown in the run table when given).
         preamble: markdown inserted after the header (conventions, how to read the verdicts).
@@ -241,14 +272,16 @@ def build_report(
     order = list(studies) if studies is not None else study_order(found)
     claims = {s: read_claims(found[s]) for s in order if s in found}
     date = date or _dt.datetime.now(_dt.timezone.utc)
+    scales = _study_scales(claims, scale)
+    any_quick = "quick" in scales.values()
     lines = [
         "# kvstats — published claims against our measurements",
         "",
         f"Generated by `kvstats reproduce --scale {scale}` on {date:%Y-%m-%d %H:%M} UTC "
-        f"(commit {_git_commit(fig.parent)}). **Scale: {scale}.**"
-        + (" Quick-scale sample sizes are small: p-values and CIs below are those of the quick run, not the "
-           "paper-scale numbers; `make figures SCALE=paper` reruns at the sizes the claims need."
-           if scale == "quick" else ""),
+        f"(commit {_git_commit(fig.parent)}). **Scale: {_scale_line(scales, scale)}.**"
+        + (" Quick-scale sample sizes are small: p-values and CIs of quick-scale studies are those of the quick "
+           "run, not the paper-scale numbers; `make figures SCALE=paper` reruns at the sizes the claims need."
+           if any_quick else ""),
         "",
         "Do not edit: this file is regenerated from `figures/data/*_claims.json` by `kvstats.report.build_report`.",
         "",
@@ -272,7 +305,7 @@ def build_report(
         lines += [f"| {s} | {t:.0f} |" for s, t in timings.items()]
         lines += [f"| **total** | **{sum(timings.values()):.0f}** |", ""]
     for study, cs in claims.items():
-        lines += [f"## {study}", ""]
+        lines += [f"## {study}", "", f"Scale: {scales[study]}.", ""]
         for c in cs:
             lines += [
                 f"### {c['id']} — {_VERDICT_MARK[c['verdict']]}",

@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     table = add_d6(table)
     plots.write_csv(f"{STUDY}_trials", table)
     out = analyse(table, args.scale, cfg)
-    write_claims(STUDY, out, echo=True)
+    write_claims(STUDY, out, scale=args.scale, echo=True)
     print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
           f"{info.get('cached')} cached)")
     return 0

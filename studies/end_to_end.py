@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     plots.write_csv(f"{STUDY}_paths", agree)
     figures(summary, tokens, layers, corr, gen, args.scale, cfg["tokens"])
     out = claims(summary, tokens, corr, gen, agree, cfg, args.scale)
-    write_claims(STUDY, out)
+    write_claims(STUDY, out, scale=args.scale)
     cols = ["scheme", "n", "out_kl", "ppl", "top1", "attn_kl", "top5", "bits_per_element", "seconds"]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[summary["window"] == 0][cols].groupby(["scheme", "n"]).mean().round(4).to_string())

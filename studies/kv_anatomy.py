@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ks_raw = [float(r["ks_raw"]) for r in ks]
     ks_wht = [float(r["ks_wht"]) for r in ks]
     print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
-    write_claims("kv_anatomy", claims(outliers, kr, vr, ks, args.scale))
+    write_claims("kv_anatomy", claims(outliers, kr, vr, ks, args.scale), scale=args.scale)
     print(f"kv_anatomy done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
     figures(units, tst, pars, schemes, args.scale)
     out = claims(tst, units, pars, bits, cfg, args.scale)
-    write_claims(STUDY, out, echo=True)
+    write_claims(STUDY, out, scale=args.scale, echo=True)
     print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
           f"{info.get('cached')} cached)")
     return 0

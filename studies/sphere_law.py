@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"   b={r['bits']}: {r['exact_d_mse']:.5f} / {r['gaussian_limit_d_mse']:.5f} / {r['printed_d_mse']}"
               f"  (printed vs exact {100 * r['rel_diff_printed_vs_exact']:+.1f}%)")
-    write_claims("sphere_law", claims(dist_dims, rows, args.scale))
+    write_claims("sphere_law", claims(dist_dims, rows, args.scale), scale=args.scale)
     print(f"sphere_law done in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": None,
         },
     ]
-    write_claims(STUDY, claims, echo=True)
+    write_claims(STUDY, claims, scale=args.scale, echo=True)
     print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -141,6 +141,7 @@ def test_write_and_read_claims(tmp_path):
     ({"claim": ""}, "claim"),
     ({"extra": 1}, "unknown key"),
     ({"figure": 3}, "figure"),
+    ({"scale": "huge"}, "scale"),
 ])
 def test_claims_are_validated(tmp_path, bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -173,6 +174,20 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
     assert "1 reproduced, 1 not reproduced, 1 partly, 1 measured" in text
     assert "| **total** | **63** |" in text
     assert study_order(["zzz", "budget_sweep", "sphere_law", "aaa"]) == ["sphere_law", "budget_sweep", "aaa", "zzz"]
+
+
+def test_report_states_each_studys_scale(tmp_path):
+    write_claims("sphere_law", [_claim(1)], scale="paper", figures_dir=tmp_path)
+    write_claims("budget_sweep", [_claim(2)], scale="paper", figures_dir=tmp_path)
+    assert read_claims(tmp_path / "data" / "budget_sweep_claims.json")[0]["scale"] == "paper"
+    text = build_report(tmp_path, scale="paper").read_text()
+    assert "**Scale: paper.**" in text and "Quick-scale sample sizes" not in text
+    write_claims("end_to_end", [_claim(3)], scale="quick", figures_dir=tmp_path)
+    text = build_report(tmp_path, scale="paper").read_text()
+    assert "**Scale: paper, except end_to_end (quick).**" in text and "Quick-scale sample sizes" in text
+    assert text.count("Scale: paper.") == 2 and "Scale: quick." in text
+    with pytest.raises(ValueError, match="scale"):
+        write_claims("alpha", [_claim(1)], scale="medium", figures_dir=tmp_path)
 
 
 def test_fmt_p_and_verdicts():
