@@ -184,8 +184,8 @@ DEFAULT_PREAMBLE = """
   case: squared error 0.255 vs D_mse 0.116 at d = 128, b = 2 (a Haar rotation gives ≈ D_mse).
 - Orthogonalised QJL rows need the exact spherical constant: the Gaussian √(π/2) over-scales by the factor
   1.0039 at d = 64 (`kvstats.rotations.spherical_sign_scale`).
-- Real SmolLM2 key outlier ratio (max/median channel magnitude) is 2.9–9.1 over the 30 layers, wider than
-  REFERENCE §8's 3–5.6 (`figures/data/kv_anatomy_outliers.csv`).
+- Real SmolLM2 key outlier ratios (max/median channel magnitude) range wider than REFERENCE §8's 3–5.6: below 3
+  in some layers and up to ≈ 9 in others (kv_anatomy below; `figures/data/kv_anatomy_outliers.csv`).
 """
 
 
