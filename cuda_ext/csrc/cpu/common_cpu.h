@@ -38,9 +38,6 @@ inline acc_t round_to(acc_t v, at::ScalarType dtype) {
   }
 }
 
-// Rows per chunk when an op needs a scratch buffer per row (bounds the extra memory).
-constexpr int64_t kChunkRows = 8192;
-
 // sum_j v[j]^2 with eight independent partial sums (vectorises; fixed order, so deterministic).
 template <typename acc_t>
 inline acc_t sum_squares(const acc_t* v, int64_t d) {
@@ -115,20 +112,20 @@ void pack_signs_f32(const float* proj, int64_t m, uint8_t* out);
 
 // The eight ±1 values of each byte of packed signs (bit t of v set: +1 at t), for decoding 8 at a time.
 template <typename acc_t>
-inline const acc_t (&sign_patterns())[256][8] {
+inline const std::array<std::array<acc_t, 8>, 256>& sign_patterns() {
   static const auto table = [] {
     std::array<std::array<acc_t, 8>, 256> t{};
     for (int v = 0; v < 256; ++v)
       for (int b = 0; b < 8; ++b) t[v][b] = (v >> b) & 1 ? acc_t(1) : acc_t(-1);
     return t;
   }();
-  return reinterpret_cast<const acc_t(&)[256][8]>(table);
+  return table;
 }
 
 // out[0..m) = w · (±1 signs of one packed row).
 template <typename acc_t>
 inline void decode_signs(const uint8_t* row, int64_t m, acc_t w, acc_t* out) {
-  const acc_t(&pattern)[256][8] = sign_patterns<acc_t>();
+  const auto& pattern = sign_patterns<acc_t>();
   const int64_t full = m / 8;
   for (int64_t p = 0; p < full; ++p)
     for (int t = 0; t < 8; ++t) out[8 * p + t] = pattern[row[p]][t] * w;

@@ -27,12 +27,6 @@ inline uint32_t le32(uint32_t w) {
 #endif
 }
 
-}  // namespace cpu
-}  // namespace kvstats
-
-namespace kvstats {
-namespace cpu {
-
 // T[p][v] = sum_t q[p*per + t] * levels[(v >> (t*bits)) & mask], per = 8 / bits (t over valid indices).
 template <typename acc_t>
 inline void build_code_table(const acc_t* q, int64_t d, const acc_t* levels, int64_t bits, int64_t nb, acc_t* table) {
