@@ -10,9 +10,10 @@ scheme's own score estimator), top-5 recall, geometric K error (mean 1 − cos(k
 the 6 components of kvstats' 6D error, the logit-error variance.
 
 Writes figures/budget_sweep_{kl,top5,crossover,kl_ratio,n4}.png and beside them in figures/data/:
-budget_sweep_trials.csv (every trial), budget_sweep_mannwhitney.csv (every pair of schemes per data and n,
-rank-biserial r = 2U₁/(n₁n₂) − 1, Z/√N, exact and asymptotic p, Holm over the whole table),
-budget_sweep_kl_ratio.csv, budget_sweep_crossover.csv, budget_sweep_energy.csv, budget_sweep_claims.json.
+budget_sweep_trials.csv (every trial; regenerated, not kept in git), budget_sweep_mannwhitney.csv (every
+pair of schemes per data and n, rank-biserial r = 2U₁/(n₁n₂) − 1, Z/√N, exact and asymptotic p, Holm over
+the whole table), budget_sweep_kl_ratio.csv, budget_sweep_crossover.csv, budget_sweep_energy.csv,
+budget_sweep_claims.json.
 """
 
 from __future__ import annotations
