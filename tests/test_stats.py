@@ -20,7 +20,8 @@ from kvstats.results import TestResult
 
 
 @pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
-@pytest.mark.parametrize("n1, n2, ties", [(7, 5, False), (30, 25, False), (30, 25, True), (1200, 50, False)])
+@pytest.mark.parametrize("n1, n2, ties", [(7, 5, False), (30, 25, False), (30, 25, True), (1500, 10, False),
+                                          (400, 300, False)])
 def test_u_and_p_equal_scipy(alternative, n1, n2, ties):
     rng = np.random.default_rng(n1 * n2)
     a, b = rng.normal(size=n1), rng.normal(0.3, 1, size=n2)
@@ -31,11 +32,61 @@ def test_u_and_p_equal_scipy(alternative, n1, n2, ties):
     assert isinstance(r, TestResult)
     assert r.statistic == r.u1 == ref_asym.statistic
     assert r.p_asymptotic == pytest.approx(ref_asym.pvalue, rel=1e-12)
-    if ties or max(n1, n2) > S.EXACT_MAX_N:
+    if ties or n1 * n2 > S.EXACT_MAX_PAIRS:
         assert r.pvalue_method == "asymptotic" and math.isnan(r.p_exact) and r.pvalue == r.p_asymptotic
     else:
         ref_exact = scipy.stats.mannwhitneyu(a, b, alternative=alternative, method="exact").pvalue
         assert r.pvalue_method == "exact" and r.pvalue == pytest.approx(ref_exact, rel=1e-12)
+
+
+def _exact_rational_cdf(n1, n2, u_max):
+    """P(U <= u), u = 0..u_max, in exact integer arithmetic (Gaussian binomial coefficients), rounded once."""
+    m, n = min(n1, n2), max(n1, n2)
+    c = [1] + [0] * u_max
+    for i in range(1, m + 1):
+        for u in range(u_max, n + i - 1, -1):
+            c[u] -= c[u - n - i]
+        for u in range(i, u_max + 1):
+            c[u] += c[u - i]
+    total, acc, out = math.comb(m + n, m), 0, []
+    for count in c:
+        acc += count
+        out.append(acc / total)  # int / int is correctly rounded
+    return np.array(out)
+
+
+def test_exact_null_against_rational_arithmetic():
+    # (300, 300) is the worst case measured at the cutoff (n1 n2 = 90 000 <= EXACT_MAX_PAIRS), whole lower half;
+    # (20, 4000) is long and thin (80 000 pairs), checked over its lower tail.
+    for n1, n2, u_max in [(300, 300, 45_000), (20, 4000, 5000), (12, 9, 54)]:
+        ours = S._mwu_exact_cdf(n1, n2, u_max)
+        ref = _exact_rational_cdf(n1, n2, u_max)
+        np.testing.assert_allclose(ours, ref, rtol=2e-11, atol=0)
+
+
+@pytest.mark.parametrize("n", [515, 600, 1000])
+def test_large_samples_give_finite_asymptotic_p(n):
+    # issue 16: scipy's exact null overflows above ~515 per group and took ~90 s at 600: asymptotic here
+    rng = np.random.default_rng(n)
+    a, b = rng.normal(size=n), rng.normal(size=n) + 0.1
+    r = S.mann_whitney(a, b)
+    ref = scipy.stats.mannwhitneyu(a, b, method="asymptotic")
+    assert r.pvalue_method == "asymptotic" and "asymptotic" in r.method and math.isnan(r.p_exact)
+    assert math.isfinite(r.pvalue) and r.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
+    with pytest.raises(ValueError, match=r"method='exact' is limited to n1\*n2 <= 100000"):
+        S.mann_whitney(a, b, method="exact")
+    out = S.compare(pd.DataFrame({"g": ["a"] * n + ["b"] * n, "x": np.concatenate([a, b])}), "x", "g")
+    assert out["p"].iloc[0] == r.pvalue and out["p_method"].iloc[0] == "asymptotic"
+
+
+def test_exact_at_the_cutoff_agrees_with_scipy_where_scipy_is_finite():
+    # 316 x 316 = 99 856 pairs: exact; scipy's exact machinery still finite at N = 632 (its float phase agrees
+    # with exact arithmetic to ~1e-10 here). Far tail: the means differ by 2 sd.
+    rng = np.random.default_rng(316)
+    a, b = rng.normal(size=316), rng.normal(2.0, 1, size=316)
+    r = S.mann_whitney(a, b)
+    assert r.pvalue_method == "exact" and r.pvalue < 1e-50
+    assert r.pvalue == pytest.approx(scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-8)
 
 
 def test_effect_sizes_hand_computed():
