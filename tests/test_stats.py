@@ -241,3 +241,157 @@ def test_ratio_ci_of_medians():
     assert 1.5 < lo < 2.25 < hi < 3.0
     with pytest.raises(ValueError, match=r"median\(b\) is 0"):
         S.ratio_ci(a, np.zeros(5))
+
+
+def test_compare_within_as_a_string_is_one_column():
+    # issue 17: within="bits" used to be iterated letter by letter
+    table = _table()
+    by_string = S.compare(table, "kl", by="scheme", within="bits")
+    pd.testing.assert_frame_equal(by_string, S.compare(table, "kl", by="scheme", within=["bits"]))
+    assert list(by_string.columns[:2]) == ["bits", "metric"] and len(by_string) == 6
+    with pytest.raises(TypeError, match="within must be a column name or a list"):
+        S.compare(table, "kl", by="scheme", within=3)
+
+
+def _two_metric_table():
+    table = _table()
+    return table.assign(recall=np.random.default_rng(12).uniform(size=len(table)))
+
+
+def test_compare_applies_one_correction_over_several_metrics():
+    table = _two_metric_table()
+    out = S.compare(table, ["kl", "recall"], "scheme", within="bits")
+    assert len(out) == 12 and list(out["metric"]) == ["kl"] * 6 + ["recall"] * 6
+    # the kl rows are the single-metric run's raw p-values; the correction spans all 12 tests
+    np.testing.assert_array_equal(out["p"][:6], S.compare(table, "kl", "scheme", within="bits")["p"])
+    np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
+    np.testing.assert_allclose(out["p_bh"], multipletests(out["p"], method="fdr_bh")[1], rtol=1e-12)
+    per_metric = S.compare(table, ["kl", "recall"], "scheme", within="bits", family="metric")
+    for m in ("kl", "recall"):
+        sel = per_metric["metric"] == m
+        np.testing.assert_allclose(per_metric.loc[sel, "p_holm"],
+                                   multipletests(per_metric.loc[sel, "p"], method="holm")[1], rtol=1e-12)
+
+
+def test_compare_paired_matches_units_and_uses_wilcoxon():
+    rng = np.random.default_rng(13)
+    rows = []
+    for seed in range(25):
+        base = rng.normal()
+        for scheme, shift in (("kv", 0.0), ("kqv", -0.5), ("qkqv", 0.3)):
+            if scheme == "qkqv" and seed == 0:
+                continue  # unit 0 lacks qkqv: dropped from the pairs involving qkqv
+            rows.append({"seed": seed, "scheme": scheme, "kl": base + shift + 0.4 * rng.normal()})
+    table = pd.DataFrame(rows).sample(frac=1, random_state=1)  # order must not matter: matched on seed
+    out = S.compare(table, "kl", "scheme", paired_by="seed", n_resamples=499)
+    wide = table.pivot(index="seed", columns="scheme", values="kl")
+    for row in out.itertuples():
+        pair = wide[[row.level_a, row.level_b]].dropna()
+        ref = scipy.stats.wilcoxon(pair[row.level_a], pair[row.level_b])
+        assert row.n_pairs == len(pair) == (24 if "qkqv" in (row.level_a, row.level_b) else 25)
+        assert row.p == pytest.approx(ref.pvalue, rel=1e-12) and row.p_method == "exact"
+        assert row.median_difference == pytest.approx(np.median(pair[row.level_a] - pair[row.level_b]))
+    np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"paired_by \['seed'\] does not identify a unit: level 'kqv' has 1 repeated"):
+        S.compare(pd.concat([table, table[table["scheme"] == "kqv"].head(1)]), "kl", "scheme", paired_by="seed")
+
+
+def test_wilcoxon_equals_scipy_and_hand_computed_effect_size():
+    # d = [1, -2, 3, 4]: ranks of |d| are 1, 2, 3, 4; W+ = 1 + 3 + 4 = 8, W- = 2, r = (8 - 2)/10 = 0.6
+    r = S.wilcoxon(np.array([1.0, -2.0, 3.0, 4.0]))
+    assert (r.w_plus, r.w_minus, r.rank_biserial) == (8.0, 2.0, pytest.approx(0.6))
+    stat, p = r  # unpacks like scipy's result
+    ref = scipy.stats.wilcoxon([1.0, -2.0, 3.0, 4.0])
+    assert (stat, p) == (ref.statistic, pytest.approx(ref.pvalue, rel=1e-12)) and r.pvalue_method == "exact"
+    rng = np.random.default_rng(21)
+    for n, rounding, expected in [(30, None, "exact"), (80, None, "asymptotic"), (40, 1, "asymptotic"),
+                                  (12, 1, "exact permutation")]:
+        a = rng.normal(size=n)
+        b = a - 0.3 + 0.8 * rng.normal(size=n)
+        if rounding is not None:
+            a, b = np.round(a, rounding), np.round(b, rounding)
+        for alternative in ("two-sided", "less", "greater"):
+            res = S.wilcoxon(a, b, alternative=alternative, n_resamples=199)
+            scipy_ref = scipy.stats.wilcoxon(a, b, alternative=alternative)  # scipy's own "auto"
+            assert res.pvalue_method == expected
+            assert res.statistic == scipy_ref.statistic and res.pvalue == pytest.approx(scipy_ref.pvalue, rel=1e-12)
+    with pytest.raises(ValueError, match="every one of the 3 paired differences is 0"):
+        S.wilcoxon([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="a and b must have one length"):
+        S.wilcoxon([1.0, 2.0], [1.0])
+
+
+def test_wilcoxon_rank_biserial_ci_is_scipys_bootstrap_of_the_closed_form():
+    # independent statistic: r = 2 W+/S - 1 with W+ from scipy.stats.wilcoxon(alternative="greater"), S = n(n+1)/2
+    rng = np.random.default_rng(22)
+    d = rng.normal(0.4, 1, size=30)
+    r = S.wilcoxon(d, n_resamples=999, seed=5)
+
+    def closed_form(x):
+        return 2 * scipy.stats.wilcoxon(x, alternative="greater", method="asymptotic").statistic / (30 * 31 / 2) - 1
+
+    assert r.rank_biserial == pytest.approx(closed_form(d), rel=1e-12)
+    ref = scipy.stats.bootstrap((d,), closed_form, vectorized=False, n_resamples=999, rng=np.random.default_rng(5))
+    assert r.confidence_interval == pytest.approx(tuple(ref.confidence_interval), rel=1e-9)
+    one_sign = S.wilcoxon(np.abs(d))
+    assert one_sign.rank_biserial == 1.0 and one_sign.confidence_interval == (1.0, 1.0)
+
+
+def test_paired_ratio_ci_is_scipys_paired_bootstrap():
+    rng = np.random.default_rng(23)
+    b = rng.lognormal(size=120)
+    a = 1.3 * b * rng.lognormal(0, 0.2, size=120)  # strongly correlated pairs
+    r = S.ratio_ci(a, b, np.mean, paired=True, n_resamples=1999, seed=4)
+    ref = scipy.stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) / y.mean(axis), paired=True,
+                                n_resamples=1999, method="BCa", rng=np.random.default_rng(4))
+    assert r.statistic == pytest.approx(a.mean() / b.mean()) and r.paired and r.ci_method == "BCa"
+    assert r.confidence_interval == pytest.approx(tuple(ref.confidence_interval), rel=1e-12)
+    unpaired = S.ratio_ci(a, b, np.mean, n_resamples=1999, seed=4)
+    width = r.confidence_interval[1] - r.confidence_interval[0]
+    # pairing removes the shared lognormal(0, 1) factor (sd 1) leaving sd 0.2: the paired CI is far narrower
+    assert width < 0.5 * (unpaired.confidence_interval[1] - unpaired.confidence_interval[0])
+    with pytest.raises(ValueError, match="paired=True needs a and b of one length"):
+        S.ratio_ci(a, b[:-1], paired=True)
+
+
+def test_spearman_equals_scipy_with_its_paired_bootstrap():
+    rng = np.random.default_rng(24)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    r = S.spearman(x, y, n_resamples=999, seed=3)
+    ref = scipy.stats.spearmanr(x, y)
+    assert (r.statistic, r.pvalue) == (pytest.approx(ref.statistic), pytest.approx(ref.pvalue, rel=1e-12))
+    boot = scipy.stats.bootstrap((x, y), lambda a, b: scipy.stats.spearmanr(a, b).statistic, paired=True,
+                                 vectorized=False, n_resamples=999, rng=np.random.default_rng(3))
+    assert r.confidence_interval == pytest.approx(tuple(boot.confidence_interval), rel=1e-12)
+    with pytest.raises(ValueError, match="y is constant"):
+        S.spearman(x, np.ones(40))
+
+
+def test_bootstrap_of_constant_data_is_the_point():
+    r = S.bootstrap_ci(np.full(10, 2.5))
+    assert r.confidence_interval == (2.5, 2.5) and r.ci_method == "constant data" and r.standard_error == 0.0
+
+
+def test_paired_t_power_equals_noncentral_t():
+    # power = P(T > t_crit) + P(T < -t_crit), T ~ noncentral t(n - 1, d sqrt(n))
+    n, d = 20, 0.6
+    crit = scipy.stats.t.isf(0.025, n - 1)
+    closed = scipy.stats.nct.sf(crit, n - 1, d * math.sqrt(n)) + scipy.stats.nct.cdf(-crit, n - 1, d * math.sqrt(n))
+    assert S.paired_t_power(d, n=n).power == pytest.approx(closed, rel=1e-9)
+    solved = S.paired_t_power(d, power=closed)
+    assert solved.solved_for == "n" and solved.n_pairs == pytest.approx(n, rel=1e-6) and solved.n_required == 20
+    with pytest.raises(ValueError, match="give exactly two of effect_size, n, power"):
+        S.paired_t_power(0.5)
+
+
+def test_wilcoxon_power_is_the_rejection_rate():
+    r = S.wilcoxon_power(0.5, 20, n_simulations=500, seed=7)
+    rng = np.random.default_rng(7)
+    d = rng.normal(0.5, 1.0, size=(500, 20))
+    hits = sum(scipy.stats.wilcoxon(row, method="exact").pvalue < 0.05 for row in d)
+    assert r.power == hits / 500 and r.confidence_interval[0] < r.power < r.confidence_interval[1]
+    # under H0 the exact test's size is <= alpha (0.0497 at n = 30, discrete): with 4000 simulations the
+    # rejection rate has sd 0.0034, so a 1 - 1e-6 Clopper-Pearson CI (half-width ~0.017) must contain it
+    null = S.wilcoxon_power(0.0, 30, seed=8, confidence_level=1 - 1e-6)
+    assert null.confidence_interval[0] < 0.0497 < null.confidence_interval[1]
