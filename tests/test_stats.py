@@ -395,3 +395,14 @@ def test_wilcoxon_power_is_the_rejection_rate():
     # rejection rate has sd 0.0034, so a 1 - 1e-6 Clopper-Pearson CI (half-width ~0.017) must contain it
     null = S.wilcoxon_power(0.0, 30, seed=8, confidence_level=1 - 1e-6)
     assert null.confidence_interval[0] < 0.0497 < null.confidence_interval[1]
+
+
+def test_docs_statistics_examples_run_as_written():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "statistics.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, "docs/statistics.md", "exec"), {})
