@@ -406,3 +406,16 @@ def test_docs_statistics_examples_run_as_written():
     assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "docs/statistics.md", "exec"), {})
+
+
+@pytest.mark.parametrize("zero_method", ["wilcox", "pratt", "zsplit"])
+def test_wilcoxon_zero_methods_equal_scipy_and_rank_sums_add_up(zero_method):
+    d = np.round(np.random.default_rng(3).normal(0.3, 1, size=40), 1)  # ties and 3 zeros
+    r = S.wilcoxon(d, zero_method=zero_method, n_resamples=199)
+    ref = scipy.stats.wilcoxon(d, zero_method=zero_method)
+    assert r.statistic == ref.statistic and r.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
+    assert r.n_zero == 3 and r.pvalue_method == "asymptotic"
+    used = 37 if zero_method == "wilcox" else 40  # wilcox drops the zeros; the others rank them
+    zero_ranks = 0.0 if zero_method == "wilcox" else 6.0  # the three zeros share ranks 1, 2, 3
+    assert r.w_plus + r.w_minus == used * (used + 1) / 2 - (zero_ranks if zero_method == "pratt" else 0.0)
+    assert r.rank_biserial == pytest.approx((r.w_plus - r.w_minus) / (used * (used + 1) / 2))
