@@ -58,6 +58,8 @@ __all__ = [
 EXACT_MAX_PAIRS = 100_000
 #: Largest n₁·n₂ for which the Hodges–Lehmann CI uses the exact null distribution of U.
 EXACT_CI_MAX_PAIRS = 10_000
+#: Resampled values held at once by the bootstrap (8 bytes each: 400 MB); larger runs go in batches.
+BOOTSTRAP_MAX_ELEMENTS = 50_000_000
 #: Largest n₁·n₂ for which the Hodges–Lehmann estimate is computed (it needs all pairwise differences).
 HL_MAX_PAIRS = 20_000_000
 
@@ -495,11 +497,16 @@ def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, pair
     """scipy.stats.bootstrap, falling back from BCa to percentile when BCa is not finite (degenerate
     jackknife, e.g. a statistic that is constant on most resamples). Returns (low, high, se, method used)."""
     tried = (method, "percentile") if method.lower() == "bca" else (method,)
+    size = max(int(sum(np.size(s) for s in samples)), 1)
+    # bound the resample array to ~BOOTSTRAP_MAX_ELEMENTS (scipy resamples all at once by default); below the
+    # bound no batching, so results stay those of a plain scipy.stats.bootstrap call with the same seed
+    batch = None if n_resamples * size <= BOOTSTRAP_MAX_ELEMENTS else max(1, BOOTSTRAP_MAX_ELEMENTS // size)
     for how in tried:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # scipy's DegenerateDataWarning: handled by the fallback
             res = scipy.stats.bootstrap(samples, stat, confidence_level=level, n_resamples=n_resamples, method=how,
-                                        rng=np.random.default_rng(seed), vectorized=vectorized, paired=paired)
+                                        rng=np.random.default_rng(seed), vectorized=vectorized, paired=paired,
+                                        batch=batch)
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
             break
@@ -763,7 +770,8 @@ def wilcoxon(
         alternative: "two-sided", "less" (a tends to be smaller) or "greater".
         method: "auto", "exact" (refused with ties or zeros) or "asymptotic".
         zero_method: "wilcox" (drop zero differences, the default), "pratt" or "zsplit" (scipy's).
-        confidence_level, n_resamples, seed: the bootstrap CI of r.
+        confidence_level, n_resamples, seed: the bootstrap CI of r (cost ≈ n_resamples ranking passes over n
+            pairs plus an n-fold jackknife: ~0.8 s at 300 pairs and 9999 resamples on one core).
     """
     xa = _sample(a, "a")
     if b is None:
