@@ -49,7 +49,7 @@ from scipy import stats
 from kvstats import plots
 from kvstats._random import spawn_seeds
 from kvstats.report import fmt_p, write_claims
-from kvstats.stats import bootstrap_ci
+from kvstats.stats import bootstrap_ci, ratio_ci, spearman
 from kvstats.sweep import Sweep, cell_seed, grid, study_args
 
 STUDY = "end_to_end"
@@ -256,10 +256,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offset: int, pr
 
 def _ci(x, resamples: int, seed: int) -> tuple[float, float, float]:
     x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
-    if np.ptp(x) == 0:
-        return float(x.mean()), float(x.mean()), float(x.mean())
-    r = bootstrap_ci(x, np.mean, n_resamples=resamples, seed=seed)
+    r = bootstrap_ci(x[np.isfinite(x)], np.mean, n_resamples=resamples, seed=seed)
     return r.statistic, *r.confidence_interval
 
 
@@ -286,24 +283,11 @@ def summary_table(tokens: pd.DataFrame, cells: pd.DataFrame, resamples: int) -> 
 
 def _spearman_ci(x, y, resamples: int, seed: int):
     """Spearman's ρ with a bootstrap CI (pairs resampled; BCa, percentile when BCa degenerates)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    rho = stats.spearmanr(x, y)
     if len(x) < 4:
+        rho = stats.spearmanr(x, y)
         return float(rho.statistic), float(rho.pvalue), math.nan, math.nan, "too few points for a CI"
-
-    def stat(a, b):
-        return stats.spearmanr(a, b).statistic
-
-    method = "BCa"
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=resamples,
-                                  method=method, rng=np.random.default_rng(seed))
-        lo, hi = res.confidence_interval
-        if np.isfinite(lo) and np.isfinite(hi):
-            break
-    return float(rho.statistic), float(rho.pvalue), float(lo), float(hi), method
+    r = spearman(x, y, n_resamples=resamples, seed=seed)
+    return r.statistic, r.pvalue, *r.confidence_interval, r.ci_method
 
 
 def correlations(summary: pd.DataFrame, tokens: pd.DataFrame, resamples: int) -> pd.DataFrame:
@@ -332,13 +316,9 @@ def paired_ratio(tokens: pd.DataFrame, col: str, n: int, window: int, resamples:
     a = sel[sel["scheme"] == "qkqv"].groupby("t")[col].mean()
     b = sel[sel["scheme"] == "kqv"].groupby("t")[col].mean()
     a, b = a.align(b, join="inner")
-    ratio = float(a.mean() / b.mean())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = stats.bootstrap((a.to_numpy(), b.to_numpy()), lambda x, y, axis=-1: x.mean(axis) / y.mean(axis),
-                              paired=True, n_resamples=resamples, method="BCa",
-                              rng=np.random.default_rng(cell_seed(STUDY, "ratio", col, n, window)))
-    return ratio, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    r = ratio_ci(a.to_numpy(), b.to_numpy(), np.mean, n_resamples=resamples, paired=True,
+                 seed=cell_seed(STUDY, "ratio", col, n, window))
+    return r.statistic, *r.confidence_interval
 
 
 # --------------------------------------------------------------------------------------------- figures
