@@ -97,7 +97,10 @@ def test_capture_file_units_are_disjoint_windows(tmp_path):
 
 def test_compare_is_paired_and_holm_corrected():
     ev = evaluate("kqv", bits=3, data="gaussian", units=8, compare="qkqv", **SMALL)
-    assert ev.comparison and "bits_total" not in ev.comparison  # equal in every unit: not tested
+    # K differs (turbo_mse vs turbo_prod); V is turbo_prod with the same seed in both: its errors are equal
+    equal = {m for m in METRICS if all(u[m] == u[f"other:{m}"] for u in ev.units)}
+    assert equal == {"6d_v_direction", "6d_v_norm"}
+    assert set(ev.comparison) == set(METRICS) - equal
     for m, c in ev.comparison.items():
         assert 0.0 <= c["test"].pvalue <= c["pvalue_holm"] <= 1.0
         a = [u[m] for u in ev.units]
@@ -106,6 +109,8 @@ def test_compare_is_paired_and_holm_corrected():
 
         assert c["test"].pvalue == pytest.approx(wilcoxon(a, b).pvalue, rel=1e-9)
     assert "p (Holm)" in ev.table()
+    same = evaluate("kqv", bits=3, data="gaussian", units=3, compare="kqv", **SMALL)
+    assert same.comparison == {}  # equal in every unit: nothing to test
 
 
 def test_bad_input():
