@@ -116,3 +116,12 @@ def test_page_code_runs(page, isolated):
         exec(code, namespace)
         ran += 1
     assert ran or all(b.no_run for b in python_blocks(page))
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    """`make docs` (strict) fails on a page missing from mkdocs.yml's nav; say so here first, by name."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r":\s*([\w./-]+\.md)\s*$", nav, re.M))
+    pages = {p.name for p in PAGES[1:]}
+    assert pages - listed == set(), f"add these docs pages to the nav of mkdocs.yml: {sorted(pages - listed)}"
+    assert listed - pages == set(), f"mkdocs.yml lists pages that do not exist: {sorted(listed - pages)}"
