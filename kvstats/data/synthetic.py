@@ -299,8 +299,9 @@ def generate(
         of ``dtype``, on the CPU.
 
     Raises:
-        ValueError / TypeError naming the argument and the value seen (unknown kind or parameter, sizes
-        below 1, d < 2, q_heads not a multiple of heads, rank outside [1, d], df ≤ 0, ρ outside (0, 1], ...).
+        ValueError: naming the argument and the value seen (unknown kind or parameter, sizes below 1, d < 2,
+            q_heads not a multiple of heads, rank outside [1, d], df ≤ 0, ρ outside (0, 1], ...).
+        TypeError: naming the argument and the type seen.
     """
     batch = check_int_range(batch, "batch", 1, _MAX_SIZE)
     heads = check_int_range(heads, "heads", 1, _MAX_SIZE)

@@ -120,9 +120,10 @@ class LloydQuantizer(Quantizer):
 class TurboMSE(LloydQuantizer):
     """TurboQuant_mse: random rotation Π, then the b-bit Lloyd–Max codebook of f_d per coordinate.
 
+    Arguments other than ``rotation`` as :class:`LloydQuantizer`; the seed fixes Π.
+
     Args:
         rotation: ``"wht"`` (randomized Walsh–Hadamard, O(d log d), default) or ``"haar"`` (dense QR).
-        Others as :class:`LloydQuantizer`; the seed fixes Π.
     """
 
     name = "turbo_mse"
