@@ -33,6 +33,7 @@ import numpy as np
 import scipy.stats
 import torch
 
+from kvstats import attention
 from kvstats._validation import as_tensor, check_float_tensor, check_int_range
 from kvstats.results import TestResult
 
@@ -120,37 +121,49 @@ def attention_scores(q, k, *, double: bool = False) -> torch.Tensor:
         ``[B, Hq, Nq, S]`` logits in fp32 (fp64 when ``double`` or an input is fp64).
     """
     q, k = _prep(q, "q"), _prep(k, "k")
-    group = _check_qk(q, k)
-    return _scores(q, k, group, _work_dtype(double, q, k))
+    _check_qk(q, k)
+    return _scores(q, k, _work_dtype(double, q, k))
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
-    b, hq, nq, d = q.shape
-    hkv, s = k.shape[1], k.shape[2]
-    qg = q.to(dtype).reshape(b, hkv, group, nq, d)
-    kk = k.to(dtype).reshape(b, hkv, 1, s, d)
-    return (torch.matmul(qg, kk.transpose(-1, -2)) / math.sqrt(d)).reshape(b, hq, nq, s)
+def _scores(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, k_name: str = "k") -> torch.Tensor:
+    """``q kᵀ/√d`` in ``dtype`` (kvstats.attention.scores); fp32 logits that overflow are recomputed in fp64.
+
+    Finite inputs can overflow fp32 in the product (|q|·|k| above ~1e38): the logits are then computed in
+    fp64; if even fp64 overflows, ValueError names the arguments (never a silent inf/NaN downstream).
+    """
+    s = attention.scores(q.to(dtype), k.to(dtype))
+    if bool(torch.isfinite(s).all()):
+        return s
+    if dtype != torch.float64:
+        s = attention.scores(q.double(), k.double())
+        if bool(torch.isfinite(s).all()):
+            return s
+    raise ValueError(
+        f"q·{k_name}ᵀ/√d overflows float64 (max |q| = {q.abs().max().item():.3g}, max |{k_name}| = "
+        f"{k.abs().max().item():.3g}); rescale the inputs"
+    )
+
+
+def _score_pair(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact and quantized logits in one dtype (fp64 for both when either overflowed fp32)."""
+    a, b = _scores(q, k, dtype, "k"), _scores(q, k_hat, dtype, "k_hat")
+    if a.dtype != b.dtype:
+        a, b = a.double(), b.double()
+    return a, b
 
 
 def _causal_visible(nq: int, s: int, query_offset: int | None, device) -> torch.Tensor:
     """Boolean [Nq, S]: True where query i (absolute position offset + i) may see key j (j <= offset + i)."""
     if query_offset is None:
-        query_offset = s - nq
-        if query_offset < 0:
+        if s - nq < 0:
             raise ValueError(
                 f"causal=True with n_q = {nq} queries > seq = {s} keys needs an explicit query_offset >= 0, "
-                f"got the default query_offset = seq - n_q = {query_offset}"
+                f"got the default query_offset = seq - n_q = {s - nq}"
             )
     else:
         query_offset = check_int_range(query_offset, "query_offset", 0, 2**62)
-    pos = torch.arange(nq, device=device).unsqueeze(-1) + query_offset
-    return torch.arange(s, device=device).unsqueeze(0) <= pos
-
-
-def _masked(scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    if visible is None:
-        return scores
-    return scores.masked_fill(~visible, float("-inf"))
+    return attention.causal_visible(nq, s, query_offset, device)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -194,11 +207,26 @@ def attention_kl_from_scores(
 
 
 def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    lp = torch.log_softmax(_masked(a, visible), dim=-1)
-    lq = torch.log_softmax(_masked(b, visible), dim=-1)
+    """KL per query from logits; log_softmax subtracts each row's maximum first (no overflow of exp).
+
+    Logits near the fp32 limit can still overflow in the subtraction (s_max − s_min > 3.4e38): the
+    computation is then redone in fp64, and an fp64 failure raises (finite result or a clear error).
+    """
+    kl = _kl_terms(a, b, visible)
+    if not bool(torch.isfinite(kl).all()) and a.dtype != torch.float64:
+        kl = _kl_terms(a.double(), b.double(), visible)
+    if not bool(torch.isfinite(kl).all()):
+        raise ValueError(f"attention KL is not finite for logits of magnitude up to "
+                         f"{max(a.abs().max().item(), b.abs().max().item()):.3g}; rescale the inputs")
+    return kl
+
+
+def _kl_terms(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    lp = torch.log_softmax(attention.mask_logits(a, visible), dim=-1)
+    lq = torch.log_softmax(attention.mask_logits(b, visible), dim=-1)
     terms = lp.exp() * (lp - lq)
-    if visible is not None:  # masked keys: p = 0 and 0·(−inf − −inf) would be nan
-        terms = torch.where(visible, terms, torch.zeros((), dtype=terms.dtype, device=terms.device))
+    zero = torch.zeros((), dtype=terms.dtype, device=terms.device)
+    terms = torch.where(lp == float("-inf"), zero, terms)  # p = 0 (masked or underflowed): 0·log 0 = 0
     return terms.sum(-1).clamp_min(0.0)
 
 
@@ -226,11 +254,11 @@ def attention_kl(
     """
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
     dtype = _work_dtype(double, q, k, k_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    kl = _kl_logits(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), visible)
+    kl = _kl_logits(*_score_pair(q, k, k_hat, dtype), visible)
     return _reduce(kl, reduction)
 
 
@@ -257,7 +285,7 @@ def topk_recall_from_scores(
 
     Args:
         scores_ref, scores_quant: ``[..., Nq, S]`` logits of the same shape (any monotone scaling is fine).
-        top_k: ``k ≥ 1``, at most ``S``.
+        top_k: ``k ≥ 1``; a query that sees fewer keys uses ``k' = min(k, visible keys)``.
         causal, query_offset: causal mask, see the module docstring.
         reduction: ``"mean"`` (float) or ``"none"`` (tensor ``[..., Nq]``).
     """
@@ -265,7 +293,7 @@ def topk_recall_from_scores(
     a = _prep(scores_ref, "scores_ref", min_dim=2)
     b = _prep(scores_quant, "scores_quant", min_dim=2)
     _check_same_shape(a, "scores_ref", b, "scores_quant")
-    top_k = check_int_range(top_k, "top_k", 1, a.shape[-1])
+    top_k = check_int_range(top_k, "top_k", 1, 2**62)
     visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
     return _reduce(_recall(a, b, top_k, visible), reduction)
 
@@ -278,9 +306,9 @@ def _top_membership(scores: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
 
 
 def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:
-    a, b = _masked(a, visible), _masked(b, visible)
+    a, b = attention.mask_logits(a, visible), attention.mask_logits(b, visible)
     if visible is None:
-        k_eff = torch.full(a.shape[:-1], top_k, device=a.device)
+        k_eff = torch.full(a.shape[:-1], min(top_k, a.shape[-1]), device=a.device)
     else:
         k_eff = visible.sum(-1).clamp_max(top_k).expand(a.shape[:-1])
     hits = (_top_membership(a, k_eff) & _top_membership(b, k_eff)).sum(-1)
@@ -310,12 +338,12 @@ def topk_recall(
     """
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
-    top_k = check_int_range(top_k, "top_k", 1, k.shape[2])
+    top_k = check_int_range(top_k, "top_k", 1, 2**62)
     dtype = _work_dtype(double, q, k, k_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    return _reduce(_recall(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), top_k, visible), reduction)
+    return _reduce(_recall(*_score_pair(q, k, k_hat, dtype), top_k, visible), reduction)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -435,7 +463,7 @@ def attention_output_error(
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
     v, v_hat = _prep(v, "v"), _prep(v_hat, "v_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must be [batch, kv_heads, seq, dv] with leading dims {tuple(k.shape[:3])} of k, "
@@ -443,16 +471,11 @@ def attention_output_error(
     _check_same_shape(v, "v", v_hat, "v_hat")
     dtype = _work_dtype(double, q, k, k_hat, v, v_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    o = _attend(_scores(q, k, group, dtype), v.to(dtype), group, visible)
-    o_hat = _attend(_scores(q, k_hat, group, dtype), v_hat.to(dtype), group, visible)
+    logits, logits_hat = _score_pair(q, k, k_hat, dtype)
+    o = attention.attend(logits, v.to(logits.dtype), visible)
+    o_hat = attention.attend(logits_hat, v_hat.to(logits.dtype), visible)
     err = _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
     return _reduce(err, reduction)
-
-
-def _attend(scores: torch.Tensor, v: torch.Tensor, group: int, visible: torch.Tensor | None) -> torch.Tensor:
-    b, hq, nq, s = scores.shape
-    p = torch.softmax(_masked(scores, visible), dim=-1).reshape(b, v.shape[1], group, nq, s)
-    return torch.matmul(p, v.unsqueeze(2)).reshape(b, hq, nq, v.shape[-1])
 
 
 # ----------------------------------------------------------------------------------------------------------

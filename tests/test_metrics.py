@@ -221,7 +221,7 @@ def test_energy_test_detects_shift_and_is_calibrated_in_size():
         (lambda q, k: M.attention_kl(q[0], k, k), r"q must be 4-D"),
         (lambda q, k: M.attention_kl(q[:, :, :0], k, k), r"q is empty"),
         (lambda q, k: M.attention_kl(q, k, k, reduction="sum"), r"reduction must be 'mean' or 'none', got 'sum'"),
-        (lambda q, k: M.topk_recall(q, k, k, top_k=12), r"top_k must be in \[1, 11\], got 12"),
+        (lambda q, k: M.topk_recall(q, k, k, top_k=0), r"top_k must be in \[1, .*\], got 0"),
         (lambda q, k: M.attention_kl(q.repeat(1, 1, 3, 1), k, k, causal=True), r"n_q = 15 queries > seq = 11"),
         (lambda q, k: M.attention_kl(q, k.int(), k), r"k must be float16.*int32"),
         (lambda q, k: M.attention_kl(q.tolist(), k, k), r"q must be a torch.Tensor or numpy.ndarray, got list"),
@@ -239,3 +239,72 @@ def test_nan_is_rejected_with_its_name():
     k_hat[0, 1, 2, 3] = float("nan")
     with pytest.raises(ValueError, match="k_hat contains non-finite values"):
         M.attention_kl(q, k, k_hat)
+
+
+# ----------------------------------------------------------------------------- huge inputs, few visible keys
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_finite_inputs_give_finite_correct_metrics(dtype):
+    """q·kᵀ overflows fp32 at |q|,|k| ~ 1e20: the logits are promoted to fp64, the answers stay exact.
+
+    Oracle: equal keys give KL 0, recall 1, output error 0; for k̂ ≠ k, the KL of x·1e20 inputs equals the KL
+    of the same logits computed in float64 by scipy in the log domain (Σ p (log p − log p̂), log_softmax), a
+    huge but finite number: p̂ underflows to 0 where p does not, so the ratio form p log(p/p̂) would be inf.
+    """
+    q, k, k_hat = _qk(3)
+    big = 1e20 if dtype == torch.float32 else 1e100
+    qb, kb, khb = (x.to(dtype) * big for x in (q, k, k_hat))
+    assert M.attention_kl(qb, kb, kb) == 0.0
+    assert M.topk_recall(qb, kb, kb) == 1.0
+    assert M.attention_output_error(qb, kb, kb, kb, kb) == 0.0
+    kl = M.attention_kl(qb, kb, khb, reduction="none")
+    assert bool(torch.isfinite(kl).all())
+    s_ref = np.einsum("bhnd,bhsd->bhns", qb.double().numpy(), np.repeat(kb.double().numpy(), 3, axis=1)) / 4.0
+    s_hat = np.einsum("bhnd,bhsd->bhns", qb.double().numpy(), np.repeat(khb.double().numpy(), 3, axis=1)) / 4.0
+    lp, lq = scipy.special.log_softmax(s_ref, -1), scipy.special.log_softmax(s_hat, -1)
+    expected = np.where(lp > -np.inf, np.exp(lp) * (lp - lq), 0.0).sum(-1)
+    assert np.isfinite(expected).all() and expected.max() > 1e30  # the inputs are far from benign
+    np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_logits_overflowing_float64_raise_naming_the_arguments():
+    q, k, _ = _qk(4)
+    with pytest.raises(ValueError, match=r"q·kᵀ/√d overflows float64"):
+        M.attention_kl(q * 1e200, k * 1e200, k * 1e200)
+
+
+def test_kl_from_huge_fp32_logits_is_finite():
+    """Logits ±3e38 (finite fp32) overflow the max-subtraction: recomputed in fp64, KL equals scipy's."""
+    a = torch.tensor([[3e38, -3e38, 0.0]], dtype=torch.float32)
+    b = torch.tensor([[-3e38, 3e38, 0.0]], dtype=torch.float32)
+    got = M.attention_kl_from_scores(a, b)
+    la = scipy.special.log_softmax(a.double().numpy(), -1)
+    lb = scipy.special.log_softmax(b.double().numpy(), -1)
+    expected = float((np.exp(la) * (la - lb)).sum())
+    assert math.isfinite(got) and got == pytest.approx(expected, rel=1e-12)
+    assert M.attention_kl_from_scores(a, a) == 0.0
+
+
+def test_topk_recall_uses_min_of_k_and_visible_keys():
+    """docs/metrics.md: k' = min(k, visible keys). Oracle: brute-force sets with k' per query."""
+    q, k, k_hat = _qk(5, s=3, nq=3)
+    # non-causal: S = 3 < top_k = 5, so k' = 3 and every key is in both top sets
+    assert M.topk_recall(q, k, k_hat, top_k=5) == 1.0
+    # causal prefill: query 0 sees 1 key, query 1 two, query 2 three -> each recall is 1 (all visible keys)
+    got = M.topk_recall(q, k, k_hat, top_k=5, causal=True, reduction="none")
+    assert got.shape == (2, 6, 3) and bool((got == 1.0).all())
+    # S = 7, causal with offset 0: k' = min(5, i + 1); compare with brute force on the visible prefix
+    q, k, k_hat = _qk(6, s=7, nq=7, noise=2.0)
+    got = M.topk_recall(q, k, k_hat, top_k=5, causal=True, query_offset=0, reduction="none").numpy()
+    s_ref = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k.numpy(), 3, axis=1))
+    s_hat = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k_hat.numpy(), 3, axis=1))
+    for i in range(7):
+        kk = min(5, i + 1)
+        a = s_ref[..., i, : i + 1].reshape(-1, i + 1)
+        b = s_hat[..., i, : i + 1].reshape(-1, i + 1)
+        want = _brute_recall(a, b, kk).reshape(got.shape[:2])
+        np.testing.assert_allclose(got[..., i], want, rtol=0, atol=1e-15)
+    assert got[..., 5:].min() < 1.0  # queries 5, 6 see more than k keys: noise 2.0 makes misses (not vacuous)
+    scores = torch.from_numpy(s_ref)
+    assert M.topk_recall_from_scores(scores, scores, top_k=9) == 1.0
