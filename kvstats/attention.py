@@ -112,7 +112,10 @@ def attention_weights(logits: torch.Tensor, visible: torch.Tensor | None = None)
 
 
 def apply_weights(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``o = w · v`` with grouped-query heads: weights ``[B, Hq, N, S]``, v ``[B, Hkv, S, dv]`` -> ``[B, Hq, N, dv]``."""
+    """``o = w · v`` with grouped-query heads: weights ``[B, Hq, N, S]``, v ``[B, Hkv, S, dv]`` -> ``[B, Hq, N, dv]``.
+
+    Query head ``h`` reads the values of KV head ``h // G``.
+    """
     b, hq, n, s = weights.shape
     hkv = v.shape[1]
     return ungroup(weights.reshape(b, hkv, gqa_group(hq, hkv) * n, s) @ v, hq, n)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvstats import attention as _attention
 from kvstats._random import spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
@@ -62,8 +63,7 @@ def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
     """Boolean [n_q, n_k], True where query i (at position n_k − n_q + i) may attend key j."""
     if n_q > n_k:
         raise ValueError(f"causal attention needs n_q <= n_k, got n_q={n_q}, n_k={n_k}")
-    pos = torch.arange(n_q, device=device).unsqueeze(-1) + (n_k - n_q)
-    return torch.arange(n_k, device=device).unsqueeze(0) <= pos
+    return _attention.causal_visible(n_q, n_k, device=device)
 
 
 class Scheme:
@@ -101,10 +101,8 @@ class Scheme:
 
     def scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """Estimated logits ⟨q, k⟩ (not yet divided by √d): queries [B, H_q, N, d] -> [B, H_q, N, S]."""
-        g = self._check_queries(queries, cache)
-        b, hq, n, d = queries.shape
-        grouped = queries.reshape(b, hq // g, g * n, d)
-        return self.k.inner(grouped, cache.k).reshape(b, hq, n, -1)
+        self._check_queries(queries, cache)
+        return _attention.scores(queries, cache.k, scale=1.0, inner=self.k.inner, kv_heads=cache.k.shape[1])
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
@@ -113,14 +111,9 @@ class Scheme:
         With ``return_weights=True`` returns (output, weights [B, H_q, N, S]).
         """
         logits = self.scores(queries, cache) / math.sqrt(self.dim)
-        if causal:
-            logits = logits.masked_fill(~causal_mask(logits.shape[-2], logits.shape[-1], logits.device),
-                                        float("-inf"))
-        weights = torch.softmax(logits, dim=-1)
-        v_hat = self.v.decode(cache.v).to(weights.dtype)
-        b, hq, n, s = weights.shape
-        hkv = v_hat.shape[1]
-        out = (weights.reshape(b, hkv, (hq // hkv) * n, s) @ v_hat).reshape(b, hq, n, -1).to(queries.dtype)
+        visible = causal_mask(logits.shape[-2], logits.shape[-1], logits.device) if causal else None
+        weights = _attention.attention_weights(logits, visible)
+        out = _attention.apply_weights(weights, self.v.decode(cache.v).to(weights.dtype)).to(queries.dtype)
         return (out, weights) if return_weights else out
 
     def bits_per_coordinate(self) -> dict[str, BitBudget]:
