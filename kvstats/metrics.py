@@ -1,4 +1,4 @@
-"""Error metrics of a KV-cache quantizer: attention KL, top-k recall, geometric K/V errors, the 6D error.
+"""Error metrics of a KV-cache quantizer: attention KL, top-k recall, attention-output and geometric K/V errors.
 
 Shapes follow DESIGN.md: queries ``q`` are ``[B, Hq, Nq, d]``, keys and values ``k, v`` are
 ``[B, Hkv, S, d]`` (values may have their own last dim ``dv``), with ``Hq`` a multiple of ``Hkv``
@@ -21,7 +21,8 @@ information") when exactly one is zero. The relative norm error is ``0`` when bo
 when ``x = 0 ≠ x̂`` (a relative error with zero reference is unbounded; it is reported, not hidden).
 The same rule holds for the relative attention-output error when ``o = 0``.
 
-The 6D error and the tests on its clouds are defined in docs/metrics_error6d.md.
+The 6D error built from these metrics, its distance and the energy tests on its clouds live in
+:mod:`kvstats.error6d` (docs/metrics_error6d.md); the names are still importable from here.
 """
 
 from __future__ import annotations
@@ -29,33 +30,23 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
-import scipy.stats
 import torch
 
 from kvstats import attention
 from kvstats._validation import as_tensor, check_float_tensor, check_int_range
-from kvstats.results import TestResult
 
 __all__ = [
-    "ERROR6D_COMPONENTS",
     "attention_kl",
     "attention_kl_from_scores",
     "attention_output_error",
+    "attention_output_error_from_scores",
     "attention_scores",
     "direction_error",
-    "energy_distance",
-    "energy_distance_6d",
-    "energy_test",
-    "error6d",
     "mse",
     "relative_norm_error",
     "topk_recall",
     "topk_recall_from_scores",
 ]
-
-#: Names of the six columns returned by :func:`error6d`, in order.
-ERROR6D_COMPONENTS = ("k_direction", "k_norm", "v_direction", "v_norm", "attention_kl", "output_error")
 
 Reduction = Literal["mean", "none"]
 
@@ -472,194 +463,60 @@ def attention_output_error(
     dtype = _work_dtype(double, q, k, k_hat, v, v_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
     logits, logits_hat = _score_pair(q, k, k_hat, dtype)
-    o = attention.attend(logits, v.to(logits.dtype), visible)
-    o_hat = attention.attend(logits_hat, v_hat.to(logits.dtype), visible)
-    err = _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
+    err = _output_error(logits, logits_hat, v.to(logits.dtype), v_hat.to(logits.dtype), visible)
     return _reduce(err, reduction)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the 6D error
-
-
-def error6d(
-    q,
-    k,
+def attention_output_error_from_scores(
+    scores_ref,
+    scores_quant,
     v,
-    k_hat,
     v_hat,
     *,
     causal: bool = False,
     query_offset: int | None = None,
-    double: bool = True,
-) -> torch.Tensor:
-    """Per-trial 6-vector of errors (docs/metrics_error6d.md gives the definition and its reasons).
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """``‖o − ô‖ / ‖o‖`` per query from logits: ``o = softmax(scores_ref) v``, ``ô = softmax(scores_quant) v̂``.
 
-    For each trial ``t`` the row is, in the order of :data:`ERROR6D_COMPONENTS`:
-
-    0. ``k_direction``: mean over the trial's ``B·Hkv·S`` keys of ``1 − cos(k, k̂)``;
-    1. ``k_norm``: mean over the keys of ``|‖k̂‖ − ‖k‖| / ‖k‖``;
-    2. ``v_direction``, 3. ``v_norm``: the same for values;
-    4. ``attention_kl``: mean over the trial's ``B·Hq·Nq`` queries of ``KL(p ‖ p̂)`` (:func:`attention_kl`);
-    5. ``output_error``: mean over the queries of ``‖o − ô‖/‖o‖`` (:func:`attention_output_error`).
+    The form of :func:`attention_output_error` for a scheme that estimates its logits directly
+    (``Scheme.scores(q, code) / √d``): the attention it computes is exactly this ``ô``.
 
     Args:
-        q: ``[T, B, Hq, Nq, d]`` (or ``[B, Hq, Nq, d]`` for one trial).
-        k, k_hat: ``[T, B, Hkv, S, d]``; v, v_hat: ``[T, B, Hkv, S, dv]`` (or without ``T``).
-        double: fp64 arithmetic (default: the 6D cloud feeds statistics).
-
-    Returns:
-        fp64 tensor ``[T, 6]``.
+        scores_ref, scores_quant: ``[B, Hq, Nq, S]`` logits of the same shape.
+        v, v_hat: ``[B, Hkv, S, dv]`` (GQA: ``Hq`` a multiple of ``Hkv``).
+        reduction: ``"mean"`` (float) or ``"none"`` (``[B, Hq, Nq]``).
     """
-    names = ("q", "k", "v", "k_hat", "v_hat")
-    ts = [_prep(x, n) for x, n in zip((q, k, v, k_hat, v_hat), names)]
-    if ts[0].dim() == 4:
-        ts = [t.unsqueeze(0) for t in ts]
-    for t, n in zip(ts, names):
-        if t.dim() != 5:
-            raise ValueError(f"{n} must be 5-D [trials, batch, heads, seq, d] (or 4-D for one trial), "
-                             f"got shape {tuple(t.shape)}")
-        if t.shape[0] != ts[0].shape[0]:
-            raise ValueError(f"{n}.shape[0] (trials) must equal q.shape[0] = {ts[0].shape[0]}, got {t.shape[0]}")
-    q5, k5, v5, kh5, vh5 = ts
-    n_trials = q5.shape[0]
-
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1, *t.shape[2:])
-
-    q4, k4, v4, kh4, vh4 = map(flat, ts)
-    opts = dict(causal=causal, query_offset=query_offset, reduction="none", double=double)
-    cols = [
-        direction_error(k5, kh5, double=double),
-        relative_norm_error(k5, kh5, double=double),
-        direction_error(v5, vh5, double=double),
-        relative_norm_error(v5, vh5, double=double),
-        attention_kl(q4, k4, kh4, **opts),
-        attention_output_error(q4, k4, v4, kh4, vh4, **opts),
-    ]
-    return torch.stack([c.reshape(n_trials, -1).to(torch.float64).mean(-1) for c in cols], dim=-1)
+    _check_reduction(reduction)
+    a = _prep(scores_ref, "scores_ref", min_dim=4)
+    b = _prep(scores_quant, "scores_quant", min_dim=4)
+    _check_same_shape(a, "scores_ref", b, "scores_quant")
+    v, v_hat = _prep(v, "v"), _prep(v_hat, "v_hat")
+    if a.dim() != 4 or v.dim() != 4 or v.shape[0] != a.shape[0] or v.shape[2] != a.shape[3] \
+            or a.shape[1] % v.shape[1]:
+        raise ValueError(f"v must be [batch, kv_heads, seq, dv] matching scores_ref [batch, q_heads, n_q, seq] = "
+                         f"{tuple(a.shape)} (q_heads a multiple of kv_heads), got shape {tuple(v.shape)}")
+    _check_same_shape(v, "v", v_hat, "v_hat")
+    dtype = _work_dtype(double, a, b, v, v_hat)
+    visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
+    return _reduce(_output_error(a.to(dtype), b.to(dtype), v.to(dtype), v_hat.to(dtype), visible), reduction)
 
 
-def _as_cloud(x, name: str) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().double().numpy()
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim == 1:
-        x = x[:, None]
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [n_points, n_components], got shape {x.shape}")
-    if x.shape[0] < 1:
-        raise ValueError(f"{name} is empty (shape {x.shape})")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name} contains non-finite values (first seen: {x[~np.isfinite(x)][0]})")
-    return x
+def _output_error(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, v_hat: torch.Tensor,
+                  visible: torch.Tensor | None) -> torch.Tensor:
+    o, o_hat = attention.attend(a, v, visible), attention.attend(b, v_hat, visible)
+    return _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
 
 
-def _standardized(a: np.ndarray, b: np.ndarray, standardize: bool) -> np.ndarray:
-    pooled = np.concatenate([a, b])
-    if not standardize:
-        return pooled
-    scale = pooled.std(axis=0, ddof=1) if len(pooled) > 1 else np.ones(pooled.shape[1])
-    scale = np.where(scale > 0, scale, 1.0)
-    return (pooled - pooled.mean(axis=0)) / scale
+_MOVED_TO_ERROR6D = ("ERROR6D_COMPONENTS", "error6d", "distance_6d", "energy_distance", "energy_distance_6d",
+                     "energy_test")
 
 
-def _pairwise(x: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
+def __getattr__(name: str):
+    # the 6D error moved to kvstats.error6d (which imports this module): forward the old names lazily
+    if name in _MOVED_TO_ERROR6D:
+        from kvstats import error6d as _error6d
 
-
-def _energy_from_distances(dist: np.ndarray, idx_a: np.ndarray, idx_b: np.ndarray) -> np.ndarray:
-    """V-statistic energy distance for (batched) index sets idx_a [..., n], idx_b [..., m]."""
-    dab = dist[idx_a[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
-    daa = dist[idx_a[..., :, None], idx_a[..., None, :]].mean(axis=(-1, -2))
-    dbb = dist[idx_b[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
-    return 2.0 * dab - daa - dbb
-
-
-def energy_distance(cloud_a, cloud_b, *, standardize: bool = True) -> float:
-    """Energy distance between two point clouds ``[n, p]`` and ``[m, p]`` (Székely & Rizzo).
-
-    ``ℰ = 2·mean‖aᵢ − bⱼ‖ − mean‖aᵢ − aᵢ'‖ − mean‖bⱼ − bⱼ'‖`` with all means over all ordered pairs,
-    diagonal included (the V-statistic; always ``≥ 0``, 0 iff the empirical distributions coincide).
-    For ``p = 1`` and ``standardize=False``, ``√ℰ`` equals ``scipy.stats.energy_distance``.
-
-    ``standardize=True`` first centres each component and divides it by its standard deviation in the
-    *pooled* sample (components with zero spread are left unscaled), so that components with different
-    units (KL in nats, relative errors) weigh alike. Pooled scaling is invariant under permutations of
-    the group labels, so the permutation test on standardized clouds stays exact.
-    """
-    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
-    pooled = _standardized(a, b, standardize)
-    dist = _pairwise(pooled)
-    n = len(a)
-    return float(max(_energy_from_distances(dist, np.arange(n), np.arange(n, len(pooled))), 0.0))
-
-
-def energy_distance_6d(cloud_a, cloud_b, *, standardize: bool = True) -> float:
-    """:func:`energy_distance` between two 6D error clouds ``[n, 6]`` from :func:`error6d`."""
-    for x, name in ((cloud_a, "cloud_a"), (cloud_b, "cloud_b")):
-        shape = tuple(x.shape)
-        if len(shape) != 2 or shape[1] != 6:
-            raise ValueError(f"{name} must be [n_trials, 6] (rows of error6d), got shape {shape}")
-    return energy_distance(cloud_a, cloud_b, standardize=standardize)
-
-
-def energy_test(
-    cloud_a,
-    cloud_b,
-    *,
-    standardize: bool = True,
-    n_resamples: int = 9999,
-    seed: int = 0,
-) -> TestResult:
-    """Multivariate two-sample test: energy-distance permutation test (Székely & Rizzo 2004).
-
-    H0: both clouds are draws from the same distribution. The statistic is :func:`energy_distance`
-    (scaled by ``n·m/(n+m)``, which does not change the p-value); the null distribution comes from
-    ``scipy.stats.permutation_test`` relabelling the pooled points (exact when ``n_resamples`` exceeds
-    the number of distinct splits, else random with p = (#{ℰ* ≥ ℰ} + 1)/(n_resamples + 1)). One-sided:
-    large distances are evidence against H0. Consistent against all alternatives with finite means.
-
-    Returns:
-        :class:`~kvstats.results.TestResult` with ``statistic`` = energy distance, ``effect_size`` =
-        the same distance (on the standardized scale), ``extra`` = n_resamples, standardize, e_statistic.
-    """
-    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError(f"energy_test needs at least 2 points per cloud, got n_a = {len(a)}, n_b = {len(b)}")
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
-    pooled = _standardized(a, b, standardize)
-    dist = _pairwise(pooled)
-    n, m = len(a), len(b)
-
-    def statistic(ia, ib, axis=-1):
-        ia, ib = np.moveaxis(ia, axis, -1).astype(np.intp), np.moveaxis(ib, axis, -1).astype(np.intp)
-        return _energy_from_distances(dist, ia, ib)
-
-    batch = max(1, int(2e7 // (len(pooled) ** 2)))
-    res = scipy.stats.permutation_test(
-        (np.arange(n), np.arange(n, n + m)),
-        statistic,
-        permutation_type="independent",
-        vectorized=True,
-        n_resamples=n_resamples,
-        alternative="greater",
-        batch=batch,
-        rng=np.random.default_rng(seed),
-    )
-    e = float(max(res.statistic, 0.0))
-    return TestResult(
-        statistic=e,
-        pvalue=float(res.pvalue),
-        method=f"energy-distance permutation test ({n_resamples} resamples, "
-        f"{'pooled-SD standardized' if standardize else 'raw'} components)",
-        null_hypothesis="the two clouds are drawn from the same multivariate distribution",
-        n=(n, m),
-        effect_size=e,
-        effect_size_name="energy distance",
-        extra={"n_resamples": n_resamples, "standardize": standardize, "e_statistic": e * n * m / (n + m)},
-    )
+        return getattr(_error6d, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
