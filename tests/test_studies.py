@@ -43,7 +43,7 @@ def test_budget_sweep_cell_synthetic_and_minmax(tmp_path):
                  d=16, seq=32, n_q=4, trials=2)
     df = tiny_run("budget_sweep", bs.cell, cells, tmp_path)
     assert len(df) == 16
-    assert (df["kl"] >= 0).all() and df["top5"].between(0, 1).all() and (df["k_dir"] >= 0).all()
+    assert (df["attention_kl"] >= 0).all() and df["top5"].between(0, 1).all() and (df["k_direction"] >= 0).all()
     assert set(bs.E6) <= set(df.columns) and np.isfinite(df[list(bs.E6)].to_numpy()).all()
     # common random numbers: the data of a trial do not depend on the scheme
     q1, k1, _, _ = bs.trial_data("gaussian", None, 16, 32, 4, 1)
@@ -52,7 +52,7 @@ def test_budget_sweep_cell_synthetic_and_minmax(tmp_path):
     # the 6D distance and the analysis helpers work on the tiny table
     df = df.rename(columns={"scheme_name": "scheme"})
     df["label"] = df.apply(bs.data_label, axis=1)
-    assert np.isfinite(bs.add_d6(df)["d6"]).all()
+    assert np.isfinite(bs.add_d6(df)["distance_6d"]).all()
 
 
 def test_budget_sweep_cell_real_branch(monkeypatch):
@@ -68,7 +68,45 @@ def test_budget_sweep_cell_real_branch(monkeypatch):
     finally:
         bs.trial_data.cache_clear()
     assert len(rows) == 2 and all(32 <= r["seq_len"] <= 64 for r in rows)
-    assert all(r["kl"] >= 0 and 0 <= r["top5"] <= 1 for r in rows)
+    assert all(r["attention_kl"] >= 0 and 0 <= r["top5"] <= 1 for r in rows)
+
+
+@pytest.mark.parametrize("data, scheme_name", [("gaussian", "kqv"), ("gaussian", "qkqv"), ("heavy_tail_df3", "kv")])
+def test_budget_sweep_cell_equals_the_public_api(data, scheme_name):
+    """Issue 14 "done when": a budget_sweep cell and the same quantities through kvstats.scheme, kvstats.metrics
+    and kvstats.error6d give identical numbers (==, not approx), and the 6D columns bear the library's names."""
+    import kvstats
+    from kvstats import metrics
+    from kvstats.data.synthetic import generate
+    from kvstats.error6d import ERROR6D_COMPONENTS, error6d
+    from kvstats.sweep import cell_seed
+
+    bs = load_study("budget_sweep")
+    assert bs.E6 == ERROR6D_COMPONENTS
+    n, d, seq, n_q, trials = 3, 32, 48, 4, 2
+    rows = bs.cell(data, None, scheme_name, n, d, seq, n_q, trials)
+    kind, params = bs.SYNTHETIC[data]
+    for t, row in enumerate(rows):
+        # the trial's data and quantizer seed, rebuilt from their documented recipes
+        q, k, v = generate(kind, 1, 2, seq, d, cell_seed("budget_sweep", "data", data, None, d, seq, n_q, t),
+                           q_heads=4, n_q=n_q, **params)
+        s = kvstats.scheme(scheme_name, bits=n, dim=d, seed=cell_seed("budget_sweep", "quant", scheme_name, n, t))
+        code = s.encode(k, v)
+        k_hat, v_hat = s.decode(code)
+        est = s.scores(q, code) / math.sqrt(d)
+        e6 = error6d(q, k, v, k_hat, v_hat, scores_hat=est)[0].tolist()
+        assert [row[c] for c in ERROR6D_COMPONENTS] == e6
+        ref = metrics.attention_scores(q, k)
+        assert row["top5"] == metrics.topk_recall_from_scores(ref, est, top_k=5)
+        assert row["k_rel_mse"] == metrics.mse(k, k_hat, relative=True)
+        ref64 = metrics.attention_scores(q, k, double=True)  # the 6D error works in fp64
+        assert row["attention_kl"] == metrics.attention_kl_from_scores(ref64, est, double=True)
+        assert row["output_error"] == metrics.attention_output_error_from_scores(ref64, est, v, v_hat, double=True)
+        # and the output error is that of the attention the scheme computes (Scheme.attention, fp32)
+        o_ref = torch.softmax(ref.double(), -1).reshape(1, 2, 2 * n_q, seq) @ v.double()
+        o_hat = s.attention(q, code).double().reshape(1, 2, 2 * n_q, d)
+        rel = ((o_ref - o_hat).norm(dim=-1) / o_ref.norm(dim=-1)).mean().item()
+        assert rel == pytest.approx(row["output_error"], rel=1e-4)
 
 
 def test_beta_figures_cell(tmp_path):
