@@ -22,22 +22,22 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import time
 
 import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import attention, metrics, plots
+from kvstats import attention, metrics, plots, study
 from kvstats.error6d import ERROR6D_COMPONENTS, distance_6d, energy_test, error6d
 from kvstats.quantizers import MinMaxQuantizer
-from kvstats.report import fmt_p, write_claims
+from kvstats.report import fmt_p
 from kvstats.schemes import Scheme, scheme
 from kvstats.stats import compare, mann_whitney, ratio_ci
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
 VERSION = "3"  # 3: columns named as the 6D error components (kvstats.error6d)
+POSITION = 70  # place in figures/REPORT.md (kvstats.report.study_order)
 SCHEMES = ("kqv", "qkqv", "kv", "minmax")
 BUDGETS = (2, 3, 4, 5, 6)
 #: label -> (generator kind, its parameters)
@@ -484,25 +484,19 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
     from kvstats.data.real import load_default_capture
 
     load_default_capture(REAL_TOKENS)  # capture once here (cached), never in parallel workers
-    sweep = Sweep(STUDY, cell, sweep_cells(args.scale), version=VERSION)
-    table = sweep.run(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress,
-                      recompute=args.recompute)
-    info = dict(table.attrs.get("sweep", {}))
+    table = shell.sweep(cell, sweep_cells(args.scale), version=VERSION)
     table = table.rename(columns={"scheme_name": "scheme"})
     table["label"] = table.apply(data_label, axis=1)
     table = add_d6(table)
     plots.write_csv(f"{STUDY}_trials", table)
     out = analyse(table, args.scale, cfg)
-    write_claims(STUDY, out, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
-          f"{info.get('cached')} cached)")
-    return 0
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

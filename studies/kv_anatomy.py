@@ -43,6 +43,7 @@ FIG = ROOT / "figures"
 DATA = FIG / "data"
 TOKENS = {"quick": 1024, "paper": 2048}
 HIST_LAYERS = (0, 1, 7, 15, 22, 29)
+POSITION = 20  # place in figures/REPORT.md (kvstats.report.study_order)
 
 
 def _write_csv(name: str, rows: list[dict]) -> None:

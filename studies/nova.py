@@ -50,16 +50,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import metrics, plots
+from kvstats import metrics, plots, study
 from kvstats.quantizers import MinMaxQuantizer
 from kvstats.quantizers.nova import DEFAULT_AMORTIZE_TOKENS, DEFAULT_RIDGE, RotatedMinMax, parseval_terms
-from kvstats.report import fmt_p, write_claims
+from kvstats.report import fmt_p
 from kvstats.schemes import NovaScheme, Scheme, scheme
 from kvstats.stats import mann_whitney
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "nova"
 VERSION = "3"
+POSITION = 80  # place in figures/REPORT.md (kvstats.report.study_order)
 BUDGETS = (2, 3)
 OBLIVIOUS = ("kqv", "qkqv", "kv", "minmax")
 SPLIT_AT = "The Preamble to the Constitution"
@@ -526,15 +527,12 @@ def _times(ratio: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
     ensure_captures()  # once here (cached), never in parallel workers
     cells = grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"], insample=cfg["insample"])
-    sweep = Sweep(STUDY, cell, cells, version=VERSION)
-    table = sweep.run(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress,
-                      recompute=args.recompute)
-    info = dict(table.attrs.get("sweep", {}))
+    table = shell.sweep(cell, cells, version=VERSION)
     plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
     pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
     pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
@@ -547,10 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
     figures(units, tst, pars, schemes, args.scale)
     out = claims(tst, units, pars, bits, cfg, args.scale)
-    write_claims(STUDY, out, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
-          f"{info.get('cached')} cached)")
-    return 0
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

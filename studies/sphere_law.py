@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIG = ROOT / "figures"
 DATA = FIG / "data"
 DENSITY_DIMS = (2, 3, 4, 8, 16, 1024)
+POSITION = 10  # place in figures/REPORT.md (kvstats.report.study_order)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}  # TurboQuant (arXiv 2504.19874), as printed
 MAX_1960_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}  # REFERENCE §2, Max's table
 

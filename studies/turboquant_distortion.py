@@ -23,23 +23,22 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import numpy as np
 import pandas as pd
 import scipy.stats
 import torch
 
-from kvstats import plots
+from kvstats import plots, study
 from kvstats.codebooks import beta_codebook, gaussian_codebook
 from kvstats.inference import turbo_prod_distortion
 from kvstats.quantizers import quantizer
-from kvstats.report import write_claims
 from kvstats.sphere import sample_sphere
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "turboquant_distortion"
 VERSION = "1"
+POSITION = 40  # place in figures/REPORT.md (kvstats.report.study_order)
 D = 128
 BITS = (1, 2, 3, 4, 5, 6)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}
@@ -94,15 +93,13 @@ def worst_cell(rotation: str, vector: str, bits: int, d: int, rep: int) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
-    run = {"scheduler": args.scheduler, "n_jobs": args.n_jobs, "progress": not args.no_progress,
-           "recompute": args.recompute}
-    table = Sweep(STUDY, cell, grid(method=["turbo_mse", "turbo_prod"], bits=list(BITS), d=D,
-                                    vectors=cfg["vectors"], rep=list(range(cfg["reps"]))), version=VERSION).run(**run)
-    worst = Sweep(f"{STUDY}_worst", worst_cell, grid(rotation=["wht", "haar"], vector=["e1", "uniform"], bits=2, d=D,
-                                                   rep=list(range(cfg["worst_reps"]))), version=VERSION).run(**run)
+    table = shell.sweep(cell, grid(method=["turbo_mse", "turbo_prod"], bits=list(BITS), d=D, vectors=cfg["vectors"],
+                                   rep=list(range(cfg["reps"]))), version=VERSION)
+    worst = shell.sweep(worst_cell, grid(rotation=["wht", "haar"], vector=["e1", "uniform"], bits=2, d=D,
+                                         rep=list(range(cfg["worst_reps"]))), version=VERSION, name=f"{STUDY}_worst")
     plots.write_csv(STUDY, table)
     plots.write_csv(f"{STUDY}_worst_case", worst)
 
@@ -276,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": None,
         },
     ]
-    write_claims(STUDY, claims, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return shell.finish(claims)
 
 
 if __name__ == "__main__":

@@ -197,9 +197,9 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
     (tmp_path / "budget_sweep_kl.png").write_bytes(b"png")
     (tmp_path / "sphere_law_density.png").write_bytes(b"png")
     write_claims("budget_sweep", [_claim(1, "partly", "budget_sweep_kl.png"), _claim(2, "not reproduced")],
-                 figures_dir=tmp_path)
-    write_claims("sphere_law", [_claim(3)], figures_dir=tmp_path)
-    write_claims("zzz_new", [_claim(4, "measured")], figures_dir=tmp_path)
+                 position=70, figures_dir=tmp_path)
+    write_claims("sphere_law", [_claim(3)], position=10, figures_dir=tmp_path)
+    write_claims("zzz_new", [_claim(4, "measured")], figures_dir=tmp_path)  # no position: after the others
     out = build_report(tmp_path, scale="quick", timings={"sphere_law": 3.0, "budget_sweep": 60.0},
                        preamble="## Conventions\n\nrank-biserial", date=dt.datetime(2026, 1, 2, 3, 4),
                        failed=["nova"])
@@ -211,7 +211,71 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
     assert "![budget_sweep_kl](budget_sweep_kl.png)" in text and "![sphere_law_density](sphere_law_density.png)" in text
     assert "1 reproduced, 1 not reproduced, 1 partly, 1 measured" in text
     assert "| **total** | **63** |" in text
-    assert study_order(["zzz", "budget_sweep", "sphere_law", "aaa"]) == ["sphere_law", "budget_sweep", "aaa", "zzz"]
+    assert "Known discrepancies" not in text  # no claim carries one
+    assert study_order(["zzz", "budget_sweep", "sphere_law", "aaa"], tmp_path) == ["sphere_law", "budget_sweep",
+                                                                                   "aaa", "zzz"]
+
+
+def test_study_order_comes_from_the_studies(tmp_path):
+    """Every study script declares POSITION; the order is theirs (report.py lists no study)."""
+    import kvstats.report as report
+
+    assert not hasattr(report, "STUDY_ORDER")
+    scripts = {p.stem: p for p in STUDIES.glob("*.py")}
+    positions = {name: report.script_position(path) for name, path in scripts.items()}
+    assert all(isinstance(p, int) for p in positions.values()), positions
+    assert len(set(positions.values())) == len(positions)  # no ties: the order is defined
+    assert study_order(scripts) == sorted(scripts, key=positions.get)
+    assert study_order(scripts)[:2] == ["sphere_law", "kv_anatomy"] and study_order(scripts)[-1] == "end_to_end"
+    (tmp_path / "late.py").write_text("POSITION = 5\n")
+    (tmp_path / "plain.py").write_text("x = 1\n")
+    assert study_order({"plain": tmp_path / "plain.py", "late": tmp_path / "late.py",
+                        "sphere_law": scripts["sphere_law"]}) == ["late", "sphere_law", "plain"]
+
+
+def test_known_discrepancies_are_generated_from_the_claims(tmp_path):
+    write_claims("beta", [_claim(1) | {"discrepancy": "The printed value 0.03 is 11.7% below the exact 0.034."},
+                          _claim(2)], position=2, figures_dir=tmp_path)
+    write_claims("alpha", [_claim(3, "partly") | {"discrepancy": "Ratios range 2.1–9.0, wider than 3–5.6."}],
+                 position=1, figures_dir=tmp_path)
+    text = build_report(tmp_path, preamble=report_preamble()).read_text()
+    section = text[text.index("## Known discrepancies"):text.index("## Summary")]
+    assert section.index("Ratios range 2.1–9.0") < section.index("11.7% below")  # in study order
+    # GitHub anchors: lower case, symbols (— ◐ ✅) dropped, spaces to hyphens
+    assert "[alpha: c3](#c3---partly)" in section and "[beta: c1](#c1---reproduced)" in section
+    assert text.index("## How to read this report") < text.index("## Known discrepancies")
+
+
+def test_claims_files_without_the_new_keys_still_read(tmp_path):
+    """Backward compatibility: a claims file written before position/discrepancy/scale existed."""
+    path = tmp_path / "data" / "old_claims.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([_claim(1) | {"details": None}]))
+    back = read_claims(path)
+    assert back[0]["position"] is None and back[0]["discrepancy"] is None and back[0]["scale"] is None
+    assert "## old" in build_report(tmp_path).read_text()
+    with pytest.raises(TypeError, match="position"):
+        write_claims("alpha", [_claim(1)], position="first", figures_dir=tmp_path)
+
+
+def test_preamble_numbers_are_computed():
+    """The conventions quote Mann–Whitney extremes at 70 vs 70; oracle: scipy on completely separated samples."""
+    import scipy.stats
+
+    from kvstats.report import _mann_whitney_extremes
+
+    r_max, p_exact, p_normal = _mann_whitney_extremes(70)
+    exact = scipy.stats.mannwhitneyu(np.arange(70), np.arange(70, 140), method="exact").pvalue
+    asym = scipy.stats.mannwhitneyu(np.arange(70), np.arange(70, 140), method="asymptotic").pvalue
+    assert p_exact == pytest.approx(exact, rel=1e-9) and p_normal == pytest.approx(asym, rel=1e-9)
+    assert r_max == pytest.approx(scipy.stats.norm.isf(asym / 2) / math.sqrt(140), rel=1e-9)
+    assert f"{r_max:.2f}" in report_preamble() and f"{p_exact:.0e}" in report_preamble()
+
+
+def report_preamble() -> str:
+    from kvstats.report import DEFAULT_PREAMBLE
+
+    return DEFAULT_PREAMBLE
 
 
 def test_report_states_each_studys_scale(tmp_path):
