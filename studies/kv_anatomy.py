@@ -194,6 +194,10 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "verdict": "partly",
             "figure": "kv_anatomy_outliers.png",
             "details": f"Layers outside 3–5.6: {outside} (figures/data/kv_anatomy_outliers.csv).",
+            "discrepancy": (f"Real SmolLM2 key outlier ratios (max/median channel magnitude) range {kr.min():.1f}–"
+                            f"{kr.max():.1f} over the layers, wider than the quoted 3–5.6 ({len(kr) - in_range}/"
+                            f"{len(kr)} layers outside; figures/data/kv_anatomy_outliers.csv)."
+                            if in_range < len(kr) else None),
         },
         {
             "id": "qjl-outlier-channels",

@@ -258,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"bias of {100 * (predicted - 1):+.2f}% of ⟨q, k⟩; the 95% CI "
                         f"half-width at this scale is {100 * (rg[2] - rg[1]) / 2:.2f}%. Mean error with the exact "
                         f"constant: {ratio_e['bias']:+.2g}."),
+            "discrepancy": (f"Orthogonalised QJL rows need the exact spherical constant: the Gaussian √(π/2) "
+                            f"over-scales by the factor {predicted:.4f} at d = 64 (measured {rg[0]:.4f} [95% CI "
+                            f"{rg[1]:.4f}, {rg[2]:.4f}]; kvstats.rotations.spherical_sign_scale)."
+                            if abs(predicted - 1) > 1e-3 else None),
         },
         {
             "id": "turboquant-mse-biased-prod-unbiased",

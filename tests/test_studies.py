@@ -314,3 +314,33 @@ def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
     assert main(["reproduce", "--studies-dir", str(studies)]) == 3
     text = (tmp_path / "figures" / "REPORT.md").read_text()
     assert "Failed in this run: broken" in text and "## alpha" in text and "| alpha |" in text
+
+
+# ------------------------------------------------------------------------------- whole studies, tiny scale
+
+
+def run_tiny(name: str, tiny: dict, tmp_path, monkeypatch) -> list[dict]:
+    """Run studies/<name>.py main() through the study shell at a tiny 'quick' scale into tmp_path; its claims."""
+    mod = load_study(name)
+    monkeypatch.setitem(mod.SCALE, "quick", tiny)
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert mod.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    claims = read_claims(tmp_path / "figures" / "data" / f"{name}_claims.json")
+    assert {c["position"] for c in claims} == {mod.POSITION} and {c["scale"] for c in claims} == {"quick"}
+    return claims
+
+
+def test_turboquant_distortion_runs_through_the_shell_and_states_its_discrepancies(tmp_path, monkeypatch, capsys):
+    claims = {c["id"]: c for c in run_tiny("turboquant_distortion", {"vectors": 200, "reps": 3, "worst_reps": 3},
+                                           tmp_path, monkeypatch)}
+    assert "turboquant_distortion done in" in capsys.readouterr().out
+    # computed from the exact codebook (not sampled): printed 0.03 at b = 3 vs exact D_mse(128, 3)
+    td = load_study("turboquant_distortion")
+    gap = 100 * (td.exact_dmse(128, 3) - 0.03) / td.exact_dmse(128, 3)
+    assert f"b = 3 (0.03) is {gap:.1f}% below" in claims["turboquant-dmse-values"]["discrepancy"]
+    assert "inherits the rounding" in claims["turboquant-dmse-values"]["discrepancy"]
+    # the WHT maps e1 to its worst case deterministically (the same error for every sign pattern)
+    assert "worst case: squared error 0.25" in claims["kvstats-wht-worst-case"]["discrepancy"]
+    text = build_report(tmp_path / "figures").read_text()
+    assert "## Known discrepancies" in text and f"{gap:.1f}% below" in text
