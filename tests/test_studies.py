@@ -344,3 +344,19 @@ def test_turboquant_distortion_runs_through_the_shell_and_states_its_discrepanci
     assert "worst case: squared error 0.25" in claims["kvstats-wht-worst-case"]["discrepancy"]
     text = build_report(tmp_path / "figures").read_text()
     assert "## Known discrepancies" in text and f"{gap:.1f}% below" in text
+
+
+def test_sphere_law_runs_through_the_shell(tmp_path, monkeypatch):
+    tiny = {"n_vectors": 500, "max_dim": 64, "n_dims": 4, "max_codebook_dim": 16}
+    claims = {c["id"]: c for c in run_tiny("sphere_law", tiny, tmp_path, monkeypatch)}
+    assert claims["lloyd-max-gaussian-table"]["verdict"] == "reproduced"
+    figs = tmp_path / "figures"
+    for name in ("sphere_law_density.png", "sphere_law_gaussian_distance.png", "codebook_convergence.png",
+                 "data/turboquant_dmse_table.csv", "data/codebook_convergence.csv"):
+        assert (figs / name).is_file(), name
+    import pandas as pd
+
+    from kvstats.codebooks import beta_codebook
+
+    dmse = pd.read_csv(figs / "data" / "turboquant_dmse_table.csv").set_index("bits")
+    assert dmse.loc[3, "exact_d_mse"] == pytest.approx(beta_codebook(128, 3).d_mse, rel=1e-5)  # CSV keeps 6 digits
