@@ -360,3 +360,36 @@ def test_sphere_law_runs_through_the_shell(tmp_path, monkeypatch):
 
     dmse = pd.read_csv(figs / "data" / "turboquant_dmse_table.csv").set_index("bits")
     assert dmse.loc[3, "exact_d_mse"] == pytest.approx(beta_codebook(128, 3).d_mse, rel=1e-5)  # CSV keeps 6 digits
+
+
+def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monkeypatch):
+    """kv_anatomy's layer cells and claims on stand-in tensors of SmolLM2's layout (4 layers, d = 64, 3 KV heads):
+    keys with channel 22 scaled ×8 (an outlier channel the study must find, ratio outside 3–5.6)."""
+    ka = load_study("kv_anatomy")
+    gen = torch.Generator().manual_seed(5)
+    scale = torch.ones(64)
+    scale[22] = 8.0
+    keys = {i: torch.randn(1, 3, 40, 64, generator=gen) * scale for i in range(4)}
+    values = {i: torch.randn(1, 3, 40, 64, generator=gen) for i in range(4)}
+
+    class Capture:
+        layers = [0, 1, 2, 3]
+        metadata = {"head_dim": 64}
+
+        def keys(self, i):
+            return keys[i]
+
+        def values(self, i):
+            return values[i]
+
+    monkeypatch.setattr(ka, "_capture", lambda tokens: Capture())
+    claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path, monkeypatch)}
+    prof = np.stack([keys[i].abs().mean(dim=(0, 1, 2)).numpy() for i in range(4)])
+    kr = prof.max(1) / np.median(prof, 1)
+    assert f"keys max/median {kr.min():.1f}–{kr.max():.1f}" in claims["smollm2-key-outliers"]["measurement"]
+    assert f"range {kr.min():.1f}–{kr.max():.1f}" in claims["smollm2-key-outliers"]["discrepancy"]
+    import pandas as pd
+
+    out = pd.read_csv(tmp_path / "figures" / "data" / "kv_anatomy_outliers.csv")
+    assert (out[out["tensor"] == "keys"]["top_channels"].str.split().str[0] == "22").all()
+    assert (tmp_path / "figures" / "kv_anatomy_wht.png").is_file()
