@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import metrics, plots, study
+from kvstats import attention, metrics, plots, study
 from kvstats.quantizers import MinMaxQuantizer
 from kvstats.quantizers.nova import DEFAULT_AMORTIZE_TOKENS, DEFAULT_RIDGE, RotatedMinMax, parseval_terms
 from kvstats.report import fmt_p
@@ -159,8 +159,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
     qn = q[:, :, -n_q:]
     ref = metrics.attention_scores(qn, k, double=True)
     ref32 = ref.float()  # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
-    w_ref = torch.softmax(ref.masked_fill(~_visible(n_q, s_len), float("-inf")), -1)
-    o_ref = (w_ref.reshape(1, hkv, g * n_q, s_len) @ v.double()).reshape(1, hq, n_q, d)
+    o_ref = attention.attend(ref, v.double(), _visible(n_q, s_len))
     rows = []
     names = ("nova",) + (("nova_insample",) if insample else ()) + OBLIVIOUS
     for n in BUDGETS:
@@ -203,7 +202,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
 
 
 def _visible(n_q: int, s_len: int) -> torch.Tensor:
-    return torch.arange(s_len)[None, :] <= torch.arange(n_q)[:, None] + (s_len - n_q)
+    return attention.causal_visible(n_q, s_len)  # the last n_q positions, causal
 
 
 def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int) -> list[dict]:

@@ -402,3 +402,34 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]
+
+
+def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
+    """nova's cell on stand-in tensors of SmolLM2's layout (9 query / 3 KV heads, d = 64): its causal mask is
+    kvstats.attention's, and its reference output the float64 GQA attention (explicit head repetition)."""
+    nv = load_study("nova")
+    gen = torch.Generator().manual_seed(8)
+    # 260 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
+    fake = {name: (torch.randn(1, 9, 260, 64, generator=gen), torch.randn(1, 3, 260, 64, generator=gen),
+                   torch.randn(1, 3, 260, 64, generator=gen)) for name in nv.TEXTS}
+    monkeypatch.setattr(nv, "layer_qkv", lambda name, layer: fake[name])
+    monkeypatch.setattr(nv, "BUDGETS", (2,))  # one budget keeps the test short
+    assert nv._visible(3, 5).tolist() == [[j <= 2 + i for j in range(5)] for i in range(3)]
+    rows = [r for r in nv.cell(0, 0, 4, False) if r["kind"] == "unit"]
+    assert {r["scheme"] for r in rows} == {"nova", *nv.OBLIVIOUS}
+    assert len(rows) == 9 * len(nv.BUDGETS) * (1 + len(nv.OBLIVIOUS))  # one row per query head
+    assert all(math.isfinite(r["output_error"]) and r["output_error"] > 0 for r in rows)
+    # one row recomputed by hand: kqv at the first budget, head 0
+    q, k, v = fake[nv.TEXTS[1]]
+    n, name = nv.BUDGETS[0], "kqv"
+    s = nv.make_scheme(name, n, 64, nv.cell_seed(nv.STUDY, name, n, 0, 0))
+    code = s.encode(k, v)
+    qn = q[:, :, -4:]
+    vis = np.array([[j <= 256 + i for j in range(260)] for i in range(4)])
+    ref = np.einsum("bhnd,bhsd->bhns", qn.double().numpy(), np.repeat(k.double().numpy(), 3, axis=1)) / 8.0
+    w = np.exp(np.where(vis, ref, -np.inf) - ref.max(-1, keepdims=True))
+    o_ref = np.einsum("bhns,bhsd->bhnd", w / w.sum(-1, keepdims=True), np.repeat(v.double().numpy(), 3, axis=1))
+    o_hat = s.attention(qn, code, causal=True).double().numpy()
+    want = (np.linalg.norm(o_ref - o_hat, axis=-1) / np.linalg.norm(o_ref, axis=-1))[0, 0].mean()
+    got = next(r for r in rows if r["scheme"] == name and r["n"] == n and r["head"] == 0)["output_error"]
+    assert got == pytest.approx(want, rel=1e-9)
