@@ -182,16 +182,21 @@ def study_order(names: Iterable[str] | Mapping[str, str | os.PathLike],
                 figures_dir: str | os.PathLike | None = None) -> list[str]:
     """Studies in report order: by the position each declares, then by name; those without one last, by name.
 
-    ``names``: study names (their position is read from their claims files in ``figures_dir``), or a mapping
-    name -> study script (the ``POSITION`` the script declares; else its claims file's).
+    ``names``: study names (their position is read from their claims files in ``figures_dir``, else from
+    ``studies/<name>.py`` beside that folder), or a mapping name -> study script (the ``POSITION`` the script
+    declares; else its claims file's).
     """
     scripts = names if isinstance(names, Mapping) else {}
     names = list(names)
+    # claims files written before `position` existed: the study script beside the figures folder says it
+    studies_dir = Path(figures_dir or default_figures_dir()).resolve().parent / "studies"
     positions = {}
     for name in names:
         pos = script_position(scripts[name]) if name in scripts else None
         if pos is None:
             pos = _claims_position(claims_path(name, figures_dir))
+        if pos is None and name not in scripts:
+            pos = script_position(studies_dir / f"{name}.py")
         positions[name] = pos
     return sorted(names, key=lambda n: (positions[n] is None, positions[n] or 0, n))
 

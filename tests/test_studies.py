@@ -433,3 +433,18 @@ def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
     want = (np.linalg.norm(o_ref - o_hat, axis=-1) / np.linalg.norm(o_ref, axis=-1))[0, 0].mean()
     got = next(r for r in rows if r["scheme"] == name and r["n"] == n and r["head"] == 0)["output_error"]
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_old_claims_files_are_ordered_by_the_scripts_beside_them(tmp_path):
+    """Claims files without `position` (written before it existed) take the POSITION of studies/<name>.py."""
+    figs, studies = tmp_path / "figures", tmp_path / "studies"
+    studies.mkdir()
+    (studies / "late.py").write_text("POSITION = 90\n")
+    (studies / "early.py").write_text("POSITION = 10\n")
+    for name in ("late", "early", "orphan"):
+        path = figs / "data" / f"{name}_claims.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([_claim(1)]))
+    assert study_order(["late", "orphan", "early"], figs) == ["early", "late", "orphan"]
+    text = build_report(figs).read_text()
+    assert text.index("## early") < text.index("## late") < text.index("## orphan")
