@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstats._random import spawn_seeds
+from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
 
@@ -69,10 +69,12 @@ def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
 class Scheme:
     """A K quantizer and a V quantizer at the same nominal budget."""
 
-    def __init__(self, name: str, bits: int, k: Quantizer, v: Quantizer):
+    def __init__(self, name: str, bits: int, k: Quantizer, v: Quantizer, seed: int | None = None):
         if k.dim != v.dim:
             raise ValueError(f"k and v quantizers must share dim, got {k.dim} and {v.dim}")
         self.name, self.bits, self.k, self.v, self.dim = name, bits, k, v, k.dim
+        #: the seed the scheme was built from (None when built by hand from two quantizers)
+        self.seed = seed
 
     def _check_cache(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         for name, t in (("keys", keys), ("values", values)):
@@ -175,10 +177,11 @@ class NovaScheme(Scheme):
         ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype, ...).
         """
         check_int_range(bits, "bits", 1, 8)
+        seed = check_seed(seed)
         check_float_tensor(keys, "keys")
         k, v = _nova(bits, keys.shape[-1], spawn_seeds(seed, 2), queries=queries, keys=keys, values=values,
                      **options)
-        return cls("nova", bits, k, v)
+        return cls("nova", bits, k, v, seed)
 
 
 def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
@@ -192,5 +195,6 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
         raise ValueError(f"name must be one of {sorted(known)}, got {name!r}")
     builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
+    seed = check_seed(seed)
     k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
-    return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v)
+    return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v, seed)

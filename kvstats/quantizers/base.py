@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvstats._random import check_seed
 from kvstats._validation import check_float_tensor, check_int_range
 
 __all__ = ["BitBudget", "Code", "Quantizer", "ACC_DTYPES"]
@@ -110,10 +111,11 @@ class Quantizer:
     min_bits: int = 1
     max_bits: int = 8
 
-    def __init__(self, bits: int, dim: int, seed: int = 0):
+    def __init__(self, bits: int, dim: int, seed: int | None = 0):
         self.bits = check_int_range(bits, "bits", self.min_bits, self.max_bits)
         self.dim = check_int_range(dim, "dim", 2, 1 << 15)
-        self.seed = seed
+        #: the seed used (for seed=None, the fresh one drawn: rebuild with it to reproduce the object)
+        self.seed = check_seed(seed)
 
     # ------------------------------------------------------------------------------------ public API
     def encode(self, x: torch.Tensor) -> Code:

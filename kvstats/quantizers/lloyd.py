@@ -131,7 +131,7 @@ class TurboMSE(LloydQuantizer):
                  norm_dtype: torch.dtype = torch.float32):
         super().__init__(bits, dim, seed, norm_dtype=norm_dtype)
         self.rotation_kind = rotation
-        self.rotation = make_rotation(rotation, self.dim, seed)
+        self.rotation = make_rotation(rotation, self.dim, self.seed)
 
     def __repr__(self) -> str:
         return f"TurboMSE(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"

@@ -541,7 +541,7 @@ class RotatedMinMax(Quantizer):
                  side_dtype: torch.dtype = torch.float16):
         super().__init__(bits, dim, seed)
         self.rotation_kind = rotation
-        self.rotation: Rotation = make_rotation(rotation, self.dim, seed)
+        self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed)
         self.minmax = MinMaxQuantizer(self.bits, self.dim, axis="token", side_dtype=side_dtype)
 
     def _encode(self, x: torch.Tensor) -> Code:

@@ -23,7 +23,7 @@ import math
 import torch
 
 from kvstats import ops
-from kvstats._random import spawn_seeds
+from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_int_range
 from kvstats.packing import packed_nbytes, unpack_signs
 from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
@@ -96,10 +96,10 @@ class QJLQuantizer(Quantizer):
             raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
         self.m = check_int_range(m, "m", 1, 1 << 16)
         self.bits = self.m / self.dim
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.rows = rows
         self.norm_dtype = check_norm_dtype(norm_dtype)
-        seeds = spawn_seeds(seed, 2) if isinstance(seed, int) else [seed, seed]
+        seeds = spawn_seeds(self.seed, 2)
         if outliers is None or len(outliers) == 0:
             self.outliers = None
             self.sketch = SignSketch(self.m, self.dim, rows, seeds[0])

@@ -46,7 +46,7 @@ class TurboProd(Quantizer):
                  norm_dtype: torch.dtype = torch.float32):
         super().__init__(bits, dim, seed)
         self.norm_dtype = check_norm_dtype(norm_dtype)
-        seed_mse, seed_qjl = spawn_seeds(seed, 2)
+        seed_mse, seed_qjl = spawn_seeds(self.seed, 2)
         self.rotation_kind, self.rows = rotation, rows
         self.mse = TurboMSE(self.bits - 1, self.dim, seed_mse, rotation=rotation, norm_dtype=norm_dtype) \
             if self.bits > 1 else None
