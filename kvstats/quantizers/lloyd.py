@@ -112,7 +112,10 @@ class LloydQuantizer(Quantizer):
         scores = ops.lloyd_scores(q3, packed, norm, self.levels(q.device, acc), self.bits)
         return scores.reshape(*lead, *scores.shape[-2:])
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"norm_dtype": self.norm_dtype, "rotation": getattr(self, "rotation_kind", None)}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return BitBudget(payload=8 * packed_nbytes(self.dim, self.bits) / self.dim,
                          norms=dtype_bits(self.norm_dtype) / self.dim)
 

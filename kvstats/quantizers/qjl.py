@@ -145,7 +145,12 @@ class QJLQuantizer(Quantizer):
             code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
         return out.to(code.dtype)
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"m": self.m, "rows": self.rows, "norm_dtype": self.norm_dtype,
+                "outliers": None if self.outliers is None else self.outliers.tolist(),
+                "outlier_m": getattr(self, "outlier_m", None)}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         norm_bits = dtype_bits(self.norm_dtype)
         if self.outlier_sketch is None:
             return BitBudget(payload=8 * packed_nbytes(self.m, 1) / self.dim, norms=norm_bits / self.dim)

@@ -90,7 +90,10 @@ class TurboProd(Quantizer):
                                        signs, gamma, self.sketch.scale / self.sketch.m)
         return scores.reshape(*lead, *scores.shape[-2:])
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"rotation": self.rotation_kind, "rows": self.rows, "norm_dtype": self.norm_dtype}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,
                               norms=dtype_bits(self.norm_dtype) / self.dim)
         return sign_bits if self.mse is None else sign_bits + self.mse.bits_per_coordinate()
