@@ -13,7 +13,7 @@ import torch
 import kvstats
 from kvstats import ops
 from kvstats.data.synthetic import KINDS, generate, outlier_channel_indices, synthetic_queries
-from kvstats.quantizers import QUANTIZERS
+from kvstats.quantizers import QUANTIZERS, Code
 from kvstats.schemes import SCHEMES
 
 PATHS = {"kernel": contextlib.nullcontext, "reference": ops.use_reference}
@@ -91,3 +91,81 @@ def test_generator_seed_none_gives_fresh_draws(kind):
     assert not torch.equal(first, second)
     torch.testing.assert_close(generate(kind, 1, 1, 8, 16, 2**63 - 1)[1], generate(kind, 1, 1, 8, 16, 2**63 - 1)[1],
                                rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------- provenance
+MISMATCHES = [
+    ("lloyd", {}, "turbo_mse", {}),                              # another method, same layout
+    ("turbo_mse", {"seed": 0}, "turbo_mse", {"seed": 1}),        # another seed
+    ("turbo_mse", {"dim": 64, "bits": 2}, "turbo_mse", {"dim": 128, "bits": 3}),  # another dim and bits
+    ("turbo_mse", {"norm_dtype": torch.float16}, "turbo_mse", {}),  # another option
+    ("turbo_prod", {"rows": "gaussian"}, "turbo_prod", {"rows": "orthogonal"}),
+    ("turbo_prod", {}, "qjl", {}),                               # formerly a bare KeyError
+    ("qjl", {}, "turbo_prod", {}),
+    ("minmax", {}, "lloyd", {}),
+    ("qjl", {"outliers": [1, 2]}, "qjl", {"outliers": [1, 3]}),
+]
+
+
+def _built(name, overrides):
+    args = {"bits": 2, "dim": 64, "seed": 0, **overrides}
+    return kvstats.quantizer(name, **args)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("maker, made, user, used", MISMATCHES)
+def test_decode_and_inner_refuse_a_code_from_another_quantizer(path, maker, made, user, used):
+    a, b = _built(maker, made), _built(user, used)
+    x = torch.randn(3, 5, a.dim, generator=torch.Generator().manual_seed(0))
+    with PATHS[path]():
+        code = a.encode(x)
+        for call in (lambda: b.decode(code), lambda: b.inner(torch.randn(3, 2, b.dim), code)):
+            with pytest.raises(ValueError, match="code was made by") as info:
+                call()
+            message = str(info.value)
+            assert repr(a) in message and repr(b) in message
+        a.decode(code)  # its own quantizer still decodes it
+
+
+def test_a_code_remembers_its_quantizer():
+    q = _built("turbo_prod", {"seed": 5})
+    code = q.encode(torch.randn(4, 64))
+    assert (code.source.name, code.source.dim, code.source.bits) == ("turbo_prod", 64, 2)
+    assert code.source == _built("turbo_prod", {"seed": 5}).provenance()  # same construction, same fingerprint
+    assert code.source.fingerprint != _built("turbo_prod", {"seed": 6}).provenance().fingerprint
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_hand_built_code_missing_a_field_is_a_value_error(path):
+    q = _built("turbo_prod", {})
+    with PATHS[path]():
+        code = q.encode(torch.randn(4, 64))
+        code.source = None
+        del code.payload["signs"]
+        with pytest.raises(ValueError, match="code lacks the field 'signs'"):
+            q.decode(code)
+        with pytest.raises(ValueError, match="code lacks the field 'signs'"):
+            q.inner(torch.randn(2, 64), code)
+        with pytest.raises(ValueError, match="code is of vectors of dim 64"):
+            _built("turbo_prod", {"dim": 32}).decode(Code(torch.Size([4, 64]), torch.float32))
+
+
+def test_nova_codes_are_tied_to_the_calibration():
+    q, k, _ = generate("gaussian", 1, 1, 400, 16, 0, n_q=64)
+    prior = kvstats.quantizer("nova", bits=2, dim=16, seed=0)
+    code = prior.encode(k[0, 0])
+    fitted = kvstats.quantizer("nova", bits=2, dim=16, seed=0).calibrate(q, k)
+    with pytest.raises(ValueError, match="code was made by"):
+        fitted.decode(code)
+    torch.testing.assert_close(kvstats.quantizer("nova", bits=2, dim=16, seed=0).decode(code), prior.decode(code),
+                               rtol=0, atol=0)
+
+
+def test_scheme_codes_carry_both_sources():
+    s = kvstats.scheme("kqv", bits=3, dim=32, seed=1)
+    k = torch.randn(1, 2, 6, 32)
+    cache = s.encode(k, k)
+    assert cache.k.source.name == "turbo_mse" and cache.v.source.name == "turbo_prod"
+    other = kvstats.scheme("kqv", bits=3, dim=32, seed=2)
+    with pytest.raises(ValueError, match="code was made by"):
+        other.decode(cache)
