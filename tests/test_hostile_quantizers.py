@@ -169,3 +169,100 @@ def test_scheme_codes_carry_both_sources():
     other = kvstats.scheme("kqv", bits=3, dim=32, seed=2)
     with pytest.raises(ValueError, match="code was made by"):
         other.decode(cache)
+
+
+# ------------------------------------------------------------------------------- storage dtype limits
+FP16_STORAGE = [
+    ("minmax", {}, "side_dtype"),                                 # fp16 lo and step by default
+    ("rotated_minmax", {}, "side_dtype"),
+    ("lloyd", {"norm_dtype": torch.float16}, "norm_dtype"),
+    ("turbo_mse", {"norm_dtype": torch.float16}, "norm_dtype"),
+    ("turbo_prod", {"norm_dtype": torch.float16}, "norm_dtype"),
+    ("qjl", {"norm_dtype": torch.float16}, "norm_dtype"),
+    ("qjl", {"norm_dtype": torch.float16, "outliers": [0]}, "norm_dtype"),
+    ("nova", {"scale_dtype": torch.float16}, "scale_dtype"),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name, options, option", FP16_STORAGE)
+def test_values_fp16_storage_cannot_hold_are_refused_naming_the_dtype(path, name, options, option):
+    q = build_quantizer(name, 0, **options)
+    # every stored scalar (norm, RMS scale, group minimum) is then beyond 65504, the largest finite fp16
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3)) - 7e4
+    with PATHS[path](), pytest.raises(ValueError, match=rf"overflows torch.float16 .*pass {option}=torch.float32"):
+        q.encode(x)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_minmax_near_the_fp16_limit_stays_finite_and_accurate(path):
+    # |x| ≤ 6e4 and group range ≤ 1.2e5: lo and step = range/3 fit in fp16, so decode is finite and within
+    # half a step (plus the fp16 rounding of lo and step, 2^-11 relative each) of x.
+    q = kvstats.quantizer("minmax", bits=2, dim=64)
+    x = torch.linspace(-6e4, 6e4, 64).repeat(2, 1)
+    with PATHS[path]():
+        x_hat = q.decode(q.encode(x))
+    step = 1.2e5 / 3
+    assert torch.isfinite(x_hat).all()
+    assert (x_hat - x).abs().max() <= step / 2 + 4 * 2**-11 * 6e4
+
+
+def test_identity_fp16_storage_refuses_values_above_65504():
+    from kvstats.quantizers import IdentityQuantizer
+
+    with pytest.raises(ValueError, match=r"dtype=torch.float16 cannot hold"):
+        IdentityQuantizer(8, dtype=torch.float16).encode(torch.full((2, 8), 1e5))
+
+
+# --------------------------------------------------------------------------- qjl, one outlier channel
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", ["gaussian", "orthogonal"])
+def test_qjl_with_exactly_one_outlier_channel_is_exact_there(path, rows):
+    d, channel = 32, 5
+    q = kvstats.quantizer("qjl", dim=d, seed=11, rows=rows, outliers=[channel])
+    gen = torch.Generator().manual_seed(4)
+    x, query = torch.randn(2, 7, d, generator=gen), torch.randn(2, 3, d, generator=gen)
+    x[..., channel] *= 50
+    keep = [i for i in range(d) if i != channel]
+    # oracle: a plain qjl on the inlier channels with the same sketch (same child seed, m = d rows)
+    inlier = kvstats.quantizer("qjl", dim=d - 1, m=d, seed=11, rows=rows)
+    with PATHS[path]():
+        code = q.encode(x)
+        x_hat, scores = q.decode(code), q.inner(query, code)
+        inlier_code = inlier.encode(x[..., keep])
+        exact_term = query[..., channel:channel + 1] * x[..., None, :, channel]
+        expected = inlier.inner(query[..., keep], inlier_code) + exact_term
+        torch.testing.assert_close(x_hat[..., keep], inlier.decode(inlier_code))
+    assert torch.equal(x_hat[..., channel], x[..., channel])
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-4)
+    assert code.nbytes * 8 == q.bits_per_coordinate().total * x[..., 0].numel() * d
+
+
+# ------------------------------------------------------------------------------------- meta tensors
+def test_meta_tensors_are_refused_naming_the_argument():
+    q = kvstats.quantizer("turbo_prod", bits=3, dim=16)
+    code = q.encode(torch.randn(4, 16))
+    with pytest.raises(ValueError, match="x is a meta tensor"):
+        q.encode(torch.empty(4, 16, device="meta"))
+    with pytest.raises(ValueError, match="query is a meta tensor"):
+        q.inner(torch.empty(2, 16, device="meta"), code)
+    code.scalars["gamma"] = torch.empty(4, device="meta")
+    with pytest.raises(ValueError, match="code field 'gamma' is a meta tensor"):
+        q.decode(code)
+    s = kvstats.scheme("kqv", bits=3, dim=16)
+    with pytest.raises(ValueError, match="keys is a meta tensor"):
+        s.encode(torch.empty(1, 1, 4, 16, device="meta"), torch.randn(1, 1, 4, 16))
+
+
+# ------------------------------------------------------------------------------------------ large d
+@pytest.mark.parametrize("build, what", [
+    (lambda: kvstats.quantizer("qjl", dim=32768, seed=0), "orthogonal sketch"),
+    (lambda: kvstats.quantizer("qjl", dim=8192, rows="gaussian", seed=0), "Gaussian sketch"),
+    (lambda: kvstats.quantizer("turbo_prod", bits=2, dim=16384, seed=0), "Gaussian sketch"),
+    (lambda: kvstats.quantizer("turbo_mse", bits=2, dim=8192, rotation="haar", seed=0), "Haar rotation"),
+    (lambda: kvstats.quantizer("qjl", bits=8, dim=4096, rows="srht", seed=0), "SRHT sketch"),
+])
+def test_dense_matrices_above_the_memory_limit_are_refused_with_their_size(build, what):
+    with pytest.raises(ValueError, match=rf"{what} would be a dense float64 \[\d+, \d+\] matrix of \d+ MiB, "
+                                         r"above the limit kvstats.rotations.MAX_DENSE_BYTES = 256 MiB"):
+        build()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstats._random import check_seed
-from kvstats._validation import all_finite, check_float_tensor, check_int_range
+from kvstats._validation import all_finite, check_float_tensor, check_int_range, check_not_meta
 
 __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES"]
 
@@ -137,6 +137,8 @@ class Quantizer:
     needs_calibration: bool = False
     min_bits: int = 1
     max_bits: int = 8
+    #: stored scalar name -> the constructor option that sets its dtype (named in overflow errors)
+    storage_options: dict[str, str] = {}
 
     def __init__(self, bits: int, dim: int, seed: int | None = 0):
         self.bits = check_int_range(bits, "bits", self.min_bits, self.max_bits)
@@ -200,6 +202,8 @@ class Quantizer:
         """Refuse anything but a Code this quantizer (same method, dim, bits, seed and options) made."""
         if not isinstance(code, Code):
             raise TypeError(f"code must be a kvstats Code, got {type(code).__name__}")
+        for key, t in _tensors(code):
+            check_not_meta(t, f"code field {key!r}")
         if code.source is None:
             if code.shape and code.shape[-1] != self.dim:
                 raise ValueError(f"code is of vectors of dim {code.shape[-1]}, but {self!r} has dim {self.dim}")
@@ -221,10 +225,10 @@ class Quantizer:
         for key, t in _scalars(code):
             if t.numel() and t.is_floating_point() and not all_finite(t):
                 big = float(x.detach().abs().amax())
+                option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
                 raise ValueError(
                     f"x (max |x| = {big:.4g}) is too large for {self!r}: its stored {key} overflows {t.dtype} "
-                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); store it in a wider dtype "
-                    f"(norm_dtype / side_dtype / scale_dtype=torch.float32) or rescale x")
+                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); pass {option}=torch.float32 or rescale x")
 
     def _check_storable(self, x: torch.Tensor, dtype: torch.dtype, name: str, arg: str) -> None:
         """Refuse x whose values the storage dtype cannot hold (|x| above its largest finite value)."""
@@ -249,6 +253,13 @@ class Quantizer:
         acc = acc_dtype(query.dtype)
         x_hat = self._decode(code).to(acc)
         return query.to(acc) @ x_hat.transpose(-1, -2)
+
+
+def _tensors(code: Code, prefix: str = ""):
+    for key, t in (*code.payload.items(), *code.scalars.items()):
+        yield prefix + key, t
+    for part_name, part in code.parts.items():
+        yield from _tensors(part, f"{prefix}{part_name}.")
 
 
 def _scalars(code: Code, prefix: str = ""):

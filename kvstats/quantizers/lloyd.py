@@ -39,6 +39,7 @@ class LloydQuantizer(Quantizer):
     """
 
     name = "lloyd"
+    storage_options = {"norm": "norm_dtype"}
     rotation: Rotation | None = None
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, norm_dtype: torch.dtype = torch.float32):

@@ -44,6 +44,7 @@ class MinMaxQuantizer(Quantizer):
     """
 
     name = "minmax"
+    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, axis: str = "token", group_size: int | None = None,
                  side_dtype: torch.dtype = torch.float16):
@@ -142,6 +143,7 @@ class RotatedMinMax(Quantizer):
     """
 
     name = "rotated_minmax"
+    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht",
                  side_dtype: torch.dtype = torch.float16):

@@ -297,6 +297,7 @@ class NovaQuantizer(Quantizer):
     """
 
     name = "nova"
+    storage_options = {"scale": "scale_dtype"}
 
     def __init__(self, bits: int = 2, dim: int = 128, seed: int = 0, *, group_dim: int | None = None,
                  ridge: float = DEFAULT_RIDGE, kmeans_iters: int = 20, scale_dtype: torch.dtype = torch.float16,

@@ -41,6 +41,7 @@ class TurboProd(Quantizer):
     """
 
     name = "turbo_prod"
+    storage_options = {"norm": "norm_dtype", "gamma": "norm_dtype"}
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht", rows: str = "gaussian",
                  norm_dtype: torch.dtype = torch.float32):
