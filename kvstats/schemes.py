@@ -37,6 +37,7 @@ import torch
 from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quantizers.qjl import ROWS
 
 __all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "register_scheme",
            "causal_mask", "gqa_groups"]
@@ -251,5 +252,7 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
     seed = check_seed(seed)
+    if options.get("rows") is not None and options["rows"] not in ROWS:
+        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {options['rows']!r}")
     k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
     return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v, seed)

@@ -6,14 +6,19 @@ test runs on both the kernel and the pure-torch reference (``kvstats.ops.use_ref
 """
 
 import contextlib
+import itertools
+import math
 
+import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 import kvstats
 from kvstats import ops
 from kvstats.data.synthetic import KINDS, generate, outlier_channel_indices, synthetic_queries
 from kvstats.quantizers import QUANTIZERS, Code
+from kvstats.rotations import srht_sketch
 from kvstats.schemes import SCHEMES
 
 PATHS = {"kernel": contextlib.nullcontext, "reference": ops.use_reference}
@@ -266,3 +271,100 @@ def test_dense_matrices_above_the_memory_limit_are_refused_with_their_size(build
     with pytest.raises(ValueError, match=rf"{what} would be a dense float64 \[\d+, \d+\] matrix of \d+ MiB, "
                                          r"above the limit kvstats.rotations.MAX_DENSE_BYTES = 256 MiB"):
         build()
+
+
+# ----------------------------------------------------------------------------- D'Alberto's SRHT sketch
+# D'Alberto (arXiv 2605.08114 §2.2, eq. 3): q = sign(H(s′⊙r)), r̂ = (√(π/2)‖r‖/d)·s′⊙(H q), m = d.
+SQRT_HALF_PI = math.sqrt(math.pi / 2)
+
+
+def test_srht_sketch_is_h_times_signs():
+    s = srht_sketch(16, 16, 3)
+    h = torch.tensor(scipy.linalg.hadamard(16), dtype=torch.float64)
+    signs = s[0] / h[0]                                   # s′ read off the first row
+    assert set(signs.tolist()) <= {-1.0, 1.0}
+    torch.testing.assert_close(s, h * signs, rtol=0, atol=0)
+    torch.testing.assert_close(s @ s.T, 16 * torch.eye(16, dtype=torch.float64), rtol=0, atol=0)  # rows ⊥, norm √d
+    with pytest.raises(ValueError, match="rows='srht' needs a power-of-two sketched width d .* got d = 96"):
+        srht_sketch(96, 96, 0)
+    with pytest.raises(ValueError, match="got d = 96"):
+        kvstats.quantizer("turbo_prod", bits=3, dim=96, rows="srht")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_srht_on_a_spike_returns_sqrt_half_pi_times_the_spike(path):
+    # r = e₁: S e₁ = s′₁·(column of ones), so q = s′₁·1 and s′⊙(H q) = s′₁² · d · e₁ for every s′.
+    d = 64
+    r = torch.zeros(1, d, dtype=torch.float64)
+    r[0, 0] = 2.5
+    with PATHS[path]():
+        for seed in range(5):
+            q = kvstats.quantizer("qjl", dim=d, rows="srht", seed=seed)
+            torch.testing.assert_close(q.decode(q.encode(r)), SQRT_HALF_PI * r, rtol=1e-12, atol=1e-12)
+
+
+def _exact_srht_mean(r: torch.Tensor, query: torch.Tensor) -> float:
+    """E over s′ of ⟨query, r̂⟩ by enumerating all 2^d sign patterns (d ≤ 16).
+
+    Each row of S is H_i ⊙ s′, whose entries are i.i.d. Rademacher for every fixed i, so every row has the
+    law of ε ~ Rademacher^d and E⟨q, r̂⟩ = √(π/2)·‖r‖·Σ_j q_j E[ε_j sign(⟨ε, r⟩)].
+    """
+    eps = torch.tensor(list(itertools.product([-1.0, 1.0], repeat=r.numel())), dtype=torch.float64)
+    weights = (torch.sign(eps @ r).unsqueeze(-1) * eps).mean(0)
+    return float(SQRT_HALF_PI * r.norm() * (query @ weights))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_srht_estimator_is_unbiased_over_fresh_signs_for_spread_r(path):
+    # Monte Carlo over N = 2000 independent s′ (seeds) of ⟨q, r̂⟩ for one spread (Gaussian) r at d = 16,
+    # against the exact mean by enumeration (independent oracle): |mean − exact| ≤ Z·SE, Z = 5.5, two-sided
+    # false-failure probability ≈ 4e-8 by the CLT. The exact mean itself is within 2% of ⟨q, r⟩ (relative to
+    # ‖q‖‖r‖): unbiased up to the O(1/d) non-Gaussianity of a Rademacher sum, unlike the spike (√(π/2)).
+    d, n = 16, 2000
+    gen = torch.Generator().manual_seed(0)
+    r, query = torch.randn(d, generator=gen, dtype=torch.float64), torch.randn(d, generator=gen, dtype=torch.float64)
+    with PATHS[path]():
+        est = []
+        for seed in range(n):
+            q = kvstats.quantizer("qjl", dim=d, rows="srht", seed=seed)
+            est.append(float(q.inner(query[None], q.encode(r[None]))[0, 0]))
+    est = np.asarray(est)
+    exact = _exact_srht_mean(r, query)
+    se = est.std(ddof=1) / math.sqrt(n)
+    assert abs(est.mean() - exact) <= 5.5 * se, (est.mean(), exact, se)
+    assert abs(exact - float(query @ r)) <= 0.02 * float(query.norm() * r.norm())
+    spike = torch.zeros(d, dtype=torch.float64)
+    spike[0] = 1.0
+    assert _exact_srht_mean(spike, spike) == pytest.approx(SQRT_HALF_PI, rel=1e-12)  # the biased spiky case
+
+
+@pytest.mark.parametrize("name, options", [("qjl", {}), ("turbo_prod", {"bits": 3}), ("turbo_prod", {"bits": 1})])
+def test_srht_kernels_agree_with_the_reference(name, options):
+    d = 128
+    q = kvstats.quantizer(name, dim=d, seed=9, rows="srht", **options)
+    gen = torch.Generator().manual_seed(2)
+    x, query = torch.randn(3, 40, d, generator=gen), torch.randn(3, 9, d, generator=gen)
+    code = q.encode(x)
+    scores, x_hat = q.inner(query, code), q.decode(code)
+    with ops.use_reference():
+        ref_code = q.encode(x)
+        ref_scores, ref_x_hat = q.inner(query, ref_code), q.decode(ref_code)
+    signs, ref_signs = code.payload["signs"], ref_code.payload["signs"]
+    assert (signs == ref_signs).float().mean() >= 0.99  # a sign can flip only where S r rounds to ±0
+    torch.testing.assert_close(q.inner(query, ref_code), ref_scores, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(scores, ref_scores, rtol=1e-3, atol=0.05 * float(ref_scores.abs().mean()))
+    torch.testing.assert_close(x_hat, ref_x_hat, rtol=1e-3, atol=0.05 * float(ref_x_hat.abs().mean()))
+
+
+def test_scheme_rows_sets_every_qjl_stage():
+    s = kvstats.scheme("qkqv", bits=4, dim=128, seed=0, rows="srht")
+    assert s.k.rows == s.v.rows == "srht" and s.k.sketch.rows == "srht"
+    assert kvstats.scheme("kqv", bits=4, dim=128, seed=0, rows="srht").v.rows == "srht"
+    assert kvstats.scheme("kqv", bits=4, dim=128, seed=0).v.rows == "gaussian"   # the quantizer's default
+    for name in ("kv", "minmax"):  # no QJL stage: accepted and ignored
+        kvstats.scheme(name, bits=4, dim=128, seed=0, rows="srht")
+    k = torch.randn(1, 2, 16, 128, generator=torch.Generator().manual_seed(0))
+    out = s.attention(torch.randn(1, 4, 3, 128), s.encode(k, k))
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="rows must be one of"):
+        kvstats.scheme("kv", bits=4, dim=128, rows="hadamard")

@@ -88,7 +88,7 @@ class QJLQuantizer(Quantizer):
         dim: d ≥ 2.
         bits: sign bits per coordinate; m = bits·d when ``m`` is not given (default 1, i.e. m = d).
         m: number of sketch rows (the QJL paper's default is 256 at d = 128).
-        rows: ``"orthogonal"`` (default) or ``"gaussian"``.
+        rows: ``"orthogonal"`` (default), ``"gaussian"`` or ``"srht"`` (power-of-two sketched widths only).
         outliers: channel indices sketched separately (e.g. the 4–8 outlier channels of deep layers).
         outlier_m: rows of the outlier sketch (default m).
         norm_dtype: precision of the stored norms (fp32 default).

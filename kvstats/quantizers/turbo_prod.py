@@ -36,7 +36,9 @@ class TurboProd(Quantizer):
         bits: b in [1, 8] (b − 1 bits of MSE codes + 1 sign bit per coordinate).
         dim: d ≥ 2. seed: fixes the rotation and the sketch (independent child seeds).
         rotation: ``"wht"`` (default) or ``"haar"`` for the MSE stage.
-        rows: ``"gaussian"`` (default, as in the paper) or ``"orthogonal"`` for the residual sketch.
+        rows: ``"gaussian"`` (default, as in the paper), ``"orthogonal"`` or ``"srht"`` (D'Alberto's randomized
+            Hadamard sketch, arXiv 2605.08114 §2.2 eq. 3; d a power of two) for the residual sketch
+            (see :mod:`kvstats.quantizers.qjl`).
         norm_dtype: precision of ‖x‖ and γ (fp32 default).
     """
 
