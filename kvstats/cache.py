@@ -64,7 +64,8 @@ import torch.nn.functional as F
 
 from kvstats import attention as _attention
 from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quantizers.base import Code, acc_dtype
+from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.schemes import CacheCode, Scheme
 
 try:
@@ -94,37 +95,6 @@ RECORD_TOP_K = 5
 
 
 # ----------------------------------------------------------------------------------------- lossless scheme
-
-
-class IdentityQuantizer(Quantizer):
-    """A lossless "quantizer": stores x as it is (or cast to ``dtype``); decode returns it; inner is q·xᵀ.
-
-    The reference point of the cache tests (a KVStatsCache with it reproduces the model) and, with
-    ``dtype=torch.float16``, an fp16 cache. ``bits_per_coordinate`` counts the storage dtype (fp32 when
-    ``dtype`` is None, i.e. assuming fp32 inputs); ``Code.nbytes`` is exact either way.
-    """
-
-    name = "identity"
-    min_bits, max_bits = 8, 64
-
-    def __init__(self, dim: int, seed: int = 0, *, dtype: torch.dtype | None = None):
-        if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(f"dtype must be None or a float dtype, got {dtype}")
-        self.store_dtype = dtype
-        super().__init__(torch.finfo(dtype or torch.float32).bits, dim, seed)
-
-    def _encode(self, x: torch.Tensor) -> Code:
-        stored = x.clone() if self.store_dtype is None else x.to(self.store_dtype)
-        return Code(x.shape, x.dtype, payload={"x": stored})
-
-    def _decode(self, code: Code) -> torch.Tensor:
-        return code.payload["x"].to(code.dtype)
-
-    def bits_per_coordinate(self) -> BitBudget:
-        return BitBudget(payload=float(self.bits))
-
-    def __repr__(self) -> str:
-        return f"IdentityQuantizer(dim={self.dim}, dtype={self.store_dtype})"
 
 
 def IdentityScheme(dim: int, *, dtype: torch.dtype | None = None) -> Scheme:  # noqa: N802 - a factory read as a type
