@@ -29,7 +29,6 @@ import torch
 
 from kvstats import attention, metrics, plots, study
 from kvstats.error6d import ERROR6D_COMPONENTS, distance_6d, energy_test, error6d
-from kvstats.quantizers import MinMaxQuantizer
 from kvstats.report import fmt_p
 from kvstats.schemes import Scheme, scheme
 from kvstats.stats import compare, mann_whitney, ratio_ci
@@ -89,11 +88,9 @@ def trial_data(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: 
 
 
 def make_scheme(name: str, n: int, d: int, seed: int) -> Scheme:
-    """kv/kqv/qkqv from kvstats.schemes; ``minmax``: K per channel (groups of d tokens), V per token (groups of
-    d coordinates), fp16 min and scale: 32/d side bits per element, as the fp32 norm of the other schemes."""
-    if name == "minmax":
-        return Scheme("minmax", n, MinMaxQuantizer(n, d, axis="channel", group_size=d),
-                      MinMaxQuantizer(n, d, axis="token"))
+    """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed)``. ``minmax`` (KIVI-style): K per
+    channel (groups of d tokens), V per token (groups of d coordinates), fp16 min and scale: 32/d side bits
+    per element, as the fp32 norm of the other schemes."""
     return scheme(name, bits=n, dim=d, seed=seed)
 
 
@@ -124,9 +121,9 @@ def cell(data: str, layer: int | None, scheme_name: str, n: int, d: int, seq: in
         rows.append({
             "trial": t,
             **trial_metrics(s, q, k, v, causal),
-            "bits_k": s.k.bits_per_coordinate().total if scheme_name != "minmax"
-            else s.k.bits_per_coordinate(k.shape[2]).total,
-            "bits_v": s.v.bits_per_coordinate().total,
+            # side data shared across tokens (min-max K groups) amortised over the trial's tokens
+            "bits_k": s.k.bits_per_coordinate(n_tokens=k.shape[2]).total,
+            "bits_v": s.v.bits_per_coordinate(n_tokens=k.shape[2]).total,
             "seq_len": int(k.shape[2]),
         })
     return rows

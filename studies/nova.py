@@ -51,7 +51,6 @@ import pandas as pd
 import torch
 
 from kvstats import attention, metrics, plots, study
-from kvstats.quantizers import MinMaxQuantizer
 from kvstats.quantizers.nova import DEFAULT_AMORTIZE_TOKENS, DEFAULT_RIDGE, RotatedMinMax, parseval_terms
 from kvstats.report import fmt_p
 from kvstats.schemes import NovaScheme, Scheme, scheme
@@ -129,8 +128,7 @@ def layer_qkv(name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 def make_scheme(name: str, n: int, d: int, seed: int, calib=None) -> Scheme:
     """kv/kqv/qkqv (kvstats.schemes, fp32 norms), minmax (as budget_sweep), nova (calibrated on ``calib``)."""
     if name == "minmax":
-        return Scheme("minmax", n, MinMaxQuantizer(n, d, axis="channel", group_size=d),
-                      MinMaxQuantizer(n, d, axis="token"))
+        return scheme("minmax", bits=n, dim=d, seed=seed)
     if name.startswith("nova"):
         q, k, v = calib
         return NovaScheme.calibrate(q, k, v, bits=n, seed=seed)

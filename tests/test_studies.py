@@ -71,7 +71,8 @@ def test_budget_sweep_cell_real_branch(monkeypatch):
     assert all(r["attention_kl"] >= 0 and 0 <= r["top5"] <= 1 for r in rows)
 
 
-@pytest.mark.parametrize("data, scheme_name", [("gaussian", "kqv"), ("gaussian", "qkqv"), ("heavy_tail_df3", "kv")])
+@pytest.mark.parametrize("data, scheme_name", [("gaussian", "kqv"), ("gaussian", "qkqv"), ("heavy_tail_df3", "kv"),
+                                              ("low_rank_r8", "minmax")])
 def test_budget_sweep_cell_equals_the_public_api(data, scheme_name):
     """Issue 14 "done when": a budget_sweep cell and the same quantities through kvstats.scheme, kvstats.metrics
     and kvstats.error6d give identical numbers (==, not approx), and the 6D columns bear the library's names."""
