@@ -3,6 +3,7 @@
     import kvstats
     q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)   # any quantizer by name
     s = kvstats.scheme("kqv", bits=4, dim=128, seed=0)             # a K + V scheme at budget n
+    kvstats.register(MyQuantizer); kvstats.register_scheme("mine", factory)   # your own
 
 Modules: sphere, codebooks, rotations, quantizers, schemes, ops (the compiled kernels), data, metrics,
 inference, stats, sweep, plots, report. See README.md and docs/.
@@ -16,7 +17,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 
 from kvstats import ops, rotations  # noqa: E402
-from kvstats.quantizers import quantizer  # noqa: E402
-from kvstats.schemes import scheme  # noqa: E402
+from kvstats.quantizers import quantizer, register  # noqa: E402
+from kvstats.schemes import register_scheme, scheme  # noqa: E402
 
-__all__ = ["__version__", "ops", "rotations", "quantizer", "scheme"]
+__all__ = ["__version__", "ops", "rotations", "quantizer", "register", "register_scheme", "scheme"]

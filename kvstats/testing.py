@@ -267,3 +267,5 @@ def assert_variance_matches(estimator, q, k, variance: float, *, n_seeds: int = 
             f"{r.variance_ratio:.4g}, {1 - alpha:.6g} CI [{lo:.4g}, {hi:.4g}] excludes 1 (p = {r.variance_pvalue:.3g},"
             f" kurtosis {r.kurtosis:.3g}, {r.n} draws)"
         )
+
+from kvstats.conformance import check_quantizer  # noqa: E402, F401  (re-exported: the conformance kit)

@@ -46,14 +46,15 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from kvstats import plots
+from kvstats import plots, study
 from kvstats._random import spawn_seeds
-from kvstats.report import fmt_p, write_claims
+from kvstats.report import fmt_p
 from kvstats.stats import bootstrap_ci, ratio_ci, spearman
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
 VERSION = "2"
+POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
 SCHEMES = ("kv", "kqv", "qkqv")
 BUDGETS = (2, 3, 4, 5, 6)
 SCALE = {
@@ -623,23 +624,22 @@ def claims(summary: pd.DataFrame, tokens: pd.DataFrame, corr: pd.DataFrame, gen:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     _quiet()
-    t0 = time.perf_counter()
     cfg = SCALE[args.scale]
     # one torch thread per cell (the sweep's default): several threads per process spin badly on a shared
     # machine (10-100× slower measured here under load)
-    run = dict(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress, recompute=args.recompute)
     cells = grid(scheme=list(SCHEMES), n=list(BUDGETS), seed=list(cfg["seeds"]), window=list(cfg["windows"]),
                  tokens=cfg["tokens"])
     cells.append({"scheme": "identity", "n": 0, "seed": 0, "window": 0, "tokens": cfg["tokens"]})
-    table = Sweep(STUDY, cell, cells, version=VERSION).run(**run)
-    agree = Sweep(f"{STUDY}_paths", agreement_cell, grid(scheme=list(SCHEMES), n=4, dtype=["float32", "float64"],
-                                                         tokens=cfg["agree_tokens"]), version=VERSION).run(**run)
+    table = shell.sweep(cell, cells, version=VERSION)
+    agree = shell.sweep(agreement_cell, grid(scheme=list(SCHEMES), n=4, dtype=["float32", "float64"],
+                                             tokens=cfg["agree_tokens"]), version=VERSION, name=f"{STUDY}_paths")
     gen_cells = grid(scheme=list(SCHEMES), n=list(BUDGETS), seed=cfg["seeds"][0], window=list(cfg["windows"]),
                      offset=list(cfg["prompts"]), prompt_len=cfg["prompt_len"], new=cfg["new"])
-    gen = Sweep(f"{STUDY}_generation", generation_cell, gen_cells, version=VERSION).run(**run)
-    t_cells = time.perf_counter() - t0
+    gen = shell.sweep(generation_cell, gen_cells, version=VERSION, name=f"{STUDY}_generation")
+    t_cells = shell.elapsed()
 
     keys = ["scheme", "n", "seed", "window"]
     tokens = table[table["kind"] == "token"][keys + ["t", "out_kl", "top1", "nll_ref", "nll", "attn_kl", "top5"]]
@@ -655,16 +655,11 @@ def main(argv: list[str] | None = None) -> int:
     plots.write_csv(f"{STUDY}_paths", agree)
     figures(summary, tokens, layers, corr, gen, args.scale, cfg["tokens"])
     out = claims(summary, tokens, corr, gen, agree, cfg, args.scale)
-    write_claims(STUDY, out, scale=args.scale)
     cols = ["scheme", "n", "out_kl", "ppl", "top1", "attn_kl", "top5", "bits_per_element", "seconds"]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[summary["window"] == 0][cols].groupby(["scheme", "n"]).mean().round(4).to_string())
-    for c in out:
-        print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
-    info = table.attrs.get("sweep", {})
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s (cells {t_cells:.1f} s; {info.get('computed')} "
-          f"teacher-forced cells computed, {info.get('cached')} cached)")
-    return 0
+    print(f"(cells {t_cells:.1f} s)")
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ n_focus = 2, ρ = 0.7; uniform attention over 1024 keys is ln 1024 = 6.93, two e
 (``python -m kvstats.data.synthetic`` reprints it.) The default peak = 8 gives a few nats, the range of
 real attention heads; KL and top-k recall then measure the quantizer, not noise.
 
-Seeds: the same ``seed`` (an int, or a ``torch.Generator`` consumed in place) gives bit-identical tensors.
+Seeds: the same ``seed`` (an int in [0, 2**63 − 1], or a ``torch.Generator`` consumed in place) gives
+bit-identical tensors; ``seed=None`` draws fresh OS entropy (the package's seed rule, docs/quantizers.md).
 Everything is drawn on the CPU in float64 and cast to ``dtype`` at the end.
 """
 
@@ -55,6 +56,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kvstats._random import make_generator
 from kvstats._validation import FLOAT_DTYPES, check_int_range
 
 __all__ = ["KINDS", "generate", "synthetic_queries", "outlier_channel_indices", "attention_entropy"]
@@ -79,14 +81,9 @@ _KIND_DEFAULTS = {
 _MAX_SIZE = 2**31 - 1
 
 
-def _generator(seed: int | torch.Generator) -> torch.Generator:
-    if isinstance(seed, torch.Generator):
-        return seed
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__} ({seed!r})")
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
-    return torch.Generator(device="cpu").manual_seed(int(seed))
+def _generator(seed: int | torch.Generator | None) -> torch.Generator:
+    # The package's one seed rule (kvstats._random.check_seed): int in [0, 2**63 - 1], None = fresh entropy.
+    return make_generator(seed)
 
 
 def _positive_float(value, name: str, *, allow_zero: bool = False, upper: float | None = None) -> float:
