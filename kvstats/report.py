@@ -18,6 +18,8 @@ key            meaning
 ``position``   optional: the study's place in the report (an int, smaller first), set by ``write_claims(position=)``
 ``discrepancy`` optional: one sentence, computed by the study from its numbers, stating where a published
                number or statement disagrees with ours; listed under "Known discrepancies" in REPORT.md
+``rule``       the verdict rule that produced ``verdict`` (:mod:`kvstats.verdicts`); set from a ``Verdict``
+``reason``     the rule's sentence, generated from the numbers it saw; set from a ``Verdict``
 =============  ==============================================================================================
 
 Files written before ``position`` and ``discrepancy`` existed stay valid (the keys are optional).
@@ -46,6 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstats import verdicts as _verdicts
 from kvstats.paths import data_dir, default_figures_dir
 from kvstats.sweep import SCALES
 
@@ -55,6 +58,9 @@ __all__ = [
     "VERDICTS",
     "build_report",
     "claims_path",
+    "definitions_path",
+    "read_definitions",
+    "write_definitions",
     "default_figures_dir",
     "fmt_p",
     "read_claims",
@@ -63,24 +69,32 @@ __all__ = [
     "write_claims",
 ]
 
-#: Keys of a claim object; all but ``details``, ``scale``, ``position`` and ``discrepancy`` are required.
+#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule`` and ``reason``
+#: are required.
 CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale", "position",
-              "discrepancy")
-_REQUIRED = CLAIM_KEYS[:-4]
-#: Allowed verdicts. ``measured``: our own measurement, no published number to hold it to.
-VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
+              "discrepancy", "rule", "reason")
+_REQUIRED = CLAIM_KEYS[:-6]
+#: Allowed verdicts (:data:`kvstats.verdicts.VERDICTS`). ``measured``: our own measurement (source kvstats).
+VERDICTS = _verdicts.VERDICTS
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
     """``<figures_dir>/data/<study>_claims.json``."""
     return data_dir(figures_dir) / f"{study}_claims.json"
 
 
-def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, Any]:
+def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bool = False) -> dict[str, Any]:
     """Check one claim object; return it as a plain dict with the optional keys filled in (None when absent).
+
+    ``claim["verdict"]`` may be a :class:`kvstats.verdicts.Verdict`: its verdict, rule and reason are stored.
+    With ``strict`` (what :func:`write_claims` uses) the verdict must come from a rule: a bare verdict string
+    is refused. ``measured`` is for the project's own measurements only (source ``"kvstats"``).
 
     Raises ValueError/TypeError naming the key and the value seen.
     """
     if not isinstance(claim, Mapping):
         raise TypeError(f"{where} must be a dict, got {type(claim).__name__}")
+    if isinstance(claim.get("verdict"), _verdicts.Verdict):
+        v = claim["verdict"]
+        claim = {**claim, "verdict": v.verdict, "rule": v.rule, "reason": v.reason}
     missing = [k for k in _REQUIRED if k not in claim]
     if missing:
         raise ValueError(f"{where} lacks the key(s) {missing} (required: {list(_REQUIRED)})")
@@ -93,7 +107,13 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, 
             raise ValueError(f"{where}[{key!r}] must be a non-empty string, got {out[key]!r}")
     if out["verdict"] not in VERDICTS:
         raise ValueError(f"{where}['verdict'] must be one of {list(VERDICTS)}, got {out['verdict']!r}")
-    for key in ("figure", "details", "discrepancy"):
+    if out["verdict"] == "measured" and out["source"] != "kvstats":
+        raise ValueError(f"{where}: a published claim (source {out['source']!r}) needs a verdict by a rule "
+                         "(kvstats.verdicts), not 'measured'")
+    if strict and (out["rule"] is None or out["reason"] is None):
+        raise ValueError(f"{where}['verdict'] must be a kvstats.verdicts.Verdict (computed by a rule, with its "
+                         f"reason), got the bare string {out['verdict']!r}")
+    for key in ("figure", "details", "discrepancy", "rule", "reason"):
         if out[key] is not None and not isinstance(out[key], str):
             raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
     if out["scale"] is not None and out["scale"] not in SCALES:
@@ -125,7 +145,7 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
     if scale is not None and scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
     _check_position(position, "position")
-    checked = [validate_claim(c, f"claims[{i}]") for i, c in enumerate(claims)]
+    checked = [validate_claim(c, f"claims[{i}]", strict=True) for i, c in enumerate(claims)]
     if scale is not None:
         checked = [c | {"scale": scale} for c in checked]
     if position is not None:
@@ -145,6 +165,53 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
         for c in checked:
             print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
     return path
+
+
+def definitions_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
+    """``<figures_dir>/data/<study>_definitions.json``."""
+    return data_dir(figures_dir) / f"{study}_definitions.json"
+
+
+def write_definitions(study: str, definitions: Mapping[str, str], *,
+                      figures_dir: str | os.PathLike | None = None) -> Path:
+    """Write what the study's numbers mean (``{term: definition}``, e.g. ``{"sketch": "srht, m = d"}``).
+
+    The texts should be generated from the study's configuration (the constants its cells use), so the
+    report's "Definitions" section states what the code ran. Written atomically; returns the path.
+    """
+    if not isinstance(definitions, Mapping) or not definitions:
+        raise TypeError(f"definitions must be a non-empty dict of str -> str, got {definitions!r}")
+    for key, value in definitions.items():
+        if not isinstance(key, str) or not key.strip() or not isinstance(value, str) or not value.strip():
+            raise ValueError(f"definitions must map non-empty strings to non-empty strings, got {key!r}: {value!r}")
+    path = definitions_path(study, figures_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(dict(definitions), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_definitions(path: str | os.PathLike) -> dict[str, str]:
+    """Read one definitions file (see :func:`write_definitions`)."""
+    path = Path(path)
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(payload, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in payload.items()):
+        raise ValueError(f"{path} must hold a JSON object of strings")
+    return payload
+
+
+def _definitions(fig: Path, studies: Iterable[str]) -> list[str]:
+    """The "Definitions" section: per study, what its terms mean, from ``<study>_definitions.json``."""
+    lines = []
+    for study in studies:
+        path = definitions_path(study, fig)
+        if path.is_file():
+            lines += [f"### {study}", "", "| term | definition |", "|---|---|"]
+            lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in read_definitions(path).items()]
+            lines.append("")
+    return ["## Definitions", "", "What each study's numbers mean, written from the configuration its code ran.",
+            "", *lines] if lines else []
 
 
 def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -265,7 +332,7 @@ def _anchor(claim: dict[str, Any]) -> str:
 
 
 _VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
-                 "measured": "· measured"}
+                 "measured": "· measured", "not testable here": "⊘ not testable here"}
 
 
 def _cell(text: str | None) -> str:
@@ -367,6 +434,7 @@ def build_report(
     if preamble:
         lines += [preamble.strip(), ""]
     lines += _discrepancies(claims)
+    lines += _definitions(fig, claims)
     counts = {v: sum(c["verdict"] == v for cs in claims.values() for c in cs) for v in VERDICTS}
     lines += ["## Summary", "",
               "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "",
@@ -391,6 +459,8 @@ def build_report(
                 f"- **Measured:** {c['measurement']}",
                 f"- **Data:** {c['data']}",
             ]
+            if c["rule"]:
+                lines.append(f"- **Verdict by the {c['rule']} rule:** {c['reason']}")
             if c["figure"]:
                 lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
             lines.append("")

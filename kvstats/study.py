@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvstats.report import write_claims
+from kvstats.report import write_claims, write_definitions
 from kvstats.sweep import Sweep, study_args
 
 __all__ = ["StudyRun", "start"]
@@ -67,10 +67,14 @@ class StudyRun:
         """Wall seconds since :func:`start`."""
         return time.perf_counter() - self.started
 
-    def finish(self, claims: Sequence[Mapping[str, Any]], *, echo: bool = True) -> int:
-        """Write the claims (``figures/data/<study>_claims.json``, with scale and position), print the wall time
-        and the cell counts; return 0, the study's exit code."""
+    def finish(self, claims: Sequence[Mapping[str, Any]], *, definitions: Mapping[str, str] | None = None,
+               echo: bool = True) -> int:
+        """Write the claims (``figures/data/<study>_claims.json``, with scale and position) and the definitions
+        (:func:`kvstats.report.write_definitions`: what the study's terms mean, generated from its
+        configuration), print the wall time and the cell counts; return 0, the study's exit code."""
         write_claims(self.name, claims, scale=self.scale, position=self.position, echo=echo)
+        if definitions is not None:
+            write_definitions(self.name, definitions)
         print(f"{self.name} done in {self.elapsed():.1f} s ({self.computed} cells computed, {self.cached} cached)")
         return 0
 

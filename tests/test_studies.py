@@ -13,7 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from kvstats.report import VERDICTS, build_report, fmt_p, read_claims, study_order, validate_claim, write_claims
+from kvstats import verdicts as V
+from kvstats.report import (
+    VERDICTS,
+    build_report,
+    fmt_p,
+    read_claims,
+    read_definitions,
+    study_order,
+    validate_claim,
+    write_claims,
+    write_definitions,
+)
 from kvstats.sweep import Sweep, grid
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
@@ -162,8 +173,41 @@ def test_jensen_cells(tmp_path):
 
 
 def _claim(i: int, verdict: str = "reproduced", figure: str | None = None) -> dict:
-    return {"id": f"c{i}", "claim": f"claim {i}", "source": "paper, §1", "measurement": f"x = {i} [0, 1], p = 0.01",
-            "data": "tiny", "verdict": verdict, "figure": figure}
+    """A claim whose verdict comes from a rule (``measured``: our own, source kvstats)."""
+    ours = verdict == "measured"
+    v = V.measured(f"our number {i}") if ours else V.Verdict(verdict, "number", f"computed for claim {i}")
+    return {"id": f"c{i}", "claim": f"claim {i}", "source": "kvstats" if ours else "paper, §1",
+            "measurement": f"x = {i} [0, 1], p = 0.01", "data": "tiny", "verdict": v, "figure": figure}
+
+
+def _old_claim(i: int) -> dict:
+    """A claim as files written before verdict rules existed hold it: a bare verdict string, no rule."""
+    return {"id": f"c{i}", "claim": f"claim {i}", "source": "paper, §1", "measurement": f"x = {i}", "data": "tiny",
+            "verdict": "reproduced", "figure": None}
+
+
+def test_verdicts_must_come_from_a_rule(tmp_path):
+    with pytest.raises(ValueError, match="kvstats.verdicts.Verdict"):
+        write_claims("alpha", [_claim(1) | {"verdict": "reproduced"}], figures_dir=tmp_path)
+    with pytest.raises(ValueError, match="not 'measured'"):
+        write_claims("alpha", [_claim(1) | {"verdict": V.measured("x")}], figures_dir=tmp_path)
+    path = write_claims("alpha", [_claim(1), _claim(2) | {"verdict": V.not_testable("needs a 8B model")}],
+                        figures_dir=tmp_path)
+    back = read_claims(path)
+    assert back[0]["rule"] == "number" and back[0]["reason"] == "computed for claim 1"
+    assert back[1]["verdict"] == "not testable here" and back[1]["reason"] == "needs a 8B model"
+    text = build_report(tmp_path, studies=["alpha"]).read_text()
+    assert "⊘ not testable here" in text and "Verdict by the number rule:** computed for claim 1" in text
+
+
+def test_definitions_reach_the_report(tmp_path):
+    write_claims("alpha", [_claim(1)], figures_dir=tmp_path)
+    write_definitions("alpha", {"sketch": "srht, m = d", "queries": "isotropic N(0, I)"}, figures_dir=tmp_path)
+    assert read_definitions(tmp_path / "data" / "alpha_definitions.json")["sketch"] == "srht, m = d"
+    text = build_report(tmp_path, studies=["alpha"]).read_text()
+    assert "## Definitions" in text and "| sketch | srht, m = d |" in text
+    with pytest.raises(ValueError, match="definitions"):
+        write_definitions("alpha", {"sketch": ""}, figures_dir=tmp_path)
 
 
 def test_write_and_read_claims(tmp_path):
@@ -210,7 +254,7 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
     assert "2026-01-02 03:04" in text and "**Scale: quick.**" in text and "## Conventions" in text
     assert text.index("## sphere_law") < text.index("## budget_sweep") < text.index("## zzz_new")
     assert "![budget_sweep_kl](budget_sweep_kl.png)" in text and "![sphere_law_density](sphere_law_density.png)" in text
-    assert "1 reproduced, 1 not reproduced, 1 partly, 1 measured" in text
+    assert "1 reproduced, 1 partly, 1 not reproduced, 1 measured" in text
     assert "| **total** | **63** |" in text
     assert "Known discrepancies" not in text  # no claim carries one
     assert study_order(["zzz", "budget_sweep", "sphere_law", "aaa"], tmp_path) == ["sphere_law", "budget_sweep",
@@ -251,7 +295,7 @@ def test_claims_files_without_the_new_keys_still_read(tmp_path):
     """Backward compatibility: a claims file written before position/discrepancy/scale existed."""
     path = tmp_path / "data" / "old_claims.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps([_claim(1) | {"details": None}]))
+    path.write_text(json.dumps([_old_claim(1) | {"details": None}]))
     back = read_claims(path)
     assert back[0]["position"] is None and back[0]["discrepancy"] is None and back[0]["scale"] is None
     assert "## old" in build_report(tmp_path).read_text()
@@ -296,7 +340,7 @@ def test_report_states_each_studys_scale(tmp_path):
 def test_fmt_p_and_verdicts():
     assert fmt_p(0.0312) == "p = 0.031" and fmt_p(2.1e-8) == "p = 2.1e-08" and fmt_p(0.0) == "p < 1e-300"
     assert fmt_p(math.nan) == "p = n/a"
-    assert VERDICTS == ("reproduced", "not reproduced", "partly", "measured")
+    assert VERDICTS == ("reproduced", "partly", "not reproduced", "measured", "not testable here")
 
 
 def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
@@ -305,11 +349,11 @@ def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
     studies = tmp_path / "studies"
     studies.mkdir()
     (studies / "alpha.py").write_text(
-        "import sys\nfrom kvstats.report import write_claims\n"
+        "import sys\nfrom kvstats.report import write_claims\nfrom kvstats.verdicts import measured\n"
         "if __name__ == '__main__':\n"
         "    assert sys.argv[1:] == ['--scale', 'quick'], sys.argv\n"
-        "    write_claims('alpha', [{'id': 'a', 'claim': 'c', 'source': 's', 'measurement': 'm', 'data': 'd',"
-        " 'verdict': 'measured', 'figure': None}])\n")
+        "    write_claims('alpha', [{'id': 'a', 'claim': 'c', 'source': 'kvstats', 'measurement': 'm', 'data': 'd',"
+        " 'verdict': measured('m'), 'figure': None}])\n")
     (studies / "broken.py").write_text("import sys\nif __name__ == '__main__':\n    sys.exit(3)\n")
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     assert main(["reproduce", "--studies-dir", str(studies)]) == 3
@@ -445,7 +489,7 @@ def test_old_claims_files_are_ordered_by_the_scripts_beside_them(tmp_path):
     for name in ("late", "early", "orphan"):
         path = figs / "data" / f"{name}_claims.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([_claim(1)]))
+        path.write_text(json.dumps([_old_claim(1)]))
     assert study_order(["late", "orphan", "early"], figs) == ["early", "late", "orphan"]
     text = build_report(figs).read_text()
     assert text.index("## early") < text.index("## late") < text.index("## orphan")
