@@ -338,12 +338,16 @@ def test_srht_estimator_is_unbiased_over_fresh_signs_for_spread_r(path):
     assert _exact_srht_mean(spike, spike) == pytest.approx(SQRT_HALF_PI, rel=1e-12)  # the biased spiky case
 
 
+CUDA = torch.cuda.is_available() and ops.HAS_EXTENSION
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA"))])
 @pytest.mark.parametrize("name, options", [("qjl", {}), ("turbo_prod", {"bits": 3}), ("turbo_prod", {"bits": 1})])
-def test_srht_kernels_agree_with_the_reference(name, options):
+def test_srht_kernels_agree_with_the_reference(name, options, device):
     d = 128
     q = kvstats.quantizer(name, dim=d, seed=9, rows="srht", **options)
     gen = torch.Generator().manual_seed(2)
-    x, query = torch.randn(3, 40, d, generator=gen), torch.randn(3, 9, d, generator=gen)
+    x, query = torch.randn(3, 40, d, generator=gen).to(device), torch.randn(3, 9, d, generator=gen).to(device)
     code = q.encode(x)
     scores, x_hat = q.inner(query, code), q.decode(code)
     with ops.use_reference():

@@ -226,9 +226,11 @@ class Quantizer:
             if t.numel() and t.is_floating_point() and not all_finite(t):
                 big = float(x.detach().abs().amax())
                 option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
+                fix = "rescale x" if t.dtype in (torch.float32, torch.float64) else \
+                    f"pass {option}=torch.float32 or rescale x"
                 raise ValueError(
                     f"x (max |x| = {big:.4g}) is too large for {self!r}: its stored {key} overflows {t.dtype} "
-                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); pass {option}=torch.float32 or rescale x")
+                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); {fix}")
 
     def _check_storable(self, x: torch.Tensor, dtype: torch.dtype, name: str, arg: str) -> None:
         """Refuse x whose values the storage dtype cannot hold (|x| above its largest finite value)."""

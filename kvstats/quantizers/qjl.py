@@ -117,8 +117,6 @@ class QJLQuantizer(Quantizer):
             self.outlier_sketch = None
         else:
             idx = sorted({int(i) for i in outliers})
-            if not idx or min(idx) < 0 or max(idx) >= self.dim:
-                raise ValueError(f"outliers must be channel indices in [0, {self.dim}), got {list(outliers)}")
             if idx[0] < 0 or idx[-1] >= self.dim or len(idx) >= self.dim - 1:
                 raise ValueError(f"outliers must be distinct channel indices in [0, {self.dim}) leaving at least "
                                  f"2 inlier channels, got {list(outliers)}")
