@@ -256,6 +256,24 @@ class AttentionRecord:
     top_k: int
 
 
+#: Queries per block of :meth:`KVStatsLayer.attend`: bounds its temporaries to O(QUERY_BLOCK × S) per head.
+QUERY_BLOCK = 128
+
+
+def _weights_requested() -> bool:
+    """Whether transformers is recording attention weights in this forward (``output_attentions=True``); True
+    when that cannot be told (an older or newer transformers), so weights are then always returned."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - depends on the transformers version
+        return True
+    try:
+        collected = _active_collector.get()
+    except Exception:  # noqa: BLE001 - a private API: any change means "cannot tell"
+        return True
+    return not isinstance(collected, dict) or "attentions" in collected
+
+
 # --------------------------------------------------------------------------------------------- layer
 
 
@@ -469,29 +487,62 @@ class KVStatsLayer(CacheLayerMixin):
 
     # ----------------------------------------------------------------------------------- attention
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
-               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of ``query`` [B, H_q, N, d] (the N tokens of the last ``update``) through the codes.
 
-        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do.
+        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do. The
+        queries are processed in blocks of :data:`QUERY_BLOCK` rows, so the [rows, S] logits, masks and weights
+        of a long prefill never exist at full size; the weights are assembled only when transformers records
+        them (``output_attentions=True``), else None is returned for them, as the sdpa implementation does.
         """
         if self._span is None:
             raise RuntimeError("attend() must follow update() in the same forward (no exact states available"
                                + ("; this cache was filled through another attention implementation: start a new "
                                   "KVStatsCache after switching to 'kvstats')" if self.dense_attention else ")"))
         self.estimator_attention = True
-        span_start, span_k, span_v = self._span
+        span = self._span
         self._span = None
+        n, seq = query.shape[2], self.cumulative_length
+        if query.shape[1] % span[1].shape[1]:
+            raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
+        if n > seq - span[0]:
+            raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
+        acc = acc_dtype(query.dtype)
+        v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc) if self.chunks else None
+        keep_weights = _weights_requested() or n <= QUERY_BLOCK
+        first_record = len(self.records)
+        outs, weights = [], []
+        for r0 in range(0, n, QUERY_BLOCK):
+            r1 = min(n, r0 + QUERY_BLOCK)
+            mask = attention_mask
+            if mask is not None and mask.shape[-2] == n:
+                mask = mask[..., r0:r1, :]
+            out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
+                                       v_hat)
+            outs.append(out)
+            if keep_weights:
+                weights.append(w)
+        if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
+            parts = self.records[first_record:]
+            del self.records[first_record:]
+            self.records.append(AttentionRecord(parts[0].layer, parts[0].query_offset,
+                                                torch.cat([r.kl for r in parts], dim=-1),
+                                                torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
+                     training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
+                     v_hat: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows)."""
+        span_start, span_k, span_v = span
         b, hq, n, d = query.shape
         hkv, seq, nq = span_k.shape[1], self.cumulative_length, self.n_quantized
-        if hq % hkv:
-            raise ValueError(f"query heads {hq} must be a multiple of the KV heads {hkv}")
-        if n > seq - span_start:
-            raise ValueError(f"{n} queries but only {seq - span_start} tokens were added or kept exact by update()")
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         exact = (q.reshape(b, hkv, (hq // hkv) * n, d) @ span_k.to(acc).transpose(-1, -2)).reshape(b, hq, n, -1)
         exact = exact * scaling  # exact logits against the span [span_start, seq)
-        pos_q = torch.arange(seq - n, seq, device=q.device).unsqueeze(-1)
+        pos_q = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
         pos_k = torch.arange(seq, device=q.device).unsqueeze(0)
         # key j is read exactly by the query at position i iff it was not yet quantized when token i was
         # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
@@ -511,18 +562,17 @@ class KVStatsLayer(CacheLayerMixin):
             logits = logits.masked_fill(~visible, torch.finfo(acc).min)
         weights = torch.softmax(logits, dim=-1)
         if self.record:
-            self._record(exact, logits, span_start, seq, n)
+            self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
         out = _grouped_matmul(used[..., span_start:] * use_exact[:, span_start:], span_v.to(acc))
         if nq:
-            v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc)
             out = out + _grouped_matmul(used[..., :nq] * ~use_exact[:, :nq], v_hat)
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
-    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int) -> None:
+    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
+                offset: int) -> None:
         if span_start != 0:  # the exact keys of older tokens are gone: no reference to compare with
             return
-        offset = seq - n
         kl = attention_kl_from_scores(exact, logits, causal=True, query_offset=offset, reduction="none")
         recall = topk_recall_from_scores(exact, logits, top_k=min(RECORD_TOP_K, seq), causal=True,
                                          query_offset=offset, reduction="none")

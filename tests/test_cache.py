@@ -576,3 +576,34 @@ def test_smollm2_assisted_decoding_through_the_cache():
                                   assistant_model=model)
     assert torch.equal(assisted, plain)
     assert cache.get_seq_length() == plain.shape[1] - 1 and cache.layers[0].n_quantized > 0
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
+    """attend() in blocks of 5 queries (32 tokens: 7 blocks, the last one short) equals one block: the same
+    logits, the same attention records, and the same attention weights when output_attentions asks for them."""
+    import kvstats.cache as cache_mod
+
+    s = scheme("qkqv", bits=3, dim=D, seed=4)
+
+    def run():
+        cache = KVStatsCache(s, full_precision_window=window, record_attention=True)
+        with torch.inference_mode():
+            out = est(ids, past_key_values=cache, use_cache=True, output_attentions=True)
+            est(ids[:, :1], past_key_values=cache, use_cache=True)  # a decode step after the blocked prefill
+            step = est(ids[:, 1:2], past_key_values=cache, use_cache=True).logits
+        return out, step, cache.attention_records
+
+    one_out, one_step, one_rec = run()
+    monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
+    blk_out, blk_step, blk_rec = run()
+    torch.testing.assert_close(blk_out.logits, one_out.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(blk_step, one_step, rtol=0, atol=1e-5)
+    for a, b in zip(blk_out.attentions, one_out.attentions, strict=True):
+        assert a.shape == (1, HQ, T, T)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert len(blk_rec) == len(one_rec) == 2
+    for a, b in zip(blk_rec, one_rec):
+        assert a.kl.shape == (1, HQ, T) and a.query_offset == b.query_offset == 0
+        torch.testing.assert_close(a.kl, b.kl, rtol=0, atol=1e-6)  # fp32 matmuls over other row blocks
+        torch.testing.assert_close(a.recall, b.recall, rtol=0, atol=0)
