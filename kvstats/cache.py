@@ -564,9 +564,13 @@ class KVStatsLayer(CacheLayerMixin):
         if self.record:
             self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
-        out = _grouped_matmul(used[..., span_start:] * use_exact[:, span_start:], span_v.to(acc))
-        if nq:
-            out = out + _grouped_matmul(used[..., :nq] * ~use_exact[:, :nq], v_hat)
+        # only the columns some query of the block reads exactly (j >= quantized_count(first + 1)), resp. reads
+        # through the codes (j < quantized_count(first + N)): the other weights of each product are zero
+        lo = max(span_start, int(self.quantized_count(first + 1)))
+        out = _grouped_matmul(used[..., lo:] * use_exact[:, lo:], span_v[..., lo - span_start:, :].to(acc))
+        hi = min(nq, int(self.quantized_count(first + n)))
+        if hi:
+            out = out + _grouped_matmul(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
