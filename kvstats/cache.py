@@ -257,7 +257,7 @@ class AttentionRecord:
 
 
 #: Queries per block of :meth:`KVStatsLayer.attend`: bounds its temporaries to O(QUERY_BLOCK × S) per head.
-QUERY_BLOCK = 128
+QUERY_BLOCK = 64
 
 
 def _weights_requested() -> bool:
@@ -335,9 +335,7 @@ class KVStatsLayer(CacheLayerMixin):
         if target > self.n_quantized:
             a, b = self.n_quantized - span_start, target - span_start
             self._append(self.scheme.encode(span_k[..., a:b, :], span_v[..., a:b, :]))
-            # crop() may remove up to this forward's tokens: keep at least that many (+ a flush block) exact
-            self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :],
-                           max(self.rollback, seq - old + self.flush_size))
+            self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
             self.n_quantized = target
         cut = self.n_quantized - span_start
         self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
@@ -377,20 +375,21 @@ class KVStatsLayer(CacheLayerMixin):
     # ----------------------------------------------------------------------------------------- crop
     def _remember(self, start: int, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:
         """Keep the exact states of the last ``keep`` quantized tokens (k, v: those just quantized, from
-        position ``start``) for :meth:`crop`. Views of this forward's states, copied only when merged with older
-        ones, so a prefill adds no copy; the next update trims them to ``rollback`` tokens."""
+        position ``start``) for :meth:`crop`, in tensors of their own (never views of a forward's states)."""
         n_new = k.shape[-2]
         if keep <= 0:
             self._undo = None
             return
-        if n_new >= keep:
-            start, k, v = start + n_new - keep, k[..., n_new - keep:, :], v[..., n_new - keep:, :]
-        elif self._undo is not None and self._undo[0] + self._undo[1].shape[-2] == start:
+        if n_new >= keep:  # a copy: a view would keep this forward's whole exact states alive
+            start, k, v = start + n_new - keep, k[..., n_new - keep:, :].clone(), v[..., n_new - keep:, :].clone()
+        elif self._undo is not None and self._undo[0] + self._undo[1].shape[-2] == start:  # cat copies
             old_k, old_v = self._undo[1], self._undo[2]
             take = min(keep - n_new, old_k.shape[-2])
             k = torch.cat([old_k[..., old_k.shape[-2] - take:, :], k], dim=-2)
             v = torch.cat([old_v[..., old_v.shape[-2] - take:, :], v], dim=-2)
             start -= take
+        else:
+            k, v = k.clone(), v.clone()
         self._undo = (start, k, v)
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -399,8 +398,8 @@ class KVStatsLayer(CacheLayerMixin):
 
         The result equals a cache that never saw the removed tokens: window tokens are cut, and tokens that
         were quantized only because the removed ones pushed them out of the window are put back exact from
-        the layer's record of the last quantized tokens (at least the last forward's, and ``rollback``).
-        ValueError when the crop reaches further back than that record.
+        the layer's record of its last ``rollback`` quantized tokens (so any crop of at most ``rollback``
+        tokens is exact). ValueError when the crop reaches further back than that record.
         """
         seq = self.cumulative_length
         keep = max(0, seq + tokens_to_remove) if tokens_to_remove <= 0 else min(tokens_to_remove, seq)
@@ -602,9 +601,10 @@ class KVStatsCache(Cache):
         record_attention: with the estimator path, keep per layer the attention KL and top-5 recall of the
             logits used against the exact ones (:attr:`attention_records`, :class:`AttentionRecord`).
         rollback_tokens: R ≥ 0, how many of the most recently quantized tokens keep their exact states (besides
-            the codes) so that :meth:`crop` can put them back in the window: a crop is exact when it removes at
-            most max(R, the last forward's tokens) tokens (assisted decoding crops the last forward's rejected
-            candidates). Costs R exact tokens per layer; 0 disables cropping past the window.
+            the codes) so that :meth:`crop` can put them back in the window: a crop of at most R tokens is exact
+            (assisted decoding crops the rejected drafts of the last forward, ~5–20 tokens), a deeper one raises.
+            Costs R exact tokens per layer (transient: not counted by :meth:`memory`); 0 allows crops inside
+            the window only.
 
     Construction from a model's config (no head dimension by hand): :meth:`from_config` or :func:`kvstats_cache`.
 

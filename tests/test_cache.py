@@ -448,14 +448,26 @@ def test_crop_conventions_and_limits(est, ids):
     a.crop(0)  # removes nothing
     a.crop(50)  # longer than the cache: nothing
     assert a.get_seq_length() == 9
-    # a cache that keeps no rollback record can crop only inside the window
-    c = KVStatsCache(s, full_precision_window=2, rollback_tokens=0)
+    # the rollback record bounds how deep a crop can go past the window
+    c = KVStatsCache(s, full_precision_window=2, rollback_tokens=2)
     _logits(est, ids[:, :12], c)
-    for _ in range(4):
-        _logits(est, ids[:, 12:13], c)
-    c.crop(-1)  # the token quantized by the last forward is kept by that forward's record
+    for t in range(12, 16):
+        _logits(est, ids[:, t:t + 1], c)
+    ref = KVStatsCache(s, full_precision_window=2)
+    _logits(est, ids[:, :12], ref)
+    _logits(est, ids[:, 12:13], ref)
+    _logits(est, ids[:, 13:14], ref)
+    c.crop(-2)  # tokens 12 and 13 come back into the window from the record
+    _assert_same_state(c, ref)
     with pytest.raises(ValueError, match="rollback_tokens"):
-        c.crop(-3)
+        c.crop(-1)  # the record is used up: token 11 was quantized and its exact state is gone
+    d = KVStatsCache(s, full_precision_window=2, rollback_tokens=0)
+    _logits(est, ids[:, :2], d)
+    d.crop(-1)  # nothing was quantized yet: always exact
+    assert d.get_seq_length() == 1
+    _logits(est, ids[:, 1:12], d)
+    with pytest.raises(ValueError, match="rollback_tokens"):
+        d.crop(-1)  # the window slides back over a token whose exact state was not kept
 
 
 def _other_tiny(seed):
