@@ -27,9 +27,9 @@ meaning. ``cells_dir`` defaults to ``$KVSTATS_CELLS_DIR``, else ``figures/.cells
 
 Every stored cell is validated when it is read (:func:`check_cell`): a JSON object with the sweep's
 ``study``, ``version``, the cell's ``key`` and ``params``, and ``rows`` a list of objects (as many as
-``n_rows`` says, when the file records it). A file that fails — truncated, empty, not JSON, another cell's
-payload, ``{"rows": []}`` — is reported with its path (a :class:`BadCellWarning`), moved aside to
-``<key>.json.bad`` and computed again.
+``n_rows`` says and matching ``rows_sha256``, when the file records them). A file that fails — truncated,
+empty, not JSON, another cell's payload, ``{"rows": []}``, an edited row — is reported with its path (a
+:class:`BadCellWarning`), moved aside to ``<key>.json.bad`` and computed again.
 
 Workers. joblib's loky workers outlive a driver killed by SIGKILL (nothing runs in a killed process). So
 every worker that runs a cell starts a watchdog thread that ends the worker (``os._exit``) within
@@ -163,7 +163,8 @@ def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping
     """Validate a stored cell's JSON text; return its rows.
 
     A cell file holds a JSON object with ``study``, ``version``, ``key`` and ``params`` equal to the expected
-    ones, ``rows`` a list of JSON objects and (files written since the check exists) ``n_rows`` = len(rows).
+    ones, ``rows`` a list of JSON objects and (files written since the check exists) ``n_rows`` = len(rows)
+    and ``rows_sha256``, the sha256 of the rows as canonical JSON.
 
     Raises:
         ValueError naming ``where`` and what is wrong (empty, truncated or not JSON, a missing or
@@ -189,7 +190,14 @@ def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping
     n_rows = payload.get("n_rows", len(rows))
     if isinstance(n_rows, bool) or not isinstance(n_rows, int) or n_rows != len(rows):
         raise ValueError(f"cell file {where} holds {len(rows)} rows but records n_rows={n_rows!r}")
+    digest = payload.get("rows_sha256")
+    if digest is not None and digest != _rows_digest(rows):
+        raise ValueError(f"cell file {where}: its rows do not match their recorded sha256 (edited or damaged)")
     return rows
+
+
+def _rows_digest(rows: list) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -328,9 +336,10 @@ class Sweep:
     def _store(self, params: dict, rows: list[dict], seconds: float, root: Path) -> None:
         path = self.path(params, root)
         path.parent.mkdir(parents=True, exist_ok=True)
+        rows = json.loads(json.dumps(rows, default=_json_default))  # as a reader will see them
         payload = {"study": self.study, "version": str(self.version), "key": self.key(params), "params": params,
                    "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_rows": len(rows),
-                   "rows": rows}
+                   "rows_sha256": _rows_digest(rows), "rows": rows}
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(payload, default=_json_default, separators=(",", ":")), encoding="utf-8")
         tmp.replace(path)

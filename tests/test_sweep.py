@@ -198,6 +198,7 @@ _BAD_CELLS = {
     "not an object": lambda good, other: "[1, 2]",
     "short rows": lambda good, other: good.replace('"n_rows":2', '"n_rows":3'),
     "row not a dict": lambda good, other: json.dumps({**json.loads(good), "rows": [1, 2], "n_rows": 2}),
+    "edited row": lambda good, other: good.replace('"rep":1', '"rep":7'),
 }
 
 
@@ -228,7 +229,7 @@ def test_check_cell_accepts_files_without_n_rows(sweep_env):
     sweep.run(n_jobs=1, cache_dir=root, progress=False)
     target = sweep.path(sweep.cells[0], root)
     payload = json.loads(target.read_text())
-    del payload["n_rows"]
+    del payload["n_rows"], payload["rows_sha256"]
     target.write_text(json.dumps(payload))
     n_calls = len(_calls(log))
     assert sweep.run(n_jobs=1, cache_dir=root, progress=False).attrs["sweep"]["computed"] == 0
