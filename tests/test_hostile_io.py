@@ -9,7 +9,6 @@ tests/test_data_synthetic.py (generators), tests/test_cli.py (model files, --out
 from __future__ import annotations
 
 import json
-import math
 import warnings
 
 import pytest
@@ -111,14 +110,12 @@ _DTYPES = st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.f
 
 @_SETTINGS
 @given(kind=st.sampled_from(["gaussian", "heavy_tail", "low_rank"]), dtype=_DTYPES,
-       log_scale=st.floats(-30, 310), log_df=st.floats(-4, 2), log_peak=st.floats(-3, 305),
+       log_scale=st.floats(-30, 308), log_df=st.floats(-4, 2), log_peak=st.floats(-3, 305),
        outliers=st.sampled_from([None, 2]))
 def test_generators_never_return_inf_or_nan(kind, dtype, log_scale, log_df, log_peak, outliers):
-    """Any scale in [1e-30, 1e310) ∩ finite, df in [1e-4, 100], peak up to 1e305, any dtype: finite Q, K, V, or a
+    """Any scale in [1e-30, 1e308], df in [1e-4, 100], peak up to 1e305, any dtype: finite Q, K, V, or a
     ValueError naming scale, df or peak."""
     scale = 10.0 ** log_scale
-    if not math.isfinite(scale):
-        return
     params = {"scale": scale, "peak": 10.0 ** log_peak, "outlier_channels": outliers}
     if kind == "heavy_tail":
         params["df"] = 10.0 ** log_df
