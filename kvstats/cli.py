@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kvstats {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kvstats info | head`: the reader left, nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 141
     except Exception as exc:  # noqa: BLE001 - one line per failure, the traceback on request
         if os.environ.get("KVSTATS_TRACEBACK") == "1":
             raise
