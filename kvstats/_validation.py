@@ -29,6 +29,7 @@ def check_float_tensor(
     """Check dtype, rank, emptiness and finiteness of a floating tensor; return it unchanged."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_not_meta(x, name)
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.dim() < min_dim:
@@ -38,6 +39,14 @@ def check_float_tensor(
     if check_finite and x.numel() > 0 and not all_finite(x):
         bad = x[~torch.isfinite(x)].flatten()[0].item()
         raise ValueError(f"{name} contains non-finite values (first seen: {bad}); pass finite data")
+    return x
+
+
+def check_not_meta(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Refuse a meta tensor (shape and dtype only, no data): nothing can be computed from it."""
+    if isinstance(x, torch.Tensor) and x.is_meta:
+        raise ValueError(f"{name} is a meta tensor (shape {tuple(x.shape)}, {x.dtype}, no data); pass a tensor "
+                         "on a real device (cpu or cuda), e.g. after loading the model's weights")
     return x
 
 

@@ -63,8 +63,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvstats import attention as _attention
 from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quantizers.base import Code, acc_dtype
+from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.schemes import CacheCode, Scheme
 
 try:
@@ -96,37 +98,6 @@ RECORD_TOP_K = 5
 
 
 # ----------------------------------------------------------------------------------------- lossless scheme
-
-
-class IdentityQuantizer(Quantizer):
-    """A lossless "quantizer": stores x as it is (or cast to ``dtype``); decode returns it; inner is q·xᵀ.
-
-    The reference point of the cache tests (a KVStatsCache with it reproduces the model) and, with
-    ``dtype=torch.float16``, an fp16 cache. ``bits_per_coordinate`` counts the storage dtype (fp32 when
-    ``dtype`` is None, i.e. assuming fp32 inputs); ``Code.nbytes`` is exact either way.
-    """
-
-    name = "identity"
-    min_bits, max_bits = 8, 64
-
-    def __init__(self, dim: int, seed: int = 0, *, dtype: torch.dtype | None = None):
-        if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(f"dtype must be None or a float dtype, got {dtype}")
-        self.store_dtype = dtype
-        super().__init__(torch.finfo(dtype or torch.float32).bits, dim, seed)
-
-    def _encode(self, x: torch.Tensor) -> Code:
-        stored = x.clone() if self.store_dtype is None else x.to(self.store_dtype)
-        return Code(x.shape, x.dtype, payload={"x": stored})
-
-    def _decode(self, code: Code) -> torch.Tensor:
-        return code.payload["x"].to(code.dtype)
-
-    def bits_per_coordinate(self) -> BitBudget:
-        return BitBudget(payload=float(self.bits))
-
-    def __repr__(self) -> str:
-        return f"IdentityQuantizer(dim={self.dim}, dtype={self.store_dtype})"
 
 
 def IdentityScheme(dim: int, *, dtype: torch.dtype | None = None) -> Scheme:  # noqa: N802 - a factory read as a type
@@ -185,13 +156,6 @@ def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
     parts = {k: _map_batch(p, fn) for k, p in code.parts.items()}
     probe = fn(torch.empty(code.shape[0], 0))
     return Code(torch.Size((probe.shape[0], *code.shape[1:])), code.dtype, payload, scalars, parts)
-
-
-def _grouped_matmul(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """weights [B, Hq, N, S] @ v [B, Hkv, S, d] with query head h reading KV head h // (Hq/Hkv)."""
-    b, hq, n, s = weights.shape
-    hkv = v.shape[1]
-    return (weights.reshape(b, hkv, (hq // hkv) * n, s) @ v).reshape(b, hq, n, v.shape[-1])
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -539,8 +503,7 @@ class KVStatsLayer(CacheLayerMixin):
         hkv, seq, nq = span_k.shape[1], self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
-        exact = (q.reshape(b, hkv, (hq // hkv) * n, d) @ span_k.to(acc).transpose(-1, -2)).reshape(b, hq, n, -1)
-        exact = exact * scaling  # exact logits against the span [span_start, seq)
+        exact = _attention.scores(q, span_k.to(acc), scale=scaling)  # exact logits against the span [span_start, seq)
         pos_q = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
         pos_k = torch.arange(seq, device=q.device).unsqueeze(0)
         # key j is read exactly by the query at position i iff it was not yet quantized when token i was
@@ -551,14 +514,13 @@ class KVStatsLayer(CacheLayerMixin):
             quant = torch.cat([self.scheme.scores(q, c) for c in self.chunks], dim=-1).to(acc) * scaling
             logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - nq)))
         if attention_mask is None:
-            visible = pos_k <= pos_q
+            visible = _attention.causal_visible(n, seq, query_offset=first, device=q.device)
         elif attention_mask.dtype == torch.bool:
             visible = attention_mask[..., -seq:]
         else:
             visible = None
             logits = logits + attention_mask[..., -seq:].to(acc)
-        if visible is not None:
-            logits = logits.masked_fill(~visible, torch.finfo(acc).min)
+        logits = _attention.mask_logits(logits, visible, torch.finfo(acc).min)  # finite: padded rows stay defined
         weights = torch.softmax(logits, dim=-1)
         if self.record:
             self._record(exact, logits, span_start, seq, n, first)
@@ -566,10 +528,10 @@ class KVStatsLayer(CacheLayerMixin):
         # only the columns some query of the block reads exactly (j >= quantized_count(first + 1)), resp. reads
         # through the codes (j < quantized_count(first + N)): the other weights of each product are zero
         lo = max(span_start, int(self.quantized_count(first + 1)))
-        out = _grouped_matmul(used[..., lo:] * use_exact[:, lo:], span_v[..., lo - span_start:, :].to(acc))
+        out = _attention.apply_weights(used[..., lo:] * use_exact[:, lo:], span_v[..., lo - span_start:, :].to(acc))
         hi = min(nq, int(self.quantized_count(first + n)))
         if hi:
-            out = out + _grouped_matmul(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
+            out = out + _attention.apply_weights(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
@@ -779,20 +741,16 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if layer is not None:
         return layer.attend(query, attention_mask, scaling, dropout, training)
     acc = acc_dtype(query.dtype)
-    hq, hkv = query.shape[1], key.shape[1]
-    k = key.to(acc).repeat_interleave(hq // hkv, dim=1)
-    v = value.to(acc).repeat_interleave(hq // hkv, dim=1)
-    logits = query.to(acc) @ k.transpose(-1, -2) * scaling
+    logits = _attention.scores(query.to(acc), key.to(acc), scale=scaling)
     n, seq = logits.shape[-2:]
     if attention_mask is None:
-        pos = torch.arange(seq - n, seq, device=query.device).unsqueeze(-1)
-        attention_mask = torch.arange(seq, device=query.device).unsqueeze(0) <= pos
+        attention_mask = _attention.causal_visible(n, seq, device=query.device)
     if attention_mask.dtype == torch.bool:
-        logits = logits.masked_fill(~attention_mask[..., -seq:], torch.finfo(acc).min)
+        logits = _attention.mask_logits(logits, attention_mask[..., -seq:], torch.finfo(acc).min)
     else:
         logits = logits + attention_mask[..., -seq:].to(acc)
     weights = torch.softmax(logits, dim=-1)
-    out = F.dropout(weights, p=dropout, training=training) @ v
+    out = _attention.apply_weights(F.dropout(weights, p=dropout, training=training), value.to(acc))
     return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
 

@@ -219,6 +219,11 @@ def unbiasedness_test(
     ``CI(R) = R·exp(±z_{1−α/2}·SE)``; ``variance_pvalue`` tests ``log R = 0`` with the same SE. Valid when
     the fourth moment is finite and n is large (≥ 10⁴ recommended: κ̂ itself must settle).
 
+    Identical estimates (sample variance 0): t is ±inf (0 when the bias is exactly 0) and p is 0 or 1 —
+    exact for the sample, but a deterministic estimator's error is rounding, not sampling noise: judge it
+    against a rounding tolerance (:func:`kvstats.testing.assert_unbiased` does); the variance ratio is 0
+    with the CI ``(0, 0)`` and ``variance_pvalue`` 0; ``kurtosis`` and ``effect_size`` are nan (undefined).
+
     Args:
         estimates: 1-D array of independent estimates.
         truth: the true value (e.g. ``⟨q, k⟩`` in fp64).
@@ -236,7 +241,7 @@ def unbiasedness_test(
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")
     truth = float(truth)
     n = e.size
-    mean = float(e.mean())
+    mean = float(e[0]) if e.min() == e.max() else float(e.mean())  # identical values: exact mean, variance 0
     centred = e - mean
     m2 = float(np.mean(centred**2))
     var = m2 * n / (n - 1)
@@ -252,10 +257,13 @@ def unbiasedness_test(
         if not vcf > 0:
             raise ValueError(f"variance_closed_form must be > 0, got {variance_closed_form}")
         ratio = var / vcf
-        se_log = math.sqrt(max(kurt - (n - 3) / (n - 1), 0.0) / n)
-        z = float(scipy.stats.norm.isf((1 - level) / 2))
-        ratio_ci = (ratio * math.exp(-z * se_log), ratio * math.exp(z * se_log))
-        vp = float(2 * scipy.stats.norm.sf(abs(math.log(ratio)) / se_log)) if se_log > 0 else math.nan
+        if var == 0.0:  # identical estimates: log R = -inf, the kurtosis (hence the delta-method SE) undefined
+            ratio_ci, vp = (0.0, 0.0), 0.0
+        else:
+            se_log = math.sqrt(max(kurt - (n - 3) / (n - 1), 0.0) / n)
+            z = float(scipy.stats.norm.isf((1 - level) / 2))
+            ratio_ci = (ratio * math.exp(-z * se_log), ratio * math.exp(z * se_log))
+            vp = float(2 * scipy.stats.norm.sf(abs(math.log(ratio)) / se_log)) if se_log > 0 else math.nan
     else:
         vcf = math.nan
     return UnbiasednessResult(

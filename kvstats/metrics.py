@@ -1,4 +1,4 @@
-"""Error metrics of a KV-cache quantizer: attention KL, top-k recall, geometric K/V errors, the 6D error.
+"""Error metrics of a KV-cache quantizer: attention KL, top-k recall, attention-output and geometric K/V errors.
 
 Shapes follow DESIGN.md: queries ``q`` are ``[B, Hq, Nq, d]``, keys and values ``k, v`` are
 ``[B, Hkv, S, d]`` (values may have their own last dim ``dv``), with ``Hq`` a multiple of ``Hkv``
@@ -21,7 +21,8 @@ information") when exactly one is zero. The relative norm error is ``0`` when bo
 when ``x = 0 ≠ x̂`` (a relative error with zero reference is unbounded; it is reported, not hidden).
 The same rule holds for the relative attention-output error when ``o = 0``.
 
-The 6D error and the tests on its clouds are defined in docs/metrics_error6d.md.
+The 6D error built from these metrics, its distance and the energy tests on its clouds live in
+:mod:`kvstats.error6d` (docs/metrics_error6d.md); the names are still importable from here.
 """
 
 from __future__ import annotations
@@ -29,32 +30,23 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
-import scipy.stats
 import torch
 
+from kvstats import attention
 from kvstats._validation import as_tensor, check_float_tensor, check_int_range
-from kvstats.results import TestResult
 
 __all__ = [
-    "ERROR6D_COMPONENTS",
     "attention_kl",
     "attention_kl_from_scores",
     "attention_output_error",
+    "attention_output_error_from_scores",
     "attention_scores",
     "direction_error",
-    "energy_distance",
-    "energy_distance_6d",
-    "energy_test",
-    "error6d",
     "mse",
     "relative_norm_error",
     "topk_recall",
     "topk_recall_from_scores",
 ]
-
-#: Names of the six columns returned by :func:`error6d`, in order.
-ERROR6D_COMPONENTS = ("k_direction", "k_norm", "v_direction", "v_norm", "attention_kl", "output_error")
 
 Reduction = Literal["mean", "none"]
 
@@ -120,37 +112,49 @@ def attention_scores(q, k, *, double: bool = False) -> torch.Tensor:
         ``[B, Hq, Nq, S]`` logits in fp32 (fp64 when ``double`` or an input is fp64).
     """
     q, k = _prep(q, "q"), _prep(k, "k")
-    group = _check_qk(q, k)
-    return _scores(q, k, group, _work_dtype(double, q, k))
+    _check_qk(q, k)
+    return _scores(q, k, _work_dtype(double, q, k))
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
-    b, hq, nq, d = q.shape
-    hkv, s = k.shape[1], k.shape[2]
-    qg = q.to(dtype).reshape(b, hkv, group, nq, d)
-    kk = k.to(dtype).reshape(b, hkv, 1, s, d)
-    return (torch.matmul(qg, kk.transpose(-1, -2)) / math.sqrt(d)).reshape(b, hq, nq, s)
+def _scores(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, k_name: str = "k") -> torch.Tensor:
+    """``q kᵀ/√d`` in ``dtype`` (kvstats.attention.scores); fp32 logits that overflow are recomputed in fp64.
+
+    Finite inputs can overflow fp32 in the product (|q|·|k| above ~1e38): the logits are then computed in
+    fp64; if even fp64 overflows, ValueError names the arguments (never a silent inf/NaN downstream).
+    """
+    s = attention.scores(q.to(dtype), k.to(dtype))
+    if bool(torch.isfinite(s).all()):
+        return s
+    if dtype != torch.float64:
+        s = attention.scores(q.double(), k.double())
+        if bool(torch.isfinite(s).all()):
+            return s
+    raise ValueError(
+        f"q·{k_name}ᵀ/√d overflows float64 (max |q| = {q.abs().max().item():.3g}, max |{k_name}| = "
+        f"{k.abs().max().item():.3g}); rescale the inputs"
+    )
+
+
+def _score_pair(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact and quantized logits in one dtype (fp64 for both when either overflowed fp32)."""
+    a, b = _scores(q, k, dtype, "k"), _scores(q, k_hat, dtype, "k_hat")
+    if a.dtype != b.dtype:
+        a, b = a.double(), b.double()
+    return a, b
 
 
 def _causal_visible(nq: int, s: int, query_offset: int | None, device) -> torch.Tensor:
     """Boolean [Nq, S]: True where query i (absolute position offset + i) may see key j (j <= offset + i)."""
     if query_offset is None:
-        query_offset = s - nq
-        if query_offset < 0:
+        if s - nq < 0:
             raise ValueError(
                 f"causal=True with n_q = {nq} queries > seq = {s} keys needs an explicit query_offset >= 0, "
-                f"got the default query_offset = seq - n_q = {query_offset}"
+                f"got the default query_offset = seq - n_q = {s - nq}"
             )
     else:
         query_offset = check_int_range(query_offset, "query_offset", 0, 2**62)
-    pos = torch.arange(nq, device=device).unsqueeze(-1) + query_offset
-    return torch.arange(s, device=device).unsqueeze(0) <= pos
-
-
-def _masked(scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    if visible is None:
-        return scores
-    return scores.masked_fill(~visible, float("-inf"))
+    return attention.causal_visible(nq, s, query_offset, device)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -194,11 +198,26 @@ def attention_kl_from_scores(
 
 
 def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    lp = torch.log_softmax(_masked(a, visible), dim=-1)
-    lq = torch.log_softmax(_masked(b, visible), dim=-1)
+    """KL per query from logits; log_softmax subtracts each row's maximum first (no overflow of exp).
+
+    Logits near the fp32 limit can still overflow in the subtraction (s_max − s_min > 3.4e38): the
+    computation is then redone in fp64, and an fp64 failure raises (finite result or a clear error).
+    """
+    kl = _kl_terms(a, b, visible)
+    if not bool(torch.isfinite(kl).all()) and a.dtype != torch.float64:
+        kl = _kl_terms(a.double(), b.double(), visible)
+    if not bool(torch.isfinite(kl).all()):
+        raise ValueError(f"attention KL is not finite for logits of magnitude up to "
+                         f"{max(a.abs().max().item(), b.abs().max().item()):.3g}; rescale the inputs")
+    return kl
+
+
+def _kl_terms(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    lp = torch.log_softmax(attention.mask_logits(a, visible), dim=-1)
+    lq = torch.log_softmax(attention.mask_logits(b, visible), dim=-1)
     terms = lp.exp() * (lp - lq)
-    if visible is not None:  # masked keys: p = 0 and 0·(−inf − −inf) would be nan
-        terms = torch.where(visible, terms, torch.zeros((), dtype=terms.dtype, device=terms.device))
+    zero = torch.zeros((), dtype=terms.dtype, device=terms.device)
+    terms = torch.where(lp == float("-inf"), zero, terms)  # p = 0 (masked or underflowed): 0·log 0 = 0
     return terms.sum(-1).clamp_min(0.0)
 
 
@@ -226,11 +245,11 @@ def attention_kl(
     """
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
     dtype = _work_dtype(double, q, k, k_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    kl = _kl_logits(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), visible)
+    kl = _kl_logits(*_score_pair(q, k, k_hat, dtype), visible)
     return _reduce(kl, reduction)
 
 
@@ -257,7 +276,7 @@ def topk_recall_from_scores(
 
     Args:
         scores_ref, scores_quant: ``[..., Nq, S]`` logits of the same shape (any monotone scaling is fine).
-        top_k: ``k ≥ 1``, at most ``S``.
+        top_k: ``k ≥ 1``; a query that sees fewer keys uses ``k' = min(k, visible keys)``.
         causal, query_offset: causal mask, see the module docstring.
         reduction: ``"mean"`` (float) or ``"none"`` (tensor ``[..., Nq]``).
     """
@@ -265,7 +284,7 @@ def topk_recall_from_scores(
     a = _prep(scores_ref, "scores_ref", min_dim=2)
     b = _prep(scores_quant, "scores_quant", min_dim=2)
     _check_same_shape(a, "scores_ref", b, "scores_quant")
-    top_k = check_int_range(top_k, "top_k", 1, a.shape[-1])
+    top_k = check_int_range(top_k, "top_k", 1, 2**62)
     visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
     return _reduce(_recall(a, b, top_k, visible), reduction)
 
@@ -278,9 +297,9 @@ def _top_membership(scores: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
 
 
 def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:
-    a, b = _masked(a, visible), _masked(b, visible)
+    a, b = attention.mask_logits(a, visible), attention.mask_logits(b, visible)
     if visible is None:
-        k_eff = torch.full(a.shape[:-1], top_k, device=a.device)
+        k_eff = torch.full(a.shape[:-1], min(top_k, a.shape[-1]), device=a.device)
     else:
         k_eff = visible.sum(-1).clamp_max(top_k).expand(a.shape[:-1])
     hits = (_top_membership(a, k_eff) & _top_membership(b, k_eff)).sum(-1)
@@ -310,12 +329,12 @@ def topk_recall(
     """
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
-    top_k = check_int_range(top_k, "top_k", 1, k.shape[2])
+    top_k = check_int_range(top_k, "top_k", 1, 2**62)
     dtype = _work_dtype(double, q, k, k_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    return _reduce(_recall(_scores(q, k, group, dtype), _scores(q, k_hat, group, dtype), top_k, visible), reduction)
+    return _reduce(_recall(*_score_pair(q, k, k_hat, dtype), top_k, visible), reduction)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -435,7 +454,7 @@ def attention_output_error(
     _check_reduction(reduction)
     q, k, k_hat = _prep(q, "q"), _prep(k, "k"), _prep(k_hat, "k_hat")
     v, v_hat = _prep(v, "v"), _prep(v_hat, "v_hat")
-    group = _check_qk(q, k)
+    _check_qk(q, k)
     _check_same_shape(k, "k", k_hat, "k_hat")
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must be [batch, kv_heads, seq, dv] with leading dims {tuple(k.shape[:3])} of k, "
@@ -443,200 +462,61 @@ def attention_output_error(
     _check_same_shape(v, "v", v_hat, "v_hat")
     dtype = _work_dtype(double, q, k, k_hat, v, v_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
-    o = _attend(_scores(q, k, group, dtype), v.to(dtype), group, visible)
-    o_hat = _attend(_scores(q, k_hat, group, dtype), v_hat.to(dtype), group, visible)
-    err = _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
+    logits, logits_hat = _score_pair(q, k, k_hat, dtype)
+    err = _output_error(logits, logits_hat, v.to(logits.dtype), v_hat.to(logits.dtype), visible)
     return _reduce(err, reduction)
 
 
-def _attend(scores: torch.Tensor, v: torch.Tensor, group: int, visible: torch.Tensor | None) -> torch.Tensor:
-    b, hq, nq, s = scores.shape
-    p = torch.softmax(_masked(scores, visible), dim=-1).reshape(b, v.shape[1], group, nq, s)
-    return torch.matmul(p, v.unsqueeze(2)).reshape(b, hq, nq, v.shape[-1])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the 6D error
-
-
-def error6d(
-    q,
-    k,
+def attention_output_error_from_scores(
+    scores_ref,
+    scores_quant,
     v,
-    k_hat,
     v_hat,
     *,
     causal: bool = False,
     query_offset: int | None = None,
-    double: bool = True,
-) -> torch.Tensor:
-    """Per-trial 6-vector of errors (docs/metrics_error6d.md gives the definition and its reasons).
+    reduction: Reduction = "mean",
+    double: bool = False,
+) -> float | torch.Tensor:
+    """``‖o − ô‖ / ‖o‖`` per query from logits: ``o = softmax(scores_ref) v``, ``ô = softmax(scores_quant) v̂``.
 
-    For each trial ``t`` the row is, in the order of :data:`ERROR6D_COMPONENTS`:
-
-    0. ``k_direction``: mean over the trial's ``B·Hkv·S`` keys of ``1 − cos(k, k̂)``;
-    1. ``k_norm``: mean over the keys of ``|‖k̂‖ − ‖k‖| / ‖k‖``;
-    2. ``v_direction``, 3. ``v_norm``: the same for values;
-    4. ``attention_kl``: mean over the trial's ``B·Hq·Nq`` queries of ``KL(p ‖ p̂)`` (:func:`attention_kl`);
-    5. ``output_error``: mean over the queries of ``‖o − ô‖/‖o‖`` (:func:`attention_output_error`).
+    The form of :func:`attention_output_error` for a scheme that estimates its logits directly
+    (``Scheme.scores(q, code) / √d``): the attention it computes is exactly this ``ô``.
 
     Args:
-        q: ``[T, B, Hq, Nq, d]`` (or ``[B, Hq, Nq, d]`` for one trial).
-        k, k_hat: ``[T, B, Hkv, S, d]``; v, v_hat: ``[T, B, Hkv, S, dv]`` (or without ``T``).
-        double: fp64 arithmetic (default: the 6D cloud feeds statistics).
-
-    Returns:
-        fp64 tensor ``[T, 6]``.
+        scores_ref, scores_quant: ``[B, Hq, Nq, S]`` logits of the same shape.
+        v, v_hat: ``[B, Hkv, S, dv]`` (GQA: ``Hq`` a multiple of ``Hkv``).
+        reduction: ``"mean"`` (float) or ``"none"`` (``[B, Hq, Nq]``).
     """
-    names = ("q", "k", "v", "k_hat", "v_hat")
-    ts = [_prep(x, n) for x, n in zip((q, k, v, k_hat, v_hat), names)]
-    if ts[0].dim() == 4:
-        ts = [t.unsqueeze(0) for t in ts]
-    for t, n in zip(ts, names):
-        if t.dim() != 5:
-            raise ValueError(f"{n} must be 5-D [trials, batch, heads, seq, d] (or 4-D for one trial), "
-                             f"got shape {tuple(t.shape)}")
-        if t.shape[0] != ts[0].shape[0]:
-            raise ValueError(f"{n}.shape[0] (trials) must equal q.shape[0] = {ts[0].shape[0]}, got {t.shape[0]}")
-    q5, k5, v5, kh5, vh5 = ts
-    n_trials = q5.shape[0]
-
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1, *t.shape[2:])
-
-    q4, k4, v4, kh4, vh4 = map(flat, ts)
-    opts = dict(causal=causal, query_offset=query_offset, reduction="none", double=double)
-    cols = [
-        direction_error(k5, kh5, double=double),
-        relative_norm_error(k5, kh5, double=double),
-        direction_error(v5, vh5, double=double),
-        relative_norm_error(v5, vh5, double=double),
-        attention_kl(q4, k4, kh4, **opts),
-        attention_output_error(q4, k4, v4, kh4, vh4, **opts),
-    ]
-    return torch.stack([c.reshape(n_trials, -1).to(torch.float64).mean(-1) for c in cols], dim=-1)
+    _check_reduction(reduction)
+    a = _prep(scores_ref, "scores_ref", min_dim=4)
+    b = _prep(scores_quant, "scores_quant", min_dim=4)
+    _check_same_shape(a, "scores_ref", b, "scores_quant")
+    v, v_hat = _prep(v, "v"), _prep(v_hat, "v_hat")
+    if a.dim() != 4 or v.dim() != 4 or v.shape[0] != a.shape[0] or v.shape[2] != a.shape[3] \
+            or a.shape[1] % v.shape[1]:
+        raise ValueError(f"v must be [batch, kv_heads, seq, dv] matching scores_ref [batch, q_heads, n_q, seq] = "
+                         f"{tuple(a.shape)} (q_heads a multiple of kv_heads), got shape {tuple(v.shape)}")
+    _check_same_shape(v, "v", v_hat, "v_hat")
+    dtype = _work_dtype(double, a, b, v, v_hat)
+    visible = _causal_visible(a.shape[-2], a.shape[-1], query_offset, a.device) if causal else None
+    return _reduce(_output_error(a.to(dtype), b.to(dtype), v.to(dtype), v_hat.to(dtype), visible), reduction)
 
 
-def _as_cloud(x, name: str) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().double().numpy()
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim == 1:
-        x = x[:, None]
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [n_points, n_components], got shape {x.shape}")
-    if x.shape[0] < 1:
-        raise ValueError(f"{name} is empty (shape {x.shape})")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name} contains non-finite values (first seen: {x[~np.isfinite(x)][0]})")
-    return x
+def _output_error(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, v_hat: torch.Tensor,
+                  visible: torch.Tensor | None) -> torch.Tensor:
+    o, o_hat = attention.attend(a, v, visible), attention.attend(b, v_hat, visible)
+    return _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
 
 
-def _standardized(a: np.ndarray, b: np.ndarray, standardize: bool) -> np.ndarray:
-    pooled = np.concatenate([a, b])
-    if not standardize:
-        return pooled
-    scale = pooled.std(axis=0, ddof=1) if len(pooled) > 1 else np.ones(pooled.shape[1])
-    scale = np.where(scale > 0, scale, 1.0)
-    return (pooled - pooled.mean(axis=0)) / scale
+_MOVED_TO_ERROR6D = ("ERROR6D_COMPONENTS", "error6d", "distance_6d", "energy_distance", "energy_distance_6d",
+                     "energy_test")
 
 
-def _pairwise(x: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
+def __getattr__(name: str):
+    # the 6D error moved to kvstats.error6d (which imports this module): forward the old names lazily
+    if name in _MOVED_TO_ERROR6D:
+        from kvstats import error6d as _error6d
 
-
-def _energy_from_distances(dist: np.ndarray, idx_a: np.ndarray, idx_b: np.ndarray) -> np.ndarray:
-    """V-statistic energy distance for (batched) index sets idx_a [..., n], idx_b [..., m]."""
-    dab = dist[idx_a[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
-    daa = dist[idx_a[..., :, None], idx_a[..., None, :]].mean(axis=(-1, -2))
-    dbb = dist[idx_b[..., :, None], idx_b[..., None, :]].mean(axis=(-1, -2))
-    return 2.0 * dab - daa - dbb
-
-
-def energy_distance(cloud_a, cloud_b, *, standardize: bool = True) -> float:
-    """Energy distance between two point clouds ``[n, p]`` and ``[m, p]`` (Székely & Rizzo).
-
-    ``ℰ = 2·mean‖aᵢ − bⱼ‖ − mean‖aᵢ − aᵢ'‖ − mean‖bⱼ − bⱼ'‖`` with all means over all ordered pairs,
-    diagonal included (the V-statistic; always ``≥ 0``, 0 iff the empirical distributions coincide).
-    For ``p = 1`` and ``standardize=False``, ``√ℰ`` equals ``scipy.stats.energy_distance``.
-
-    ``standardize=True`` first centres each component and divides it by its standard deviation in the
-    *pooled* sample (components with zero spread are left unscaled), so that components with different
-    units (KL in nats, relative errors) weigh alike. Pooled scaling is invariant under permutations of
-    the group labels, so the permutation test on standardized clouds stays exact.
-    """
-    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
-    pooled = _standardized(a, b, standardize)
-    dist = _pairwise(pooled)
-    n = len(a)
-    return float(max(_energy_from_distances(dist, np.arange(n), np.arange(n, len(pooled))), 0.0))
-
-
-def energy_distance_6d(cloud_a, cloud_b, *, standardize: bool = True) -> float:
-    """:func:`energy_distance` between two 6D error clouds ``[n, 6]`` from :func:`error6d`."""
-    for x, name in ((cloud_a, "cloud_a"), (cloud_b, "cloud_b")):
-        shape = tuple(x.shape)
-        if len(shape) != 2 or shape[1] != 6:
-            raise ValueError(f"{name} must be [n_trials, 6] (rows of error6d), got shape {shape}")
-    return energy_distance(cloud_a, cloud_b, standardize=standardize)
-
-
-def energy_test(
-    cloud_a,
-    cloud_b,
-    *,
-    standardize: bool = True,
-    n_resamples: int = 9999,
-    seed: int = 0,
-) -> TestResult:
-    """Multivariate two-sample test: energy-distance permutation test (Székely & Rizzo 2004).
-
-    H0: both clouds are draws from the same distribution. The statistic is :func:`energy_distance`
-    (scaled by ``n·m/(n+m)``, which does not change the p-value); the null distribution comes from
-    ``scipy.stats.permutation_test`` relabelling the pooled points (exact when ``n_resamples`` exceeds
-    the number of distinct splits, else random with p = (#{ℰ* ≥ ℰ} + 1)/(n_resamples + 1)). One-sided:
-    large distances are evidence against H0. Consistent against all alternatives with finite means.
-
-    Returns:
-        :class:`~kvstats.results.TestResult` with ``statistic`` = energy distance, ``effect_size`` =
-        the same distance (on the standardized scale), ``extra`` = n_resamples, standardize, e_statistic.
-    """
-    a, b = _as_cloud(cloud_a, "cloud_a"), _as_cloud(cloud_b, "cloud_b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"cloud_b must have {a.shape[1]} components like cloud_a, got {b.shape[1]}")
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError(f"energy_test needs at least 2 points per cloud, got n_a = {len(a)}, n_b = {len(b)}")
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
-    pooled = _standardized(a, b, standardize)
-    dist = _pairwise(pooled)
-    n, m = len(a), len(b)
-
-    def statistic(ia, ib, axis=-1):
-        ia, ib = np.moveaxis(ia, axis, -1).astype(np.intp), np.moveaxis(ib, axis, -1).astype(np.intp)
-        return _energy_from_distances(dist, ia, ib)
-
-    batch = max(1, int(2e7 // (len(pooled) ** 2)))
-    res = scipy.stats.permutation_test(
-        (np.arange(n), np.arange(n, n + m)),
-        statistic,
-        permutation_type="independent",
-        vectorized=True,
-        n_resamples=n_resamples,
-        alternative="greater",
-        batch=batch,
-        rng=np.random.default_rng(seed),
-    )
-    e = float(max(res.statistic, 0.0))
-    return TestResult(
-        statistic=e,
-        pvalue=float(res.pvalue),
-        method=f"energy-distance permutation test ({n_resamples} resamples, "
-        f"{'pooled-SD standardized' if standardize else 'raw'} components)",
-        null_hypothesis="the two clouds are drawn from the same multivariate distribution",
-        n=(n, m),
-        effect_size=e,
-        effect_size_name="energy distance",
-        extra={"n_resamples": n_resamples, "standardize": standardize, "e_statistic": e * n * m / (n + m)},
-    )
+        return getattr(_error6d, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

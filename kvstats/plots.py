@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvstats.sweep import default_figures_dir  # noqa: E402
+from kvstats.paths import data_path, figure_path  # noqa: E402
 
 __all__ = ["DPI", "SCHEME_STYLE", "boxplot", "panels", "save", "setup", "sphere_histogram", "style", "write_csv"]
 
@@ -67,9 +67,7 @@ def panels(rows: int, cols: int, title: str | None = None, *, width: float = 4.0
 
 def save(fig, name: str, figures_dir: str | os.PathLike | None = None) -> Path:
     """Write ``<figures>/<name>.png`` at :data:`DPI` and close the figure."""
-    folder = Path(figures_dir or default_figures_dir())
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
+    path = figure_path(name, figures_dir)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -77,10 +75,8 @@ def save(fig, name: str, figures_dir: str | os.PathLike | None = None) -> Path:
 
 def write_csv(name: str, data, figures_dir: str | os.PathLike | None = None) -> Path:
     """Write a DataFrame or a list of dicts to ``<figures>/data/<name>.csv``."""
-    folder = Path(figures_dir or default_figures_dir()) / "data"
-    folder.mkdir(parents=True, exist_ok=True)
     frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(list(data))
-    path = folder / f"{name}.csv"
+    path = data_path(name, figures_dir)
     frame.to_csv(path, index=False, float_format="%.6g")
     return path
 

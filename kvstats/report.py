@@ -15,19 +15,30 @@ key            meaning
 ``figure``     path of the figure relative to ``figures/`` (``"budget_sweep_kl.png"``), or null
 ``details``    optional markdown (a table, a caveat); may be omitted or null
 ``scale``      optional: the scale the study ran at (``"quick"`` or ``"paper"``), set by ``write_claims(scale=)``
+``position``   optional: the study's place in the report (an int, smaller first), set by ``write_claims(position=)``
+``discrepancy`` optional: one sentence, computed by the study from its numbers, stating where a published
+               number or statement disagrees with ours; listed under "Known discrepancies" in REPORT.md
+``rule``       the verdict rule that produced ``verdict`` (:mod:`kvstats.verdicts`); set from a ``Verdict``
+``reason``     the rule's sentence, generated from the numbers it saw; set from a ``Verdict``
 =============  ==============================================================================================
+
+Files written before ``position`` and ``discrepancy`` existed stay valid (the keys are optional).
 
     from kvstats.report import write_claims
     write_claims("budget_sweep", [{"id": ..., "claim": ..., "source": ..., "measurement": ..., "data": ...,
                                    "verdict": "reproduced", "figure": "budget_sweep_kl.png"}])
 
 :func:`build_report` assembles ``figures/REPORT.md`` from all claims files (in :func:`study_order`), with a
-summary table, one section per study and the study's figures embedded; ``kvstats reproduce`` calls it after
-running the studies.
+summary table, the known discrepancies (generated from the claims' ``discrepancy`` texts), one section per
+study and the study's figures embedded; ``kvstats reproduce`` calls it after running the studies.
+
+This module holds no measured number and no list of studies: numbers come from the claims files, and the
+order from the studies themselves (each study script declares ``POSITION = <int>``, recorded in its claims).
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import json
 import math
@@ -37,15 +48,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstats.sweep import SCALES, default_figures_dir
+from kvstats import verdicts as _verdicts
+from kvstats.paths import data_dir, default_figures_dir
+from kvstats.sweep import SCALES
 
 __all__ = [
     "CLAIM_KEYS",
     "DEFAULT_PREAMBLE",
     "VERDICTS",
-    "STUDY_ORDER",
     "build_report",
     "claims_path",
+    "definitions_path",
+    "read_definitions",
+    "write_definitions",
     "default_figures_dir",
     "fmt_p",
     "read_claims",
@@ -54,28 +69,32 @@ __all__ = [
     "write_claims",
 ]
 
-#: Keys of a claim object; all but ``details`` and ``scale`` are required.
-CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale")
-_REQUIRED = CLAIM_KEYS[:-2]
-#: Allowed verdicts. ``measured``: our own measurement, no published number to hold it to.
-VERDICTS = ("reproduced", "not reproduced", "partly", "measured")
-#: Order of the studies in REPORT.md (and of ``kvstats reproduce``); studies not listed follow, by name.
-STUDY_ORDER = ("sphere_law", "kv_anatomy", "beta_figures", "turboquant_distortion", "qjl_variance", "jensen",
-               "budget_sweep", "nova", "end_to_end")
-
-
+#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule`` and ``reason``
+#: are required.
+CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale", "position",
+              "discrepancy", "rule", "reason")
+_REQUIRED = CLAIM_KEYS[:-6]
+#: Allowed verdicts (:data:`kvstats.verdicts.VERDICTS`). ``measured``: our own measurement (source kvstats).
+VERDICTS = _verdicts.VERDICTS
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
     """``<figures_dir>/data/<study>_claims.json``."""
-    return Path(figures_dir or default_figures_dir()) / "data" / f"{study}_claims.json"
+    return data_dir(figures_dir) / f"{study}_claims.json"
 
 
-def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, Any]:
-    """Check one claim object; return it as a plain dict with ``details`` and ``scale`` filled in (None when absent).
+def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bool = False) -> dict[str, Any]:
+    """Check one claim object; return it as a plain dict with the optional keys filled in (None when absent).
+
+    ``claim["verdict"]`` may be a :class:`kvstats.verdicts.Verdict`: its verdict, rule and reason are stored.
+    With ``strict`` (what :func:`write_claims` uses) the verdict must come from a rule: a bare verdict string
+    is refused. ``measured`` is for the project's own measurements only (source ``"kvstats"``).
 
     Raises ValueError/TypeError naming the key and the value seen.
     """
     if not isinstance(claim, Mapping):
         raise TypeError(f"{where} must be a dict, got {type(claim).__name__}")
+    if isinstance(claim.get("verdict"), _verdicts.Verdict):
+        v = claim["verdict"]
+        claim = {**claim, "verdict": v.verdict, "rule": v.rule, "reason": v.reason}
     missing = [k for k in _REQUIRED if k not in claim]
     if missing:
         raise ValueError(f"{where} lacks the key(s) {missing} (required: {list(_REQUIRED)})")
@@ -88,20 +107,34 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim") -> dict[str, 
             raise ValueError(f"{where}[{key!r}] must be a non-empty string, got {out[key]!r}")
     if out["verdict"] not in VERDICTS:
         raise ValueError(f"{where}['verdict'] must be one of {list(VERDICTS)}, got {out['verdict']!r}")
-    for key in ("figure", "details"):
+    if out["verdict"] == "measured" and out["source"] != "kvstats":
+        raise ValueError(f"{where}: a published claim (source {out['source']!r}) needs a verdict by a rule "
+                         "(kvstats.verdicts), not 'measured'")
+    if strict and (out["rule"] is None or out["reason"] is None):
+        raise ValueError(f"{where}['verdict'] must be a kvstats.verdicts.Verdict (computed by a rule, with its "
+                         f"reason), got the bare string {out['verdict']!r}")
+    for key in ("figure", "details", "discrepancy", "rule", "reason"):
         if out[key] is not None and not isinstance(out[key], str):
             raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
     if out["scale"] is not None and out["scale"] not in SCALES:
         raise ValueError(f"{where}['scale'] must be one of {list(SCALES)} or None, got {out['scale']!r}")
+    _check_position(out["position"], f"{where}['position']")
     return out
 
 
+def _check_position(position: Any, where: str) -> None:
+    if position is not None and (isinstance(position, bool) or not isinstance(position, int)):
+        raise TypeError(f"{where} must be an int or None, got {position!r}")
+
+
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
-                 figures_dir: str | os.PathLike | None = None, echo: bool = False) -> Path:
+                 position: int | None = None, figures_dir: str | os.PathLike | None = None,
+                 echo: bool = False) -> Path:
     """Validate ``claims`` and write them to ``figures/data/<study>_claims.json`` (atomically); return the path.
 
     Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
-    a report assembled from studies run at different scales says which ran at which. ``figures_dir``
+    a report assembled from studies run at different scales says which ran at which; ``position`` (the
+    study's ``POSITION``) is recorded likewise and orders the report. ``figures_dir``
     defaults to :func:`default_figures_dir`. With ``echo`` each claim is printed as
     ``[verdict] id: measurement`` (what a study shows its user).
     """
@@ -111,9 +144,12 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
         raise TypeError(f"claims must be a list of dicts, got {type(claims).__name__}")
     if scale is not None and scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
-    checked = [validate_claim(c, f"claims[{i}]") for i, c in enumerate(claims)]
+    _check_position(position, "position")
+    checked = [validate_claim(c, f"claims[{i}]", strict=True) for i, c in enumerate(claims)]
     if scale is not None:
         checked = [c | {"scale": scale} for c in checked]
+    if position is not None:
+        checked = [c | {"position": position} for c in checked]
     ids = [c["id"] for c in checked]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -121,12 +157,61 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
     path = claims_path(study, figures_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(checked, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    # optional keys that are None are left out: files keep the shape older readers know
+    payload = [{k: v for k, v in c.items() if v is not None or k in _REQUIRED or k == "details"} for c in checked]
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     tmp.replace(path)
     if echo:
         for c in checked:
             print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
     return path
+
+
+def definitions_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
+    """``<figures_dir>/data/<study>_definitions.json``."""
+    return data_dir(figures_dir) / f"{study}_definitions.json"
+
+
+def write_definitions(study: str, definitions: Mapping[str, str], *,
+                      figures_dir: str | os.PathLike | None = None) -> Path:
+    """Write what the study's numbers mean (``{term: definition}``, e.g. ``{"sketch": "srht, m = d"}``).
+
+    The texts should be generated from the study's configuration (the constants its cells use), so the
+    report's "Definitions" section states what the code ran. Written atomically; returns the path.
+    """
+    if not isinstance(definitions, Mapping) or not definitions:
+        raise TypeError(f"definitions must be a non-empty dict of str -> str, got {definitions!r}")
+    for key, value in definitions.items():
+        if not isinstance(key, str) or not key.strip() or not isinstance(value, str) or not value.strip():
+            raise ValueError(f"definitions must map non-empty strings to non-empty strings, got {key!r}: {value!r}")
+    path = definitions_path(study, figures_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(dict(definitions), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_definitions(path: str | os.PathLike) -> dict[str, str]:
+    """Read one definitions file (see :func:`write_definitions`)."""
+    path = Path(path)
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(payload, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in payload.items()):
+        raise ValueError(f"{path} must hold a JSON object of strings")
+    return payload
+
+
+def _definitions(fig: Path, studies: Iterable[str]) -> list[str]:
+    """The "Definitions" section: per study, what its terms mean, from ``<study>_definitions.json``."""
+    lines = []
+    for study in studies:
+        path = definitions_path(study, fig)
+        if path.is_file():
+            lines += [f"### {study}", "", "| term | definition |", "|---|---|"]
+            lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in read_definitions(path).items()]
+            lines.append("")
+    return ["## Definitions", "", "What each study's numbers mean, written from the configuration its code ran.",
+            "", *lines] if lines else []
 
 
 def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -138,11 +223,49 @@ def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [validate_claim(c, f"{path.name}[{i}]") for i, c in enumerate(payload)]
 
 
-def study_order(names: Iterable[str]) -> list[str]:
-    """``names`` in report order: those in :data:`STUDY_ORDER` first (in that order), then the rest by name."""
-    names = set(names)
-    known = [s for s in STUDY_ORDER if s in names]
-    return known + sorted(names - set(known))
+def script_position(path: str | os.PathLike) -> int | None:
+    """The ``POSITION = <int>`` a study script declares at module level (read without importing it), or None."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "POSITION" for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, int) and not isinstance(value.value, bool):
+                return value.value
+    return None
+
+
+def _claims_position(path: Path) -> int | None:
+    try:
+        positions = {c["position"] for c in read_claims(path) if c["position"] is not None}
+    except (OSError, ValueError, TypeError):
+        return None
+    return min(positions) if positions else None
+
+
+def study_order(names: Iterable[str] | Mapping[str, str | os.PathLike],
+                figures_dir: str | os.PathLike | None = None) -> list[str]:
+    """Studies in report order: by the position each declares, then by name; those without one last, by name.
+
+    ``names``: study names (their position is read from their claims files in ``figures_dir``, else from
+    ``studies/<name>.py`` beside that folder), or a mapping name -> study script (the ``POSITION`` the script
+    declares; else its claims file's).
+    """
+    scripts = names if isinstance(names, Mapping) else {}
+    names = list(names)
+    # claims files written before `position` existed: the study script beside the figures folder says it
+    studies_dir = Path(figures_dir or default_figures_dir()).resolve().parent / "studies"
+    positions = {}
+    for name in names:
+        pos = script_position(scripts[name]) if name in scripts else None
+        if pos is None:
+            pos = _claims_position(claims_path(name, figures_dir))
+        if pos is None and name not in scripts:
+            pos = script_position(studies_dir / f"{name}.py")
+        positions[name] = pos
+    return sorted(names, key=lambda n: (positions[n] is None, positions[n] or 0, n))
 
 
 def fmt_p(p: float) -> str:
@@ -156,8 +279,19 @@ def fmt_p(p: float) -> str:
 
 # ------------------------------------------------------------------------------------------- the report
 
-#: Conventions and known discrepancies, printed at the top of figures/REPORT.md by ``kvstats reproduce``.
-DEFAULT_PREAMBLE = """
+def _mann_whitney_extremes(n: int) -> tuple[float, float, float]:
+    """Complete separation of n vs n: (max |Z|/√N, exact two-sided p = 2/C(2n, n), normal-approximation p).
+
+    Z as scipy.stats.mannwhitneyu computes it (continuity correction 0.5); the p is two-sided.
+    """
+    u_sd = math.sqrt(n * n * (2 * n + 1) / 12)
+    z = (n * n / 2 - 0.5) / u_sd
+    return z / math.sqrt(2 * n), 2 / math.comb(2 * n, n), math.erfc(z / math.sqrt(2))
+
+
+def _preamble() -> str:
+    r_max, p_exact, p_normal = _mann_whitney_extremes(70)
+    return f"""
 ## How to read this report
 
 - **Verdicts.** *reproduced*: our measurement agrees with the published claim (direction, and the number
@@ -167,30 +301,38 @@ DEFAULT_PREAMBLE = """
 - **Mann–Whitney effect sizes.** r is the **rank-biserial correlation r = 2U₁/(n₁n₂) − 1**, U₁ the statistic
   of the *first* sample (as scipy reports it), so r < 0 when the first sample (e.g. KQV) tends to be smaller;
   |r| = 1 is complete separation. We also give **Z/√N** (normal approximation, tie-corrected, N = n₁ + n₂),
-  which cannot reach ±1 (at 70 vs 70 its maximum is ≈ 0.86): a published r = −0.983 at that size must be the
-  rank-biserial one.
+  which cannot reach ±1 (at 70 vs 70 its maximum is ≈ {r_max:.2f}): a published r = −0.983 at that size must be
+  the rank-biserial one.
 - **Which p.** Unless stated otherwise p is the **exact** two-sided Mann–Whitney p (no ties, n ≤ 1000); the
   normal-approximation p is given beside it where it matters — in the far tail they differ by many orders of
-  magnitude (complete separation at 70 vs 70: exact p ≈ 2e−41, normal p ≈ 1e−23). Multiple comparisons are
-  Holm-corrected over the family named in each claim. Ratio CIs are BCa bootstrap CIs of a ratio of medians.
-
-## Known discrepancies (details in the claims below)
-
-- TurboQuant's printed D_mse at b = 3 (0.03) is 11.7% below the exact value 0.033966 at d = 128
-  (`figures/data/turboquant_dmse_table.csv`); its printed D_prod at b = 4 (0.047/d) inherits the rounding.
-- REFERENCE §3 states D_prod = (π/2 − 1/d)·D_mse(b−1)/d "for any y"; it holds only averaged over y's direction.
-  For y ∥ x it is ((π/2)·D_mse − E⟨r,x⟩²)/d (`kvstats.inference.turbo_prod_distortion`), ≈ 20% lower at b = 2.
-- The randomized Walsh–Hadamard rotation maps the 1-hot vector e₁ to ±1/√d in every coordinate, its worst
-  case: squared error 0.255 vs D_mse 0.116 at d = 128, b = 2 (a Haar rotation gives ≈ D_mse).
-- Orthogonalised QJL rows need the exact spherical constant: the Gaussian √(π/2) over-scales by the factor
-  1.0039 at d = 64 (`kvstats.rotations.spherical_sign_scale`).
-- Real SmolLM2 key outlier ratios (max/median channel magnitude) range wider than REFERENCE §8's 3–5.6: below 3
-  in some layers and up to ≈ 9 in others (kv_anatomy below; `figures/data/kv_anatomy_outliers.csv`).
+  magnitude (complete separation at 70 vs 70: exact p ≈ {p_exact:.0e}, normal p ≈ {p_normal:.0e}). Multiple
+  comparisons are Holm-corrected over the family named in each claim. Ratio CIs are BCa bootstrap CIs of a
+  ratio of medians.
 """
 
 
+#: Conventions printed at the top of figures/REPORT.md by ``kvstats reproduce`` (the numbers in it are computed,
+#: not measured). The known discrepancies follow, generated from the claims (:func:`build_report`).
+DEFAULT_PREAMBLE = _preamble()
+
+
+def _discrepancies(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """The "Known discrepancies" section: each claim's ``discrepancy`` text, linked to its claim."""
+    items = [f"- {c['discrepancy'].strip()} ([{study}: {c['id']}](#{_anchor(c)}))"
+             for study, cs in claims.items() for c in cs if c["discrepancy"]]
+    if not items:
+        return []
+    return ["## Known discrepancies (details in the claims below)", "", *items, ""]
+
+
+def _anchor(claim: dict[str, Any]) -> str:
+    """GitHub's anchor of the claim's heading ``### <id> — <verdict>``."""
+    text = f"{claim['id']} — {_VERDICT_MARK[claim['verdict']]}".lower()
+    return "".join(ch for ch in text.replace(" ", "-") if ch.isalnum() or ch in "-_")
+
+
 _VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
-                 "measured": "· measured"}
+                 "measured": "· measured", "not testable here": "⊘ not testable here"}
 
 
 def _cell(text: str | None) -> str:
@@ -269,7 +411,7 @@ def build_report(
     fig = Path(figures_dir or default_figures_dir())
     data = fig / "data"
     found = {p.name[: -len("_claims.json")]: p for p in sorted(data.glob("*_claims.json"))}
-    order = list(studies) if studies is not None else study_order(found)
+    order = list(studies) if studies is not None else study_order(list(found), fig)
     claims = {s: read_claims(found[s]) for s in order if s in found}
     date = date or _dt.datetime.now(_dt.timezone.utc)
     scales = _study_scales(claims, scale)
@@ -291,6 +433,8 @@ def build_report(
                   "earlier run.", ""]
     if preamble:
         lines += [preamble.strip(), ""]
+    lines += _discrepancies(claims)
+    lines += _definitions(fig, claims)
     counts = {v: sum(c["verdict"] == v for cs in claims.values() for c in cs) for v in VERDICTS}
     lines += ["## Summary", "",
               "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "",
@@ -315,6 +459,8 @@ def build_report(
                 f"- **Measured:** {c['measurement']}",
                 f"- **Data:** {c['data']}",
             ]
+            if c["rule"]:
+                lines.append(f"- **Verdict by the {c['rule']} rule:** {c['reason']}")
             if c["figure"]:
                 lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
             lines.append("")

@@ -3,13 +3,15 @@
 Every test or estimate returns a frozen dataclass derived from :class:`TestResult`: it carries the
 statistic, the p-value, an effect size where one applies, a confidence interval, the method, the null
 hypothesis in words and the sample size, and prints a readable ``summary()``. ``to_dict()`` gives a
-flat dict ready for a pandas row or JSON.
+flat dict ready for a pandas row or JSON. Like scipy's results, a result unpacks into its statistic and
+p-value: ``stat, p = kvstats.stats.wilcoxon(a, b)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,13 @@ class TestResult:
     ci_of: str = ""
     confidence_level: float = 0.95
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[float]:
+        """``stat, p = result``, as with scipy's result objects."""
+        return iter((self.statistic, self.pvalue))
+
+    def __len__(self) -> int:
+        return 2
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict: the fields, the CI as ci_low/ci_high, and ``extra`` merged in."""

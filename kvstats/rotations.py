@@ -5,7 +5,12 @@
 * :class:`RandomizedHadamard` — the randomized WHT rotation Π = H·D/√d (D random ±1 signs) used by
   TurboQuant, for **any** d ≥ 2 (see below).
 * :class:`HaarRotation` — a Haar-distributed orthogonal matrix (QR of a Gaussian matrix, sign-corrected).
-* :func:`gaussian_sketch`, :func:`orthogonal_sketch` — JL matrices S [m, d] for QJL.
+* :func:`gaussian_sketch`, :func:`orthogonal_sketch`, :func:`srht_sketch` — JL matrices S [m, d] for QJL.
+
+Memory limit. The dense matrices (Haar rotations, sketches) are built in float64 on the CPU; one larger
+than :data:`MAX_DENSE_BYTES` (256 MiB: a d × d matrix up to d = 5792, e.g. the m = d sketch at d = 4096
+is 128 MiB) is refused before it is allocated, with its size in the message. Use the WHT rotation (O(d)
+memory) beyond that.
 
 Head dims that are not powers of two (80, 96, 192, ...) have no Sylvester–Hadamard matrix. :func:`fwht`
 refuses them (it never pads silently). :class:`RandomizedHadamard` handles them with three sign-flip +
@@ -31,7 +36,10 @@ from kvstats._random import make_generator
 from kvstats._validation import check_float_tensor, check_int_range, is_power_of_two
 
 __all__ = [
+    "MAX_DENSE_BYTES",
     "MAX_FWHT_DIM",
+    "check_dense_size",
+    "srht_sketch",
     "fwht",
     "Rotation",
     "RandomizedHadamard",
@@ -43,6 +51,17 @@ __all__ = [
 ]
 
 MAX_FWHT_DIM = 32768
+#: Largest dense float64 matrix (rotation or sketch) kvstats builds: 256 MiB.
+MAX_DENSE_BYTES = 256 * 2**20
+
+
+def check_dense_size(rows: int, cols: int, what: str) -> None:
+    """Refuse a dense float64 [rows, cols] matrix above :data:`MAX_DENSE_BYTES`, naming its size."""
+    size = rows * cols * 8
+    if size > MAX_DENSE_BYTES:
+        raise ValueError(f"{what} would be a dense float64 [{rows}, {cols}] matrix of {size / 2**20:.0f} MiB, above "
+                         f"the limit kvstats.rotations.MAX_DENSE_BYTES = {MAX_DENSE_BYTES // 2**20} MiB; use a "
+                         "smaller dim or m, or the WHT rotation")
 
 
 def fwht(x: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
@@ -152,6 +171,7 @@ class HaarRotation(Rotation):
 
     def __init__(self, dim: int, seed: int | torch.Generator = 0):
         self.dim = check_int_range(dim, "dim", 2, 1 << 14)
+        check_dense_size(self.dim, self.dim, "the Haar rotation")
         gen = make_generator(seed)
         g = torch.randn(self.dim, self.dim, generator=gen, dtype=torch.float64)
         q, r = torch.linalg.qr(g)
@@ -190,6 +210,7 @@ def gaussian_sketch(m: int, d: int, seed: int | torch.Generator) -> torch.Tensor
     """S ∈ R^{m×d} with i.i.d. N(0, 1) entries (float64, CPU)."""
     check_int_range(m, "m", 1, 1 << 20)
     check_int_range(d, "d", 2, 1 << 20)
+    check_dense_size(m, d, "the Gaussian sketch")
     return torch.randn(m, d, generator=make_generator(seed), dtype=torch.float64)
 
 
@@ -202,12 +223,41 @@ def orthogonal_sketch(m: int, d: int, seed: int | torch.Generator) -> torch.Tens
     """
     check_int_range(m, "m", 1, 1 << 20)
     check_int_range(d, "d", 2, 1 << 20)
+    check_dense_size(m, d, "the orthogonal sketch")
+    check_dense_size(d, d, "a block of the orthogonal sketch")
     gen = make_generator(seed)
     blocks, left = [], m
     while left > 0:
         rows = min(left, d)
         q = HaarRotation(d, gen).matrix()
         blocks.append(q[:rows] * math.sqrt(d))
+        left -= rows
+    return torch.cat(blocks, dim=0)
+
+
+def srht_sketch(m: int, d: int, seed: int | torch.Generator) -> torch.Tensor:
+    """D'Alberto's randomized Hadamard sketch (arXiv 2605.08114 §2.2, eq. 3): S = H·diag(s′) [m, d].
+
+    H is the unnormalised ±1 Sylvester–Hadamard matrix of order d (d a power of two: refused otherwise,
+    there is no Sylvester matrix to take rows from), s′ fresh Rademacher signs from ``seed``. Rows are
+    orthogonal, of norm √d; with m = d, q = sign(S r) and r̂ = (√(π/2)·‖r‖/d)·Sᵀq = (√(π/2)‖r‖/d)·s′⊙(H q)
+    is eq. 3. m > d stacks independent blocks (fresh s′ each); a last partial block keeps its first rows.
+    Float64, CPU.
+    """
+    check_int_range(m, "m", 1, 1 << 20)
+    check_int_range(d, "d", 2, 1 << 20)
+    if not is_power_of_two(d):
+        raise ValueError(f"rows='srht' needs a power-of-two sketched width d (the Sylvester–Hadamard matrix), "
+                         f"got d = {d}; use rows='orthogonal' or 'gaussian'")
+    check_dense_size(m, d, "the SRHT sketch")
+    gen = make_generator(seed)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    blocks, left = [], m
+    while left > 0:
+        rows = min(left, d)
+        blocks.append(h[:rows] * _random_signs(d, gen).to(torch.float64))
         left -= rows
     return torch.cat(blocks, dim=0)
 

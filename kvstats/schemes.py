@@ -9,6 +9,9 @@ Budget n (payload bits per element, the same for K and V; norms counted in ``bit
 * ``kv``   — K and V: n-bit Lloyd–Max on the raw coordinates of the unit vector + norm (no rotation).
 * ``kqv``  — K: TurboQuant_mse(n) (WHT + n-bit Lloyd–Max). V: TurboQuant_prod(n) ((n−1)-bit + 1-bit QJL).
 * ``qkqv`` — K and V: TurboQuant_prod(n).
+* ``minmax`` — KIVI-style min-max (:class:`~kvstats.quantizers.MinMaxQuantizer`), deterministic: K per channel
+  (each coordinate over groups of ``k_group_size`` = d consecutive tokens), V per token (groups of
+  ``v_group_size`` = d coordinates), lo and step in ``side_dtype`` (fp16): 32/d side bits per element.
 * ``nova`` — NOVA-KV (calibrated; :mod:`kvstats.quantizers.nova`): K: per-head transform + stratified group VQ,
   V: rotation + n-bit min-max. ``NovaScheme.calibrate(queries, keys, values, bits=n)`` or
   ``scheme("nova", bits=n, dim=d, queries=..., keys=...)``. Kept out of ``SCHEMES`` (which lists the
@@ -31,11 +34,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstats._random import spawn_seeds
+from kvstats import attention as _attention
+from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quantizers.qjl import ROWS
 
-__all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "causal_mask", "gqa_groups"]
+__all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "register_scheme",
+           "causal_mask", "gqa_groups"]
 
 
 @dataclass
@@ -62,17 +68,18 @@ def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
     """Boolean [n_q, n_k], True where query i (at position n_k − n_q + i) may attend key j."""
     if n_q > n_k:
         raise ValueError(f"causal attention needs n_q <= n_k, got n_q={n_q}, n_k={n_k}")
-    pos = torch.arange(n_q, device=device).unsqueeze(-1) + (n_k - n_q)
-    return torch.arange(n_k, device=device).unsqueeze(0) <= pos
+    return _attention.causal_visible(n_q, n_k, device=device)
 
 
 class Scheme:
     """A K quantizer and a V quantizer at the same nominal budget."""
 
-    def __init__(self, name: str, bits: int, k: Quantizer, v: Quantizer):
+    def __init__(self, name: str, bits: int, k: Quantizer, v: Quantizer, seed: int | None = None):
         if k.dim != v.dim:
             raise ValueError(f"k and v quantizers must share dim, got {k.dim} and {v.dim}")
         self.name, self.bits, self.k, self.v, self.dim = name, bits, k, v, k.dim
+        #: the seed the scheme was built from (None when built by hand from two quantizers)
+        self.seed = seed
 
     def _check_cache(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         for name, t in (("keys", keys), ("values", values)):
@@ -101,10 +108,8 @@ class Scheme:
 
     def scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """Estimated logits ⟨q, k⟩ (not yet divided by √d): queries [B, H_q, N, d] -> [B, H_q, N, S]."""
-        g = self._check_queries(queries, cache)
-        b, hq, n, d = queries.shape
-        grouped = queries.reshape(b, hq // g, g * n, d)
-        return self.k.inner(grouped, cache.k).reshape(b, hq, n, -1)
+        self._check_queries(queries, cache)
+        return _attention.scores(queries, cache.k, scale=1.0, inner=self.k.inner, kv_heads=cache.k.shape[1])
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
@@ -113,41 +118,52 @@ class Scheme:
         With ``return_weights=True`` returns (output, weights [B, H_q, N, S]).
         """
         logits = self.scores(queries, cache) / math.sqrt(self.dim)
-        if causal:
-            logits = logits.masked_fill(~causal_mask(logits.shape[-2], logits.shape[-1], logits.device),
-                                        float("-inf"))
-        weights = torch.softmax(logits, dim=-1)
-        v_hat = self.v.decode(cache.v).to(weights.dtype)
-        b, hq, n, s = weights.shape
-        hkv = v_hat.shape[1]
-        out = (weights.reshape(b, hkv, (hq // hkv) * n, s) @ v_hat).reshape(b, hq, n, -1).to(queries.dtype)
+        visible = causal_mask(logits.shape[-2], logits.shape[-1], logits.device) if causal else None
+        weights = _attention.attention_weights(logits, visible)
+        out = _attention.apply_weights(weights, self.v.decode(cache.v).to(weights.dtype)).to(queries.dtype)
         return (out, weights) if return_weights else out
 
-    def bits_per_coordinate(self) -> dict[str, BitBudget]:
-        """Bits per element of K, of V, and their mean (the cache's cost per element)."""
-        k, v = self.k.bits_per_coordinate(), self.v.bits_per_coordinate()
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> dict[str, BitBudget]:
+        """Bits per element of K, of V, and their mean (the cache's cost per element).
+
+        n_tokens: cached tokens that side information shared across tokens (per-channel min-max groups,
+        NOVA's calibration) is amortised over; see :meth:`Quantizer.bits_per_coordinate`.
+        """
+        k, v = self.k.bits_per_coordinate(n_tokens=n_tokens), self.v.bits_per_coordinate(n_tokens=n_tokens)
         return {"k": k, "v": v, "mean": (k + v).scaled(0.5)}
 
     def __repr__(self) -> str:
         return f"Scheme({self.name!r}, bits={self.bits}, k={self.k!r}, v={self.v!r})"
 
 
-def _kv(bits, dim, seeds, **opts):
+def _kv(bits, dim, seeds, *, rows=None, **opts):  # no QJL stage: rows is accepted and ignored
     return quantizer("lloyd", bits=bits, dim=dim, seed=seeds[0], **opts), \
         quantizer("lloyd", bits=bits, dim=dim, seed=seeds[1], **opts)
 
 
-def _kqv(bits, dim, seeds, **opts):
+def _kqv(bits, dim, seeds, *, rows=None, **opts):
+    sketch = {} if rows is None else {"rows": rows}
     return quantizer("turbo_mse", bits=bits, dim=dim, seed=seeds[0], **opts), \
-        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **opts)
+        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **sketch, **opts)
 
 
-def _qkqv(bits, dim, seeds, **opts):
-    return quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[0], **opts), \
-        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **opts)
+def _qkqv(bits, dim, seeds, *, rows=None, **opts):
+    sketch = {} if rows is None else {"rows": rows}
+    return quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[0], **sketch, **opts), \
+        quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **sketch, **opts)
 
 
-def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, **opts):
+def _minmax(bits, dim, seeds, *, k_axis: str = "channel", k_group_size: int | None = None, v_axis: str = "token",
+            v_group_size: int | None = None, side_dtype: torch.dtype = torch.float16, rows=None):
+    # Deterministic (the seeds only enter the fingerprint); no QJL stage: rows is accepted and ignored.
+    k_group = dim if k_group_size is None and k_axis == "channel" else k_group_size
+    return quantizer("minmax", bits=bits, dim=dim, seed=seeds[0], axis=k_axis, group_size=k_group,
+                     side_dtype=side_dtype), \
+        quantizer("minmax", bits=bits, dim=dim, seed=seeds[1], axis=v_axis, group_size=v_group_size,
+                  side_dtype=side_dtype)
+
+
+def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, rows=None, **opts):
     from kvstats.quantizers.nova import calibrate_cache
 
     if queries is None or keys is None:
@@ -158,7 +174,8 @@ def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, **opts):
 
 
 #: name -> (builder(bits, dim, seeds, **options) -> (K quantizer, V quantizer), smallest budget n)
-SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2)}
+SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2),
+                                            "minmax": (_minmax, 1)}
 #: schemes that need calibration data (``queries=``, ``keys=``) among their options
 CALIBRATED_SCHEMES: dict[str, tuple[Callable, int]] = {"nova": (_nova, 1)}
 
@@ -175,22 +192,60 @@ class NovaScheme(Scheme):
         ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype, ...).
         """
         check_int_range(bits, "bits", 1, 8)
+        seed = check_seed(seed)
         check_float_tensor(keys, "keys")
         k, v = _nova(bits, keys.shape[-1], spawn_seeds(seed, 2), queries=queries, keys=keys, values=values,
                      **options)
-        return cls("nova", bits, k, v)
+        return cls("nova", bits, k, v, seed)
+
+
+def register_scheme(name: str, factory: Callable, *, min_bits: int = 1, calibrated: bool = False,
+                    replace: bool = False) -> Callable:
+    """Register a scheme built by ``factory`` so that ``kvstats.scheme(name, bits, dim, seed, ...)`` builds it.
+
+    Args:
+        name: the scheme's name (a non-empty str); an existing name is refused unless ``replace=True``.
+        factory: ``factory(bits, dim, seeds, **options) -> (K quantizer, V quantizer)``; ``seeds`` holds the
+            K and V child seeds of the scheme's seed. It must accept (and may ignore) ``rows=``, which
+            :func:`scheme` passes on only when the caller gives it.
+        min_bits: smallest budget n the scheme supports (``scheme`` also enforces n ≥ 2).
+        calibrated: True if the factory needs calibration data among its options (listed in
+            ``CALIBRATED_SCHEMES`` rather than ``SCHEMES``).
+
+    Returns the factory (so it can be used as a decorator through ``functools.partial``).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"factory must be callable (bits, dim, seeds, **options) -> (k, v), got {factory!r}")
+    check_int_range(min_bits, "min_bits", 1, 8)
+    if (name in SCHEMES or name in CALIBRATED_SCHEMES) and not replace:
+        raise ValueError(f"a scheme named {name!r} is already registered; pass replace=True to replace it")
+    SCHEMES.pop(name, None)
+    CALIBRATED_SCHEMES.pop(name, None)
+    (CALIBRATED_SCHEMES if calibrated else SCHEMES)[name] = (factory, min_bits)
+    return factory
 
 
 def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
-    """Build a scheme by name (``kv``, ``kqv``, ``qkqv``, ``nova``) at budget n = ``bits`` ∈ [2, 8].
+    """Build a scheme by name (``kv``, ``kqv``, ``qkqv``, ``minmax``, ``nova`` or one added with
+    :func:`register_scheme`) at budget n = ``bits`` ∈ [2, 8].
 
-    K and V get independent child seeds of ``seed``. ``options`` go to both quantizers
+    K and V get independent child seeds of ``seed`` (the package's seed rule: an int in [0, 2**63 − 1], or
+    None for fresh entropy, recorded as ``.seed``). ``options`` go to both quantizers
     (e.g. ``norm_dtype=torch.float16``); ``nova`` needs ``queries=`` and ``keys=`` (its calibration data).
+    ``rows=`` ("gaussian", "orthogonal", "srht") sets the sketch of every QJL stage of the scheme (the V of
+    ``kqv``, K and V of ``qkqv``); schemes without a QJL stage (``kv``, ``minmax``, ``nova``) accept and
+    ignore it. ``minmax`` options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"),
+    ``v_group_size`` (d), ``side_dtype`` (fp16).
     """
     known = {**SCHEMES, **CALIBRATED_SCHEMES}
     if name not in known:
         raise ValueError(f"name must be one of {sorted(known)}, got {name!r}")
     builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
+    seed = check_seed(seed)
+    if options.get("rows") is not None and options["rows"] not in ROWS:
+        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {options['rows']!r}")
     k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
-    return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v)
+    return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v, seed)

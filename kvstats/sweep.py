@@ -62,6 +62,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstats.paths import default_figures_dir  # the figures folder: one home, kvstats.paths
+
 __all__ = [
     "SCALES",
     "BadCellWarning",
@@ -86,17 +88,6 @@ WATCHDOG_SECONDS = 1.0
 
 class BadCellWarning(UserWarning):
     """A stored cell file failed validation; it was moved aside and the cell is computed again."""
-
-
-def default_figures_dir() -> Path:
-    """``$KVSTATS_FIGURES_DIR``, else ``figures/`` of the source checkout kvstats runs from, else ``./figures``."""
-    env = os.environ.get("KVSTATS_FIGURES_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[1]
-    if (repo / "pyproject.toml").is_file() and (repo / "studies").is_dir():
-        return repo / "figures"
-    return Path.cwd() / "figures"
 
 
 def cells_dir() -> Path:

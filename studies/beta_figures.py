@@ -18,23 +18,23 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import numpy as np
 import pandas as pd
 import torch
 from statsmodels.stats.multitest import multipletests
 
-from kvstats import metrics, plots
+from kvstats import metrics, plots, study
 from kvstats.quantizers import quantizer
-from kvstats.report import fmt_p, write_claims
+from kvstats.report import fmt_p
 from kvstats.rotations import make_rotation
 from kvstats.sphere import goodness_of_fit
 from kvstats.stats import mann_whitney
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "beta_figures"
 VERSION = "1"
+POSITION = 30  # place in figures/REPORT.md (kvstats.report.study_order)
 DIMS = (2, 4, 8, 1024)
 KINDS = {"gaussian": {}, "heavy_tail": {"df": 3.0}, "low_rank": {"rank": 1}}
 METHODS = {"turbo_mse": "MSE n bits", "turbo_prod": "MSE (n−1) bits + QJL 1 bit"}
@@ -73,15 +73,14 @@ def rotated_coordinates(kind: str, d: int, n_vectors: int) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
     # d = 1024 costs ~d² per key (the QJL sketch): half the keys there at quick scale
     seq = {d: cfg["seq"] if d < 1024 or args.scale == "paper" else cfg["seq"] // 2 for d in DIMS}
     cells = [c for d in DIMS for c in grid(d=d, kind=list(KINDS), bits=BITS, seq=seq[d], n_q=cfg["n_q"],
                                            trials=cfg["trials"])]
-    table = Sweep(STUDY, cell, cells, version=VERSION).run(scheduler=args.scheduler, n_jobs=args.n_jobs,
-                                                           progress=not args.no_progress, recompute=args.recompute)
+    table = shell.sweep(cell, cells, version=VERSION)
     plots.write_csv(f"{STUDY}_kl", table)
 
     plots.setup()
@@ -167,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": ks_md,
         },
     ]
-    write_claims(STUDY, claims, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return shell.finish(claims)
 
 
 if __name__ == "__main__":

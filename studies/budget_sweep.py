@@ -6,8 +6,9 @@ Sweep: data × scheme × n, each cell `trials` independent trials. A trial draws
 fresh data from the generator; real SmolLM2: the first L tokens of the capture, L uniform in [seq, 2·seq],
 queries = the last n_q positions, causal) and quantizes it with fresh quantizer seeds; the data seed does
 not depend on the scheme or n (common random numbers across schemes). Per trial: attention KL (the
-scheme's own score estimator), top-5 recall, geometric K error (mean 1 − cos(k, k̂), and ‖k − k̂‖²/‖k‖²),
-the 6 components of kvstats' 6D error, the logit-error variance.
+scheme's own score estimator), top-5 recall, the 6 components of kvstats' 6D error (kvstats.error6d: its
+names are the table's columns, k_direction = mean 1 − cos(k, k̂), attention_kl, ...), ‖k − k̂‖²/‖k‖², the
+logit-error variance; every per-trial number comes from the public API (kvstats.metrics, kvstats.error6d).
 
 Writes figures/budget_sweep_{kl,top5,crossover,kl_ratio,n4}.png and beside them in figures/data/:
 budget_sweep_trials.csv (every trial; regenerated, not kept in git), budget_sweep_mannwhitney.csv (every
@@ -21,21 +22,21 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import time
 
 import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import metrics, plots
-from kvstats.quantizers import MinMaxQuantizer
-from kvstats.report import fmt_p, write_claims
+from kvstats import attention, metrics, plots, study
+from kvstats.error6d import ERROR6D_COMPONENTS, distance_6d, energy_test, error6d
+from kvstats.report import fmt_p
 from kvstats.schemes import Scheme, scheme
 from kvstats.stats import compare, mann_whitney, ratio_ci
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
-VERSION = "2"
+VERSION = "3"  # 3: columns named as the 6D error components (kvstats.error6d)
+POSITION = 70  # place in figures/REPORT.md (kvstats.report.study_order)
 SCHEMES = ("kqv", "qkqv", "kv", "minmax")
 BUDGETS = (2, 3, 4, 5, 6)
 #: label -> (generator kind, its parameters)
@@ -52,9 +53,10 @@ SCALE = {
               "resamples": 9999},
 }
 REAL_TOKENS = 1024
-METRICS = ("kl", "k_dir", "d6")
-#: the six components of the 6D error (docs/metrics_error6d.md), as columns of the trial table
-E6 = ("k_dir", "k_norm", "v_dir", "v_norm", "kl", "output_error")
+#: the six components of the 6D error (docs/metrics_error6d.md), columns of the trial table under these names
+E6 = ERROR6D_COMPONENTS
+#: the metrics the Mann–Whitney table compares (attention KL, geometric K error, 6D distance)
+METRICS = ("attention_kl", "k_direction", "distance_6d")
 PAPER_RATIO = 2.25
 
 
@@ -86,25 +88,28 @@ def trial_data(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: 
 
 
 def make_scheme(name: str, n: int, d: int, seed: int) -> Scheme:
-    """kv/kqv/qkqv from kvstats.schemes; ``minmax``: K per channel (groups of d tokens), V per token (groups of
-    d coordinates), fp16 min and scale: 32/d side bits per element, as the fp32 norm of the other schemes."""
-    if name == "minmax":
-        return Scheme("minmax", n, MinMaxQuantizer(n, d, axis="channel", group_size=d),
-                      MinMaxQuantizer(n, d, axis="token"))
+    """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed)``. ``minmax`` (KIVI-style): K per
+    channel (groups of d tokens), V per token (groups of d coordinates), fp16 min and scale: 32/d side bits
+    per element, as the fp32 norm of the other schemes."""
     return scheme(name, bits=n, dim=d, seed=seed)
 
 
-def _attend(logits: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Reference attention output softmax(logits [+ causal mask]) · v in fp64 (GQA as in the schemes)."""
-    logits = logits.double()
-    if causal:
-        nq, length = logits.shape[-2:]
-        keep = torch.arange(length)[None, :] <= torch.arange(nq)[:, None] + (length - nq)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    w = torch.softmax(logits, dim=-1)
-    b, hq, nq, length = w.shape
-    hkv = v.shape[1]
-    return (w.reshape(b, hkv, (hq // hkv) * nq, length) @ v.double()).reshape(b, hq, nq, -1)
+def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
+    """One trial's numbers through the public API: encode/decode/scores of the scheme, kvstats.metrics and the
+    6D error (components 4–5 from the scheme's own estimated logits, the attention it computes)."""
+    code = s.encode(k, v)
+    k_hat, v_hat = s.decode(code)
+    ref = metrics.attention_scores(q, k)
+    est = s.scores(q, code) / math.sqrt(k.shape[-1])
+    row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal)[0].tolist()))
+    err = (est - ref).double()
+    if causal:  # only the logits a query can see
+        err = err[..., attention.causal_visible(err.shape[-2], err.shape[-1])]
+    return row | {
+        "top5": metrics.topk_recall_from_scores(ref, est, top_k=5, causal=causal),
+        "k_rel_mse": metrics.mse(k, k_hat, relative=True),
+        "logit_var": float(err.pow(2).mean()),
+    }
 
 
 def cell(data: str, layer: int | None, scheme_name: str, n: int, d: int, seq: int, n_q: int, trials: int) -> list[dict]:
@@ -112,31 +117,13 @@ def cell(data: str, layer: int | None, scheme_name: str, n: int, d: int, seq: in
     rows = []
     for t in range(trials):
         q, k, v, causal = trial_data(data, layer, d, seq, n_q, t)
-        dim = k.shape[-1]
-        s = make_scheme(scheme_name, n, dim, cell_seed(STUDY, "quant", scheme_name, n, t))
-        code = s.encode(k, v)
-        k_hat, v_hat = s.decode(code)
-        ref = metrics.attention_scores(q, k)
-        est = s.scores(q, code) / math.sqrt(dim)
-        err = (est - ref).double()
-        if causal:  # only the logits a query can see
-            nq, length = err.shape[-2:]
-            err = err[..., torch.arange(length)[None, :] <= torch.arange(nq)[:, None] + (length - nq)]
-        out, out_hat = _attend(ref, v, causal), _attend(est, v_hat, causal)  # = s.attention(q, code, causal=...)
+        s = make_scheme(scheme_name, n, k.shape[-1], cell_seed(STUDY, "quant", scheme_name, n, t))
         rows.append({
             "trial": t,
-            "kl": metrics.attention_kl_from_scores(ref, est, causal=causal),
-            "top5": metrics.topk_recall_from_scores(ref, est, top_k=5, causal=causal),
-            "k_dir": metrics.direction_error(k, k_hat, reduction="mean"),
-            "k_norm": metrics.relative_norm_error(k, k_hat, reduction="mean"),
-            "v_dir": metrics.direction_error(v, v_hat, reduction="mean"),
-            "v_norm": metrics.relative_norm_error(v, v_hat, reduction="mean"),
-            "output_error": float(((out - out_hat).norm(dim=-1) / out.norm(dim=-1)).mean()),
-            "k_rel_mse": ((k - k_hat).pow(2).sum(-1) / k.pow(2).sum(-1).clamp_min(1e-30)).mean().item(),
-            "logit_var": float(err.pow(2).mean()),
-            "bits_k": s.k.bits_per_coordinate().total if scheme_name != "minmax"
-            else s.k.bits_per_coordinate(k.shape[2]).total,
-            "bits_v": s.v.bits_per_coordinate().total,
+            **trial_metrics(s, q, k, v, causal),
+            # side data shared across tokens (min-max K groups) amortised over the trial's tokens
+            "bits_k": s.k.bits_per_coordinate(n_tokens=k.shape[2]).total,
+            "bits_v": s.v.bits_per_coordinate(n_tokens=k.shape[2]).total,
             "seq_len": int(k.shape[2]),
         })
     return rows
@@ -160,11 +147,12 @@ def data_label(row) -> str:
 
 
 def add_d6(table: pd.DataFrame) -> pd.DataFrame:
-    """6D distance per trial: ‖e / m‖ over the six components of the 6D error, m = the component's median over
-    all schemes' trials of the same data and n (so each component weighs alike and the scale is common)."""
+    """Column ``distance_6d``: kvstats.error6d.distance_6d per trial, ‖e / m‖ over the six components, m = the
+    component's median over all schemes' trials of the same data and n (each component weighs alike, one
+    scale for every scheme)."""
     comps = list(E6)
     med = table.groupby(["label", "n"])[comps].transform("median").clip(lower=1e-30)
-    table["d6"] = np.sqrt(((table[comps] / med) ** 2).sum(axis=1))
+    table["distance_6d"] = distance_6d(table[comps], med.to_numpy())
     return table
 
 
@@ -177,7 +165,7 @@ def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross:
     plots.setup()
     cols = 4
     rows = math.ceil(len(labels) / cols)
-    for metric, ylabel, log, name in (("kl", "attention KL(p_ref ‖ p_quant) [nats]", True, "kl"),
+    for metric, ylabel, log, name in (("attention_kl", "attention_kl: KL(p_ref ‖ p_quant) [nats]", True, "kl"),
                                       ("top5", "top-5 recall", False, "top5")):
         fig, axes = plots.panels(rows, cols, f"{ylabel} vs budget n: median and IQR over {n_trials} trials per point",
                                  width=3.6, height=2.9)
@@ -191,7 +179,7 @@ def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross:
                             ms=4, capsize=2, lw=1.2, label=st["label"])
             ax.set_title(label)
             ax.set_xlabel("budget n [bits per element]")
-            ax.set_ylabel(ylabel if metric == "top5" else "KL [nats]")
+            ax.set_ylabel(ylabel if metric == "top5" else "attention_kl [nats]")
             ax.set_xticks(BUDGETS)
             if log:
                 ax.set_yscale("log")
@@ -203,8 +191,8 @@ def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross:
 
     fig, axes = plots.panels(1, 2, "Geometric K error of QKQV relative to KQV: the crossover test", width=6.0,
                              height=4.0)
-    for metric, ax, what in (("k_dir", axes[0, 0], "mean 1 − cos(k, k̂)"), ("k_rel_mse", axes[0, 1],
-                                                                          "mean ‖k − k̂‖² / ‖k‖²")):
+    for metric, ax, what in (("k_direction", axes[0, 0], "k_direction: mean 1 − cos(k, k̂)"),
+                             ("k_rel_mse", axes[0, 1], "mean ‖k − k̂‖² / ‖k‖²")):
         for i, label in enumerate(labels):
             c = cross[(cross["label"] == label) & (cross["metric"] == metric)]
             ax.plot(c["n"], c["ratio"], marker="o", ms=3.5, lw=1.1, color=plt_color(i), label=label)
@@ -240,10 +228,10 @@ def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross:
 
     n4 = table[table["n"] == 4]
     fig, axes = plots.panels(2, 2, f"All schemes at n = 4 ({n_trials} trials per box)", width=7.0, height=3.6)
-    for ax, (metric, ylabel, log) in zip(axes.flat, (("kl", "attention KL [nats]", True),
+    for ax, (metric, ylabel, log) in zip(axes.flat, (("attention_kl", "attention_kl [nats]", True),
                                                      ("top5", "top-5 recall", False),
-                                                     ("k_dir", "K error: mean 1 − cos(k, k̂)", True),
-                                                     ("d6", "6D distance (median-scaled norm)", True))):
+                                                     ("k_direction", "k_direction: mean 1 − cos(k, k̂)", True),
+                                                     ("distance_6d", "distance_6d (median-scaled norm)", True))):
         width = 0.8 / len(SCHEMES)
         for j, sch in enumerate(SCHEMES):
             data = [n4[(n4["label"] == lab) & (n4["scheme"] == sch)][metric].to_numpy() for lab in labels]
@@ -290,11 +278,11 @@ def analyse(table: pd.DataFrame, scale: str, cfg: dict) -> list[dict]:
             sub = table[(table["label"] == label) & (table["n"] == n)]
             a = sub[sub["scheme"] == "kqv"]
             b = sub[sub["scheme"] == "qkqv"]
-            rc = ratio_ci(a["kl"], b["kl"], n_resamples=cfg["resamples"], seed=n)
+            rc = ratio_ci(a["attention_kl"], b["attention_kl"], n_resamples=cfg["resamples"], seed=n)
             ratio_rows.append({"label": label, "n": n, "ratio": rc.statistic, "ci_low": rc.confidence_interval[0],
-                               "ci_high": rc.confidence_interval[1], "median_kl_kqv": a["kl"].median(),
-                               "median_kl_qkqv": b["kl"].median()})
-            for metric in ("k_dir", "k_rel_mse"):
+                               "ci_high": rc.confidence_interval[1], "median_kl_kqv": a["attention_kl"].median(),
+                               "median_kl_qkqv": b["attention_kl"].median()})
+            for metric in ("k_direction", "k_rel_mse"):
                 r = mann_whitney(b[metric], a[metric])
                 cross_rows.append({"label": label, "n": n, "metric": metric,
                                    "ratio": b[metric].median() / a[metric].median(),
@@ -305,8 +293,6 @@ def analyse(table: pd.DataFrame, scale: str, cfg: dict) -> list[dict]:
     plots.write_csv(f"{STUDY}_crossover", cross)
 
     # 6D clouds at n = 4: energy test KQV vs QKQV
-    from kvstats.metrics import energy_test
-
     comps = list(E6)
     energy = []
     for label in labels:
@@ -352,7 +338,7 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
     lines, all_ok, vs_q_ok = [], True, True
     for label in labels:
         cells = []
-        for metric in ("kl", "k_dir", "d6"):
+        for metric in METRICS:
             for other in ("qkqv", "kv"):
                 ok, rb, p = wins(metric, 4, label, other)
                 cells.append(f"{'✔' if ok else '✘'} r={rb:+.2f}")
@@ -362,12 +348,13 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     details = ("KQV against QKQV and against KV at n = 4 (✔: KQV significantly lower, Holm p < 0.05; r is the "
                "rank-biserial r of KQV vs the other scheme):\n\n"
-               "| data | KL vs QKQV | KL vs KV | K 1−cos vs QKQV | K 1−cos vs KV | 6D vs QKQV | 6D vs KV |\n"
+               "| data | attention_kl vs QKQV | attention_kl vs KV | k_direction vs QKQV | k_direction vs KV | "
+               "distance_6d vs QKQV | distance_6d vs KV |\n"
                "|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n" + conv +
-               " 6D distance: per trial ‖e/m‖ over the six components of the 6D error (docs/metrics_error6d.md), "
+               " distance_6d: per trial ‖e/m‖ over the six components of the 6D error (docs/metrics_error6d.md), "
                "m = each component's median over all schemes at that data and n.")
-    n_q_wins = sum(wins(m, 4, lab, "qkqv")[0] for lab in labels for m in ("kl", "k_dir", "d6"))
-    n_kv_wins = sum(wins(m, 4, lab, "kv")[0] for lab in labels for m in ("kl", "k_dir", "d6"))
+    n_q_wins = sum(wins(m, 4, lab, "qkqv")[0] for lab in labels for m in METRICS)
+    n_kv_wins = sum(wins(m, 4, lab, "kv")[0] for lab in labels for m in METRICS)
     out.append({
         "id": "dalberto-finding1-n4-kqv-wins",
         "claim": "At n = 4, KQV wins on KL, geometric K error and 6D distance for every distribution and rank tested.",
@@ -381,7 +368,7 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
         "details": details,
     })
     # finding 2
-    kl_rows = mw[(mw["metric"] == "kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "qkqv")]
+    kl_rows = mw[(mw["metric"] == "attention_kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "qkqv")]
     worse = kl_rows[(kl_rows["rank_biserial"] < 0) & (kl_rows["p_holm"] < 0.05)]
     not_worse = kl_rows.drop(worse.index)
     exc = "; ".join(f"{r.label} n={r.n} (r={r.rank_biserial:+.2f}, Holm {fmt_p(r.p_holm)})"
@@ -400,7 +387,7 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
         "details": conv,
     })
     # finding 3
-    kd = cross[cross["metric"] == "k_dir"]
+    kd = cross[cross["metric"] == "k_direction"]
     better_q = {n: int((kd[kd["n"] == n]["better"] == "qkqv").sum()) for n in BUDGETS}
     expected = {2: "qkqv", 3: "qkqv", 4: "kqv", 5: "qkqv", 6: "kqv"}
     agree = [n for n in BUDGETS if (better_q[n] > len(labels) / 2) == (expected[n] == "qkqv")]
@@ -428,8 +415,9 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
     })
     # finding 4: the 2.25x ratio
     r4 = ratios[ratios["n"] == 4].set_index("label")
-    res = {lab: mann_whitney(table[(table["label"] == lab) & (table["n"] == 4) & (table["scheme"] == "kqv")]["kl"],
-                             table[(table["label"] == lab) & (table["n"] == 4) & (table["scheme"] == "qkqv")]["kl"])
+    n4 = table[table["n"] == 4]
+    res = {lab: mann_whitney(n4[(n4["label"] == lab) & (n4["scheme"] == "kqv")]["attention_kl"],
+                             n4[(n4["label"] == lab) & (n4["scheme"] == "qkqv")]["attention_kl"])
            for lab in labels}
     g = "gaussian"
     inside = [lab for lab in labels if r4.loc[lab, "ci_low"] <= 1 / PAPER_RATIO <= r4.loc[lab, "ci_high"]]
@@ -473,7 +461,7 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
         "details": None,
     })
     # the min-max baseline
-    mm = mw[(mw["metric"] == "kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "minmax")]
+    mm = mw[(mw["metric"] == "attention_kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "minmax")]
     kqv_better = int(((mm["rank_biserial"] < 0) & (mm["p_holm"] < 0.05)).sum())
     mm_better = int(((mm["rank_biserial"] > 0) & (mm["p_holm"] < 0.05)).sum())
     out.append({
@@ -493,25 +481,19 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
     from kvstats.data.real import load_default_capture
 
     load_default_capture(REAL_TOKENS)  # capture once here (cached), never in parallel workers
-    sweep = Sweep(STUDY, cell, sweep_cells(args.scale), version=VERSION)
-    table = sweep.run(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress,
-                      recompute=args.recompute)
-    info = dict(table.attrs.get("sweep", {}))
+    table = shell.sweep(cell, sweep_cells(args.scale), version=VERSION)
     table = table.rename(columns={"scheme_name": "scheme"})
     table["label"] = table.apply(data_label, axis=1)
     table = add_d6(table)
     plots.write_csv(f"{STUDY}_trials", table)
     out = analyse(table, args.scale, cfg)
-    write_claims(STUDY, out, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
-          f"{info.get('cached')} cached)")
-    return 0
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

@@ -46,14 +46,15 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from kvstats import plots
+from kvstats import plots, study
 from kvstats._random import spawn_seeds
-from kvstats.report import fmt_p, write_claims
-from kvstats.stats import bootstrap_ci
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.report import fmt_p
+from kvstats.stats import bootstrap_ci, ratio_ci, spearman
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
 VERSION = "2"
+POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
 SCHEMES = ("kv", "kqv", "qkqv")
 BUDGETS = (2, 3, 4, 5, 6)
 SCALE = {
@@ -256,10 +257,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offset: int, pr
 
 def _ci(x, resamples: int, seed: int) -> tuple[float, float, float]:
     x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
-    if np.ptp(x) == 0:
-        return float(x.mean()), float(x.mean()), float(x.mean())
-    r = bootstrap_ci(x, np.mean, n_resamples=resamples, seed=seed)
+    r = bootstrap_ci(x[np.isfinite(x)], np.mean, n_resamples=resamples, seed=seed)
     return r.statistic, *r.confidence_interval
 
 
@@ -286,24 +284,11 @@ def summary_table(tokens: pd.DataFrame, cells: pd.DataFrame, resamples: int) -> 
 
 def _spearman_ci(x, y, resamples: int, seed: int):
     """Spearman's ρ with a bootstrap CI (pairs resampled; BCa, percentile when BCa degenerates)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    rho = stats.spearmanr(x, y)
     if len(x) < 4:
+        rho = stats.spearmanr(x, y)
         return float(rho.statistic), float(rho.pvalue), math.nan, math.nan, "too few points for a CI"
-
-    def stat(a, b):
-        return stats.spearmanr(a, b).statistic
-
-    method = "BCa"
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=resamples,
-                                  method=method, rng=np.random.default_rng(seed))
-        lo, hi = res.confidence_interval
-        if np.isfinite(lo) and np.isfinite(hi):
-            break
-    return float(rho.statistic), float(rho.pvalue), float(lo), float(hi), method
+    r = spearman(x, y, n_resamples=resamples, seed=seed)
+    return r.statistic, r.pvalue, *r.confidence_interval, r.ci_method
 
 
 def correlations(summary: pd.DataFrame, tokens: pd.DataFrame, resamples: int) -> pd.DataFrame:
@@ -332,13 +317,9 @@ def paired_ratio(tokens: pd.DataFrame, col: str, n: int, window: int, resamples:
     a = sel[sel["scheme"] == "qkqv"].groupby("t")[col].mean()
     b = sel[sel["scheme"] == "kqv"].groupby("t")[col].mean()
     a, b = a.align(b, join="inner")
-    ratio = float(a.mean() / b.mean())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = stats.bootstrap((a.to_numpy(), b.to_numpy()), lambda x, y, axis=-1: x.mean(axis) / y.mean(axis),
-                              paired=True, n_resamples=resamples, method="BCa",
-                              rng=np.random.default_rng(cell_seed(STUDY, "ratio", col, n, window)))
-    return ratio, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    r = ratio_ci(a.to_numpy(), b.to_numpy(), np.mean, n_resamples=resamples, paired=True,
+                 seed=cell_seed(STUDY, "ratio", col, n, window))
+    return r.statistic, *r.confidence_interval
 
 
 # --------------------------------------------------------------------------------------------- figures
@@ -643,23 +624,22 @@ def claims(summary: pd.DataFrame, tokens: pd.DataFrame, corr: pd.DataFrame, gen:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     _quiet()
-    t0 = time.perf_counter()
     cfg = SCALE[args.scale]
     # one torch thread per cell (the sweep's default): several threads per process spin badly on a shared
     # machine (10-100× slower measured here under load)
-    run = dict(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress, recompute=args.recompute)
     cells = grid(scheme=list(SCHEMES), n=list(BUDGETS), seed=list(cfg["seeds"]), window=list(cfg["windows"]),
                  tokens=cfg["tokens"])
     cells.append({"scheme": "identity", "n": 0, "seed": 0, "window": 0, "tokens": cfg["tokens"]})
-    table = Sweep(STUDY, cell, cells, version=VERSION).run(**run)
-    agree = Sweep(f"{STUDY}_paths", agreement_cell, grid(scheme=list(SCHEMES), n=4, dtype=["float32", "float64"],
-                                                         tokens=cfg["agree_tokens"]), version=VERSION).run(**run)
+    table = shell.sweep(cell, cells, version=VERSION)
+    agree = shell.sweep(agreement_cell, grid(scheme=list(SCHEMES), n=4, dtype=["float32", "float64"],
+                                             tokens=cfg["agree_tokens"]), version=VERSION, name=f"{STUDY}_paths")
     gen_cells = grid(scheme=list(SCHEMES), n=list(BUDGETS), seed=cfg["seeds"][0], window=list(cfg["windows"]),
                      offset=list(cfg["prompts"]), prompt_len=cfg["prompt_len"], new=cfg["new"])
-    gen = Sweep(f"{STUDY}_generation", generation_cell, gen_cells, version=VERSION).run(**run)
-    t_cells = time.perf_counter() - t0
+    gen = shell.sweep(generation_cell, gen_cells, version=VERSION, name=f"{STUDY}_generation")
+    t_cells = shell.elapsed()
 
     keys = ["scheme", "n", "seed", "window"]
     tokens = table[table["kind"] == "token"][keys + ["t", "out_kl", "top1", "nll_ref", "nll", "attn_kl", "top5"]]
@@ -675,16 +655,11 @@ def main(argv: list[str] | None = None) -> int:
     plots.write_csv(f"{STUDY}_paths", agree)
     figures(summary, tokens, layers, corr, gen, args.scale, cfg["tokens"])
     out = claims(summary, tokens, corr, gen, agree, cfg, args.scale)
-    write_claims(STUDY, out, scale=args.scale)
     cols = ["scheme", "n", "out_kl", "ppl", "top1", "attn_kl", "top5", "bits_per_element", "seconds"]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[summary["window"] == 0][cols].groupby(["scheme", "n"]).mean().round(4).to_string())
-    for c in out:
-        print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
-    info = table.attrs.get("sweep", {})
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s (cells {t_cells:.1f} s; {info.get('computed')} "
-          f"teacher-forced cells computed, {info.get('cached')} cached)")
-    return 0
+    print(f"(cells {t_cells:.1f} s)")
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

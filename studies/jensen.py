@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import numpy as np
 import scipy.stats
 
-from kvstats import metrics, plots
+from kvstats import metrics, plots, study
 from kvstats.inference import jensen_simulation
-from kvstats.report import write_claims
 from kvstats.schemes import scheme
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "jensen"
 VERSION = "1"
+POSITION = 60  # place in figures/REPORT.md (kvstats.report.study_order)
 D, SEQ, N_Q = 128, 256, 16
 SIGMA2 = tuple(float(v) for v in np.round(np.geomspace(1e-3, 4.0, 10), 6))
 SCALE = {"quick": {"draws": 1000, "queries": 4, "trials": 8},
@@ -77,16 +76,14 @@ def scheme_cell(scheme_name: str, n: int, trials: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
-    run = {"scheduler": args.scheduler, "n_jobs": args.n_jobs, "progress": not args.no_progress,
-           "recompute": args.recompute}
-    curves = Sweep(f"{STUDY}_curves", curve_cell, grid(mode=["uniform", "correlated"], sigma2=list(SIGMA2),
-                                                       queries=cfg["queries"], draws=cfg["draws"]),
-                   version=VERSION).run(**run)
-    points = Sweep(f"{STUDY}_schemes", scheme_cell, grid(scheme_name=["kv", "kqv", "qkqv"], n=[2, 3, 4, 5, 6],
-                                                         trials=cfg["trials"]), version=VERSION).run(**run)
+    curves = shell.sweep(curve_cell, grid(mode=["uniform", "correlated"], sigma2=list(SIGMA2),
+                                          queries=cfg["queries"], draws=cfg["draws"]),
+                         version=VERSION, name=f"{STUDY}_curves")
+    points = shell.sweep(scheme_cell, grid(scheme_name=["kv", "kqv", "qkqv"], n=[2, 3, 4, 5, 6], trials=cfg["trials"]),
+                         version=VERSION, name=f"{STUDY}_schemes")
     plots.write_csv(f"{STUDY}_curves", curves)
     plots.write_csv(f"{STUDY}_schemes", points)
     mean_curves = curves.groupby(["mode", "sigma2"]).mean(numeric_only=True).reset_index()
@@ -187,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             "details": pts_md,
         },
     ]
-    write_claims(STUDY, claims, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return shell.finish(claims)
 
 
 if __name__ == "__main__":

@@ -14,17 +14,14 @@ Writes (data beside each figure in figures/data/):
   figures/data/kv_anatomy_ks.csv         layer, KS statistic and p-value of raw and rotated coordinates
 
 quick: 1024 tokens; paper: 2048 tokens. The capture is cached (kvstats.data.real.load_default_capture),
-so only the first run loads the model. Everything is a pass over the cached tensors, run in-process
-(``--scheduler`` is accepted for a uniform study interface and ignored).
+so only the first run loads the model. Each layer is a kvstats.sweep cell (channel magnitudes, KS distances,
+histograms), run and stored like every study's.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
+import functools
 import sys
-import time
-from pathlib import Path
 
 import matplotlib
 
@@ -34,23 +31,18 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from kvstats import plots, study  # noqa: E402
 from kvstats.data.real import load_default_capture  # noqa: E402
-from kvstats.report import write_claims  # noqa: E402
+from kvstats.paths import figure_path  # noqa: E402
 from kvstats.rotations import fwht  # noqa: E402
+from kvstats.sweep import grid  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-FIG = ROOT / "figures"
-DATA = FIG / "data"
-TOKENS = {"quick": 1024, "paper": 2048}
+STUDY = "kv_anatomy"
+VERSION = "1"
+SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
 HIST_LAYERS = (0, 1, 7, 15, 22, 29)
-
-
-def _write_csv(name: str, rows: list[dict]) -> None:
-    DATA.mkdir(parents=True, exist_ok=True)
-    with open(DATA / f"{name}.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+HIST_BINS = np.linspace(-0.6, 0.6, 81)
+POSITION = 20  # place in figures/REPORT.md (kvstats.report.study_order)
 
 
 def _sphere_ks(x: np.ndarray, d: int):
@@ -65,11 +57,46 @@ def _sphere_ks(x: np.ndarray, d: int):
     return float(res.statistic), float(res.pvalue)
 
 
-def channel_profiles(cap) -> tuple[np.ndarray, np.ndarray]:
+@functools.lru_cache(maxsize=2)
+def _capture(tokens: int):
+    return load_default_capture(tokens, verbose=False)
+
+
+def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
+    """One layer of the capture: mean |x| per channel (keys, values), the KS distance of unit-key coordinates to
+    f_d before and after a random-sign WHT, and (for HIST_LAYERS) the histograms of those coordinates."""
+    cap = _capture(tokens)
+    d = int(cap.metadata["head_dim"])
+    rows = []
+    for name, x in (("keys", cap.keys(layer)), ("values", cap.values(layer))):
+        prof = x.float().abs().mean(dim=(0, 1, 2)).numpy()  # pooled over batch, heads and tokens
+        rows += [{"kind": "channel", "tensor": name, "channel": c, "mean_abs": float(prof[c])} for c in range(d)]
+    k = cap.keys(layer).double().reshape(-1, d)  # [heads * tokens, d]
+    unit = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
+    signs = torch.where(torch.rand(d, generator=torch.Generator().manual_seed(seed + layer)) < 0.5, -1.0, 1.0)
+    rotated = fwht(unit * signs.to(unit.dtype))
+    # one coordinate per vector (cycling through the channels) so the KS draws are independent
+    idx = torch.arange(unit.shape[0])
+    raw_x, rot_x = unit[idx, idx % d].numpy(), rotated[idx, idx % d].numpy()
+    ks_raw, p_raw = _sphere_ks(raw_x, d)
+    ks_rot, p_rot = _sphere_ks(rot_x, d)
+    rows.append({"kind": "ks", "n": int(raw_x.size), "ks_raw": ks_raw, "p_raw": p_raw, "ks_wht": ks_rot,
+                 "p_wht": p_rot})
+    if layer in HIST_LAYERS:
+        for which, vals in (("raw", unit), ("wht", rotated)):
+            dens, _ = np.histogram(vals.flatten().numpy(), bins=HIST_BINS, density=True)
+            rows += [{"kind": "hist", "tensor": which, "bin": i, "density": float(h)} for i, h in enumerate(dens)]
+    return rows
+
+
+def channel_profiles(table) -> tuple[np.ndarray, np.ndarray]:
     """mean |x| per channel, pooled over heads and tokens: [layers, d] for keys and values."""
-    k = np.stack([cap.keys(i).abs().mean(dim=(0, 1, 2)).numpy() for i in cap.layers])
-    v = np.stack([cap.values(i).abs().mean(dim=(0, 1, 2)).numpy() for i in cap.layers])
-    return k, v
+    ch = table[table["kind"] == "channel"]
+    out = []
+    for name in ("keys", "values"):
+        wide = ch[ch["tensor"] == name].pivot(index="layer", columns="channel", values="mean_abs").sort_index()
+        out.append(wide.to_numpy(dtype=float))
+    return out[0], out[1]
 
 
 def channels_figure(k: np.ndarray, v: np.ndarray) -> list[dict]:
@@ -91,10 +118,10 @@ def channels_figure(k: np.ndarray, v: np.ndarray) -> list[dict]:
             outlier_rows.append({"layer": layer, "tensor": name,
                                  "top_channels": " ".join(str(int(c)) for c in top),
                                  "max_over_median": f"{ratio[layer].max():.3f}"})
-    fig.savefig(FIG / "kv_anatomy_channels.png", dpi=120)
+    fig.savefig(figure_path("kv_anatomy_channels"), dpi=120)
     plt.close(fig)
-    _write_csv("kv_anatomy_channels", rows)
-    _write_csv("kv_anatomy_outliers", outlier_rows)
+    plots.write_csv("kv_anatomy_channels", rows)
+    plots.write_csv("kv_anatomy_outliers", outlier_rows)
     return outlier_rows
 
 
@@ -110,49 +137,41 @@ def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
     ax.set_title("Outlier channels per layer (SmolLM2-135M-Instruct)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(FIG / "kv_anatomy_outliers.png", dpi=120)
+    fig.savefig(figure_path("kv_anatomy_outliers"), dpi=120)
     plt.close(fig)
 
 
-def wht_figure(cap, seed: int = 0) -> list[dict]:
-    d = int(cap.metadata["head_dim"])
+def wht_figure(table, d: int) -> list[dict]:
     a = (d - 1) / 2
     law = stats.beta(a, a, loc=-1, scale=2)
-    rows, hist = [], {}
-    for layer in cap.layers:
-        k = cap.keys(layer).double().reshape(-1, d)  # [heads * tokens, d]
-        unit = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
-        signs = torch.where(torch.rand(d, generator=torch.Generator().manual_seed(seed + layer)) < 0.5, -1.0, 1.0)
-        rotated = fwht(unit * signs.to(unit.dtype))
-        # one coordinate per vector (cycling through the channels) so the KS draws are independent
-        pick = torch.arange(unit.shape[0]) % d
-        raw_x = unit[torch.arange(unit.shape[0]), pick].numpy()
-        rot_x = rotated[torch.arange(unit.shape[0]), pick].numpy()
-        ks_raw, p_raw = _sphere_ks(raw_x, d)
-        ks_rot, p_rot = _sphere_ks(rot_x, d)
-        rows.append({"layer": layer, "n": raw_x.size, "ks_raw": f"{ks_raw:.4f}", "p_raw": f"{p_raw:.3g}",
-                     "ks_wht": f"{ks_rot:.4f}", "p_wht": f"{p_rot:.3g}"})
-        if layer in HIST_LAYERS:
-            hist[layer] = (unit.flatten().numpy(), rotated.flatten().numpy(), ks_raw, ks_rot)
-    _write_csv("kv_anatomy_ks", rows)
+    ks = table[table["kind"] == "ks"].sort_values("layer")
+    rows = [{"layer": int(r.layer), "n": int(r.n), "ks_raw": r.ks_raw, "p_raw": r.p_raw, "ks_wht": r.ks_wht,
+             "p_wht": r.p_wht} for r in ks.itertuples()]
+    plots.write_csv("kv_anatomy_ks", rows)
+    by_layer = {r["layer"]: r for r in rows}
+    hists = table[table["kind"] == "hist"]
+    hist = {}
+    for layer in HIST_LAYERS:
+        h = hists[hists["layer"] == layer]
+        if len(h):
+            hist[layer] = tuple(h[h["tensor"] == w].sort_values("bin")["density"].to_numpy() for w in ("raw", "wht")) \
+                + (by_layer[layer]["ks_raw"], by_layer[layer]["ks_wht"])
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
-    grid = np.linspace(-0.6, 0.6, 400)
-    bins = np.linspace(-0.6, 0.6, 81)
-    for ax, layer in zip(axes.flat, HIST_LAYERS):
+    t = np.linspace(-0.6, 0.6, 400)
+    for ax, layer in zip(axes.flat, [layer for layer in HIST_LAYERS if layer in hist]):
         raw, rot, ks_raw, ks_rot = hist[layer]
-        ax.hist(raw, bins=bins, density=True, histtype="step", color="#999999", lw=1.2,
-                label=f"unit keys, raw (KS {ks_raw:.3f})")
-        ax.hist(rot, bins=bins, density=True, color="#9ecae1", edgecolor="#3182bd", lw=0.3,
-                label=f"after random-sign WHT (KS {ks_rot:.3f})")
-        ax.plot(grid, law.pdf(grid), color="#d62728", lw=1.6, label=f"sphere law f_{d}")
+        ax.stairs(raw, HIST_BINS, color="#999999", lw=1.2, label=f"unit keys, raw (KS {ks_raw:.3f})")
+        ax.stairs(rot, HIST_BINS, fill=True, color="#9ecae1", edgecolor="#3182bd", lw=0.3,
+                  label=f"after random-sign WHT (KS {ks_rot:.3f})")
+        ax.plot(t, law.pdf(t), color="#d62728", lw=1.6, label=f"sphere law f_{d}")
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("coordinate value")
         ax.set_ylabel("density")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.45)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("Coordinates of real unit keys vs the sphere law (SmolLM2-135M, all heads and tokens)")
-    fig.savefig(FIG / "kv_anatomy_wht.png", dpi=120)
+    fig.savefig(figure_path("kv_anatomy_wht"), dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
@@ -164,7 +183,7 @@ def wht_figure(cap, seed: int = 0) -> list[dict]:
     ax.set_title("How far real key coordinates are from the sphere law, per layer")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(FIG / "kv_anatomy_ks.png", dpi=120)
+    fig.savefig(figure_path("kv_anatomy_ks"), dpi=120)
     plt.close(fig)
     return rows
 
@@ -179,7 +198,8 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
     outside = ", ".join(f"{i} ({kr[i]:.1f})" for i in np.flatnonzero((kr < 3) | (kr > 5.6)))
     ks_raw = np.array([float(r["ks_raw"]) for r in ks])
     ks_wht = np.array([float(r["ks_wht"]) for r in ks])
-    data = f"SmolLM2-135M-Instruct over the shipped public-domain text, {TOKENS[scale]} tokens, 30 layers ({scale})"
+    data = (f"SmolLM2-135M-Instruct over the shipped public-domain text, {SCALE[scale]['tokens']} tokens, "
+            f"{len(kr)} layers ({scale})")
     return [
         {
             "id": "smollm2-key-outliers",
@@ -193,6 +213,10 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "verdict": "partly",
             "figure": "kv_anatomy_outliers.png",
             "details": f"Layers outside 3–5.6: {outside} (figures/data/kv_anatomy_outliers.csv).",
+            "discrepancy": (f"Real SmolLM2 key outlier ratios (max/median channel magnitude) range {kr.min():.1f}–"
+                            f"{kr.max():.1f} over the layers, wider than the quoted 3–5.6 ({len(kr) - in_range}/"
+                            f"{len(kr)} layers outside; figures/data/kv_anatomy_outliers.csv)."
+                            if in_range < len(kr) else None),
         },
         {
             "id": "qjl-outlier-channels",
@@ -224,18 +248,15 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=sorted(TOKENS), default="quick")
-    parser.add_argument("--scheduler", default=None, help="accepted for a uniform interface; unused here")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    FIG.mkdir(parents=True, exist_ok=True)
-    cap = load_default_capture(TOKENS[args.scale])
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    tokens = SCALE[shell.scale]["tokens"]
+    cap = _capture(tokens)  # capture once here (cached on disk), never in parallel workers
     print(f"capture: {cap}", flush=True)
-    k, v = channel_profiles(cap)
+    table = shell.sweep(layer_cell, grid(layer=list(cap.layers), tokens=tokens, seed=0), version=VERSION)
+    k, v = channel_profiles(table)
     outliers = channels_figure(k, v)
     outliers_figure(k, v)
-    ks = wht_figure(cap)
+    ks = wht_figure(table, int(cap.metadata["head_dim"]))
     for row in outliers:
         if row["tensor"] == "keys":
             print(f"layer {row['layer']:2d} keys: top channels {row['top_channels']}, "
@@ -245,9 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ks_raw = [float(r["ks_raw"]) for r in ks]
     ks_wht = [float(r["ks_wht"]) for r in ks]
     print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
-    write_claims("kv_anatomy", claims(outliers, kr, vr, ks, args.scale), scale=args.scale)
-    print(f"kv_anatomy done in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return shell.finish(claims(outliers, kr, vr, ks, shell.scale), echo=False)
 
 
 if __name__ == "__main__":

@@ -50,16 +50,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import metrics, plots
-from kvstats.quantizers import MinMaxQuantizer
+from kvstats import attention, metrics, plots, study
 from kvstats.quantizers.nova import DEFAULT_AMORTIZE_TOKENS, DEFAULT_RIDGE, RotatedMinMax, parseval_terms
-from kvstats.report import fmt_p, write_claims
+from kvstats.report import fmt_p
 from kvstats.schemes import NovaScheme, Scheme, scheme
 from kvstats.stats import mann_whitney
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.sweep import cell_seed, grid
 
 STUDY = "nova"
 VERSION = "3"
+POSITION = 80  # place in figures/REPORT.md (kvstats.report.study_order)
 BUDGETS = (2, 3)
 OBLIVIOUS = ("kqv", "qkqv", "kv", "minmax")
 SPLIT_AT = "The Preamble to the Constitution"
@@ -128,8 +128,7 @@ def layer_qkv(name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 def make_scheme(name: str, n: int, d: int, seed: int, calib=None) -> Scheme:
     """kv/kqv/qkqv (kvstats.schemes, fp32 norms), minmax (as budget_sweep), nova (calibrated on ``calib``)."""
     if name == "minmax":
-        return Scheme("minmax", n, MinMaxQuantizer(n, d, axis="channel", group_size=d),
-                      MinMaxQuantizer(n, d, axis="token"))
+        return scheme("minmax", bits=n, dim=d, seed=seed)
     if name.startswith("nova"):
         q, k, v = calib
         return NovaScheme.calibrate(q, k, v, bits=n, seed=seed)
@@ -158,8 +157,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
     qn = q[:, :, -n_q:]
     ref = metrics.attention_scores(qn, k, double=True)
     ref32 = ref.float()  # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
-    w_ref = torch.softmax(ref.masked_fill(~_visible(n_q, s_len), float("-inf")), -1)
-    o_ref = (w_ref.reshape(1, hkv, g * n_q, s_len) @ v.double()).reshape(1, hq, n_q, d)
+    o_ref = attention.attend(ref, v.double(), _visible(n_q, s_len))
     rows = []
     names = ("nova",) + (("nova_insample",) if insample else ()) + OBLIVIOUS
     for n in BUDGETS:
@@ -202,7 +200,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
 
 
 def _visible(n_q: int, s_len: int) -> torch.Tensor:
-    return torch.arange(s_len)[None, :] <= torch.arange(n_q)[:, None] + (s_len - n_q)
+    return attention.causal_visible(n_q, s_len)  # the last n_q positions, causal
 
 
 def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int) -> list[dict]:
@@ -526,15 +524,12 @@ def _times(ratio: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_args(__doc__, argv)
-    t0 = time.perf_counter()
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    args = shell.args
     cfg = SCALE[args.scale]
     ensure_captures()  # once here (cached), never in parallel workers
     cells = grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"], insample=cfg["insample"])
-    sweep = Sweep(STUDY, cell, cells, version=VERSION)
-    table = sweep.run(scheduler=args.scheduler, n_jobs=args.n_jobs, progress=not args.no_progress,
-                      recompute=args.recompute)
-    info = dict(table.attrs.get("sweep", {}))
+    table = shell.sweep(cell, cells, version=VERSION)
     plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
     pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
     pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
@@ -547,10 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
     figures(units, tst, pars, schemes, args.scale)
     out = claims(tst, units, pars, bits, cfg, args.scale)
-    write_claims(STUDY, out, scale=args.scale, echo=True)
-    print(f"{STUDY} done in {time.perf_counter() - t0:.1f} s ({info.get('computed')} cells computed, "
-          f"{info.get('cached')} cached)")
-    return 0
+    return shell.finish(out)
 
 
 if __name__ == "__main__":

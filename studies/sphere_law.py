@@ -8,59 +8,97 @@ Writes (each figure's data beside it in figures/data/<name>.csv):
   figures/codebook_convergence.png        √d · levels of the exact codebook against d, → Gaussian levels
   figures/data/turboquant_dmse_table.csv  D_mse at d = 128: exact, Gaussian limit, TurboQuant's printed
 
-Everything here is closed-form or a cheap solve; the only sampling is the histograms, so the study runs
-in-process (``--scheduler`` is accepted for a uniform study interface and ignored).
+Everything here is closed-form or a cheap solve; the only sampling is the histograms. Each figure's numbers
+come from kvstats.sweep cells (per dimension, per bit width), run and stored like every study's.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
 import sys
-import time
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from kvstats import plots, study  # noqa: E402
 from kvstats.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
-from kvstats.report import write_claims  # noqa: E402
+from kvstats.paths import figure_path  # noqa: E402
 from kvstats.sphere import coordinate_law, gaussian_limit_distance, sample_sphere  # noqa: E402
+from kvstats.sweep import grid  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-FIG = ROOT / "figures"
-DATA = FIG / "data"
+STUDY = "sphere_law"
+VERSION = "1"
+SCALE = {"quick": {"n_vectors": 20_000, "max_dim": 32768, "n_dims": 25, "max_codebook_dim": 1024},
+         "paper": {"n_vectors": 200_000, "max_dim": 2**20, "n_dims": 61, "max_codebook_dim": 32768}}
+CODEBOOK_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096, 32768)
 DENSITY_DIMS = (2, 3, 4, 8, 16, 1024)
+POSITION = 10  # place in figures/REPORT.md (kvstats.report.study_order)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}  # TurboQuant (arXiv 2504.19874), as printed
 MAX_1960_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}  # REFERENCE §2, Max's table
 
 
-def _write_csv(name: str, rows: list[dict]) -> None:
-    DATA.mkdir(parents=True, exist_ok=True)
-    with open(DATA / f"{name}.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+# ----------------------------------------------------------------------------------------------- the cells
 
 
-def density_figure(n_vectors: int) -> None:
-    rows = []
+def density_cell(d: int, n_vectors: int) -> list[dict]:
+    """Histogram of one coordinate of ``n_vectors`` uniform points on S^{d−1}, with f_d and N(0, 1/d) per bin."""
+    law, gauss = coordinate_law(d), stats.norm(0, d**-0.5)
+    # one coordinate per vector: the histogram's draws are then i.i.d. from f_d
+    x = sample_sphere(n_vectors, d, seed=d)[:, 0].numpy()
+    half = 1.0 if d <= 16 else 5.0 / math.sqrt(d)
+    bins = np.linspace(-half, half, 61)
+    hist, _ = np.histogram(x, bins=bins, density=True)
+    centres = 0.5 * (bins[1:] + bins[:-1])
+    return [{"bin_centre": c, "bin_width": w, "histogram_density": h, "f_d": law.pdf(c), "gaussian": gauss.pdf(c)}
+            for c, w, h in zip(centres, np.diff(bins), hist)]
+
+
+def distance_cell(d: int) -> list[dict]:
+    """Total variation and KL from f_d to N(0, 1/d) (quadrature), with their large-d asymptotes."""
+    row = gaussian_limit_distance(d).to_dict()
+    row.pop("d", None)
+    return [row | {"tv_asymptote_0.350/d": 0.3501 / d, "kl_asymptote_3/(4d^2)": 0.75 / d**2}]
+
+
+def codebook_cell(bits: int, d: int) -> list[dict]:
+    """√d × the positive levels of the exact b-bit codebook of f_d, beside the Gaussian codebook's."""
+    g, cb, half = gaussian_codebook(bits), beta_codebook(d, bits), 2 ** (bits - 1)
+    return [{"level_index": j + 1, "sqrt_d_level": float(cb.levels[half + j] * math.sqrt(d)),
+             "gaussian_level": float(g.levels[half + j]), "d_mse": cb.d_mse, "gaussian_d_mse": g.d_mse}
+            for j in range(half)]
+
+
+def dmse_cell(bits: int, d: int) -> list[dict]:
+    """D_mse at (d, b): exact codebook, Gaussian limit, TurboQuant's printed value, and the bounds."""
+    exact = beta_codebook(d, bits).d_mse
+    limit = gaussian_codebook(bits).d_mse
+    printed = PRINTED_DMSE[bits]
+    return [{"exact_d_mse": exact, "gaussian_limit_d_mse": limit, "printed_d_mse": printed,
+             "rel_diff_printed_vs_exact": (printed - exact) / exact, "rel_diff_limit_vs_exact": (limit - exact) / exact,
+             "lower_bound_4^-b": 4.0**-bits, "upper_bound_sqrt3pi/2_4^-b": math.sqrt(3) * math.pi / 2 * 4.0**-bits}]
+
+
+# --------------------------------------------------------------------------------------------- the figures
+
+
+def _save(fig, name: str) -> None:
+    fig.savefig(figure_path(name), dpi=130)
+    plt.close(fig)
+
+
+def density_figure(table: pd.DataFrame) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
     for ax, d in zip(axes.flat, DENSITY_DIMS):
+        rows = table[table["d"] == d].sort_values("bin_centre")
         law, gauss = coordinate_law(d), stats.norm(0, d**-0.5)
-        # one coordinate per vector: the histogram's draws are then i.i.d. from f_d
-        x = sample_sphere(n_vectors, d, seed=d)[:, 0].numpy()
-        half = 1.0 if d <= 16 else 5.0 / math.sqrt(d)
-        bins = np.linspace(-half, half, 61)
-        hist, _ = np.histogram(x, bins=bins, density=True)
-        centres = 0.5 * (bins[1:] + bins[:-1])
-        ax.bar(centres, hist, width=np.diff(bins), color="#c6dbef", edgecolor="#6baed6", lw=0.4,
-               label=f"histogram, n = {n_vectors:,}")
+        ax.bar(rows["bin_centre"], rows["histogram_density"], width=rows["bin_width"], color="#c6dbef",
+               edgecolor="#6baed6", lw=0.4, label=f"histogram, n = {int(rows['n_vectors'].iloc[0]):,}")
+        half = float(rows["bin_centre"].max() + rows["bin_width"].iloc[-1] / 2)
         t = np.linspace(-half, half, 801)[1:-1]
         ax.plot(t, law.pdf(t), color="#08519c", lw=2, label="$f_d$ (exact)")
         ax.plot(t, gauss.pdf(t), color="#e6550d", lw=1.5, ls="--", label="N(0, 1/d)")
@@ -70,24 +108,14 @@ def density_figure(n_vectors: int) -> None:
         if d == 2:
             ax.set_ylim(0, 3.0)
         ax.legend(fontsize=8, loc="best", framealpha=0.9)
-        for c, h in zip(centres, hist):
-            rows.append({"d": d, "bin_centre": c, "histogram_density": h, "f_d": law.pdf(c),
-                         "gaussian": gauss.pdf(c), "n_vectors": n_vectors})
     fig.suptitle("Law of one coordinate of a uniform point on $S^{d-1}$: exact $f_d$ vs its Gaussian limit")
     fig.tight_layout()
-    fig.savefig(FIG / "sphere_law_density.png", dpi=130)
-    plt.close(fig)
-    _write_csv("sphere_law_density", rows)
+    _save(fig, "sphere_law_density")
 
 
-def distance_figure(dims: list[int]) -> None:
-    rows = [gaussian_limit_distance(d).to_dict() for d in dims]
-    d = np.array([r["d"] for r in rows], dtype=float)
-    tv = np.array([r["total_variation"] for r in rows])
-    kl = np.array([r["kl"] for r in rows])
-    for r in rows:
-        r["tv_asymptote_0.350/d"] = 0.3501 / r["d"]
-        r["kl_asymptote_3/(4d^2)"] = 0.75 / r["d"] ** 2
+def distance_figure(table: pd.DataFrame) -> None:
+    table = table.sort_values("d")
+    d, tv, kl = table["d"].to_numpy(dtype=float), table["total_variation"], table["kl"]
     fig, ax = plt.subplots(figsize=(7.5, 5))
     ax.loglog(d, tv, "o-", color="#08519c", label="total variation")
     ax.loglog(d, kl, "s-", color="#e6550d", label="KL($f_d$ ‖ N(0, 1/d)) [nats]")
@@ -99,54 +127,29 @@ def distance_figure(dims: list[int]) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(FIG / "sphere_law_gaussian_distance.png", dpi=130)
-    plt.close(fig)
-    _write_csv("sphere_law_gaussian_distance", rows)
+    _save(fig, "sphere_law_gaussian_distance")
 
 
-def convergence_figure(dims: list[int], bits_list=(2, 3)) -> None:
-    rows = []
+def convergence_figure(table: pd.DataFrame) -> None:
+    bits_list = sorted(table["bits"].unique())
     fig, axes = plt.subplots(1, len(bits_list), figsize=(6.5 * len(bits_list), 5))
     for ax, bits in zip(np.atleast_1d(axes), bits_list):
-        g = gaussian_codebook(bits)
+        sub = table[table["bits"] == bits]
         half = 2 ** (bits - 1)
-        scaled = np.array([beta_codebook(d, bits).levels[half:] * math.sqrt(d) for d in dims])
         colours = plt.cm.viridis(np.linspace(0, 0.85, half))
         for j in range(half):
-            ax.semilogx(dims, scaled[:, j], "o-", ms=3, color=colours[j], label=f"level {j + 1}")
-            ax.axhline(g.levels[half + j], color=colours[j], ls="--", lw=1)
+            lev = sub[sub["level_index"] == j + 1].sort_values("d")
+            ax.semilogx(lev["d"], lev["sqrt_d_level"], "o-", ms=3, color=colours[j], label=f"level {j + 1}")
+            ax.axhline(lev["gaussian_level"].iloc[0], color=colours[j], ls="--", lw=1)
         ax.plot([], [], "k--", lw=1, label="Gaussian limit (Max)")
         ax.set_xlabel("dimension d")
         ax.set_ylabel("√d × positive level")
         ax.set_title(f"{bits}-bit exact codebook of $f_d$, scaled by √d")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        for d, lv in zip(dims, scaled):
-            cb = beta_codebook(d, bits)
-            for j in range(half):
-                rows.append({"bits": bits, "d": d, "level_index": j + 1, "sqrt_d_level": lv[j],
-                             "gaussian_level": g.levels[half + j], "d_mse": cb.d_mse, "gaussian_d_mse": g.d_mse})
     fig.suptitle("Exact Lloyd–Max codebooks of $f_d$ converge to the Gaussian codebook / √d")
     fig.tight_layout()
-    fig.savefig(FIG / "codebook_convergence.png", dpi=130)
-    plt.close(fig)
-    _write_csv("codebook_convergence", rows)
-
-
-def dmse_table(d: int = 128) -> list[dict]:
-    rows = []
-    for bits in (1, 2, 3, 4):
-        exact = beta_codebook(d, bits).d_mse
-        limit = gaussian_codebook(bits).d_mse
-        printed = PRINTED_DMSE[bits]
-        rows.append({
-            "d": d, "bits": bits, "exact_d_mse": exact, "gaussian_limit_d_mse": limit, "printed_d_mse": printed,
-            "rel_diff_printed_vs_exact": (printed - exact) / exact,
-            "rel_diff_limit_vs_exact": (limit - exact) / exact,
-            "lower_bound_4^-b": 4.0**-bits, "upper_bound_sqrt3pi/2_4^-b": math.sqrt(3) * math.pi / 2 * 4.0**-bits,
-        })
-    _write_csv("turboquant_dmse_table", rows)
-    return rows
+    _save(fig, "codebook_convergence")
 
 
 def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str) -> list[dict]:
@@ -199,34 +202,30 @@ def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=["quick", "paper"], default="quick")
-    parser.add_argument("--scheduler", default=None, help="accepted for a uniform interface; unused here")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    FIG.mkdir(exist_ok=True)
-    quick = args.scale == "quick"
-    n_vectors = 20_000 if quick else 200_000
-    dist_dims = sorted({int(round(v)) for v in np.geomspace(2, 32768 if quick else 2**20, 25 if quick else 61)})
-    conv_dims = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024] + ([] if quick else [4096, 32768])
+    shell = study.start(STUDY, __doc__, argv, position=POSITION)
+    quick = shell.scale == "quick"
+    cfg = SCALE[shell.scale]
+    dist_dims = sorted({int(round(v)) for v in np.geomspace(2, cfg["max_dim"], cfg["n_dims"])})
+    conv_dims = [d for d in CODEBOOK_DIMS if d <= cfg["max_codebook_dim"]]
 
-    steps = [
-        ("density", lambda: density_figure(n_vectors)),
-        ("gaussian distance", lambda: distance_figure(dist_dims)),
-        ("codebook convergence", lambda: convergence_figure(conv_dims)),
-    ]
-    for i, (name, fn) in enumerate(steps, 1):
-        t0 = time.perf_counter()
-        fn()
-        print(f"[{i}/{len(steps) + 1}] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = dmse_table()
-    print(f"[{len(steps) + 1}/{len(steps) + 1}] D_mse at d = 128 (exact / Gaussian limit / printed):")
+    density = shell.sweep(density_cell, grid(d=list(DENSITY_DIMS), n_vectors=cfg["n_vectors"]), version=VERSION,
+                          name=f"{STUDY}_density")
+    plots.write_csv(f"{STUDY}_density", density)
+    density_figure(density)
+    dist = shell.sweep(distance_cell, grid(d=dist_dims), version=VERSION, name=f"{STUDY}_gaussian_distance")
+    plots.write_csv(f"{STUDY}_gaussian_distance", dist)
+    distance_figure(dist)
+    conv = shell.sweep(codebook_cell, grid(bits=[2, 3], d=conv_dims), version=VERSION, name="codebook_convergence")
+    plots.write_csv("codebook_convergence", conv)
+    convergence_figure(conv)
+    dmse = shell.sweep(dmse_cell, grid(bits=[1, 2, 3, 4], d=128), version=VERSION, name=f"{STUDY}_dmse")
+    plots.write_csv("turboquant_dmse_table", dmse)
+    rows = dmse.sort_values("bits").to_dict("records")
+    print(f"D_mse at d = 128 (exact / Gaussian limit / printed){' — quick scale' if quick else ''}:")
     for r in rows:
         print(f"   b={r['bits']}: {r['exact_d_mse']:.5f} / {r['gaussian_limit_d_mse']:.5f} / {r['printed_d_mse']}"
               f"  (printed vs exact {100 * r['rel_diff_printed_vs_exact']:+.1f}%)")
-    write_claims("sphere_law", claims(dist_dims, rows, args.scale), scale=args.scale)
-    print(f"sphere_law done in {time.perf_counter() - start:.1f} s")
-    return 0
+    return shell.finish(claims(dist_dims, rows, shell.scale), echo=False)
 
 
 if __name__ == "__main__":

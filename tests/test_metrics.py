@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstats import error6d as E
 from kvstats import metrics as M
 
 
@@ -175,7 +176,7 @@ def test_error6d_rows_are_the_documented_means():
         v = torch.randn(2, 2, 11, 16, dtype=torch.float64, generator=g)
         trials.append((q, k, v, k_hat, v + 0.1 * torch.randn(v.shape, dtype=torch.float64, generator=g)))
     stacked = [torch.stack(x) for x in zip(*trials)]
-    e6 = M.error6d(*stacked)
+    e6 = E.error6d(*stacked)
     assert e6.shape == (3, 6) and e6.dtype == torch.float64
     for t, (q, k, v, kh, vh) in enumerate(trials):
         expected = [
@@ -184,15 +185,54 @@ def test_error6d_rows_are_the_documented_means():
             M.attention_kl(q, k, kh), M.attention_output_error(q, k, v, kh, vh),
         ]
         np.testing.assert_allclose(e6[t].numpy(), expected, rtol=1e-12)
-    np.testing.assert_allclose(M.error6d(*trials[0]).numpy(), e6[:1].numpy())
+    np.testing.assert_allclose(E.error6d(*trials[0]).numpy(), e6[:1].numpy())
+
+
+def test_error6d_with_estimated_scores_uses_them_for_kl_and_output():
+    """scores_hat replaces q k̂ᵀ/√d in components 4 and 5; oracle: float64 numpy softmax and explicit GQA."""
+    q, k, k_hat = _qk(40, hq=4, hkv=2)
+    g = _gen(41)
+    v = torch.randn(2, 2, 11, 16, dtype=torch.float64, generator=g)
+    v_hat = v + 0.1 * torch.randn(v.shape, dtype=torch.float64, generator=g)
+    est = M.attention_scores(q, k) + 0.2 * torch.randn(2, 4, 5, 11, dtype=torch.float64, generator=g)
+    e6 = E.error6d(q, k, v, k_hat, v_hat, scores_hat=est)[0].numpy()
+    p, p_hat = _oracle_probs(q, k), scipy.special.softmax(est.numpy(), axis=-1)
+    kl = scipy.special.rel_entr(p, p_hat).sum(-1).mean()
+    vr, vhr = np.repeat(v.numpy(), 2, axis=1), np.repeat(v_hat.numpy(), 2, axis=1)
+    o, o_hat = p @ vr, p_hat @ vhr
+    out = (np.linalg.norm(o - o_hat, axis=-1) / np.linalg.norm(o, axis=-1)).mean()
+    np.testing.assert_allclose(e6[4:], [kl, out], rtol=1e-10)
+    np.testing.assert_allclose(e6[:4], E.error6d(q, k, v, k_hat, v_hat)[0, :4].numpy(), rtol=0)
+    with pytest.raises(ValueError, match="scores_hat must have the shape"):
+        E.error6d(q, k, v, k_hat, v_hat, scores_hat=est[..., :-1])
+
+
+def test_distance_6d_is_the_scaled_euclidean_norm():
+    rng = np.random.default_rng(7)
+    e, m = rng.random((5, 6)), rng.random(6) + 0.5
+    expected = [math.sqrt(sum((e[i, c] / m[c]) ** 2 for c in range(6))) for i in range(5)]
+    np.testing.assert_allclose(E.distance_6d(e, m), expected, rtol=1e-14)
+    np.testing.assert_allclose(E.distance_6d(torch.from_numpy(e), np.tile(m, (5, 1))), expected, rtol=1e-14)
+    with pytest.raises(ValueError, match="scale must be positive"):
+        E.distance_6d(e, np.zeros(6))
+    with pytest.raises(ValueError, match=r"errors must be \[n_trials, 6\]"):
+        E.distance_6d(e[:, :5], m[:5])
+
+
+def test_moved_6d_names_stay_importable_from_metrics():
+    for name in ("ERROR6D_COMPONENTS", "error6d", "distance_6d", "energy_distance", "energy_distance_6d",
+                 "energy_test"):
+        assert getattr(M, name) is getattr(E, name)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        M.nope  # noqa: B018
 
 
 def test_energy_distance_matches_scipy_in_1d():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=40), rng.normal(0.5, 2, size=30)
-    ours = M.energy_distance(a[:, None], b[:, None], standardize=False)
+    ours = E.energy_distance(a[:, None], b[:, None], standardize=False)
     assert math.sqrt(ours) == pytest.approx(scipy.stats.energy_distance(a, b), rel=1e-12)
-    assert M.energy_distance(a[:, None], a[:, None]) == 0.0
+    assert E.energy_distance(a[:, None], a[:, None]) == 0.0
 
 
 def test_energy_test_detects_shift_and_is_calibrated_in_size():
@@ -204,10 +244,10 @@ def test_energy_test_detects_shift_and_is_calibrated_in_size():
     a = rng.normal(size=(40, 6))
     b = rng.normal(size=(40, 6))
     b[:, 4] += 3.0
-    res = M.energy_test(a, b, n_resamples=999, seed=0)
+    res = E.energy_test(a, b, n_resamples=999, seed=0)
     assert res.pvalue <= 0.01 and res.n == (40, 40)
-    assert res.statistic == pytest.approx(M.energy_distance_6d(a, b), rel=1e-12)
-    same = M.energy_test(a, rng.normal(size=(40, 6)), n_resamples=999, seed=0)
+    assert res.statistic == pytest.approx(E.energy_distance_6d(a, b), rel=1e-12)
+    same = E.energy_test(a, rng.normal(size=(40, 6)), n_resamples=999, seed=0)
     assert same.pvalue >= 1e-3
 
 
@@ -221,11 +261,11 @@ def test_energy_test_detects_shift_and_is_calibrated_in_size():
         (lambda q, k: M.attention_kl(q[0], k, k), r"q must be 4-D"),
         (lambda q, k: M.attention_kl(q[:, :, :0], k, k), r"q is empty"),
         (lambda q, k: M.attention_kl(q, k, k, reduction="sum"), r"reduction must be 'mean' or 'none', got 'sum'"),
-        (lambda q, k: M.topk_recall(q, k, k, top_k=12), r"top_k must be in \[1, 11\], got 12"),
+        (lambda q, k: M.topk_recall(q, k, k, top_k=0), r"top_k must be in \[1, .*\], got 0"),
         (lambda q, k: M.attention_kl(q.repeat(1, 1, 3, 1), k, k, causal=True), r"n_q = 15 queries > seq = 11"),
         (lambda q, k: M.attention_kl(q, k.int(), k), r"k must be float16.*int32"),
         (lambda q, k: M.attention_kl(q.tolist(), k, k), r"q must be a torch.Tensor or numpy.ndarray, got list"),
-        (lambda q, k: M.energy_distance_6d(np.zeros((3, 5)), np.zeros((3, 6))), r"cloud_a must be \[n_trials, 6\]"),
+        (lambda q, k: E.energy_distance_6d(np.zeros((3, 5)), np.zeros((3, 6))), r"cloud_a must be \[n_trials, 6\]"),
     ],
 )
 def test_errors_name_argument_and_value(call, pattern):
@@ -239,3 +279,72 @@ def test_nan_is_rejected_with_its_name():
     k_hat[0, 1, 2, 3] = float("nan")
     with pytest.raises(ValueError, match="k_hat contains non-finite values"):
         M.attention_kl(q, k, k_hat)
+
+
+# ----------------------------------------------------------------------------- huge inputs, few visible keys
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_finite_inputs_give_finite_correct_metrics(dtype):
+    """q·kᵀ overflows fp32 at |q|,|k| ~ 1e20: the logits are promoted to fp64, the answers stay exact.
+
+    Oracle: equal keys give KL 0, recall 1, output error 0; for k̂ ≠ k, the KL of x·1e20 inputs equals the KL
+    of the same logits computed in float64 by scipy in the log domain (Σ p (log p − log p̂), log_softmax), a
+    huge but finite number: p̂ underflows to 0 where p does not, so the ratio form p log(p/p̂) would be inf.
+    """
+    q, k, k_hat = _qk(3)
+    big = 1e20 if dtype == torch.float32 else 1e100
+    qb, kb, khb = (x.to(dtype) * big for x in (q, k, k_hat))
+    assert M.attention_kl(qb, kb, kb) == 0.0
+    assert M.topk_recall(qb, kb, kb) == 1.0
+    assert M.attention_output_error(qb, kb, kb, kb, kb) == 0.0
+    kl = M.attention_kl(qb, kb, khb, reduction="none")
+    assert bool(torch.isfinite(kl).all())
+    s_ref = np.einsum("bhnd,bhsd->bhns", qb.double().numpy(), np.repeat(kb.double().numpy(), 3, axis=1)) / 4.0
+    s_hat = np.einsum("bhnd,bhsd->bhns", qb.double().numpy(), np.repeat(khb.double().numpy(), 3, axis=1)) / 4.0
+    lp, lq = scipy.special.log_softmax(s_ref, -1), scipy.special.log_softmax(s_hat, -1)
+    expected = np.where(lp > -np.inf, np.exp(lp) * (lp - lq), 0.0).sum(-1)
+    assert np.isfinite(expected).all() and expected.max() > 1e30  # the inputs are far from benign
+    np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_logits_overflowing_float64_raise_naming_the_arguments():
+    q, k, _ = _qk(4)
+    with pytest.raises(ValueError, match=r"q·kᵀ/√d overflows float64"):
+        M.attention_kl(q * 1e200, k * 1e200, k * 1e200)
+
+
+def test_kl_from_huge_fp32_logits_is_finite():
+    """Logits ±3e38 (finite fp32) overflow the max-subtraction: recomputed in fp64, KL equals scipy's."""
+    a = torch.tensor([[3e38, -3e38, 0.0]], dtype=torch.float32)
+    b = torch.tensor([[-3e38, 3e38, 0.0]], dtype=torch.float32)
+    got = M.attention_kl_from_scores(a, b)
+    la = scipy.special.log_softmax(a.double().numpy(), -1)
+    lb = scipy.special.log_softmax(b.double().numpy(), -1)
+    expected = float((np.exp(la) * (la - lb)).sum())
+    assert math.isfinite(got) and got == pytest.approx(expected, rel=1e-12)
+    assert M.attention_kl_from_scores(a, a) == 0.0
+
+
+def test_topk_recall_uses_min_of_k_and_visible_keys():
+    """docs/metrics.md: k' = min(k, visible keys). Oracle: brute-force sets with k' per query."""
+    q, k, k_hat = _qk(5, s=3, nq=3)
+    # non-causal: S = 3 < top_k = 5, so k' = 3 and every key is in both top sets
+    assert M.topk_recall(q, k, k_hat, top_k=5) == 1.0
+    # causal prefill: query 0 sees 1 key, query 1 two, query 2 three -> each recall is 1 (all visible keys)
+    got = M.topk_recall(q, k, k_hat, top_k=5, causal=True, reduction="none")
+    assert got.shape == (2, 6, 3) and bool((got == 1.0).all())
+    # S = 7, causal with offset 0: k' = min(5, i + 1); compare with brute force on the visible prefix
+    q, k, k_hat = _qk(6, s=7, nq=7, noise=2.0)
+    got = M.topk_recall(q, k, k_hat, top_k=5, causal=True, query_offset=0, reduction="none").numpy()
+    s_ref = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k.numpy(), 3, axis=1))
+    s_hat = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k_hat.numpy(), 3, axis=1))
+    for i in range(7):
+        kk = min(5, i + 1)
+        a = s_ref[..., i, : i + 1].reshape(-1, i + 1)
+        b = s_hat[..., i, : i + 1].reshape(-1, i + 1)
+        want = _brute_recall(a, b, kk).reshape(got.shape[:2])
+        np.testing.assert_allclose(got[..., i], want, rtol=0, atol=1e-15)
+    assert got[..., 5:].min() < 1.0  # queries 5, 6 see more than k keys: noise 2.0 makes misses (not vacuous)
+    scores = torch.from_numpy(s_ref)
+    assert M.topk_recall_from_scores(scores, scores, top_k=9) == 1.0

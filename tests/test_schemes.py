@@ -110,3 +110,35 @@ def test_bad_cache_and_arguments():
         scheme("kqv", bits=1, dim=16)
     with pytest.raises(ValueError, match="name must be one of"):
         scheme("kvq", bits=3, dim=16)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("seq", [64, 100])
+def test_minmax_scheme_equals_the_hand_built_kivi_pair(bits, seq):
+    # What budget_sweep and studies/nova built by hand: K per channel in groups of d tokens, V per token,
+    # fp16 lo/step. The registered scheme must give the same codes, scores and bit counts.
+    from kvstats.quantizers import MinMaxQuantizer
+    from kvstats.schemes import Scheme
+
+    d = 64
+    gen = torch.Generator().manual_seed(bits + seq)
+    k, v = torch.randn(2, 2, seq, d, generator=gen), torch.randn(2, 2, seq, d, generator=gen)
+    q = torch.randn(2, 4, 8, d, generator=gen)
+    by_hand = Scheme("minmax", bits, MinMaxQuantizer(bits, d, axis="channel", group_size=d),
+                     MinMaxQuantizer(bits, d, axis="token"))
+    registered = scheme("minmax", bits=bits, dim=d, seed=12345)
+    a, b = by_hand.encode(k, v), registered.encode(k, v)
+    for x, y in zip(by_hand.decode(a), registered.decode(b)):
+        assert torch.equal(x, y)
+    assert torch.equal(by_hand.scores(q, a), registered.scores(q, b))
+    assert a.nbytes == b.nbytes
+    assert by_hand.bits_per_coordinate(n_tokens=seq) == registered.bits_per_coordinate(n_tokens=seq)
+    # K side: 2 fp16 scalars per channel per group of d tokens, amortised over seq tokens
+    assert registered.bits_per_coordinate(n_tokens=seq)["k"].side == 32 * math.ceil(seq / d) / seq
+
+
+def test_minmax_scheme_options_and_rows_ignored():
+    s = scheme("minmax", bits=3, dim=32, seed=0, k_axis="token", k_group_size=8, side_dtype=torch.float32, rows="srht")
+    assert (s.k.axis, s.k.group_size, s.k.side_dtype) == ("token", 8, torch.float32)
+    assert (s.v.axis, s.v.group_size) == ("token", 32)
+    assert scheme("minmax", bits=3, dim=32).k.group_size == 32

@@ -20,7 +20,8 @@ from kvstats.results import TestResult
 
 
 @pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
-@pytest.mark.parametrize("n1, n2, ties", [(7, 5, False), (30, 25, False), (30, 25, True), (1200, 50, False)])
+@pytest.mark.parametrize("n1, n2, ties", [(7, 5, False), (30, 25, False), (30, 25, True), (1500, 10, False),
+                                          (400, 300, False)])
 def test_u_and_p_equal_scipy(alternative, n1, n2, ties):
     rng = np.random.default_rng(n1 * n2)
     a, b = rng.normal(size=n1), rng.normal(0.3, 1, size=n2)
@@ -31,11 +32,61 @@ def test_u_and_p_equal_scipy(alternative, n1, n2, ties):
     assert isinstance(r, TestResult)
     assert r.statistic == r.u1 == ref_asym.statistic
     assert r.p_asymptotic == pytest.approx(ref_asym.pvalue, rel=1e-12)
-    if ties or max(n1, n2) > S.EXACT_MAX_N:
+    if ties or n1 * n2 > S.EXACT_MAX_PAIRS:
         assert r.pvalue_method == "asymptotic" and math.isnan(r.p_exact) and r.pvalue == r.p_asymptotic
     else:
         ref_exact = scipy.stats.mannwhitneyu(a, b, alternative=alternative, method="exact").pvalue
         assert r.pvalue_method == "exact" and r.pvalue == pytest.approx(ref_exact, rel=1e-12)
+
+
+def _exact_rational_cdf(n1, n2, u_max):
+    """P(U <= u), u = 0..u_max, in exact integer arithmetic (Gaussian binomial coefficients), rounded once."""
+    m, n = min(n1, n2), max(n1, n2)
+    c = [1] + [0] * u_max
+    for i in range(1, m + 1):
+        for u in range(u_max, n + i - 1, -1):
+            c[u] -= c[u - n - i]
+        for u in range(i, u_max + 1):
+            c[u] += c[u - i]
+    total, acc, out = math.comb(m + n, m), 0, []
+    for count in c:
+        acc += count
+        out.append(acc / total)  # int / int is correctly rounded
+    return np.array(out)
+
+
+def test_exact_null_against_rational_arithmetic():
+    # (300, 300) is the worst case measured at the cutoff (n1 n2 = 90 000 <= EXACT_MAX_PAIRS), whole lower half;
+    # (20, 4000) is long and thin (80 000 pairs), checked over its lower tail.
+    for n1, n2, u_max in [(300, 300, 45_000), (20, 4000, 5000), (12, 9, 54)]:
+        ours = S._mwu_exact_cdf(n1, n2, u_max)
+        ref = _exact_rational_cdf(n1, n2, u_max)
+        np.testing.assert_allclose(ours, ref, rtol=2e-11, atol=0)
+
+
+@pytest.mark.parametrize("n", [515, 600, 1000])
+def test_large_samples_give_finite_asymptotic_p(n):
+    # issue 16: scipy's exact null overflows above ~515 per group and took ~90 s at 600: asymptotic here
+    rng = np.random.default_rng(n)
+    a, b = rng.normal(size=n), rng.normal(size=n) + 0.1
+    r = S.mann_whitney(a, b)
+    ref = scipy.stats.mannwhitneyu(a, b, method="asymptotic")
+    assert r.pvalue_method == "asymptotic" and "asymptotic" in r.method and math.isnan(r.p_exact)
+    assert math.isfinite(r.pvalue) and r.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
+    with pytest.raises(ValueError, match=r"method='exact' is limited to n1\*n2 <= 100000"):
+        S.mann_whitney(a, b, method="exact")
+    out = S.compare(pd.DataFrame({"g": ["a"] * n + ["b"] * n, "x": np.concatenate([a, b])}), "x", "g")
+    assert out["p"].iloc[0] == r.pvalue and out["p_method"].iloc[0] == "asymptotic"
+
+
+def test_exact_at_the_cutoff_agrees_with_scipy_where_scipy_is_finite():
+    # 316 x 316 = 99 856 pairs: exact; scipy's exact machinery still finite at N = 632 (its float phase agrees
+    # with exact arithmetic to ~1e-10 here). Far tail: the means differ by 2 sd.
+    rng = np.random.default_rng(316)
+    a, b = rng.normal(size=316), rng.normal(2.0, 1, size=316)
+    r = S.mann_whitney(a, b)
+    assert r.pvalue_method == "exact" and r.pvalue < 1e-50
+    assert r.pvalue == pytest.approx(scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-8)
 
 
 def test_effect_sizes_hand_computed():
@@ -190,3 +241,181 @@ def test_ratio_ci_of_medians():
     assert 1.5 < lo < 2.25 < hi < 3.0
     with pytest.raises(ValueError, match=r"median\(b\) is 0"):
         S.ratio_ci(a, np.zeros(5))
+
+
+def test_compare_within_as_a_string_is_one_column():
+    # issue 17: within="bits" used to be iterated letter by letter
+    table = _table()
+    by_string = S.compare(table, "kl", by="scheme", within="bits")
+    pd.testing.assert_frame_equal(by_string, S.compare(table, "kl", by="scheme", within=["bits"]))
+    assert list(by_string.columns[:2]) == ["bits", "metric"] and len(by_string) == 6
+    with pytest.raises(TypeError, match="within must be a column name or a list"):
+        S.compare(table, "kl", by="scheme", within=3)
+
+
+def _two_metric_table():
+    table = _table()
+    return table.assign(recall=np.random.default_rng(12).uniform(size=len(table)))
+
+
+def test_compare_applies_one_correction_over_several_metrics():
+    table = _two_metric_table()
+    out = S.compare(table, ["kl", "recall"], "scheme", within="bits")
+    assert len(out) == 12 and list(out["metric"]) == ["kl"] * 6 + ["recall"] * 6
+    # the kl rows are the single-metric run's raw p-values; the correction spans all 12 tests
+    np.testing.assert_array_equal(out["p"][:6], S.compare(table, "kl", "scheme", within="bits")["p"])
+    np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
+    np.testing.assert_allclose(out["p_bh"], multipletests(out["p"], method="fdr_bh")[1], rtol=1e-12)
+    per_metric = S.compare(table, ["kl", "recall"], "scheme", within="bits", family="metric")
+    for m in ("kl", "recall"):
+        sel = per_metric["metric"] == m
+        np.testing.assert_allclose(per_metric.loc[sel, "p_holm"],
+                                   multipletests(per_metric.loc[sel, "p"], method="holm")[1], rtol=1e-12)
+
+
+def test_compare_paired_matches_units_and_uses_wilcoxon():
+    rng = np.random.default_rng(13)
+    rows = []
+    for seed in range(25):
+        base = rng.normal()
+        for scheme, shift in (("kv", 0.0), ("kqv", -0.5), ("qkqv", 0.3)):
+            if scheme == "qkqv" and seed == 0:
+                continue  # unit 0 lacks qkqv: dropped from the pairs involving qkqv
+            rows.append({"seed": seed, "scheme": scheme, "kl": base + shift + 0.4 * rng.normal()})
+    table = pd.DataFrame(rows).sample(frac=1, random_state=1)  # order must not matter: matched on seed
+    out = S.compare(table, "kl", "scheme", paired_by="seed", n_resamples=499)
+    wide = table.pivot(index="seed", columns="scheme", values="kl")
+    for row in out.itertuples():
+        pair = wide[[row.level_a, row.level_b]].dropna()
+        ref = scipy.stats.wilcoxon(pair[row.level_a], pair[row.level_b])
+        assert row.n_pairs == len(pair) == (24 if "qkqv" in (row.level_a, row.level_b) else 25)
+        assert row.p == pytest.approx(ref.pvalue, rel=1e-12) and row.p_method == "exact"
+        assert row.median_difference == pytest.approx(np.median(pair[row.level_a] - pair[row.level_b]))
+    np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"paired_by \['seed'\] does not identify a unit: level 'kqv' has 1 repeated"):
+        S.compare(pd.concat([table, table[table["scheme"] == "kqv"].head(1)]), "kl", "scheme", paired_by="seed")
+
+
+def test_wilcoxon_equals_scipy_and_hand_computed_effect_size():
+    # d = [1, -2, 3, 4]: ranks of |d| are 1, 2, 3, 4; W+ = 1 + 3 + 4 = 8, W- = 2, r = (8 - 2)/10 = 0.6
+    r = S.wilcoxon(np.array([1.0, -2.0, 3.0, 4.0]))
+    assert (r.w_plus, r.w_minus, r.rank_biserial) == (8.0, 2.0, pytest.approx(0.6))
+    stat, p = r  # unpacks like scipy's result
+    ref = scipy.stats.wilcoxon([1.0, -2.0, 3.0, 4.0])
+    assert (stat, p) == (ref.statistic, pytest.approx(ref.pvalue, rel=1e-12)) and r.pvalue_method == "exact"
+    rng = np.random.default_rng(21)
+    for n, rounding, expected in [(30, None, "exact"), (80, None, "asymptotic"), (40, 1, "asymptotic"),
+                                  (12, 1, "exact permutation")]:
+        a = rng.normal(size=n)
+        b = a - 0.3 + 0.8 * rng.normal(size=n)
+        if rounding is not None:
+            a, b = np.round(a, rounding), np.round(b, rounding)
+        for alternative in ("two-sided", "less", "greater"):
+            res = S.wilcoxon(a, b, alternative=alternative, n_resamples=199)
+            scipy_ref = scipy.stats.wilcoxon(a, b, alternative=alternative)  # scipy's own "auto"
+            assert res.pvalue_method == expected
+            assert res.statistic == scipy_ref.statistic and res.pvalue == pytest.approx(scipy_ref.pvalue, rel=1e-12)
+    with pytest.raises(ValueError, match="every one of the 3 paired differences is 0"):
+        S.wilcoxon([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="a and b must have one length"):
+        S.wilcoxon([1.0, 2.0], [1.0])
+
+
+def test_wilcoxon_rank_biserial_ci_is_scipys_bootstrap_of_the_closed_form():
+    # independent statistic: r = 2 W+/S - 1 with W+ from scipy.stats.wilcoxon(alternative="greater"), S = n(n+1)/2
+    rng = np.random.default_rng(22)
+    d = rng.normal(0.4, 1, size=30)
+    r = S.wilcoxon(d, n_resamples=999, seed=5)
+
+    def closed_form(x):
+        return 2 * scipy.stats.wilcoxon(x, alternative="greater", method="asymptotic").statistic / (30 * 31 / 2) - 1
+
+    assert r.rank_biserial == pytest.approx(closed_form(d), rel=1e-12)
+    ref = scipy.stats.bootstrap((d,), closed_form, vectorized=False, n_resamples=999, rng=np.random.default_rng(5))
+    assert r.confidence_interval == pytest.approx(tuple(ref.confidence_interval), rel=1e-9)
+    one_sign = S.wilcoxon(np.abs(d))
+    assert one_sign.rank_biserial == 1.0 and one_sign.confidence_interval == (1.0, 1.0)
+
+
+def test_paired_ratio_ci_is_scipys_paired_bootstrap():
+    rng = np.random.default_rng(23)
+    b = rng.lognormal(size=120)
+    a = 1.3 * b * rng.lognormal(0, 0.2, size=120)  # strongly correlated pairs
+    r = S.ratio_ci(a, b, np.mean, paired=True, n_resamples=1999, seed=4)
+    ref = scipy.stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) / y.mean(axis), paired=True,
+                                n_resamples=1999, method="BCa", rng=np.random.default_rng(4))
+    assert r.statistic == pytest.approx(a.mean() / b.mean()) and r.paired and r.ci_method == "BCa"
+    assert r.confidence_interval == pytest.approx(tuple(ref.confidence_interval), rel=1e-12)
+    unpaired = S.ratio_ci(a, b, np.mean, n_resamples=1999, seed=4)
+    width = r.confidence_interval[1] - r.confidence_interval[0]
+    # pairing removes the shared lognormal(0, 1) factor (sd 1) leaving sd 0.2: the paired CI is far narrower
+    assert width < 0.5 * (unpaired.confidence_interval[1] - unpaired.confidence_interval[0])
+    with pytest.raises(ValueError, match="paired=True needs a and b of one length"):
+        S.ratio_ci(a, b[:-1], paired=True)
+
+
+def test_spearman_equals_scipy_with_its_paired_bootstrap():
+    rng = np.random.default_rng(24)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    r = S.spearman(x, y, n_resamples=999, seed=3)
+    ref = scipy.stats.spearmanr(x, y)
+    assert (r.statistic, r.pvalue) == (pytest.approx(ref.statistic), pytest.approx(ref.pvalue, rel=1e-12))
+    boot = scipy.stats.bootstrap((x, y), lambda a, b: scipy.stats.spearmanr(a, b).statistic, paired=True,
+                                 vectorized=False, n_resamples=999, rng=np.random.default_rng(3))
+    assert r.confidence_interval == pytest.approx(tuple(boot.confidence_interval), rel=1e-12)
+    with pytest.raises(ValueError, match="y is constant"):
+        S.spearman(x, np.ones(40))
+
+
+def test_bootstrap_of_constant_data_is_the_point():
+    r = S.bootstrap_ci(np.full(10, 2.5))
+    assert r.confidence_interval == (2.5, 2.5) and r.ci_method == "constant data" and r.standard_error == 0.0
+
+
+def test_paired_t_power_equals_noncentral_t():
+    # power = P(T > t_crit) + P(T < -t_crit), T ~ noncentral t(n - 1, d sqrt(n))
+    n, d = 20, 0.6
+    crit = scipy.stats.t.isf(0.025, n - 1)
+    closed = scipy.stats.nct.sf(crit, n - 1, d * math.sqrt(n)) + scipy.stats.nct.cdf(-crit, n - 1, d * math.sqrt(n))
+    assert S.paired_t_power(d, n=n).power == pytest.approx(closed, rel=1e-9)
+    solved = S.paired_t_power(d, power=closed)
+    assert solved.solved_for == "n" and solved.n_pairs == pytest.approx(n, rel=1e-6) and solved.n_required == 20
+    with pytest.raises(ValueError, match="give exactly two of effect_size, n, power"):
+        S.paired_t_power(0.5)
+
+
+def test_wilcoxon_power_is_the_rejection_rate():
+    r = S.wilcoxon_power(0.5, 20, n_simulations=500, seed=7)
+    rng = np.random.default_rng(7)
+    d = rng.normal(0.5, 1.0, size=(500, 20))
+    hits = sum(scipy.stats.wilcoxon(row, method="exact").pvalue < 0.05 for row in d)
+    assert r.power == hits / 500 and r.confidence_interval[0] < r.power < r.confidence_interval[1]
+    # under H0 the exact test's size is <= alpha (0.0497 at n = 30, discrete): with 4000 simulations the
+    # rejection rate has sd 0.0034, so a 1 - 1e-6 Clopper-Pearson CI (half-width ~0.017) must contain it
+    null = S.wilcoxon_power(0.0, 30, seed=8, confidence_level=1 - 1e-6)
+    assert null.confidence_interval[0] < 0.0497 < null.confidence_interval[1]
+
+
+def test_docs_statistics_examples_run_as_written():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "statistics.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, "docs/statistics.md", "exec"), {})
+
+
+@pytest.mark.parametrize("zero_method", ["wilcox", "pratt", "zsplit"])
+def test_wilcoxon_zero_methods_equal_scipy_and_rank_sums_add_up(zero_method):
+    d = np.round(np.random.default_rng(3).normal(0.3, 1, size=40), 1)  # ties and 3 zeros
+    r = S.wilcoxon(d, zero_method=zero_method, n_resamples=199)
+    ref = scipy.stats.wilcoxon(d, zero_method=zero_method)
+    assert r.statistic == ref.statistic and r.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
+    assert r.n_zero == 3 and r.pvalue_method == "asymptotic"
+    used = 37 if zero_method == "wilcox" else 40  # wilcox drops the zeros; the others rank them
+    zero_ranks = 0.0 if zero_method == "wilcox" else 6.0  # the three zeros share ranks 1, 2, 3
+    assert r.w_plus + r.w_minus == used * (used + 1) / 2 - (zero_ranks if zero_method == "pratt" else 0.0)
+    assert r.rank_biserial == pytest.approx((r.w_plus - r.w_minus) / (used * (used + 1) / 2))

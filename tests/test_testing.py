@@ -93,3 +93,78 @@ def test_check_unbiased_at_scale():
                                  variance_closed_form=inference.qjl_variance(Q, K, 64), confidence_level=1 - 1e-7)
     assert r.pvalue > 1e-7 and r.variance_ratio_ci[0] < 1 < r.variance_ratio_ci[1]
     assert r.n == 300_000
+
+
+def _constant(value):
+    def est(q, k, seeds):
+        return np.full(len(seeds), value)
+
+    return est
+
+
+def test_assert_unbiased_judges_deterministic_estimators_by_rounding():
+    # issue 16: a deterministic estimator off by 8e-8 (fp32 rounding of <q, k> = 0.6) was called biased, t = -inf
+    fp32 = float(np.float32(Q) @ np.float32(K))
+    assert_unbiased(_constant(0.6 + 8e-8), Q, K, n_seeds=1000)
+    assert_unbiased(_constant(fp32), Q, K, n_seeds=1000)
+    # nearly deterministic: noise of sd 1e-9 around a rounding-size bias is rounding too
+    assert_unbiased(lambda q, k, s: 0.6 + 8e-8 + 1e-9 * np.random.default_rng(int(s[0])).standard_normal(len(s)),
+                    Q, K, n_seeds=1000)
+    # a real bias of 1e-3 is 100x the tolerance rtol * |q||k| = 1e-5 * 1
+    with pytest.raises(AssertionError, match=r"biased beyond floating-point rounding: .*deterministic.*"
+                                             r"rtol\*scale = 1e-05\*1 = 1e-05"):
+        assert_unbiased(_constant(0.601), Q, K, n_seeds=1000)
+    with pytest.raises(ValueError, match="rtol must be a number in"):
+        assert_unbiased(_constant(0.6), Q, K, rtol=-1.0)
+
+
+def test_assert_variance_matches_on_a_constant_estimator_is_finite_and_clear():
+    with pytest.raises(AssertionError, match=r"estimator variance 0 does not match the closed form 0.01: all 1000 "
+                                             r"draws equal 0.6 \(a deterministic estimator") as info:
+        assert_variance_matches(_constant(0.6), Q, K, 0.01, n_seeds=1000)
+    assert "nan" not in str(info.value)
+    r = inference.unbiasedness_test(np.full(100, 2.0), 2.0, variance_closed_form=1.0)
+    assert r.variance_ratio == 0.0 and r.variance_ratio_ci == (0.0, 0.0) and r.variance_pvalue == 0.0
+    with pytest.raises(ValueError, match="variance must be a finite number > 0, got 0"):
+        assert_variance_matches(_constant(0.6), Q, K, 0)
+
+
+def test_strategies_refuse_degenerate_sizes_and_overflowing_scales():
+    for bad in (0, 1):
+        with pytest.raises(ValueError, match=rf"d must be in \[2, .*got {bad}"):
+            vectors(bad)
+        with pytest.raises(ValueError, match=rf"d must be in \[2, .*got {bad}"):
+            caches(d=bad)
+        with pytest.raises(ValueError, match=rf"d must be in \[2, .*got {bad}"):
+            query_key_pairs(bad)
+    with pytest.raises(ValueError, match=r"seq must be in \[1, .*got 0"):
+        caches(seq=0)
+    with pytest.raises(ValueError, match=r"batch entries must be in \[1, .*got 0"):
+        vectors(4, batch=(0,))
+    # fp16 max is 65504: a draw of 8 sd at scale 1e5 would be 8e5 -> inf
+    with pytest.raises(ValueError, match=r"scale=100000 does not fit torch.float16: .*max 65504"):
+        vectors(4, dtype=torch.float16, scale=1e5)
+    with pytest.raises(ValueError, match="scale=0 does not fit"):
+        vectors(4, scale=0.0)
+
+
+@given(x=vectors(64, batch=(32,), dtype=torch.float16, scale=8000.0))
+@settings(max_examples=20, deadline=None)
+def test_fp16_vectors_at_the_largest_allowed_scale_are_finite(x):
+    assert x.dtype == torch.float16 and bool(torch.isfinite(x).all()) and bool((x.norm(dim=-1) > 0).all())
+
+
+def test_docs_testing_examples_run_as_written():
+    # issue 17: every python block of docs/testing.md runs in a fresh namespace; test functions it defines run too
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        namespace: dict = {}
+        exec(compile(block, "docs/testing.md", "exec"), namespace)
+        for name, obj in namespace.items():
+            if name.startswith("test_") and callable(obj):
+                obj()

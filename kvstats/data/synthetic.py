@@ -51,7 +51,8 @@ normal for the others) and raises ``ValueError`` with the numbers when it exceed
 fit the dtype (``peak=1e300``) are refused likewise, and a draw that still overflows (probability below
 1e-6) raises rather than returns inf/NaN.
 
-Seeds: the same ``seed`` (an int, or a ``torch.Generator`` consumed in place) gives bit-identical tensors.
+Seeds: the same ``seed`` (an int in [0, 2**63 − 1], or a ``torch.Generator`` consumed in place) gives
+bit-identical tensors; ``seed=None`` draws fresh OS entropy (the package's seed rule, docs/quantizers.md).
 Everything is drawn on the CPU in float64 and cast to ``dtype`` at the end.
 """
 
@@ -63,6 +64,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kvstats._random import make_generator
 from kvstats._validation import FLOAT_DTYPES, check_int_range
 
 __all__ = ["KINDS", "generate", "synthetic_queries", "outlier_channel_indices", "attention_entropy"]
@@ -89,14 +91,9 @@ _MAX_SIZE = 2**31 - 1
 MAX_EXPECTED_OVERFLOWS = 1e-6
 
 
-def _generator(seed: int | torch.Generator) -> torch.Generator:
-    if isinstance(seed, torch.Generator):
-        return seed
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__} ({seed!r})")
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
-    return torch.Generator(device="cpu").manual_seed(int(seed))
+def _generator(seed: int | torch.Generator | None) -> torch.Generator:
+    # The package's one seed rule (kvstats._random.check_seed): int in [0, 2**63 - 1], None = fresh entropy.
+    return make_generator(seed)
 
 
 def _positive_float(value, name: str, *, allow_zero: bool = False, upper: float | None = None) -> float:
@@ -403,8 +400,9 @@ def generate(
         of ``dtype``, on the CPU.
 
     Raises:
-        ValueError / TypeError naming the argument and the value seen (unknown kind or parameter, sizes
-        below 1, d < 2, q_heads not a multiple of heads, rank outside [1, d], df ≤ 0, ρ outside (0, 1], ...).
+        ValueError: naming the argument and the value seen (unknown kind or parameter, sizes below 1, d < 2,
+            q_heads not a multiple of heads, rank outside [1, d], df ≤ 0, ρ outside (0, 1], ...).
+        TypeError: naming the argument and the type seen.
     """
     batch = check_int_range(batch, "batch", 1, _MAX_SIZE)
     heads = check_int_range(heads, "heads", 1, _MAX_SIZE)

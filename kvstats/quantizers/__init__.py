@@ -2,35 +2,48 @@
 
     q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)
 
-Names: ``lloyd`` (scalar Lloyd–Max, no rotation), ``turbo_mse``, ``turbo_prod``, ``qjl``, ``minmax``, ``nova``
-(calibrated: call ``.calibrate(queries, keys)`` before encoding).
+Names: ``lloyd`` (scalar Lloyd–Max, no rotation), ``turbo_mse``, ``turbo_prod``, ``qjl``, ``minmax``,
+``rotated_minmax``, ``nova`` (calibrated: call ``.calibrate(queries, keys)`` before encoding). Not registered
+(other signatures): :class:`IdentityQuantizer` (lossless), :class:`PerHeadQuantizer` (one quantizer per KV head).
 Each class documents what it stores, its estimator and its bit count; see also docs/quantizers.md.
 """
 
 from __future__ import annotations
 
-from kvstats.quantizers.base import BitBudget, Code, Quantizer
+from kvstats.quantizers.base import BitBudget, Code, CodeSource, Quantizer
+from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.quantizers.lloyd import LloydQuantizer, TurboMSE
-from kvstats.quantizers.minmax import MinMaxQuantizer
+from kvstats.quantizers.minmax import MinMaxQuantizer, RotatedMinMax
 from kvstats.quantizers.nova import NovaQuantizer
+from kvstats.quantizers.per_head import PerHeadQuantizer
 from kvstats.quantizers.qjl import QJLQuantizer
 from kvstats.quantizers.turbo_prod import TurboProd
 
-__all__ = ["BitBudget", "Code", "Quantizer", "QUANTIZERS", "quantizer", "register",
-           "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "NovaQuantizer"]
+__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "QUANTIZERS", "quantizer", "register",
+           "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "RotatedMinMax",
+           "NovaQuantizer", "IdentityQuantizer", "PerHeadQuantizer"]
 
 QUANTIZERS: dict[str, type[Quantizer]] = {}
 
 
-def register(cls: type[Quantizer]) -> type[Quantizer]:
-    """Add a Quantizer subclass to the registry under ``cls.name`` (usable as a decorator)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name to register under")
+def register(cls: type[Quantizer] | None = None, *, replace: bool = False):
+    """Add a Quantizer subclass to the registry under ``cls.name`` (usable as a decorator, also as
+    ``@register(replace=True)``). Its constructor must take ``bits=, dim=, seed=`` keywords to be
+    built by :func:`quantizer`. An existing name is refused unless ``replace=True``."""
+    if cls is None:
+        return lambda c: register(c, replace=replace)
+    if not (isinstance(cls, type) and issubclass(cls, Quantizer)):
+        raise TypeError(f"cls must be a subclass of kvstats.quantizers.Quantizer, got {cls!r}")
+    if not cls.name or not isinstance(cls.name, str):
+        raise ValueError(f"{cls.__name__} has no name to register under (set the class attribute name)")
+    if cls.name in QUANTIZERS and QUANTIZERS[cls.name] is not cls and not replace:
+        raise ValueError(f"a quantizer named {cls.name!r} is already registered ({QUANTIZERS[cls.name].__name__}); "
+                         "pass replace=True to replace it")
     QUANTIZERS[cls.name] = cls
     return cls
 
 
-for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer, NovaQuantizer):
+for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer, RotatedMinMax, NovaQuantizer):
     register(_cls)
 
 

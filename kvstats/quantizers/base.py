@@ -4,17 +4,24 @@
     x_hat = q.decode(code)      # [..., d], x's dtype
     s = q.inner(query, code)    # estimates <query_i, x_j>: query [..., n_q, d] -> [..., n_q, n_k]
     q.bits_per_coordinate()     # BitBudget(payload, norms, side, total), bits per coordinate
+    q.bits_per_coordinate(n_tokens=1024)   # the same, side information amortised over 1024 cached tokens
+
+Provenance: every code records which quantizer made it (:class:`CodeSource`: name, dim, bits and a
+fingerprint of the seed and the options); ``decode`` and ``inner`` refuse a code made by another
+quantizer (other method, seed, dim, bits or options) with a ValueError naming both.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
 
-from kvstats._validation import check_float_tensor, check_int_range
+from kvstats._random import check_seed
+from kvstats._validation import all_finite, check_float_tensor, check_int_range, check_not_meta
 
-__all__ = ["BitBudget", "Code", "Quantizer", "ACC_DTYPES"]
+__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES"]
 
 #: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
 ACC_DTYPES = {torch.float64: torch.float64}
@@ -53,6 +60,24 @@ class BitBudget:
         return {"payload": self.payload, "norms": self.norms, "side": self.side, "total": self.total}
 
 
+@dataclass(frozen=True)
+class CodeSource:
+    """Which quantizer made a code: its registry name, dim, bits and a fingerprint of seed and options.
+
+    ``fingerprint`` is the first 16 hex digits of the SHA-256 of (class, name, dim, bits, seed, options);
+    ``describe`` is the quantizer's repr, for error messages.
+    """
+
+    name: str
+    dim: int
+    bits: float
+    fingerprint: str
+    describe: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.describe or self.name} [dim={self.dim}, bits={self.bits:g}, fingerprint {self.fingerprint}]"
+
+
 @dataclass
 class Code:
     """An encoded batch of vectors: packed payloads and per-vector scalars, all real tensors.
@@ -63,6 +88,8 @@ class Code:
         payload: named packed tensors (uint8), e.g. {"indices": [..., n, ceil(d·b/8)]}.
         scalars: named per-vector (or per-group) scalars, e.g. {"norm": [..., n]} in the stored dtype.
         parts: nested codes of composite quantizers (e.g. turbo_prod's MSE and QJL stages).
+        source: the :class:`CodeSource` of the quantizer that made it (set by ``Quantizer.encode``;
+            None for codes assembled by hand, which are checked for structure only).
     """
 
     shape: torch.Size
@@ -70,6 +97,7 @@ class Code:
     payload: dict[str, torch.Tensor] = field(default_factory=dict)
     scalars: dict[str, torch.Tensor] = field(default_factory=dict)
     parts: dict[str, Code] = field(default_factory=dict)
+    source: CodeSource | None = None
 
     @property
     def nbytes(self) -> int:
@@ -109,23 +137,32 @@ class Quantizer:
     needs_calibration: bool = False
     min_bits: int = 1
     max_bits: int = 8
+    #: stored scalar name -> the constructor option that sets its dtype (named in overflow errors)
+    storage_options: dict[str, str] = {}
 
-    def __init__(self, bits: int, dim: int, seed: int = 0):
+    def __init__(self, bits: int, dim: int, seed: int | None = 0):
         self.bits = check_int_range(bits, "bits", self.min_bits, self.max_bits)
         self.dim = check_int_range(dim, "dim", 2, 1 << 15)
-        self.seed = seed
+        #: the seed used (for seed=None, the fresh one drawn: rebuild with it to reproduce the object)
+        self.seed = check_seed(seed)
 
     # ------------------------------------------------------------------------------------ public API
     def encode(self, x: torch.Tensor) -> Code:
-        """Encode x [..., d] (fp16/bf16/fp32, or fp64 for references); arithmetic in fp32."""
+        """Encode x [..., d] (fp16/bf16/fp32, or fp64 for references); arithmetic in fp32.
+
+        Raises ValueError when a stored scalar (norm, min, scale) overflows its storage dtype, naming it.
+        """
         self._check_vectors(x, "x")
-        return self._encode(x)
+        code = self._encode(x)
+        self._check_stored(code, x)
+        code.source = self.provenance()
+        return code
 
     def decode(self, code: Code) -> torch.Tensor:
         """Reconstruct x̂ [..., d] in the dtype x had."""
-        if not isinstance(code, Code):
-            raise TypeError(f"code must be a kvstats Code, got {type(code).__name__}")
-        return self._decode(code)
+        self.check_code(code)
+        with self._code_fields(code):
+            return self._decode(code)
 
     def inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         """Estimate ⟨query_i, x_j⟩ for query [..., n_q, d] and code of x [..., n_k, d] -> [..., n_q, n_k].
@@ -136,17 +173,73 @@ class Quantizer:
         self._check_vectors(query, "query")
         if query.dim() < 2:
             raise ValueError(f"query must be [..., n_q, d], got shape {tuple(query.shape)}")
+        self.check_code(code)
         if len(code.shape) < 2:
             raise ValueError(f"inner needs a code of x [..., n_k, d], got a code of shape {tuple(code.shape)}")
-        return self._inner(query, code)
+        with self._code_fields(code):
+            return self._inner(query, code)
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
+        """Bits per coordinate (per cache element), every overhead counted.
+
+        n_tokens: cached tokens that side information shared across tokens is amortised over (per-channel
+        min-max groups, NOVA's calibration); quantizers whose cost is per vector ignore it.
+        """
         raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------- provenance
+    def options(self) -> dict:
+        """The constructor options that change the codes (beyond bits, dim and seed), for the fingerprint."""
+        return {}
+
+    def provenance(self) -> CodeSource:
+        """The :class:`CodeSource` this quantizer stamps on its codes."""
+        key = repr((type(self).__qualname__, self.name, self.dim, self.bits, self.seed,
+                    sorted((k, repr(v)) for k, v in self.options().items())))
+        return CodeSource(self.name, self.dim, self.bits, hashlib.sha256(key.encode()).hexdigest()[:16], repr(self))
+
+    def check_code(self, code: Code) -> None:
+        """Refuse anything but a Code this quantizer (same method, dim, bits, seed and options) made."""
+        if not isinstance(code, Code):
+            raise TypeError(f"code must be a kvstats Code, got {type(code).__name__}")
+        for key, t in _tensors(code):
+            check_not_meta(t, f"code field {key!r}")
+        if code.source is None:
+            if code.shape and code.shape[-1] != self.dim:
+                raise ValueError(f"code is of vectors of dim {code.shape[-1]}, but {self!r} has dim {self.dim}")
+            return
+        mine = self.provenance()
+        if code.source.fingerprint != mine.fingerprint:
+            raise ValueError(f"code was made by {code.source}, not by this quantizer {mine}: decode a code with "
+                             "the quantizer (same method, dim, bits, seed and options) that encoded it")
+
+    def _code_fields(self, code: Code):
+        return _MissingField(self, code)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bits={self.bits}, dim={self.dim}, seed={self.seed})"
 
     # -------------------------------------------------------------------------------- for subclasses
+    def _check_stored(self, code: Code, x: torch.Tensor) -> None:
+        """Refuse a code whose stored scalars overflowed their storage dtype (never return inf silently)."""
+        for key, t in _scalars(code):
+            if t.numel() and t.is_floating_point() and not all_finite(t):
+                big = float(x.detach().abs().amax())
+                option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
+                fix = "rescale x" if t.dtype in (torch.float32, torch.float64) else \
+                    f"pass {option}=torch.float32 or rescale x"
+                raise ValueError(
+                    f"x (max |x| = {big:.4g}) is too large for {self!r}: its stored {key} overflows {t.dtype} "
+                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); {fix}")
+
+    def _check_storable(self, x: torch.Tensor, dtype: torch.dtype, name: str, arg: str) -> None:
+        """Refuse x whose values the storage dtype cannot hold (|x| above its largest finite value)."""
+        if x.numel() and x.is_floating_point() and torch.finfo(x.dtype).max > torch.finfo(dtype).max:
+            big = float(x.detach().abs().amax())
+            if big > torch.finfo(dtype).max:
+                raise ValueError(f"{name} has max |{name}| = {big:.4g}, which {arg}={dtype} cannot hold (largest "
+                                 f"finite {torch.finfo(dtype).max:.6g})")
+
     def _check_vectors(self, x: torch.Tensor, name: str) -> None:
         check_float_tensor(x, name)
         if x.shape[-1] != self.dim:
@@ -162,3 +255,34 @@ class Quantizer:
         acc = acc_dtype(query.dtype)
         x_hat = self._decode(code).to(acc)
         return query.to(acc) @ x_hat.transpose(-1, -2)
+
+
+def _tensors(code: Code, prefix: str = ""):
+    for key, t in (*code.payload.items(), *code.scalars.items()):
+        yield prefix + key, t
+    for part_name, part in code.parts.items():
+        yield from _tensors(part, f"{prefix}{part_name}.")
+
+
+def _scalars(code: Code, prefix: str = ""):
+    for key, t in code.scalars.items():
+        yield prefix + key, t
+    for part_name, part in code.parts.items():
+        yield from _scalars(part, f"{prefix}{part_name}.")
+
+
+class _MissingField:
+    """Turns a KeyError for a code field the quantizer needs into a ValueError naming field and quantizer."""
+
+    def __init__(self, quantizer: Quantizer, code: Code):
+        self.quantizer, self.code = quantizer, code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is KeyError:
+            have = sorted([*self.code.payload, *self.code.scalars, *self.code.parts])
+            raise ValueError(f"code lacks the field {exc.args[0]!r} that {self.quantizer!r} needs (it holds "
+                             f"{have}): it was not made by this quantizer") from None
+        return False

@@ -39,6 +39,7 @@ class LloydQuantizer(Quantizer):
     """
 
     name = "lloyd"
+    storage_options = {"norm": "norm_dtype"}
     rotation: Rotation | None = None
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, norm_dtype: torch.dtype = torch.float32):
@@ -112,7 +113,10 @@ class LloydQuantizer(Quantizer):
         scores = ops.lloyd_scores(q3, packed, norm, self.levels(q.device, acc), self.bits)
         return scores.reshape(*lead, *scores.shape[-2:])
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"norm_dtype": self.norm_dtype, "rotation": getattr(self, "rotation_kind", None)}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return BitBudget(payload=8 * packed_nbytes(self.dim, self.bits) / self.dim,
                          norms=dtype_bits(self.norm_dtype) / self.dim)
 
@@ -120,9 +124,10 @@ class LloydQuantizer(Quantizer):
 class TurboMSE(LloydQuantizer):
     """TurboQuant_mse: random rotation Π, then the b-bit Lloyd–Max codebook of f_d per coordinate.
 
+    Arguments other than ``rotation`` as :class:`LloydQuantizer`; the seed fixes Π.
+
     Args:
         rotation: ``"wht"`` (randomized Walsh–Hadamard, O(d log d), default) or ``"haar"`` (dense QR).
-        Others as :class:`LloydQuantizer`; the seed fixes Π.
     """
 
     name = "turbo_mse"
@@ -131,7 +136,7 @@ class TurboMSE(LloydQuantizer):
                  norm_dtype: torch.dtype = torch.float32):
         super().__init__(bits, dim, seed, norm_dtype=norm_dtype)
         self.rotation_kind = rotation
-        self.rotation = make_rotation(rotation, self.dim, seed)
+        self.rotation = make_rotation(rotation, self.dim, self.seed)
 
     def __repr__(self) -> str:
         return f"TurboMSE(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"

@@ -10,6 +10,10 @@ Codes are computed from the *stored* (rounded) lo and s, so decode is consistent
 A constant group (s = 0) decodes exactly to lo. With ``axis="channel"`` x must be [..., n, d] with
 tokens on axis −2; a last partial group of tokens gets its own lo and s. Inner products are
 decode-then-dot. Side information: 2 scalars per group.
+
+:class:`RotatedMinMax` (``rotated_minmax``) rotates first (randomized Hadamard or Haar, fixed by the
+seed) and min-maxes Π x per token: the rotation spreads outlier coordinates over the whole vector, so
+one (lo, step) pair per token fits every coordinate (NOVA-KV's value path).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from kvstats._validation import check_int_range
 from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quantizers._common import check_norm_dtype, dtype_bits
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.rotations import Rotation, make_rotation
 
-__all__ = ["MinMaxQuantizer"]
+__all__ = ["MinMaxQuantizer", "RotatedMinMax"]
 
 
 class MinMaxQuantizer(Quantizer):
@@ -39,6 +44,7 @@ class MinMaxQuantizer(Quantizer):
     """
 
     name = "minmax"
+    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, axis: str = "token", group_size: int | None = None,
                  side_dtype: torch.dtype = torch.float16):
@@ -111,6 +117,9 @@ class MinMaxQuantizer(Quantizer):
         x_hat = code.scalars["min"].to(acc).unsqueeze(-1) + code.scalars["scale"].to(acc).unsqueeze(-1) * grouped
         return self._ungrouped(x_hat, code.shape).to(code.dtype)
 
+    def options(self) -> dict:
+        return {"axis": self.axis, "group_size": self.group_size, "side_dtype": self.side_dtype}
+
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per coordinate; for ``axis="channel"`` pass n_tokens to count a partial last group."""
         per_group = 2 * dtype_bits(self.side_dtype)
@@ -122,3 +131,44 @@ class MinMaxQuantizer(Quantizer):
 
     def __repr__(self) -> str:
         return f"MinMaxQuantizer(bits={self.bits}, dim={self.dim}, axis={self.axis!r}, group_size={self.group_size})"
+
+
+class RotatedMinMax(Quantizer):
+    """An orthogonal rotation Π, then b-bit min-max per token on Π x (NOVA-KV's value path).
+
+    Args:
+        bits, dim, seed: as usual; the seed fixes Π. rotation: ``"wht"`` (randomized Hadamard) or ``"haar"``.
+        side_dtype: precision of the per-token lo and step (fp16).
+    Inner products: ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩ (decode-then-dot in the rotated domain).
+    """
+
+    name = "rotated_minmax"
+    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
+
+    def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht",
+                 side_dtype: torch.dtype = torch.float16):
+        super().__init__(bits, dim, seed)
+        self.rotation_kind = rotation
+        self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed)
+        self.minmax = MinMaxQuantizer(self.bits, self.dim, axis="token", side_dtype=side_dtype)
+
+    def _encode(self, x: torch.Tensor) -> Code:
+        inner = self.minmax.encode(self.rotation.forward(x.to(acc_dtype(x.dtype))))
+        return Code(x.shape, x.dtype, parts={"minmax": inner})
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        return self.rotation.inverse(self.minmax.decode(code.parts["minmax"])).to(code.dtype)
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        acc = acc_dtype(query.dtype)
+        y_hat = self.minmax.decode(code.parts["minmax"]).to(acc)
+        return self.rotation.forward(query.to(acc)) @ y_hat.transpose(-1, -2)
+
+    def options(self) -> dict:
+        return {"rotation": self.rotation_kind, **self.minmax.options()}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
+        return self.minmax.bits_per_coordinate()
+
+    def __repr__(self) -> str:
+        return f"RotatedMinMax(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"

@@ -63,9 +63,9 @@ distribution, not its mean (unlike turbo_prod / QJL).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,8 +76,8 @@ from kvstats._validation import all_finite, check_float_tensor, check_int_range
 from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
-from kvstats.quantizers.minmax import MinMaxQuantizer
-from kvstats.rotations import Rotation, make_rotation
+from kvstats.quantizers.minmax import RotatedMinMax
+from kvstats.quantizers.per_head import PerHeadQuantizer
 
 __all__ = [
     "DEFAULT_AMORTIZE_TOKENS",
@@ -297,6 +297,7 @@ class NovaQuantizer(Quantizer):
     """
 
     name = "nova"
+    storage_options = {"scale": "scale_dtype"}
 
     def __init__(self, bits: int = 2, dim: int = 128, seed: int = 0, *, group_dim: int | None = None,
                  ridge: float = DEFAULT_RIDGE, kmeans_iters: int = 20, scale_dtype: torch.dtype = torch.float16,
@@ -321,6 +322,7 @@ class NovaQuantizer(Quantizer):
         self.side_dtype = side_dtype
         self.amortize_tokens = check_int_range(amortize_tokens, "amortize_tokens", 1, 1 << 40)
         self.calibration: NovaCalibration | None = None  # the isotropic prior is built on first use
+        self._calibration_digest = "isotropic prior"
         if calibration is not None:
             self._set_calibration(calibration)
 
@@ -375,6 +377,10 @@ class NovaQuantizer(Quantizer):
             raise ValueError(f"calibration must have a [{d}, {d}] transform and {list(shape)} codebooks, got "
                              f"{list(cal.transform.shape)} and {list(cal.codebooks.shape)}")
         self.calibration = cal
+        digest = hashlib.sha256()
+        for t in (cal.transform, cal.mean, cal.codebooks):
+            digest.update(t.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+        self._calibration_digest = f"{cal.source}:{digest.hexdigest()[:16]}"
         self._t = DeviceCache(cal.transform)
         self._t_inv = DeviceCache(cal.inverse)
         self._mu = DeviceCache(cal.mean)
@@ -454,6 +460,15 @@ class NovaQuantizer(Quantizer):
         offset = query.to(acc) @ self._mu.on(query.device, acc)
         return self.map_queries(query) @ y_hat.transpose(-1, -2) + offset.unsqueeze(-1)
 
+    def provenance(self):
+        self._need_calibration()  # the isotropic prior, if not calibrated: part of what the codes depend on
+        return super().provenance()
+
+    def options(self) -> dict:
+        return {"group_dim": self.group_dim, "ridge": self.ridge, "kmeans_iters": self.kmeans_iters,
+                "scale_dtype": self.scale_dtype, "side_dtype": self.side_dtype,
+                "calibration": self._calibration_digest}
+
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per key element; calibration data amortised over n_tokens (default ``amortize_tokens``)."""
         tokens = self.amortize_tokens if n_tokens is None else check_int_range(n_tokens, "n_tokens", 1, 1 << 40)
@@ -523,99 +538,7 @@ def parseval_terms(quantizer: NovaQuantizer, keys: torch.Tensor, queries: torch.
     return ParsevalTerms(coef, form, qmean)
 
 
-# ------------------------------------------------------------------------------------------ values
-
-
-class RotatedMinMax(Quantizer):
-    """Values: an orthogonal rotation Π, then b-bit min-max per token on Π x (NOVA-KV's value path).
-
-    Args:
-        bits, dim, seed: as usual; the seed fixes Π. rotation: ``"wht"`` (randomized Hadamard) or ``"haar"``.
-        side_dtype: precision of the per-token lo and step (fp16).
-    Inner products: ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩ (decode-then-dot in the rotated domain).
-    """
-
-    name = "rotated_minmax"
-
-    def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht",
-                 side_dtype: torch.dtype = torch.float16):
-        super().__init__(bits, dim, seed)
-        self.rotation_kind = rotation
-        self.rotation: Rotation = make_rotation(rotation, self.dim, seed)
-        self.minmax = MinMaxQuantizer(self.bits, self.dim, axis="token", side_dtype=side_dtype)
-
-    def _encode(self, x: torch.Tensor) -> Code:
-        inner = self.minmax.encode(self.rotation.forward(x.to(acc_dtype(x.dtype))))
-        return Code(x.shape, x.dtype, parts={"minmax": inner})
-
-    def _decode(self, code: Code) -> torch.Tensor:
-        return self.rotation.inverse(self.minmax.decode(code.parts["minmax"])).to(code.dtype)
-
-    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
-        acc = acc_dtype(query.dtype)
-        y_hat = self.minmax.decode(code.parts["minmax"]).to(acc)
-        return self.rotation.forward(query.to(acc)) @ y_hat.transpose(-1, -2)
-
-    def bits_per_coordinate(self) -> BitBudget:
-        return self.minmax.bits_per_coordinate()
-
-    def __repr__(self) -> str:
-        return f"RotatedMinMax(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"
-
-
 # ----------------------------------------------------------------------------------- whole caches
-
-
-class PerHeadQuantizer(Quantizer):
-    """One quantizer per KV head for caches [..., H_kv, S, d]: head h of x goes through ``heads[h]``.
-
-    The heads must share bits, dim and code layout (e.g. calibrated :class:`NovaQuantizer`\\ s). The code
-    stacks the heads' payloads and scalars on the head axis (payload [..., H_kv, S, bytes], scalars
-    [..., H_kv, S]); ``inner`` takes queries [..., H_kv, n_q, d] and returns [..., H_kv, n_q, S].
-    """
-
-    def __init__(self, heads: Sequence[Quantizer]):
-        heads = list(heads)
-        if not heads:
-            raise ValueError("heads is empty: need one quantizer per KV head")
-        first = heads[0]
-        if any(h.dim != first.dim or h.bits != first.bits or type(h) is not type(first) for h in heads):
-            raise ValueError("heads must all be quantizers of the same type, bits and dim")
-        super().__init__(first.bits, first.dim, first.seed)
-        self.heads = heads
-        self.name = first.name
-
-    def _check_heads(self, x: torch.Tensor, name: str) -> None:
-        if x.dim() < 3 or x.shape[-3] != len(self.heads):
-            raise ValueError(f"{name} must be [..., {len(self.heads)} (KV heads), n, {self.dim}], "
-                             f"got shape {tuple(x.shape)}")
-
-    def _encode(self, x: torch.Tensor) -> Code:
-        self._check_heads(x, "x")
-        codes = [h.encode(x[..., i, :, :]) for i, h in enumerate(self.heads)]
-        return Code(x.shape, x.dtype,
-                    payload={n: torch.stack([c.payload[n] for c in codes], -3) for n in codes[0].payload},
-                    scalars={n: torch.stack([c.scalars[n] for c in codes], -2) for n in codes[0].scalars})
-
-    def head_code(self, code: Code, i: int) -> Code:
-        """The code of head i alone (views into ``code``)."""
-        return Code(torch.Size((*code.shape[:-3], *code.shape[-2:])), code.dtype,
-                    payload={n: t[..., i, :, :] for n, t in code.payload.items()},
-                    scalars={n: t[..., i, :] for n, t in code.scalars.items()})
-
-    def _decode(self, code: Code) -> torch.Tensor:
-        return torch.stack([h.decode(self.head_code(code, i)) for i, h in enumerate(self.heads)], -3)
-
-    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
-        self._check_heads(query, "query")
-        return torch.stack([h.inner(query[..., i, :, :], self.head_code(code, i))
-                            for i, h in enumerate(self.heads)], -3)
-
-    def bits_per_coordinate(self, **kwargs) -> BitBudget:
-        return self.heads[0].bits_per_coordinate(**kwargs)
-
-    def __repr__(self) -> str:
-        return f"PerHeadQuantizer({len(self.heads)} × {self.heads[0]!r})"
 
 
 def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,

@@ -10,9 +10,16 @@ Rows of S:
   √d, so each row is uniform on the sphere of radius √d. The Gaussian constant √(π/2) would then be
   slightly biased (by ≈ 0.4% at d = 64); kvstats uses the exact constant
   c = √π Γ((d+1)/2) / (√d Γ(d/2)) (:func:`kvstats.rotations.spherical_sign_scale`) so it stays unbiased.
+* ``"srht"``: D'Alberto's randomized Hadamard sketch (arXiv 2605.08114 §2.2, eq. 3), S = H·diag(s′) with H
+  the unnormalised ±1 Sylvester–Hadamard matrix and s′ Rademacher signs (:func:`kvstats.rotations.srht_sketch`),
+  c = √(π/2). With m = d, r̂ = (√(π/2)·‖r‖/d)·s′⊙(H q). Unbiased only approximately (averaged over s′, for
+  spread vectors whose signed sums are near Gaussian); for a spike r = e₁ it returns exactly √(π/2)·e₁
+  for every s′ (biased by the factor √(π/2)). Needs the sketched width d to be a power of two.
 
 Outlier channels (``outliers=[...]``): those channels get their own sketch (``outlier_m`` rows) and
-norm, the rest another; the estimate is the sum of the two (both unbiased). Encode and scores run in
+norm, the rest another; the estimate is the sum of the two (both unbiased). A single outlier channel
+needs no sketch: its value is stored exactly (one ``norm_dtype`` scalar, ``outlier_m`` unused) and its
+term of the estimate is exact. Encode and scores run in
 the fused kernels ``qjl_encode`` / ``qjl_scores`` (kvstats.ops).
 """
 
@@ -23,16 +30,17 @@ import math
 import torch
 
 from kvstats import ops
-from kvstats._random import spawn_seeds
+from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_int_range
 from kvstats.packing import packed_nbytes, unpack_signs
 from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
-from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale
+from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
-__all__ = ["SignSketch", "QJLQuantizer"]
+__all__ = ["ROWS", "SignSketch", "QJLQuantizer"]
 
-ROWS = ("gaussian", "orthogonal")
+#: The sketch kinds of every QJL stage (qjl, turbo_prod's residual).
+ROWS = ("gaussian", "orthogonal", "srht")
 
 
 class SignSketch:
@@ -44,6 +52,8 @@ class SignSketch:
         self.m, self.d, self.rows = m, d, rows
         if rows == "gaussian":
             s, self.scale = gaussian_sketch(m, d, seed), math.sqrt(math.pi / 2)
+        elif rows == "srht":
+            s, self.scale = srht_sketch(m, d, seed), math.sqrt(math.pi / 2)
         else:
             s, self.scale = orthogonal_sketch(m, d, seed), spherical_sign_scale(d)
         self._s = DeviceCache(s)
@@ -78,13 +88,14 @@ class QJLQuantizer(Quantizer):
         dim: d ≥ 2.
         bits: sign bits per coordinate; m = bits·d when ``m`` is not given (default 1, i.e. m = d).
         m: number of sketch rows (the QJL paper's default is 256 at d = 128).
-        rows: ``"orthogonal"`` (default) or ``"gaussian"``.
+        rows: ``"orthogonal"`` (default), ``"gaussian"`` or ``"srht"`` (power-of-two sketched widths only).
         outliers: channel indices sketched separately (e.g. the 4–8 outlier channels of deep layers).
         outlier_m: rows of the outlier sketch (default m).
         norm_dtype: precision of the stored norms (fp32 default).
     """
 
     name = "qjl"
+    storage_options = {"norm": "norm_dtype", "norm_outlier": "norm_dtype", "value_outlier": "norm_dtype"}
 
     def __init__(self, bits: int | None = None, dim: int = 128, seed: int = 0, *, m: int | None = None,
                  rows: str = "orthogonal", outliers=None, outlier_m: int | None = None,
@@ -96,10 +107,10 @@ class QJLQuantizer(Quantizer):
             raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
         self.m = check_int_range(m, "m", 1, 1 << 16)
         self.bits = self.m / self.dim
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.rows = rows
         self.norm_dtype = check_norm_dtype(norm_dtype)
-        seeds = spawn_seeds(seed, 2) if isinstance(seed, int) else [seed, seed]
+        seeds = spawn_seeds(self.seed, 2)
         if outliers is None or len(outliers) == 0:
             self.outliers = None
             self.sketch = SignSketch(self.m, self.dim, rows, seeds[0])
@@ -115,40 +126,68 @@ class QJLQuantizer(Quantizer):
             self.inliers = torch.nonzero(mask).flatten()
             self.outlier_m = check_int_range(self.m if outlier_m is None else outlier_m, "outlier_m", 1, 1 << 16)
             self.sketch = SignSketch(self.m, len(self.inliers), rows, seeds[0])
-            self.outlier_sketch = SignSketch(self.outlier_m, len(idx), rows, seeds[1])
+            # one channel: stored exactly (no sketch; see the module docstring)
+            self.outlier_sketch = SignSketch(self.outlier_m, len(idx), rows, seeds[1]) if len(idx) > 1 else None
+
+    @property
+    def exact_outlier(self) -> bool:
+        """True when the outlier part is one channel, stored exactly instead of sketched."""
+        return self.outliers is not None and self.outlier_sketch is None
 
     def _parts(self, x: torch.Tensor) -> list[tuple[str, SignSketch, torch.Tensor]]:
-        if self.outlier_sketch is None:
+        if self.outliers is None:
             return [("", self.sketch, x)]
-        return [("", self.sketch, x[..., self.inliers.to(x.device)]),
-                ("_outlier", self.outlier_sketch, x[..., self.outliers.to(x.device)])]
+        parts = [("", self.sketch, x[..., self.inliers.to(x.device)])]
+        if not self.exact_outlier:
+            parts.append(("_outlier", self.outlier_sketch, x[..., self.outliers.to(x.device)]))
+        return parts
+
+    def _outlier_value(self, x: torch.Tensor) -> torch.Tensor:
+        return x[..., self.outliers.to(x.device)].squeeze(-1)
 
     def _encode(self, x: torch.Tensor) -> Code:
         code = Code(x.shape, x.dtype)
         for suffix, sketch, part in self._parts(x):
             code.payload["signs" + suffix], code.scalars["norm" + suffix] = sketch.encode(part, self.norm_dtype)
+        if self.exact_outlier:
+            value = self._outlier_value(x)
+            code.scalars["value_outlier"] = value.to(torch.float64 if x.dtype == torch.float64 else self.norm_dtype)
         return code
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         q = query.to(acc_dtype(query.dtype))
-        return sum(sketch.estimate(part, code.payload["signs" + sfx], code.scalars["norm" + sfx])
-                   for sfx, sketch, part in self._parts(q))
+        scores = sum(sketch.estimate(part, code.payload["signs" + sfx], code.scalars["norm" + sfx])
+                     for sfx, sketch, part in self._parts(q))
+        if self.exact_outlier:  # exact term q_o · x_o
+            value = code.scalars["value_outlier"].to(q.dtype)
+            scores = scores + self._outlier_value(q).unsqueeze(-1) * value.unsqueeze(-2)
+        return scores
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
-        if self.outlier_sketch is None:
+        if self.outliers is None:
             return self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc).to(code.dtype)
         dev = code.device
         out = torch.zeros(*code.shape, dtype=acc, device=dev)
         out[..., self.inliers.to(dev)] = self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc)
-        out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
-            code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
+        if self.exact_outlier:
+            out[..., self.outliers.to(dev)] = code.scalars["value_outlier"].to(acc).unsqueeze(-1)
+        else:
+            out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
+                code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
         return out.to(code.dtype)
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"m": self.m, "rows": self.rows, "norm_dtype": self.norm_dtype,
+                "outliers": None if self.outliers is None else self.outliers.tolist(),
+                "outlier_m": getattr(self, "outlier_m", None)}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         norm_bits = dtype_bits(self.norm_dtype)
-        if self.outlier_sketch is None:
+        if self.outliers is None:
             return BitBudget(payload=8 * packed_nbytes(self.m, 1) / self.dim, norms=norm_bits / self.dim)
+        if self.exact_outlier:  # the inlier norm and the outlier value
+            return BitBudget(payload=8 * packed_nbytes(self.m, 1) / self.dim, norms=2 * norm_bits / self.dim)
         payload = 8 * (packed_nbytes(self.m, 1) + packed_nbytes(self.outlier_m, 1)) / self.dim
         return BitBudget(payload=payload, norms=2 * norm_bits / self.dim)
 

@@ -36,17 +36,20 @@ class TurboProd(Quantizer):
         bits: b in [1, 8] (b − 1 bits of MSE codes + 1 sign bit per coordinate).
         dim: d ≥ 2. seed: fixes the rotation and the sketch (independent child seeds).
         rotation: ``"wht"`` (default) or ``"haar"`` for the MSE stage.
-        rows: ``"gaussian"`` (default, as in the paper) or ``"orthogonal"`` for the residual sketch.
+        rows: ``"gaussian"`` (default, as in the paper), ``"orthogonal"`` or ``"srht"`` (D'Alberto's randomized
+            Hadamard sketch, arXiv 2605.08114 §2.2 eq. 3; d a power of two) for the residual sketch
+            (see :mod:`kvstats.quantizers.qjl`).
         norm_dtype: precision of ‖x‖ and γ (fp32 default).
     """
 
     name = "turbo_prod"
+    storage_options = {"norm": "norm_dtype", "gamma": "norm_dtype"}
 
     def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht", rows: str = "gaussian",
                  norm_dtype: torch.dtype = torch.float32):
         super().__init__(bits, dim, seed)
         self.norm_dtype = check_norm_dtype(norm_dtype)
-        seed_mse, seed_qjl = spawn_seeds(seed, 2)
+        seed_mse, seed_qjl = spawn_seeds(self.seed, 2)
         self.rotation_kind, self.rows = rotation, rows
         self.mse = TurboMSE(self.bits - 1, self.dim, seed_mse, rotation=rotation, norm_dtype=norm_dtype) \
             if self.bits > 1 else None
@@ -90,7 +93,10 @@ class TurboProd(Quantizer):
                                        signs, gamma, self.sketch.scale / self.sketch.m)
         return scores.reshape(*lead, *scores.shape[-2:])
 
-    def bits_per_coordinate(self) -> BitBudget:
+    def options(self) -> dict:
+        return {"rotation": self.rotation_kind, "rows": self.rows, "norm_dtype": self.norm_dtype}
+
+    def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,
                               norms=dtype_bits(self.norm_dtype) / self.dim)
         return sign_bits if self.mse is None else sign_bits + self.mse.bits_per_coordinate()

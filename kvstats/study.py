@@ -1,0 +1,85 @@
+"""The study shell: one command line, one runner, one claims writer and one timing for every study.
+
+A study script (``studies/<name>.py``) declares its name and its place in the report and runs like this::
+
+    from kvstats import study
+
+    STUDY = "budget_sweep"
+    POSITION = 70                                   # report order: smaller first (see kvstats.report)
+
+    def main(argv=None) -> int:
+        run = study.start(STUDY, __doc__, argv, position=POSITION)
+        table = run.sweep(cell, cells, version=VERSION)       # kvstats.sweep.Sweep with the run's options
+        ...                                                   # figures, tables (kvstats.plots), claims
+        return run.finish(claims)                             # write_claims + "<study> done in …" + exit code 0
+
+``start`` parses the common command line (:func:`kvstats.sweep.study_args`: ``--scale``, ``--scheduler``,
+``--n-jobs``, ``--no-progress``, ``--recompute``) and starts the clock; ``sweep`` runs a sweep with those
+options and counts computed and cached cells; ``finish`` writes the claims (with the scale and the study's
+position) and prints the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from kvstats.report import write_claims, write_definitions
+from kvstats.sweep import Sweep, study_args
+
+__all__ = ["StudyRun", "start"]
+
+
+@dataclass
+class StudyRun:
+    """One run of a study: its name, parsed command line, report position, clock and cell counts."""
+
+    name: str
+    args: argparse.Namespace
+    position: int | None = None
+    started: float = field(default_factory=time.perf_counter)
+    computed: int = 0
+    cached: int = 0
+
+    @property
+    def scale(self) -> str:
+        """``"quick"`` or ``"paper"``."""
+        return self.args.scale
+
+    def sweep(self, cell: Callable[..., list[dict]], cells: Sequence[Mapping[str, Any]], *, version: str,
+              name: str | None = None) -> pd.DataFrame:
+        """Run ``cells`` through :class:`kvstats.sweep.Sweep` (named ``name``, default the study's) with the run's
+        scheduler, workers, progress bar and recompute flag; return its table."""
+        table = Sweep(name or self.name, cell, list(cells), version=version).run(
+            scheduler=self.args.scheduler, n_jobs=self.args.n_jobs, progress=not self.args.no_progress,
+            recompute=self.args.recompute)
+        info = table.attrs.get("sweep", {})
+        self.computed += int(info.get("computed") or 0)
+        self.cached += int(info.get("cached") or 0)
+        return table
+
+    def elapsed(self) -> float:
+        """Wall seconds since :func:`start`."""
+        return time.perf_counter() - self.started
+
+    def finish(self, claims: Sequence[Mapping[str, Any]], *, definitions: Mapping[str, str] | None = None,
+               echo: bool = True) -> int:
+        """Write the claims (``figures/data/<study>_claims.json``, with scale and position) and the definitions
+        (:func:`kvstats.report.write_definitions`: what the study's terms mean, generated from its
+        configuration), print the wall time and the cell counts; return 0, the study's exit code."""
+        write_claims(self.name, claims, scale=self.scale, position=self.position, echo=echo)
+        if definitions is not None:
+            write_definitions(self.name, definitions)
+        print(f"{self.name} done in {self.elapsed():.1f} s ({self.computed} cells computed, {self.cached} cached)")
+        return 0
+
+
+def start(name: str, description: str | None = None, argv: Sequence[str] | None = None, *,
+          position: int | None = None) -> StudyRun:
+    """Parse the study's command line and start its clock."""
+    return StudyRun(name, study_args(description, argv), position)

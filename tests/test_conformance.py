@@ -1,0 +1,165 @@
+"""The conformance kit (kvstats.testing.check_quantizer) and registering quantizers and schemes from outside.
+
+Every built-in quantizer passes check_quantizer, and so does a small external per-token int4 quantizer
+written here; broken variants of that quantizer fail it, each with the name of the check it breaks.
+"""
+
+import pytest
+import torch
+
+import kvstats
+from kvstats.data.synthetic import generate
+from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quantizers import QUANTIZERS, BitBudget, Code, IdentityQuantizer, Quantizer
+from kvstats.schemes import SCHEMES
+from kvstats.testing import check_quantizer
+
+BUILT_IN = [
+    ("lloyd", {}), ("lloyd", {"norm_dtype": torch.float16}), ("turbo_mse", {}), ("turbo_mse", {"rotation": "haar"}),
+    ("turbo_prod", {"bits": 1}), ("turbo_prod", {"bits": 3}), ("turbo_prod", {"bits": 3, "rows": "srht"}),
+    ("turbo_prod", {"bits": 2, "rows": "orthogonal", "rotation": "haar"}),
+    ("qjl", {}), ("qjl", {"rows": "gaussian", "bits": None, "m": 96}), ("qjl", {"rows": "srht"}),
+    ("qjl", {"outliers": [0]}),
+    ("qjl", {"outliers": [3, 9], "outlier_m": 16}),
+    ("minmax", {}), ("minmax", {"group_size": 16, "bits": 4}), ("minmax", {"axis": "channel"}),
+    ("minmax", {"axis": "channel", "group_size": 64, "bits": 3}), ("rotated_minmax", {}), ("nova", {}),
+    ("nova", {"bits": 3}),
+]
+
+
+def test_every_registered_quantizer_is_covered():
+    assert {name for name, _ in BUILT_IN} == set(QUANTIZERS)
+
+
+@pytest.mark.parametrize("name, options", BUILT_IN, ids=[f"{n}-{o}" for n, o in BUILT_IN])
+def test_built_in_quantizers_pass(name, options):
+    args = {"bits": 2, "dim": 64, "seed": 3, **options}
+    check_quantizer(kvstats.quantizer(name, **args),
+                    factory=lambda seed: kvstats.quantizer(name, **{**args, "seed": seed}))
+
+
+def test_calibrated_nova_and_identity_pass():
+    q, k, _ = generate("low_rank", 1, 1, 600, 32, 0, n_q=64)
+    nova = kvstats.quantizer("nova", bits=2, dim=32, seed=1).calibrate(q, k)
+    check_quantizer(nova)
+    for dtype in (None, torch.float16, torch.bfloat16):
+        check_quantizer(IdentityQuantizer(64, dtype=dtype))
+
+
+# ------------------------------------------------------------------------- an external int4 quantizer
+class Int4PerToken(Quantizer):
+    """Symmetric per-token int4: scale = max|x|/7 (fp32), codes round(x/scale) + 8 in [0, 15], packed."""
+
+    name = "int4_per_token"
+    min_bits = max_bits = 4
+
+    def _encode(self, x):
+        xa = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        scale = xa.abs().amax(-1) / 7
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = (torch.round(xa / safe.unsqueeze(-1)).clamp(-8, 7) + 8).to(torch.int64)
+        return Code(x.shape, x.dtype, payload={"codes": pack_bits(codes, 4)}, scalars={"scale": scale.float()})
+
+    def _decode(self, code):
+        codes = unpack_bits(code.payload["codes"], 4, self.dim).float() - 8
+        return (codes * code.scalars["scale"].unsqueeze(-1)).to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=8 * packed_nbytes(self.dim, 4) / self.dim, side=32 / self.dim)
+
+
+def test_an_external_int4_quantizer_passes():
+    check_quantizer(Int4PerToken(4, 64), factory=lambda seed: Int4PerToken(4, 64, seed))
+    q = Int4PerToken(4, 64)
+    x = torch.randn(10, 64, generator=torch.Generator().manual_seed(0))
+    # independent oracle: the error of round-to-nearest is at most half a step, step = max|x|/7
+    assert ((q.decode(q.encode(x)) - x).abs() <= x.abs().amax(-1, keepdim=True) / 14 + 1e-6).all()
+
+
+class _LiesAboutBits(Int4PerToken):
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=4.0)  # forgets the fp32 scale
+
+
+class _Random(Int4PerToken):
+    def _encode(self, x):
+        return super()._encode(x + 1e-2 * torch.randn_like(x))
+
+
+class _HoldsAView(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        big = torch.zeros(2 * code.scalars["scale"].numel())
+        code.scalars["scale"] = big[: code.scalars["scale"].numel()].view_as(code.scalars["scale"]).copy_(
+            code.scalars["scale"])
+        return code
+
+
+class _WrongInner(Int4PerToken):
+    def _inner(self, query, code):
+        return 2 * super()._inner(query, code)
+
+
+class _AcceptsNaN(Int4PerToken):
+    def encode(self, x):
+        return self._encode(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else super().encode(x)
+
+
+class _NoTokens(Int4PerToken):
+    def bits_per_coordinate(self):
+        return super().bits_per_coordinate()
+
+
+class _WrongDtype(Int4PerToken):
+    def _decode(self, code):
+        return super()._decode(code).float()
+
+
+@pytest.mark.parametrize("cls, check", [
+    (_LiesAboutBits, "bits"), (_Random, "determinism"), (_HoldsAView, "nbytes"), (_WrongInner, "inner"),
+    (_AcceptsNaN, "bad input"), (_NoTokens, "protocol"), (_WrongDtype, "dtypes"),
+])
+def test_broken_quantizers_fail_naming_the_check(cls, check):
+    with pytest.raises(AssertionError, match=rf"^check_quantizer\[{check}\] failed for"):
+        check_quantizer(cls(4, 64))
+
+
+# --------------------------------------------------------------------------------- registering from outside
+def test_register_a_quantizer_from_outside():
+    try:
+        kvstats.register(Int4PerToken)
+        q = kvstats.quantizer("int4_per_token", bits=4, dim=32, seed=0)
+        assert isinstance(q, Int4PerToken)
+        with pytest.raises(ValueError, match="already registered"):
+            kvstats.register(_Random)  # same name, another class
+        kvstats.register(_Random, replace=True)
+        assert isinstance(kvstats.quantizer("int4_per_token", bits=4, dim=32), _Random)
+        with pytest.raises(TypeError, match="subclass of kvstats.quantizers.Quantizer"):
+            kvstats.register(int)
+    finally:
+        QUANTIZERS.pop("int4_per_token", None)
+
+
+def test_register_a_scheme_from_outside():
+    def int4_both(bits, dim, seeds, rows=None, **options):
+        return Int4PerToken(bits, dim, seeds[0]), Int4PerToken(bits, dim, seeds[1])
+
+    try:
+        kvstats.register_scheme("int4", int4_both, min_bits=4)
+        s = kvstats.scheme("int4", bits=4, dim=32, seed=5)
+        assert (s.name, s.seed, s.k.seed != s.v.seed) == ("int4", 5, True)
+        gen = torch.Generator().manual_seed(0)
+        k, v, q = (torch.randn(1, 2, 12, 32, generator=gen) for _ in range(3))
+        cache = s.encode(k, v)
+        k_hat, v_hat = s.decode(cache)
+        expected = torch.softmax(q.double() @ k_hat.double().transpose(-1, -2) / 32**0.5, -1) @ v_hat.double()
+        torch.testing.assert_close(s.attention(q, cache).double(), expected, rtol=1e-5, atol=1e-5)
+        assert cache.nbytes * 8 == s.bits_per_coordinate()["mean"].total * (k.numel() + v.numel())
+        with pytest.raises(ValueError, match=r"bits must be in \[4, 8\], got 3"):
+            kvstats.scheme("int4", bits=3, dim=32)
+        with pytest.raises(ValueError, match="already registered"):
+            kvstats.register_scheme("kqv", int4_both)
+        with pytest.raises(TypeError, match="factory must be callable"):
+            kvstats.register_scheme("x", None)
+    finally:
+        SCHEMES.pop("int4", None)
