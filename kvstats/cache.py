@@ -499,8 +499,8 @@ class KVStatsLayer(CacheLayerMixin):
                      v_hat: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows)."""
         span_start, span_k, span_v = span
-        b, hq, n, d = query.shape
-        hkv, seq, nq = span_k.shape[1], self.cumulative_length, self.n_quantized
+        n = query.shape[2]
+        seq, nq = self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         exact = _attention.scores(q, span_k.to(acc), scale=scaling)  # exact logits against the span [span_start, seq)
