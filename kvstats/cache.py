@@ -93,7 +93,7 @@ __all__ = [
 
 #: Name under which :func:`kvstats_attention` is registered in transformers' AttentionInterface.
 ATTN_IMPLEMENTATION = "kvstats"
-#: k of the top-k recall recorded by ``record_attention`` (REFERENCE §5).
+#: k of the top-k recall recorded by ``record_attention`` (docs/references.md §5).
 RECORD_TOP_K = 5
 
 

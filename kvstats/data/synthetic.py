@@ -14,7 +14,7 @@ Key / value laws (``kind``), each drawn independently for K and for V:
 
 Outlier channels (any kind): ``outlier_channels`` (a list of channel indices, or a count of channels drawn
 at random by :func:`outlier_channel_indices`) are multiplied by ``outlier_scale`` in K and by
-``value_outlier_scale`` in V — the fixed-channel outliers of real keys (REFERENCE §8: max/median channel
+``value_outlier_scale`` in V — the fixed-channel outliers of real keys (docs/references.md §8: max/median channel
 magnitude 3–5.6 in SmolLM2's keys, 1.7–3.8 in its values).
 
 Queries. Real attention is peaked: a query attends to a few keys. Each query here aims at ``n_focus``
