@@ -138,15 +138,17 @@ def _cat_codes(a: Code, b: Code) -> Code:
                 parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
 
 
-def _slice_code(code: Code, stop: int) -> Code:
-    """The first ``stop`` tokens of a per-vector code (every tensor indexed [..., n, ...] like x)."""
+def _slice_code(code: Code, stop: int, *, copy: bool = True) -> Code:
+    """The first ``stop`` tokens of a per-vector code (every tensor indexed [..., n, ...] like x); views of the
+    code's tensors when ``copy`` is False."""
     axis = _token_axis(code)
     shape = torch.Size((*code.shape[:axis], stop, *code.shape[axis + 1:]))
+    cut = (lambda t: t.narrow(axis, 0, stop).clone()) if copy else (lambda t: t.narrow(axis, 0, stop))
     return dataclasses.replace(  # replace keeps any other field of the code (e.g. its provenance)
         code, shape=shape,
-        payload={k: t.narrow(axis, 0, stop).clone() for k, t in code.payload.items()},
-        scalars={k: t.narrow(axis, 0, stop).clone() for k, t in code.scalars.items()},
-        parts={k: _slice_code(p, stop) for k, p in code.parts.items()})
+        payload={k: cut(t) for k, t in code.payload.items()},
+        scalars={k: cut(t) for k, t in code.scalars.items()},
+        parts={k: _slice_code(p, stop, copy=copy) for k, p in code.parts.items()})
 
 
 def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
@@ -510,9 +512,9 @@ class KVStatsLayer(CacheLayerMixin):
         # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
         use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, S]
         logits = F.pad(exact, (span_start, 0))
-        if nq:
-            quant = torch.cat([self.scheme.scores(q, c) for c in self.chunks], dim=-1).to(acc) * scaling
-            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - nq)))
+        if nq:  # the block reads codes only for keys j < quantized_count(first + N): score those alone
+            quant = self._code_scores(q, int(self.quantized_count(first + n))).to(acc) * scaling
+            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - quant.shape[-1])))
         if attention_mask is None:
             visible = _attention.causal_visible(n, seq, query_offset=first, device=q.device)
         elif attention_mask.dtype == torch.bool:
@@ -533,6 +535,22 @@ class KVStatsLayer(CacheLayerMixin):
         if hi:
             out = out + _attention.apply_weights(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+    def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
+        """``scheme.scores`` of q against the codes of keys [0, ≥ stop): whole chunks, the last per-vector chunk
+        cut at ``stop`` (a view); at least one key so the result is never empty."""
+        parts, start = [], 0
+        for chunk in self.chunks:
+            if start >= max(stop, 1):
+                break
+            n = chunk.k.shape[_token_axis(chunk.k)]
+            code = chunk
+            if start + n > stop > start and _per_vector(chunk.k) and _per_vector(chunk.v):
+                code = CacheCode(_slice_code(chunk.k, stop - start, copy=False),
+                                 _slice_code(chunk.v, stop - start, copy=False))
+            parts.append(self.scheme.scores(q, code))
+            start += n
+        return torch.cat(parts, dim=-1)
 
     def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
                 offset: int) -> None:
