@@ -16,8 +16,20 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-from kvstats import ops, rotations  # noqa: E402
-from kvstats.quantizers import quantizer, register  # noqa: E402
-from kvstats.schemes import register_scheme, scheme  # noqa: E402
-
 __all__ = ["__version__", "ops", "rotations", "quantizer", "register", "register_scheme", "scheme"]
+
+# Attributes and submodules load on first use (PEP 562), so ``import kvstats.cli`` (``kvstats --help``) does
+# not import torch: ``kvstats.quantizer``, ``kvstats.scheme``, ... and every submodule (``kvstats.metrics``).
+_FUNCTIONS = {"quantizer": "kvstats.quantizers", "register": "kvstats.quantizers",
+              "scheme": "kvstats.schemes", "register_scheme": "kvstats.schemes"}
+
+
+def __getattr__(name: str):
+    import importlib
+    import importlib.util
+
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module(_FUNCTIONS[name]), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'kvstats' has no attribute {name!r}")

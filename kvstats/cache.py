@@ -55,6 +55,7 @@ works (Llama, SmolLM, Mistral, Qwen2/3, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,13 +85,15 @@ __all__ = [
     "KVStatsCache",
     "KVStatsLayer",
     "kvstats_attention",
+    "kvstats_cache",
+    "model_dims",
     "register_attention",
     "use_estimator_attention",
 ]
 
 #: Name under which :func:`kvstats_attention` is registered in transformers' AttentionInterface.
 ATTN_IMPLEMENTATION = "kvstats"
-#: k of the top-k recall recorded by ``record_attention`` (REFERENCE §5).
+#: k of the top-k recall recorded by ``record_attention`` (docs/references.md §5).
 RECORD_TOP_K = 5
 
 
@@ -135,6 +138,19 @@ def _cat_codes(a: Code, b: Code) -> Code:
                 parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
 
 
+def _slice_code(code: Code, stop: int, *, copy: bool = True) -> Code:
+    """The first ``stop`` tokens of a per-vector code (every tensor indexed [..., n, ...] like x); views of the
+    code's tensors when ``copy`` is False."""
+    axis = _token_axis(code)
+    shape = torch.Size((*code.shape[:axis], stop, *code.shape[axis + 1:]))
+    cut = (lambda t: t.narrow(axis, 0, stop).clone()) if copy else (lambda t: t.narrow(axis, 0, stop))
+    return dataclasses.replace(  # replace keeps any other field of the code (e.g. its provenance)
+        code, shape=shape,
+        payload={k: cut(t) for k, t in code.payload.items()},
+        scalars={k: cut(t) for k, t in code.scalars.items()},
+        parts={k: _slice_code(p, stop, copy=copy) for k, p in code.parts.items()})
+
+
 def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
     """Apply a batch-axis operation (index_select, repeat_interleave) to every tensor of a code."""
     payload = {k: fn(t) for k, t in code.payload.items()}
@@ -174,13 +190,19 @@ class CacheMemory:
         return self.total_bytes / self.fp16_bytes if self.fp16_bytes else math.nan
 
     @property
+    def compression(self) -> float:
+        """fp16_bytes / total_bytes: how many times smaller than an fp16 cache of the same tokens (4.0 = 4×)."""
+        return self.fp16_bytes / self.total_bytes if self.total_bytes else math.nan
+
+    @property
     def bits_per_element(self) -> float:
         """8 · total_bytes / elements: everything counted (payload, norms, side data, window)."""
         return 8 * self.total_bytes / self.elements if self.elements else math.nan
 
     def to_dict(self) -> dict:
         return {"code_bytes": self.code_bytes, "window_bytes": self.window_bytes, "total_bytes": self.total_bytes,
-                "fp16_bytes": self.fp16_bytes, "ratio": self.ratio, "bits_per_element": self.bits_per_element,
+                "fp16_bytes": self.fp16_bytes, "ratio": self.ratio, "compression": self.compression,
+                "bits_per_element": self.bits_per_element,
                 "elements": self.elements, "tokens": self.tokens, "layers": self.layers}
 
 
@@ -200,6 +222,24 @@ class AttentionRecord:
     top_k: int
 
 
+#: Queries per block of :meth:`KVStatsLayer.attend`: bounds its temporaries to O(QUERY_BLOCK × S) per head.
+QUERY_BLOCK = 64
+
+
+def _weights_requested() -> bool:
+    """Whether transformers is recording attention weights in this forward (``output_attentions=True``); True
+    when that cannot be told (an older or newer transformers), so weights are then always returned."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - depends on the transformers version
+        return True
+    try:
+        collected = _active_collector.get()
+    except Exception:  # noqa: BLE001 - a private API: any change means "cannot tell"
+        return True
+    return not isinstance(collected, dict) or "attentions" in collected
+
+
 # --------------------------------------------------------------------------------------------- layer
 
 
@@ -212,13 +252,16 @@ class KVStatsLayer(CacheLayerMixin):
     """
 
     is_compileable = False
-    is_croppable = False
+    is_croppable = True
     is_sliding = False
 
     def __init__(self, scheme: Scheme, window: int = 0, flush_size: int = 1, *, layer_idx: int = -1,
-                 record: bool = False, records: list | None = None):
+                 record: bool = False, records: list | None = None, rollback: int = 128):
         super().__init__()
         self.scheme, self.window, self.flush_size, self.layer_idx = scheme, window, flush_size, layer_idx
+        self.rollback = rollback
+        # exact K/V of the most recently quantized tokens, positions [start, n_quantized): what crop() puts back
+        self._undo: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.record, self.records = record, records if records is not None else []
         self.chunks: list[CacheCode] = []
         self.n_quantized = 0
@@ -258,6 +301,7 @@ class KVStatsLayer(CacheLayerMixin):
         if target > self.n_quantized:
             a, b = self.n_quantized - span_start, target - span_start
             self._append(self.scheme.encode(span_k[..., a:b, :], span_v[..., a:b, :]))
+            self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
             self.n_quantized = target
         cut = self.n_quantized - span_start
         self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
@@ -289,18 +333,92 @@ class KVStatsLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
+        self._undo = None
         self.estimator_attention = self.dense_attention = False
         self.keys = self.values = None
         self.is_initialized = False
 
+    # ----------------------------------------------------------------------------------------- crop
+    def _remember(self, start: int, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:
+        """Keep the exact states of the last ``keep`` quantized tokens (k, v: those just quantized, from
+        position ``start``) for :meth:`crop`, in tensors of their own (never views of a forward's states)."""
+        n_new = k.shape[-2]
+        if keep <= 0:
+            self._undo = None
+            return
+        if n_new >= keep:  # a copy: a view would keep this forward's whole exact states alive
+            start, k, v = start + n_new - keep, k[..., n_new - keep:, :].clone(), v[..., n_new - keep:, :].clone()
+        elif self._undo is not None and self._undo[0] + self._undo[1].shape[-2] == start:  # cat copies
+            old_k, old_v = self._undo[1], self._undo[2]
+            take = min(keep - n_new, old_k.shape[-2])
+            k = torch.cat([old_k[..., old_k.shape[-2] - take:, :], k], dim=-2)
+            v = torch.cat([old_v[..., old_v.shape[-2] - take:, :], v], dim=-2)
+            start -= take
+        else:
+            k, v = k.clone(), v.clone()
+        self._undo = (start, k, v)
+
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("KVStatsCache cannot crop: quantized tokens cannot be put back as they were")
+        """Remove the last tokens: ``tokens_to_remove`` ≤ 0 removes that many (transformers ≥ 4.56); a positive
+        value is the length to keep (transformers' older ``crop(max_length)``).
+
+        The result equals a cache that never saw the removed tokens: window tokens are cut, and tokens that
+        were quantized only because the removed ones pushed them out of the window are put back exact from
+        the layer's record of its last ``rollback`` quantized tokens (so any crop of at most ``rollback``
+        tokens is exact). ValueError when the crop reaches further back than that record.
+        """
+        seq = self.cumulative_length
+        keep = max(0, seq + tokens_to_remove) if tokens_to_remove <= 0 else min(tokens_to_remove, seq)
+        if keep >= seq or not self.is_initialized:
+            return
+        new_nq = self.quantized_count(keep)
+        if new_nq < self.n_quantized:
+            undo_start = self._undo[0] if self._undo is not None else self.n_quantized
+            if new_nq < undo_start:
+                raise ValueError(
+                    f"crop to {keep} of {seq} tokens must put back tokens {new_nq}..{self.n_quantized - 1} exact, but "
+                    f"only the exact states of tokens from {undo_start} on are kept; build the cache with a larger "
+                    f"rollback_tokens (now {self.rollback})")
+            self._truncate_codes(new_nq)
+            lo, hi = new_nq - undo_start, min(keep, self.n_quantized) - undo_start
+            back_k, back_v = self._undo[1][..., lo:hi, :], self._undo[2][..., lo:hi, :]
+            self._undo = None if lo == 0 else (undo_start, self._undo[1][..., :lo, :], self._undo[2][..., :lo, :])
+        else:
+            back_k, back_v = self.keys[..., :0, :], self.values[..., :0, :]
+        in_window = max(0, keep - self.n_quantized)
+        self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
+        self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
+        self.n_quantized, self.cumulative_length, self._span = new_nq, keep, None
+
+    def _truncate_codes(self, stop: int) -> None:
+        """Keep the codes of tokens [0, stop): whole chunks, then the first tokens of a per-vector chunk; a chunk
+        with groups across tokens is encoded again from the exact states of its kept tokens."""
+        kept, start = [], 0
+        for chunk in self.chunks:
+            n = chunk.k.shape[_token_axis(chunk.k)]
+            if start + n <= stop:
+                kept.append(chunk)
+            elif start < stop:
+                if all(map(_per_vector, (chunk.k, chunk.v))):
+                    kept.append(CacheCode(_slice_code(chunk.k, stop - start), _slice_code(chunk.v, stop - start)))
+                else:
+                    undo_start, k, v = self._undo if self._undo is not None else (self.n_quantized, None, None)
+                    if start < undo_start:
+                        raise ValueError(f"crop inside a code with groups across tokens (tokens {start}.."
+                                         f"{start + n - 1}) needs their exact states; build the cache with a larger "
+                                         "rollback_tokens")
+                    a, b = start - undo_start, stop - undo_start
+                    kept.append(self.scheme.encode(k[..., a:b, :], v[..., a:b, :]))
+            start += n
+        self.chunks = kept
 
     def _batch_op(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if not self.is_initialized:
             return
         self.chunks = [CacheCode(_map_batch(c.k, fn), _map_batch(c.v, fn)) for c in self.chunks]
         self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
+        if self._undo is not None:
+            self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._batch_op(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -334,38 +452,71 @@ class KVStatsLayer(CacheLayerMixin):
 
     # ----------------------------------------------------------------------------------- attention
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
-               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of ``query`` [B, H_q, N, d] (the N tokens of the last ``update``) through the codes.
 
-        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do.
+        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do. The
+        queries are processed in blocks of :data:`QUERY_BLOCK` rows, so the [rows, S] logits, masks and weights
+        of a long prefill never exist at full size; the weights are assembled only when transformers records
+        them (``output_attentions=True``), else None is returned for them, as the sdpa implementation does.
         """
         if self._span is None:
             raise RuntimeError("attend() must follow update() in the same forward (no exact states available"
                                + ("; this cache was filled through another attention implementation: start a new "
                                   "KVStatsCache after switching to 'kvstats')" if self.dense_attention else ")"))
         self.estimator_attention = True
-        span_start, span_k, span_v = self._span
+        span = self._span
         self._span = None
-        b, hq, n, d = query.shape
-        hkv, seq, nq = span_k.shape[1], self.cumulative_length, self.n_quantized
-        if hq % hkv:
-            raise ValueError(f"query heads {hq} must be a multiple of the KV heads {hkv}")
-        if n > seq - span_start:
-            raise ValueError(f"{n} queries but only {seq - span_start} tokens were added or kept exact by update()")
+        n, seq = query.shape[2], self.cumulative_length
+        if query.shape[1] % span[1].shape[1]:
+            raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
+        if n > seq - span[0]:
+            raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
+        acc = acc_dtype(query.dtype)
+        v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc) if self.chunks else None
+        keep_weights = _weights_requested() or n <= QUERY_BLOCK
+        first_record = len(self.records)
+        outs, weights = [], []
+        for r0 in range(0, n, QUERY_BLOCK):
+            r1 = min(n, r0 + QUERY_BLOCK)
+            mask = attention_mask
+            if mask is not None and mask.shape[-2] == n:
+                mask = mask[..., r0:r1, :]
+            out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
+                                       v_hat)
+            outs.append(out)
+            if keep_weights:
+                weights.append(w)
+        if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
+            parts = self.records[first_record:]
+            del self.records[first_record:]
+            self.records.append(AttentionRecord(parts[0].layer, parts[0].query_offset,
+                                                torch.cat([r.kl for r in parts], dim=-1),
+                                                torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
+                     training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
+                     v_hat: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows)."""
+        span_start, span_k, span_v = span
+        n = query.shape[2]
+        seq, nq = self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         exact = _attention.scores(q, span_k.to(acc), scale=scaling)  # exact logits against the span [span_start, seq)
-        pos_q = torch.arange(seq - n, seq, device=q.device).unsqueeze(-1)
+        pos_q = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
         pos_k = torch.arange(seq, device=q.device).unsqueeze(0)
         # key j is read exactly by the query at position i iff it was not yet quantized when token i was
         # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
         use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, S]
         logits = F.pad(exact, (span_start, 0))
-        if nq:
-            quant = torch.cat([self.scheme.scores(q, c) for c in self.chunks], dim=-1).to(acc) * scaling
-            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - nq)))
+        if nq:  # the block reads codes only for keys j < quantized_count(first + N): score those alone
+            quant = self._code_scores(q, int(self.quantized_count(first + n))).to(acc) * scaling
+            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - quant.shape[-1])))
         if attention_mask is None:
-            visible = _attention.causal_visible(n, seq, device=q.device)
+            visible = _attention.causal_visible(n, seq, query_offset=first, device=q.device)
         elif attention_mask.dtype == torch.bool:
             visible = attention_mask[..., -seq:]
         else:
@@ -374,18 +525,37 @@ class KVStatsLayer(CacheLayerMixin):
         logits = _attention.mask_logits(logits, visible, torch.finfo(acc).min)  # finite: padded rows stay defined
         weights = torch.softmax(logits, dim=-1)
         if self.record:
-            self._record(exact, logits, span_start, seq, n)
+            self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
-        out = _attention.apply_weights(used[..., span_start:] * use_exact[:, span_start:], span_v.to(acc))
-        if nq:
-            v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc)
-            out = out + _attention.apply_weights(used[..., :nq] * ~use_exact[:, :nq], v_hat)
+        # only the columns some query of the block reads exactly (j >= quantized_count(first + 1)), resp. reads
+        # through the codes (j < quantized_count(first + N)): the other weights of each product are zero
+        lo = max(span_start, int(self.quantized_count(first + 1)))
+        out = _attention.apply_weights(used[..., lo:] * use_exact[:, lo:], span_v[..., lo - span_start:, :].to(acc))
+        hi = min(nq, int(self.quantized_count(first + n)))
+        if hi:
+            out = out + _attention.apply_weights(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
-    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int) -> None:
+    def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
+        """``scheme.scores`` of q against the codes of keys [0, ≥ stop): whole chunks, the last per-vector chunk
+        cut at ``stop`` (a view); at least one key so the result is never empty."""
+        parts, start = [], 0
+        for chunk in self.chunks:
+            if start >= max(stop, 1):
+                break
+            n = chunk.k.shape[_token_axis(chunk.k)]
+            code = chunk
+            if start + n > stop > start and _per_vector(chunk.k) and _per_vector(chunk.v):
+                code = CacheCode(_slice_code(chunk.k, stop - start, copy=False),
+                                 _slice_code(chunk.v, stop - start, copy=False))
+            parts.append(self.scheme.scores(q, code))
+            start += n
+        return torch.cat(parts, dim=-1)
+
+    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
+                offset: int) -> None:
         if span_start != 0:  # the exact keys of older tokens are gone: no reference to compare with
             return
-        offset = seq - n
         kl = attention_kl_from_scores(exact, logits, causal=True, query_offset=offset, reduction="none")
         recall = topk_recall_from_scores(exact, logits, top_k=min(RECORD_TOP_K, seq), causal=True,
                                          query_offset=offset, reduction="none")
@@ -410,6 +580,13 @@ class KVStatsCache(Cache):
             the first G·⌊max(0, S − W)/G⌋ of S tokens as codes, the rest (W to W + G − 1 tokens) exactly.
         record_attention: with the estimator path, keep per layer the attention KL and top-5 recall of the
             logits used against the exact ones (:attr:`attention_records`, :class:`AttentionRecord`).
+        rollback_tokens: R ≥ 0, how many of the most recently quantized tokens keep their exact states (besides
+            the codes) so that :meth:`crop` can put them back in the window: a crop of at most R tokens is exact
+            (assisted decoding crops the rejected drafts of the last forward, ~5–20 tokens), a deeper one raises.
+            Costs R exact tokens per layer (transient: not counted by :meth:`memory`); 0 allows crops inside
+            the window only.
+
+    Construction from a model's config (no head dimension by hand): :meth:`from_config` or :func:`kvstats_cache`.
 
     Use with any Llama-style model: ``model.generate(ids, past_key_values=KVStatsCache(scheme=s))`` or
     ``model(ids, past_key_values=cache, use_cache=True)``. See the module docstring for the two attention
@@ -417,16 +594,18 @@ class KVStatsCache(Cache):
     """
 
     def __init__(self, scheme: Scheme | Callable[[int], Scheme], full_precision_window: int = 0, *,
-                 flush_size: int = 1, record_attention: bool = False):
-        for name, value, low in (("full_precision_window", full_precision_window, 0), ("flush_size", flush_size, 1)):
+                 flush_size: int = 1, record_attention: bool = False, rollback_tokens: int = 128):
+        for name, value, low in (("full_precision_window", full_precision_window, 0), ("flush_size", flush_size, 1),
+                                 ("rollback_tokens", rollback_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        self.flush_size = flush_size
+        self.flush_size, self.rollback_tokens = flush_size, rollback_tokens
         if not isinstance(scheme, Scheme) and not callable(scheme):
             raise TypeError(f"scheme must be a kvstats Scheme or a callable layer_idx -> Scheme, got "
                             f"{type(scheme).__name__}")
         self.scheme, self.window, self.record_attention = scheme, full_precision_window, record_attention
         self.attention_records: list[AttentionRecord] = []
+        self.model_dims: dict | None = None  # set by from_config: checked against what the model feeds
         super().__init__(layers=[])
 
     def _scheme_for(self, layer_idx: int) -> Scheme:
@@ -436,11 +615,69 @@ class KVStatsCache(Cache):
         return s
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.model_dims is not None and len(self.layers) <= layer_idx:
+            dims = self.model_dims
+            if dims["layers"] is not None and layer_idx >= dims["layers"]:
+                raise ValueError(f"layer_idx {layer_idx} is beyond the config's num_hidden_layers {dims['layers']}")
+            if key_states.dim() != 4 or key_states.shape[1] != dims["kv_heads"]:
+                raise ValueError(f"key_states {tuple(key_states.shape)} do not have the config's "
+                                 f"num_key_value_heads={dims['kv_heads']} heads (dim 1)")
         while len(self.layers) <= layer_idx:
             i = len(self.layers)
             self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
-                                            record=self.record_attention, records=self.attention_records))
+                                            record=self.record_attention, records=self.attention_records,
+                                            rollback=self.rollback_tokens))
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def crop(self, max_length: int) -> None:
+        """Drop the last tokens of every layer, as if they had never been added (see :meth:`KVStatsLayer.crop`):
+        ``max_length`` < 0 removes that many (what transformers ≥ 4.56 passes; 0 removes none), > 0 keeps the
+        first ``max_length`` tokens (transformers' older convention)."""
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise TypeError(f"max_length must be an int, got {type(max_length).__name__} ({max_length!r})")
+        for layer in self.layers:
+            layer.crop(max_length)
+
+    @classmethod
+    def from_config(cls, config, scheme: str | Scheme | Callable[[int], Scheme] = "kqv", bits: int = 4, *,
+                    seed: int = 0, per_layer_seeds: bool = False, full_precision_window: int = 0,
+                    **kwargs) -> KVStatsCache:
+        """A cache for the model of ``config`` (a transformers ``PretrainedConfig``), built without a head
+        dimension by hand.
+
+        The head dimension d is ``config.head_dim`` when set, else ``hidden_size // num_attention_heads``
+        (read from the text config of a multimodal model); ``num_key_value_heads`` and
+        ``num_hidden_layers`` are checked against what the model then feeds the cache.
+
+        Args:
+            config: the model's config (``model.config``).
+            scheme: a scheme name (``"kv"``, ``"kqv"``, ``"qkqv"``, or any registered name; built by
+                :func:`kvstats.schemes.scheme` at dimension d), or a ready Scheme / ``layer_idx -> Scheme``.
+            bits: the budget n, when ``scheme`` is a name.
+            seed: the scheme's seed; ``per_layer_seeds=True`` gives layer i the seed ``seed + i``.
+            full_precision_window, **kwargs: as :class:`KVStatsCache` (``flush_size``, ``record_attention``,
+                ``rollback_tokens``).
+        """
+        from kvstats.schemes import scheme as build_scheme
+
+        dims = model_dims(config)
+        if isinstance(scheme, str):
+            name = scheme
+            if per_layer_seeds:
+                def by_layer(i: int, _cache: dict = {}) -> Scheme:  # noqa: B006 - one scheme per layer, built once
+                    if i not in _cache:
+                        _cache[i] = build_scheme(name, bits=bits, dim=dims["head_dim"], seed=seed + i)
+                    return _cache[i]
+
+                by_layer.__name__ = f"{name}(bits={bits}, dim={dims['head_dim']}, seed={seed}+layer)"
+                scheme = by_layer
+            else:
+                scheme = build_scheme(name, bits=bits, dim=dims["head_dim"], seed=seed)
+        elif isinstance(scheme, Scheme) and scheme.dim != dims["head_dim"]:
+            raise ValueError(f"scheme dim {scheme.dim} does not match the model's head dimension {dims['head_dim']}")
+        cache = cls(scheme, full_precision_window, **kwargs)
+        cache.model_dims = dims
+        return cache
 
     def memory(self) -> CacheMemory:
         """Bytes held now: codes (Σ Code.nbytes) + fp window, vs an fp16 cache of the same tokens."""
@@ -462,6 +699,46 @@ class KVStatsCache(Cache):
         name = repr(self.scheme) if isinstance(self.scheme, Scheme) else getattr(self.scheme, "__name__", "per-layer")
         return (f"KVStatsCache(scheme={name}, full_precision_window={self.window}, flush_size={self.flush_size}, "
                 f"tokens={self.get_seq_length()})")
+
+
+def model_dims(config) -> dict:
+    """Head dimension, KV heads, query heads and layers of a transformers config (its text config if nested).
+
+    ``head_dim`` is ``config.head_dim`` when set, else ``hidden_size // num_attention_heads``; KV heads default
+    to the query heads (no grouped-query attention).
+    """
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        hidden = getattr(config, "hidden_size", None)
+        if not heads or not hidden:
+            raise ValueError(f"config {type(config).__name__} has neither head_dim nor hidden_size and "
+                             "num_attention_heads: cannot tell the head dimension")
+        if hidden % heads:
+            raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}; set head_dim")
+        head_dim = hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    layers = getattr(config, "num_hidden_layers", None)
+    return {"head_dim": int(head_dim), "kv_heads": kv_heads, "q_heads": heads, "layers": layers}
+
+
+def kvstats_cache(model_or_config, scheme: str | Scheme | Callable[[int], Scheme] = "kqv", nbits: int = 4, *,
+                  residual_length: int = 0, **cache_config) -> KVStatsCache:
+    """A :class:`KVStatsCache` for a model, in the style of transformers' ``QuantizedCache(backend, config,
+    nbits=..., residual_length=...)``: ``scheme`` plays the backend, ``nbits`` the budget n and
+    ``residual_length`` the full-precision window W.
+
+        cache = kvstats_cache(model, "kqv", nbits=4, residual_length=32)
+        model.generate(ids, past_key_values=cache, max_new_tokens=40)
+
+    (transformers' ``generate(cache_implementation="quantized", cache_config=...)`` knows only its own
+    backends, so pass the cache itself.) ``cache_config`` goes to :meth:`KVStatsCache.from_config` (``seed``,
+    ``per_layer_seeds``, ``flush_size``, ``record_attention``, ``rollback_tokens``).
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    return KVStatsCache.from_config(config, scheme, nbits, full_precision_window=residual_length, **cache_config)
 
 
 # ------------------------------------------------------------------------------- attention function

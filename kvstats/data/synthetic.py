@@ -14,7 +14,7 @@ Key / value laws (``kind``), each drawn independently for K and for V:
 
 Outlier channels (any kind): ``outlier_channels`` (a list of channel indices, or a count of channels drawn
 at random by :func:`outlier_channel_indices`) are multiplied by ``outlier_scale`` in K and by
-``value_outlier_scale`` in V — the fixed-channel outliers of real keys (REFERENCE §8: max/median channel
+``value_outlier_scale`` in V — the fixed-channel outliers of real keys (docs/references.md §8: max/median channel
 magnitude 3–5.6 in SmolLM2's keys, 1.7–3.8 in its values).
 
 Queries. Real attention is peaked: a query attends to a few keys. Each query here aims at ``n_focus``
@@ -42,6 +42,14 @@ n_focus = 2, ρ = 0.7; uniform attention over 1024 keys is ln 1024 = 6.93, two e
 
 (``python -m kvstats.data.synthetic`` reprints it.) The default peak = 8 gives a few nats, the range of
 real attention heads; KL and top-k recall then measure the quantizer, not noise.
+
+Numeric safety. Draws are refused, not clipped, when the output dtype cannot hold them: before drawing,
+:func:`generate` computes the expected number of K and V coordinates whose magnitude exceeds the dtype's
+largest finite value (``scale`` × outlier scale × the law's two-sided tail: Student-t for ``heavy_tail``,
+normal for the others) and raises ``ValueError`` with the numbers when it exceeds ``MAX_EXPECTED_OVERFLOWS``
+= 1e-6 (``df=1e-3`` or ``df=0.05`` in float32, ``scale=1e5`` in float16). Queries whose amplitude does not
+fit the dtype (``peak=1e300``) are refused likewise, and a draw that still overflows (probability below
+1e-6) raises rather than returns inf/NaN.
 
 Seeds: the same ``seed`` (an int in [0, 2**63 − 1], or a ``torch.Generator`` consumed in place) gives
 bit-identical tensors; ``seed=None`` draws fresh OS entropy (the package's seed rule, docs/quantizers.md).
@@ -79,6 +87,8 @@ _KIND_DEFAULTS = {
     "low_rank": {"rank": 8, "noise": 0.01},
 }
 _MAX_SIZE = 2**31 - 1
+#: generate() refuses parameters for which more K/V coordinates than this are expected to overflow the dtype.
+MAX_EXPECTED_OVERFLOWS = 1e-6
 
 
 def _generator(seed: int | torch.Generator | None) -> torch.Generator:
@@ -154,8 +164,75 @@ def _check_params(kind: str, params: dict) -> dict:
     return p
 
 
-def _standard_gamma(shape: tuple[int, ...], alpha: float, gen: torch.Generator) -> torch.Tensor:
-    """Gamma(alpha, 1) draws in float64 (Marsaglia–Tsang 2000, vectorised rejection; exact in law)."""
+def _coordinate_sd(kind: str, p: dict, d: int) -> float:
+    """An upper bound on the standard deviation of one K/V coordinate before ``scale`` and outliers
+    (low_rank: √(d/r)·(U z)_i has variance (d/r)·Σ_j U_ij² ≤ d/r, plus the noise)."""
+    if kind == "low_rank":
+        return math.sqrt(d / p["rank"] + p["noise"] ** 2)
+    return 1.0
+
+
+def _boost(p: dict, outliers: bool) -> float:
+    return max(1.0, p["outlier_scale"], p["value_outlier_scale"]) if outliers else 1.0
+
+
+def _tail(kind: str, p: dict, x: float, df: float | None = None) -> float:
+    """P(|coordinate| > x) in units of scale·sd: two-sided Student-t (heavy_tail) or normal tail."""
+    from scipy import stats
+
+    if kind == "heavy_tail":
+        return 2.0 * float(stats.t.sf(x, p["df"] if df is None else df))
+    return 2.0 * float(stats.norm.sf(x))
+
+
+def _check_representable(kind: str, p: dict, d: int, n_draws: int, dtype: torch.dtype, outliers: bool) -> None:
+    """Refuse parameters for which more than MAX_EXPECTED_OVERFLOWS of the 2·n_draws K/V coordinates are
+    expected beyond the dtype's largest finite value."""
+    from scipy import stats
+    from scipy.optimize import brentq
+
+    dmax = torch.finfo(dtype).max
+    unit = p["scale"] * _boost(p, outliers) * _coordinate_sd(kind, p, d)  # one standard unit, worst channel
+    limit = dmax / unit
+    expected = 2 * n_draws * _tail(kind, p, limit)
+    if expected <= MAX_EXPECTED_OVERFLOWS:
+        return
+    per_draw = MAX_EXPECTED_OVERFLOWS / (2 * n_draws) / 2.0  # allowed one-sided tail per coordinate
+    if kind == "heavy_tail":
+        law = f"|t_df| with df={p['df']!r}"
+        x_max = float(stats.t.isf(per_draw, p["df"]))
+
+        def excess(log_df: float) -> float:
+            return math.log(max(2 * n_draws * _tail(kind, p, limit, math.exp(log_df)), 1e-300)) - math.log(
+                MAX_EXPECTED_OVERFLOWS)
+
+        fixes = f"df >= {math.exp(brentq(excess, math.log(p['df']), math.log(1e6))):.3g} (at this scale), " if (
+            excess(math.log(1e6)) < 0) else ""
+    else:
+        law, x_max, fixes = "|N(0, 1)|", float(stats.norm.isf(per_draw)), ""
+    raise ValueError(
+        f"{kind} K/V coordinates with scale={p['scale']!r} do not fit {dtype} (max {dmax:.4g}): of the "
+        f"{2 * n_draws} coordinates, {expected:.3g} are expected beyond it ({law} > {limit:.3g} after scale, "
+        f"spread {_coordinate_sd(kind, p, d):.3g} and outlier scale {_boost(p, outliers):g}); this needs "
+        f"{fixes}scale <= {dmax / (unit / p['scale'] * x_max):.3g}{' (at this df)' if kind == 'heavy_tail' else ''}"
+        ", or a wider dtype")
+
+
+def _check_finite(tensors, names, dtype, params: dict) -> None:
+    for t, name in zip(tensors, names):
+        if not bool(torch.isfinite(t).all()):
+            top = float(t.double().abs().nan_to_num(math.inf).max())
+            raise ValueError(
+                f"the {name} drawn do not fit {dtype} (|x| up to {top:.3g}, "
+                f"max {torch.finfo(dtype).max:.4g}) with {params}; a smaller scale or peak, a larger df or a wider "
+                f"dtype avoids it")
+
+
+def _standard_gamma(shape: tuple[int, ...], alpha: float, gen: torch.Generator, *, with_log: bool = False):
+    """Gamma(alpha, 1) draws in float64 (Marsaglia–Tsang 2000, vectorised rejection; exact in law).
+
+    ``with_log=True`` also returns their logarithms computed without underflow (for alpha < 1 the draws
+    G(alpha + 1)·U^(1/alpha) underflow to 0 with probability ~ 10^(−300·alpha)·…, large for alpha ≤ 0.01)."""
     boost = alpha < 1.0  # Gamma(a) = Gamma(a + 1) · U^(1/a)
     a = alpha + 1.0 if boost else alpha
     dd = a - 1.0 / 3.0
@@ -171,10 +248,17 @@ def _standard_gamma(shape: tuple[int, ...], alpha: float, gen: torch.Generator) 
         accept = (v > 0) & (torch.log(u) < 0.5 * x * x + dd - dd * v + dd * torch.log(v.clamp_min(1e-300)))
         out[todo[accept]] = dd * v[accept]
         todo = todo[~accept]
+    log_out = None
     if boost:
         u = torch.rand(n, generator=gen, dtype=torch.float64)
+        if with_log:
+            log_out = torch.log(out) + torch.log(u) / alpha
         out = out * u.pow(1.0 / alpha)
-    return out.reshape(shape)
+    if not with_log:
+        return out.reshape(shape)
+    if log_out is None:
+        log_out = torch.log(out)
+    return out.reshape(shape), log_out.reshape(shape)
 
 
 def _cache(kind: str, shape: tuple[int, int, int, int], p: dict, gen: torch.Generator) -> torch.Tensor:
@@ -184,8 +268,12 @@ def _cache(kind: str, shape: tuple[int, int, int, int], p: dict, gen: torch.Gene
     elif kind == "heavy_tail":
         z = torch.randn(shape, generator=gen, dtype=torch.float64)
         df = p["df"]
-        chi2 = 2.0 * _standard_gamma(shape, df / 2.0, gen)  # chi²_df = 2 Gamma(df/2)
+        gamma, log_gamma = _standard_gamma(shape, df / 2.0, gen, with_log=True)
+        chi2 = 2.0 * gamma  # chi²_df = 2 Gamma(df/2)
         x = z / torch.sqrt(chi2 / df)
+        tiny = chi2 < 1e-300  # (sub)normal underflow for small df: the same draw through its logarithm
+        if bool(tiny.any()):
+            x[tiny] = z[tiny] * torch.exp(0.5 * (math.log(df / 2.0) - log_gamma[tiny]))
     else:  # low_rank
         r = p["rank"]
         basis, _ = torch.linalg.qr(torch.randn(b, h, d, r, generator=gen, dtype=torch.float64))  # [b,h,d,r]
@@ -200,6 +288,13 @@ def _queries(keys: torch.Tensor, q_heads: int, n_q: int, p: dict, gen: torch.Gen
     b, h, s, d = keys.shape
     group = q_heads // h
     k = keys.repeat_interleave(group, dim=1)  # [b, hq, s, d]: the KV head each query head reads
+    unit = float(k.abs().max()) if k.numel() else 1.0
+    if 1e-150 < unit < 1e150:  # norms and sums of m keys cannot overflow or underflow float64
+        unit = 1.0
+    elif unit != 0.0:  # u is scale-free; the median norm is rescaled below
+        k = k / unit
+    else:
+        unit = 1.0
     m = min(p["n_focus"], s)
     # m focus keys per query, uniformly without replacement (the first m of a random permutation).
     focus = torch.rand(b, q_heads, n_q, s, generator=gen, dtype=torch.float64).argsort(dim=-1)[..., :m]
@@ -211,7 +306,7 @@ def _queries(keys: torch.Tensor, q_heads: int, n_q: int, p: dict, gen: torch.Gen
     rho = p["query_key_correlation"]
     direction = rho * u + math.sqrt(max(0.0, 1.0 - rho * rho)) * g
     med = torch.linalg.vector_norm(k, dim=-1).median(dim=-1).values.clamp_min(1e-300)  # [b, hq]
-    amplitude = p["peak"] * math.sqrt(m) * math.sqrt(d) / (rho * med)
+    amplitude = p["peak"] * math.sqrt(m) * math.sqrt(d) / (rho * med) / unit
     return amplitude[..., None, None] * direction, focus
 
 
@@ -253,7 +348,16 @@ def synthetic_queries(
                                    "n_focus": n_focus})
     p["n_focus"] = check_int_range(p["n_focus"], "n_focus", 1, _MAX_SIZE)
     q, focus = _queries(keys.detach().cpu().double(), q_heads, n_q, p, _generator(seed))
-    return q.to(dtype or keys.dtype).contiguous(), focus
+    q = q.to(dtype or keys.dtype).contiguous()
+    _check_queries(q, p["peak"])
+    return q, focus
+
+
+def _check_queries(q: torch.Tensor, peak: float) -> None:
+    """Queries of amplitude peak·√m·√d/(ρ·median‖k‖) must fit their dtype."""
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError(f"peak={peak!r} gives queries beyond {q.dtype}'s max {torch.finfo(q.dtype).max:.4g} "
+                         f"(amplitude peak·√n_focus·√d/(ρ·median key norm)); use a smaller peak or a wider dtype")
 
 
 def generate(
@@ -317,6 +421,10 @@ def generate(
     if kind == "low_rank":
         p["rank"] = check_int_range(p["rank"], "rank", 1, d)
 
+    outliers = p["outlier_channels"] is not None and not (
+        isinstance(p["outlier_channels"], (int, np.integer)) and p["outlier_channels"] == 0)
+    _check_representable(kind, p, d, batch * heads * seq * d, dtype, outliers)
+
     gen = _generator(seed)
     channels = outlier_channel_indices(p["outlier_channels"], d, gen)
     shape = (batch, heads, seq, d)
@@ -325,8 +433,13 @@ def generate(
     if channels:
         k[..., channels] *= p["outlier_scale"]
         v[..., channels] *= p["value_outlier_scale"]
-    q, _ = _queries(k, q_heads, n_q, p, gen)
-    return tuple(t.to(dtype).contiguous() for t in (q, k, v))
+    k_out, v_out = k.to(dtype).contiguous(), v.to(dtype).contiguous()
+    law = {name: p[name] for name in ("scale", "df", "outlier_scale", "value_outlier_scale") if name in p}
+    _check_finite((k_out, v_out), ("keys", "values"), dtype, law)
+    q, _ = _queries(k, q_heads, n_q, p, gen)  # from the float64 keys, as before the cast
+    q = q.to(dtype).contiguous()
+    _check_queries(q, p["peak"])
+    return q, k_out, v_out
 
 
 def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
