@@ -16,12 +16,12 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "ops", "rotations", "quantizer", "register", "register_scheme", "scheme"]
+__all__ = ["__version__", "ops", "rotations", "evaluate", "quantizer", "register", "register_scheme", "scheme"]
 
 # Attributes and submodules load on first use (PEP 562), so ``import kvstats.cli`` (``kvstats --help``) does
 # not import torch: ``kvstats.quantizer``, ``kvstats.scheme``, ... and every submodule (``kvstats.metrics``).
 _FUNCTIONS = {"quantizer": "kvstats.quantizers", "register": "kvstats.quantizers",
-              "scheme": "kvstats.schemes", "register_scheme": "kvstats.schemes"}
+              "scheme": "kvstats.schemes", "register_scheme": "kvstats.schemes", "evaluate": "kvstats.evaluation"}
 
 
 def __getattr__(name: str):

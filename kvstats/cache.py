@@ -130,12 +130,16 @@ def _per_vector(code: Code) -> bool:
 
 
 def _cat_codes(a: Code, b: Code) -> Code:
+    """``a`` then ``b`` along the token axis; both must come from the same quantizer (provenance kept)."""
+    if a.source != b.source:
+        raise ValueError(f"cannot append a code made by {b.source} to one made by {a.source}")
     axis = _token_axis(a)
     shape = torch.Size((*a.shape[:axis], a.shape[axis] + b.shape[axis], *a.shape[axis + 1:]))
-    return Code(shape, a.dtype,
-                payload={k: torch.cat([a.payload[k], b.payload[k]], dim=axis) for k in a.payload},
-                scalars={k: torch.cat([a.scalars[k], b.scalars[k]], dim=axis) for k in a.scalars},
-                parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
+    return dataclasses.replace(
+        a, shape=shape,
+        payload={k: torch.cat([a.payload[k], b.payload[k]], dim=axis) for k in a.payload},
+        scalars={k: torch.cat([a.scalars[k], b.scalars[k]], dim=axis) for k in a.scalars},
+        parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
 
 
 def _slice_code(code: Code, stop: int, *, copy: bool = True) -> Code:
@@ -157,7 +161,8 @@ def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
     scalars = {k: fn(t) for k, t in code.scalars.items()}
     parts = {k: _map_batch(p, fn) for k, p in code.parts.items()}
     probe = fn(torch.empty(code.shape[0], 0))
-    return Code(torch.Size((probe.shape[0], *code.shape[1:])), code.dtype, payload, scalars, parts)
+    return dataclasses.replace(code, shape=torch.Size((probe.shape[0], *code.shape[1:])), payload=payload,
+                               scalars=scalars, parts=parts)
 
 
 # ------------------------------------------------------------------------------------------- results

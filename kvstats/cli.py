@@ -138,7 +138,8 @@ def _info(args: argparse.Namespace) -> int:
     help="run every study script (figures/*.png, figures/data/*.csv) and rebuild figures/REPORT.md",
     args=[
         arg("--scale", choices=["quick", "paper"], default="quick", help="sample sizes (default quick)"),
-        arg("--studies-dir", default="studies", help="folder of study scripts (default ./studies)"),
+        arg("--studies-dir", default=None,
+            help="folder of study scripts (default: the studies shipped with kvstats, kvstats.studies)"),
         arg("--only", nargs="*", default=None, help="run only these studies (names without .py)"),
         arg("--scheduler", default=None, help="Dask scheduler address (default: joblib on all cores)"),
         arg("--isolate", action="store_true",
@@ -152,9 +153,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    studies_dir = Path(args.studies_dir)
+    studies_dir = Path(args.studies_dir) if args.studies_dir else _shipped_studies()
     if not studies_dir.is_dir():
-        raise FileNotFoundError(f"--studies-dir {studies_dir} is not a folder (run from the repository root)")
+        raise FileNotFoundError(f"--studies-dir {studies_dir} is not a folder")
     scripts = sorted(p for p in studies_dir.glob("*.py") if not p.name.startswith("_"))
     if args.only:
         unknown = set(args.only) - {p.stem for p in scripts}
@@ -187,12 +188,22 @@ def _reproduce(args: argparse.Namespace) -> int:
         if code != 0:  # keep going: the other studies and the report are still worth having
             print(f"study {name} failed (exit {code})", file=sys.stderr)
             failed[name] = code
-    report = build_report(scale=args.scale, timings=timings, preamble=DEFAULT_PREAMBLE, failed=sorted(failed))
+    # the report holds what this run ran (a partial run reports only its studies)
+    report = build_report(scale=args.scale, studies=study_order(by_name), timings=timings,
+                          preamble=DEFAULT_PREAMBLE, failed=sorted(failed))
     print(f"all studies done in {time.perf_counter() - t_all:.0f} s; report: {report}")
     if failed:
         print(f"failed studies: {', '.join(failed)}", file=sys.stderr)
         return next(iter(failed.values()))
     return 0
+
+
+def _shipped_studies():
+    """The folder of the study scripts installed with kvstats (``kvstats.studies``; ``studies/`` in the repository)."""
+    from importlib.resources import files
+    from pathlib import Path
+
+    return Path(str(files("kvstats.studies")))
 
 
 def _run_script(path, argv: list[str]) -> int:
@@ -232,6 +243,46 @@ def _tokens(text: str):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {text!r}")
     return value
+
+
+@subcommand(
+    "evaluate",
+    help="every metric of a quantizer or scheme (attention KL, top-k recall, the 6D components, bits per "
+         "element) with CIs over independent units; optionally a paired comparison with a second one",
+    args=[
+        arg("--quantizer", required=True,
+            help="a scheme (kv, kqv, qkqv, minmax), a quantizer (turbo_mse, ...) used for K and V, or module:Class"),
+        arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
+        arg("--data", default="gaussian",
+            help="a synthetic kind (gaussian, heavy_tail, low_rank) or a capture file from `kvstats capture`"),
+        arg("--units", type=int, default=None,
+            help="independent units (synthetic: draws, default 8; capture: disjoint windows, default all)"),
+        arg("--window", type=int, default=128, help="capture: tokens per unit (default 128)"),
+        arg("--compare", default=None, help="a second quantizer or scheme, compared on the same units (Wilcoxon)"),
+        arg("--seed", type=int, default=0, help="unit i uses seed + i (default 0)"),
+        arg("--top-k", type=int, default=5, help="k of the top-k recall (default 5)"),
+        arg("--dim", type=int, default=128, help="synthetic head dimension (default 128)"),
+        arg("--rows", default=None, choices=["gaussian", "orthogonal", "srht"],
+            help="sketch of every QJL stage (schemes kqv/qkqv and quantizers qjl/turbo_prod)"),
+        arg("--out", default=None, help="write the results JSON here"),
+        arg("--json", action="store_true", help="print the results JSON instead of the table"),
+    ],
+)
+def _evaluate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvstats.evaluation import evaluate
+
+    if args.out is not None and Path(args.out).is_dir():
+        raise IsADirectoryError(f"--out {args.out} is a folder; give a file name")
+    units = args.units if args.units is not None else (None if Path(args.data).is_file() else 8)
+    options = {"rows": args.rows} if args.rows else {}
+    ev = evaluate(args.quantizer, bits=args.bits, data=args.data, units=units, window=args.window,
+                  compare=args.compare, seed=args.seed, top_k=args.top_k, dim=args.dim, out=args.out, **options)
+    print(json.dumps(ev.to_dict(), indent=2, default=str) if args.json else ev.table())
+    if args.out:
+        print(f"results: {args.out}", file=sys.stderr)
+    return 0
 
 
 @subcommand(

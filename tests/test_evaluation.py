@@ -1,4 +1,4 @@
-"""kvstats.evaluate: per-unit metrics against a float64 recomputation, units, CIs, files and errors."""
+"""kvstats.evaluate (kvstats.evaluation): per-unit metrics against a float64 recomputation, units, CIs, files and errors."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import kvstats
 from kvstats._random import spawn_seeds
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
-from kvstats.evaluate import METRICS, evaluate, resolve_scheme
+from kvstats.evaluation import METRICS, evaluate, resolve_scheme
 
 SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
 
@@ -120,3 +120,34 @@ def test_bad_input():
         evaluate("turbo_mse", bits=3, data="gaussian", units=1)
     with pytest.raises(ValueError, match="bits"):
         evaluate("turbo_mse", bits=9, data="gaussian")
+
+
+def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
+    from kvstats.cli import main
+
+    out = tmp_path / "synthetic.json"
+    assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--data", "gaussian", "--units", "3",
+                 "--dim", "32", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "turbo_mse at 3 bits on gaussian (3 units" in table and "attention_kl" in table
+    saved = json.loads(out.read_text())
+    direct = evaluate("turbo_mse", bits=3, data="gaussian", units=3, dim=32, n_resamples=999)
+    assert [u["attention_kl"] for u in saved["units"]] == [u["attention_kl"] for u in direct.units]
+
+    gen = torch.Generator().manual_seed(1)
+    layers = [tuple(torch.randn(1, h, 48, 16, generator=gen) for h in (2, 1, 1))]
+    cap = save_qkv(tmp_path / "cap.safetensors", layers, {"model": "random", "n_tokens": 48})
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--data", str(cap), "--window", "16",
+                 "--compare", "kv", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["config"]["units"] == 3 and set(payload["comparison"]) <= set(METRICS)
+
+
+def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
+    from kvstats.cli import main
+
+    assert main(["evaluate", "--quantizer", "nope", "--bits", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvstats evaluate: error:") and "nope" in err and "Traceback" not in err
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "3", "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
