@@ -137,9 +137,8 @@ KVSTATS_HD uint32_t sign_bit_at(const uint8_t* row, int64_t i) { return (row[i >
 
 // ------------------------------------------------------------------------------------------- QJL
 // The QJL estimator of <q, k> (arXiv 2406.03482, Lemma 3.2): √(π/2)/m · ‖k‖ · <S q, sign(S k)>. The
-// quantizers pass scale = √(π/2)/m (times their own factors) to the score ops; a key's sign part is
-// weighted by qjl_key_weight(‖k‖ or γ, scale).
-constexpr double kSqrtHalfPi = 1.2533141373155002512078826;
+// quantizers pass the constant scale = √(π/2)/m (times their own factors) to the score ops; a key's
+// sign part is weighted by qjl_key_weight(‖k‖ or γ, scale).
 
 template <typename acc_t>
 KVSTATS_HD acc_t qjl_key_weight(acc_t norm, acc_t scale) {

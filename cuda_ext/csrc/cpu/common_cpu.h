@@ -52,6 +52,25 @@ inline acc_t sum_squares(const acc_t* v, int64_t d) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
+// max_j |v[j]| with eight independent partial maxima (vectorises).
+template <typename acc_t>
+inline acc_t max_abs(const acc_t* v, int64_t d) {
+  acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) {
+      const acc_t a = math::abs_of(v[j + t]);
+      part[t] = a > part[t] ? a : part[t];
+    }
+  for (; j < d; ++j) {
+    const acc_t a = math::abs_of(v[j]);
+    part[j % 8] = a > part[j % 8] ? a : part[j % 8];
+  }
+  acc_t m = part[0];
+  for (int t = 1; t < 8; ++t) m = part[t] > m ? part[t] : m;
+  return m;
+}
+
 // codes[j] = number of thresholds strictly below u[j] (torch.bucketize, right=False). Few cells: count
 // against every threshold (compare + add over the whole row, vectorised); many: binary search per code.
 template <typename acc_t>

@@ -21,11 +21,16 @@ namespace {
 // the twin. Their arithmetic is quant_math.h's; the shared path (kvstats.ops.shared_path()) calls the
 // row programs of quant_math.h directly, one serial lane, as the GPU does with a thread block.
 
-// One encode row on buf = x · 2^-e in acc_t: returns the scaled norm |x| · 2^-e (unrounded); leaves
+// One encode row on buf = x in acc_t: scales buf by 2^-e (math::scale_exponent of its max |x|, so the
+// squares never overflow; *exponent = e) and returns the scaled norm |x| · 2^-e (unrounded); leaves
 // y' = Pi x · 2^-e in buf, u = y'/|x'| in u (scratch), the cell indices in codes, the packed bytes in packed.
 template <typename acc_t>
 inline acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
-                               const acc_t* thresholds, int64_t bits, uint8_t* codes, uint8_t* packed) {
+                               const acc_t* thresholds, int64_t bits, uint8_t* codes, uint8_t* packed, int* exponent) {
+  const int e = math::scale_exponent(cpu::max_abs(buf, d));
+  const acc_t s = math::pow2<acc_t>(-e);
+  for (int64_t j = 0; j < d; ++j) buf[j] *= s;
+  *exponent = e;
   const acc_t norm = math::sqrt_of(cpu::sum_squares(buf, d));
   cpu::rotate_forward(buf, d, signs, passes, block);
   const acc_t denom = math::unit_denominator(norm);
@@ -52,8 +57,8 @@ inline void decode_unpacked_row(const uint8_t* codes, acc_t norm, const acc_t* l
 
 KVSTATS_SIMD_CLONES float encode_loaded_row_f32(float* buf, float* u, int64_t d, const float* signs, int64_t passes,
                                                 int64_t block, const float* thresholds, int64_t bits, uint8_t* codes,
-                                                uint8_t* packed) {
-  return encode_loaded_row(buf, u, d, signs, passes, block, thresholds, bits, codes, packed);
+                                                uint8_t* packed, int* exponent) {
+  return encode_loaded_row(buf, u, d, signs, passes, block, thresholds, bits, codes, packed, exponent);
 }
 
 KVSTATS_SIMD_CLONES float subtract_levels_f32(float* y, const uint8_t* codes, const float* levels, float w,
@@ -81,22 +86,15 @@ struct RowSteps<float> {
   static constexpr auto decode = decode_unpacked_row_f32;
 };
 
-// Encode one input row x (any float dtype): load into buf scaled by 2^-e (math::scale_exponent of the
-// row's max |x|, so squares never overflow), then encode_loaded_row.
+// Encode one input row x (any float dtype): load into buf in acc_t, then encode_loaded_row.
 template <typename scalar_t, typename acc_t>
 math::RowNorm<acc_t> encode_row(const scalar_t* x, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
                                 const acc_t* thresholds, int64_t bits, acc_t* buf, acc_t* u, uint8_t* codes,
                                 uint8_t* packed) {
-  acc_t m = 0;
-  for (int64_t j = 0; j < d; ++j) {
-    buf[j] = static_cast<acc_t>(x[j]);
-    const acc_t a = math::abs_of(buf[j]);
-    m = a > m ? a : m;
-  }
-  const int e = math::scale_exponent(m);
-  const acc_t s = math::pow2<acc_t>(-e);
-  for (int64_t j = 0; j < d; ++j) buf[j] *= s;
-  return {RowSteps<acc_t>::encode(buf, u, d, signs, passes, block, thresholds, bits, codes, packed), e};
+  for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(x[j]);
+  int e = 0;
+  const acc_t norm = RowSteps<acc_t>::encode(buf, u, d, signs, passes, block, thresholds, bits, codes, packed, &e);
+  return {norm, e};
 }
 
 at::Tensor empty_rows(int64_t n, int64_t cols, const at::Tensor& like, at::ScalarType dtype) {
