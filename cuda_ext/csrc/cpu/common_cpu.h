@@ -25,6 +25,15 @@
 #define KVSTATS_SIMD_CLONES
 #endif
 
+// On the row steps that the SIMD twins wrap: forces them inline into each clone, so that the AVX2 clone
+// compiles their loops for AVX2 instead of calling the baseline copy (GCC stops inlining them on its
+// own once a row step grows).
+#if defined(__GNUC__)
+#define KVSTATS_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define KVSTATS_ALWAYS_INLINE inline
+#endif
+
 namespace kvstats {
 namespace cpu {
 
@@ -43,7 +52,7 @@ inline void parallel_for_tls(int64_t begin, int64_t end, int64_t grain, const F&
 
 // sum_j v[j]^2 with eight independent partial sums (vectorises; fixed order, so deterministic).
 template <typename acc_t>
-inline acc_t sum_squares(const acc_t* v, int64_t d) {
+KVSTATS_ALWAYS_INLINE acc_t sum_squares(const acc_t* v, int64_t d) {
   acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= d; j += 8)
@@ -54,7 +63,7 @@ inline acc_t sum_squares(const acc_t* v, int64_t d) {
 
 // max_j |v[j]| with eight independent partial maxima (vectorises).
 template <typename acc_t>
-inline acc_t max_abs(const acc_t* v, int64_t d) {
+KVSTATS_ALWAYS_INLINE acc_t max_abs(const acc_t* v, int64_t d) {
   acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= d; j += 8)

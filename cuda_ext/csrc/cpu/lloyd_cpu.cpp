@@ -25,7 +25,7 @@ namespace {
 // squares never overflow; *exponent = e) and returns the scaled norm |x| · 2^-e (unrounded); leaves
 // y' = Pi x · 2^-e in buf, u = y'/|x'| in u (scratch), the cell indices in codes, the packed bytes in packed.
 template <typename acc_t>
-inline acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
+KVSTATS_ALWAYS_INLINE acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
                                const acc_t* thresholds, int64_t bits, uint8_t* codes, uint8_t* packed, int* exponent) {
   const int e = math::scale_exponent(cpu::max_abs(buf, d));
   const acc_t s = math::pow2<acc_t>(-e);
@@ -42,14 +42,14 @@ inline acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* sig
 
 // y' -= w · levels[codes] in place (w = stored norm · 2^-e); returns |y'| (the scaled residual norm).
 template <typename acc_t>
-inline acc_t subtract_levels(acc_t* y, const uint8_t* codes, const acc_t* levels, acc_t w, int64_t d) {
+KVSTATS_ALWAYS_INLINE acc_t subtract_levels(acc_t* y, const uint8_t* codes, const acc_t* levels, acc_t w, int64_t d) {
   for (int64_t j = 0; j < d; ++j) y[j] -= math::level_value(levels, codes[j], w);
   return math::sqrt_of(cpu::sum_squares(y, d));
 }
 
 // out = Pi^T (norm * levels[codes]) for one row, codes already unpacked.
 template <typename acc_t>
-inline void decode_unpacked_row(const uint8_t* codes, acc_t norm, const acc_t* levels, const acc_t* signs,
+KVSTATS_ALWAYS_INLINE void decode_unpacked_row(const uint8_t* codes, acc_t norm, const acc_t* levels, const acc_t* signs,
                                 int64_t passes, int64_t block, int64_t d, acc_t* out) {
   for (int64_t j = 0; j < d; ++j) out[j] = math::level_value(levels, codes[j], norm);
   cpu::rotate_inverse(out, d, signs, passes, block);
