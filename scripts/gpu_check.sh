@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check, run once per lent GPU session (see README "GPU check"). On a machine with an NVIDIA
-# GPU, torch with CUDA and no network: builds the extension for sm_90, runs tests/ on CUDA
-# (tests/gpu plus the CPU suite as a sanity check), runs compute-sanitizer on each kernel, and runs the
-# GPU benchmark. Everything lands in $OUT (or the folder given as $1): logs, gpu.json, summary.txt.
+# The GPU check: the one command to run on a lent GPU (docs/kernels.md, "GPU check"); about 6–8 minutes
+# on an H200, each step under a time limit. On a machine with an NVIDIA GPU, torch with CUDA and no
+# network: builds the extension for sm_90, runs tests/gpu (kernels vs references, CPU/CUDA and CPU
+# shared-path/CUDA agreement, opcheck, every device index, the current stream, fp16/bf16/fp32), runs
+# compute-sanitizer memcheck and racecheck over every kernel, and the GPU benchmark with the device's
+# measured copy bandwidth in the same run. Everything lands in $OUT (or the folder given as $1): logs,
+# gpu.json, performance.md (rendered with the GPU table) and summary.txt; gpu.json is also copied to
+# benchmarks/results/ so that docs/performance.md shows the GPU table.
 set -uo pipefail
 out="${1:-${OUT:-gpu-results}}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
-export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" PYTHONUNBUFFERED=1 MAX_JOBS=16
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
 summary="$out/summary.txt"
 : >"$summary"
 step() { echo "== $1: $2" | tee -a "$summary"; }
+start=$SECONDS
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/nvidia-smi.txt" 2>&1
 python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" \
@@ -18,26 +24,33 @@ python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda
 
 # Build in place against the machine's torch; never touch its packages (no network there).
 if python -m pip install --no-deps --no-build-isolation -e . >"$out/build.log" 2>&1; then
-  step build ok
+  step build "ok ($((SECONDS - start)) s)"
 else
   step build FAILED; tail -40 "$out/build.log"; exit 1
 fi
 
-python -m pytest -q tests/gpu -p no:cacheprovider >"$out/pytest_gpu.log" 2>&1
-step "pytest tests/gpu" "$(tail -1 "$out/pytest_gpu.log")"
+timeout 150 python -m pytest -q tests/gpu -p no:cacheprovider >"$out/pytest_gpu.log" 2>&1
+step "pytest tests/gpu" "exit $? — $(tail -1 "$out/pytest_gpu.log") ($((SECONDS - start)) s)"
 
 # compute-sanitizer over every kernel on small inputs (memcheck, then racecheck on shared memory).
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 python scripts/sanitizer_workload.py \
+    timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 python scripts/sanitizer_workload.py \
       >"$out/sanitizer_$tool.log" 2>&1
-    step "compute-sanitizer $tool" "exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer_$tool.log") clean summaries)"
+    rc=$?
+    step "compute-sanitizer $tool" "exit $rc ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer_$tool.log") clean summaries, $((SECONDS - start)) s)"
   done
 else
   step compute-sanitizer "not found"
 fi
 
-python benchmarks/bench_ops.py --device cuda --out "$out/gpu.json" >"$out/bench.log" 2>&1
-step bench "exit $?"
+timeout 170 python benchmarks/bench_ops.py --device cuda --min-run-time 0.5 --out "$out/gpu.json" >"$out/bench.log" 2>&1
+step bench "exit $? ($((SECONDS - start)) s)"
 cat "$out/bench.log" >>"$summary"
+if [ -f "$out/gpu.json" ]; then
+  mkdir -p benchmarks/results
+  cp "$out/gpu.json" benchmarks/results/gpu.json
+  python benchmarks/render_performance.py benchmarks/results "$out/performance.md" >>"$summary" 2>&1
+fi
+step total "$((SECONDS - start)) s"
 cat "$summary"

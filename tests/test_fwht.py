@@ -112,7 +112,8 @@ def test_rejects_bad_input(bad, exc, pattern):
 @needs_extension
 def test_kernel_checks_inputs_itself():
     # The op validates before touching memory even when called directly, bypassing the wrapper.
-    with pytest.raises(RuntimeError, match="power of two"):
+    # Same exception types as the reference (kvstats.ops): ValueError for a shape, TypeError for a dtype.
+    with pytest.raises(ValueError, match="power of two"):
         torch.ops.kvstats.fwht(torch.zeros(2, 12))
-    with pytest.raises(RuntimeError, match="float16, bfloat16, float32 or float64"):
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
         torch.ops.kvstats.fwht(torch.zeros(2, 8, dtype=torch.int64))

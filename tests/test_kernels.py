@@ -57,16 +57,16 @@ def test_public_api_same_with_kernels_and_references(name, opts, d, dtype):
 def test_kernels_check_inputs():
     x = torch.randn(4, 16)
     th = torch.zeros(3)
-    with pytest.raises(RuntimeError, match="bits must be in \\[1, 8\\], got 9"):
+    with pytest.raises(ValueError, match="bits must be in \\[1, 8\\], got 9"):
         torch.ops.kvstats.lloyd_encode(x, torch.empty(0, 0), th, 9, torch.float32)
-    with pytest.raises(RuntimeError, match="thresholds must be 1-D of length 3"):
+    with pytest.raises(ValueError, match="thresholds must be 1-D of length 3"):
         torch.ops.kvstats.lloyd_encode(x, torch.empty(0, 0), torch.zeros(4), 2, torch.float32)
-    with pytest.raises(RuntimeError, match="rotation block 8 does not fit d = 16"):
+    with pytest.raises(ValueError, match="rotation block 8 does not fit d = 16"):
         torch.ops.kvstats.lloyd_encode(x, torch.ones(1, 8), th, 2, torch.float32)
-    with pytest.raises(RuntimeError, match="packed.size\\(-1\\) must be ceil"):
+    with pytest.raises(ValueError, match="packed.size\\(-1\\) must be ceil"):
         torch.ops.kvstats.lloyd_scores(torch.randn(1, 2, 16), torch.zeros(1, 3, 5, dtype=torch.uint8),
                                        torch.ones(1, 3), torch.zeros(4), 2)
-    with pytest.raises(RuntimeError, match="sketch must be \\[m, 16\\]"):
+    with pytest.raises(ValueError, match="sketch must be \\[m, 16\\]"):
         torch.ops.kvstats.qjl_encode(x, torch.randn(8, 12), torch.float32)
-    with pytest.raises(RuntimeError, match="group must divide d = 16, got 5"):
+    with pytest.raises(ValueError, match="group must divide d = 16, got 5"):
         torch.ops.kvstats.minmax_encode(x, 5, 2, torch.float16)

@@ -6,7 +6,18 @@
 
 #include <tuple>
 
+#include "quant_math.h"
+
 namespace kvstats {
+
+// The CPU's shared path (kvstats.ops.shared_path(), or KVSTATS_SHARED_PATH=1 at load): when on, every
+// CPU op runs the row programs of quant_math.h with one serial lane — the GPU's code path — instead of
+// its CPU fast path (SIMD twins, counting cell search, lookup tables, GEMM scores).
+bool shared_path_enabled();
+void set_shared_path(bool enabled);
+
+// How a stored scalar of dtype `t` is rounded (quant_math.h).
+math::Stored stored_of(at::ScalarType t);
 
 // Largest head dimension the Walsh–Hadamard kernels accept (2^15).
 constexpr int64_t kMaxFwhtDim = 32768;

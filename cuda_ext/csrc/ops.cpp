@@ -5,13 +5,56 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "bitpack.h"
 #include "kernels.h"
 
+namespace kvstats {
+
+namespace {
+// Default from the environment at load (KVSTATS_SHARED_PATH=1), then kvstats.ops.shared_path().
+std::atomic<bool> g_shared_path{[] {
+  const char* v = std::getenv("KVSTATS_SHARED_PATH");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}()};
+}  // namespace
+
+bool shared_path_enabled() { return g_shared_path.load(std::memory_order_relaxed); }
+void set_shared_path(bool enabled) { g_shared_path.store(enabled, std::memory_order_relaxed); }
+
+math::Stored stored_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return math::Stored::kFloat32;
+    case at::kHalf: return math::Stored::kFloat16;
+    case at::kBFloat16: return math::Stored::kBFloat16;
+    default: return math::Stored::kKeep;
+  }
+}
+
+}  // namespace kvstats
+
 extern "C" {
+// _C._set_shared_path(flag) -> the previous flag; _C._shared_path() -> the current one.
+static PyObject* py_set_shared_path(PyObject*, PyObject* flag) {
+  const int on = PyObject_IsTrue(flag);
+  if (on < 0) return nullptr;
+  const bool previous = kvstats::shared_path_enabled();
+  kvstats::set_shared_path(on != 0);
+  return PyBool_FromLong(previous);
+}
+
+static PyObject* py_shared_path(PyObject*, PyObject*) { return PyBool_FromLong(kvstats::shared_path_enabled()); }
+
 // Importing kvstats._C loads the shared object, which runs the TORCH_LIBRARY static initialisers.
 PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static PyMethodDef methods[] = {
+      {"_set_shared_path", py_set_shared_path, METH_O, "Switch the CPU ops to the shared (GPU) code path."},
+      {"_shared_path", py_shared_path, METH_NOARGS, "Whether the CPU ops take the shared (GPU) code path."},
+      {nullptr, nullptr, 0, nullptr}};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);
 }
 }
@@ -26,23 +69,23 @@ bool is_float_dtype(at::ScalarType t) {
 at::ScalarType acc_dtype_of(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 void check_bits(int64_t bits, const char* op) {
-  TORCH_CHECK(bits >= 1 && bits <= 8, op, ": bits must be in [1, 8], got ", bits);
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, op, ": bits must be in [1, 8], got ", bits);
 }
 
 void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name) {
-  TORCH_CHECK(a.device() == b.device(), op, ": ", name, " must be on ", a.device(), ", got ", b.device());
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name, " must be on ", a.device(), ", got ", b.device());
 }
 
 // signs: [passes, block] of the accumulation dtype `acc`, on `ref`'s device, for vectors of length d.
 void check_rotation_signs(const at::Tensor& ref, const at::Tensor& signs, int64_t d, at::ScalarType acc,
                           const char* op) {
   check_same_device(ref, signs, op, "signs");
-  TORCH_CHECK(signs.dim() == 2, op, ": signs must be [passes, block], got ", signs.sizes());
-  TORCH_CHECK(signs.scalar_type() == acc, op, ": signs must be ", acc, ", got ", signs.scalar_type());
+  TORCH_CHECK_VALUE(signs.dim() == 2, op, ": signs must be [passes, block], got ", signs.sizes());
+  TORCH_CHECK_TYPE(signs.scalar_type() == acc, op, ": signs must be ", acc, ", got ", signs.scalar_type());
   const int64_t passes = signs.size(0), block = signs.size(1);
-  TORCH_CHECK(passes == 0 || passes == 1 || passes == 3, op, ": signs must have 0, 1 or 3 passes, got ", passes);
+  TORCH_CHECK_VALUE(passes == 0 || passes == 1 || passes == 3, op, ": signs must have 0, 1 or 3 passes, got ", passes);
   if (passes > 0) {
-    TORCH_CHECK(block >= 1 && block <= kMaxFwhtDim && (block & (block - 1)) == 0 && block <= d &&
+    TORCH_CHECK_VALUE(block >= 1 && block <= kMaxFwhtDim && (block & (block - 1)) == 0 && block <= d &&
                     (passes == 3 || block == d) && 2 * block > d,
                 op, ": rotation block ", block, " does not fit d = ", d, " with ", passes, " pass(es)");
   }
@@ -51,54 +94,54 @@ void check_rotation_signs(const at::Tensor& ref, const at::Tensor& signs, int64_
 void check_table(const at::Tensor& ref, const at::Tensor& table, int64_t expected, const char* op,
                  const char* name) {
   check_same_device(ref, table, op, name);
-  TORCH_CHECK(table.dim() == 1 && table.size(0) == expected, op, ": ", name, " must be 1-D of length ", expected,
+  TORCH_CHECK_VALUE(table.dim() == 1 && table.size(0) == expected, op, ": ", name, " must be 1-D of length ", expected,
               ", got ", table.sizes());
-  TORCH_CHECK(table.scalar_type() == acc_dtype_of(ref), op, ": ", name, " must be ", acc_dtype_of(ref), ", got ",
+  TORCH_CHECK_TYPE(table.scalar_type() == acc_dtype_of(ref), op, ": ", name, " must be ", acc_dtype_of(ref), ", got ",
               table.scalar_type());
 }
 
 void check_packed(const at::Tensor& packed, int64_t rows_dim, int64_t bits, int64_t d, const char* op) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte, op, ": packed must be uint8, got ", packed.scalar_type());
-  TORCH_CHECK(packed.dim() == rows_dim, op, ": packed must have ", rows_dim, " dimensions, got ", packed.sizes());
-  TORCH_CHECK(packed.size(-1) == packed_bytes(d, bits), op, ": packed.size(-1) must be ceil(", d, "*", bits,
+  TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, op, ": packed must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK_VALUE(packed.dim() == rows_dim, op, ": packed must have ", rows_dim, " dimensions, got ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.size(-1) == packed_bytes(d, bits), op, ": packed.size(-1) must be ceil(", d, "*", bits,
               "/8) = ", packed_bytes(d, bits), ", got ", packed.size(-1));
 }
 
 }  // namespace
 
 at::ScalarType storage_dtype(const at::Tensor& x, at::ScalarType requested) {
-  TORCH_CHECK(requested == at::kFloat || requested == at::kHalf || requested == at::kBFloat16 ||
+  TORCH_CHECK_TYPE(requested == at::kFloat || requested == at::kHalf || requested == at::kBFloat16 ||
                   requested == at::kDouble,
               "norm/side dtype must be float16, bfloat16, float32 or float64, got ", requested);
   return x.scalar_type() == at::kDouble ? at::kDouble : requested;
 }
 
 void check_fwht_input(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() >= 1, "fwht: x must have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(is_float_dtype(x.scalar_type()), "fwht: x must be float16, bfloat16, float32 or float64, got ",
+  TORCH_CHECK_VALUE(x.dim() >= 1, "fwht: x must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK_TYPE(is_float_dtype(x.scalar_type()), "fwht: x must be float16, bfloat16, float32 or float64, got ",
               x.scalar_type());
   const int64_t d = x.size(-1);
-  TORCH_CHECK(d >= 2 && d <= kMaxFwhtDim && (d & (d - 1)) == 0,
+  TORCH_CHECK_VALUE(d >= 2 && d <= kMaxFwhtDim && (d & (d - 1)) == 0,
               "fwht: the last dimension must be a power of two in [2, ", kMaxFwhtDim, "], got ", d);
 }
 
 void check_pack_input(const at::Tensor& codes, int64_t bits) {
   check_bits(bits, "pack_bits");
-  TORCH_CHECK(codes.dim() == 2, "pack_bits: codes must be [N, d], got ", codes.sizes());
-  TORCH_CHECK(codes.scalar_type() == at::kByte, "pack_bits: codes must be uint8, got ", codes.scalar_type());
+  TORCH_CHECK_VALUE(codes.dim() == 2, "pack_bits: codes must be [N, d], got ", codes.sizes());
+  TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte, "pack_bits: codes must be uint8, got ", codes.scalar_type());
 }
 
 void check_unpack_input(const at::Tensor& packed, int64_t bits, int64_t d) {
   check_bits(bits, "unpack_bits");
-  TORCH_CHECK(d >= 1, "unpack_bits: d must be positive, got ", d);
+  TORCH_CHECK_VALUE(d >= 1, "unpack_bits: d must be positive, got ", d);
   check_packed(packed, 2, bits, d, "unpack_bits");
 }
 
 void check_lloyd_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
                               int64_t bits) {
   check_bits(bits, "lloyd_encode");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) >= 2, "lloyd_encode: x must be [N, d] with d >= 2, got ", x.sizes());
-  TORCH_CHECK(is_float_dtype(x.scalar_type()), "lloyd_encode: x must be a float tensor, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) >= 2, "lloyd_encode: x must be [N, d] with d >= 2, got ", x.sizes());
+  TORCH_CHECK_TYPE(is_float_dtype(x.scalar_type()), "lloyd_encode: x must be a float tensor, got ", x.scalar_type());
   check_rotation_signs(x, signs, x.size(1), acc_dtype_of(x), "lloyd_encode");
   check_table(x, thresholds, (int64_t{1} << bits) - 1, "lloyd_encode", "thresholds");
 }
@@ -106,16 +149,16 @@ void check_lloyd_encode_input(const at::Tensor& x, const at::Tensor& signs, cons
 void check_lloyd_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
                               const at::Tensor& levels, int64_t bits, int64_t d) {
   check_bits(bits, "lloyd_decode");
-  TORCH_CHECK(d >= 2, "lloyd_decode: d must be >= 2, got ", d);
+  TORCH_CHECK_VALUE(d >= 2, "lloyd_decode: d must be >= 2, got ", d);
   check_packed(packed, 2, bits, d, "lloyd_decode");
   check_same_device(packed, norm, "lloyd_decode", "norm");
-  TORCH_CHECK(norm.dim() == 1 && norm.size(0) == packed.size(0), "lloyd_decode: norm must be [", packed.size(0),
+  TORCH_CHECK_VALUE(norm.dim() == 1 && norm.size(0) == packed.size(0), "lloyd_decode: norm must be [", packed.size(0),
               "], got ", norm.sizes());
-  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "lloyd_decode: norm must be a float tensor");
-  TORCH_CHECK(levels.scalar_type() == at::kFloat || levels.scalar_type() == at::kDouble,
+  TORCH_CHECK_TYPE(is_float_dtype(norm.scalar_type()), "lloyd_decode: norm must be a float tensor, got ", norm.scalar_type());
+  TORCH_CHECK_TYPE(levels.scalar_type() == at::kFloat || levels.scalar_type() == at::kDouble,
               "lloyd_decode: levels must be float32 or float64, got ", levels.scalar_type());
   check_same_device(packed, levels, "lloyd_decode", "levels");
-  TORCH_CHECK(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits), "lloyd_decode: levels must have ",
+  TORCH_CHECK_VALUE(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits), "lloyd_decode: levels must have ",
               (int64_t{1} << bits), " entries, got ", levels.sizes());
   check_rotation_signs(packed, signs, d, levels.scalar_type(), "lloyd_decode");
 }
@@ -123,51 +166,52 @@ void check_lloyd_decode_input(const at::Tensor& packed, const at::Tensor& norm, 
 void check_lloyd_scores_input(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
                               const at::Tensor& levels, int64_t bits) {
   check_bits(bits, "lloyd_scores");
-  TORCH_CHECK(q.dim() == 3, "lloyd_scores: q must be [G, n_q, d], got ", q.sizes());
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+  TORCH_CHECK_VALUE(q.dim() == 3, "lloyd_scores: q must be [G, n_q, d], got ", q.sizes());
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "lloyd_scores: q must be float32 or float64, got ", q.scalar_type());
   check_packed(packed, 3, bits, q.size(2), "lloyd_scores");
   check_same_device(q, packed, "lloyd_scores", "packed");
   check_same_device(q, norm, "lloyd_scores", "norm");
-  TORCH_CHECK(packed.size(0) == q.size(0), "lloyd_scores: packed.size(0) must equal q.size(0) = ", q.size(0),
+  TORCH_CHECK_VALUE(packed.size(0) == q.size(0), "lloyd_scores: packed.size(0) must equal q.size(0) = ", q.size(0),
               ", got ", packed.size(0));
-  TORCH_CHECK(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
+  TORCH_CHECK_VALUE(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
               "lloyd_scores: norm must be [G, n_k] = ", packed.sizes().slice(0, 2), ", got ", norm.sizes());
-  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "lloyd_scores: norm must be a float tensor");
+  TORCH_CHECK_TYPE(is_float_dtype(norm.scalar_type()), "lloyd_scores: norm must be a float tensor, got ", norm.scalar_type());
   check_table(q, levels, int64_t{1} << bits, "lloyd_scores", "levels");
 }
 
 void check_qjl_encode_input(const at::Tensor& x, const at::Tensor& sketch) {
-  TORCH_CHECK(x.dim() == 2, "qjl_encode: x must be [N, d], got ", x.sizes());
-  TORCH_CHECK(is_float_dtype(x.scalar_type()), "qjl_encode: x must be a float tensor, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2, "qjl_encode: x must be [N, d], got ", x.sizes());
+  TORCH_CHECK_TYPE(is_float_dtype(x.scalar_type()), "qjl_encode: x must be a float tensor, got ", x.scalar_type());
   check_same_device(x, sketch, "qjl_encode", "sketch");
-  TORCH_CHECK(sketch.dim() == 2 && sketch.size(1) == x.size(1), "qjl_encode: sketch must be [m, ", x.size(1),
+  TORCH_CHECK_VALUE(sketch.dim() == 2 && sketch.size(1) == x.size(1), "qjl_encode: sketch must be [m, ", x.size(1),
               "], got ", sketch.sizes());
-  TORCH_CHECK(sketch.scalar_type() == acc_dtype_of(x), "qjl_encode: sketch must be ", acc_dtype_of(x), ", got ",
+  TORCH_CHECK_TYPE(sketch.scalar_type() == acc_dtype_of(x), "qjl_encode: sketch must be ", acc_dtype_of(x), ", got ",
               sketch.scalar_type());
 }
 
 void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor& packed, const at::Tensor& norm) {
-  TORCH_CHECK(q_sketch.dim() == 3, "qjl_scores: q_sketch must be [G, n_q, m], got ", q_sketch.sizes());
-  TORCH_CHECK(q_sketch.scalar_type() == at::kFloat || q_sketch.scalar_type() == at::kDouble,
+  TORCH_CHECK_VALUE(q_sketch.dim() == 3, "qjl_scores: q_sketch must be [G, n_q, m], got ", q_sketch.sizes());
+  TORCH_CHECK_TYPE(q_sketch.scalar_type() == at::kFloat || q_sketch.scalar_type() == at::kDouble,
               "qjl_scores: q_sketch must be float32 or float64, got ", q_sketch.scalar_type());
   check_packed(packed, 3, 1, q_sketch.size(2), "qjl_scores");
   check_same_device(q_sketch, packed, "qjl_scores", "packed");
   check_same_device(q_sketch, norm, "qjl_scores", "norm");
-  TORCH_CHECK(packed.size(0) == q_sketch.size(0), "qjl_scores: packed.size(0) must equal q_sketch.size(0) = ",
+  TORCH_CHECK_VALUE(packed.size(0) == q_sketch.size(0), "qjl_scores: packed.size(0) must equal q_sketch.size(0) = ",
               q_sketch.size(0), ", got ", packed.size(0));
-  TORCH_CHECK(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
+  TORCH_CHECK_VALUE(norm.dim() == 2 && norm.size(0) == packed.size(0) && norm.size(1) == packed.size(1),
               "qjl_scores: norm must be [G, n_k] = ", packed.sizes().slice(0, 2), ", got ", norm.sizes());
-  TORCH_CHECK(is_float_dtype(norm.scalar_type()), "qjl_scores: norm must be a float tensor");
+  TORCH_CHECK_TYPE(is_float_dtype(norm.scalar_type()), "qjl_scores: norm must be a float tensor, got ", norm.scalar_type());
 }
 
 void check_turbo_prod_encode_input(const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds,
                                    const at::Tensor& levels, int64_t bits, const at::Tensor& sketch) {
   check_lloyd_encode_input(x, signs, thresholds, bits);
   check_qjl_encode_input(x, sketch);
-  TORCH_CHECK(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits) &&
-                  levels.scalar_type() == thresholds.scalar_type(),
-              "turbo_prod_encode: levels must be [2^bits] of the thresholds' dtype");
+  TORCH_CHECK_VALUE(levels.dim() == 1 && levels.size(0) == (int64_t{1} << bits),
+                    "turbo_prod_encode: levels must be 1-D of length ", int64_t{1} << bits, ", got ", levels.sizes());
+  TORCH_CHECK_TYPE(levels.scalar_type() == thresholds.scalar_type(), "turbo_prod_encode: levels must be ",
+                   thresholds.scalar_type(), ", got ", levels.scalar_type());
 }
 
 void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
@@ -175,29 +219,29 @@ void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sket
                                    const at::Tensor& signs_packed, const at::Tensor& gamma) {
   check_lloyd_scores_input(q, packed, norm, levels, bits);
   check_qjl_scores_input(q_sketch, signs_packed, gamma);
-  TORCH_CHECK(q_sketch.size(0) == q.size(0) && q_sketch.size(1) == q.size(1) && signs_packed.size(1) == packed.size(1),
+  TORCH_CHECK_VALUE(q_sketch.size(0) == q.size(0) && q_sketch.size(1) == q.size(1) && signs_packed.size(1) == packed.size(1),
               "turbo_prod_scores: q_sketch [G, n_q, m] and signs_packed [G, n_k, m/8] must match q and packed");
-  TORCH_CHECK(q_sketch.scalar_type() == q.scalar_type(), "turbo_prod_scores: q_sketch must have q's dtype");
+  TORCH_CHECK_TYPE(q_sketch.scalar_type() == q.scalar_type(), "turbo_prod_scores: q_sketch must have q's dtype");
 }
 
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits) {
   check_bits(bits, "minmax_encode");
-  TORCH_CHECK(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());
-  TORCH_CHECK(is_float_dtype(x.scalar_type()), "minmax_encode: x must be a float tensor, got ", x.scalar_type());
-  TORCH_CHECK(group >= 1 && x.size(1) % group == 0, "minmax_encode: group must divide d = ", x.size(1), ", got ",
+  TORCH_CHECK_VALUE(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());
+  TORCH_CHECK_TYPE(is_float_dtype(x.scalar_type()), "minmax_encode: x must be a float tensor, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(group >= 1 && x.size(1) % group == 0, "minmax_encode: group must divide d = ", x.size(1), ", got ",
               group);
 }
 
 void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
                                int64_t group, int64_t bits, int64_t d) {
   check_bits(bits, "minmax_decode");
-  TORCH_CHECK(group >= 1 && d % group == 0, "minmax_decode: group must divide d = ", d, ", got ", group);
+  TORCH_CHECK_VALUE(group >= 1 && d % group == 0, "minmax_decode: group must divide d = ", d, ", got ", group);
   check_packed(packed, 2, bits, d, "minmax_decode");
   for (const at::Tensor* t : {&lo, &scale}) {
     check_same_device(packed, *t, "minmax_decode", "lo/scale");
-    TORCH_CHECK(t->dim() == 2 && t->size(0) == packed.size(0) && t->size(1) == d / group,
+    TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == packed.size(0) && t->size(1) == d / group,
                 "minmax_decode: lo and scale must be [", packed.size(0), ", ", d / group, "], got ", t->sizes());
-    TORCH_CHECK(is_float_dtype(t->scalar_type()), "minmax_decode: lo and scale must be float tensors");
+    TORCH_CHECK_TYPE(is_float_dtype(t->scalar_type()), "minmax_decode: lo and scale must be float tensors, got ", t->scalar_type());
   }
 }
 

@@ -51,3 +51,44 @@ def test_public_api_on_cuda_matches_cpu(name, d):
     s_cuda = qz.inner(q.cuda(), qz.encode(x.cuda())).cpu()
     close = torch.isclose(s_cuda, s_cpu, rtol=1e-3, atol=1e-3).float().mean().item()
     assert close > 0.999, close  # a key whose code differs at a threshold moves its score a little
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_cuda_matches_the_cpu_shared_path(bits):
+    # The CPU's shared path runs the CUDA kernels' own arithmetic (quant_math.h): codes and floats agree.
+    from tests.op_suite import width_cases
+
+    for name, args in width_cases("cpu", bits):
+        cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+        with ops.shared_path():
+            cpu_out = getattr(torch.ops.kvstats, name).default(*args)
+        cuda_out = as_tuple(getattr(torch.ops.kvstats, name).default(*cuda_args))
+        assert_outputs_agree(name, args, tuple(t.cpu() for t in cuda_out), cpu_out)
+
+
+@pytest.mark.parametrize("index", range(max(torch.cuda.device_count(), 1)))
+def test_every_device_index(index):
+    # Inputs on cuda:index (whatever the current device): outputs on the same device, equal to CPU's.
+    device = f"cuda:{index}"
+    for name, args in sample_cases("cpu")[:12]:
+        dev_args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.cuda.device(0):
+            out = as_tuple(getattr(torch.ops.kvstats, name).default(*dev_args))
+        assert all(t.device == torch.device(device) for t in out), name
+        assert_outputs_agree(name, args, tuple(t.cpu() for t in out), getattr(torch.ops.kvstats, name).default(*args))
+
+
+def test_kernels_run_on_the_current_stream():
+    # Work queued on a side stream: the op must be ordered after it (it runs on the current stream), so
+    # its output reflects the side stream's preceding write without any explicit synchronisation.
+    side = torch.cuda.Stream()
+    x = torch.randn(4096, 128, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy
+        x.mul_(2.0)
+        y = ops.fwht(x)
+        name, args = sample_cases("cuda")[0]
+        out = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+    side.synchronize()
+    torch.testing.assert_close(y.cpu(), ops.fwht(x.cpu()), rtol=1e-5, atol=1e-5)
+    assert all(t.device.type == "cuda" for t in out)

@@ -3,12 +3,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <array>
 #include <type_traits>
 #include <vector>
 
 #include "../bitpack.h"
+#include "../quant_math.h"
 
 // KVSTATS_SIMD_CLONES on a (non-template) fp32 row function: the compiler emits it twice, for the
 // baseline ISA the extension is built for and for AVX2, and the loader picks the one the CPU runs
@@ -23,30 +25,59 @@
 #define KVSTATS_SIMD_CLONES
 #endif
 
+// On the row steps that the SIMD twins wrap: forces them inline into each clone, so that the AVX2 clone
+// compiles their loops for AVX2 instead of calling the baseline copy (GCC stops inlining them on its
+// own once a row step grows).
+#if defined(__GNUC__)
+#define KVSTATS_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define KVSTATS_ALWAYS_INLINE inline
+#endif
+
 namespace kvstats {
 namespace cpu {
 
-// v rounded to the precision of `dtype` (how a stored norm / offset / scale is kept), back in acc_t.
-template <typename acc_t>
-inline acc_t round_to(acc_t v, at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf: return static_cast<acc_t>(static_cast<float>(static_cast<at::Half>(static_cast<float>(v))));
-    case at::kBFloat16:
-      return static_cast<acc_t>(static_cast<float>(static_cast<at::BFloat16>(static_cast<float>(v))));
-    case at::kFloat: return static_cast<acc_t>(static_cast<float>(v));
-    default: return v;
-  }
+// at::parallel_for whose workers run with the caller's thread-local state (inference mode, autograd
+// and dispatch-key state). OpenMP workers do not inherit it, and an ATen op inside a worker (a BLAS
+// product into a slice of an output allocated under torch.inference_mode()) would otherwise fail with
+// "Inplace update to inference tensor outside InferenceMode".
+template <typename F>
+inline void parallel_for_tls(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  const at::ThreadLocalState state;
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
+    const at::ThreadLocalStateGuard guard(state);
+    f(b, e);
+  });
 }
 
 // sum_j v[j]^2 with eight independent partial sums (vectorises; fixed order, so deterministic).
 template <typename acc_t>
-inline acc_t sum_squares(const acc_t* v, int64_t d) {
+KVSTATS_ALWAYS_INLINE acc_t sum_squares(const acc_t* v, int64_t d) {
   acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= d; j += 8)
     for (int t = 0; t < 8; ++t) part[t] += v[j + t] * v[j + t];
   for (; j < d; ++j) part[j % 8] += v[j] * v[j];
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+// max_j |v[j]| with eight independent partial maxima (vectorises).
+template <typename acc_t>
+KVSTATS_ALWAYS_INLINE acc_t max_abs(const acc_t* v, int64_t d) {
+  acc_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) {
+      const acc_t a = math::abs_of(v[j + t]);
+      part[t] = a > part[t] ? a : part[t];
+    }
+  for (; j < d; ++j) {
+    const acc_t a = math::abs_of(v[j]);
+    part[j % 8] = a > part[j % 8] ? a : part[j % 8];
+  }
+  acc_t m = part[0];
+  for (int t = 1; t < 8; ++t) m = part[t] > m ? part[t] : m;
+  return m;
 }
 
 // codes[j] = number of thresholds strictly below u[j] (torch.bucketize, right=False). Few cells: count
@@ -61,7 +92,7 @@ inline void cell_indices(const acc_t* u, int64_t d, const acc_t* thresholds, int
       for (int64_t j = 0; j < d; ++j) codes[j] += static_cast<uint8_t>(t < u[j]);
     }
   } else {
-    for (int64_t j = 0; j < d; ++j) codes[j] = static_cast<uint8_t>(cell_index(u[j], thresholds, bits));
+    for (int64_t j = 0; j < d; ++j) codes[j] = static_cast<uint8_t>(math::cell_index(u[j], thresholds, bits));
   }
 }
 
@@ -97,12 +128,12 @@ inline void pack_signs(const acc_t* proj, int64_t m, uint8_t* out) {
   const int64_t full = m / 8;
   for (int64_t c = 0; c < full; ++c) {
     uint32_t byte = 0;
-    for (int t = 0; t < 8; ++t) byte |= static_cast<uint32_t>(proj[8 * c + t] >= acc_t(0)) << t;
+    for (int t = 0; t < 8; ++t) byte |= math::sign_bit(proj[8 * c + t]) << t;
     out[c] = static_cast<uint8_t>(byte);
   }
   if (full * 8 < m) {
     uint32_t byte = 0;
-    for (int64_t i = full * 8; i < m; ++i) byte |= static_cast<uint32_t>(proj[i] >= acc_t(0)) << (i - full * 8);
+    for (int64_t i = full * 8; i < m; ++i) byte |= math::sign_bit(proj[i]) << (i - full * 8);
     out[full] = static_cast<uint8_t>(byte);
   }
 }
@@ -116,7 +147,7 @@ inline const std::array<std::array<acc_t, 8>, 256>& sign_patterns() {
   static const auto table = [] {
     std::array<std::array<acc_t, 8>, 256> t{};
     for (int v = 0; v < 256; ++v)
-      for (int b = 0; b < 8; ++b) t[v][b] = (v >> b) & 1 ? acc_t(1) : acc_t(-1);
+      for (int b = 0; b < 8; ++b) t[v][b] = math::sign_value<acc_t>((v >> b) & 1, acc_t(1));
     return t;
   }();
   return table;
@@ -154,14 +185,36 @@ inline void pack_sign_row(const acc_t* proj, int64_t m, uint8_t* out) {
 }
 
 // out[r] = packed signs of S y_r for the k rows y of one block ([k, d] contiguous, sketch's dtype);
-// proj is the task's scratch [>= k, m]. Runs inside a parallel task, so BLAS runs single-threaded.
+// proj is the task's scratch [>= k, m]. Runs inside a parallel task (parallel_for_tls), so BLAS runs
+// single-threaded. shared: pack with the GPU's per-byte code (quant_math.h) instead of the SIMD twin.
 template <typename acc_t>
-inline void sketch_signs_block(const at::Tensor& y, const at::Tensor& sketch, at::Tensor& proj, uint8_t* out) {
+inline void sketch_signs_block(const at::Tensor& y, const at::Tensor& sketch, at::Tensor& proj, uint8_t* out,
+                               bool shared) {
   const int64_t k = y.size(0), m = sketch.size(0), mb = packed_bytes(m, 1);
   at::Tensor p = proj.narrow(0, 0, k);
   at::mm_out(p, y, sketch.t());
   const acc_t* pp = p.const_data_ptr<acc_t>();
-  for (int64_t r = 0; r < k; ++r) pack_sign_row(pp + r * m, m, out + r * mb);
+  for (int64_t r = 0; r < k; ++r) {
+    const acc_t* row = pp + r * m;
+    if (shared) {
+      auto sign_at = [&](int64_t i) { return math::sign_bit(row[i]); };
+      math::pack_row(sign_at, m, 1, out + r * mb, math::SerialLanes{});
+    } else {
+      pack_sign_row(row, m, out + r * mb);
+    }
+  }
+}
+
+// Shared-path packing and unpacking of one row: the GPU's per-byte / per-code functions (bitpack.h).
+inline void pack_row_shared(const uint8_t* codes, int64_t d, int64_t bits, uint8_t* out) {
+  const uint32_t mask = (1u << bits) - 1u;
+  auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]) & mask; };
+  math::pack_row(code_at, d, bits, out, math::SerialLanes{});
+}
+
+inline void unpack_row_shared(const uint8_t* in, int64_t d, int64_t bits, uint8_t* codes) {
+  const int64_t nb = packed_bytes(d, bits);
+  for (int64_t i = 0; i < d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(in, nb, bits, i));
 }
 
 }  // namespace cpu

@@ -18,12 +18,17 @@ namespace {
 template <typename scalar_t>
 void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
   using acc_t = at::opmath_type<scalar_t>;
-  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(d));
+  const acc_t scale = math::wht_scale<acc_t>(d);
+  const bool shared = shared_path_enabled();
   // Grain: about 16K elements per task so small batches stay on one thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / d);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> buf(d);
     for (int64_t r = begin; r < end; ++r) {
+      if (shared) {
+        math::fwht_row(x + r * d, y + r * d, d, buf.data(), math::SerialLanes{});
+        continue;
+      }
       const scalar_t* xr = x + r * d;
       scalar_t* yr = y + r * d;
       for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(xr[j]);
@@ -37,7 +42,7 @@ void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
 
 at::Tensor fwht_cpu(const at::Tensor& x) {
   check_fwht_input(x);
-  TORCH_CHECK(x.device().is_cpu(), "fwht_cpu: x must be a CPU tensor, got ", x.device());
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "fwht_cpu: x must be a CPU tensor, got ", x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
   const int64_t d = xc.size(-1);

@@ -16,47 +16,54 @@
 namespace kvstats {
 namespace {
 
-// The per-row steps below are written as plain loops that vectorise; each has an fp32 twin compiled
-// with KVSTATS_SIMD_CLONES (an AVX2 copy chosen at load time), and RowSteps<acc_t> picks the twin.
+// The CPU fast path. The per-row steps below are written as plain loops that vectorise; each has an fp32
+// twin compiled with KVSTATS_SIMD_CLONES (an AVX2 copy chosen at load time), and RowSteps<acc_t> picks
+// the twin. Their arithmetic is quant_math.h's; the shared path (kvstats.ops.shared_path()) calls the
+// row programs of quant_math.h directly, one serial lane, as the GPU does with a thread block.
 
-// One encode row on buf = x in acc_t: returns |x| (unrounded); leaves y = Pi x in buf, u = y / |x| in
-// u (scratch), the cell indices in codes and the packed bytes in packed.
+// One encode row on buf = x in acc_t: scales buf by 2^-e (math::scale_exponent of its max |x|, so the
+// squares never overflow; *exponent = e) and returns the scaled norm |x| · 2^-e (unrounded); leaves
+// y' = Pi x · 2^-e in buf, u = y'/|x'| in u (scratch), the cell indices in codes, the packed bytes in packed.
 template <typename acc_t>
-inline acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
-                               const acc_t* thresholds, int64_t bits, uint8_t* codes, uint8_t* packed) {
-  const acc_t norm = std::sqrt(cpu::sum_squares(buf, d));
+KVSTATS_ALWAYS_INLINE acc_t encode_loaded_row(acc_t* buf, acc_t* u, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
+                               const acc_t* thresholds, int64_t bits, uint8_t* codes, uint8_t* packed, int* exponent) {
+  const int e = math::scale_exponent(cpu::max_abs(buf, d));
+  const acc_t s = math::pow2<acc_t>(-e);
+  for (int64_t j = 0; j < d; ++j) buf[j] *= s;
+  *exponent = e;
+  const acc_t norm = math::sqrt_of(cpu::sum_squares(buf, d));
   cpu::rotate_forward(buf, d, signs, passes, block);
-  const acc_t denom = norm > 0 ? norm : acc_t(1);
+  const acc_t denom = math::unit_denominator(norm);
   for (int64_t j = 0; j < d; ++j) u[j] = buf[j] / denom;
   cpu::cell_indices(u, d, thresholds, bits, codes);
   cpu::pack_row(codes, d, bits, packed);
   return norm;
 }
 
-// y -= stored_norm * levels[codes] in place; returns |y| (the residual norm gamma of TurboQuant_prod).
+// y' -= w · levels[codes] in place (w = stored norm · 2^-e); returns |y'| (the scaled residual norm).
 template <typename acc_t>
-inline acc_t subtract_levels(acc_t* y, const uint8_t* codes, const acc_t* levels, acc_t stored_norm, int64_t d) {
-  for (int64_t j = 0; j < d; ++j) y[j] -= levels[codes[j]] * stored_norm;
-  return std::sqrt(cpu::sum_squares(y, d));
+KVSTATS_ALWAYS_INLINE acc_t subtract_levels(acc_t* y, const uint8_t* codes, const acc_t* levels, acc_t w, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) y[j] -= math::level_value(levels, codes[j], w);
+  return math::sqrt_of(cpu::sum_squares(y, d));
 }
 
 // out = Pi^T (norm * levels[codes]) for one row, codes already unpacked.
 template <typename acc_t>
-inline void decode_unpacked_row(const uint8_t* codes, acc_t norm, const acc_t* levels, const acc_t* signs,
+KVSTATS_ALWAYS_INLINE void decode_unpacked_row(const uint8_t* codes, acc_t norm, const acc_t* levels, const acc_t* signs,
                                 int64_t passes, int64_t block, int64_t d, acc_t* out) {
-  for (int64_t j = 0; j < d; ++j) out[j] = levels[codes[j]] * norm;
+  for (int64_t j = 0; j < d; ++j) out[j] = math::level_value(levels, codes[j], norm);
   cpu::rotate_inverse(out, d, signs, passes, block);
 }
 
 KVSTATS_SIMD_CLONES float encode_loaded_row_f32(float* buf, float* u, int64_t d, const float* signs, int64_t passes,
                                                 int64_t block, const float* thresholds, int64_t bits, uint8_t* codes,
-                                                uint8_t* packed) {
-  return encode_loaded_row(buf, u, d, signs, passes, block, thresholds, bits, codes, packed);
+                                                uint8_t* packed, int* exponent) {
+  return encode_loaded_row(buf, u, d, signs, passes, block, thresholds, bits, codes, packed, exponent);
 }
 
-KVSTATS_SIMD_CLONES float subtract_levels_f32(float* y, const uint8_t* codes, const float* levels, float stored_norm,
+KVSTATS_SIMD_CLONES float subtract_levels_f32(float* y, const uint8_t* codes, const float* levels, float w,
                                               int64_t d) {
-  return subtract_levels(y, codes, levels, stored_norm, d);
+  return subtract_levels(y, codes, levels, w, d);
 }
 
 KVSTATS_SIMD_CLONES void decode_unpacked_row_f32(const uint8_t* codes, float norm, const float* levels,
@@ -81,14 +88,25 @@ struct RowSteps<float> {
 
 // Encode one input row x (any float dtype): load into buf in acc_t, then encode_loaded_row.
 template <typename scalar_t, typename acc_t>
-acc_t encode_row(const scalar_t* x, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
-                 const acc_t* thresholds, int64_t bits, acc_t* buf, acc_t* u, uint8_t* codes, uint8_t* packed) {
+math::RowNorm<acc_t> encode_row(const scalar_t* x, int64_t d, const acc_t* signs, int64_t passes, int64_t block,
+                                const acc_t* thresholds, int64_t bits, acc_t* buf, acc_t* u, uint8_t* codes,
+                                uint8_t* packed) {
   for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(x[j]);
-  return RowSteps<acc_t>::encode(buf, u, d, signs, passes, block, thresholds, bits, codes, packed);
+  int e = 0;
+  const acc_t norm = RowSteps<acc_t>::encode(buf, u, d, signs, passes, block, thresholds, bits, codes, packed, &e);
+  return {norm, e};
 }
 
 at::Tensor empty_rows(int64_t n, int64_t cols, const at::Tensor& like, at::ScalarType dtype) {
   return at::empty({n, cols}, like.options().dtype(dtype));
+}
+
+math::Rotation rotation_of(const at::Tensor& signs) {
+  math::Rotation rot;
+  rot.signs = signs.const_data_ptr();
+  rot.passes = signs.size(0);
+  rot.block = rot.passes > 0 ? signs.size(1) : 0;
+  return rot;
 }
 
 }  // namespace
@@ -100,21 +118,32 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const a
   const at::Tensor xc = x.contiguous(), sg = signs.contiguous(), th = thresholds.contiguous();
   const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits);
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
+  const bool shared = shared_path_enabled();
   at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
   at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "lloyd_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
-    const acc_t* sp = sg.const_data_ptr<acc_t>();
-    const acc_t* tp = th.const_data_ptr<acc_t>();
-    uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
-    acc_t* np = norm.mutable_data_ptr<acc_t>();
+    math::LloydEncodeParams<scalar_t, acc_t> p;
+    p.x = xc.const_data_ptr<scalar_t>();
+    p.n = n;
+    p.d = d;
+    p.bits = bits;
+    p.rotation = rotation_of(sg);
+    p.thresholds = th.const_data_ptr<acc_t>();
+    p.packed = packed.mutable_data_ptr<uint8_t>();
+    p.norm = norm.mutable_data_ptr<acc_t>();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<acc_t> buf(d), u(d);
       std::vector<uint8_t> codes(d);
-      for (int64_t r = begin; r < end; ++r)
-        np[r] = encode_row(xp + r * d, d, sp, passes, block, tp, bits, buf.data(), u.data(), codes.data(),
-                           pp + r * nb);
+      for (int64_t r = begin; r < end; ++r) {
+        if (shared) {
+          math::encode_params_row(p, r, buf.data(), codes.data(), math::SerialLanes{});
+        } else {
+          p.norm[r] = encode_row(p.x + r * d, d, static_cast<const acc_t*>(p.rotation.signs), passes, block,
+                                 p.thresholds, bits, buf.data(), u.data(), codes.data(), p.packed + r * nb)
+                          .norm();
+        }
+      }
     });
   });
   return {packed, norm.to(storage_dtype(x, norm_dtype))};
@@ -127,6 +156,7 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
   const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
   const int64_t n = pc.size(0), nb = pc.size(1);
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
+  const bool shared = shared_path_enabled();
   at::Tensor out = at::empty({n, d}, lv.options());
   AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "lloyd_decode_cpu", [&] {
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
@@ -134,11 +164,17 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
     const scalar_t* sp = sg.const_data_ptr<scalar_t>();
     const scalar_t* lp = lv.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    const math::Rotation rot = rotation_of(sg);
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
+      std::vector<scalar_t> buf(d);
       for (int64_t r = begin; r < end; ++r) {
-        cpu::unpack_row(pp + r * nb, d, bits, codes.data());
-        RowSteps<scalar_t>::decode(codes.data(), np[r], lp, sp, passes, block, d, op + r * d);
+        if (shared) {
+          math::decode_lloyd_row(pp + r * nb, np[r], lp, bits, d, rot, buf.data(), op + r * d, math::SerialLanes{});
+        } else {
+          cpu::unpack_row(pp + r * nb, d, bits, codes.data());
+          RowSteps<scalar_t>::decode(codes.data(), np[r], lp, sp, passes, block, d, op + r * d);
+        }
       }
     });
   });
@@ -165,7 +201,7 @@ at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch
   const at::Tensor qc = q.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
   const at::Tensor qsc = q_sketch.contiguous(), spc = signs_packed.contiguous();
   const at::Tensor nc = norm.to(qc.scalar_type()).contiguous();
-  const at::Tensor gc = (gamma.to(qc.scalar_type()) * scale).contiguous();
+  const at::Tensor gc = cpu::qjl_weights(gamma, qc.scalar_type(), scale);
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "turbo_prod_scores_cpu", [&] {
     const auto keys = cpu::with_signs(cpu::code_keys<scalar_t>(pc, nc, lv, bits, qc.size(2)), spc, gc, qsc.size(2));
@@ -183,24 +219,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
   const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits), m = sk.size(0), mb = packed_bytes(m, 1);
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
   const at::ScalarType stored = storage_dtype(x, norm_dtype);
+  const math::Stored stored_kind = stored_of(stored);
+  const bool shared = shared_path_enabled();
   at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
   at::Tensor sign_packed = empty_rows(n, mb, xc, at::kByte);
   at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
   at::Tensor gamma = at::empty({n}, xc.options().dtype(th.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "turbo_prod_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    math::LloydEncodeParams<scalar_t, acc_t> p;
+    p.x = xc.const_data_ptr<scalar_t>();
+    p.n = n;
+    p.d = d;
+    p.bits = bits;
+    p.rotation = rotation_of(sg);
+    p.thresholds = th.const_data_ptr<acc_t>();
+    p.packed = packed.mutable_data_ptr<uint8_t>();
+    p.norm = norm.mutable_data_ptr<acc_t>();
+    p.levels = lv.const_data_ptr<acc_t>();
+    p.norm_stored = stored_kind;
+    p.gamma = gamma.mutable_data_ptr<acc_t>();
     const acc_t* sp = sg.const_data_ptr<acc_t>();
-    const acc_t* tp = th.const_data_ptr<acc_t>();
-    const acc_t* lp = lv.const_data_ptr<acc_t>();
-    uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
     uint8_t* spk = sign_packed.mutable_data_ptr<uint8_t>();
-    acc_t* np = norm.mutable_data_ptr<acc_t>();
-    acc_t* gp = gamma.mutable_data_ptr<acc_t>();
     // Per task: the residuals of one block of rows and their projection (extra memory: threads x
-    // kSketchBlock x (d + m) values); the block goes through the sketch while it is in cache.
+    // kSketchBlock x (d + m) values); the block goes through the sketch while it is in cache. The
+    // residual is kept scaled by 2^-e per row (r' = r · 2^-e): its sign bits are those of r.
     const int64_t blocks = (n + cpu::kSketchBlock - 1) / cpu::kSketchBlock;
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    cpu::parallel_for_tls(0, blocks, 1, [&](int64_t begin, int64_t end) {
       at::Tensor residual = at::empty({std::min(n, cpu::kSketchBlock), d}, th.options());
       at::Tensor proj = at::empty({std::min(n, cpu::kSketchBlock), m}, th.options());
       acc_t* rp = residual.mutable_data_ptr<acc_t>();
@@ -209,16 +254,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
       for (int64_t b = begin; b < end; ++b) {
         const int64_t r0 = b * cpu::kSketchBlock, k = std::min(cpu::kSketchBlock, n - r0);
         for (int64_t r = 0; r < k; ++r) {
-          // encode_row leaves y = Pi x in the buffer; the residual is y − |x|_stored · levels[codes], with
-          // the norm rounded as it is stored, so decode reproduces exactly what the residual was taken from.
-          acc_t* y = rp + r * d;
           const int64_t row = r0 + r;
-          const acc_t nrm = encode_row(xp + row * d, d, sp, passes, block, tp, bits, y, u.data(), codes.data(),
-                                       pp + row * nb);
-          np[row] = nrm;
-          gp[row] = RowSteps<acc_t>::subtract(y, codes.data(), lp, cpu::round_to(nrm, stored), d);
+          acc_t* y = rp + r * d;
+          if (shared) {  // the two steps of math::encode_params_row, the residual into the block's buffer
+            const math::SerialLanes lanes;
+            const math::RowNorm<acc_t> rn = math::encode_lloyd_row(p.x + row * d, d, p.rotation, p.thresholds, bits,
+                                                                   u.data(), codes.data(), p.packed + row * nb, lanes);
+            p.norm[row] = rn.norm();
+            p.gamma[row] = math::residual_row(u.data(), codes.data(), p.levels, rn, stored_kind, d, y, lanes);
+            continue;
+          }
+          // encode_row leaves y' = Pi x · 2^-e in the buffer; the residual is y' − |x|_stored · 2^-e ·
+          // levels[codes], with the norm rounded as it is stored, so decode reproduces what it was taken from.
+          const math::RowNorm<acc_t> rn = encode_row(p.x + row * d, d, sp, passes, block, p.thresholds, bits, y,
+                                                     u.data(), codes.data(), p.packed + row * nb);
+          p.norm[row] = rn.norm();
+          const acc_t w = math::round_to_stored(rn.norm(), stored_kind) * math::pow2<acc_t>(-rn.exponent);
+          p.gamma[row] = RowSteps<acc_t>::subtract(y, codes.data(), p.levels, w, d) * math::pow2<acc_t>(rn.exponent);
         }
-        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), sk, proj, spk + r0 * mb);
+        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), sk, proj, spk + r0 * mb, shared);
       }
     });
   });

@@ -28,33 +28,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tenso
     uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
     acc_t* lp = lo_t.mutable_data_ptr<acc_t>();
     acc_t* sp = scale_t.mutable_data_ptr<acc_t>();
-    const acc_t top = static_cast<acc_t>((int64_t{1} << bits) - 1);
+    const math::Stored stored = stored_of(side);
+    const bool shared = shared_path_enabled();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = xp + r * d;
         for (int64_t gi = 0; gi < ng; ++gi) {
-          acc_t lo = static_cast<acc_t>(row[gi * group]), hi = lo;
-          for (int64_t j = 1; j < group; ++j) {
-            const acc_t v = static_cast<acc_t>(row[gi * group + j]);
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-          }
-          // Codes come from the stored (rounded) offset and step, so decode matches what is kept.
-          const acc_t lo_s = cpu::round_to(lo, side);
-          const acc_t step = cpu::round_to((hi - lo) / top, side);
-          for (int64_t j = 0; j < group; ++j) {
-            acc_t c = 0;
-            if (step > 0) {
-              c = std::nearbyint((static_cast<acc_t>(row[gi * group + j]) - lo_s) / step);  // half to even
-              c = c < 0 ? acc_t(0) : (c > top ? top : c);
-            }
-            codes[gi * group + j] = static_cast<uint8_t>(c);
-          }
-          lp[r * ng + gi] = lo_s;
-          sp[r * ng + gi] = step;
+          const auto p = math::minmax_group<scalar_t, acc_t>(xp + r * d + gi * group, group, bits, stored,
+                                                             codes.data() + gi * group);
+          lp[r * ng + gi] = p.lo;
+          sp[r * ng + gi] = p.step;
         }
-        cpu::pack_row(codes.data(), d, bits, pp + r * nb);
+        if (shared) {
+          cpu::pack_row_shared(codes.data(), d, bits, pp + r * nb);
+        } else {
+          cpu::pack_row(codes.data(), d, bits, pp + r * nb);
+        }
       }
     });
   });
@@ -73,13 +62,18 @@ at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, con
     const scalar_t* lp = lc.const_data_ptr<scalar_t>();
     const scalar_t* sp = sc.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    const bool shared = shared_path_enabled();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
-        cpu::unpack_row(pp + r * nb, d, bits, codes.data());
+        if (shared) {
+          cpu::unpack_row_shared(pp + r * nb, d, bits, codes.data());
+        } else {
+          cpu::unpack_row(pp + r * nb, d, bits, codes.data());
+        }
         for (int64_t j = 0; j < d; ++j) {
           const int64_t gi = r * ng + j / group;
-          op[r * d + j] = lp[gi] + sp[gi] * static_cast<scalar_t>(codes[j]);
+          op[r * d + j] = math::minmax_value(lp[gi], sp[gi], codes[j]);
         }
       }
     });

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <vector>
 
 #include "../bitpack.h"
 #include "../kernels.h"
@@ -16,21 +17,26 @@ std::tuple<at::Tensor, at::Tensor> qjl_encode_cpu(const at::Tensor& x, const at:
                                                   at::ScalarType norm_dtype) {
   check_qjl_encode_input(x, sketch);
   const at::Tensor sk = sketch.contiguous();
-  const int64_t n = x.size(0), m = sk.size(0), mb = packed_bytes(m, 1);
+  const int64_t n = x.size(0), d = x.size(1), m = sk.size(0), mb = packed_bytes(m, 1);
   const int64_t blocks = (n + cpu::kSketchBlock - 1) / cpu::kSketchBlock;
+  const bool shared = shared_path_enabled();
   at::Tensor packed = at::empty({n, mb}, x.options().dtype(at::kByte));
   at::Tensor norm = at::empty({n}, sk.options());
   AT_DISPATCH_FLOATING_TYPES(sk.scalar_type(), "qjl_encode_cpu", [&] {
     uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
+    scalar_t* np = norm.mutable_data_ptr<scalar_t>();
     // Per task: a block of rows in the sketch's dtype and its projection; nothing of size n is allocated.
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    // The workers run ATen ops (conversion, BLAS), so they take the caller's thread-local state.
+    cpu::parallel_for_tls(0, blocks, 1, [&](int64_t begin, int64_t end) {
       at::Tensor proj = at::empty({std::min(n, cpu::kSketchBlock), m}, sk.options());
+      std::vector<scalar_t> buf(d);
       for (int64_t b = begin; b < end; ++b) {
         const int64_t r0 = b * cpu::kSketchBlock, k = std::min(cpu::kSketchBlock, n - r0);
         const at::Tensor y = x.narrow(0, r0, k).to(sk.scalar_type()).contiguous();
-        at::Tensor block_norm = norm.narrow(0, r0, k);
-        at::linalg_vector_norm_out(block_norm, y, 2, {1});
-        cpu::sketch_signs_block<scalar_t>(y, sk, proj, pp + r0 * mb);
+        const scalar_t* yp = y.const_data_ptr<scalar_t>();
+        // ‖x‖ without overflow (scaled by 2^-e before squaring): math::load_scaled, on both paths.
+        for (int64_t r = 0; r < k; ++r) np[r0 + r] = math::load_scaled(yp + r * d, d, buf.data(), math::SerialLanes{}).norm();
+        cpu::sketch_signs_block<scalar_t>(y, sk, proj, pp + r0 * mb, shared);
       }
     });
   });
@@ -41,7 +47,7 @@ at::Tensor qjl_scores_cpu(const at::Tensor& q_sketch, const at::Tensor& packed, 
                           double scale) {
   check_qjl_scores_input(q_sketch, packed, norm);
   const at::Tensor qc = q_sketch.contiguous(), pc = packed.contiguous();
-  const at::Tensor wc = (norm.to(qc.scalar_type()) * scale).contiguous();
+  const at::Tensor wc = cpu::qjl_weights(norm, qc.scalar_type(), scale);
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "qjl_scores_cpu", [&] {
     const auto keys = cpu::with_signs(cpu::PackedKeys<scalar_t>{}, pc, wc, qc.size(2));

@@ -5,7 +5,10 @@
 // either part optional (QJL has only the second, lloyd only the first). Few queries per key group
 // (n_q < kGemmQueries): per-query lookup tables (score_tables.h), one look-up per byte (or code pair) per
 // key. Many: each task decodes a block of keys to dense rows (levels[codes] · w, ±w) in a buffer that
-// stays in cache and multiplies it by the queries with BLAS.
+// stays in cache and multiplies it by the queries with BLAS. Tables whose size would exceed
+// kMaxTableBytes (wide rows at 8 bits: d · 256 values per query) take the GEMM path too, whose scratch is
+// bounded per task. The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with
+// math::score_one, the GPU's per-thread loop.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,6 +17,8 @@
 #include <vector>
 
 #include "../bitpack.h"
+#include "../kernels.h"
+#include "../quant_math.h"
 #include "common_cpu.h"
 #include "score_tables.h"
 
@@ -23,6 +28,20 @@ namespace cpu {
 constexpr int64_t kGemmQueries = 8;
 // Keys per task: the decoded block (kScoreBlock × (d + m) values) and its scores stay in L2.
 constexpr int64_t kScoreBlock = 256;
+// Most memory the per-query lookup tables of one call may take (above: the GEMM path).
+constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
+
+// The sign part's per-key weights w = scale · γ (or ‖k‖), in dtype: math::qjl_key_weight.
+inline at::Tensor qjl_weights(const at::Tensor& norm, at::ScalarType dtype, double scale) {
+  const at::Tensor nc = norm.to(dtype).contiguous();
+  at::Tensor w = at::empty_like(nc);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "qjl_weights", [&] {
+    const scalar_t* np = nc.const_data_ptr<scalar_t>();
+    scalar_t* wp = w.mutable_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < nc.numel(); ++i) wp[i] = math::qjl_key_weight(np[i], static_cast<scalar_t>(scale));
+  });
+  return w;
+}
 
 // The packed keys of G groups of nk keys. codes: [G, nk, ceil(d·bits/8)] (nullptr: no MSE part);
 // signs: [G, nk, ceil(m/8)] (nullptr: no sign part); weights [G, nk].
@@ -127,7 +146,7 @@ void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at
   const int64_t nb = k.codes ? packed_bytes(d, k.bits) : 0, mb = k.signs ? packed_bytes(m, 1) : 0;
   const int64_t blocks = (k.nk + kScoreBlock - 1) / kScoreBlock;
   const auto opts = out.options();
-  at::parallel_for(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for_tls(0, k.G * blocks, 1, [&](int64_t begin, int64_t end) {
     at::Tensor dense = k.codes ? at::empty({kScoreBlock, d}, opts) : at::Tensor();
     at::Tensor dense_signs = k.signs ? at::empty({kScoreBlock, m}, opts) : at::Tensor();
     at::Tensor tile = at::empty({nq, kScoreBlock}, opts);
@@ -141,7 +160,7 @@ void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t key = g * k.nk + j0 + r;
           unpack_row(k.codes + key * nb, d, k.bits, codes.data());
-          for (int64_t t = 0; t < d; ++t) dp[r * d + t] = k.levels[codes[t]] * k.mse_w[key];
+          for (int64_t t = 0; t < d; ++t) dp[r * d + t] = math::level_value(k.levels, codes[t], k.mse_w[key]);
         }
         at::mm_out(scores, q[g], dense.narrow(0, 0, rows).t());
       }
@@ -163,13 +182,52 @@ void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at
   });
 }
 
-// out [G, nq, nk] from the packed keys; picks tables or GEMM by the number of queries.
+// The shared path: every (query, key) pair with math::score_one, as one GPU thread does.
+template <typename acc_t>
+void score_packed_shared(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  math::ScoreParams<acc_t> p;
+  p.G = k.G;
+  p.nq = out.size(1);
+  p.nk = k.nk;
+  p.codes = k.codes;
+  p.mse_w = k.mse_w;
+  p.levels = k.levels;
+  p.bits = k.bits;
+  p.d = k.d;
+  p.q = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
+  p.signs = k.signs;
+  p.qjl_w = k.qjl_w;
+  p.m = k.m;
+  p.qs = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
+  p.out = out.mutable_data_ptr<acc_t>();
+  at::parallel_for(0, p.G * p.nq, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gi = begin; gi < end; ++gi) {
+      const int64_t g = gi / p.nq;
+      const acc_t* qr = p.q ? p.q + gi * p.d : nullptr;
+      const acc_t* qsr = p.qs ? p.qs + gi * p.m : nullptr;
+      for (int64_t j = 0; j < p.nk; ++j) p.out[gi * p.nk + j] = math::score_one(p, qr, qsr, g, j);
+    }
+  });
+}
+
+// Bytes the per-query lookup tables of score_packed_tables would take.
+template <typename acc_t>
+int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
+  const int64_t code_size = k.codes ? CodeTable(k.d, k.bits).size : 0;
+  const int64_t sign_size = k.signs ? packed_bytes(k.m, 1) * 256 : 0;
+  return k.G * nq * (code_size + sign_size) * static_cast<int64_t>(sizeof(acc_t));
+}
+
+// out [G, nq, nk] from the packed keys; picks tables or GEMM by the number of queries and the tables'
+// size (at most kMaxTableBytes), or the shared path when it is switched on.
 template <typename acc_t>
 at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
                         const at::TensorOptions& opts) {
   at::Tensor out = at::empty({k.G, nq, k.nk}, opts);
   if (out.numel() == 0) return out;
-  if (nq >= kGemmQueries) {
+  if (shared_path_enabled()) {
+    score_packed_shared(k, q, qs, out);
+  } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {
     score_packed_gemm(k, q, qs, out);
   } else {
     score_packed_tables(k, q, qs, out);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../bitpack.h"
+#include "../quant_math.h"
 
 namespace kvstats {
 namespace cpu {
@@ -27,21 +28,11 @@ inline uint32_t le32(uint32_t w) {
 #endif
 }
 
-// T[p][v] = sum_t q[p*per + t] * levels[(v >> (t*bits)) & mask], per = 8 / bits (t over valid indices).
+// T[p][v] = sum_t q[p*per + t] * levels[(v >> (t*bits)) & mask], per = 8 / bits (math::code_byte_entry).
 template <typename acc_t>
 inline void build_code_table(const acc_t* q, int64_t d, const acc_t* levels, int64_t bits, int64_t nb, acc_t* table) {
-  const int64_t per = 8 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
-  for (int64_t p = 0; p < nb; ++p) {
-    for (uint32_t v = 0; v < 256; ++v) {
-      acc_t s = 0;
-      for (int64_t t = 0; t < per; ++t) {
-        const int64_t idx = p * per + t;
-        if (idx < d) s += q[idx] * levels[(v >> (t * bits)) & mask];
-      }
-      table[p * 256 + v] = s;
-    }
-  }
+  for (int64_t p = 0; p < nb; ++p)
+    for (uint32_t v = 0; v < 256; ++v) table[p * 256 + v] = math::code_byte_entry(q, d, levels, bits, p, v);
 }
 
 // T[p][v] = sum_t qs[8p + t] * (bit t of v ? +1 : -1), over valid t (8p + t < m).

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../quant_math.h"
+
 namespace kvstats {
 namespace cpu {
 
+// The CPU fast path of the WHT (the shared one, run by the GPU, is math::wht_butterflies).
 // Unnormalised Sylvester–Hadamard transform of buf[0..n), n a power of two. The butterfly stages
 // commute, so the three short-stride stages (h = 1, 2, 4) run first as an unrolled 8-point transform
 // per block of 8, and the long strides (h >= 8) as loops the compiler vectorises.
@@ -45,9 +48,9 @@ inline void butterfly_inplace(acc_t* buf, int64_t n) {
 // the same operations, in the same order, as the pure-torch path fwht(x * signs).
 template <typename acc_t>
 inline void rotate_forward(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
-  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(block));
+  const acc_t scale = math::wht_scale<acc_t>(block);
   for (int64_t k = 0; k < passes; ++k) {
-    acc_t* span = buf + (k == 1 ? d - block : 0);
+    acc_t* span = buf + math::pass_start(k, d, block);
     const acc_t* s = signs + k * block;
     for (int64_t j = 0; j < block; ++j) span[j] *= s[j];
     butterfly_inplace(span, block);
@@ -58,9 +61,9 @@ inline void rotate_forward(acc_t* buf, int64_t d, const acc_t* signs, int64_t pa
 // Inverse of rotate_forward: passes in reverse order, each fwht(span) * signs.
 template <typename acc_t>
 inline void rotate_inverse(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
-  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(block));
+  const acc_t scale = math::wht_scale<acc_t>(block);
   for (int64_t k = passes - 1; k >= 0; --k) {
-    acc_t* span = buf + (k == 1 ? d - block : 0);
+    acc_t* span = buf + math::pass_start(k, d, block);
     const acc_t* s = signs + k * block;
     butterfly_inplace(span, block);
     for (int64_t j = 0; j < block; ++j) span[j] = span[j] * scale * s[j];

@@ -1,5 +1,5 @@
-// Device helpers shared by the CUDA kernels: block reductions and the randomized-Hadamard rotation of a
-// vector staged in shared memory (the same operations, in the same order, as the CPU kernels).
+// Device helpers shared by the CUDA kernels: block reductions and BlockLanes, the thread block as the
+// `Lanes` of the row programs in quant_math.h (the arithmetic itself lives there, shared with the CPU).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,50 +23,36 @@ __device__ __forceinline__ acc_t block_sum(acc_t v, acc_t* scratch) {
   return total;
 }
 
-// Unnormalised Sylvester–Hadamard transform of buf[0..n) in shared memory, n a power of two.
+// Maximum of `v` over the thread block; every thread gets the result. `scratch` holds 32 values.
 template <typename acc_t>
-__device__ __forceinline__ void smem_butterfly(acc_t* buf, int64_t n) {
-  const int64_t half = n >> 1;
-  for (int64_t h = 1; h < n; h <<= 1) {
-    for (int64_t p = threadIdx.x; p < half; p += blockDim.x) {
-      const int64_t i = (p / h) * 2 * h + (p % h);
-      const acc_t a = buf[i];
-      const acc_t b = buf[i + h];
-      buf[i] = a + b;
-      buf[i + h] = a - b;
-    }
-    __syncthreads();
+__device__ __forceinline__ acc_t block_max(acc_t v, acc_t* scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const acc_t o = __shfl_down_sync(0xffffffffu, v, offset);
+    v = o > v ? o : v;
   }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  acc_t m = scratch[0];
+  for (int w = 1; w < warps; ++w) m = scratch[w] > m ? scratch[w] : m;
+  return m;
 }
 
-// Randomized Hadamard rotation (kvstats.rotations.RandomizedHadamard) of buf[0..d) in shared memory:
-// `passes` (0, 1, 3) of signs, butterflies, scale 1/sqrt(block), over blocks at 0, d - block, 0.
+// The threads of one block cooperating on one row (blockDim.x a multiple of 32); scratch: 32 values
+// of acc_t in shared memory for the reductions.
 template <typename acc_t>
-__device__ void smem_rotate_forward(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
-  const acc_t scale = acc_t(1) / sqrt(static_cast<acc_t>(block));
-  for (int64_t k = 0; k < passes; ++k) {
-    acc_t* span = buf + (k == 1 ? d - block : 0);
-    const acc_t* s = signs + k * block;
-    for (int64_t j = threadIdx.x; j < block; j += blockDim.x) span[j] *= s[j];
-    __syncthreads();
-    smem_butterfly(span, block);
-    for (int64_t j = threadIdx.x; j < block; j += blockDim.x) span[j] *= scale;
-    __syncthreads();
-  }
-}
+struct BlockLanes {
+  acc_t* scratch;
+  __device__ int64_t id() const { return threadIdx.x; }
+  __device__ int64_t count() const { return blockDim.x; }
+  __device__ void sync() const { __syncthreads(); }
+  __device__ acc_t sum(acc_t v) const { return block_sum(v, scratch); }
+  __device__ acc_t max(acc_t v) const { return block_max(v, scratch); }
+};
 
-template <typename acc_t>
-__device__ void smem_rotate_inverse(acc_t* buf, int64_t d, const acc_t* signs, int64_t passes, int64_t block) {
-  const acc_t scale = acc_t(1) / sqrt(static_cast<acc_t>(block));
-  for (int64_t k = passes - 1; k >= 0; --k) {
-    acc_t* span = buf + (k == 1 ? d - block : 0);
-    const acc_t* s = signs + k * block;
-    smem_butterfly(span, block);
-    for (int64_t j = threadIdx.x; j < block; j += blockDim.x) span[j] = span[j] * scale * s[j];
-    __syncthreads();
-  }
-}
-
+// Threads per block for rows of d values: a power of two in [32, 512], about d/2 (one butterfly each).
 inline int threads_for(int64_t d) {
   int64_t t = 32;
   while (t < d / 2 && t < 512) t <<= 1;

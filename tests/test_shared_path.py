@@ -1,0 +1,72 @@
+"""The CPU kernels on the shared path — the GPU's code (cuda_ext/csrc/quant_math.h run by one serial
+lane) — against the pure-torch references: every op, every code width 1–8, fp16/bf16/fp32 inputs, odd d,
+GQA-style groups of queries, more rows than one CPU block. The CPU fast paths are tested the same way in
+test_kernels.py; here every CPU op is forced onto the code the CUDA kernels run."""
+
+import pytest
+import torch
+
+from kvstats import ops
+from kvstats.quantizers import quantizer
+from tests.op_suite import check_fwht_correctness, check_ops_against_references, sample_cases, width_cases
+
+pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+
+
+def test_switch_is_scoped_and_restored():
+    assert not ops.using_shared_path()
+    with ops.shared_path():
+        assert ops.using_shared_path()
+        with ops.shared_path(False):
+            assert not ops.using_shared_path()
+        assert ops.using_shared_path()
+    assert not ops.using_shared_path()
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_every_op_on_the_shared_path(bits):
+    with ops.shared_path():
+        check_ops_against_references("cpu", width_cases("cpu", bits))
+
+
+def test_sample_cases_on_the_shared_path():
+    with ops.shared_path():
+        check_ops_against_references("cpu", sample_cases("cpu"))
+
+
+def test_fwht_on_the_shared_path():
+    with ops.shared_path():
+        check_fwht_correctness("cpu")
+
+
+def test_shared_and_fast_paths_agree():
+    # Both paths compute the same cells from the same arithmetic up to the summation order of the norm
+    # and the schedule of the butterflies, so codes may differ only at threshold ties (bounded in op_suite).
+    from tests.op_suite import as_tuple, assert_outputs_agree
+
+    for name, args in width_cases("cpu", 4):
+        fast = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        with ops.shared_path():
+            shared = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        assert_outputs_agree(name, args, shared, fast)
+
+
+@pytest.mark.parametrize("name, bits", [("lloyd", 1), ("turbo_mse", 3), ("turbo_prod", 2), ("turbo_prod", 8),
+                                        ("qjl", 1), ("minmax", 5), ("turbo_mse", 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_public_api_on_the_shared_path_with_gqa(name, bits, dtype):
+    # 8 query heads on 2 KV heads (GQA 4: the 4 heads' 3 queries each stacked per KV head, n_q = 12),
+    # d = 96 (not a power of two), 300 keys.
+    d = 96
+    qz = quantizer(name, bits=bits, dim=d, seed=5)
+    g = torch.Generator().manual_seed(bits)
+    x = torch.randn(1, 2, 300, d, generator=g).to(dtype)
+    q = torch.randn(1, 8, 3, d, generator=g).to(dtype).reshape(1, 2, 12, d)
+    with ops.use_reference():
+        code = qz.encode(x)
+        s_ref, x_ref = qz.inner(q, code), qz.decode(code)
+    with ops.shared_path():
+        s, x_hat = qz.inner(q, code), qz.decode(code)
+    tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(x_hat.float(), x_ref.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(s, s_ref, rtol=1e-4, atol=1e-3)
