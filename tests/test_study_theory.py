@@ -1,0 +1,68 @@
+"""Verdict code of the theory studies (jensen, sphere_law, qjl_variance, turboquant_distortion, beta_figures,
+kv_anatomy): each verdict function is fed numbers for which it must return each verdict it can, and the
+statements the studies compute (σ⁴ coefficient, norm errors, bit accounting) are checked against oracles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
+from tests.test_studies import load_study, run_tiny
+
+# ------------------------------------------------------------------------------------------------ jensen
+
+
+def test_sigma4_coefficient_closed_forms_and_monte_carlo():
+    # closed forms: p = (0.9, 0.1) uniform noise -> +0.0207 (by hand from the expansion); flat p -> -(S-1)/(4S²)
+    assert kl_sigma4_coefficient([0.9, 0.1], 1.0) == pytest.approx(0.0207, abs=1e-12)
+    for s in (2, 5, 64):
+        assert kl_sigma4_coefficient(np.full(s, 1 / s), 1.0) == pytest.approx(-(s - 1) / (4 * s * s), rel=1e-12)
+    # Monte Carlo, common random numbers (one seed at both levels): E[KL]/σ² rises for p = (0.9, 0.1) and falls
+    # for flat p over 64 keys. Predicted changes 0.0207·0.45 ≈ +0.0093 and −0.0038·0.45 ≈ −0.0017 per unit; with
+    # 200k draws the SE of the paired difference of E[KL]/σ² is < 3e-4 (measured 1e-4), > 5 SE from 0.
+    for p, sign in (([0.9, 0.1], 1), (np.full(64, 1 / 64), -1)):
+        s = np.log(np.asarray(p))
+        lo, hi = (jensen_simulation(s, v, n_draws=200_000, seed=3).statistic / v for v in (0.05, 0.5))
+        assert sign * (hi - lo) > 0
+        assert hi - lo == pytest.approx(kl_sigma4_coefficient(p, 1.0) * 0.45, abs=0.003)
+    with pytest.raises(ValueError, match="p must"):
+        kl_sigma4_coefficient([0.5, 0.6], 1.0)
+    with pytest.raises(ValueError, match="profile"):
+        kl_sigma4_coefficient([0.5, 0.5], -1.0)
+
+
+def test_jensen_inflation_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    s2 = [0.1, 1.0]
+    tiny = [1e-4, 1e-4]
+    v = js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.6], tiny)
+    assert v.verdict == "reproduced" and v.rule == "combine"
+    assert js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.4], tiny).verdict == "partly"  # one level equal
+    v = js.inflation_verdict(s2, [0.08, 0.8], tiny, [0.08, 0.8], tiny)  # above σ²/2 and no correlated excess
+    assert v.verdict == "not reproduced" and "significantly outside" in v.reason
+
+
+def test_jensen_mechanism_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, 10)
+
+    def arrays(s2_factor, kl_factor, rho):
+        jitter = 1 + 0.01 * rng.standard_normal(10)
+        return {"sigma2_kqv": base, "sigma2_qkqv": base * s2_factor * jitter, "kl_kqv": base,
+                "kl_qkqv": base * kl_factor * jitter[::-1], "rho_qkqv": rho + 0.01 * rng.standard_normal(10)}
+
+    # 10 pairs of one sign: exact two-sided Wilcoxon p = 2/1024 < 0.05
+    assert js.mechanism_verdict({2: arrays(2.0, 3.0, 0.3), 4: arrays(2.0, 3.0, 0.3)}).verdict == "reproduced"
+    assert js.mechanism_verdict({2: arrays(2.0, 1.5, -0.3), 4: arrays(2.0, 1.5, -0.3)}).verdict == "partly"
+    assert js.mechanism_verdict({2: arrays(0.5, 0.4, -0.3), 4: arrays(0.5, 0.4, -0.3)}).verdict == "not reproduced"
+
+
+def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
+    claims = {c["id"]: c for c in run_tiny("jensen", {"draws": 200, "queries": 2, "trials": 6}, tmp_path,
+                                           monkeypatch)}
+    assert claims["jensen-inflation"]["rule"] == "combine"
+    assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
+    assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
+    assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
