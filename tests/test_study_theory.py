@@ -66,3 +66,33 @@ def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
     assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
     assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
     assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
+
+
+# -------------------------------------------------------------------------------------------- sphere_law
+
+
+def test_sphere_law_verdicts_return_each_verdict():
+    sl = load_study("sphere_law")
+    crit = sl.ks_critical(1000, 3)
+    from scipy import stats
+
+    # oracle: P(KS > crit) = ALPHA/3 under H0 (scipy's exact distribution of the KS statistic)
+    assert stats.kstwo.sf(crit, 1000) == pytest.approx(sl.ALPHA / 3, rel=1e-6)
+    ok = {2: 0.5 * crit, 8: 0.9 * crit, 64: 0.1 * crit}
+    assert sl.sphere_law_verdict(ok, 1000, 4096, 0.3501 / 4096).verdict == "reproduced"
+    assert sl.sphere_law_verdict(ok | {8: 1.5 * crit}, 1000, 4096, 0.3501 / 4096).verdict == "partly"
+    bad = {d: 2 * crit for d in ok}
+    assert sl.sphere_law_verdict(bad, 1000, 4096, 0.5 / 4096).verdict == "not reproduced"
+    lev = [-1.5, -0.45, 0.45, 1.5]
+    assert sl.codebook_verdict(lev, lev, 0.05).verdict == "reproduced"
+    assert sl.codebook_verdict(lev, lev, 0.001).verdict == "partly"
+    assert sl.codebook_verdict([1.05 * v for v in lev], lev, 0.001).verdict == "not reproduced"
+
+
+def test_sphere_law_claims_are_verdicted_by_rules(tmp_path, monkeypatch):
+    tiny = {"n_vectors": 500, "max_dim": 64, "n_dims": 4, "max_codebook_dim": 1024}
+    claims = {c["id"]: c for c in run_tiny("sphere_law", tiny, tmp_path, monkeypatch)}
+    # exact codebooks at d = 1024 are within 0.12% of the Gaussian levels, d = 8 is 5.5% off (computed above)
+    assert claims["codebook-gaussian-limit"]["verdict"] == "reproduced"
+    assert claims["sphere-law-gaussian-limit"]["rule"] == "combine"
+    assert claims["lloyd-max-gaussian-table"]["rule"] == "identity"
