@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
 from tests.test_studies import load_study, run_tiny
@@ -125,3 +126,40 @@ def test_turboquant_norm_errors_stated_in_the_docs():
         assert float((norms - 1).abs().mean()) == pytest.approx(float(printed), abs=0.006), method
         assert float(norms.pow(2).mean()) == pytest.approx(sq_norm, abs=0.015), method
         assert f"relative norm error of {printed} at b = 2" in text or f"|‖x̂‖ − ‖x‖|/‖x‖ of {printed}" in text
+
+
+# --------------------------------------------------------------------------------- turboquant_distortion
+
+
+def test_turboquant_distortion_verdicts_return_each_verdict():
+    td = load_study("turboquant_distortion")
+    assert td.two_pi_verdict({5: (6.2, 6.0, 6.5), 6: (6.3, 6.1, 6.6)}).verdict == "reproduced"
+    assert td.two_pi_verdict({2: (4.9, 4.7, 5.1), 6: (6.3, 6.1, 6.6)}).verdict == "partly"
+    assert td.two_pi_verdict({2: (0.9, 0.8, 0.95)}).verdict == "not reproduced"
+    assert td.value_verdict({1: 0.36}, {1: (0.361, 0.358, 0.364)}).verdict == "reproduced"
+    assert td.value_verdict({1: 0.36, 3: 0.03}, {1: (0.361, 0.358, 0.364), 3: (0.0345, 0.0344, 0.0346)}
+                            ).verdict == "reproduced"  # 0.03 ± 0.005 reaches 0.035 ≥ 0.0346: inside
+    assert td.value_verdict({3: 0.03}, {3: (0.05, 0.04, 0.06)}).verdict == "partly"
+    assert td.value_verdict({3: 0.03}, {3: (0.0, -0.01, 0.01)}).verdict == "not reproduced"
+    rng = np.random.default_rng(1)
+    u2 = rng.uniform(0.11, 0.12, 10)
+    ok = {"float16": {"total": 2.5}, "float32": {"total": 2.5}}
+    assert td.outlier_verdict(ok, u2 * 0.8, u2).verdict == "reproduced"  # 10 pairs one sign: p = 2/1024
+    assert td.outlier_verdict(ok | {"float32": {"total": 2.75}}, u2 * 0.8, u2).verdict == "partly"
+    assert td.outlier_verdict({"float32": {"total": 2.75}}, u2 * 1.2, u2).verdict == "not reproduced"
+    # bit accounting oracle: payload (32·3 + 96·2)/128 = 2.25; two norms of 16 / 32 bits over 128 coordinates
+    assert td.split_bits(torch.float16) == pytest.approx({"payload": 2.25, "total": 2.5})
+    assert td.split_bits(torch.float32) == pytest.approx({"payload": 2.25, "total": 2.75})
+
+
+def test_turboquant_distortion_bounds_verdict():
+    import pandas as pd
+
+    td = load_study("turboquant_distortion")
+    row = {"lower_d_mse": 0.25, "upper_d_mse": 0.68, "lower_d_prod_x_d": 0.25, "upper_d_prod_x_d": 4.2}
+    good = {"turbo_mse_d_mse": 0.117, "turbo_mse_d_mse_lo": 0.116, "turbo_mse_d_mse_hi": 0.118}
+    prod = {"turbo_prod_d_prod_x_d": 0.56, "turbo_prod_d_prod_x_d_lo": 0.55, "turbo_prod_d_prod_x_d_hi": 0.57}
+    row = {**row, "lower_d_mse": 0.0625}
+    assert td.bounds_verdict(pd.DataFrame([row | good | prod])).verdict == "reproduced"
+    bad = {"turbo_mse_d_mse": 0.9, "turbo_mse_d_mse_lo": 0.8, "turbo_mse_d_mse_hi": 1.0}
+    assert td.bounds_verdict(pd.DataFrame([row | bad | prod])).verdict == "partly"
