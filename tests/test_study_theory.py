@@ -163,3 +163,30 @@ def test_turboquant_distortion_bounds_verdict():
     assert td.bounds_verdict(pd.DataFrame([row | good | prod])).verdict == "reproduced"
     bad = {"turbo_mse_d_mse": 0.9, "turbo_mse_d_mse_lo": 0.8, "turbo_mse_d_mse_hi": 1.0}
     assert td.bounds_verdict(pd.DataFrame([row | bad | prod])).verdict == "partly"
+
+
+# ---------------------------------------------------------------------------------------------- beta_figures
+
+
+def test_beta_figures_verdicts_return_each_verdict():
+    import pandas as pd
+
+    bf = load_study("beta_figures")
+    mw = pd.DataFrame({"p_holm": [1e-5, 1e-5], "rank_biserial": [-0.9, -0.8]})
+    assert bf.mse_wins_verdict(mw).verdict == "reproduced"
+    assert bf.mse_wins_verdict(mw.assign(p_holm=[1e-5, 0.3])).verdict == "partly"
+    assert bf.mse_wins_verdict(mw.assign(rank_biserial=[0.9, 0.8])).verdict == "not reproduced"
+    crit = bf.ks_critical(4096, 2)
+    ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 4096,
+                       "ks": [0.5 * crit, 0.5 * crit, 0.2]})
+    assert bf.sphere_law_verdict(ks).verdict == "reproduced"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.5 * crit, 0.5 * crit, 0.001])).verdict == "partly"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.3, 0.3, 0.001])).verdict == "not reproduced"
+
+
+def test_beta_figures_runs_through_the_shell(tmp_path, monkeypatch):
+    tiny = {"trials": 3, "seq": 16, "n_q": 2, "hist_vectors": 64}
+    claims = {c["id"]: c for c in run_tiny("beta_figures", tiny, tmp_path, monkeypatch)}
+    assert claims["dalberto-beta-figures-mse-wins"]["rule"] == "direction"
+    assert claims["dalberto-beta-figures-sphere-law"]["rule"] == "combine"
+    assert (tmp_path / "figures" / "data" / "beta_figures_definitions.json").is_file()
