@@ -190,3 +190,25 @@ def test_beta_figures_runs_through_the_shell(tmp_path, monkeypatch):
     assert claims["dalberto-beta-figures-mse-wins"]["rule"] == "direction"
     assert claims["dalberto-beta-figures-sphere-law"]["rule"] == "combine"
     assert (tmp_path / "figures" / "data" / "beta_figures_definitions.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ kv_anatomy
+
+
+def test_kv_anatomy_verdicts_return_each_verdict():
+    ka = load_study("kv_anatomy")
+    kr, vr = np.array([4.0, 5.0, 3.5]), np.array([2.0, 3.0, 2.5])
+    assert ka.range_verdict(kr, vr, [True] * 3).verdict == "reproduced"
+    assert ka.range_verdict(np.array([4.0, 9.0, 3.5]), vr, [True] * 3).verdict == "partly"
+    # a value cannot lie above and below a range at once: the lower sides hold, so "not reproduced" cannot occur
+    assert ka.range_verdict(np.array([9.0] * 3), np.array([9.0] * 3), [False] * 3).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([1.5, 2.0, 4.0, 5.0])).verdict == "reproduced"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 4.0, 5.0])).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 1.5, 1.2])).verdict == "not reproduced"
+    from scipy import stats
+
+    n = np.array([2000, 2000])
+    crit = stats.kstwo.isf(ka.ALPHA / 2, 2000)
+    assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
+    assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
+    assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
