@@ -212,3 +212,53 @@ def test_kv_anatomy_verdicts_return_each_verdict():
     assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
     assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
     assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
+
+
+# ---------------------------------------------------------------------------------------------- qjl_variance
+
+
+def test_qjl_variance_verdicts_return_each_verdict():
+    import pandas as pd
+
+    qv = load_study("qjl_variance")
+    # z-identity: the Bonferroni critical value for 2 values at ALPHA = 0.05 is z = 2.24
+    assert qv.z_identity([1.0, 2.0], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "reproduced"
+    assert qv.z_identity([1.0, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "partly"
+    assert qv.z_identity([1.5, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "not reproduced"
+    with pytest.raises(ValueError, match="ses"):
+        qv.z_identity([1.0], [1.0], [0.0], what="x")
+    assert qv.spiky_verdict({1: 1.01, 128: 0.995}).verdict == "reproduced"
+    assert qv.spiky_verdict({1: math.sqrt(math.pi / 2), 128: 0.998}).verdict == "partly"
+    assert qv.spiky_verdict({1: 1.2533, 2: 0.8862}).verdict == "not reproduced"
+    tail = [{"hits": 300, "n": 5000, "delta": 0.1}, {"hits": 200, "n": 5000, "delta": 0.05}]
+    assert qv.tail_verdict(tail).verdict == "reproduced"
+    assert qv.tail_verdict(tail[:1] + [{"hits": 260, "n": 5000, "delta": 0.05}]).verdict == "partly"
+    assert qv.tail_verdict(tail[:1] + [{"hits": 400, "n": 5000, "delta": 0.05}]).verdict == "not reproduced"
+    assert qv.scores_verdict([{"failures": 0, "n": 200}]).verdict == "reproduced"
+    assert qv.scores_verdict([{"failures": 1, "n": 200}]).verdict == "partly"  # 1/200 > 1/256, CI reaches 0
+    assert qv.scores_verdict([{"failures": 20, "n": 200}]).verdict == "not reproduced"
+    base = np.linspace(1.0, 2.0, 10)
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 0.4 * base)}).verdict == "reproduced"
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 2 * base)}).verdict == "partly"
+    assert qv.outlier_verdict({5.0: (base, 2 * base)}).verdict == "not reproduced"
+    # bit accounting: d = 128, m = 384 sign bits + one fp16 norm = 3.125 bits, 16/3.125 = 5.12×; the split adds a norm
+    bits = qv.qjl_bits()
+    assert bits["plain_total"] == pytest.approx(3 + 16 / 128) and bits["split_total"] == pytest.approx(3 + 32 / 128)
+    assert qv.bits_verdict(bits).verdict == "partly"  # 16 / 3.25 = 4.92 < 5
+    assert qv.bits_verdict(bits | {"split_total": 3.125, "split_ratio": 5.12}).verdict == "reproduced"
+    assert qv.bits_verdict({f"{c}_{k}": v for c in ("plain", "split") for k, v in
+                            (("total", 4.0), ("side", 1.0), ("ratio", 4.0))}).verdict == "not reproduced"
+    g = pd.DataFrame({"m": [64, 64], "cos": [0.0, 0.3], "var": [0.02, 0.02], "var_lo": [0.019, 0.019],
+                      "var_hi": [0.021, 0.021], "sketches": [30, 30]})
+    assert qv.orthogonal_verdict(g, g.assign(var=0.01, var_lo=0.0095, var_hi=0.0105)).verdict == "reproduced"
+    assert qv.orthogonal_verdict(g, g.assign(var=[0.01, 0.02], var_lo=[0.0095, 0.019], var_hi=[0.0105, 0.021])
+                                 ).verdict == "partly"
+    assert qv.orthogonal_verdict(g, g.assign(var=0.03, var_lo=0.029, var_hi=0.031)).verdict == "not reproduced"
+
+
+def test_hadamard_sketch_spike_is_biased_by_sqrt_pi_over_2():
+    """D'Alberto's eq. (3) with S = H·diag(s′): for r = ±e_i, H(s′⊙r) = ±(column i of H), so sign(·) recovers it
+    and r̂ = √(π/2)·r for every s′ (closed form)."""
+    qv = load_study("qjl_variance")
+    rows = qv.spiky_cell("srht", 1, 128, 3, 8)
+    assert all(r["ratio"] == pytest.approx(math.sqrt(math.pi / 2), rel=1e-6) for r in rows)
