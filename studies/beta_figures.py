@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "id": "dalberto-per-instance-bias",
             "claim": "The per-instance bias bᵢ = ⟨q, rᵢ⟩ of the MSE stage (eq. 5) is key-specific and does not "
-                     "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion than the bias "
-                     "it removes: at equal budget MSE-only has lower attention KL.",
+                     "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion "
+                     "than the bias it removes: at equal budget MSE-only has lower attention KL.",
             "source": "D'Alberto, arXiv 2605.08114, §3.3, eqs. (5)–(6)",
             "measurement": (f"the conclusion, on the same cells as above: MSE n bits lower KL than MSE (n−1) + QJL 1 "
                             f"(Holm p < {ALPHA}) in {len(wins)}/{len(mw)} (d, data) cells. The premise (a key-specific "
