@@ -59,7 +59,8 @@ SCALE = {"quick": {"sketches": 30, "pairs": 128, "scale_sketches": 100, "err_vec
 ALPHA = 0.05
 SPARSITY = tuple(2**j for j in range(8))  # nonzeros of r, 1..d (d = 128)
 SPIKY_ROWS = ("srht", "gaussian")
-UNBIASED_ATOL = 0.02  # |E⟨r, r̂⟩/‖r‖² − 1| ≤ 2% is called unbiased (Monte Carlo SE ≤ 0.003, see tests)
+SPIKY_PAIRS = 64  # vectors r per sketch
+UNBIASED_ATOL = 0.02  # |E⟨r, r̂⟩/‖r‖² − 1| ≤ 2% is called unbiased (Monte Carlo SE ≤ 0.003 at quick scale)
 LEMMA_35 = ((0.3, 0.1), (0.2, 0.05), (0.1, 0.1))  # (ε, δ)
 THEOREM_36 = {"r": 1.0, "n": 256, "eps": (0.2, 0.1)}
 TAIL_PAIRS = 500
@@ -107,11 +108,9 @@ def error_cell(method: str, bits: int, d: int, vectors: int) -> list[dict]:
 def sparse_unit(n: int, d: int, k: int, seed: int) -> torch.Tensor:
     """n unit vectors with k nonzero entries ±1/√k on a uniformly random support (k = 1: ±e_i; k = d: flat)."""
     g = torch.Generator().manual_seed(seed)
-    r = torch.zeros(n, d, dtype=torch.float64)
-    for i in range(n):
-        idx = torch.randperm(d, generator=g)[:k]
-        r[i, idx] = torch.where(torch.rand(k, generator=g) < 0.5, -1.0, 1.0).double() / math.sqrt(k)
-    return r
+    support = torch.rand(n, d, generator=g).argsort(-1)[:, :k]
+    signs = torch.where(torch.rand(n, k, generator=g) < 0.5, -1.0, 1.0).double()
+    return torch.zeros(n, d, dtype=torch.float64).scatter_(1, support, signs / math.sqrt(k))
 
 
 def spiky_cell(rows: str, k: int, d: int, sketches: int, pairs: int) -> list[dict]:
@@ -296,7 +295,7 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
         "sketches": "rows='gaussian': i.i.d. N(0, 1), c = √(π/2); 'orthogonal': QR blocks, rows of norm √d, the exact "
                     "spherical constant; 'srht': D'Alberto's S = H·diag(s′), c = √(π/2), m = d; norms float32",
         "eq. (3)": f"unit r with k ∈ {SPARSITY} nonzeros ±1/√k on a random support; ratio Prod(r, r) = ⟨r, r̂⟩, mean "
-                   f"over {cfg['pairs']} vectors per sketch, {cfg['sketches']} sketches; unbiased means within "
+                   f"over {SPIKY_PAIRS} vectors per sketch, {cfg['sketches']} sketches; unbiased means within "
                    f"{UNBIASED_ATOL}",
         "Lemma 3.5 / Theorem 3.6": f"Gaussian rows; (ε, δ) ∈ {LEMMA_35}, {cfg['tail_trials']} sketches × {TAIL_PAIRS} "
                                    f"independent uniform unit pairs; Theorem 3.6 with r = {THEOREM_36['r']:g}, "
@@ -334,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                                         vectors=cfg["err_vectors"]), version=VERSION, name=f"{STUDY}_errors")
     table["constant"] = table["constant"].fillna("exact") if "constant" in table else "exact"
     spiky = shell.sweep(spiky_cell, grid(rows=list(SPIKY_ROWS), k=list(SPARSITY), d=D, sketches=cfg["sketches"],
-                                         pairs=cfg["pairs"]), version=VERSION, name=f"{STUDY}_spiky")
+                                         pairs=SPIKY_PAIRS), version=VERSION, name=f"{STUDY}_spiky")
     tails = shell.sweep(tail_cell, [{"eps": e, "delta": dl, "d": D, "trials": cfg["tail_trials"]}
                                     for e, dl in LEMMA_35], version=VERSION, name=f"{STUDY}_lemma35")
     thm = shell.sweep(scores_cell, grid(eps=list(THEOREM_36["eps"]), d=D, trials=cfg["tail_trials"]), version=VERSION,
@@ -547,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                             + f" (√(π/2) = {math.sqrt(math.pi / 2):.4f}: r = ±e_i gives r̂ = √(π/2)·r for every s′); "
                             "Gaussian rows: " + ", ".join(f"{v:.4f}" for v in spiky_means["gaussian"].values())
                             + f"; largest 95% CI half-width {spiky_half:.4f}."),
-            "data": f"d = {D}, m = d, {cfg['sketches']} sketches × {cfg['pairs']} vectors per k ({args.scale} scale)",
+            "data": f"d = {D}, m = d, {cfg['sketches']} sketches × {SPIKY_PAIRS} vectors per k ({args.scale} scale)",
             "verdict": spiky_verdict(spiky_means["srht"]),
             "figure": None,
             "details": "Gaussian rows (TurboQuant's sketch) as the sensitivity row: identity rule gives "
