@@ -443,7 +443,8 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
 def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_path, monkeypatch):
     from kvstats.rotations import spherical_sign_scale
 
-    tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3}
+    tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3,
+            "spiky_sketches": 2}
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]
