@@ -28,17 +28,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from kvstats import plots, study, verdicts  # noqa: E402
 from kvstats.data.real import load_default_capture  # noqa: E402
 from kvstats.paths import figure_path  # noqa: E402
+from kvstats.quantizers import quantizer  # noqa: E402
 from kvstats.rotations import fwht  # noqa: E402
+from kvstats.stats import wilcoxon  # noqa: E402
 from kvstats.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
-VERSION = "1"
+VERSION = "2"
 SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
 HIST_LAYERS = (0, 1, 7, 15, 22, 29)
 HIST_BINS = np.linspace(-0.6, 0.6, 81)
@@ -48,6 +51,10 @@ KEY_RANGE, VALUE_RANGE = (3.0, 5.6), (1.7, 3.8)  # max/median channel magnitude 
 EXPECTED_CHANNELS = (22, 23, 24, 54, 55, 56)
 OUTLIER_RATIO = 2.5  # a layer "has an outlier channel" when max/median channel magnitude exceeds this
 FIRST_LAYERS = 2  # "the first layers" of QJL's statement
+# QJL's outlier sketch on real keys: equal sign bits (2 per coordinate), the OUTLIER_CHANNELS channels of largest
+# mean |k| of the layer in their own sketch with ROWS_PER_OUTLIER rows each; the last QUERY_TOKENS queries of every
+# query head against its KV head's keys; Gaussian rows
+OUTLIER_CHANNELS, ROWS_PER_OUTLIER, SIGN_BITS, QUERY_TOKENS = 4, 8, 2, 32
 
 
 def _sphere_ks(x: np.ndarray, d: int):
@@ -65,6 +72,32 @@ def _sphere_ks(x: np.ndarray, d: int):
 @functools.lru_cache(maxsize=2)
 def _capture(tokens: int):
     return load_default_capture(tokens, verbose=False)
+
+
+def qjl_outlier_errors(cap, layer: int, d: int, seed: int) -> dict:
+    """Mean squared error of QJL's Prod(q, k) − ⟨q, k⟩ on one layer's real queries and keys, one sketch of
+    SIGN_BITS·d rows vs the outlier split at the same sign bits (module constants)."""
+    k = cap.keys(layer).double()[0]  # [kv_heads, T, d]
+    q = cap.queries(layer).double()[0, :, -QUERY_TOKENS:]  # [q_heads, n, d]
+    q = q.reshape(k.shape[0], -1, d)  # query heads grouped by their KV head (GQA: consecutive heads share one)
+    ref = q @ k.transpose(-1, -2)
+    idx = torch.argsort(k.abs().mean(dim=(0, 1)), descending=True)[:OUTLIER_CHANNELS].tolist()
+    m_total, m_out = SIGN_BITS * d, ROWS_PER_OUTLIER * OUTLIER_CHANNELS
+    out = {}
+    for name, kw in (("single", {"m": m_total}),
+                     ("split", {"m": m_total - m_out, "outliers": idx, "outlier_m": m_out})):
+        quant = quantizer("qjl", dim=d, rows="gaussian", seed=seed + 1000 * layer + (name == "split"), **kw)
+        out[f"qjl_mse_{name}"] = float((quant.inner(q, quant.encode(k)).double() - ref).pow(2).mean())
+    out["qjl_ref_ms"] = float(ref.pow(2).mean())
+    return out
+
+
+def qjl_outlier_verdict(single: np.ndarray, split: np.ndarray) -> verdicts.Verdict:
+    """The outlier sketch lowers the inner-product error on real keys: direction rule, one cell, Wilcoxon paired
+    by layer (split error lower)."""
+    w = wilcoxon(np.asarray(split, float), np.asarray(single, float))
+    return verdicts.direction([verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=-1, alpha=ALPHA)],
+                              what="models (SmolLM2 layers paired)")
 
 
 def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
@@ -87,6 +120,7 @@ def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
     ks_rot, p_rot = _sphere_ks(rot_x, d)
     rows.append({"kind": "ks", "n": int(raw_x.size), "ks_raw": ks_raw, "p_raw": p_raw, "ks_wht": ks_rot,
                  "p_wht": p_rot})
+    rows.append({"kind": "qjl_outliers", **qjl_outlier_errors(cap, layer, d, seed)})
     if layer in HIST_LAYERS:
         for which, vals in (("raw", unit), ("wht", rotated)):
             dens, _ = np.histogram(vals.flatten().numpy(), bins=HIST_BINS, density=True)
@@ -241,7 +275,8 @@ def definitions(scale: str, d: int | None = None) -> dict[str, str]:
     }
 
 
-def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict], scale: str) -> list[dict]:
+def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict], scale: str,
+           qjl: pd.DataFrame | None = None) -> list[dict]:
     """The claims this study checks (figures/data/kv_anatomy_claims.json)."""
     expected = set(EXPECTED_CHANNELS)
     keys = [r for r in outliers if r["tensor"] == "keys"]
@@ -302,7 +337,24 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "figure": "kv_anatomy_wht.png",
             "details": None,
         },
-    ]
+    ] + ([] if qjl is None or not len(qjl) else [
+        {
+            "id": "qjl-outlier-sketch-smollm2",
+            "claim": "Sketching the outlier channels separately (their own sketch and norm) lowers the inner-product "
+                     "error of QJL on real keys.",
+            "source": "Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (outliers)",
+            "measurement": (f"mean squared error of Prod(q, k) split / single sketch per layer: "
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).min():.3f}–"
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).max():.3f} (median "
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).median():.3f}) over {len(qjl)} layers; "
+                            f"{SIGN_BITS} sign bits per coordinate in both, the split adds one norm per key."),
+            "data": data + f"; the last {QUERY_TOKENS} queries of every head",
+            "verdict": qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy()),
+            "figure": None,
+            "details": f"{OUTLIER_CHANNELS} outlier channels (largest mean |k| of the layer), {ROWS_PER_OUTLIER} "
+                       "sketch rows each, Gaussian rows.",
+        },
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     ks_raw = [float(r["ks_raw"]) for r in ks]
     ks_wht = [float(r["ks_wht"]) for r in ks]
     print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
-    return shell.finish(claims(outliers, kr, vr, ks, shell.scale), echo=False, definitions=definitions(shell.scale))
+    qjl = table[table["kind"] == "qjl_outliers"].sort_values("layer")
+    return shell.finish(claims(outliers, kr, vr, ks, shell.scale, qjl), echo=False,
+                        definitions=definitions(shell.scale))
 
 
 if __name__ == "__main__":

@@ -416,6 +416,7 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
     scale[22] = 8.0
     keys = {i: torch.randn(1, 3, 40, 64, generator=gen) * scale for i in range(4)}
     values = {i: torch.randn(1, 3, 40, 64, generator=gen) for i in range(4)}
+    queries = {i: torch.randn(1, 9, 40, 64, generator=gen) for i in range(4)}
 
     class Capture:
         layers = [0, 1, 2, 3]
@@ -426,6 +427,9 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
 
         def values(self, i):
             return values[i]
+
+        def queries(self, i):
+            return queries[i]
 
     monkeypatch.setattr(ka, "_capture", lambda tokens: Capture())
     claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path, monkeypatch)}

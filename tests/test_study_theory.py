@@ -212,6 +212,9 @@ def test_kv_anatomy_verdicts_return_each_verdict():
     assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
     assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
     assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
+    single = np.linspace(1.0, 2.0, 10)  # 10 layers of one sign: exact Wilcoxon p = 2/1024
+    assert ka.qjl_outlier_verdict(single, 0.5 * single).verdict == "reproduced"
+    assert ka.qjl_outlier_verdict(single, 2.0 * single).verdict == "not reproduced"
 
 
 # ---------------------------------------------------------------------------------------------- qjl_variance
