@@ -55,9 +55,9 @@ COS_AT_M = 0.3
 SCALE = {"quick": {"sketches": 30, "pairs": 128, "scale_sketches": 100, "err_vectors": 2000, "tail_trials": 20,
                    "outlier_reps": 10, "spiky_sketches": 20},
          "paper": {"sketches": 300, "pairs": 512, "scale_sketches": 1000, "err_vectors": 20000, "tail_trials": 100,
-                   "outlier_reps": 20, "spiky_sketches": 100}}
+                   "outlier_reps": 20, "spiky_sketches": 50}}
 ALPHA = 0.05
-SPARSITY = tuple(2**j for j in range(8))  # nonzeros of r, 1..d (d = 128)
+SPARSITY = (1, 2, 4, 8, 32, 128)  # nonzeros of r, spiky (1) to flat (d = 128)
 SPIKY_ROWS = ("srht", "gaussian")
 SPIKY_PAIRS = 64  # vectors r per sketch
 UNBIASED_ATOL = 0.02  # |E⟨r, r̂⟩/‖r‖² − 1| ≤ 2% is called unbiased (Monte Carlo SE ≤ 0.003 at quick scale)
