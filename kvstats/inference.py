@@ -38,6 +38,7 @@ __all__ = [
     "jensen_simulation",
     "jl_variance",
     "kl_noise_expansion",
+    "kl_sigma4_coefficient",
     "mse_bias_factor",
     "qjl_variance",
     "spherical_abs_moment",
@@ -384,7 +385,9 @@ def kl_noise_expansion(p, sigma2) -> tuple[float, float]:
 
     ``B₁ − A₁² = Var_p(σ²)``. For diffuse attention (Σpᵢ² → 0) the σ⁴ term is ``⅛Var_p(σ²) ≥ 0``: the
     error grows superlinearly in the noise variance exactly when σ² varies over the keys that carry the
-    weight (e.g. correlated with the scores); with uniform σ² it vanishes and the correction is negative.
+    weight (e.g. correlated with the scores). With uniform σ² the ⅛Var_p term vanishes and the remaining
+    O(Σpᵢ²) terms decide the sign: negative for flat attention, positive for p = (0.9, 0.1)
+    (:func:`kl_sigma4_coefficient`).
 
     Returns:
         (second_order, through_fourth_order).
@@ -395,6 +398,29 @@ def kl_noise_expansion(p, sigma2) -> tuple[float, float]:
     second = 0.5 * (a1 - a2)
     fourth = (b1 - a1**2) / 8 + (-18 * b2 + 24 * b3 + 12 * a1 * a2 - 18 * a2**2) / 24
     return second, second + fourth
+
+
+def kl_sigma4_coefficient(p, profile) -> float:
+    """The σ⁴ coefficient c of ``E[KL] = a·σ̄² + c·σ̄⁴ + O(σ⁶)`` for the noise profile ``σᵢ² = σ̄²·profileᵢ``.
+
+    From :func:`kl_noise_expansion` (its fourth-order term is homogeneous of degree 2 in σ², so it is
+    ``c·σ̄⁴``): ``c = ⅛(B₁ − A₁²) + (1/24)(−18B₂ + 24B₃ + 12A₁A₂ − 18A₂²)`` with the profile in place of
+    σ². E[KL]/σ̄² rises with the noise level at small σ̄² iff c > 0. Uniform profile on p = (0.9, 0.1):
+    c = 0.0207 > 0; on flat p over S keys: c = −(S − 1)/(4S²) < 0.
+
+    Args:
+        p: [S] attention weights (non-negative, summing to 1).
+        profile: [S] finite non-negative relative noise variances, or a scalar (uniform).
+    """
+    p = _vec(p, "p")
+    if p.ndim != 1 or (p < 0).any() or abs(p.sum() - 1.0) > 1e-9:
+        raise ValueError(f"p must be a 1-D vector of non-negative weights summing to 1, got shape {p.shape}, "
+                         f"sum {p.sum()!r}")
+    w = np.broadcast_to(np.asarray(profile, dtype=np.float64), p.shape)
+    if (w < 0).any() or not np.isfinite(w).all():
+        raise ValueError(f"profile must be finite and >= 0, got {profile!r}")
+    second, fourth = kl_noise_expansion(p, w)
+    return float(fourth - second)
 
 
 def _noise_profile(scores: np.ndarray, sigma2, mode: str) -> np.ndarray:

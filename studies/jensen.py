@@ -8,7 +8,8 @@ uniform (σᵢ² = σ̄²) or score-correlated (σᵢ² ∝ sᵢ − min s, same
 queries (gaussian keys, d = 128, seq 256, peak 8). Alongside: the second-order expansion ½Σpᵢ(1 − pᵢ)σᵢ² and
 the systematic part KL(p ‖ p_mf), p_mf ∝ pᵢe^{σᵢ²/2} (zero for uniform noise: the e^{σ²/2} cancels).
 
-Points: for each scheme (KV, KQV, QKQV) and budget n = 2..6 on the same data, the measured logit-error
+Points: for each scheme (KV, KQV, QKQV; QJL stages with D'Alberto's Hadamard sketch, rows="srht") and budget
+n = 2..6 on the same data, the measured logit-error
 variance σ̄² = mean (ŝ − s)² over (query, key) (logits in units of q·k/√d) and the measured attention KL.
 
 Writes figures/jensen.png, figures/data/jensen_{curves,schemes}.csv and the claims file.
@@ -20,17 +21,23 @@ import math
 import sys
 
 import numpy as np
+import scipy.special
 import scipy.stats
 
-from kvstats import metrics, plots, study
-from kvstats.inference import jensen_simulation
+from kvstats import metrics, plots, study, verdicts
+from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
 from kvstats.schemes import scheme
+from kvstats.stats import wilcoxon
 from kvstats.sweep import cell_seed, grid
 
 STUDY = "jensen"
-VERSION = "1"
+VERSION = "2"
 POSITION = 60  # place in figures/REPORT.md (kvstats.report.study_order)
 D, SEQ, N_Q = 128, 256, 16
+ROWS = "srht"  # the sketch of every QJL stage: D'Alberto's eq. (3), S = H·diag(s′)
+SCHEMES = ("kv", "kqv", "qkqv")
+BUDGETS = (2, 3, 4, 5, 6)
+ALPHA = 0.05
 SIGMA2 = tuple(float(v) for v in np.round(np.geomspace(1e-3, 4.0, 10), 6))
 SCALE = {"quick": {"draws": 1000, "queries": 4, "trials": 8},
          "paper": {"draws": 20000, "queries": 16, "trials": 40}}
@@ -62,7 +69,7 @@ def scheme_cell(scheme_name: str, n: int, trials: int) -> list[dict]:
     rows = []
     for t in range(trials):
         q, k, v = data(t)
-        s = scheme(scheme_name, bits=n, dim=D, seed=cell_seed(STUDY, "quant", scheme_name, n, t))
+        s = scheme(scheme_name, bits=n, dim=D, seed=cell_seed(STUDY, "quant", scheme_name, n, t), rows=ROWS)
         ref = metrics.attention_scores(q, k)
         est = s.scores(q, s.encode(k, v)) / math.sqrt(D)
         err2 = (est - ref).double().pow(2)
@@ -75,6 +82,74 @@ def scheme_cell(scheme_name: str, n: int, trials: int) -> list[dict]:
     return rows
 
 
+def points_arrays(points, n: int) -> dict[str, np.ndarray]:
+    """Per-trial arrays at budget n, trials aligned: σ̄² and KL of KQV and QKQV, and QKQV's Spearman(err², score)."""
+    out = {}
+    for name in ("kqv", "qkqv"):
+        sub = points[(points["scheme_name"] == name) & (points["n"] == n)].sort_values("trial")
+        out[f"sigma2_{name}"], out[f"kl_{name}"] = sub["sigma2"].to_numpy(), sub["kl"].to_numpy()
+        out[f"rho_{name}"] = sub["spearman_err2_score"].to_numpy()
+    return out
+
+
+def _z_cell(diff: float, se: float) -> int:
+    p = float(2 * scipy.stats.norm.sf(abs(diff) / se)) if se > 0 else (0.0 if diff else 1.0)
+    return verdicts.cell_direction(p, diff, expected_sign=1, alpha=ALPHA)
+
+
+def inflation_verdict(sigma2, kl_uniform, se_uniform, kl_correlated, se_correlated) -> verdicts.Verdict:
+    """The Jensen-inflation claim by its Monte Carlo: (1) uniform σ² cancels: E[KL] ≤ σ̄²/2 at every σ̄² (bound
+    rule on E[KL]/σ̄², CI ± 1.96 SE); (2) correlated σ² does not: E[KL]_corr > E[KL]_unif at each σ̄² (direction
+    rule, two-sided z-test on the difference of independent Monte Carlo means); combined."""
+    s2 = np.asarray(sigma2, float)
+    ku, su, kc, sc = (np.asarray(x, float) for x in (kl_uniform, se_uniform, kl_correlated, se_correlated))
+    z = scipy.stats.norm.isf(ALPHA / 2)
+    cancel = verdicts.bound(list(ku / s2), [((m - z * e) / v, (m + z * e) / v) for m, e, v in zip(ku, su, s2)],
+                            0.5, upper=True, what="noise levels (uniform σ²: E[KL]/σ̄² ≤ ½)")
+    cells = [_z_cell(b - a, math.hypot(ea, eb)) for a, ea, b, eb in zip(ku, su, kc, sc)]
+    no_cancel = verdicts.direction(cells, what="noise levels (correlated σ²: E[KL] above uniform)")
+    return verdicts.combine([cancel, no_cancel])
+
+
+def mechanism_verdict(by_budget: dict) -> verdicts.Verdict:
+    """D'Alberto's mechanism, by three direction rules over the budgets (paired by trial, Wilcoxon signed-rank):
+    (1) QJL on K amplifies the logit variance: σ̄²(QKQV) > σ̄²(KQV); (2) softmax turns it into KL
+    super-linearly: log KL-ratio − log σ̄²-ratio > 0; (3) the noise is score-correlated, the condition for
+    super-linear growth (docs/inference.md): Spearman(err², score) of QKQV > 0. Combined."""
+    amp, sup, cor = [], [], []
+    for arr in by_budget.values():
+        w = wilcoxon(arr["sigma2_qkqv"], arr["sigma2_kqv"])
+        amp.append(verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=1, alpha=ALPHA))
+        excess = np.log(arr["kl_qkqv"] / arr["kl_kqv"]) - np.log(arr["sigma2_qkqv"] / arr["sigma2_kqv"])
+        w = wilcoxon(excess)
+        sup.append(verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=1, alpha=ALPHA))
+        w = wilcoxon(arr["rho_qkqv"])
+        cor.append(verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=1, alpha=ALPHA))
+    return verdicts.combine([verdicts.direction(amp, what="budgets (σ̄² QKQV > KQV)"),
+                             verdicts.direction(sup, what="budgets (KL ratio > σ̄² ratio)"),
+                             verdicts.direction(cor, what="budgets (Spearman(err², score) > 0)")])
+
+
+def definitions(cfg: dict, scale: str) -> dict[str, str]:
+    """The study's terms, generated from its configuration constants."""
+    return {
+        "data": f"kvstats.data.synthetic.generate('gaussian'): i.i.d. N(0, 1) key and value coordinates, d = {D}, "
+                f"{SEQ} keys, 4 query heads over 2 KV heads, {N_Q} queries per head, each aimed at 2 focus keys "
+                f"with logit peak 8 nats (query–key correlation 0.7); one trial = one fresh draw ({scale} scale)",
+        "noise curves": f"independent Gaussian logit noise εᵢ ~ N(0, σᵢ²) on the attention rows of the first "
+                        f"{cfg['queries']} queries of trial 0; uniform σᵢ² = σ̄², correlated σᵢ² ∝ sᵢ − min s "
+                        f"(same mean); σ̄² on a {len(SIGMA2)}-point geometric grid {SIGMA2[0]:g}..{SIGMA2[-1]:g}; "
+                        f"{cfg['draws']} draws per row; E[KL] averaged over rows, its SE from the per-row SEs",
+        "schemes": f"{', '.join(s_.upper() for s_ in SCHEMES)} at n = {', '.join(map(str, BUDGETS))} "
+                   f"(kvstats.scheme, QJL stages with rows={ROWS!r}: m = d sign bits, S = H·diag(s′)); "
+                   f"{cfg['trials']} trials, a fresh quantizer seed per trial; σ̄² = mean over (query, key) of "
+                   f"(ŝ − s)², logits q·k/√d; KL = mean over query rows; Spearman(err², score) per query row, "
+                   f"averaged",
+        "tests": f"paired over trials by Wilcoxon signed-rank (kvstats.stats.wilcoxon), level {ALPHA}; "
+                 f"Monte Carlo differences by a two-sided z-test",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     shell = study.start(STUDY, __doc__, argv, position=POSITION)
     args = shell.args
@@ -82,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = shell.sweep(curve_cell, grid(mode=["uniform", "correlated"], sigma2=list(SIGMA2),
                                           queries=cfg["queries"], draws=cfg["draws"]),
                          version=VERSION, name=f"{STUDY}_curves")
-    points = shell.sweep(scheme_cell, grid(scheme_name=["kv", "kqv", "qkqv"], n=[2, 3, 4, 5, 6], trials=cfg["trials"]),
+    points = shell.sweep(scheme_cell, grid(scheme_name=list(SCHEMES), n=list(BUDGETS), trials=cfg["trials"]),
                          version=VERSION, name=f"{STUDY}_schemes")
     plots.write_csv(f"{STUDY}_curves", curves)
     plots.write_csv(f"{STUDY}_schemes", points)
@@ -128,14 +203,23 @@ def main(argv: list[str] | None = None) -> int:
 
     u = mean_curves[mean_curves["mode"] == "uniform"].set_index("sigma2")
     c = mean_curves[mean_curves["mode"] == "correlated"].set_index("sigma2")
+    # Monte Carlo standard error of the mean over query rows (independent draws per row)
+    se = curves.groupby(["mode", "sigma2"])["kl_se"].apply(lambda x: float(np.sqrt((x**2).sum())) / len(x))
     s_lo, s_hi = SIGMA2[0], SIGMA2[-1]
     infl = curves["inflation_max_rel_dev"]
     p4 = pts[pts["n"] == 4].set_index("scheme_name")
     data_txt = (f"synthetic gaussian keys, d = {D}, {SEQ} keys, peak 8; {cfg['queries']} query rows × {cfg['draws']} "
-                f"noise draws per point; schemes: {cfg['trials']} trials per (scheme, n) ({args.scale} scale)")
-    rising = c["kl"].iloc[-1] / c.index[-1] > c["kl"].iloc[0] / c.index[0]
-    growth = ("rising (super-linear)" if rising else "not rising: no super-linear growth for this peaked attention "
-              "(the σ⁴ term is negative unless attention is diffuse, docs/inference.md)")
+                f"noise draws per point; schemes ({ROWS} sketch): {cfg['trials']} trials per (scheme, n) "
+                f"({args.scale} scale)")
+    q, k, _ = data(0)
+    rows_p = scipy.special.softmax(metrics.attention_scores(q, k, double=True).reshape(-1, SEQ)[:cfg["queries"]]
+                                   .numpy(), axis=-1)
+    coef_u = np.array([kl_sigma4_coefficient(p_, 1.0) for p_ in rows_p])
+    growth_u = float(u["kl"].iloc[-1] / u.index[-1] - u["kl"].iloc[0] / u.index[0])
+    growth_c = float(c["kl"].iloc[-1] / c.index[-1] - c["kl"].iloc[0] / c.index[0])
+    inflation = inflation_verdict(list(SIGMA2), u["kl"].to_numpy(), se.loc["uniform"].to_numpy(),
+                                  c["kl"].to_numpy(), se.loc["correlated"].to_numpy())
+    mech = mechanism_verdict({n: points_arrays(points, n) for n in BUDGETS})
     on_curve = np.interp(np.log(pts["sigma2"]), np.log(u.index), u["kl"])
     off_curve = float(np.exp(np.max(np.abs(np.log(pts["kl"] / on_curve)))))
     pts_md = ("| scheme | n | median σ̄² | median KL | uniform-noise E[KL] at that σ̄² | Spearman(err², score) |\n"
@@ -143,48 +227,53 @@ def main(argv: list[str] | None = None) -> int:
               "\n".join(f"| {r.scheme_name} | {r.n} | {r.sigma2:.3g} | {r.kl:.3g} | "
                         f"{np.interp(np.log(r.sigma2), np.log(u.index), u['kl']):.3g} | {r.rho:+.2f} |"
                         for r in pts.itertuples()))
+    ratio_q = pts.pivot(index="n", columns="scheme_name", values="sigma2")
+    ratio_k = pts.pivot(index="n", columns="scheme_name", values="kl")
     claims = [
         {
             "id": "jensen-inflation",
             "claim": "For logit error ε ~ N(0, σ²), E[e^{s+ε}] = e^{s}·e^{σ²/2}; a uniform σ² cancels in softmax, a "
-                     "σ² correlated with the scores does not.",
-            "source": "D'Alberto, arXiv 2605.08114, §3.1 eq. (4); REFERENCE §5",
-            "measurement": (f"inflation e^ε measured against e^{{σ²/2}} per key: median max relative deviation "
-                            f"{infl.median():.3f} over all points (Monte Carlo error); systematic KL(p ‖ p_mf) is "
-                            f"{u['kl_mean_field'].max():.1g} for uniform noise at every σ̄² and "
-                            f"{c.loc[s_hi, 'kl_mean_field']:.3g} nats for correlated noise at σ̄² = {s_hi:g}; "
-                            f"E[KL] correlated/uniform = {c.loc[s_lo, 'kl'] / u.loc[s_lo, 'kl']:.2f} at σ̄² = {s_lo:g} "
-                            f"and {c.loc[s_hi, 'kl'] / u.loc[s_hi, 'kl']:.2f} at σ̄² = {s_hi:g}. E[KL]/σ̄² for "
-                            f"correlated noise goes from {c['kl'].iloc[0] / c.index[0]:.3f} to "
-                            f"{c['kl'].iloc[-1] / c.index[-1]:.3f}: "
-                            f"{growth}."),
+                     "σ² correlated with the scores does not (it adds attention KL).",
+            "source": "D'Alberto, arXiv 2605.08114, §3.1 eq. (4); docs/references.md §5",
+            "measurement": (f"Monte Carlo E[KL], mean over query rows: uniform σ² stays at or below σ̄²/2 "
+                            f"(E[KL]/σ̄² {', '.join(f'{v:.3g}' for v in u['kl'] / u.index)}); correlated minus "
+                            f"uniform E[KL] = {c.loc[s_lo, 'kl'] - u.loc[s_lo, 'kl']:+.3g} at σ̄² = {s_lo:g} and "
+                            f"{c.loc[s_hi, 'kl'] - u.loc[s_hi, 'kl']:+.3g} at σ̄² = {s_hi:g}; inflation e^ε vs "
+                            f"e^{{σ²/2}} per key: median max relative deviation {infl.median():.3f} (Monte Carlo "
+                            f"error). The σ⁴ coefficient of E[KL] for uniform noise on these rows "
+                            f"(kvstats.inference.kl_sigma4_coefficient) is {coef_u.min():+.3g} to {coef_u.max():+.3g}; "
+                            f"E[KL]/σ̄² from σ̄² = {s_lo:g} to {s_hi:g} changes by {growth_u:+.3g} (uniform) and "
+                            f"{growth_c:+.3g} (correlated)."),
             "data": data_txt,
-            "verdict": "reproduced" if u["kl_mean_field"].max() < 1e-9 and c.loc[s_hi, "kl_mean_field"] > 0 else
-            "partly",
+            "verdict": inflation,
             "figure": f"{STUDY}.png",
             "details": "E[KL]/σ̄² over the grid — uniform: "
                        + ", ".join(f"{v:.3g}" for v in (u["kl"] / u.index)) + "; correlated: "
-                       + ", ".join(f"{v:.3g}" for v in (c["kl"] / c.index)) + ".",
+                       + ", ".join(f"{v:.3g}" for v in (c["kl"] / c.index)) + ". Systematic KL(p ‖ p_mf): "
+                       + f"{u['kl_mean_field'].max():.1g} (uniform), {c.loc[s_hi, 'kl_mean_field']:.3g} nats "
+                       + f"(correlated, σ̄² = {s_hi:g}).",
         },
         {
             "id": "jensen-schemes-on-curve",
             "claim": "QJL on K amplifies the inner-product (logit) variance, which softmax turns into KL "
                      "super-linearly (Jensen); hence KQV beats QKQV on KL.",
             "source": "D'Alberto, arXiv 2605.08114, abstract and §3",
-            "measurement": (f"at n = 4: logit-error variance σ̄² = {p4.loc['kqv', 'sigma2']:.3g} (KQV) vs "
-                            f"{p4.loc['qkqv', 'sigma2']:.3g} (QKQV), ratio "
-                            f"{p4.loc['qkqv', 'sigma2'] / p4.loc['kqv', 'sigma2']:.2f}"
-                            f"; KL {p4.loc['kqv', 'kl']:.3g} vs {p4.loc['qkqv', 'kl']:.3g}. The measured points lie on "
-                            f"the uniform-noise curve within a factor {off_curve:.1f}"
-                            "; Spearman correlation between squared logit error and score: "
+            "measurement": (f"σ̄² ratio QKQV/KQV (medians) at n = {', '.join(map(str, BUDGETS))}: "
+                            + ", ".join(f"{ratio_q.loc[n, 'qkqv'] / ratio_q.loc[n, 'kqv']:.2f}" for n in BUDGETS)
+                            + "; KL ratio: "
+                            + ", ".join(f"{ratio_k.loc[n, 'qkqv'] / ratio_k.loc[n, 'kqv']:.2f}" for n in BUDGETS)
+                            + f" (super-linear would put the KL ratio above the σ̄² ratio). At n = 4: σ̄² "
+                            f"{p4.loc['kqv', 'sigma2']:.3g} (KQV) vs {p4.loc['qkqv', 'sigma2']:.3g} (QKQV), KL "
+                            f"{p4.loc['kqv', 'kl']:.3g} vs {p4.loc['qkqv', 'kl']:.3g}. The points lie on the "
+                            f"uniform-noise curve within a factor {off_curve:.1f}; Spearman(err², score) "
                             f"{pts['rho'].min():+.2f} to {pts['rho'].max():+.2f}."),
             "data": data_txt,
-            "verdict": "measured",
+            "verdict": mech,
             "figure": f"{STUDY}.png",
             "details": pts_md,
         },
     ]
-    return shell.finish(claims)
+    return shell.finish(claims, definitions=definitions(cfg, args.scale))
 
 
 if __name__ == "__main__":

@@ -28,21 +28,33 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from kvstats import plots, study  # noqa: E402
+from kvstats import plots, study, verdicts  # noqa: E402
 from kvstats.data.real import load_default_capture  # noqa: E402
 from kvstats.paths import figure_path  # noqa: E402
+from kvstats.quantizers import quantizer  # noqa: E402
 from kvstats.rotations import fwht  # noqa: E402
+from kvstats.stats import wilcoxon  # noqa: E402
 from kvstats.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
-VERSION = "1"
+VERSION = "2"
 SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
 HIST_LAYERS = (0, 1, 7, 15, 22, 29)
 HIST_BINS = np.linspace(-0.6, 0.6, 81)
 POSITION = 20  # place in figures/REPORT.md (kvstats.report.study_order)
+ALPHA = 0.05
+KEY_RANGE, VALUE_RANGE = (3.0, 5.6), (1.7, 3.8)  # max/median channel magnitude quoted in docs/references.md §8
+EXPECTED_CHANNELS = (22, 23, 24, 54, 55, 56)
+OUTLIER_RATIO = 2.5  # a layer "has an outlier channel" when max/median channel magnitude exceeds this
+FIRST_LAYERS = 2  # "the first layers" of QJL's statement
+# QJL's outlier sketch on real keys: equal sign bits (2 per coordinate), the OUTLIER_CHANNELS channels of largest
+# mean |k| of the layer in their own sketch with ROWS_PER_OUTLIER rows each; the last QUERY_TOKENS queries of every
+# query head against its KV head's keys; Gaussian rows
+OUTLIER_CHANNELS, ROWS_PER_OUTLIER, SIGN_BITS, QUERY_TOKENS = 4, 8, 2, 32
 
 
 def _sphere_ks(x: np.ndarray, d: int):
@@ -60,6 +72,32 @@ def _sphere_ks(x: np.ndarray, d: int):
 @functools.lru_cache(maxsize=2)
 def _capture(tokens: int):
     return load_default_capture(tokens, verbose=False)
+
+
+def qjl_outlier_errors(cap, layer: int, d: int, seed: int) -> dict:
+    """Mean squared error of QJL's Prod(q, k) − ⟨q, k⟩ on one layer's real queries and keys, one sketch of
+    SIGN_BITS·d rows vs the outlier split at the same sign bits (module constants)."""
+    k = cap.keys(layer).double()[0]  # [kv_heads, T, d]
+    q = cap.queries(layer).double()[0, :, -QUERY_TOKENS:]  # [q_heads, n, d]
+    q = q.reshape(k.shape[0], -1, d)  # query heads grouped by their KV head (GQA: consecutive heads share one)
+    ref = q @ k.transpose(-1, -2)
+    idx = torch.argsort(k.abs().mean(dim=(0, 1)), descending=True)[:OUTLIER_CHANNELS].tolist()
+    m_total, m_out = SIGN_BITS * d, ROWS_PER_OUTLIER * OUTLIER_CHANNELS
+    out = {}
+    for name, kw in (("single", {"m": m_total}),
+                     ("split", {"m": m_total - m_out, "outliers": idx, "outlier_m": m_out})):
+        quant = quantizer("qjl", dim=d, rows="gaussian", seed=seed + 1000 * layer + (name == "split"), **kw)
+        out[f"qjl_mse_{name}"] = float((quant.inner(q, quant.encode(k)).double() - ref).pow(2).mean())
+    out["qjl_ref_ms"] = float(ref.pow(2).mean())
+    return out
+
+
+def qjl_outlier_verdict(single: np.ndarray, split: np.ndarray) -> verdicts.Verdict:
+    """The outlier sketch lowers the inner-product error on real keys: direction rule, one cell, Wilcoxon paired
+    by layer (split error lower)."""
+    w = wilcoxon(np.asarray(split, float), np.asarray(single, float))
+    return verdicts.direction([verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=-1, alpha=ALPHA)],
+                              what="models (SmolLM2 layers paired)")
 
 
 def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
@@ -82,6 +120,7 @@ def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
     ks_rot, p_rot = _sphere_ks(rot_x, d)
     rows.append({"kind": "ks", "n": int(raw_x.size), "ks_raw": ks_raw, "p_raw": p_raw, "ks_wht": ks_rot,
                  "p_wht": p_rot})
+    rows.append({"kind": "qjl_outliers", **qjl_outlier_errors(cap, layer, d, seed)})
     if layer in HIST_LAYERS:
         for which, vals in (("raw", unit), ("wht", rotated)):
             dens, _ = np.histogram(vals.flatten().numpy(), bins=HIST_BINS, density=True)
@@ -130,8 +169,8 @@ def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
     layers = np.arange(k.shape[0])
     for prof, name, color in ((k, "keys", "#d62728"), (v, "values", "#1f77b4")):
         ax.plot(layers, prof.max(1) / np.median(prof, 1), "o-", color=color, label=name)
-    ax.axhspan(3.0, 5.6, color="#d62728", alpha=0.08, label="REFERENCE §8 keys: 3–5.6")
-    ax.axhspan(1.7, 3.8, color="#1f77b4", alpha=0.08, label="REFERENCE §8 values: 1.7–3.8")
+    ax.axhspan(*KEY_RANGE, color="#d62728", alpha=0.08, label="docs/references.md §8 keys: 3–5.6")
+    ax.axhspan(*VALUE_RANGE, color="#1f77b4", alpha=0.08, label="docs/references.md §8 values: 1.7–3.8")
     ax.set_xlabel("layer")
     ax.set_ylabel("max / median of mean |x| over channels")
     ax.set_title("Outlier channels per layer (SmolLM2-135M-Instruct)")
@@ -188,16 +227,67 @@ def wht_figure(table, d: int) -> list[dict]:
     return rows
 
 
-def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict], scale: str) -> list[dict]:
+def range_verdict(kr: np.ndarray, vr: np.ndarray, top1_in: list[bool]) -> verdicts.Verdict:
+    """The quoted ranges as bounds (exact per-layer numbers, no sampling: CI = the point): keys within KEY_RANGE,
+    values within VALUE_RANGE (bound rule, each side), and the largest key channel one of EXPECTED_CHANNELS in every
+    layer (identity rule on the 0/1 indicator). Combined."""
+    pt = lambda x: [(float(v), float(v)) for v in x]  # noqa: E731
+    parts = [verdicts.bound(list(kr), pt(kr), KEY_RANGE[1], what="layers (keys ≤ 5.6)"),
+             verdicts.bound(list(kr), pt(kr), KEY_RANGE[0], upper=False, what="layers (keys ≥ 3)"),
+             verdicts.bound(list(vr), pt(vr), VALUE_RANGE[1], what="layers (values ≤ 3.8)"),
+             verdicts.bound(list(vr), pt(vr), VALUE_RANGE[0], upper=False, what="layers (values ≥ 1.7)"),
+             verdicts.identity([float(b) for b in top1_in], 1.0, atol=0.5,
+                               what="layers (largest key channel in 22–24, 54–56)")]
+    return verdicts.combine(parts)
+
+
+def qjl_outliers_verdict(kr: np.ndarray) -> verdicts.Verdict:
+    """QJL's statement with an outlier threshold OUTLIER_RATIO (exact numbers): the first FIRST_LAYERS layers below it
+    (bound rule, upper), the deeper layers above it (bound rule, lower). Combined."""
+    pt = lambda x: [(float(v), float(v)) for v in x]  # noqa: E731
+    first, deep = kr[:FIRST_LAYERS], kr[FIRST_LAYERS:]
+    return verdicts.combine([
+        verdicts.bound(list(first), pt(first), OUTLIER_RATIO,
+                       what=f"first layers (no channel > {OUTLIER_RATIO}× median)"),
+        verdicts.bound(list(deep), pt(deep), OUTLIER_RATIO, upper=False,
+                       what=f"deeper layers (a channel > {OUTLIER_RATIO}× median)")])
+
+
+def wht_verdict(ks_wht: np.ndarray, n: np.ndarray) -> verdicts.Verdict:
+    """Rotated unit-key coordinates follow f_d: KS distance ≤ the critical distance at family-wise level ALPHA over
+    the layers (identity rule, KS = 0 within it; the tolerance is the largest per-layer critical distance)."""
+    crit = [float(stats.kstwo.isf(ALPHA / len(n), int(v))) for v in n]
+    return verdicts.identity(list(ks_wht), 0.0, atol=max(crit),
+                             what=f"layers (KS after the WHT ≤ {max(crit):.4f})")
+
+
+def definitions(scale: str, d: int | None = None) -> dict[str, str]:
+    """The study's terms, generated from its configuration constants."""
+    return {
+        "capture": f"SmolLM2-135M-Instruct over the shipped public-domain text, first {SCALE[scale]['tokens']} "
+                   f"tokens (kvstats.data.real.load_default_capture), post-RoPE keys and values of every layer",
+        "channel magnitude": "mean |x| per head-dim channel pooled over batch, heads and tokens; a layer's outlier "
+                             f"ratio is max/median over channels; a layer has an outlier channel when the ratio > "
+                             f"{OUTLIER_RATIO}; QJL's \"first layers\" are layers 0–{FIRST_LAYERS - 1}",
+        "sphere law": "unit keys (each key / its norm) rotated by a random-sign Walsh–Hadamard transform (seed 0 + "
+                      "layer); one coordinate per key (cycling through the channels) so the KS draws are independent; "
+                      f"KS against f_d at family-wise level {ALPHA} (Bonferroni over layers)",
+    }
+
+
+def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict], scale: str,
+           qjl: pd.DataFrame | None = None) -> list[dict]:
     """The claims this study checks (figures/data/kv_anatomy_claims.json)."""
-    expected = {22, 23, 24, 54, 55, 56}
+    expected = set(EXPECTED_CHANNELS)
     keys = [r for r in outliers if r["tensor"] == "keys"]
     top1 = sum(int(r["top_channels"].split()[0]) in expected for r in keys)
     top3 = sum(bool(expected & {int(c) for c in r["top_channels"].split()[:3]}) for r in keys)
-    in_range = int(((kr >= 3.0) & (kr <= 5.6)).sum())
+    in_range = int(((kr >= KEY_RANGE[0]) & (kr <= KEY_RANGE[1])).sum())
     outside = ", ".join(f"{i} ({kr[i]:.1f})" for i in np.flatnonzero((kr < 3) | (kr > 5.6)))
     ks_raw = np.array([float(r["ks_raw"]) for r in ks])
     ks_wht = np.array([float(r["ks_wht"]) for r in ks])
+    ks_n = np.array([int(r["n"]) for r in ks])
+    top1_in = [int(r["top_channels"].split()[0]) in expected for r in keys]
     data = (f"SmolLM2-135M-Instruct over the shipped public-domain text, {SCALE[scale]['tokens']} tokens, "
             f"{len(kr)} layers ({scale})")
     return [
@@ -205,12 +295,12 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "id": "smollm2-key-outliers",
             "claim": "SmolLM2-135M keys have outlier channels in every layer: max/median channel magnitude 3–5.6, "
                      "always head-dim indices 22–24 and 54–56; values 1.7–3.8.",
-            "source": "REFERENCE §8 (measured earlier in this project)",
+            "source": "kvstats (an earlier measurement, quoted in docs/references.md §8)",
             "measurement": (f"keys max/median {kr.min():.1f}–{kr.max():.1f} ({in_range}/{len(kr)} layers inside "
                             f"3–5.6); the largest channel is one of 22–24, 54–56 in {top1}/{len(keys)} layers, one of "
                             f"the top three in {top3}/{len(keys)}; values {vr.min():.1f}–{vr.max():.1f}."),
             "data": data,
-            "verdict": "partly",
+            "verdict": range_verdict(kr, vr, top1_in),
             "figure": "kv_anatomy_outliers.png",
             "details": f"Layers outside 3–5.6: {outside} (figures/data/kv_anatomy_outliers.csv).",
             "discrepancy": (f"Real SmolLM2 key outlier ratios (max/median channel magnitude) range {kr.min():.1f}–"
@@ -223,14 +313,17 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "claim": "Key embeddings of deeper layers have a few (≈ 4) fixed outlier channels that persist over "
                      "tokens; the first layers have none.",
             "source": "Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 and figure 2 (Llama-2)",
-            "measurement": (f"SmolLM2: layers 0–1 already have max/median {kr[0]:.1f} and {kr[1]:.1f}; deeper layers "
-                            f"{kr[2:].min():.1f}–{kr[2:].max():.1f}; the outlier channels are the same few indices "
-                            "across layers (heatmap)."),
+            "measurement": (f"SmolLM2: layers 0–{FIRST_LAYERS - 1} have max/median "
+                            + ", ".join(f"{v:.1f}" for v in kr[:FIRST_LAYERS]) + "; deeper layers "
+                            f"{kr[FIRST_LAYERS:].min():.1f}–{kr[FIRST_LAYERS:].max():.1f}; the largest key channel "
+                            "takes "
+                            f"{len({r['top_channels'].split()[0] for r in keys})} distinct indices over {len(keys)} "
+                            "layers (heatmap)."),
             "data": data,
-            "verdict": "partly" if kr[:2].max() > 2.5 else "reproduced",
+            "verdict": qjl_outliers_verdict(kr),
             "figure": "kv_anatomy_channels.png",
-            "details": "The fixed-channel pattern holds; \"no outliers in the first layers\" does not hold for "
-                       "SmolLM2 (a different model from the paper's Llama-2).",
+            "details": (f"Outlier threshold: max/median > {OUTLIER_RATIO}. SmolLM2 is a different model from the "
+                        "paper's Llama-2."),
         },
         {
             "id": "smollm2-wht-sphere-law",
@@ -240,11 +333,28 @@ def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict],
             "measurement": (f"KS distance to f_64 (one coordinate per vector): raw {ks_raw.min():.3f}–"
                             f"{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}."),
             "data": data,
-            "verdict": "measured",
+            "verdict": wht_verdict(ks_wht, ks_n),
             "figure": "kv_anatomy_wht.png",
             "details": None,
         },
-    ]
+    ] + ([] if qjl is None or not len(qjl) else [
+        {
+            "id": "qjl-outlier-sketch-smollm2",
+            "claim": "Sketching the outlier channels separately (their own sketch and norm) lowers the inner-product "
+                     "error of QJL on real keys.",
+            "source": "Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (outliers)",
+            "measurement": (f"mean squared error of Prod(q, k) split / single sketch per layer: "
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).min():.3f}–"
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).max():.3f} (median "
+                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).median():.3f}) over {len(qjl)} layers; "
+                            f"{SIGN_BITS} sign bits per coordinate in both, the split adds one norm per key."),
+            "data": data + f"; the last {QUERY_TOKENS} queries of every head",
+            "verdict": qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy()),
+            "figure": None,
+            "details": f"{OUTLIER_CHANNELS} outlier channels (largest mean |k| of the layer), {ROWS_PER_OUTLIER} "
+                       "sketch rows each, Gaussian rows.",
+        },
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     ks_raw = [float(r["ks_raw"]) for r in ks]
     ks_wht = [float(r["ks_wht"]) for r in ks]
     print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
-    return shell.finish(claims(outliers, kr, vr, ks, shell.scale), echo=False)
+    qjl = table[table["kind"] == "qjl_outliers"].sort_values("layer")
+    return shell.finish(claims(outliers, kr, vr, ks, shell.scale, qjl), echo=False,
+                        definitions=definitions(shell.scale))
 
 
 if __name__ == "__main__":

@@ -25,21 +25,27 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from kvstats import plots, study  # noqa: E402
+from kvstats import plots, study, verdicts  # noqa: E402
 from kvstats.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
 from kvstats.paths import figure_path  # noqa: E402
-from kvstats.sphere import coordinate_law, gaussian_limit_distance, sample_sphere  # noqa: E402
+from kvstats.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere  # noqa: E402
 from kvstats.sweep import grid  # noqa: E402
 
 STUDY = "sphere_law"
-VERSION = "1"
+VERSION = "2"
 SCALE = {"quick": {"n_vectors": 20_000, "max_dim": 32768, "n_dims": 25, "max_codebook_dim": 1024},
          "paper": {"n_vectors": 200_000, "max_dim": 2**20, "n_dims": 61, "max_codebook_dim": 32768}}
 CODEBOOK_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096, 32768)
 DENSITY_DIMS = (2, 3, 4, 8, 16, 1024)
 POSITION = 10  # place in figures/REPORT.md (kvstats.report.study_order)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}  # TurboQuant (arXiv 2504.19874), as printed
-MAX_1960_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}  # REFERENCE §2, Max's table
+MAX_1960_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}  # Max (1960), table; docs/references.md §2
+ALPHA = 0.05  # family-wise level of the KS checks (Bonferroni over DENSITY_DIMS)
+TV_ASYMPTOTE = 0.3501  # d·TV(f_d, N(0, 1/d)) → 0.3501 (docs/references.md §1)
+RTOL_TV = 0.02  # the asymptote holds within 2% at the largest d shown (1.8% at d = 64)
+RTOL_MAX = 0.005  # "about 3 significant digits"
+RTOL_LEVELS = 0.01  # large-d codebook levels within 1% of the Gaussian ones; small-d gap at least 1%
+SMALL_D = 8
 
 
 # ----------------------------------------------------------------------------------------------- the cells
@@ -54,7 +60,9 @@ def density_cell(d: int, n_vectors: int) -> list[dict]:
     bins = np.linspace(-half, half, 61)
     hist, _ = np.histogram(x, bins=bins, density=True)
     centres = 0.5 * (bins[1:] + bins[:-1])
-    return [{"bin_centre": c, "bin_width": w, "histogram_density": h, "f_d": law.pdf(c), "gaussian": gauss.pdf(c)}
+    gof = goodness_of_fit(x, d, method="ks")
+    return [{"bin_centre": c, "bin_width": w, "histogram_density": h, "f_d": law.pdf(c), "gaussian": gauss.pdf(c),
+             "ks": gof.statistic, "ks_p": gof.pvalue}
             for c, w, h in zip(centres, np.diff(bins), hist)]
 
 
@@ -152,24 +160,73 @@ def convergence_figure(table: pd.DataFrame) -> None:
     _save(fig, "codebook_convergence")
 
 
-def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str) -> list[dict]:
+def ks_critical(n: int, tests: int) -> float:
+    """The KS distance that a sample of n draws from f_d exceeds with probability ALPHA/tests (Bonferroni)."""
+    return float(stats.kstwo.isf(ALPHA / tests, n))
+
+
+def sphere_law_verdict(ks: dict, n: int, d_max: int, tv_max: float) -> verdicts.Verdict:
+    """(1) every histogram's sample is consistent with f_d: KS distance ≤ the critical distance at family-wise
+    level ALPHA (identity rule, KS = 0 within that tolerance); (2) the Gaussian limit: d·TV at the largest d
+    equals the asymptote 0.3501 within RTOL_TV (identity rule). Combined."""
+    crit = ks_critical(n, len(ks))
+    fit = verdicts.identity(list(ks.values()), 0.0, atol=crit, what=f"dimensions (KS distance to f_d ≤ {crit:.4f})")
+    limit = verdicts.identity([d_max * tv_max], TV_ASYMPTOTE, rtol=RTOL_TV, what=f"d·TV at d = {d_max}")
+    return verdicts.combine([fit, limit])
+
+
+def codebook_verdict(large_levels, gaussian_levels, small_gap: float) -> verdicts.Verdict:
+    """(1) √d × the exact levels at the largest d within RTOL_LEVELS of the Gaussian levels (identity rule);
+    (2) at d = SMALL_D the outer level is at least RTOL_LEVELS off (bound rule, exact numbers). Combined."""
+    near = verdicts.identity(list(large_levels), list(gaussian_levels), rtol=RTOL_LEVELS,
+                             what="levels at the largest d")
+    small = verdicts.bound([abs(small_gap)], [(abs(small_gap), abs(small_gap))], RTOL_LEVELS, upper=False,
+                           what=f"relative gaps of the outer level at d = {SMALL_D}")
+    return verdicts.combine([near, small])
+
+
+def definitions(cfg: dict, scale: str) -> dict[str, str]:
+    """The study's terms, generated from its configuration constants."""
+    return {
+        "f_d": "law of one coordinate of a uniform point on S^{d−1}: Beta((d−1)/2, (d−1)/2) on [−1, 1] "
+               "(kvstats.sphere.coordinate_law)",
+        "histograms": f"first coordinate of {cfg['n_vectors']} uniform points on S^{{d−1}} per d in {DENSITY_DIMS} "
+                      f"(one coordinate per vector: i.i.d. draws); KS test against f_d, level {ALPHA} Bonferroni "
+                      f"over {len(DENSITY_DIMS)} dimensions ({scale} scale)",
+        "distances": f"total variation and KL(f_d ‖ N(0, 1/d)) by quadrature at {cfg['n_dims']} dimensions from 2 to "
+                     f"{cfg['max_dim']}; asymptotes {TV_ASYMPTOTE}/d and 3/(4d²)",
+        "codebooks": f"exact b-bit Lloyd–Max codebooks of f_d (kvstats.codebooks.beta_codebook), b = 2, 3, d up to "
+                     f"{cfg['max_codebook_dim']}; Gaussian codebooks by Newton (gaussian_codebook)",
+    }
+
+
+def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str, ks: dict | None = None, n: int = 0,
+           conv_dims: list[int] | None = None) -> list[dict]:
     """The claims this study checks (figures/data/sphere_law_claims.json)."""
     dist = [gaussian_limit_distance(d) for d in (dist_dims[0], 1024, dist_dims[-1])]
     gauss = {b: gaussian_codebook(b).d_mse for b in MAX_1960_MSE}
     worst = max(abs(gauss[b] / MAX_1960_MSE[b] - 1) for b in MAX_1960_MSE)
-    conv = {d: math.sqrt(d) * beta_codebook(d, 2).levels[-1] for d in (8, 128, 1024)}
+    conv = {d: math.sqrt(d) * beta_codebook(d, 2).levels[-1] for d in (SMALL_D, 128, 1024)}
+    d_big = max(conv_dims or [1024])
+    large = [math.sqrt(d_big) * v for b in (2, 3) for v in beta_codebook(d_big, b).levels]
+    glev = [v for b in (2, 3) for v in gaussian_codebook(b).levels]
+    gap = conv[SMALL_D] / gaussian_codebook(2).levels[-1] - 1
+    ks = ks or {}
     return [
         {
             "id": "sphere-law-gaussian-limit",
             "claim": "A coordinate of a uniform point on S^{d−1} has density f_d (Beta((d−1)/2, (d−1)/2) on [−1, 1]): "
                      "arcsine at d = 2, uniform at d = 3, → N(0, 1/d) as d grows.",
-            "source": "D'Alberto, arXiv 2605.08114, §1 eq. (1); REFERENCE §1",
-            "measurement": (f"histograms match f_d at every d shown; total variation to N(0, 1/d): "
+            "source": "D'Alberto, arXiv 2605.08114, §1 eq. (1); docs/references.md §1",
+            "measurement": ("KS distance of the histogram samples to f_d: "
+                            + ", ".join(f"d = {d}: {v:.4f}" for d, v in ks.items())
+                            + f" (critical {ks_critical(n, len(ks)):.4f} at family-wise level {ALPHA}, n = {n}); "
+                            f"total variation to N(0, 1/d): "
                             f"{dist[0].total_variation:.3f} at d = {dist[0].d}, {dist[1].total_variation:.2e} at "
                             f"d = 1024, {dist[2].total_variation:.1e} at d = {dist[2].d} (≈ 0.350/d); "
                             f"KL ≈ 3/(4d²)."),
             "data": f"closed-form densities (quadrature); histograms of sampled coordinates ({scale} scale)",
-            "verdict": "reproduced",
+            "verdict": sphere_law_verdict(ks, n, dist[2].d, dist[2].total_variation),
             "figure": "sphere_law_gaussian_distance.png",
             "details": None,
         },
@@ -177,11 +234,12 @@ def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str) -> list[dict
             "id": "lloyd-max-gaussian-table",
             "claim": "Max (1960): the b-bit Lloyd–Max quantizer of N(0, 1) has MSE 0.3634, 0.1175, 0.03454, 0.009497 "
                      "at b = 1..4 (a correct solver agrees to about 3 significant digits).",
-            "source": "Max 1960, as tabulated in REFERENCE §2",
+            "source": "Max 1960, IRE Trans. Inform. Theory IT-6, table I; docs/references.md §2",
             "measurement": ("exact solver: " + ", ".join(f"b={b}: {gauss[b]:.6f}" for b in gauss) +
                             f"; largest relative difference {100 * worst:.2f}%."),
             "data": "Newton-solved Lloyd–Max codebooks (kvstats.codebooks.gaussian_codebook)",
-            "verdict": "reproduced" if worst < 0.005 else "partly",
+            "verdict": verdicts.identity([gauss[b] for b in MAX_1960_MSE], [MAX_1960_MSE[b] for b in MAX_1960_MSE],
+                                         rtol=RTOL_MAX, what="bit widths"),
             "figure": None,
             "details": None,
         },
@@ -189,12 +247,12 @@ def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str) -> list[dict
             "id": "codebook-gaussian-limit",
             "claim": "The exact codebook of f_d approaches the Gaussian codebook scaled by 1/√d at large d, and must "
                      "be solved on f_d itself at small d.",
-            "source": "REFERENCE §2",
+            "source": "TurboQuant, arXiv 2504.19874, §3.1 (codebook of the Beta law); docs/references.md §2",
             "measurement": ("√d × the outer 2-bit level: " + ", ".join(f"d={d}: {v:.4f}" for d, v in conv.items()) +
                             f" vs Gaussian {gaussian_codebook(2).levels[-1]:.4f}; D_mse at d = 128 vs the Gaussian "
                             f"limit: {100 * dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
-            "data": "exact codebooks, d = 2..1024",
-            "verdict": "reproduced",
+            "data": f"exact codebooks, d = 2..{d_big}",
+            "verdict": codebook_verdict(large, glev, gap),
             "figure": "codebook_convergence.png",
             "details": None,
         },
@@ -225,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"   b={r['bits']}: {r['exact_d_mse']:.5f} / {r['gaussian_limit_d_mse']:.5f} / {r['printed_d_mse']}"
               f"  (printed vs exact {100 * r['rel_diff_printed_vs_exact']:+.1f}%)")
-    return shell.finish(claims(dist_dims, rows, shell.scale), echo=False)
+    ks = {int(d): float(g["ks"].iloc[0]) for d, g in density.groupby("d")}
+    return shell.finish(claims(dist_dims, rows, shell.scale, ks, cfg["n_vectors"], conv_dims), echo=False,
+                        definitions=definitions(cfg, shell.scale))
 
 
 if __name__ == "__main__":

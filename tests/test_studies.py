@@ -377,8 +377,8 @@ def run_tiny(name: str, tiny: dict, tmp_path, monkeypatch) -> list[dict]:
 
 
 def test_turboquant_distortion_runs_through_the_shell_and_states_its_discrepancies(tmp_path, monkeypatch, capsys):
-    claims = {c["id"]: c for c in run_tiny("turboquant_distortion", {"vectors": 200, "reps": 3, "worst_reps": 3},
-                                           tmp_path, monkeypatch)}
+    tiny = {"vectors": 200, "reps": 3, "worst_reps": 3, "outlier_reps": 3}
+    claims = {c["id"]: c for c in run_tiny("turboquant_distortion", tiny, tmp_path, monkeypatch)}
     assert "turboquant_distortion done in" in capsys.readouterr().out
     # computed from the exact codebook (not sampled): printed 0.03 at b = 3 vs exact D_mse(128, 3)
     td = load_study("turboquant_distortion")
@@ -416,6 +416,7 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
     scale[22] = 8.0
     keys = {i: torch.randn(1, 3, 40, 64, generator=gen) * scale for i in range(4)}
     values = {i: torch.randn(1, 3, 40, 64, generator=gen) for i in range(4)}
+    queries = {i: torch.randn(1, 9, 40, 64, generator=gen) for i in range(4)}
 
     class Capture:
         layers = [0, 1, 2, 3]
@@ -426,6 +427,9 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
 
         def values(self, i):
             return values[i]
+
+        def queries(self, i):
+            return queries[i]
 
     monkeypatch.setattr(ka, "_capture", lambda tokens: Capture())
     claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path, monkeypatch)}
@@ -443,7 +447,8 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
 def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_path, monkeypatch):
     from kvstats.rotations import spherical_sign_scale
 
-    tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64}
+    tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3,
+            "spiky_sketches": 2}
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]

@@ -1,0 +1,267 @@
+"""Verdict code of the theory studies (jensen, sphere_law, qjl_variance, turboquant_distortion, beta_figures,
+kv_anatomy): each verdict function is fed numbers for which it must return each verdict it can, and the
+statements the studies compute (σ⁴ coefficient, norm errors, bit accounting) are checked against oracles."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
+from tests.test_studies import load_study, run_tiny
+
+# ------------------------------------------------------------------------------------------------ jensen
+
+
+def test_sigma4_coefficient_closed_forms_and_monte_carlo():
+    # closed forms: p = (0.9, 0.1) uniform noise -> +0.0207 (by hand from the expansion); flat p -> -(S-1)/(4S²)
+    assert kl_sigma4_coefficient([0.9, 0.1], 1.0) == pytest.approx(0.0207, abs=1e-12)
+    for s in (2, 5, 64):
+        assert kl_sigma4_coefficient(np.full(s, 1 / s), 1.0) == pytest.approx(-(s - 1) / (4 * s * s), rel=1e-12)
+    # Monte Carlo, common random numbers (one seed at both levels): E[KL]/σ² rises for p = (0.9, 0.1) and falls
+    # for flat p over 64 keys. Predicted changes 0.0207·0.45 ≈ +0.0093 and −0.0038·0.45 ≈ −0.0017 per unit; with
+    # 200k draws the SE of the paired difference of E[KL]/σ² is < 3e-4 (measured 1e-4), > 5 SE from 0.
+    for p, sign in (([0.9, 0.1], 1), (np.full(64, 1 / 64), -1)):
+        s = np.log(np.asarray(p))
+        lo, hi = (jensen_simulation(s, v, n_draws=200_000, seed=3).statistic / v for v in (0.05, 0.5))
+        assert sign * (hi - lo) > 0
+        assert hi - lo == pytest.approx(kl_sigma4_coefficient(p, 1.0) * 0.45, abs=0.003)
+    with pytest.raises(ValueError, match="p must"):
+        kl_sigma4_coefficient([0.5, 0.6], 1.0)
+    with pytest.raises(ValueError, match="profile"):
+        kl_sigma4_coefficient([0.5, 0.5], -1.0)
+
+
+def test_jensen_inflation_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    s2 = [0.1, 1.0]
+    tiny = [1e-4, 1e-4]
+    v = js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.6], tiny)
+    assert v.verdict == "reproduced" and v.rule == "combine"
+    assert js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.4], tiny).verdict == "partly"  # one level equal
+    v = js.inflation_verdict(s2, [0.08, 0.8], tiny, [0.08, 0.8], tiny)  # above σ²/2 and no correlated excess
+    assert v.verdict == "not reproduced" and "significantly outside" in v.reason
+
+
+def test_jensen_mechanism_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, 10)
+
+    def arrays(s2_factor, kl_factor, rho):
+        jitter = 1 + 0.01 * rng.standard_normal(10)
+        return {"sigma2_kqv": base, "sigma2_qkqv": base * s2_factor * jitter, "kl_kqv": base,
+                "kl_qkqv": base * kl_factor * jitter[::-1], "rho_qkqv": rho + 0.01 * rng.standard_normal(10)}
+
+    # 10 pairs of one sign: exact two-sided Wilcoxon p = 2/1024 < 0.05
+    assert js.mechanism_verdict({2: arrays(2.0, 3.0, 0.3), 4: arrays(2.0, 3.0, 0.3)}).verdict == "reproduced"
+    assert js.mechanism_verdict({2: arrays(2.0, 1.5, -0.3), 4: arrays(2.0, 1.5, -0.3)}).verdict == "partly"
+    assert js.mechanism_verdict({2: arrays(0.5, 0.4, -0.3), 4: arrays(0.5, 0.4, -0.3)}).verdict == "not reproduced"
+
+
+def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
+    claims = {c["id"]: c for c in run_tiny("jensen", {"draws": 200, "queries": 2, "trials": 6}, tmp_path,
+                                           monkeypatch)}
+    assert claims["jensen-inflation"]["rule"] == "combine"
+    assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
+    assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
+    assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
+
+
+# -------------------------------------------------------------------------------------------- sphere_law
+
+
+def test_sphere_law_verdicts_return_each_verdict():
+    sl = load_study("sphere_law")
+    crit = sl.ks_critical(1000, 3)
+    from scipy import stats
+
+    # oracle: P(KS > crit) = ALPHA/3 under H0 (scipy's exact distribution of the KS statistic)
+    assert stats.kstwo.sf(crit, 1000) == pytest.approx(sl.ALPHA / 3, rel=1e-6)
+    ok = {2: 0.5 * crit, 8: 0.9 * crit, 64: 0.1 * crit}
+    assert sl.sphere_law_verdict(ok, 1000, 4096, 0.3501 / 4096).verdict == "reproduced"
+    assert sl.sphere_law_verdict(ok | {8: 1.5 * crit}, 1000, 4096, 0.3501 / 4096).verdict == "partly"
+    bad = {d: 2 * crit for d in ok}
+    assert sl.sphere_law_verdict(bad, 1000, 4096, 0.5 / 4096).verdict == "not reproduced"
+    lev = [-1.5, -0.45, 0.45, 1.5]
+    assert sl.codebook_verdict(lev, lev, 0.05).verdict == "reproduced"
+    assert sl.codebook_verdict(lev, lev, 0.001).verdict == "partly"
+    assert sl.codebook_verdict([1.05 * v for v in lev], lev, 0.001).verdict == "not reproduced"
+
+
+def test_sphere_law_claims_are_verdicted_by_rules(tmp_path, monkeypatch):
+    tiny = {"n_vectors": 500, "max_dim": 64, "n_dims": 4, "max_codebook_dim": 1024}
+    claims = {c["id"]: c for c in run_tiny("sphere_law", tiny, tmp_path, monkeypatch)}
+    # exact codebooks at d = 1024 are within 0.12% of the Gaussian levels, d = 8 is 5.5% off (computed above)
+    assert claims["codebook-gaussian-limit"]["verdict"] == "reproduced"
+    assert claims["sphere-law-gaussian-limit"]["rule"] == "combine"
+    assert claims["lloyd-max-gaussian-table"]["rule"] == "identity"
+
+
+# ------------------------------------------------------------------------- docs/metrics_error6d.md norms
+
+
+def test_turboquant_norm_errors_stated_in_the_docs():
+    """docs/metrics_error6d.md states the relative norm errors of turbo_mse and turbo_prod at b = 2, d = 128
+    and the closed forms of E‖x̂‖². Sized: 16 quantizer seeds × 500 unit vectors; the sd over seeds of the
+    per-seed mean is 0.0012 / 0.0043 (relative norm error, mse / prod) and 0.0024 / 0.011 (‖x̂‖²), measured, so
+    the SE of the pooled means is ≤ 0.0011 and ≤ 0.0027: tolerances 0.006 and 0.015 are > 5 SE."""
+    import torch
+
+    from kvstats.codebooks import beta_codebook
+    from kvstats.quantizers import quantizer
+    from kvstats.sphere import sample_sphere
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "metrics_error6d.md").read_text()
+    x = sample_sphere(500, 128, seed=11).float()
+    d_mse = {b: beta_codebook(128, b).d_mse for b in (1, 2)}
+    for method, printed, sq_norm in (("turbo_mse", "0.060", 1 - d_mse[2]),
+                                     ("turbo_prod", "0.25", 1 + (math.pi / 2 - 1 / 128) * d_mse[1])):
+        norms = torch.cat([torch.linalg.vector_norm(q.decode(q.encode(x)).double(), dim=-1) for q in
+                           (quantizer(method, bits=2, dim=128, seed=200 + s) for s in range(16))])
+        assert float((norms - 1).abs().mean()) == pytest.approx(float(printed), abs=0.006), method
+        assert float(norms.pow(2).mean()) == pytest.approx(sq_norm, abs=0.015), method
+        assert f"relative norm error of {printed} at b = 2" in text or f"|‖x̂‖ − ‖x‖|/‖x‖ of {printed}" in text
+
+
+# --------------------------------------------------------------------------------- turboquant_distortion
+
+
+def test_turboquant_distortion_verdicts_return_each_verdict():
+    td = load_study("turboquant_distortion")
+    assert td.two_pi_verdict({5: (6.2, 6.0, 6.5), 6: (6.3, 6.1, 6.6)}).verdict == "reproduced"
+    assert td.two_pi_verdict({2: (4.9, 4.7, 5.1), 6: (6.3, 6.1, 6.6)}).verdict == "partly"
+    assert td.two_pi_verdict({2: (0.9, 0.8, 0.95)}).verdict == "not reproduced"
+    assert td.value_verdict({1: 0.36}, {1: (0.361, 0.358, 0.364)}).verdict == "reproduced"
+    assert td.value_verdict({1: 0.36, 3: 0.03}, {1: (0.361, 0.358, 0.364), 3: (0.0345, 0.0344, 0.0346)}
+                            ).verdict == "reproduced"  # 0.03 ± 0.005 reaches 0.035 ≥ 0.0346: inside
+    assert td.value_verdict({3: 0.03}, {3: (0.05, 0.04, 0.06)}).verdict == "partly"
+    assert td.value_verdict({3: 0.03}, {3: (0.0, -0.01, 0.01)}).verdict == "not reproduced"
+    rng = np.random.default_rng(1)
+    u2 = rng.uniform(0.11, 0.12, 10)
+    ok = {"float16": {"total": 2.5}, "float32": {"total": 2.5}}
+    assert td.outlier_verdict(ok, u2 * 0.8, u2).verdict == "reproduced"  # 10 pairs one sign: p = 2/1024
+    assert td.outlier_verdict(ok | {"float32": {"total": 2.75}}, u2 * 0.8, u2).verdict == "partly"
+    assert td.outlier_verdict({"float32": {"total": 2.75}}, u2 * 1.2, u2).verdict == "not reproduced"
+    # bit accounting oracle: payload (32·3 + 96·2)/128 = 2.25; two norms of 16 / 32 bits over 128 coordinates
+    assert td.split_bits(torch.float16) == pytest.approx({"payload": 2.25, "total": 2.5})
+    assert td.split_bits(torch.float32) == pytest.approx({"payload": 2.25, "total": 2.75})
+
+
+def test_turboquant_distortion_bounds_verdict():
+    import pandas as pd
+
+    td = load_study("turboquant_distortion")
+    row = {"lower_d_mse": 0.25, "upper_d_mse": 0.68, "lower_d_prod_x_d": 0.25, "upper_d_prod_x_d": 4.2}
+    good = {"turbo_mse_d_mse": 0.117, "turbo_mse_d_mse_lo": 0.116, "turbo_mse_d_mse_hi": 0.118}
+    prod = {"turbo_prod_d_prod_x_d": 0.56, "turbo_prod_d_prod_x_d_lo": 0.55, "turbo_prod_d_prod_x_d_hi": 0.57}
+    row = {**row, "lower_d_mse": 0.0625}
+    assert td.bounds_verdict(pd.DataFrame([row | good | prod])).verdict == "reproduced"
+    bad = {"turbo_mse_d_mse": 0.9, "turbo_mse_d_mse_lo": 0.8, "turbo_mse_d_mse_hi": 1.0}
+    assert td.bounds_verdict(pd.DataFrame([row | bad | prod])).verdict == "partly"
+
+
+# ---------------------------------------------------------------------------------------------- beta_figures
+
+
+def test_beta_figures_verdicts_return_each_verdict():
+    import pandas as pd
+
+    bf = load_study("beta_figures")
+    mw = pd.DataFrame({"p_holm": [1e-5, 1e-5], "rank_biserial": [-0.9, -0.8]})
+    assert bf.mse_wins_verdict(mw).verdict == "reproduced"
+    assert bf.mse_wins_verdict(mw.assign(p_holm=[1e-5, 0.3])).verdict == "partly"
+    assert bf.mse_wins_verdict(mw.assign(rank_biserial=[0.9, 0.8])).verdict == "not reproduced"
+    crit = bf.ks_critical(4096, 2)
+    ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 4096,
+                       "ks": [0.5 * crit, 0.5 * crit, 0.2]})
+    assert bf.sphere_law_verdict(ks).verdict == "reproduced"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.5 * crit, 0.5 * crit, 0.001])).verdict == "partly"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.3, 0.3, 0.001])).verdict == "not reproduced"
+
+
+def test_beta_figures_runs_through_the_shell(tmp_path, monkeypatch):
+    tiny = {"trials": 3, "seq": 16, "n_q": 2, "hist_vectors": 64}
+    claims = {c["id"]: c for c in run_tiny("beta_figures", tiny, tmp_path, monkeypatch)}
+    assert claims["dalberto-beta-figures-mse-wins"]["rule"] == "direction"
+    assert claims["dalberto-beta-figures-sphere-law"]["rule"] == "combine"
+    assert (tmp_path / "figures" / "data" / "beta_figures_definitions.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ kv_anatomy
+
+
+def test_kv_anatomy_verdicts_return_each_verdict():
+    ka = load_study("kv_anatomy")
+    kr, vr = np.array([4.0, 5.0, 3.5]), np.array([2.0, 3.0, 2.5])
+    assert ka.range_verdict(kr, vr, [True] * 3).verdict == "reproduced"
+    assert ka.range_verdict(np.array([4.0, 9.0, 3.5]), vr, [True] * 3).verdict == "partly"
+    # a value cannot lie above and below a range at once: the lower sides hold, so "not reproduced" cannot occur
+    assert ka.range_verdict(np.array([9.0] * 3), np.array([9.0] * 3), [False] * 3).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([1.5, 2.0, 4.0, 5.0])).verdict == "reproduced"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 4.0, 5.0])).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 1.5, 1.2])).verdict == "not reproduced"
+    from scipy import stats
+
+    n = np.array([2000, 2000])
+    crit = stats.kstwo.isf(ka.ALPHA / 2, 2000)
+    assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
+    assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
+    assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
+    single = np.linspace(1.0, 2.0, 10)  # 10 layers of one sign: exact Wilcoxon p = 2/1024
+    assert ka.qjl_outlier_verdict(single, 0.5 * single).verdict == "reproduced"
+    assert ka.qjl_outlier_verdict(single, 2.0 * single).verdict == "not reproduced"
+
+
+# ---------------------------------------------------------------------------------------------- qjl_variance
+
+
+def test_qjl_variance_verdicts_return_each_verdict():
+    import pandas as pd
+
+    qv = load_study("qjl_variance")
+    # z-identity: the Bonferroni critical value for 2 values at ALPHA = 0.05 is z = 2.24
+    assert qv.z_identity([1.0, 2.0], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "reproduced"
+    assert qv.z_identity([1.0, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "partly"
+    assert qv.z_identity([1.5, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "not reproduced"
+    with pytest.raises(ValueError, match="ses"):
+        qv.z_identity([1.0], [1.0], [0.0], what="x")
+    assert qv.spiky_verdict({1: 1.01, 128: 0.995}).verdict == "reproduced"
+    assert qv.spiky_verdict({1: math.sqrt(math.pi / 2), 128: 0.998}).verdict == "partly"
+    assert qv.spiky_verdict({1: 1.2533, 2: 0.8862}).verdict == "not reproduced"
+    tail = [{"hits": 300, "n": 5000, "delta": 0.1}, {"hits": 200, "n": 5000, "delta": 0.05}]
+    assert qv.tail_verdict(tail).verdict == "reproduced"
+    assert qv.tail_verdict(tail[:1] + [{"hits": 260, "n": 5000, "delta": 0.05}]).verdict == "partly"
+    assert qv.tail_verdict(tail[:1] + [{"hits": 400, "n": 5000, "delta": 0.05}]).verdict == "not reproduced"
+    assert qv.scores_verdict([{"failures": 0, "n": 200}]).verdict == "reproduced"
+    assert qv.scores_verdict([{"failures": 1, "n": 200}]).verdict == "partly"  # 1/200 > 1/256, CI reaches 0
+    assert qv.scores_verdict([{"failures": 20, "n": 200}]).verdict == "not reproduced"
+    base = np.linspace(1.0, 2.0, 10)
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 0.4 * base)}).verdict == "reproduced"
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 2 * base)}).verdict == "partly"
+    assert qv.outlier_verdict({5.0: (base, 2 * base)}).verdict == "not reproduced"
+    # bit accounting: d = 128, m = 384 sign bits + one fp16 norm = 3.125 bits, 16/3.125 = 5.12×; the split adds a norm
+    bits = qv.qjl_bits()
+    assert bits["plain_total"] == pytest.approx(3 + 16 / 128) and bits["split_total"] == pytest.approx(3 + 32 / 128)
+    assert qv.bits_verdict(bits).verdict == "partly"  # 16 / 3.25 = 4.92 < 5
+    assert qv.bits_verdict(bits | {"split_total": 3.125, "split_ratio": 5.12}).verdict == "reproduced"
+    assert qv.bits_verdict({f"{c}_{k}": v for c in ("plain", "split") for k, v in
+                            (("total", 4.0), ("side", 1.0), ("ratio", 4.0))}).verdict == "not reproduced"
+    g = pd.DataFrame({"m": [64, 64], "cos": [0.0, 0.3], "var": [0.02, 0.02], "var_lo": [0.019, 0.019],
+                      "var_hi": [0.021, 0.021], "sketches": [30, 30]})
+    assert qv.orthogonal_verdict(g, g.assign(var=0.01, var_lo=0.0095, var_hi=0.0105)).verdict == "reproduced"
+    assert qv.orthogonal_verdict(g, g.assign(var=[0.01, 0.02], var_lo=[0.0095, 0.019], var_hi=[0.0105, 0.021])
+                                 ).verdict == "partly"
+    assert qv.orthogonal_verdict(g, g.assign(var=0.03, var_lo=0.029, var_hi=0.031)).verdict == "not reproduced"
+
+
+def test_hadamard_sketch_spike_is_biased_by_sqrt_pi_over_2():
+    """D'Alberto's eq. (3) with S = H·diag(s′): for r = ±e_i, H(s′⊙r) = ±(column i of H), so sign(·) recovers it
+    and r̂ = √(π/2)·r for every s′ (closed form)."""
+    qv = load_study("qjl_variance")
+    rows = qv.spiky_cell("srht", 1, 128, 3, 8)
+    assert all(r["ratio"] == pytest.approx(math.sqrt(math.pi / 2), rel=1e-6) for r in rows)
