@@ -108,7 +108,7 @@ def mse_bias_factor(d_mse: float) -> float:
 
     For unit ``x``, a Lloyd–Max codebook (centroid condition ``E[x | cell] = level``) gives
     ``E⟨x̂, x⟩ = E‖x̂‖² = 1 − D_mse``; a Haar rotation makes ``E[x̂ | x]`` parallel to ``x``. At 1 bit in
-    the Gaussian limit ``D_mse = 1 − 2/π = 0.3634``, so the factor is ``2/π`` (REFERENCE §3).
+    the Gaussian limit ``D_mse = 1 − 2/π = 0.3634``, so the factor is ``2/π`` (docs/references.md §3).
     """
     d_mse = float(d_mse)
     if not 0.0 <= d_mse <= 1.0:
@@ -129,7 +129,7 @@ def turbo_prod_distortion(
     ``D_mse(b−1)`` is the MSE of the (b−1)-bit stage. Averaged over the direction of ``y`` (or, the same,
     for a Haar rotation and ``y`` independent of ``x``)::
 
-        D_prod = (π/2 − 1/d) · D_mse(b−1) · ‖y‖² / d        (REFERENCE §3)
+        D_prod = (π/2 − 1/d) · D_mse(b−1) · ‖y‖² / d        (docs/references.md §3)
 
     This is **not** exact for every ``y``: the residual has a component along ``x``
     (``E⟨r, x⟩ = D_mse``), so ``E⟨r,y⟩²`` depends on the angle between ``x`` and ``y``. With a Haar

@@ -1,6 +1,6 @@
 """Error metrics of a KV-cache quantizer: attention KL, top-k recall, attention-output and geometric K/V errors.
 
-Shapes follow DESIGN.md: queries ``q`` are ``[B, Hq, Nq, d]``, keys and values ``k, v`` are
+Shapes follow docs/design_notes.md: queries ``q`` are ``[B, Hq, Nq, d]``, keys and values ``k, v`` are
 ``[B, Hkv, S, d]`` (values may have their own last dim ``dv``), with ``Hq`` a multiple of ``Hkv``
 (grouped-query attention): query head ``h`` attends with KV head ``h // (Hq // Hkv)``. Inputs may be torch
 tensors or numpy arrays, fp16/bf16/fp32/fp64. Arithmetic is fp32, or fp64 when ``double=True`` or when an
@@ -317,7 +317,7 @@ def topk_recall(
     reduction: Reduction = "mean",
     double: bool = False,
 ) -> float | torch.Tensor:
-    """Top-k recall of attention with quantized keys (REFERENCE §5: k = 5).
+    """Top-k recall of attention with quantized keys (docs/references.md §5: k = 5).
 
     The reference top-k are the keys with the largest ``q kᵀ/√d``; the quantized top-k use ``q k̂ᵀ/√d``.
     See :func:`topk_recall_from_scores` for the formula and tie rule. (The argument is ``top_k``, not
@@ -410,7 +410,7 @@ def mse(
 ) -> float | torch.Tensor:
     """Squared reconstruction error per vector, ``‖x − x̂‖²`` (summed over the last axis, not averaged).
 
-    This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (REFERENCE §3) when averaged over unit vectors; divide by
+    This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (docs/references.md §3) when averaged over unit vectors; divide by
     ``d`` for a per-coordinate MSE. ``relative=True`` gives ``‖x − x̂‖² / ‖x‖²`` (zero ``x``: 0 if
     ``x̂ = 0`` too, else +inf).
 

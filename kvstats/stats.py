@@ -1,7 +1,7 @@
 """Statistics for comparing quantizers: Mann–Whitney and Wilcoxon with effect sizes, multiple testing, bootstrap
 CIs (means, ratios, Spearman ρ), power. See docs/statistics.md.
 
-Conventions (REFERENCE §5):
+Conventions (docs/references.md §5):
 
 * ``U₁`` is the Mann–Whitney statistic of the *first* sample as scipy reports it,
   ``U₁ = #{(i, j): aᵢ > bⱼ} + ½·#{(i, j): aᵢ = bⱼ}``.

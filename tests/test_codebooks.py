@@ -13,7 +13,7 @@ from kvstats import codebooks
 from kvstats.codebooks import Codebook, beta_codebook, gaussian_codebook, lloyd_max
 from kvstats.sphere import coordinate_law, sample_sphere
 
-# Max (1960), N(0, 1), positive half (REFERENCE.md §2)
+# Max (1960), N(0, 1), positive half (docs/references.md §2)
 MAX_TABLE = {
     1: ([0.7979], [0.0], 0.3634),
     2: ([0.4528, 1.510], [0.0, 0.9816], 0.1175),

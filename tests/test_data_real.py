@@ -187,5 +187,5 @@ def test_smollm2_capture_256_tokens(smollm2):
         assert k.shape == v.shape == (1, 3, 256, 64) and q.shape == (1, 9, 256, 64)
         assert all(bool(torch.isfinite(t).all()) for t in (q, k, v))
         mag = k.abs().mean(dim=(0, 1, 2))  # mean |k| per channel
-        # outlier channels in every layer (REFERENCE §8: max/median 3-5.6 on 1024 tokens)
+        # outlier channels in every layer (docs/references.md §8: max/median 3-5.6 on 1024 tokens)
         assert float(mag.max() / mag.median()) > 2.5, f"layer {i}: no outlier channel"

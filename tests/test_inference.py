@@ -78,7 +78,7 @@ def test_shrunk_estimator_rejected():
 
 
 def test_jl_variance_and_sign_step_inflation():
-    # Near-orthogonal q, k: QJL variance is π/2 times the JL variance (REFERENCE §4).
+    # Near-orthogonal q, k: QJL variance is π/2 times the JL variance (docs/references.md §4).
     q, k = _unit_pair(16, 0.0, seed=2)
     r = I.check_unbiased(jl_estimator(64), q, k, n_draws=10_000, confidence_level=LEVEL,
                          variance_closed_form=I.jl_variance(q, k, 64))
@@ -103,11 +103,11 @@ def test_variance_ci_is_valid_for_non_normal_data():
 
 def test_spherical_abs_moment_quadrature_and_monte_carlo():
     for d in (3, 4, 8, 64, 128):
-        dens = scipy.stats.beta((d - 1) / 2, (d - 1) / 2, loc=-1, scale=2)  # law of a coordinate (REFERENCE §1)
+        dens = scipy.stats.beta((d - 1) / 2, (d - 1) / 2, loc=-1, scale=2)  # law of a coordinate (docs/references.md §1)
         quad = scipy.integrate.quad(lambda t, dens=dens: abs(t) * dens.pdf(t), -1, 1, points=[0])[0]
         assert I.spherical_abs_moment(d) == pytest.approx(math.sqrt(d) * quad, rel=1e-9)
     factor = I.spherical_abs_moment(64) / math.sqrt(2 / math.pi)
-    assert factor == pytest.approx(1.0039137, abs=1e-7)  # REFERENCE §4: ≈ 1.004 at d = 64 (confirmed)
+    assert factor == pytest.approx(1.0039137, abs=1e-7)  # docs/references.md §4: ≈ 1.004 at d = 64 (confirmed)
     assert factor == pytest.approx(1 + 1 / 256, abs=1e-5)
     # Monte Carlo at d = 8 with explicit spherical rows: factor 1.0317; rel. se = 0.74/sqrt(2e5) = 0.0017
     g = torch.Generator().manual_seed(4)

@@ -101,12 +101,12 @@ def test_qjl_is_unbiased_and_gaussian_variance_matches_closed_form(rows):
     if rows == "gaussian":
         assert abs(var - closed) <= Z * se_var, (var, closed, se_var)
     else:
-        # Orthogonalised rows: lower variance than the Gaussian closed form (REFERENCE §4).
+        # Orthogonalised rows: lower variance than the Gaussian closed form (docs/references.md §4).
         assert var + Z * se_var < closed, (var, closed)
 
 
 def test_orthogonal_rows_with_gaussian_constant_would_be_biased():
-    # The spherical and Gaussian constants differ by a factor ≈ 1 + 1/(4d): 1.0039 at d = 64 (REFERENCE §4),
+    # The spherical and Gaussian constants differ by a factor ≈ 1 + 1/(4d): 1.0039 at d = 64 (docs/references.md §4),
     # 1.0157 at d = 16. Our estimator uses the exact constant and is unbiased; with the Gaussian one the
     # bias at d = 16 is ≈ 25 SE for n = 3000 (q = k: sd per draw ≈ 0.035), so the rejection is certain.
     d, n = 16, 3000
@@ -130,7 +130,7 @@ def test_turbo_prod_is_unbiased(bits):
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_turbo_prod_distortion_matches_closed_form(bits):
     # Per trial: fresh seed, independent uniform unit x and y. Then Π y is uniform and independent of
-    # the residual, so D_prod = E|⟨y, x⟩ − ⟨y, x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)/d exactly (REFERENCE §3).
+    # the residual, so D_prod = E|⟨y, x⟩ − ⟨y, x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)/d exactly (docs/references.md §3).
     d, n = 64, 2500
     xs, ys = unit_vectors(n, d, seed=10 + bits), unit_vectors(n, d, seed=20 + bits)
     err = np.empty(n)

@@ -74,7 +74,7 @@ def test_spherical_sign_scale_against_quadrature(d):
 
 def test_spherical_scale_differs_from_gaussian_by_0_4_percent_at_64():
     ratio = spherical_sign_scale(64) / math.sqrt(math.pi / 2)
-    assert 1 / ratio == pytest.approx(1.0039, abs=5e-4)  # REFERENCE §4: ≈ 1.004 at d = 64
+    assert 1 / ratio == pytest.approx(1.0039, abs=5e-4)  # docs/references.md §4: ≈ 1.004 at d = 64
     assert np.isclose(spherical_sign_scale(10**6), math.sqrt(math.pi / 2), rtol=1e-6)
 
 

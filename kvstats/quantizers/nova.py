@@ -1,4 +1,4 @@
-"""NOVA-KV: calibrated, attention-aware transform coding of keys (arXiv 2608.04074; REFERENCE §6).
+"""NOVA-KV: calibrated, attention-aware transform coding of keys (arXiv 2608.04074; docs/references.md §6).
 
 Calibration, per (layer, KV head), from real queries q (every query head of the GQA group) and keys k:
 

@@ -8,7 +8,7 @@
 The residual is sketched in the rotated domain (equivalent in law for Gaussian S, and it spares a
 de-rotation); ŷ uses ‖x‖ rounded to its stored precision, so decode rebuilds exactly the point the
 residual was taken from. For unit x and y of uniformly random direction:
-D_prod = E|⟨y,x⟩ − ⟨y,x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d with Gaussian rows (REFERENCE §3, derived;
+D_prod = E|⟨y,x⟩ − ⟨y,x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d with Gaussian rows (docs/references.md §3, derived;
 for y ∥ x it is smaller, see :func:`kvstats.inference.turbo_prod_distortion`). At b = 1 there is no
 MSE stage: the quantizer is QJL on x with m = d. Encode and scores run in the fused kernels
 ``turbo_prod_encode`` / ``turbo_prod_scores`` (kvstats.ops), scores straight from the packed codes.
