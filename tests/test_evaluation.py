@@ -1,4 +1,4 @@
-"""kvstats.evaluate (kvstats.evaluation): per-unit metrics against a float64 recomputation, units, CIs, files and errors."""
+"""kvstats.evaluate: per-unit metrics against a float64 recomputation, units, CIs, files and errors."""
 
 import json
 import math

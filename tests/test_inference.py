@@ -103,7 +103,7 @@ def test_variance_ci_is_valid_for_non_normal_data():
 
 def test_spherical_abs_moment_quadrature_and_monte_carlo():
     for d in (3, 4, 8, 64, 128):
-        dens = scipy.stats.beta((d - 1) / 2, (d - 1) / 2, loc=-1, scale=2)  # law of a coordinate (docs/references.md §1)
+        dens = scipy.stats.beta((d - 1) / 2, (d - 1) / 2, loc=-1, scale=2)  # coordinate law, docs/references.md §1
         quad = scipy.integrate.quad(lambda t, dens=dens: abs(t) * dens.pdf(t), -1, 1, points=[0])[0]
         assert I.spherical_abs_moment(d) == pytest.approx(math.sqrt(d) * quad, rel=1e-9)
     factor = I.spherical_abs_moment(64) / math.sqrt(2 / math.pi)
