@@ -396,8 +396,9 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
     handles = []
     from tqdm.auto import tqdm
 
+    # mininterval=0: a bar per layer (tens of updates), shown even when the forward is faster than tqdm's 0.1 s
     bar = tqdm(total=len(attns), desc=f"capture {n} tokens", unit="layer", disable=not progress, file=sys.stderr,
-               leave=False)
+               leave=False, mininterval=0)
 
     def make_hook(attn):
         rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
