@@ -1,0 +1,130 @@
+"""The verdict code of studies/nova.py and studies/end_to_end.py: each rule is fed numbers for which it must return
+each verdict it can, and the studies' own pieces (NOVA's regrouping, end_to_end's windows) against oracles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvstats.report import read_claims, read_definitions
+from tests.test_studies import load_study
+
+
+@pytest.fixture(scope="module")
+def nv():
+    return load_study("nova")
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    return load_study("end_to_end")
+
+
+# ------------------------------------------------------------------------------------------------ nova
+
+
+def _cmp(other, metric, p, r):
+    return {"nova_vs": other, "metric": metric, "w_p_holm": p, "w_r": r}
+
+
+def test_nova_beats_verdict_returns_each_verdict(nv):
+    # lower KL is r < 0, higher recall r > 0 (r of nova - other)
+    good = [_cmp("kqv", "kl", 1e-4, -0.8), _cmp("kqv", "top5", 1e-4, 0.7),
+            _cmp("minmax", "kl", 1e-3, -0.5), _cmp("minmax", "top5", 1e-3, 0.4)]
+    assert nv.beats_verdict(good).verdict == "reproduced"
+    # min-max beats nova on KL (significant the other way): a part fails
+    mixed = good[:3] + [_cmp("minmax", "kl", 1e-3, +0.5)]
+    v = nv.beats_verdict(mixed)
+    assert v.verdict == "partly" and "minmax on kl" in v.reason and "opposite direction in 1" in v.reason
+    # significant but in the wrong direction everywhere, or nowhere significant
+    assert nv.beats_verdict([_cmp("kv", "kl", 1e-4, 0.9), _cmp("kv", "top5", 1e-4, -0.9)]).verdict == "not reproduced"
+    assert nv.beats_verdict([_cmp("kv", "kl", 0.2, -0.9)]).verdict == "not reproduced"
+
+
+def test_nova_grouping_verdict_returns_each_verdict(nv):
+    row = lambda p, r: {"w_p": p, "w_r": r}  # noqa: E731 - r of stratified - contiguous
+    assert nv.grouping_verdict([row(1e-3, -0.9), row(1e-3, -0.6)]).verdict == "reproduced"
+    assert nv.grouping_verdict([row(1e-3, -0.9), row(0.4, -0.1)]).verdict == "partly"
+    assert nv.grouping_verdict([row(1e-3, 0.9), row(0.4, -0.1)]).verdict == "not reproduced"
+
+
+def test_nova_bits_verdict_holds_the_printed_number_to_half_a_unit(nv):
+    assert nv.bits_verdict(2.224).verdict == "reproduced"  # |2.224 - 2.22| <= 0.005
+    v = nv.bits_verdict(2.211)
+    assert v.verdict == "not reproduced" and "0 of 1" in v.reason
+    assert nv.bits_verdict(2.0, published="2.0").verdict == "reproduced"
+
+
+def test_nova_parseval_verdict_returns_each_verdict(nv):
+    coef = [1.0, 2.0, 4.0]
+    assert nv.parseval_verdict(coef, [1.0005, 2.0, 3.999]).verdict == "reproduced"  # within 1e-3 relative
+    assert nv.parseval_verdict(coef, [1.0, 2.1, 4.0]).verdict == "partly"
+    assert nv.parseval_verdict(coef, [1.1, 2.1, 4.4]).verdict == "not reproduced"
+
+
+def _calibrated(nv, bits=2, seed=3):
+    from kvstats.schemes import NovaScheme
+
+    g = torch.Generator().manual_seed(11)
+    scales = torch.linspace(0.2, 3.0, 64)  # an anisotropic key spectrum: the eigen-ranks matter
+    q = torch.randn(1, 9, 400, 64, generator=g)
+    k = torch.randn(1, 3, 400, 64, generator=g, dtype=torch.float32) * scales
+    v = torch.randn(1, 3, 400, 64, generator=g)
+    return NovaScheme.calibrate(q, k, v, bits=bits, seed=seed), q, k, v
+
+
+def test_regrouped_in_the_stratified_order_is_the_calibrated_quantizer(nv):
+    """Oracle: regrouping a head into its own order refits exactly the codebooks calibrate() fitted."""
+    s, _, k, _ = _calibrated(nv)
+    head = s.k.heads[1]
+    same = nv.regrouped(head, k[:, 1], head.calibration.ranks)
+    assert torch.equal(same.calibration.codebooks, head.calibration.codebooks)
+    assert torch.equal(same.calibration.transform, head.calibration.transform)
+    x = k[0, 1, :50]
+    assert torch.equal(same.decode(same.encode(x)), head.decode(head.encode(x)))
+    with pytest.raises(ValueError, match="order must be a permutation"):
+        nv.regrouped(head, k[:, 1], torch.zeros(64, dtype=torch.int64))
+
+
+def test_contiguous_groups_hold_consecutive_eigen_ranks(nv):
+    """Contiguous group j holds the eigen-values ranked j·g … j·g + g − 1: its log-volumes are the block sums of
+    the sorted spectrum (independent oracle: numpy over the descending eigenvalues)."""
+    s, q, k, v = _calibrated(nv)
+    c = nv.contiguous(s, k)
+    for strat, cont in zip(s.k.heads, c.k.heads):
+        lam = np.sort(strat.calibration.eigenvalues.numpy())[::-1]
+        want = 0.5 * np.log(lam.reshape(-1, strat.group_dim)).sum(-1)
+        np.testing.assert_allclose(cont.calibration.group_log_volumes().numpy(), want, rtol=1e-12)
+        # same transform up to the order of its rows
+        assert torch.equal(cont.calibration.transform.sum(0), strat.calibration.transform.sum(0)) or \
+            torch.allclose(cont.calibration.transform.sum(0), strat.calibration.transform.sum(0), rtol=1e-12)
+    code = c.encode(k, v)
+    assert c.scores(q[:, :, -2:], code).shape == (1, 9, 2, 400)
+
+
+def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path, monkeypatch, nv):
+    gen = torch.Generator().manual_seed(5)
+    scales = torch.linspace(0.3, 2.0, 64)
+    # 300 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
+    fake = {(name, layer): (torch.randn(1, 9, 300, 64, generator=gen),
+                            torch.randn(1, 3, 300, 64, generator=gen) * scales,
+                            torch.randn(1, 3, 300, 64, generator=gen)) for name in nv.TEXTS for layer in (0, 1)}
+    monkeypatch.setattr(nv, "layer_qkv", lambda name, layer: fake[(name, layer)])
+    monkeypatch.setattr(nv, "ensure_captures", lambda: None)
+    monkeypatch.setattr(nv, "BUDGETS", (2,))
+    monkeypatch.setitem(nv.SCALE, "quick", {"layers": (0, 1), "seeds": (0,), "n_q": 4, "insample": False})
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert nv.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    claims = {c["id"]: c for c in read_claims(tmp_path / "figures" / "data" / "nova_claims.json")}
+    assert claims["nova-ruler-longbench"]["verdict"] == "not testable here"
+    assert claims["nova-beats-scalar-n2"]["rule"] == "direction"
+    assert claims["nova-equal-volume-grouping"]["rule"] == "direction"
+    assert claims["nova-bits-per-element"]["rule"] == "identity"
+    # the Parseval identity holds on any keys (fp16 T): the rule must say so
+    assert claims["nova-generalized-parseval"]["verdict"] == "reproduced"
+    assert all(c["verdict"] != "measured" or c["source"] == "kvstats" for c in claims.values())
+    defs = read_definitions(tmp_path / "figures" / "data" / "nova_definitions.json")
+    assert "r mod G" in defs["grouping"] and "rows gaussian" in defs["kqv, n = 2"]
+    assert str(nv.DEFAULT_RIDGE) in defs["calibration"] or f"{nv.DEFAULT_RIDGE:g}" in defs["calibration"]
