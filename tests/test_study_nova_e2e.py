@@ -4,6 +4,7 @@ each verdict it can, and the studies' own pieces (NOVA's regrouping, end_to_end'
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -128,3 +129,87 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     defs = read_definitions(tmp_path / "figures" / "data" / "nova_definitions.json")
     assert "r mod G" in defs["grouping"] and "rows gaussian" in defs["kqv, n = 2"]
     assert str(nv.DEFAULT_RIDGE) in defs["calibration"] or f"{nv.DEFAULT_RIDGE:g}" in defs["calibration"]
+
+
+# ------------------------------------------------------------------------------------------ end_to_end
+
+
+def _row(p, r, b="kqv", metric="out_kl", n=2):
+    return {"p": p, "r": r, "b": b, "metric": metric, "n": n}
+
+
+def test_e2e_direction_verdict_returns_each_verdict(e2e):
+    # NOVA lower than each baseline: r of nova - baseline < 0
+    assert e2e.direction_verdict([_row(1e-3, -1.0), _row(0.01, -0.7, "mse")], -1, "cells").verdict == "reproduced"
+    v = e2e.direction_verdict([_row(1e-3, -1.0), _row(0.01, +0.7, "minmax")], -1, "cells")
+    assert v.verdict == "partly" and "minmax on out_kl at n = 2" in v.reason
+    assert e2e.direction_verdict([_row(0.3, -1.0), _row(0.01, +0.7)], -1, "cells").verdict == "not reproduced"
+
+
+def test_e2e_ratio_verdict_is_the_number_rule_on_the_printed_ratio(e2e):
+    assert e2e.ratio_verdict(2.3, 2.1, 2.4).verdict == "reproduced"           # 2.25 inside the CI
+    assert e2e.ratio_verdict(1.6, 1.4, 1.8).verdict == "partly"               # outside, but above 1
+    assert e2e.ratio_verdict(1.0, 0.8, 1.2).verdict == "not reproduced"       # the direction fails
+    assert e2e.ratio_verdict(2.2, 2.1, 2.246).verdict == "reproduced"         # 2.25 within 0.005 of it
+
+
+def test_e2e_segments_are_disjoint_round_robin_and_inside_one_document(e2e):
+    got = e2e.segment_starts({"a": 10, "b": 25, "c": 3}, 4)
+    assert got == [("a", 0), ("b", 0), ("a", 4), ("b", 4), ("b", 8), ("b", 12), ("b", 16), ("b", 20)]
+    assert e2e.segment_starts({"a": 10, "b": 25}, 4, 3) == [("a", 0), ("b", 0), ("a", 4)]
+    with pytest.raises(ValueError, match="fewer than 9"):
+        e2e.segment_starts({"a": 10, "b": 25}, 4, 9)
+    docs = e2e.documents()
+    assert list(docs) == list(e2e.DOCUMENTS)
+    text = "\n".join(docs.values())
+    assert sum(len(d) for d in docs.values()) <= len(text) and all(d.startswith(t) for t, d in docs.items())
+
+
+def test_e2e_paired_tests_pair_segments_across_schemes(e2e):
+    """Wilcoxon over segments: a scheme lower on every one of 8 segments gives r = -1 and the exact p = 2/2^8."""
+    rows = []
+    for seg in range(8):
+        for scheme, kl in (("nova", 0.1 + 0.01 * seg), ("kqv", 0.5 + 0.02 * seg)):
+            rows.append({"scheme": scheme, "n": 2, "seed": 0, "window": 0, "segment": seg, "out_kl": kl})
+    t = e2e.paired_tests(pd.DataFrame(rows), [("nova", "kqv")], metrics=("out_kl",)).iloc[0]
+    assert t["r"] == -1.0 and t["p"] == pytest.approx(2 / 2 ** 8) and t["segments"] == 8
+
+
+def test_e2e_mse_scheme_is_turbo_mse_on_both(e2e):
+    s = e2e.build_scheme("mse", 3, 7)
+    assert s.k.name == s.v.name == "turbo_mse" and s.k.seed != s.v.seed and s.bits == 3
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
+    try:
+        from kvstats.data.real import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
+    tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
+            "window_budget": 2, "calibration_tokens": 300, "prompts": (0,), "gen_budgets": (2,), "prompt_len": 8,
+            "new": 3, "agree_tokens": 12, "resamples": 99}
+    monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "mse", "nova"))
+    monkeypatch.setitem(e2e.SCALE, "quick", tiny)
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert e2e.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    data = tmp_path / "figures" / "data"
+    claims = {c["id"]: c for c in read_claims(data / "end_to_end_claims.json")}
+    assert claims["e2e-nova-2bit-output"]["rule"] == "direction"
+    assert claims["e2e-qkqv-worse-than-kqv"]["rule"] == "direction"
+    assert "6 disjoint segments of 12 tokens" in claims["e2e-nova-2bit-output"]["data"]
+    segs = pd.read_csv(data / "end_to_end_segments.csv")
+    # every scheme saw the same 6 segments; the lossless control is exact to fp32 rounding
+    assert segs.groupby(["scheme", "n", "window"])["segment"].nunique().eq(6).all()
+    assert claims["e2e-lossless-control"]["verdict"] == "measured"
+    ctrl = segs[segs["scheme"] == "identity"]
+    assert ctrl["out_kl"].max() < 1e-6
+    defs = read_definitions(data / "end_to_end_definitions.json")
+    assert "12 consecutive tokens" in defs["unit"] and defs["mse"].startswith("K turbo_mse")
