@@ -1,35 +1,42 @@
-"""Study: a quantized KV cache inside SmolLM2-135M-Instruct — what KV, KQV and QKQV at n = 2..6 do to the
-model's output, and how well attention-level metrics predict it.
+"""Study: a quantized KV cache inside SmolLM2-135M-Instruct — what D'Alberto's KV, KQV and QKQV and the practical
+choices (KIVI-style min-max, TurboQuant_mse on K and V as vLLM-style deployments run, NOVA-KV calibrated) do to
+the model's output, and how well attention-level metrics predict it.
 
     python studies/end_to_end.py --scale quick|paper [--scheduler ADDR] [--n-jobs N]
 
-Teacher-forced. The first T tokens of the shipped public-domain text (kvstats.data.real.default_text) go through
-the model once with the exact cache (sdpa) and once per cell with a :class:`kvstats.cache.KVStatsCache` on the
+Units. The shipped public-domain text holds separate documents (:data:`DOCUMENTS`). NOVA-KV is calibrated per
+layer on the first (the Declaration of Independence); the others are cut into disjoint segments of
+``segment_tokens`` tokens, each inside one document, taken round-robin over the documents. One unit = one
+segment, fed to the model on its own; every scheme sees the same segments, so comparisons are paired
+(Wilcoxon signed-rank over segments, :func:`kvstats.stats.wilcoxon`) and CIs are bootstrapped over segments.
+
+Teacher-forced. All segments go through the model in one batched forward with the exact cache (sdpa; computed
+once per process and shared by every cell) and once per cell with a :class:`kvstats.cache.KVStatsCache` on the
 estimator path (``attn_implementation="kvstats"``: logits against quantized keys come from the scheme's own
-estimator; a prefill equals token-by-token decoding, tested in tests/test_cache.py). Each layer gets its own
-scheme seed. Per token t: the KL between the exact and quantized next-token distributions, both NLLs of the
-true next token (perplexity), top-1 agreement; and, captured inside the attention function for the same
-forward, the attention KL and top-5 recall of the logits used against the exact logits of the same queries
-(mean over the 30 layers × 9 query heads). A control cell runs a lossless scheme through the same cache.
+estimator). Each layer gets its own scheme seed. Per token: the KL between the exact and quantized next-token
+distributions, both NLLs of the true next token, top-1 agreement; and, captured inside the attention function
+of the same forward, the attention KL and top-5 recall (mean over 30 layers × 9 query heads). A control cell
+runs a lossless scheme through the same cache. Non-zero full-precision windows run at ``window_budget`` only.
+
+Verdicts (kvstats.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
+cells; "KQV's KL is 2.25× lower at n = 4": the number rule on the QKQV/KQV ratio of mean attention KL (paired
+bootstrap over segments); NOVA-KV's "recovers most of what scalar methods lose at 2 bits": the direction rule
+over (baseline, metric) comparisons at n = 2, next-token KL and NLL increase against every other scheme.
 
 Generation. Greedy continuations (``model.generate(..., cache=KVStatsCache(...))``) of prompts cut from the
-text, compared token by token with the exact model's greedy continuation.
-
-Statistics: bootstrap CIs (BCa, over tokens; tokens are not independent, so the CIs are optimistic) of
-every per-cell mean; Spearman rank correlation of attention KL with output KL across cells (bootstrap over
-cells) and across tokens within each cell (bootstrap over tokens); paired ratios QKQV/KQV per n.
+held-out documents, compared token by token with the exact model's greedy continuation.
 
 Paths. The same cache read by the estimator (kvstats_attention) and by decode-then-dot (sdpa on decoded K̂), in
 fp32 and in fp64.
 
-quick: 256 tokens, seed 0, no window, 1 prompt × 32 new tokens (~3 min on 2 free cores).
-paper: 1024 tokens, seeds 0-2, windows 0 and 64, 8 prompts × 64 new tokens.
+quick: 8 segments of 64 tokens, n ∈ {2, 4}, NOVA calibrated on the first 1024 tokens, 1 prompt × 24 new tokens.
+paper: every segment of 128 tokens, n = 2..6, a 16-token window at n = 4, 5 prompts × 64 new tokens.
 
 Writes figures/end_to_end_{output,attention,predictivity}.png and in figures/data/: end_to_end.csv (one row per
-cell), end_to_end_tokens.csv, end_to_end_layers.csv, end_to_end_correlation.csv, end_to_end_generation.csv,
-end_to_end_paths.csv, end_to_end_claims.json. Cells are stored as they finish (kvstats.sweep) and run on joblib
-workers (all cores; ``--n-jobs 1``: in this process) or a Dask cluster (``--scheduler``); each worker loads the
-model once (~1 s from kvstats' cached fp32 conversion) and runs one torch thread.
+cell), end_to_end_segments.csv (one row per cell and segment), end_to_end_tokens.csv, end_to_end_layers.csv,
+end_to_end_correlation.csv, end_to_end_generation.csv, end_to_end_paths.csv, end_to_end_claims.json,
+end_to_end_definitions.json. Cells are stored as they finish (kvstats.sweep) and run on joblib workers (all
+cores; ``--n-jobs 1``: in this process) or a Dask cluster (``--scheduler``); each worker loads the model once.
 """
 
 from __future__ import annotations
