@@ -193,8 +193,8 @@ def smollm2():
 
 def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
     tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
-            "window_budget": 2, "calibration_tokens": 300, "prompts": (0,), "gen_budgets": (2,), "prompt_len": 8,
-            "new": 3, "agree_tokens": 12, "resamples": 99}
+            "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "prompts": (0,), "gen_budgets": (2,),
+            "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
     monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "mse", "nova"))
     monkeypatch.setitem(e2e.SCALE, "quick", tiny)
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
