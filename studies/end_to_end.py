@@ -31,7 +31,7 @@ fp32 and in fp64.
 
 quick: 8 segments of 64 tokens, n ∈ {2, 4} (NOVA-KV at n = 2 only, calibrated on the first 1024 tokens), 1 prompt ×
 24 new tokens.
-paper: every segment of 128 tokens, n = 2..6, a 16-token window at n = 4, 5 prompts × 64 new tokens.
+paper: every segment of 128 tokens, n = 2..6, a 16-token window at n = 4, 3 prompts × 64 new tokens.
 
 Writes figures/end_to_end_{output,attention,predictivity}.png and in figures/data/: end_to_end.csv (one row per
 cell), end_to_end_segments.csv (one row per cell and segment), end_to_end_tokens.csv, end_to_end_layers.csv,
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 import time
 import warnings
@@ -80,7 +81,7 @@ SCALE = {
               "gen_budgets": (2,), "prompt_len": 48, "new": 24, "agree_tokens": 64, "resamples": 999},
     "paper": {"segment_tokens": 128, "segments": None, "budgets": (2, 3, 4, 5, 6), "seeds": (0,), "windows": (0, 16),
               "window_budget": 4, "calibration_tokens": None, "nova_budgets": (2, 3, 4, 5, 6),
-              "prompts": (0, 320, 640, 960, 1280), "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
+              "prompts": (0, 480, 960), "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
               "agree_tokens": 256, "resamples": 4999},
 }
 STYLE = {"mse": {"color": "#17becf", "marker": "v", "label": "TurboQuant_mse on K and V"},
@@ -191,15 +192,40 @@ def _calibration_capture(tokens: int | None):
     return capture_qkv(model, input_ids=ids[:, :tokens] if tokens else ids)
 
 
+def _nova_cache_dir():
+    from kvstats.data.real import cache_dir
+
+    return cache_dir()
+
+
 @functools.lru_cache(maxsize=4)
 def _nova_layers(n: int, seed: int, calibration_tokens: int | None) -> tuple:
-    """NOVA-KV calibrated per layer on the calibration document (its own seed per layer)."""
+    """NOVA-KV calibrated per layer on the calibration document (its own seed per layer).
+
+    The k-means fits are the quick scale's largest cost, and every worker process that meets a NOVA-KV cell
+    (teacher-forced and generation) needs them: they are stored once in kvstats' cache folder
+    (``kvstats.data.real.cache_dir``), keyed by n, seed, token count, the document's text and the study version,
+    and reloaded (a damaged file is fitted again)."""
+    import hashlib
+
     from kvstats.schemes import NovaScheme
 
+    key = hashlib.sha256(repr((VERSION, n, seed, calibration_tokens, documents()[DOCUMENTS[0]])).encode())
+    path = _nova_cache_dir() / f"end_to_end_nova_{key.hexdigest()[:16]}.pt"
+    if path.is_file():
+        try:
+            return tuple(torch.load(path, weights_only=False))
+        except Exception:  # noqa: BLE001 - a damaged cache file is refitted below
+            pass
     cap = _calibration_capture(calibration_tokens)
     seeds = spawn_seeds(cell_seed(STUDY, "nova", n, seed), len(cap))
-    return tuple(NovaScheme.calibrate(cap.queries(i), cap.keys(i), cap.values(i), bits=n, seed=seeds[i])
-                 for i in range(len(cap)))
+    built = tuple(NovaScheme.calibrate(cap.queries(i), cap.keys(i), cap.values(i), bits=n, seed=seeds[i])
+                  for i in range(len(cap)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(list(built), tmp)
+    tmp.replace(path)
+    return built
 
 
 def build_scheme(name: str, n: int, seed: int):

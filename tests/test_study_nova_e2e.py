@@ -196,6 +196,8 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
             "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "prompts": (0,), "gen_budgets": (2,),
             "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
     monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "mse", "nova"))
+    monkeypatch.setattr(e2e, "_nova_cache_dir", lambda: tmp_path / "nova")
+    e2e._nova_layers.cache_clear()
     monkeypatch.setitem(e2e.SCALE, "quick", tiny)
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
@@ -213,3 +215,12 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     assert ctrl["out_kl"].max() < 1e-6
     defs = read_definitions(data / "end_to_end_definitions.json")
     assert "12 consecutive tokens" in defs["unit"] and defs["mse"].startswith("K turbo_mse")
+    # NOVA-KV's calibration was stored once and reloads to the same codes
+    (stored,) = (tmp_path / "nova").glob("end_to_end_nova_*.pt")
+    fitted = e2e._nova_layers(2, 0, 300)
+    e2e._nova_layers.cache_clear()
+    loaded = e2e._nova_layers(2, 0, 300)
+    assert loaded is not fitted and len(loaded) == 30
+    k = torch.randn(1, 3, 5, 64, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded[7].k.decode(loaded[7].k.encode(k)), fitted[7].k.decode(fitted[7].k.encode(k)))
+    e2e._nova_layers.cache_clear()
