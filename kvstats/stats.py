@@ -30,6 +30,7 @@ import pandas as pd
 import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
+from kvstats._random import check_seed
 from kvstats._validation import check_int_range
 from kvstats.results import TestResult
 
@@ -505,7 +506,8 @@ def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, pair
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # scipy's DegenerateDataWarning: handled by the fallback
             res = scipy.stats.bootstrap(samples, stat, confidence_level=level, n_resamples=n_resamples, method=how,
-                                        rng=np.random.default_rng(seed), vectorized=vectorized, paired=paired,
+                                        rng=np.random.default_rng(check_seed(seed)), vectorized=vectorized,
+                                        paired=paired,
                                         batch=batch)
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
@@ -514,6 +516,7 @@ def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, pair
 
 
 def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, paired=False) -> BootstrapResult:
+    seed = check_seed(seed)  # the package's seed rule; None: fresh entropy, recorded in extra["seed"]
     estimate = float(stat(*samples, axis=-1))
     if all(np.ptp(s) == 0 for s in samples):  # every resample is the data itself: the CI is the point
         low, high, se, how = estimate, estimate, 0.0, "constant data"
@@ -532,6 +535,7 @@ def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, p
         n_resamples=n_resamples,
         ci_method=how,
         paired=paired,
+        extra={"seed": seed},
     )
 
 
@@ -954,7 +958,7 @@ def wilcoxon_power(
         raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     if callable(differences):
         d = np.asarray(differences(rng, (n_simulations, n)), dtype=np.float64)
         what = f"differences from {_stat_name(differences)}"

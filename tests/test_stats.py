@@ -419,3 +419,18 @@ def test_wilcoxon_zero_methods_equal_scipy_and_rank_sums_add_up(zero_method):
     zero_ranks = 0.0 if zero_method == "wilcox" else 6.0  # the three zeros share ranks 1, 2, 3
     assert r.w_plus + r.w_minus == used * (used + 1) / 2 - (zero_ranks if zero_method == "pratt" else 0.0)
     assert r.rank_biserial == pytest.approx((r.w_plus - r.w_minus) / (used * (used + 1) / 2))
+
+
+def test_seeds_follow_the_package_rule():
+    """One seed rule (kvstats._random.check_seed) for the statistics too: refused seeds name `seed`."""
+    from kvstats import stats as S
+
+    x = np.arange(10.0)
+    for bad, exc in ((True, TypeError), ("0", TypeError), (1.5, TypeError), (-1, ValueError), (2**70, ValueError)):
+        with pytest.raises(exc, match="seed must be an int"):
+            S.bootstrap_ci(x, seed=bad, n_resamples=99)
+        with pytest.raises(exc, match="seed must be an int"):
+            S.ratio_ci(x + 1, x + 2, seed=bad, n_resamples=99)
+    fresh = S.bootstrap_ci(x, seed=None, n_resamples=99)
+    again = S.bootstrap_ci(x, seed=fresh.extra["seed"], n_resamples=99)
+    assert fresh.confidence_interval == again.confidence_interval
