@@ -195,3 +195,14 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     text = json.dumps(defs, ensure_ascii=False)
     assert "rows='srht'" in text and "isotropic = q ~ N(0, I_d)" in text and "6 windows" in text
     assert read_claims(data / "budget_sweep_claims.json")
+
+
+def test_docs_state_the_computed_group_sizes():
+    """docs/studies.md's statement of the trials a p < 1e−23 needs is the computed one."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text().split())
+    exact, normal = bs.min_n_for_p(bs.PAPER_P, exact=True), bs.min_n_for_p(bs.PAPER_P, exact=False)
+    assert f"n ≥ {exact} per group with the exact two-sided p = 2/C(2n, n)" in text
+    assert f"n ≥ {normal} with the normal approximation" in text
+    assert "≥ 70 trials per group" not in text
