@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 import sys
 
 import numpy as np
@@ -61,8 +62,8 @@ SYNTHETIC = {
     "gaussian": ("gaussian", {}),
     "heavy_tail_df3": ("heavy_tail", {"df": 3.0}),
     "heavy_tail_df1.5": ("heavy_tail", {"df": 1.5}),
-    "low_rank_r1": ("low_rank", {"rank": 1}),
-    "low_rank_r8": ("low_rank", {"rank": 8}),
+    "low_rank_r1": ("low_rank", {"rank": 1, "noise": 0.01}),
+    "low_rank_r8": ("low_rank", {"rank": 8, "noise": 0.01}),
 }
 SYNTHETIC_HEADS = (2, 4)  # KV heads, query heads
 #: the peaked query model: the generator's query parameters (kvstats.data.synthetic.generate)
@@ -724,10 +725,17 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
     """The study's terms, generated from its configuration constants."""
     gens = "; ".join(f"{lab} = {kind}({', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults'})"
                      for lab, (kind, params) in SYNTHETIC.items())
+    def quantizers(name: str) -> str:
+        sch = make_scheme(name, 4, cfg["d"], 0, SKETCH if name in QJL_SCHEMES else NO_SKETCH)
+        norms = ", ".join(f"{part} norms {q.norm_dtype}".replace("torch.", "")
+                          for part, q in (("K", sch.k), ("V", sch.v)) if hasattr(q, "norm_dtype"))
+        k, v = (re.sub(r", seed=\d+", "", repr(q)) for q in (sch.k, sch.v))  # seeds are per trial
+        return f"{name}: K = {k}, V = {v}" + (f" ({norms})" if norms else "")
+
     return {
-        "schemes": "kv = TurboQuant_mse on K and V; kqv = TurboQuant_mse on K, TurboQuant_prod (QJL stage) on V; "
-                   "qkqv = TurboQuant_prod on K and V; minmax = KIVI-style min-max (K per channel, V per token, "
-                   "fp16 side data); all at n bits per element, n ∈ " + str(list(BUDGETS)),
+        "schemes": "at n = 4, d = " + str(cfg["d"]) + " (other n alike): "
+                   + "; ".join(quantizers(name) for name in SCHEMES)
+                   + f"; budgets n ∈ {list(BUDGETS)} bits per element",
         "sketch": f"QJL stage: rows={SKETCH!r} (S = H·diag(s′), m = d, D'Alberto eq. 3) for every verdict; "
                   f"sensitivity rows use rows ∈ {list(SENSITIVITY_SKETCHES)} at n ∈ {list(SENSITIVITY_BUDGETS)}",
         "synthetic data": f"kvstats.data.synthetic.generate: {gens}; heavy_tail = i.i.d. Student-t coordinates; "
@@ -741,7 +749,11 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
                      f"{list(cfg['layers'])}, d = {REAL_D}; the model's own queries (after RoPE)",
         "trial": f"synthetic: one fresh draw of K, V and both query sets ({cfg['trials']} per cell); real: one "
                  f"disjoint window of {cfg['window']} consecutive tokens of one document ({n_windows} windows), "
-                 f"queries = its last {cfg['n_q'] // 2} positions, causal. Quantizer seeds are fresh per trial",
+                 f"queries = its last {cfg['n_q'] // 2} positions, causal. Quantizer seeds (rotation, sketch) are "
+                 "fresh per trial; minmax has no random state, so across its trials only the data vary. The paired "
+                 "tests' smallest attainable two-sided p (exact, N pairs all one sign) is 2/2^N: "
+                 f"{2 / 2 ** cfg['trials']:.1g} over the synthetic "
+                 f"trials, {2 / 2 ** max(n_windows, 1):.1g} over the real windows",
         "aggregation": "per trial: mean over heads and queries of each metric; across trials: medians, paired "
                        f"Wilcoxon over trials, Holm over the whole test table at alpha = {ALPHA}; ratios are ratios "
                        "of medians with a paired BCa bootstrap CI",
