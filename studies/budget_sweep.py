@@ -77,8 +77,8 @@ DOCUMENT_TITLES = ("The Declaration of Independence", "The Preamble to the Const
                    "The Bill of Rights", "The Gettysburg Address",
                    "Second Inaugural Address of Abraham Lincoln, March 4, 1865")
 SCALE = {
-    # quick: 20 trials, so a paired test can reach p = 2/2^20 ≈ 1.9e-6, below Holm's 0.05/(~1400 tests)
-    "quick": {"trials": 20, "seq": 256, "n_q": 16, "d": 128, "layers": (3, 20), "window": 128, "resamples": 999,
+    # quick: 20 trials (a paired test can reach p = 2/2^20 ≈ 1.9e-6, below Holm's 0.05/(~1400 tests)) of 128 tokens
+    "quick": {"trials": 20, "seq": 128, "n_q": 16, "d": 128, "layers": (3, 20), "window": 128, "resamples": 999,
               "paired_resamples": 199},
     "paper": {"trials": 80, "seq": 512, "n_q": 64, "d": 128, "layers": (1, 5, 10, 15, 20, 25, 29),
               "window": 128, "resamples": 9999, "paired_resamples": 999},
@@ -330,6 +330,14 @@ def add_d6(table: pd.DataFrame) -> pd.DataFrame:
 def view(table: pd.DataFrame, sketch: str) -> pd.DataFrame:
     """The rows of one configuration: QJL schemes with ``sketch``, and kv and minmax (no sketch)."""
     return table[table["sketch"].isin([sketch, NO_SKETCH])]
+
+
+def paired_family_size(cfg: dict) -> int:
+    """Rows of :func:`paired_table` (the Holm family): per data label and metric, KQV vs each other scheme at
+    every budget (srht), and vs QKQV and KV at the sensitivity budgets for each other sketch."""
+    labels = len(SYNTHETIC) * len(QUERY_MODELS) + len(cfg["layers"])
+    per_label = (len(SCHEMES) - 1) * len(BUDGETS) + len(SENSITIVITY_SKETCHES) * 2 * len(SENSITIVITY_BUDGETS)
+    return labels * len(METRICS) * per_label
 
 
 def paired_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:

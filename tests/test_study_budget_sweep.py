@@ -194,6 +194,7 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     defs = json.loads((data / "budget_sweep_definitions.json").read_text())
     text = json.dumps(defs, ensure_ascii=False)
     assert "rows='srht'" in text and "isotropic = q ~ N(0, I_d)" in text and "6 windows" in text
+    assert len(pd.read_csv(data / "budget_sweep_wilcoxon.csv")) == bs.paired_family_size(tiny)
     assert read_claims(data / "budget_sweep_claims.json")
 
 
@@ -206,3 +207,14 @@ def test_docs_state_the_computed_group_sizes():
     assert f"n ≥ {exact} per group with the exact two-sided p = 2/C(2n, n)" in text
     assert f"n ≥ {normal} with the normal approximation" in text
     assert "≥ 70 trials per group" not in text
+
+
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_synthetic_trials_can_pass_holm_over_the_whole_paired_table(scale):
+    """A direction cell must be able to pass: the smallest exact paired p (all N differences of one sign,
+    2/2^N, scipy's exact Wilcoxon) is below alpha / (tests in the Holm family)."""
+    cfg = bs.SCALE[scale]
+    n = min(cfg["trials"], 25)  # scipy's exact null for n <= 50; p only falls further with more trials
+    p_min = scipy.stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue
+    assert p_min == pytest.approx(2 / 2 ** n, rel=1e-12)
+    assert p_min < bs.ALPHA / bs.paired_family_size(cfg)
