@@ -15,8 +15,8 @@ documents, each captured on its own (cached under .cache/), and one trial is one
 consecutive tokens of one document (its keys and values; queries = the window's last n_q positions, causal).
 The data of a trial do not depend on the scheme, sketch or n, so every scheme sees the same data: the design
 is paired and the scheme comparisons are paired Wilcoxon tests over trials; the 2.25× claim, made with
-Mann–Whitney, is shown with both. Quantizer seeds are fresh per trial; kv and minmax on real data are
-deterministic given the rotation seed, so what varies across their trials is the window (and the rotation).
+Mann–Whitney, is shown with both. Quantizer seeds (rotation, QJL sketch) are fresh per trial; minmax has no
+random state, so across its trials only the data (the window, on real data) vary.
 
 Writes figures/budget_sweep_{kl,top5,crossover,kl_ratio,n4}.png and beside them in figures/data/:
 budget_sweep_trials.csv (every trial; not kept in git), budget_sweep_wilcoxon.csv (paired tests, Holm over the
