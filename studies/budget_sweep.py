@@ -190,10 +190,14 @@ def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> S
     return scheme(name, bits=n, dim=d, seed=seed, rows=None if sketch == NO_SKETCH else sketch)
 
 
-def trial_metrics(s: Scheme, code, decoded, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
+def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, code=None,
+                  decoded=None) -> dict:
     """One trial's numbers for one query set through the public API: the scheme's scores, kvstats.metrics and
-    the 6D error (components 4–5 from the scheme's own estimated logits, the attention it computes)."""
-    k_hat, v_hat = decoded
+    the 6D error (components 4–5 from the scheme's own estimated logits, the attention it computes).
+    ``code``/``decoded``: ``s.encode(k, v)`` and ``s.decode(code)`` when already computed (shared by the
+    query models of a trial)."""
+    code = s.encode(k, v) if code is None else code
+    k_hat, v_hat = s.decode(code) if decoded is None else decoded
     ref = metrics.attention_scores(q, k)
     est = s.scores(q, code) / math.sqrt(k.shape[-1])
     row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal)[0].tolist()))
@@ -223,7 +227,8 @@ def cell(data: str, layer: int | None, scheme_name: str, sketch: str, n: int, d:
             "seq_len": int(k.shape[2]),
         }
         for model, q in queries.items():
-            rows.append({"trial": t, "queries": model, **trial_metrics(s, code, decoded, q, k, v, causal), **side})
+            rows.append({"trial": t, "queries": model, **trial_metrics(s, q, k, v, causal, code=code, decoded=decoded),
+                         **side})
     return rows
 
 
