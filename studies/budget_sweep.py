@@ -2,25 +2,35 @@
 
     python studies/budget_sweep.py --scale quick|paper [--scheduler ADDR]
 
-Sweep: data × scheme × n, each cell `trials` independent trials. A trial draws a cache and queries (synthetic:
-fresh data from the generator; real SmolLM2: the first L tokens of the capture, L uniform in [seq, 2·seq],
-queries = the last n_q positions, causal) and quantizes it with fresh quantizer seeds; the data seed does
-not depend on the scheme or n (common random numbers across schemes). Per trial: attention KL (the
-scheme's own score estimator), top-5 recall, the 6 components of kvstats' 6D error (kvstats.error6d: its
-names are the table's columns, k_direction = mean 1 − cos(k, k̂), attention_kl, ...), ‖k − k̂‖²/‖k‖², the
-logit-error variance; every per-trial number comes from the public API (kvstats.metrics, kvstats.error6d).
+D'Alberto (arXiv 2605.08114) compares KV (TurboQuant_mse on K and V), KQV (QJL-corrected TurboQuant_prod on V
+only) and QKQV (on both) at n bits per element. Every claim is verdicted first under the paper's own definition:
+the QJL stage uses the randomized Hadamard sketch of its eq. 3 (``rows="srht"``, S = H·diag(s′), m = d). The
+dense Gaussian and the orthogonal sketches are sensitivity rows at n = 4.
+
+Sweep: data × scheme × sketch × n, each cell `trials` trials. Synthetic data: a trial draws a fresh cache
+(kvstats.data.synthetic.generate) and two query sets, the generator's peaked queries (each aims at focus keys)
+and isotropic queries q ~ N(0, I) independent of the keys; both are scored on the same quantized cache (one
+encode per trial). Real data (SmolLM2-135M): the shipped public-domain text is split into its separate
+documents, each captured on its own (cached under .cache/), and one trial is one disjoint window of `window`
+consecutive tokens of one document (its keys and values; queries = the window's last n_q positions, causal).
+The data of a trial do not depend on the scheme, sketch or n, so every scheme sees the same data: the design
+is paired and the scheme comparisons are paired Wilcoxon tests over trials; the 2.25× claim, made with
+Mann–Whitney, is shown with both. Quantizer seeds (rotation, QJL sketch) are fresh per trial; minmax has no
+random state, so across its trials only the data (the window, on real data) vary.
 
 Writes figures/budget_sweep_{kl,top5,crossover,kl_ratio,n4}.png and beside them in figures/data/:
-budget_sweep_trials.csv (every trial; regenerated, not kept in git), budget_sweep_mannwhitney.csv (every
-pair of schemes per data and n, rank-biserial r = 2U₁/(n₁n₂) − 1, Z/√N, exact and asymptotic p, Holm over
-the whole table), budget_sweep_kl_ratio.csv, budget_sweep_crossover.csv, budget_sweep_energy.csv,
-budget_sweep_claims.json.
+budget_sweep_trials.csv (every trial; not kept in git), budget_sweep_wilcoxon.csv (paired tests, Holm over the
+whole table), budget_sweep_mannwhitney.csv (KQV vs QKQV KL at n = 4, the paper's test),
+budget_sweep_kl_ratio.csv, budget_sweep_crossover.csv, budget_sweep_energy.csv, budget_sweep_claims.json,
+budget_sweep_definitions.json.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import re
 import sys
 
 import numpy as np
@@ -28,6 +38,7 @@ import pandas as pd
 import torch
 
 from kvstats import attention, metrics, plots, study
+from kvstats import verdicts as V
 from kvstats.error6d import ERROR6D_COMPONENTS, distance_6d, energy_test, error6d
 from kvstats.report import fmt_p
 from kvstats.schemes import Scheme, scheme
@@ -35,70 +46,158 @@ from kvstats.stats import compare, mann_whitney, ratio_ci
 from kvstats.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
-VERSION = "3"  # 3: columns named as the 6D error components (kvstats.error6d)
+VERSION = "4"  # 4: srht sketch, sketch sensitivity cells, isotropic queries, disjoint real windows
 POSITION = 70  # place in figures/REPORT.md (kvstats.report.study_order)
 SCHEMES = ("kqv", "qkqv", "kv", "minmax")
+QJL_SCHEMES = ("kqv", "qkqv")  # the schemes with a QJL stage (the sketch matters only for them)
 BUDGETS = (2, 3, 4, 5, 6)
+#: D'Alberto's sketch (arXiv 2605.08114 §2.2, eq. 3): S = H·diag(s′), m = d
+SKETCH = "srht"
+#: sensitivity: other sketches of the QJL stage, at these budgets only
+SENSITIVITY_SKETCHES = ("gaussian", "orthogonal")
+SENSITIVITY_BUDGETS = (4,)
+NO_SKETCH = "none"  # the sketch column of kv and minmax (no QJL stage)
 #: label -> (generator kind, its parameters)
 SYNTHETIC = {
     "gaussian": ("gaussian", {}),
     "heavy_tail_df3": ("heavy_tail", {"df": 3.0}),
     "heavy_tail_df1.5": ("heavy_tail", {"df": 1.5}),
-    "low_rank_r1": ("low_rank", {"rank": 1}),
-    "low_rank_r8": ("low_rank", {"rank": 8}),
+    "low_rank_r1": ("low_rank", {"rank": 1, "noise": 0.01}),
+    "low_rank_r8": ("low_rank", {"rank": 8, "noise": 0.01}),
 }
+SYNTHETIC_HEADS = (2, 4)  # KV heads, query heads
+#: the peaked query model: the generator's query parameters (kvstats.data.synthetic.generate)
+PEAKED = {"peak": 8.0, "query_key_correlation": 0.7, "n_focus": 2}
+#: query models of the synthetic data; real data use the model's own queries
+QUERY_MODELS = ("peaked", "isotropic")
+REAL_QUERIES = "model"
+PRIMARY_QUERIES = "peaked"
+#: the separate documents of kvstats/texts/public_domain.txt, by their title lines
+DOCUMENT_TITLES = ("The Declaration of Independence", "The Preamble to the Constitution of the United States",
+                   "The Bill of Rights", "The Gettysburg Address",
+                   "Second Inaugural Address of Abraham Lincoln, March 4, 1865")
 SCALE = {
-    "quick": {"trials": 10, "seq": 256, "n_q": 16, "d": 128, "layers": (3, 20), "resamples": 999},
+    # quick: 20 trials (a paired test can reach p = 2/2^20 ≈ 1.9e-6, below Holm's 0.05/(~1400 tests)) of 128 tokens
+    "quick": {"trials": 20, "seq": 128, "n_q": 16, "d": 128, "layers": (3, 20), "window": 128, "resamples": 999,
+              "paired_resamples": 199},
     "paper": {"trials": 80, "seq": 512, "n_q": 64, "d": 128, "layers": (1, 5, 10, 15, 20, 25, 29),
-              "resamples": 9999},
+              "window": 128, "resamples": 9999, "paired_resamples": 999},
 }
-REAL_TOKENS = 1024
+REAL_D = 64
+ALPHA = 0.05
 #: the six components of the 6D error (docs/metrics_error6d.md), columns of the trial table under these names
 E6 = ERROR6D_COMPONENTS
-#: the metrics the Mann–Whitney table compares (attention KL, geometric K error, 6D distance)
-METRICS = ("attention_kl", "k_direction", "distance_6d")
-PAPER_RATIO = 2.25
+#: the metrics of the paired comparison table
+METRICS = ("attention_kl", "k_direction", "distance_6d", "top5", "output_error", "v_rel_mse")
+#: finding (1)'s metrics: KL, geometric K error, 6D distance
+FINDING1_METRICS = ("attention_kl", "k_direction", "distance_6d")
+PAPER_RATIO = "2.25"  # as printed: KL(QKQV)/KL(KQV) at n = 4
+PAPER_P = 1e-23
+#: finding (3): the scheme with the better geometric K reconstruction at each budget
+CROSSOVER = {2: "qkqv", 3: "qkqv", 4: "kqv", 5: "qkqv", 6: "kqv"}
+
+
+# ------------------------------------------------------------------------------------------- real data
+
+
+def documents() -> list[tuple[str, str]]:
+    """(title, text) of each document of the shipped text, split at the lines of DOCUMENT_TITLES."""
+    from kvstats.data.real import default_text
+
+    lines = default_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() in DOCUMENT_TITLES]
+    if len(starts) != len(DOCUMENT_TITLES):
+        raise ValueError(f"expected the {len(DOCUMENT_TITLES)} titles {DOCUMENT_TITLES} in the default text, "
+                         f"found {len(starts)}")
+    bounds = starts + [len(lines)]
+    return [(lines[a].strip(), "\n".join(lines[a:b]).strip()) for a, b in zip(bounds, bounds[1:])]
+
+
+def document_path(text: str):
+    from kvstats.data.real import cache_dir
+
+    return cache_dir() / STUDY / f"smollm2_{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}.safetensors"
+
+
+def capture_documents(verbose: bool = True) -> None:
+    """Capture SmolLM2's Q/K/V over each document on its own (one forward pass each), cached; the model is
+    loaded only when some document is not cached yet."""
+    from kvstats.data.real import SMOLLM2, capture_qkv, load_model
+
+    missing = [(t, x) for t, x in documents() if not document_path(x).is_file()]
+    if not missing:
+        return
+    if verbose:
+        print(f"capturing SmolLM2 Q/K/V over {len(missing)} documents ...", file=sys.stderr, flush=True)
+    lm, tokenizer, name = load_model(SMOLLM2)
+    for title, text in missing:
+        path = document_path(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        capture_qkv(lm, tokenizer, text, model_name=name, text_source=f"kvstats:public_domain.txt: {title}").save(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _document(doc: int):
+    from kvstats.data.io import load_qkv
+
+    return load_qkv(document_path(documents()[doc][1]))
+
+
+@functools.lru_cache(maxsize=16)
+def _real(doc: int, layer: int):
+    f = _document(doc)
+    return f.queries(layer).float(), f.keys(layer).float(), f.values(layer).float()
+
+
+def document_tokens() -> list[int]:
+    return [int(_document(i).keys(0).shape[2]) for i in range(len(documents()))]
+
+
+def real_windows(window: int) -> list[tuple[int, int]]:
+    """The trials of the real data: (document, first token) of every disjoint window of ``window`` tokens,
+    ⌊tokens/window⌋ per document, in order."""
+    return [(doc, start) for doc, n in enumerate(document_tokens()) for start in range(0, n - window + 1, window)]
 
 
 # ----------------------------------------------------------------------------------------------- the cell
 
 
-@functools.lru_cache(maxsize=4)
-def _real(layer: int):
-    from kvstats.data.real import load_default_capture
-
-    cap = load_default_capture(REAL_TOKENS, verbose=False)
-    return cap.queries(layer).float(), cap.keys(layer).float(), cap.values(layer).float()
-
-
 @functools.lru_cache(maxsize=48)
 def trial_data(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: int):
-    """(Q, K, V, causal) of one trial; the same for every scheme and budget."""
-    seed = cell_seed(STUDY, "data", data, layer, d, seq, n_q, trial)
+    """(queries by query model, K, V, causal) of one trial; the same for every scheme, sketch and budget."""
     if data == "smollm2":
-        q, k, v = _real(layer)
-        length = int(np.random.default_rng(seed).integers(seq, min(2 * seq, k.shape[2]) + 1))
-        return (q[:, :, length - n_q:length].contiguous(), k[:, :, :length].contiguous(),
-                v[:, :, :length].contiguous(), True)
+        doc, start = real_windows(seq)[trial]
+        q, k, v = _real(doc, layer)
+        end = start + seq
+        return ({REAL_QUERIES: q[:, :, end - n_q:end].contiguous()}, k[:, :, start:end].contiguous(),
+                v[:, :, start:end].contiguous(), True)
     from kvstats.data.synthetic import generate
 
     kind, params = SYNTHETIC[data]
-    q, k, v = generate(kind, 1, 2, seq, d, seed, q_heads=4, n_q=n_q, **params)
-    return q, k, v, False
+    kv_heads, q_heads = SYNTHETIC_HEADS
+    seed = cell_seed(STUDY, "data", data, layer, d, seq, n_q, trial)
+    q, k, v = generate(kind, 1, kv_heads, seq, d, seed, q_heads=q_heads, n_q=n_q, **(PEAKED | params))
+    gen = torch.Generator().manual_seed(cell_seed(STUDY, "isotropic", data, d, n_q, trial))
+    iso = torch.randn(1, q_heads, n_q, d, generator=gen, dtype=torch.float64).to(q.dtype)
+    return {"peaked": q, "isotropic": iso}, k, v, False
 
 
-def make_scheme(name: str, n: int, d: int, seed: int) -> Scheme:
-    """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed)``. ``minmax`` (KIVI-style): K per
-    channel (groups of d tokens), V per token (groups of d coordinates), fp16 min and scale: 32/d side bits
-    per element, as the fp32 norm of the other schemes."""
-    return scheme(name, bits=n, dim=d, seed=seed)
+def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> Scheme:
+    """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed, rows=sketch)``; ``sketch`` sets
+    every QJL stage (kqv's V, qkqv's K and V); "none" for kv and minmax, which have none. ``minmax``
+    (KIVI-style): K per channel (groups of d tokens), V per token (groups of d coordinates), fp16 min and
+    scale: 32/d side bits per element, as the fp32 norm of the other schemes."""
+    return scheme(name, bits=n, dim=d, seed=seed, rows=None if sketch == NO_SKETCH else sketch)
 
 
-def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
-    """One trial's numbers through the public API: encode/decode/scores of the scheme, kvstats.metrics and the
-    6D error (components 4–5 from the scheme's own estimated logits, the attention it computes)."""
-    code = s.encode(k, v)
-    k_hat, v_hat = s.decode(code)
+def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, code=None,
+                  decoded=None) -> dict:
+    """One trial's numbers for one query set through the public API: the scheme's scores, kvstats.metrics and
+    the 6D error (components 4–5 from the scheme's own estimated logits, the attention it computes).
+    ``code``/``decoded``: ``s.encode(k, v)`` and ``s.decode(code)`` when already computed (shared by the
+    query models of a trial)."""
+    code = s.encode(k, v) if code is None else code
+    k_hat, v_hat = s.decode(code) if decoded is None else decoded
     ref = metrics.attention_scores(q, k)
     est = s.scores(q, code) / math.sqrt(k.shape[-1])
     row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal)[0].tolist()))
@@ -108,60 +207,167 @@ def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return row | {
         "top5": metrics.topk_recall_from_scores(ref, est, top_k=5, causal=causal),
         "k_rel_mse": metrics.mse(k, k_hat, relative=True),
+        "v_rel_mse": metrics.mse(v, v_hat, relative=True),
         "logit_var": float(err.pow(2).mean()),
     }
 
 
-def cell(data: str, layer: int | None, scheme_name: str, n: int, d: int, seq: int, n_q: int, trials: int) -> list[dict]:
-    """One (data, scheme, n): `trials` rows of metrics."""
+def cell(data: str, layer: int | None, scheme_name: str, sketch: str, n: int, d: int, seq: int, n_q: int,
+         trials: int) -> list[dict]:
+    """One (data, scheme, sketch, n): one row per trial and query model."""
     rows = []
     for t in range(trials):
-        q, k, v, causal = trial_data(data, layer, d, seq, n_q, t)
-        s = make_scheme(scheme_name, n, k.shape[-1], cell_seed(STUDY, "quant", scheme_name, n, t))
-        rows.append({
-            "trial": t,
-            **trial_metrics(s, q, k, v, causal),
-            # side data shared across tokens (min-max K groups) amortised over the trial's tokens
+        queries, k, v, causal = trial_data(data, layer, d, seq, n_q, t)
+        s = make_scheme(scheme_name, n, k.shape[-1], cell_seed(STUDY, "quant", scheme_name, n, t), sketch)
+        code = s.encode(k, v)
+        decoded = s.decode(code)
+        side = {  # side data shared across tokens (min-max K groups) amortised over the trial's tokens
             "bits_k": s.k.bits_per_coordinate(n_tokens=k.shape[2]).total,
             "bits_v": s.v.bits_per_coordinate(n_tokens=k.shape[2]).total,
             "seq_len": int(k.shape[2]),
-        })
+        }
+        for model, q in queries.items():
+            rows.append({"trial": t, "queries": model, **trial_metrics(s, q, k, v, causal, code=code, decoded=decoded),
+                         **side})
     return rows
 
 
-def sweep_cells(scale: str) -> list[dict]:
+def sweep_cells(scale: str, n_windows: int) -> list[dict]:
+    """The primary grid (every scheme and budget; QJL schemes with the srht sketch) and the sensitivity grid
+    (QJL schemes with the other sketches at SENSITIVITY_BUDGETS), for synthetic and real data."""
     cfg = SCALE[scale]
-    common = {"n": list(BUDGETS), "scheme_name": list(SCHEMES), "seq": cfg["seq"], "n_q": cfg["n_q"],
-              "trials": cfg["trials"]}
-    synthetic = grid(data=list(SYNTHETIC), layer=[None], d=cfg["d"], **common)
+
+    def both(data, layer, d, seq, n_q, trials):
+        base = {"data": data, "layer": layer, "d": d, "seq": seq, "n_q": n_q, "trials": trials}
+        return (grid(**base, scheme_name=list(QJL_SCHEMES), sketch=SKETCH, n=list(BUDGETS))
+                + grid(**base, scheme_name=[s for s in SCHEMES if s not in QJL_SCHEMES], sketch=NO_SKETCH,
+                       n=list(BUDGETS))
+                + grid(**base, scheme_name=list(QJL_SCHEMES), sketch=list(SENSITIVITY_SKETCHES),
+                       n=list(SENSITIVITY_BUDGETS)))
+
+    out = []
+    for data in SYNTHETIC:
+        out += both([data], [None], cfg["d"], cfg["seq"], cfg["n_q"], cfg["trials"])
     # real: 9 query heads (vs 4 synthetic), so half the queries per head keeps the cost per trial alike
-    real = grid(data="smollm2", layer=list(cfg["layers"]), d=64, **(common | {"n_q": cfg["n_q"] // 2}))
-    return synthetic + real
+    if n_windows:
+        out += both(["smollm2"], list(cfg["layers"]), REAL_D, cfg["window"], cfg["n_q"] // 2, n_windows)
+    return out
+
+
+# ------------------------------------------------------------------------------- p-value arithmetic
+
+
+def separation_p(n: int, *, exact: bool) -> float:
+    """Two-sided Mann–Whitney p at complete separation, n vs n: exact 2/C(2n, n), or kvstats.stats'
+    normal approximation (its ``p_asymptotic`` on two separated samples)."""
+    if exact:
+        return 2.0 / math.comb(2 * n, n)
+    return mann_whitney(np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)).p_asymptotic
+
+
+def min_n_for_p(target: float, *, exact: bool, n_max: int = 1000) -> int:
+    """Smallest n per group for which complete separation (the most extreme data) gives p < ``target``."""
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1), got {target!r}")
+    for n in range(2, n_max + 1):
+        if separation_p(n, exact=exact) < target:
+            return n
+    raise ValueError(f"no n <= n_max={n_max} reaches p < {target}")
+
+
+# ------------------------------------------------------------------------------------- verdict code
+
+
+def kqv_lower(cells) -> V.Verdict:
+    """Direction rule: KQV's metric is lower than the other scheme's. ``cells``: (Holm p, paired rank-biserial
+    r of KQV − other) per cell; r < 0 is KQV lower."""
+    return V.direction([V.cell_direction(p, r, expected_sign=-1, alpha=ALPHA) for p, r in cells])
+
+
+def kqv_higher(cells) -> V.Verdict:
+    """Direction rule: KQV's metric is higher (e.g. top-5 recall)."""
+    return V.direction([V.cell_direction(p, r, expected_sign=+1, alpha=ALPHA) for p, r in cells])
+
+
+def crossover_verdict(cells) -> V.Verdict:
+    """Direction rule with a budget-dependent direction (finding 3). ``cells``: (n, Holm p, paired r of
+    KQV − QKQV on the K error); the claimed better scheme at n is CROSSOVER[n] (QKQV better: r > 0)."""
+    return V.direction([V.cell_direction(p, r, expected_sign=+1 if CROSSOVER[n] == "qkqv" else -1, alpha=ALPHA)
+                        for n, p, r in cells], what="(data, n) cells")
+
+
+def ratio_verdict(ci, estimate: float) -> V.Verdict:
+    """Number rule for the 2.25× claim: median KL(QKQV)/median KL(KQV) at n = 4 against 2.25 (± half a unit
+    of its last printed digit); the direction is the ratio above 1."""
+    return V.number(float(PAPER_RATIO), ci, null=1.0, expected_sign=+1,
+                    half_unit=V.printed_half_unit(PAPER_RATIO), estimate=estimate)
+
+
+def energy_verdict(cells) -> V.Verdict:
+    """Direction rule for "the 6D error discriminates": (permutation p, energy distance) per data set; a cell is
+    for the claim when the KQV and QKQV 6D clouds differ at level ALPHA."""
+    return V.direction([V.cell_direction(p, e, expected_sign=+1, alpha=ALPHA) for p, e in cells],
+                       what="data sets")
 
 
 # ------------------------------------------------------------------------------------------- analysis
 
 
 def data_label(row) -> str:
-    return f"SmolLM2 layer {int(row['layer'])}" if row["data"] == "smollm2" else row["data"]
+    if row["data"] == "smollm2":
+        return f"SmolLM2 layer {int(row['layer'])}"
+    return row["data"] if row["queries"] == PRIMARY_QUERIES else f"{row['data']} (isotropic q)"
 
 
 def add_d6(table: pd.DataFrame) -> pd.DataFrame:
     """Column ``distance_6d``: kvstats.error6d.distance_6d per trial, ‖e / m‖ over the six components, m = the
-    component's median over all schemes' trials of the same data and n (each component weighs alike, one
-    scale for every scheme)."""
+    component's median over the primary configuration's trials (every scheme, QJL stages with the srht
+    sketch) of the same data, query model and n: each component weighs alike, one scale for every scheme and
+    sketch."""
     comps = list(E6)
-    med = table.groupby(["label", "n"])[comps].transform("median").clip(lower=1e-30)
-    table["distance_6d"] = distance_6d(table[comps], med.to_numpy())
+    primary = table[table["sketch"].isin([SKETCH, NO_SKETCH])] if "sketch" in table else table
+    med = primary.groupby(["label", "n"])[comps].median().clip(lower=1e-30)
+    m = med.loc[pd.MultiIndex.from_frame(table[["label", "n"]])].to_numpy()
+    table["distance_6d"] = distance_6d(table[comps], m)
     return table
 
 
-def mw_text(res) -> str:
-    return (f"rank-biserial r = {res.rank_biserial:+.3f}, Z/√N = {res.r_z:+.3f}, "
-            f"{fmt_p(res.pvalue)} ({res.pvalue_method}; normal approx. {fmt_p(res.p_asymptotic)[2:]})")
+def view(table: pd.DataFrame, sketch: str) -> pd.DataFrame:
+    """The rows of one configuration: QJL schemes with ``sketch``, and kv and minmax (no sketch)."""
+    return table[table["sketch"].isin([sketch, NO_SKETCH])]
+
+
+def paired_family_size(cfg: dict) -> int:
+    """Rows of :func:`paired_table` (the Holm family): per data label and metric, KQV vs each other scheme at
+    every budget (srht), and vs QKQV and KV at the sensitivity budgets for each other sketch."""
+    labels = len(SYNTHETIC) * len(QUERY_MODELS) + len(cfg["layers"])
+    per_label = (len(SCHEMES) - 1) * len(BUDGETS) + len(SENSITIVITY_SKETCHES) * 2 * len(SENSITIVITY_BUDGETS)
+    return labels * len(METRICS) * per_label
+
+
+def paired_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
+    """Paired Wilcoxon tests (over trials) of KQV against each other scheme, per sketch, data label and n;
+    Holm over every row (the family of all the tests this study runs)."""
+    from statsmodels.stats.multitest import multipletests
+
+    parts = []
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        sub = view(table, sketch)
+        for other in SCHEMES[1:]:
+            if sketch != SKETCH and other == "minmax":  # sensitivity: against QKQV and KV only
+                continue
+            pair = sub[sub["scheme"].isin(["kqv", other])]
+            parts.append(compare(pair, list(METRICS), "scheme", within=["label", "n"], levels=["kqv", other],
+                                 paired_by="trial", n_resamples=resamples).assign(sketch=sketch))
+    out = pd.concat(parts, ignore_index=True)
+    out = out[out["n_pairs"] > 0]
+    out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
+    out["p_adj"] = out["p_holm"]
+    return out.reset_index(drop=True)
 
 
 def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross: pd.DataFrame, n_trials: int) -> None:
+    """The figures of the primary configuration (srht sketch); ``table`` is its view."""
     plots.setup()
     cols = 4
     rows = math.ceil(len(labels) / cols)
@@ -208,22 +414,22 @@ def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross:
     axes[0, 1].legend(fontsize=7, ncol=2)
     plots.save(fig, f"{STUDY}_crossover")
 
-    fig, axes = plots.panels(1, 1, "KL ratio KQV / QKQV vs n (ratio of medians, 95% bootstrap CI)", width=7.5,
-                             height=4.5)
+    fig, axes = plots.panels(1, 1, f"KL ratio QKQV / KQV vs n, {SKETCH} sketch (ratio of medians, 95% paired "
+                             "bootstrap CI)", width=7.5, height=4.5)
     ax = axes[0, 0]
     offsets = np.linspace(-0.25, 0.25, len(labels))
     for i, label in enumerate(labels):
-        r = ratios[ratios["label"] == label]
+        r = ratios[(ratios["label"] == label) & (ratios["sketch"] == SKETCH)]
         ax.errorbar(r["n"] + offsets[i], r["ratio"], yerr=[r["ratio"] - r["ci_low"], r["ci_high"] - r["ratio"]],
                     marker="o", ms=3.5, lw=1, capsize=2, color=plt_color(i), label=label)
-    ax.plot([4], [1 / PAPER_RATIO], marker="*", ms=14, color="black", ls="none",
-            label=f"D'Alberto: KQV {PAPER_RATIO}× lower at n = 4")
+    ax.plot([4], [float(PAPER_RATIO)], marker="*", ms=14, color="black", ls="none",
+            label=f"D'Alberto: QKQV {PAPER_RATIO}× higher at n = 4")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(BUDGETS)
     ax.set_xlabel("budget n [bits per element]")
-    ax.set_ylabel("median KL(KQV) / median KL(QKQV)")
-    ax.legend(fontsize=7, ncol=2, loc="best")
+    ax.set_ylabel("median KL(QKQV) / median KL(KQV)")
+    ax.legend(fontsize=6, ncol=2, loc="best")
     plots.save(fig, f"{STUDY}_kl_ratio")
 
     n4 = table[table["n"] == 4]
@@ -258,143 +464,158 @@ def plt_color(i: int) -> str:
             "#17becf", "#393b79", "#637939"][i % 12]
 
 
-def analyse(table: pd.DataFrame, scale: str, cfg: dict) -> list[dict]:
-    labels = list(dict.fromkeys(table["label"]))
-    n_trials = cfg["trials"]
-    # KQV against each other scheme (the comparisons the claims are about), per data and n
-    mw = pd.concat([compare(table[table["scheme"].isin(["kqv", other])], m, "scheme", within=["label", "n"],
-                            levels=["kqv", other]).assign(metric=m)
-                    for m in METRICS for other in SCHEMES[1:]], ignore_index=True)
-    # Holm over the whole table (every metric, data, n and pair): the family of all the tests we ran
-    from statsmodels.stats.multitest import multipletests
+def ratio_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
+    """Median KL(QKQV)/median KL(KQV) per sketch, data label and n, with its 95% paired bootstrap CI (trials
+    matched), and the Mann–Whitney test of the same two samples (the paper's test)."""
+    rows = []
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        sub = table[table["sketch"] == sketch]
+        for (label, n), g in sub.groupby(["label", "n"], sort=False):
+            a = g[g["scheme"] == "kqv"].sort_values("trial")["attention_kl"].to_numpy()
+            b = g[g["scheme"] == "qkqv"].sort_values("trial")["attention_kl"].to_numpy()
+            rc = ratio_ci(b, a, n_resamples=resamples, seed=int(n), paired=True)
+            mw = mann_whitney(a, b)
+            rows.append({"sketch": sketch, "label": label, "n": n, "ratio": rc.statistic,
+                         "ci_low": rc.confidence_interval[0], "ci_high": rc.confidence_interval[1],
+                         "median_kl_kqv": float(np.median(a)), "median_kl_qkqv": float(np.median(b)),
+                         "mw_rank_biserial": mw.rank_biserial, "mw_r_z": mw.r_z, "mw_p": mw.pvalue,
+                         "mw_p_method": mw.pvalue_method, "mw_p_asymptotic": mw.p_asymptotic, "n_trials": len(a)})
+    return pd.DataFrame(rows)
 
-    mw["p_holm"] = multipletests(mw["p"].to_numpy(), method="holm")[1]
-    mw["p_adj"] = mw["p_holm"]
-    plots.write_csv(f"{STUDY}_mannwhitney", mw)
 
-    ratio_rows, cross_rows = [], []
-    for label in labels:
-        for n in BUDGETS:
-            sub = table[(table["label"] == label) & (table["n"] == n)]
-            a = sub[sub["scheme"] == "kqv"]
-            b = sub[sub["scheme"] == "qkqv"]
-            rc = ratio_ci(a["attention_kl"], b["attention_kl"], n_resamples=cfg["resamples"], seed=n)
-            ratio_rows.append({"label": label, "n": n, "ratio": rc.statistic, "ci_low": rc.confidence_interval[0],
-                               "ci_high": rc.confidence_interval[1], "median_kl_kqv": a["attention_kl"].median(),
-                               "median_kl_qkqv": b["attention_kl"].median()})
-            for metric in ("k_direction", "k_rel_mse"):
-                r = mann_whitney(b[metric], a[metric])
-                cross_rows.append({"label": label, "n": n, "metric": metric,
-                                   "ratio": b[metric].median() / a[metric].median(),
-                                   "better": "qkqv" if b[metric].median() < a[metric].median() else "kqv",
-                                   "rank_biserial_qkqv_vs_kqv": r.rank_biserial, "p": r.pvalue})
-    ratios, cross = pd.DataFrame(ratio_rows), pd.DataFrame(cross_rows)
+def crossover_table(table: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per data label (one query model: K errors do not depend on the queries) and n: median QKQV/KQV of the
+    K errors, the better scheme, and the paired test of k_direction."""
+    rows = []
+    for (label, n), g in table[table["sketch"].isin([SKETCH])].groupby(["label", "n"], sort=False):
+        if label.endswith("(isotropic q)"):
+            continue
+        t = pairs[(pairs["sketch"] == SKETCH) & (pairs["label"] == label) & (pairs["n"] == n)
+                  & (pairs["metric"] == "k_direction") & (pairs["level_b"] == "qkqv")].iloc[0]
+        for metric in ("k_direction", "k_rel_mse"):
+            a = g[g["scheme"] == "kqv"][metric].median()
+            b = g[g["scheme"] == "qkqv"][metric].median()
+            rows.append({"label": label, "n": n, "metric": metric, "ratio": b / a,
+                         "better": "qkqv" if b < a else "kqv", "rank_biserial_kqv_minus_qkqv": t["rank_biserial"],
+                         "p_holm_k_direction": t["p_holm"]})
+    return pd.DataFrame(rows)
+
+
+def analyse(table: pd.DataFrame, scale: str, cfg: dict, n_windows: int) -> tuple[list[dict], dict]:
+    primary = view(table, SKETCH)
+    labels = list(dict.fromkeys(primary["label"]))
+    pairs = paired_table(table, cfg["paired_resamples"])  # resamples of each paired rank-biserial CI
+    plots.write_csv(f"{STUDY}_wilcoxon", pairs)
+    ratios = ratio_table(table, cfg["resamples"])
     plots.write_csv(f"{STUDY}_kl_ratio", ratios)
+    plots.write_csv(f"{STUDY}_mannwhitney", ratios[ratios["n"] == 4][
+        ["sketch", "label", "n", "n_trials", "mw_rank_biserial", "mw_r_z", "mw_p", "mw_p_method", "mw_p_asymptotic"]])
+    cross = crossover_table(table, pairs)
     plots.write_csv(f"{STUDY}_crossover", cross)
-
-    # 6D clouds at n = 4: energy test KQV vs QKQV
-    comps = list(E6)
-    energy = []
+    # 6D clouds at n = 4 under the paper's sketch: energy test KQV vs QKQV
+    comps, energy = list(E6), []
     for label in labels:
-        sub = table[(table["label"] == label) & (table["n"] == 4)]
+        sub = primary[(primary["label"] == label) & (primary["n"] == 4)]
         e = energy_test(sub[sub["scheme"] == "kqv"][comps].to_numpy(), sub[sub["scheme"] == "qkqv"][comps].to_numpy(),
                         n_resamples=cfg["resamples"], seed=1)
         energy.append({"label": label, "energy_distance": e.statistic, "p": e.pvalue})
     energy = pd.DataFrame(energy)
     plots.write_csv(f"{STUDY}_energy", energy)
-    figures(table, labels, ratios, cross, n_trials)
-    return claims(table, mw, ratios, cross, energy, labels, scale, cfg)
+    trials_txt = f"{cfg['trials']} trials (synthetic), {n_windows} windows (real)"
+    figures(primary, labels, ratios, cross, trials_txt)
+    return claims(pairs, ratios, cross, energy, labels, scale, cfg, n_windows), definitions(cfg, n_windows)
 
 
-def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
-    n_trials = cfg["trials"]
-    synth = [lab for lab in labels if not lab.startswith("SmolLM2")]
+# --------------------------------------------------------------------------------------------- claims
+
+
+def _cells(pairs, metric, other, sketch=SKETCH, n=None, labels=None):
+    sel = pairs[(pairs["metric"] == metric) & (pairs["level_b"] == other) & (pairs["sketch"] == sketch)]
+    if n is not None:
+        sel = sel[sel["n"] == n]
+    if labels is not None:
+        sel = sel[sel["label"].isin(labels)]
+    return sel
+
+
+def _pr(sel) -> list[tuple[float, float]]:
+    return list(zip(sel["p_holm"], sel["rank_biserial"]))
+
+
+def _split(labels):
+    peaked = [lab for lab in labels if not lab.startswith("SmolLM2") and not lab.endswith("(isotropic q)")]
+    iso = [lab for lab in labels if lab.endswith("(isotropic q)")]
     real = [lab for lab in labels if lab.startswith("SmolLM2")]
-    data_txt = (f"synthetic {', '.join(synth)} (d = {cfg['d']}, seq {cfg['seq']}, 2 KV / 4 query heads, "
-                f"{cfg['n_q']} queries per head) and real SmolLM2-135M keys/values/queries of layers "
-                f"{', '.join(r.split()[-1] for r in real)} (d = 64, 3 KV / 9 query heads, first L ∈ [{cfg['seq']}, "
-                f"{2 * cfg['seq']}] tokens, last {cfg['n_q'] // 2} queries per head, causal); {n_trials} trials per "
-                f"scheme, data and n ({scale} scale)")
-    conv = ("Mann–Whitney effect size: rank-biserial r = 2U₁/(n₁n₂) − 1 with KQV as the first sample "
-            "(negative: KQV smaller), and Z/√N; p is the exact p (no ties) unless stated, Holm-corrected over "
-            f"all {len(mw)} tests of figures/data/{STUDY}_mannwhitney.csv.")
+    return peaked, iso, real
 
-    def row(metric, n, label, a, b):
-        sel = mw[(mw["metric"] == metric) & (mw["n"] == n) & (mw["label"] == label)]
-        hit = sel[(sel["level_a"] == a) & (sel["level_b"] == b)]
-        if len(hit):
-            return hit.iloc[0], 1
-        hit = sel[(sel["level_a"] == b) & (sel["level_b"] == a)]
-        return hit.iloc[0], -1
 
-    def wins(metric, n, label, other, better_low=True):
-        r, sign = row(metric, n, label, "kqv", other)
-        rb = sign * r["rank_biserial"]  # r of KQV vs other
-        good = rb < 0 if better_low else rb > 0
-        return good and r["p_holm"] < 0.05, rb, r["p_holm"]
+def _count(sel, sign) -> str:
+    k = sum(V.cell_direction(p, r, expected_sign=sign, alpha=ALPHA) == 1 for p, r in _pr(sel))
+    return f"{k}/{len(sel)}"
+
+
+def sketch_txt(sketch: str) -> str:
+    return {"srht": "srht sketch (D'Alberto eq. 3)", "gaussian": "dense Gaussian sketch (TurboQuant/QJL)",
+            "orthogonal": "orthogonal-rows sketch"}[sketch]
+
+
+def claims(pairs, ratios, cross, energy, labels, scale, cfg, n_windows) -> list[dict]:
+    peaked, iso, real = _split(labels)
+    data_txt = (f"synthetic {', '.join(peaked)} (d = {cfg['d']}, seq {cfg['seq']}, {SYNTHETIC_HEADS[0]} KV / "
+                f"{SYNTHETIC_HEADS[1]} query heads, {cfg['n_q']} queries per head, {cfg['trials']} trials), each "
+                f"with peaked and with isotropic queries; SmolLM2-135M layers {', '.join(r.split()[-1] for r in real)} "
+                f"(d = {REAL_D}, 3 KV / 9 query heads, {n_windows} disjoint windows of {cfg['window']} tokens over "
+                f"{len(DOCUMENT_TITLES)} documents, last {cfg['n_q'] // 2} queries per head, causal); {scale} scale")
+    conv = (f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
+            f"matched-pairs rank-biserial r of KQV − other (negative: KQV lower); a cell counts for the claim when "
+            f"Holm p < {ALPHA} over all {len(pairs)} tests of figures/data/{STUDY}_wilcoxon.csv.")
+
+    def per_model(metric, other, sign, sketch=SKETCH, n=None):
+        return "; ".join(f"{name}: {_count(_cells(pairs, metric, other, sketch, n, labs), sign)}"
+                         for name, labs in (("peaked q", peaked), ("isotropic q", iso), ("SmolLM2", real)) if labs)
 
     out = []
-    # finding 1
-    lines, all_ok, vs_q_ok = [], True, True
-    for label in labels:
-        cells = []
-        for metric in METRICS:
-            for other in ("qkqv", "kv"):
-                ok, rb, p = wins(metric, 4, label, other)
-                cells.append(f"{'✔' if ok else '✘'} r={rb:+.2f}")
-                all_ok &= ok
-                if other == "qkqv":
-                    vs_q_ok &= ok
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    details = ("KQV against QKQV and against KV at n = 4 (✔: KQV significantly lower, Holm p < 0.05; r is the "
-               "rank-biserial r of KQV vs the other scheme):\n\n"
-               "| data | attention_kl vs QKQV | attention_kl vs KV | k_direction vs QKQV | k_direction vs KV | "
-               "distance_6d vs QKQV | distance_6d vs KV |\n"
-               "|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n" + conv +
-               " distance_6d: per trial ‖e/m‖ over the six components of the 6D error (docs/metrics_error6d.md), "
-               "m = each component's median over all schemes at that data and n.")
-    n_q_wins = sum(wins(m, 4, lab, "qkqv")[0] for lab in labels for m in METRICS)
-    n_kv_wins = sum(wins(m, 4, lab, "kv")[0] for lab in labels for m in METRICS)
-    out.append({
-        "id": "dalberto-finding1-n4-kqv-wins",
-        "claim": "At n = 4, KQV wins on KL, geometric K error and 6D distance for every distribution and rank tested.",
-        "source": "D'Alberto, arXiv 2605.08114, abstract, finding (1)",
-        "measurement": (f"KQV significantly better than QKQV in {n_q_wins}/{3 * len(labels)} (data × metric) "
-                        f"comparisons and better than KV in {n_kv_wins}/{3 * len(labels)}, at n = 4."),
-        "data": data_txt,
-        "verdict": "reproduced" if all_ok else ("partly" if vs_q_ok or n_q_wins + n_kv_wins > 3 * len(labels)
-                                                else "not reproduced"),
-        "figure": f"{STUDY}_n4.png",
-        "details": details,
-    })
-    # finding 2
-    kl_rows = mw[(mw["metric"] == "attention_kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "qkqv")]
-    worse = kl_rows[(kl_rows["rank_biserial"] < 0) & (kl_rows["p_holm"] < 0.05)]
-    not_worse = kl_rows.drop(worse.index)
-    exc = "; ".join(f"{r.label} n={r.n} (r={r.rank_biserial:+.2f}, Holm {fmt_p(r.p_holm)})"
-                    for r in not_worse.itertuples()) or "none"
-    out.append({
-        "id": "dalberto-finding2-qkqv-worse-kl",
-        "claim": "QKQV is worse than KQV in KL at every budget and distribution (the K–V asymmetry is absolute).",
-        "source": "D'Alberto, arXiv 2605.08114, abstract, finding (2)",
-        "measurement": (f"QKQV has significantly higher KL than KQV (Holm p < 0.05) in {len(worse)}/{len(kl_rows)} "
-                        f"(data, n) cells; median KL ratio QKQV/KQV {1 / ratios['ratio'].max():.2f}–"
-                        f"{1 / ratios['ratio'].min():.2f}×. Exceptions: {exc}."),
-        "data": data_txt,
-        "verdict": "reproduced" if len(worse) == len(kl_rows) else ("partly" if len(worse) > len(kl_rows) / 2
-                                                                   else "not reproduced"),
-        "figure": f"{STUDY}_kl.png",
-        "details": conv,
-    })
-    # finding 3
+    # finding 1, per sketch
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        cells = [c for m in FINDING1_METRICS for other in ("qkqv", "kv")
+                 for c in _pr(_cells(pairs, m, other, sketch, 4))]
+        parts = ", ".join(f"{m} vs {o.upper()} {per_model(m, o, -1, sketch, 4)}"
+                          for m in FINDING1_METRICS for o in ("qkqv", "kv"))
+        out.append({
+            "id": "dalberto-finding1-n4-kqv-wins" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
+            "claim": "At n = 4, KQV wins on KL, geometric K error and 6D distance for every distribution and rank "
+                     "tested." + ("" if sketch == SKETCH else f" (sensitivity: {sketch_txt(sketch)})"),
+            "source": "D'Alberto, arXiv 2605.08114, abstract, finding (1)",
+            "measurement": f"{sketch_txt(sketch)}, n = 4, KQV significantly lower (cells for / cells): {parts}.",
+            "data": data_txt,
+            "verdict": kqv_lower(cells),
+            "figure": f"{STUDY}_n4.png",
+            "details": conv + " distance_6d: per trial ‖e/m‖ over the six 6D components (docs/metrics_error6d.md).",
+        })
+    # finding 2: every budget under srht; sensitivity at n = 4
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        sel = _cells(pairs, "attention_kl", "qkqv", sketch)
+        r = ratios[ratios["sketch"] == sketch]
+        out.append({
+            "id": "dalberto-finding2-qkqv-worse-kl" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
+            "claim": "QKQV is worse than KQV in KL at every budget and distribution (the K–V asymmetry is absolute)."
+                     + ("" if sketch == SKETCH else f" (sensitivity at n = 4: {sketch_txt(sketch)})"),
+            "source": "D'Alberto, arXiv 2605.08114, abstract, finding (2)",
+            "measurement": (f"{sketch_txt(sketch)}, n ∈ {sorted(set(sel['n']))}: KQV's KL significantly lower in "
+                            f"{per_model('attention_kl', 'qkqv', -1, sketch)} (data, n) cells; median KL ratio "
+                            f"QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×."),
+            "data": data_txt,
+            "verdict": kqv_lower(_pr(sel)),
+            "figure": f"{STUDY}_kl.png",
+            "details": conv,
+        })
+    # finding 3: crossover of the K geometry (srht)
     kd = cross[cross["metric"] == "k_direction"]
+    cells = list(zip(kd["n"], kd["p_holm_k_direction"], kd["rank_biserial_kqv_minus_qkqv"]))
     better_q = {n: int((kd[kd["n"] == n]["better"] == "qkqv").sum()) for n in BUDGETS}
-    expected = {2: "qkqv", 3: "qkqv", 4: "kqv", 5: "qkqv", 6: "kqv"}
-    agree = [n for n in BUDGETS if (better_q[n] > len(labels) / 2) == (expected[n] == "qkqv")]
-    match = len(agree)
     table_md = ("| n | paper: better K geometry | data sets where QKQV has lower median 1 − cos | median ratio "
                 "QKQV/KQV (range over data) |\n|---|---|---|---|\n" +
-                "\n".join(f"| {n} | {expected[n].upper()} | {better_q[n]}/{len(labels)} | "
+                "\n".join(f"| {n} | {CROSSOVER[n].upper()} | {better_q[n]}/{int((kd['n'] == n).sum())} | "
                           f"{kd[kd['n'] == n]['ratio'].min():.2f}–{kd[kd['n'] == n]['ratio'].max():.2f} |"
                           for n in BUDGETS))
     out.append({
@@ -402,98 +623,173 @@ def claims(table, mw, ratios, cross, energy, labels, scale, cfg) -> list[dict]:
         "claim": "Crossover: QKQV has better geometric K reconstruction at n ∈ {2, 3, 5}, KQV at n ∈ {4, 6}, "
                  "independent of rank and tail weight.",
         "source": "D'Alberto, arXiv 2605.08114, abstract, finding (3)",
-        "measurement": (f"QKQV's K error (1 − cos) is lower than KQV's in {sum(better_q.values())}/"
-                        f"{len(kd)} (data, n) cells (median ratio QKQV/KQV {kd['ratio'].min():.2f}–"
-                        f"{kd['ratio'].max():.2f}); the better scheme matches the paper's at {match}/5 budgets "
-                        f"({', '.join(f'n={n}' for n in agree)}). "
-                        "K = turbo_prod(n) decodes to the (n−1)-bit MSE reconstruction plus a 1-bit QJL "
-                        "reconstruction of the residual, whose error is larger than the residual it corrects."),
+        "measurement": (f"{sketch_txt(SKETCH)}; k_direction = mean 1 − cos(k, k̂) (independent of the query "
+                        f"model): QKQV's median lower in {sum(better_q.values())}/{len(kd)} (data, n) cells, median "
+                        f"ratio QKQV/KQV {kd['ratio'].min():.2f}–{kd['ratio'].max():.2f}."),
         "data": data_txt,
-        "verdict": "reproduced" if match == 5 else ("partly" if match >= 3 else "not reproduced"),
+        "verdict": crossover_verdict(cells),
         "figure": f"{STUDY}_crossover.png",
-        "details": table_md + "\n\nSame picture with ‖k − k̂‖²/‖k‖² in figures/data/budget_sweep_crossover.csv.",
+        "details": table_md + "\n\nEach (data, n) cell counts for the claim when the paired test of k_direction "
+                   f"(Holm p < {ALPHA}) points to the paper's better scheme at that n. Same picture with "
+                   "‖k − k̂‖²/‖k‖² in figures/data/budget_sweep_crossover.csv.",
     })
-    # finding 4: the 2.25x ratio
-    r4 = ratios[ratios["n"] == 4].set_index("label")
-    n4 = table[table["n"] == 4]
-    res = {lab: mann_whitney(n4[(n4["label"] == lab) & (n4["scheme"] == "kqv")]["attention_kl"],
-                             n4[(n4["label"] == lab) & (n4["scheme"] == "qkqv")]["attention_kl"])
-           for lab in labels}
-    g = "gaussian"
-    inside = [lab for lab in labels if r4.loc[lab, "ci_low"] <= 1 / PAPER_RATIO <= r4.loc[lab, "ci_high"]]
-    lines = "\n".join(f"| {lab} | {1 / r4.loc[lab, 'ratio']:.2f}× [{1 / r4.loc[lab, 'ci_high']:.2f}, "
-                      f"{1 / r4.loc[lab, 'ci_low']:.2f}] | {res[lab].rank_biserial:+.3f} | {res[lab].r_z:+.3f} | "
-                      f"{res[lab].p_exact:.2g} | {res[lab].p_asymptotic:.2g} |" for lab in labels)
-    details = ("KL(QKQV)/KL(KQV) at n = 4 (ratio of medians, 95% BCa bootstrap CI), Mann–Whitney of KQV vs QKQV "
-               f"({n_trials} vs {n_trials} trials):\n\n| data | QKQV/KQV [95% CI] | rank-biserial r | Z/√N | "
-               "exact p | normal-approx. p |\n|---|---|---|---|---|---|\n" + lines + "\n\n" + conv +
-               f" With {n_trials} vs {n_trials} trials the smallest possible two-sided exact p is "
-               f"{2 / math.comb(2 * n_trials, n_trials):.1e}; p < 1e−23 needs ≥ 70 per group "
-               "(`--scale paper`: 80).")
-    sign_ok = all(res[lab].rank_biserial < 0 for lab in labels)
+    # the 2.25x ratio: gaussian data, each query model, each sketch
+    exact_n, normal_n = min_n_for_p(PAPER_P, exact=True), min_n_for_p(PAPER_P, exact=False)
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        r4 = ratios[(ratios["sketch"] == sketch) & (ratios["n"] == 4)].set_index("label")
+        parts, texts = [], []
+        for lab in [lab for lab in labels if lab.split(" (")[0] == "gaussian"]:
+            row = r4.loc[lab]
+            parts.append(ratio_verdict((row["ci_low"], row["ci_high"]), row["ratio"]))
+            texts.append(f"{lab}{'' if lab.endswith(')') else ' (peaked q)'}: QKQV/KQV = {row['ratio']:.2f}× "
+                         f"[95% CI {row['ci_low']:.2f}, {row['ci_high']:.2f}], Mann–Whitney r = "
+                         f"{row['mw_rank_biserial']:+.3f}, {fmt_p(row['mw_p'])} ({row['mw_p_method']})")
+        lines = "\n".join(f"| {lab} | {r.ratio:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] | {r.mw_rank_biserial:+.3f} | "
+                          f"{r.mw_r_z:+.3f} | {r.mw_p:.2g} ({r.mw_p_method}) | {r.mw_p_asymptotic:.2g} |"
+                          for lab, r in r4.iterrows())
+        n_tr = int(r4.loc["gaussian", "n_trials"]) if "gaussian" in r4.index else int(r4["n_trials"].iloc[0])
+        out.append({
+            "id": "dalberto-kl-ratio-2.25" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
+            "claim": "At n = 4, KQV's KL is 2.25× lower than QKQV's (Mann–Whitney r = −0.983, p < 1e−23)."
+                     + ("" if sketch == SKETCH else f" (sensitivity: {sketch_txt(sketch)})"),
+            "source": "D'Alberto, arXiv 2605.08114, abstract",
+            "measurement": f"{sketch_txt(sketch)}, gaussian data: " + "; ".join(texts) + ".",
+            "data": data_txt,
+            "verdict": V.combine(parts) if len(parts) > 1 else parts[0],
+            "figure": f"{STUDY}_kl_ratio.png",
+            "details": ("Number rule on the ratio of medians with its 95% paired bootstrap CI (trials matched), per "
+                        "query model, combined. Every data set at n = 4:\n\n| data | QKQV/KQV [95% CI] | Mann–Whitney "
+                        "rank-biserial r | Z/√N | p | normal-approx. p |\n|---|---|---|---|---|---|\n" + lines +
+                        f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
+                        f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
+                        f"group with the exact p (2/C(2n, n) at complete separation), from {normal_n} with the "
+                        "normal approximation."),
+        })
+    # 6D energy test (srht)
     out.append({
-        "id": "dalberto-kl-ratio-2.25",
-        "claim": "At n = 4, KQV's KL is 2.25× lower than QKQV's (Mann–Whitney r = −0.983, p < 1e−23).",
-        "source": "D'Alberto, arXiv 2605.08114, abstract",
-        "measurement": (f"{g}: QKQV/KQV = {1 / r4.loc[g, 'ratio']:.2f}× [95% CI {1 / r4.loc[g, 'ci_high']:.2f}, "
-                        f"{1 / r4.loc[g, 'ci_low']:.2f}], {mw_text(res[g])}; over all data sets the ratio is "
-                        f"{1 / r4['ratio'].max():.2f}–{1 / r4['ratio'].min():.2f}× and r is "
-                        f"{min(r.rank_biserial for r in res.values()):+.3f} to "
-                        f"{max(r.rank_biserial for r in res.values()):+.3f}. The CI contains 2.25 for "
-                        f"{len(inside)}/{len(labels)} data sets."),
+        "id": "dalberto-6d-discriminates-n4",
+        "claim": "The 6D error framework discriminates the schemes' error distributions beyond scalar metrics "
+                 "(KQV vs QKQV at n = 4).",
+        "source": "D'Alberto, arXiv 2605.08114, abstract (6D error framework); test: energy distance, "
+                  "docs/metrics_error6d.md",
+        "measurement": (f"{sketch_txt(SKETCH)}: " + "; ".join(f"{r.label}: ℰ = {r.energy_distance:.3g}, p = {r.p:.2g}"
+                                                              for r in energy.itertuples())
+                        + f" ({cfg['resamples']} permutations; smallest attainable p = "
+                          f"{1 / (cfg['resamples'] + 1):.0e})."),
         "data": data_txt,
-        "verdict": ("reproduced" if sign_ok and len(inside) == len(labels) else
-                    "partly" if sign_ok else "not reproduced"),
-        "figure": f"{STUDY}_kl_ratio.png",
-        "details": details + " Direction and effect size (r near −1) are what reproduces; the factor depends on "
-                   "the data (and the paper does not say on which data its 2.25× was measured).",
-    })
-    # 6D energy test
-    out.append({
-        "id": "kvstats-6d-energy-n4",
-        "claim": "The 6D error clouds of KQV and QKQV differ at n = 4 (energy-distance permutation test).",
-        "source": "kvstats (the paper's 6D framework is undefined there; ours: docs/metrics_error6d.md)",
-        "measurement": "; ".join(f"{r.label}: ℰ = {r.energy_distance:.3g}, p = {r.p:.2g}" for r in energy.itertuples())
-        + f" ({cfg['resamples']} permutations; smallest attainable p = {1 / (cfg['resamples'] + 1):.0e}).",
-        "data": data_txt,
-        "verdict": "measured",
+        "verdict": energy_verdict(list(zip(energy["p"], energy["energy_distance"]))),
         "figure": f"{STUDY}_n4.png",
-        "details": None,
+        "details": "A data set counts for the claim when the energy-distance permutation test of the two 6D "
+                   f"clouds rejects at p < {ALPHA}.",
+    })
+    # QJL on V: KQV vs KV (same K quantizer) on the attention output error
+    sel = _cells(pairs, "output_error", "kv")
+    vsel = _cells(pairs, "v_rel_mse", "kv")
+    out.append({
+        "id": "dalberto-qjl-on-v-useful",
+        "claim": "QJL's unbiased correction is genuinely useful on V (KQV's attention output beats KV's at the "
+                 "same budget).",
+        "source": "D'Alberto, arXiv 2605.08114, §3.3 (effect on V)",
+        "measurement": (f"{sketch_txt(SKETCH)}: KQV's output error significantly lower than KV's in "
+                        f"{per_model('output_error', 'kv', -1)} (data, n) cells, higher in "
+                        f"{per_model('output_error', 'kv', +1)}; V's own error ‖v − v̂‖²/‖v‖² lower for KQV in "
+                        f"{per_model('v_rel_mse', 'kv', -1)}."),
+        "data": data_txt,
+        "verdict": kqv_lower(_pr(sel)),
+        "figure": f"{STUDY}_n4.png",
+        "details": conv + f" The verdict uses output_error over {len(sel)} cells; V's error is shown beside it "
+                   f"({len(vsel)} cells).",
+    })
+    # top-5 routing
+    sel = _cells(pairs, "top5", "qkqv")
+    out.append({
+        "id": "dalberto-top5-routing",
+        "claim": "KL inflation has routing consequences: QKQV recovers fewer of the reference top-5 tokens "
+                 "than KQV.",
+        "source": "D'Alberto, arXiv 2605.08114, §3.4",
+        "measurement": (f"{sketch_txt(SKETCH)}: KQV's top-5 recall significantly higher in "
+                        f"{per_model('top5', 'qkqv', +1)} (data, n) cells; median difference of top-5 recall "
+                        f"KQV − QKQV {sel['median_difference'].min():+.3f} to {sel['median_difference'].max():+.3f}."),
+        "data": data_txt,
+        "verdict": kqv_higher(_pr(sel)),
+        "figure": f"{STUDY}_top5.png",
+        "details": conv + " top-5 recall: share of the reference top-5 keys (ties broken by index) among the "
+                          "scheme's top 5 (kvstats.metrics.topk_recall_from_scores).",
     })
     # the min-max baseline
-    mm = mw[(mw["metric"] == "attention_kl") & (mw["level_a"] == "kqv") & (mw["level_b"] == "minmax")]
-    kqv_better = int(((mm["rank_biserial"] < 0) & (mm["p_holm"] < 0.05)).sum())
-    mm_better = int(((mm["rank_biserial"] > 0) & (mm["p_holm"] < 0.05)).sum())
+    mm = _cells(pairs, "attention_kl", "minmax")
     out.append({
         "id": "kvstats-minmax-baseline",
         "claim": "KIVI-style min-max (K per channel, V per token, fp16 min/scale in groups of d) as a baseline "
-                 "at the same nominal budget.",
-        "source": "kvstats (REFERENCE §7 baseline; not in D'Alberto's comparison)",
-        "measurement": (f"KL: KQV significantly lower than min-max in {kqv_better}/{len(mm)} (data, n) cells, "
-                        f"min-max lower in {mm_better}/{len(mm)}. Side information: 32/d bits per element, "
-                        "equal to the fp32 norm of the other schemes."),
+                 "at the same nominal budget (docs/references.md §7; not in D'Alberto's comparison).",
+        "source": "kvstats",
+        "measurement": (f"KL: KQV significantly lower than min-max in {_count(mm, -1)} (data, n) cells, min-max "
+                        f"lower in {_count(mm, +1)}. Side information: 32/d bits per element, equal to the fp32 "
+                        "norm of the other schemes."),
         "data": data_txt,
-        "verdict": "measured",
+        "verdict": V.measured(f"paired KL tests of KQV vs min-max: KQV lower in {_count(mm, -1)}, min-max lower "
+                              f"in {_count(mm, +1)}"),
         "figure": f"{STUDY}_kl.png",
         "details": None,
     })
     return out
 
 
+def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
+    """The study's terms, generated from its configuration constants."""
+    gens = "; ".join(f"{lab} = {kind}({', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults'})"
+                     for lab, (kind, params) in SYNTHETIC.items())
+    def quantizers(name: str) -> str:
+        sch = make_scheme(name, 4, cfg["d"], 0, SKETCH if name in QJL_SCHEMES else NO_SKETCH)
+        norms = ", ".join(f"{part} norms {q.norm_dtype}".replace("torch.", "")
+                          for part, q in (("K", sch.k), ("V", sch.v)) if hasattr(q, "norm_dtype"))
+        k, v = (re.sub(r", seed=\d+", "", repr(q)) for q in (sch.k, sch.v))  # seeds are per trial
+        return f"{name}: K = {k}, V = {v}" + (f" ({norms})" if norms else "")
+
+    return {
+        "schemes": "at n = 4, d = " + str(cfg["d"]) + " (other n alike): "
+                   + "; ".join(quantizers(name) for name in SCHEMES)
+                   + f"; budgets n ∈ {list(BUDGETS)} bits per element",
+        "sketch": f"QJL stage: rows={SKETCH!r} (S = H·diag(s′), m = d, D'Alberto eq. 3) for every verdict; "
+                  f"sensitivity rows use rows ∈ {list(SENSITIVITY_SKETCHES)} at n ∈ {list(SENSITIVITY_BUDGETS)}",
+        "synthetic data": f"kvstats.data.synthetic.generate: {gens}; heavy_tail = i.i.d. Student-t coordinates; "
+                          f"d = {cfg['d']}, seq {cfg['seq']}, {SYNTHETIC_HEADS[0]} KV / {SYNTHETIC_HEADS[1]} query "
+                          "heads",
+        "query models": f"peaked = the generator's queries with {', '.join(f'{k}={v}' for k, v in PEAKED.items())}; "
+                        f"isotropic = q ~ N(0, I_d) independent of the keys; {cfg['n_q']} queries per head; both "
+                        "scored on the same quantized cache of a trial",
+        "real data": f"SmolLM2-135M Q/K/V captured per document of kvstats/texts/public_domain.txt "
+                     f"({len(DOCUMENT_TITLES)} documents: {'; '.join(DOCUMENT_TITLES)}), layers "
+                     f"{list(cfg['layers'])}, d = {REAL_D}; the model's own queries (after RoPE)",
+        "trial": f"synthetic: one fresh draw of K, V and both query sets ({cfg['trials']} per cell); real: one "
+                 f"disjoint window of {cfg['window']} consecutive tokens of one document ({n_windows} windows), "
+                 f"queries = its last {cfg['n_q'] // 2} positions, causal. Quantizer seeds (rotation, sketch) are "
+                 "fresh per trial; minmax has no random state, so across its trials only the data vary. The paired "
+                 "tests' smallest attainable two-sided p (exact, N pairs all one sign) is 2/2^N: "
+                 f"{2 / 2 ** cfg['trials']:.1g} over the synthetic "
+                 f"trials, {2 / 2 ** max(n_windows, 1):.1g} over the real windows",
+        "aggregation": "per trial: mean over heads and queries of each metric; across trials: medians, paired "
+                       f"Wilcoxon over trials, Holm over the whole test table at alpha = {ALPHA}; ratios are ratios "
+                       "of medians with a paired BCa bootstrap CI",
+        "top-k": "top-5 recall: share of the reference top-5 keys among the estimate's top 5, ties broken by index "
+                 "(kvstats.metrics.topk_recall_from_scores); causal rows see only visible keys",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    args = shell.args
-    cfg = SCALE[args.scale]
-    from kvstats.data.real import load_default_capture
-
-    load_default_capture(REAL_TOKENS)  # capture once here (cached), never in parallel workers
-    table = shell.sweep(cell, sweep_cells(args.scale), version=VERSION)
+    cfg = SCALE[shell.args.scale]
+    n_windows = 0
+    if cfg["layers"]:
+        capture_documents()  # once here (cached), never in parallel workers
+        n_windows = len(real_windows(cfg["window"]))
+    table = shell.sweep(cell, sweep_cells(shell.args.scale, n_windows), version=VERSION)
     table = table.rename(columns={"scheme_name": "scheme"})
     table["label"] = table.apply(data_label, axis=1)
     table = add_d6(table)
     plots.write_csv(f"{STUDY}_trials", table)
-    out = analyse(table, args.scale, cfg)
-    return shell.finish(out)
+    out, defs = analyse(table, shell.args.scale, cfg, n_windows)
+    return shell.finish(out, definitions=defs)
 
 
 if __name__ == "__main__":

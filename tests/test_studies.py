@@ -50,16 +50,18 @@ def tiny_run(study, cell, cells, tmp_path):
 
 def test_budget_sweep_cell_synthetic_and_minmax(tmp_path):
     bs = load_study("budget_sweep")
-    cells = grid(data=["gaussian", "low_rank_r1"], layer=[None], scheme_name=["kqv", "qkqv", "kv", "minmax"], n=3,
-                 d=16, seq=32, n_q=4, trials=2)
+    cells = grid(data=["gaussian", "low_rank_r1"], layer=[None], scheme_name=["kqv", "qkqv"], sketch="srht", n=3,
+                 d=16, seq=32, n_q=4, trials=2) + grid(data=["gaussian", "low_rank_r1"], layer=[None],
+                                                       scheme_name=["kv", "minmax"], sketch="none", n=3, d=16,
+                                                       seq=32, n_q=4, trials=2)
     df = tiny_run("budget_sweep", bs.cell, cells, tmp_path)
-    assert len(df) == 16
+    assert len(df) == 16 * len(bs.QUERY_MODELS) and set(df["queries"]) == set(bs.QUERY_MODELS)
     assert (df["attention_kl"] >= 0).all() and df["top5"].between(0, 1).all() and (df["k_direction"] >= 0).all()
     assert set(bs.E6) <= set(df.columns) and np.isfinite(df[list(bs.E6)].to_numpy()).all()
     # common random numbers: the data of a trial do not depend on the scheme
     q1, k1, _, _ = bs.trial_data("gaussian", None, 16, 32, 4, 1)
     q2, k2, _, _ = bs.trial_data.__wrapped__("gaussian", None, 16, 32, 4, 1)
-    assert torch.equal(k1, k2) and torch.equal(q1, q2)
+    assert torch.equal(k1, k2) and all(torch.equal(q1[m], q2[m]) for m in bs.QUERY_MODELS)
     # the 6D distance and the analysis helpers work on the tiny table
     df = df.rename(columns={"scheme_name": "scheme"})
     df["label"] = df.apply(bs.data_label, axis=1)
@@ -67,18 +69,19 @@ def test_budget_sweep_cell_synthetic_and_minmax(tmp_path):
 
 
 def test_budget_sweep_cell_real_branch(monkeypatch):
-    """The real-data branch (causal, GQA 9/3, prefix windows) on stand-in tensors of SmolLM2's shape."""
+    """The real-data branch (causal, GQA 9/3, disjoint windows) on stand-in tensors of SmolLM2's shape."""
     bs = load_study("budget_sweep")
     gen = torch.Generator().manual_seed(0)
     fake = (torch.randn(1, 9, 80, 64, generator=gen), torch.randn(1, 3, 80, 64, generator=gen),
             torch.randn(1, 3, 80, 64, generator=gen))
-    monkeypatch.setattr(bs, "_real", lambda layer: fake)
+    monkeypatch.setattr(bs, "_real", lambda doc, layer: fake)
+    monkeypatch.setattr(bs, "document_tokens", lambda: [80])
     bs.trial_data.cache_clear()
     try:
-        rows = bs.cell("smollm2", 7, "kqv", 4, 64, 32, 8, 2)
+        rows = bs.cell("smollm2", 7, "kqv", "srht", 4, 64, 32, 8, 2)
     finally:
         bs.trial_data.cache_clear()
-    assert len(rows) == 2 and all(32 <= r["seq_len"] <= 64 for r in rows)
+    assert len(rows) == 2 and all(r["seq_len"] == 32 and r["queries"] == "model" for r in rows)
     assert all(r["attention_kl"] >= 0 and 0 <= r["top5"] <= 1 for r in rows)
 
 
@@ -96,13 +99,15 @@ def test_budget_sweep_cell_equals_the_public_api(data, scheme_name):
     bs = load_study("budget_sweep")
     assert bs.E6 == ERROR6D_COMPONENTS
     n, d, seq, n_q, trials = 3, 32, 48, 4, 2
-    rows = bs.cell(data, None, scheme_name, n, d, seq, n_q, trials)
+    sketch = "srht" if scheme_name in bs.QJL_SCHEMES else "none"
+    rows = [r for r in bs.cell(data, None, scheme_name, sketch, n, d, seq, n_q, trials) if r["queries"] == "peaked"]
     kind, params = bs.SYNTHETIC[data]
     for t, row in enumerate(rows):
         # the trial's data and quantizer seed, rebuilt from their documented recipes
         q, k, v = generate(kind, 1, 2, seq, d, cell_seed("budget_sweep", "data", data, None, d, seq, n_q, t),
                            q_heads=4, n_q=n_q, **params)
-        s = kvstats.scheme(scheme_name, bits=n, dim=d, seed=cell_seed("budget_sweep", "quant", scheme_name, n, t))
+        s = kvstats.scheme(scheme_name, bits=n, dim=d, seed=cell_seed("budget_sweep", "quant", scheme_name, n, t),
+                           rows="srht")
         code = s.encode(k, v)
         k_hat, v_hat = s.decode(code)
         est = s.scores(q, code) / math.sqrt(d)

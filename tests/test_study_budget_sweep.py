@@ -1,0 +1,219 @@
+"""studies/budget_sweep.py: its verdict code (every verdict each rule can return), its p-value arithmetic against
+scipy, the sketch and query models its D'Alberto rows ran, and a tiny run of main() through the study shell."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+import torch
+
+import kvstats
+from kvstats.report import read_claims
+from kvstats.sweep import cell_seed
+from tests.test_studies import load_study, run_tiny
+
+bs = load_study("budget_sweep")
+
+# --------------------------------------------------------------------------------------------- verdict code
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(1e-6, -0.9), (1e-4, -0.5)], "reproduced"),       # significant, KQV lower, everywhere
+    ([(1e-6, -0.9), (0.3, -0.1)], "partly"),             # one cell inconclusive
+    ([(1e-6, -0.9), (1e-6, +0.9)], "partly"),            # one cell the other way
+    ([(0.5, -0.2), (1e-6, +0.9)], "not reproduced"),     # no cell for the claim
+])
+def test_kqv_lower_returns_each_verdict(cells, expected):
+    v = bs.kqv_lower(cells)
+    assert v.verdict == expected and v.rule == "direction"
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(1e-6, 0.9), (1e-3, 0.4)], "reproduced"),
+    ([(1e-6, 0.9), (1e-3, -0.4)], "partly"),
+    ([(1e-6, -0.9), (0.2, 0.4)], "not reproduced"),
+])
+def test_kqv_higher_returns_each_verdict(cells, expected):
+    assert bs.kqv_higher(cells).verdict == expected
+
+
+def test_crossover_verdict_uses_the_budget_dependent_direction():
+    # r = rank-biserial of KQV − QKQV on the K error: > 0 means QKQV better (claimed at n = 2, 3, 5)
+    claimed = [(n, 1e-6, 0.8 if bs.CROSSOVER[n] == "qkqv" else -0.8) for n in bs.BUDGETS]
+    assert bs.crossover_verdict(claimed).verdict == "reproduced"
+    flipped = [(n, p, -r) for n, p, r in claimed]
+    assert bs.crossover_verdict(flipped).verdict == "not reproduced"
+    # KQV better everywhere (our typical finding): for the claim at n = 4 and 6 only
+    kqv_everywhere = [(n, 1e-6, -0.8) for n in bs.BUDGETS]
+    v = bs.crossover_verdict(kqv_everywhere)
+    assert v.verdict == "partly" and "2 of 5" in v.reason
+
+
+@pytest.mark.parametrize("ci, expected", [
+    ((2.0, 2.5), "reproduced"),          # 2.25 inside, above 1
+    ((2.254, 2.6), "reproduced"),        # 2.25 within half a printed unit (0.005) of the CI
+    ((1.2, 1.6), "partly"),              # 2.25 outside, direction holds
+    ((2.3, 4.0), "partly"),
+    ((0.7, 1.1), "not reproduced"),      # the CI contains 1
+])
+def test_ratio_verdict_returns_each_verdict(ci, expected):
+    v = bs.ratio_verdict(ci, estimate=sum(ci) / 2)
+    assert v.verdict == expected and v.rule == "number"
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(1e-4, 2.0), (0.01, 1.5)], "reproduced"),
+    ([(1e-4, 2.0), (0.4, 0.1)], "partly"),
+    ([(0.3, 0.2), (0.6, 0.1)], "not reproduced"),
+])
+def test_energy_verdict_returns_each_verdict(cells, expected):
+    assert bs.energy_verdict(cells).verdict == expected
+
+
+# ------------------------------------------------------------------------------------- p-value arithmetic
+
+
+def test_smallest_group_size_for_p_below_1e_23_matches_scipy():
+    """The corrected statement: exact p at complete separation n vs n is 2/C(2n, n); 41 per group suffice
+    (not 70); the normal approximation needs 68. Oracle: scipy.stats.mannwhitneyu on separated samples."""
+    exact, normal = bs.min_n_for_p(1e-23, exact=True), bs.min_n_for_p(1e-23, exact=False)
+    for n, method, cont in ((exact, "exact", True), (normal, "asymptotic", True)):
+        a, b = np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)
+        p_n = scipy.stats.mannwhitneyu(a, b, method=method, use_continuity=cont).pvalue
+        p_before = scipy.stats.mannwhitneyu(a[:-1], b[:-1], method=method, use_continuity=cont).pvalue
+        assert p_n < 1e-23 <= p_before
+    assert (exact, normal) == (41, 68)
+    assert bs.separation_p(70, exact=True) == pytest.approx(2 / math.comb(140, 70), rel=1e-12)
+    with pytest.raises(ValueError, match="target"):
+        bs.min_n_for_p(0.0, exact=True)
+
+
+# -------------------------------------------------------------------------------- data and configuration
+
+
+def test_documents_are_the_five_texts_and_windows_are_disjoint(monkeypatch):
+    docs = bs.documents()
+    assert [t for t, _ in docs] == list(bs.DOCUMENT_TITLES)
+    assert all(text.startswith(title) for title, text in docs)
+    monkeypatch.setattr(bs, "document_tokens", lambda: [300, 50, 128])
+    w = bs.real_windows(128)
+    assert w == [(0, 0), (0, 128), (2, 0)]  # floor(300/128) = 2 windows, none in a 50-token document
+
+
+def test_isotropic_queries_are_standard_normal_and_independent_of_the_keys():
+    """4 heads × 64 queries × 128 coordinates = 32768 draws: the mean's SE is 1/√32768 ≈ 0.0055 and the
+    variance's ≈ √(2/32768) ≈ 0.0078; tolerances of 0.04 and 0.06 are > 7 SE (false failure < 1e-11)."""
+    queries, k, _, _ = bs.trial_data.__wrapped__("low_rank_r1", None, 128, 64, 64, 0)
+    iso, peaked = queries["isotropic"], queries["peaked"]
+    assert iso.shape == peaked.shape == (1, 4, 64, 128)
+    assert abs(iso.mean().item()) < 0.04 and abs(iso.var().item() - 1.0) < 0.06
+    # peaked queries aim at keys of the rank-1 cache; isotropic ones do not: |cos| to the keys' span
+    span = torch.linalg.svd(k[0, 0].double(), full_matrices=False).Vh[0]
+    cos_iso = (iso[0].double() @ span).abs() / iso[0].double().norm(dim=-1)
+    cos_peaked = (peaked[0].double() @ span).abs() / peaked[0].double().norm(dim=-1)
+    assert cos_iso.mean() < 0.2 < cos_peaked.mean()
+
+
+def test_the_dalberto_cells_use_the_srht_sketch():
+    """Every kqv/qkqv cell of the primary grid runs rows='srht'; the other sketches only at n = 4; and a cell
+    with sketch 'srht' gives exactly kvstats.scheme(..., rows='srht')'s numbers (not the Gaussian sketch's)."""
+    cells = pd.DataFrame(bs.sweep_cells("quick", n_windows=3))
+    qjl = cells[cells["scheme_name"].isin(bs.QJL_SCHEMES)]
+    assert set(qjl[qjl["sketch"] == "srht"]["n"]) == set(bs.BUDGETS)
+    assert set(qjl[qjl["sketch"] != "srht"]["n"]) == set(bs.SENSITIVITY_BUDGETS)
+    assert set(cells[~cells["scheme_name"].isin(bs.QJL_SCHEMES)]["sketch"]) == {"none"}
+    n, d, seq, n_q = 4, 32, 48, 4
+    row = bs.cell("gaussian", None, "qkqv", "srht", n, d, seq, n_q, 1)[0]
+    queries, k, v, _ = bs.trial_data("gaussian", None, d, seq, n_q, 0)
+    seed = cell_seed("budget_sweep", "quant", "qkqv", n, 0)
+    for rows, equal in (("srht", True), ("gaussian", False)):
+        s = kvstats.scheme("qkqv", bits=n, dim=d, seed=seed, rows=rows)
+        again = bs.trial_metrics(s, queries["peaked"], k, v, False)
+        assert (again["attention_kl"] == row["attention_kl"]) is equal
+
+
+# ------------------------------------------------------------------------------------ main() at tiny scale
+
+
+@pytest.fixture
+def fake_smollm2(monkeypatch):
+    """Stand-in SmolLM2 documents (3 of 60 tokens, GQA 9/3, d = 64): no model is loaded in the test."""
+    gen = torch.Generator().manual_seed(0)
+    fake = {doc: (torch.randn(1, 9, 60, 64, generator=gen), torch.randn(1, 3, 60, 64, generator=gen),
+                  torch.randn(1, 3, 60, 64, generator=gen)) for doc in range(3)}
+    monkeypatch.setattr(bs, "capture_documents", lambda verbose=True: None)
+    monkeypatch.setattr(bs, "document_tokens", lambda: [60, 60, 60])
+    monkeypatch.setattr(bs, "_real", lambda doc, layer: fake[doc])
+    bs.trial_data.cache_clear()
+    yield
+    bs.trial_data.cache_clear()
+
+
+def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
+    tiny = {"trials": 6, "seq": 32, "n_q": 4, "d": 16, "layers": (2,), "window": 24, "resamples": 99,
+            "paired_resamples": 49}
+    claims = {c["id"]: c for c in run_tiny("budget_sweep", tiny, tmp_path, monkeypatch)}
+    for sketch in ("", "-sketch-gaussian", "-sketch-orthogonal"):
+        for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
+            assert base + sketch in claims
+    for extra in ("dalberto-finding3-crossover", "dalberto-6d-discriminates-n4", "dalberto-qjl-on-v-useful",
+                  "dalberto-top5-routing", "kvstats-minmax-baseline"):
+        assert extra in claims
+    for c in claims.values():
+        assert c["rule"] and c["reason"]
+        assert (c["verdict"] == "measured") == (c["source"] == "kvstats")
+    # the D'Alberto rows say which sketch they ran; the primary ones the paper's
+    assert claims["dalberto-kl-ratio-2.25"]["measurement"].startswith("srht sketch (D'Alberto eq. 3)")
+    assert claims["dalberto-kl-ratio-2.25"]["rule"] == "combine"  # peaked and isotropic queries, combined
+    assert "peaked q" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    assert "isotropic q" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    assert claims["dalberto-kl-ratio-2.25-sketch-gaussian"]["measurement"].startswith("dense Gaussian")
+    # the corrected attainability statement is computed
+    details = claims["dalberto-kl-ratio-2.25"]["details"]
+    assert "from 41 trials per group with the exact p" in details and "from 68 with the normal" in details
+    assert "≥ 70" not in details
+    data = tmp_path / "figures" / "data"
+    # the ratio in the claim is that of the srht rows of the ratio table, which were computed from srht trials
+    ratios = pd.read_csv(data / "budget_sweep_kl_ratio.csv")
+    g = ratios[(ratios["sketch"] == "srht") & (ratios["label"] == "gaussian") & (ratios["n"] == 4)].iloc[0]
+    assert f"QKQV/KQV = {g['ratio']:.2f}×" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    trials = pd.read_csv(data / "budget_sweep_trials.csv")
+    t = trials[(trials["label"] == "gaussian") & (trials["n"] == 4) & (trials["sketch"] == "srht")]
+    a = t[t["scheme"] == "kqv"].sort_values("trial")["attention_kl"]
+    b = t[t["scheme"] == "qkqv"].sort_values("trial")["attention_kl"]
+    assert g["ratio"] == pytest.approx(np.median(b) / np.median(a), rel=1e-5)  # the CSV keeps 6 digits
+    # real trials: one per disjoint window (3 documents × ⌊60/24⌋)
+    real = trials[(trials["data"] == "smollm2") & (trials["scheme"] == "kv") & (trials["n"] == 4)]
+    assert sorted(real["trial"]) == list(range(6))
+    defs = json.loads((data / "budget_sweep_definitions.json").read_text())
+    text = json.dumps(defs, ensure_ascii=False)
+    assert "rows='srht'" in text and "isotropic = q ~ N(0, I_d)" in text and "6 windows" in text
+    assert len(pd.read_csv(data / "budget_sweep_wilcoxon.csv")) == bs.paired_family_size(tiny)
+    assert read_claims(data / "budget_sweep_claims.json")
+
+
+def test_docs_state_the_computed_group_sizes():
+    """docs/studies.md's statement of the trials a p < 1e−23 needs is the computed one."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text().split())
+    exact, normal = bs.min_n_for_p(bs.PAPER_P, exact=True), bs.min_n_for_p(bs.PAPER_P, exact=False)
+    assert f"n ≥ {exact} per group with the exact two-sided p = 2/C(2n, n)" in text
+    assert f"n ≥ {normal} with the normal approximation" in text
+    assert "≥ 70 trials per group" not in text
+
+
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_synthetic_trials_can_pass_holm_over_the_whole_paired_table(scale):
+    """A direction cell must be able to pass: the smallest exact paired p (all N differences of one sign,
+    2/2^N, scipy's exact Wilcoxon) is below alpha / (tests in the Holm family)."""
+    cfg = bs.SCALE[scale]
+    n = min(cfg["trials"], 25)  # scipy's exact null for n <= 50; p only falls further with more trials
+    p_min = scipy.stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue
+    assert p_min == pytest.approx(2 / 2 ** n, rel=1e-12)
+    assert p_min < bs.ALPHA / bs.paired_family_size(cfg)
