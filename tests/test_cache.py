@@ -547,9 +547,6 @@ def test_compression_is_fp16_bytes_over_bytes_held(est, ids):
 # ------------------------------------------------------------------------------ inference mode, threads
 
 
-@pytest.mark.xfail(strict=False, reason="issue 17 bug 1: out-variant ATen ops inside at::parallel_for workers of "
-                                        "the compiled extension fail under inference_mode with > 1 thread; fixed "
-                                        "on the kernels side")
 @pytest.mark.parametrize("name", SCHEMES)
 def test_estimator_path_under_inference_mode_with_two_threads(name, est, ids):
     """The mode docs/end_to_end.md uses, with 2 threads (the fixture pins 1): the same logits as with 1."""
