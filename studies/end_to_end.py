@@ -63,7 +63,7 @@ from kvstats.sweep import cell_seed, grid
 from kvstats.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
 
 STUDY = "end_to_end"
-VERSION = "3"
+VERSION = "4"
 POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
 #: D'Alberto's three schemes, then what deployments run: KIVI-style min-max, TurboQuant_mse on K and V (as vLLM's
 #: TurboQuant cache), NOVA-KV (calibrated)
@@ -228,6 +228,11 @@ def _nova_layers(n: int, seed: int, calibration_tokens: int | None) -> tuple:
     return built
 
 
+#: The sketch of every QJL stage (kqv's V, qkqv's K and V): D'Alberto's randomized Hadamard sketch, arXiv
+#: 2605.08114 §2.2 eq. 3 (S = H·diag(s′), m = d = 64), the definition the D'Alberto claims below are held to.
+QJL_ROWS = "srht"
+
+
 def build_scheme(name: str, n: int, seed: int):
     """One layer's scheme: kv/kqv/qkqv/minmax (kvstats.scheme), ``mse``: TurboQuant_mse on K and V (independent
     seeds), built as a :class:`kvstats.schemes.Scheme`."""
@@ -238,7 +243,7 @@ def build_scheme(name: str, n: int, seed: int):
         ks, vs = spawn_seeds(seed, 2)
         return Scheme("mse", n, quantizer("turbo_mse", bits=n, dim=64, seed=ks),
                       quantizer("turbo_mse", bits=n, dim=64, seed=vs), seed)
-    return scheme(name, bits=n, dim=64, seed=seed)
+    return scheme(name, bits=n, dim=64, seed=seed, rows=QJL_ROWS)
 
 
 def _schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None):
