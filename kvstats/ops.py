@@ -441,7 +441,7 @@ def sign_decode(packed: torch.Tensor, s: torch.Tensor, tables: torch.Tensor | No
         part = (b @ s).mul_(w)
         return part if accumulate is None else accumulate.add_(part)
     out = torch.empty(n, d, dtype=s.dtype, device=s.device) if accumulate is None else accumulate
-    offsets = torch.arange(mb, device=packed.device, dtype=torch.int32) * 256
+    offsets = torch.arange(mb, device=packed.device) * 256  # int64: embedding_bag's own index type
     for r0 in range(0, n, _SIGN_DECODE_BLOCK):
         r1 = min(n, r0 + _SIGN_DECODE_BLOCK)
         summed = torch.nn.functional.embedding_bag(torch.add(packed[r0:r1], offsets), tables, mode="sum")
