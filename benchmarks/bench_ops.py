@@ -1,19 +1,25 @@
-"""Benchmarks of the compiled kernels against their pure-torch references, side by side in one run.
+"""Benchmarks of the public calls (q.encode, q.decode, q.inner) and the kernels, against the pure-torch
+references, side by side in one run.
 
     python benchmarks/bench_ops.py --device cpu --out benchmarks/results/cpu.json
     python benchmarks/bench_ops.py --device cuda --out $OUT/gpu.json
 
-Each case times the public op with the kernel and again under ``kvstats.ops.use_reference()`` using
-torch.utils.benchmark (median of blocked runs; CUDA is synchronised by the timer). On CUDA the
-device-to-device copy bandwidth is measured first, and every case reports its effective bandwidth
-(bytes read + written / time) as a fraction of it.
+Each case times one public call exactly as a user makes it (the inputs are built before, outside the timed
+region): one warm-up call, then back-to-back calls, each timed alone with time.perf_counter (CUDA
+synchronised before and after), and the median reported. The same call runs again under
+``kvstats.ops.use_reference()``. The copy bandwidth of the device (a large tensor copy, bytes read +
+written per second) is measured in the same run, and every case states its effective bandwidth (bytes it
+must read and write / time) as a fraction of it. The load average is recorded before and after: on a
+shared machine every number moves with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.utils.benchmark as tbench
 
 from kvstats import __version__, ops
 
@@ -41,36 +46,45 @@ class Case:
         return self.reference_s / self.kernel_s
 
 
-def median_seconds(fn: Callable[[], object], min_run_time: float, repeats: int = 1) -> float:
-    """Median time of fn: the median over `repeats` blocked_autorange runs of their medians."""
-    # Timer runs stmt on ONE thread unless told otherwise; time with the whole intra-op pool.
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    runs = sorted(timer.blocked_autorange(min_run_time=min_run_time).median for _ in range(repeats))
-    return runs[len(runs) // 2]
+def median_seconds(fn: Callable[[], object], min_run_time: float, min_calls: int = 5) -> float:
+    """Median wall time of one call of fn: one warm-up call, then calls timed one by one until both
+    `min_calls` calls and `min_run_time` seconds are reached. Nothing but the call is in the timed region."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    fn()
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < min_run_time:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+def copy_bandwidth(device: str, nbytes: int = 1 << 28) -> float:
+    """Copy bandwidth in bytes/s (read + write counted): dst.copy_(src) of `nbytes` (256 MiB, well past
+    the caches) with the whole intra-op pool."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    t = median_seconds(lambda: dst.copy_(src), 1.0)
+    t = median_seconds(lambda: dst.copy_(src), 1.0, min_calls=10)
     return 2 * nbytes / t
 
 
 def bench_fwht(device: str, dtype: torch.dtype, rows: int, d: int, min_run_time: float) -> Case:
     x = torch.randn(rows, d, device=device).to(dtype)
-    kernel = median_seconds(lambda: ops.fwht(x), min_run_time, repeats=3)
+    kernel = median_seconds(lambda: ops.fwht(x), min_run_time)
     with ops.use_reference():
-        reference = median_seconds(lambda: ops.fwht(x), min_run_time)
+        reference = median_seconds(lambda: ops.fwht(x), min_run_time, min_calls=1)
     moved = 2 * x.numel() * x.element_size()
     return Case("fwht", (rows, d), str(dtype).removeprefix("torch."), rows, moved, kernel, reference)
 
 
 def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: int, bits: int,
                      query_counts: tuple[int, ...], min_run_time: float) -> list[Case]:
-    """Encode a [1, heads, seq, d] cache and score queries [1, heads, n_q, d] from the codes, through the
-    public quantizer API, with the kernels and with the references; plus the dense fp32 q·Kᵀ baseline.
-    Kernel times are the median of three timing runs (the references, slower by 5–500×, of one)."""
+    """The public calls on a [1, heads, seq, d] cache: q.encode(keys), q.decode(code) and q.inner(queries,
+    code) for queries [1, heads, n_q, d], with the kernels and with the references; plus the dense fp32
+    q·Kᵀ baseline on the unquantised keys."""
     from kvstats.quantizers import quantizer
 
     g = torch.Generator().manual_seed(0)
@@ -81,23 +95,25 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
     in_bytes = keys.numel() * keys.element_size()
     dt = str(dtype).removeprefix("torch.")
     cases = []
-    for name, opts in (("turbo_mse", {"bits": bits}), ("qjl", {"bits": bits}), ("turbo_prod", {"bits": bits})):
-        qz = quantizer(name, dim=d, seed=0, **opts)
-        code = qz.encode(keys)
-        enc = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time, repeats=3)
+
+    def timed(name: str, call: Callable[[], object], moved: int) -> None:
+        kernel = median_seconds(call, min_run_time)
         with ops.use_reference():
-            enc_ref = median_seconds(lambda qz=qz: qz.encode(keys), min_run_time)
-        cases.append(Case(f"{name}.encode", tuple(keys.shape), dt, vectors, in_bytes + code.nbytes, enc, enc_ref))
+            reference = median_seconds(call, min_run_time, min_calls=1)
+        cases.append(Case(name, tuple(keys.shape), dt, vectors, moved, kernel, reference))
+
+    for name in ("turbo_mse", "qjl", "turbo_prod"):
+        qz = quantizer(name, bits=bits, dim=d, seed=0)
+        code = qz.encode(keys)
+        timed(f"{name}.encode", lambda qz=qz: qz.encode(keys), in_bytes + code.nbytes)
+        timed(f"{name}.decode", lambda qz=qz, code=code: qz.decode(code), code.nbytes + in_bytes)
         for n_q, queries in all_queries.items():
-            sc = median_seconds(lambda qz=qz, code=code, q=queries: qz.inner(q, code), min_run_time, repeats=3)
-            with ops.use_reference():
-                sc_ref = median_seconds(lambda qz=qz, code=code, q=queries: qz.inner(q, code), min_run_time)
-            cases.append(Case(f"{name}.scores(n_q={n_q})", tuple(keys.shape), dt, vectors,
-                              code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4, sc, sc_ref))
+            timed(f"{name}.scores(n_q={n_q})", lambda qz=qz, code=code, q=queries: qz.inner(q, code),
+                  code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4)
     dense_keys = keys.float()
     for n_q, queries in all_queries.items():
         dense_q = queries.float()
-        dense = median_seconds(lambda q=dense_q: q @ dense_keys.transpose(-1, -2), min_run_time, repeats=3)
+        dense = median_seconds(lambda q=dense_q: q @ dense_keys.transpose(-1, -2), min_run_time)
         cases.append(Case(f"dense_fp32_qK.scores(n_q={n_q})", tuple(keys.shape), "float32", vectors,
                           dense_keys.numel() * 4 + heads * n_q * seq * 4, dense, dense))
     return cases
@@ -197,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
         "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
+        "load_average_before": list(os.getloadavg()),
         "cases": [],
     }
-    if args.device == "cuda":
-        results["copy_bandwidth_GBps"] = copy_bandwidth("cuda") / 1e9
+    results["copy_bandwidth_GBps"] = copy_bandwidth(args.device) / 1e9
+    print(f"copy bandwidth {results['copy_bandwidth_GBps']:.1f} GB/s; load average {results['load_average_before']}")
     print(f"{'op':<32}{'shape':<22}{'dtype':<10}{'kernel ms':>11}{'ref ms':>10}{'speedup':>9}"
-          f"{'Mvec/s':>9}{'GB/s':>8}")
+          f"{'Mvec/s':>9}{'GB/s':>8}{'of BW':>7}")
     cases = [bench_fwht(args.device, dtype, rows, d, args.min_run_time) for dtype, rows, d in settings]
     for setting in quant_settings:
         cases += bench_quantizers(args.device, *setting, args.min_run_time)
@@ -212,17 +229,17 @@ def main(argv: list[str] | None = None) -> int:
             "vectors_per_s": case.vectors / case.kernel_s,
             "GBps": case.bytes_moved / case.kernel_s / 1e9,
         }
-        if args.device == "cuda":
-            row["fraction_of_copy_bandwidth"] = row["GBps"] / results["copy_bandwidth_GBps"]
+        row["fraction_of_copy_bandwidth"] = row["GBps"] / results["copy_bandwidth_GBps"]
         results["cases"].append(row)
         print(f"{case.name:<32}{str(case.shape):<22}{case.dtype:<10}{case.kernel_s * 1e3:>11.3f}"
               f"{case.reference_s * 1e3:>10.3f}{case.speedup:>9.1f}{row['vectors_per_s'] / 1e6:>9.2f}"
-              f"{row['GBps']:>8.2f}")
+              f"{row['GBps']:>8.2f}{row['fraction_of_copy_bandwidth']:>7.0%}")
     if args.device == "cuda":
         results["targets"] = bandwidth_targets(results["cases"])
         for t in results["targets"]:
             print(f"target {t['case']}: {t['fraction']:.0%} of copy bandwidth (target {t['target']:.0%}): "
                   f"{'met' if t['met'] else 'NOT met'}")
+    results["load_average_after"] = list(os.getloadavg())
     results["memory_turbo_prod_encode"] = peak_extra_memory(args.device)
     mem = results["memory_turbo_prod_encode"]
     print(f"turbo_prod encode of {mem['vectors']} vectors: peak extra memory {mem['extra_bytes'] / 2**20:.1f} MiB "

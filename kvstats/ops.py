@@ -30,7 +30,8 @@ OPS = (
 )
 
 __all__ = ["HAS_EXTENSION", "EXTENSION_ERROR", "OPS", "kernel_devices", "use_reference", "using_reference",
-           "shared_path", "using_shared_path", *OPS, *(f"{op}_reference" for op in OPS)]
+           "shared_path", "using_shared_path", "SIGN_TABLE_LIMIT", "sign_tables", "sign_decode",
+           *OPS, *(f"{op}_reference" for op in OPS)]
 
 try:
     from kvstats import _C  # loading the library registers torch.ops.kvstats.*
@@ -399,6 +400,56 @@ def unpack_bits(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
 
 def _sign_bits(x: torch.Tensor) -> torch.Tensor:
     return pack_bits_reference((x >= 0).to(torch.uint8).reshape(-1, x.shape[-1]), 1)
+
+
+# Sign decode: Bᵀ b for packed sign rows b ∈ {±1}^m (QJL reconstruction), from per-byte tables.
+
+#: Largest byte-table size (values) that :func:`sign_tables` builds: 32× the sketch, capped at 64 MiB of fp32.
+SIGN_TABLE_LIMIT = 1 << 24
+_SIGN_DECODE_BLOCK = 16384
+
+
+def sign_tables(s: torch.Tensor) -> torch.Tensor | None:
+    """Byte tables of a sketch s [m, d']: T[256·p + v] = Σ_t (bit t of v ? +1 : −1) · s[8p + t] over the rows
+    8p + t < m, [ceil(m/8)·256, d'] in s's dtype (summed in fp64, rounded once). For packed signs (LSB first,
+    kvstats.packing) Σ_p T[256·p + byte_p] = sᵀ b. None when larger than :data:`SIGN_TABLE_LIMIT` values."""
+    m, d = s.shape
+    mb = (m + 7) // 8
+    if mb * 256 * d > SIGN_TABLE_LIMIT:
+        return None
+    wide = torch.float32 if s.device.type == "mps" else torch.float64
+    rows = torch.zeros(mb * 8, d, dtype=wide, device=s.device)
+    rows[:m] = s.to(wide)  # rows past m are zero: padding bits add nothing
+    v = torch.arange(256, device=s.device)
+    bits = ((v.unsqueeze(1) >> torch.arange(8, device=s.device)) & 1).to(wide) * 2 - 1  # [256, 8]
+    tables = torch.einsum("vt,ptd->pvd", bits, rows.view(mb, 8, d))
+    return tables.reshape(mb * 256, d).to(s.dtype).contiguous()
+
+
+def sign_decode(packed: torch.Tensor, s: torch.Tensor, tables: torch.Tensor | None, weight: torch.Tensor,
+                accumulate: torch.Tensor | None = None) -> torch.Tensor:
+    """weight[n] · sᵀ b_n: packed signs [N, ceil(m/8)], s [m, d'], tables = sign_tables(s), weight [N] ->
+    [N, d'] in s's dtype; with ``accumulate`` [N, d'] (contiguous, s's dtype) the result is added to it in
+    place and returned. With tables: ceil(m/8) table rows summed per vector (``embedding_bag``, in blocks of
+    rows that stay in cache while scaled and stored); without (too large): the compiled unpack_bits, then a
+    dense product."""
+    n, mb = packed.shape
+    m, d = s.shape
+    w = weight.to(s.dtype).unsqueeze(-1)
+    if tables is None:
+        b = unpack_bits(packed, 1, m).to(s.dtype).mul_(2).sub_(1)
+        part = (b @ s).mul_(w)
+        return part if accumulate is None else accumulate.add_(part)
+    out = torch.empty(n, d, dtype=s.dtype, device=s.device) if accumulate is None else accumulate
+    offsets = torch.arange(mb, device=packed.device) * 256  # int64: embedding_bag's own index type
+    for r0 in range(0, n, _SIGN_DECODE_BLOCK):
+        r1 = min(n, r0 + _SIGN_DECODE_BLOCK)
+        summed = torch.nn.functional.embedding_bag(torch.add(packed[r0:r1], offsets), tables, mode="sum")
+        if accumulate is None:
+            torch.mul(summed, w[r0:r1], out=out[r0:r1])
+        else:
+            out[r0:r1].addcmul_(summed, w[r0:r1])
+    return out
 
 
 # ----------------------------------------------------------------------------- rotation + Lloyd–Max

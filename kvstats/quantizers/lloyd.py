@@ -95,13 +95,16 @@ class LloydQuantizer(Quantizer):
                              self.levels(packed.device, acc), self.bits, self.dim)
         return y.reshape(code.shape)
 
-    def _decode(self, code: Code) -> torch.Tensor:
-        acc = acc_dtype(code.dtype)
+    def decode_unrotated(self, code: Code, acc: torch.dtype) -> torch.Tensor:
+        """x̂ = Πᵀ(‖x‖ · c[idx]), [..., d] in acc."""
         packed = code.payload["indices"]
         x = ops.lloyd_decode(packed.reshape(-1, packed.shape[-1]), code.scalars["norm"].reshape(-1),
                              self.kernel_signs(packed.device, acc), self.levels(packed.device, acc), self.bits,
                              self.dim)
-        return self.outer_unrotate(x).reshape(code.shape).to(code.dtype)
+        return self.outer_unrotate(x).reshape(code.shape)
+
+    def _decode(self, code: Code) -> torch.Tensor:
+        return self.decode_unrotated(code, acc_dtype(code.dtype)).to(code.dtype)
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         # ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩: rotate the (few) queries instead of de-rotating the (many) keys, and score

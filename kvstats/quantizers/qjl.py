@@ -75,10 +75,34 @@ class SignSketch:
         scores = ops.qjl_scores(q3, p3, n2, self.scale / self.m)
         return scores.reshape(*lead, *scores.shape[-2:])
 
-    def reconstruct(self, packed: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(c/m)·‖x‖·Sᵀ b: [..., d]."""
-        b = unpack_signs(packed, self.m, dtype)
-        return (b @ self.matrix(packed.device, dtype)) * (self.scale / self.m) * norm.to(dtype).unsqueeze(-1)
+    def reconstruct(self, packed: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype,
+                    basis: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+                    accumulate: torch.Tensor | None = None) -> torch.Tensor:
+        """(c/m)·‖x‖·Bᵀ b: [..., d'], with B = S (default) or ``basis`` = (B [m, d'], its byte tables from
+        :func:`kvstats.ops.sign_tables`), e.g. B = S·Π to de-rotate in the same pass. Outside
+        :func:`kvstats.ops.use_reference`, Bᵀ b is summed from the byte tables (:func:`kvstats.ops.sign_decode`):
+        the dense product up to fp32 rounding. ``accumulate`` ([..., d'], contiguous, ``dtype``): added to in
+        place and returned."""
+        if basis is None:
+            s = self.matrix(packed.device, dtype)
+            tables = None if ops.using_reference() else self.tables(packed.device, dtype)
+        else:
+            s, tables = basis
+        weight = (self.scale / self.m) * norm.to(dtype)
+        if ops.using_reference():
+            part = (unpack_signs(packed, self.m, dtype) @ s) * weight.unsqueeze(-1)
+            return part if accumulate is None else accumulate.add_(part)
+        flat = ops.sign_decode(packed.reshape(-1, packed.shape[-1]), s, tables, weight.reshape(-1),
+                               None if accumulate is None else accumulate.view(-1, s.shape[1]))
+        return flat.view(*packed.shape[:-1], s.shape[1])
+
+    def tables(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+        """Byte tables of S (:func:`kvstats.ops.sign_tables`), built once per (device, dtype)."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (torch.device(device), dtype)
+        if key not in cache:
+            cache[key] = ops.sign_tables(self.matrix(device, dtype))
+        return cache[key]
 
 
 class QJLQuantizer(Quantizer):

@@ -74,11 +74,27 @@ class TurboProd(Quantizer):
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
-        y_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc)
         if self.mse is None:
-            return y_hat.to(code.dtype)
-        y_hat = y_hat + self.mse.decode_rotated(code.parts["mse"], acc)
-        return self.mse.rotation.inverse(y_hat).to(code.dtype)
+            return self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc).to(code.dtype)
+        if ops.using_reference():  # the definition: Πᵀ(ŷ + (c_S/d)·γ·Sᵀ b)
+            y_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc)
+            y_hat = y_hat + self.mse.decode_rotated(code.parts["mse"], acc)
+            return self.mse.rotation.inverse(y_hat).to(code.dtype)
+        # Πᵀ is linear: Πᵀŷ comes de-rotated from the fused lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b from the
+        # byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
+        x_hat = self.mse.decode_unrotated(code.parts["mse"], acc).contiguous()
+        x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc,
+                                        basis=self._derotated_sketch(code.device, acc), accumulate=x_hat)
+        return x_hat.to(code.dtype)
+
+    def _derotated_sketch(self, device: torch.device, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(S Π [m, d] (row i: Πᵀ sᵢ), its byte tables), built once per (device, dtype)."""
+        cache = self.__dict__.setdefault("_derotated_cache", {})
+        key = (torch.device(device), acc)
+        if key not in cache:
+            s_pi = self.mse.rotation.inverse(self.sketch.matrix(device, acc)).contiguous()
+            cache[key] = (s_pi, ops.sign_tables(s_pi))
+        return cache[key]
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         q = self._rotate(query.to(acc_dtype(query.dtype)))
