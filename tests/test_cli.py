@@ -69,19 +69,7 @@ def test_default_token_count_matches_the_data_layer():
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from tests.test_data_real import WORDS, _tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    _tiny_llama(attn="sdpa").save_pretrained(folder)
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(WORDS))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    return folder
+# `tiny_folder` (the tiny Llama saved as a Hugging Face folder) comes from tests/conftest.py
 
 
 @pytest.fixture

@@ -69,18 +69,7 @@ def test_tiny_llama_queries_reproduce_attention_weights(tiny):
         assert weights[0, :, -1].max() > 2.0 / t
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """The tiny Llama saved as a Hugging Face folder with a word-level tokenizer (built offline)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    _tiny_llama(attn="sdpa").save_pretrained(folder)
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(WORDS))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    return folder
+# `tiny_folder` (this module's tiny Llama saved as a Hugging Face folder) comes from tests/conftest.py
 
 
 def test_capture_from_local_folder_saves_and_loads_lazily(tiny_folder, tmp_path):
