@@ -34,7 +34,8 @@ quick: 8 segments of 64 tokens, n ∈ {2, 4} (NOVA-KV at n = 2 only, calibrated 
 paper: every segment of 128 tokens, n = 2..6, a 16-token window at n = 4, 3 prompts × 64 new tokens.
 
 Writes figures/end_to_end_{output,attention,predictivity}.png and in figures/data/: end_to_end.csv (one row per
-cell), end_to_end_segments.csv (one row per cell and segment), end_to_end_tokens.csv, end_to_end_layers.csv,
+cell), end_to_end_segments.csv (one row per cell and segment), end_to_end_tokens.csv (one row per token;
+regenerated, not kept in git), end_to_end_layers.csv,
 end_to_end_correlation.csv, end_to_end_generation.csv, end_to_end_paths.csv, end_to_end_claims.json,
 end_to_end_definitions.json. Cells are stored as they finish (kvstats.sweep) and run on joblib workers (all
 cores; ``--n-jobs 1``: in this process) or a Dask cluster (``--scheduler``); each worker loads the model once.
