@@ -206,30 +206,45 @@ class _ScriptFunction:
     name: str
 
     def resolve(self) -> Callable:
-        import importlib
-        import importlib.util
-
-        target = Path(self.path).resolve()
-        mod = sys.modules.get(self.module)
-        if mod is None or Path(getattr(mod, "__file__", "") or "").resolve() != target:
-            if target.is_file():  # the script itself (local workers, shared file systems)
-                spec = importlib.util.spec_from_file_location(self.module, target)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules[self.module] = mod
-                spec.loader.exec_module(mod)
-            else:  # a copy shipped to this worker (Dask's upload_file puts it on the path)
-                try:
-                    mod = importlib.import_module(self.module)
-                except ImportError as exc:
-                    raise FileNotFoundError(f"study script {self.path} is not on this worker and no module "
-                                            f"{self.module!r} was shipped to it") from exc
+        # One import per process even when a worker runs cells on several threads (Dask's threaded
+        # workers): without the lock a second thread finds the module in sys.modules while the first is
+        # still executing it, and the function it looks up is not defined yet.
+        with _SCRIPT_IMPORT_LOCK:
+            mod = self._module()
         fn = mod
         for part in self.name.split("."):
             fn = getattr(fn, part)
         return fn
 
+    def _module(self):
+        import importlib
+        import importlib.util
+
+        target = Path(self.path).resolve()
+        mod = sys.modules.get(self.module)
+        if mod is not None and Path(getattr(mod, "__file__", "") or "").resolve() == target:
+            return mod
+        if target.is_file():  # the script itself (local workers, shared file systems)
+            spec = importlib.util.spec_from_file_location(self.module, target)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[self.module] = mod
+            try:
+                spec.loader.exec_module(mod)
+            except BaseException:
+                sys.modules.pop(self.module, None)  # never leave a half-executed module behind
+                raise
+            return mod
+        try:  # a copy shipped to this worker (Dask's upload_file puts it on the path)
+            return importlib.import_module(self.module)
+        except ImportError as exc:
+            raise FileNotFoundError(f"study script {self.path} is not on this worker and no module "
+                                    f"{self.module!r} was shipped to it") from exc
+
     def __call__(self, **params):
         return self.resolve()(**params)
+
+
+_SCRIPT_IMPORT_LOCK = threading.RLock()
 
 
 def _portable(cell: Callable) -> Callable:

@@ -297,3 +297,47 @@ def test_workers_end_after_the_driver_is_killed(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)  # do not leak a worker when the test fails
     assert not survivors, f"loky workers {survivors} outlived their killed driver"
+
+
+def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
+    """Threads of one Dask worker resolving the same study script all get the fully executed module.
+
+    The script sleeps while it is imported, so without the import lock the other threads would find the
+    half-executed module in sys.modules and miss ``cell`` (the race a CI run once hit); with it, the
+    script runs exactly once and every thread gets the function.
+    """
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvstats.sweep import _ScriptFunction
+
+    script = tmp_path / "slowstudy_race.py"
+    counter = tmp_path / "imports.txt"
+    script.write_text(
+        "import time\n"
+        f"with open({str(counter)!r}, 'a') as fh:\n"
+        "    fh.write('x')\n"
+        "time.sleep(0.3)\n"
+        "def cell(x):\n"
+        "    return [{'x': x}]\n")
+    fn = _ScriptFunction("slowstudy_race", str(script), "cell")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda x: fn(x=x), range(8)))
+    finally:
+        sys.modules.pop("slowstudy_race", None)
+    assert results == [[{"x": x}] for x in range(8)]
+    assert counter.read_text() == "x", "the script must be imported once per process"
+
+
+def test_script_function_failed_import_leaves_no_half_module(tmp_path):
+    import sys
+
+    from kvstats.sweep import _ScriptFunction
+
+    script = tmp_path / "brokenstudy_race.py"
+    script.write_text("raise RuntimeError('broken at import')\n")
+    fn = _ScriptFunction("brokenstudy_race", str(script), "cell")
+    with pytest.raises(RuntimeError, match="broken at import"):
+        fn(x=1)
+    assert "brokenstudy_race" not in sys.modules
