@@ -231,6 +231,13 @@ class AttentionRecord:
 QUERY_BLOCK = 64
 
 
+def _reveals(mask: torch.Tensor) -> bool:
+    """Whether an attention mask (bool: True = attend; float: added to the logits) lets any query see a key."""
+    if mask.dtype == torch.bool:
+        return bool(mask.any())
+    return bool((mask > torch.finfo(mask.dtype).min / 2).any())
+
+
 def _weights_requested() -> bool:
     """Whether transformers is recording attention weights in this forward (``output_attentions=True``); True
     when that cannot be told (an older or newer transformers), so weights are then always returned."""
@@ -491,7 +498,7 @@ class KVStatsLayer(CacheLayerMixin):
                                        v_hat)
             outs.append(out)
             if keep_weights:
-                weights.append(w)
+                weights.append(F.pad(w, (0, seq - w.shape[-1])))
         if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
             parts = self.records[first_record:]
             del self.records[first_record:]
@@ -504,39 +511,51 @@ class KVStatsLayer(CacheLayerMixin):
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
                      v_hat: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows)."""
+        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
+
+        Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
+        causal case): a prefill block then costs O(N × (first + N)) rather than O(N × S). The weights returned
+        have ``width`` columns (:meth:`attend` pads them to S when they are asked for).
+        """
         span_start, span_k, span_v = span
         n = query.shape[2]
         seq, nq = self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
-        exact = _attention.scores(q, span_k.to(acc), scale=scaling)  # exact logits against the span [span_start, seq)
+        mask = None if attention_mask is None else attention_mask[..., -seq:]
+        width = first + n  # keys after the block's last query: hidden by the causal mask
+        if mask is not None and width < seq and _reveals(mask[..., width:]):
+            width = seq  # a mask that shows later keys (not a causal LM): form every column
         pos_q = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
-        pos_k = torch.arange(seq, device=q.device).unsqueeze(0)
+        pos_k = torch.arange(width, device=q.device).unsqueeze(0)
         # key j is read exactly by the query at position i iff it was not yet quantized when token i was
         # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
-        use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, S]
-        logits = F.pad(exact, (span_start, 0))
-        if nq:  # the block reads codes only for keys j < quantized_count(first + N): score those alone
-            quant = self._code_scores(q, int(self.quantized_count(first + n))).to(acc) * scaling
-            logits = torch.where(use_exact, logits, F.pad(quant, (0, seq - quant.shape[-1])))
-        if attention_mask is None:
-            visible = _attention.causal_visible(n, seq, query_offset=first, device=q.device)
-        elif attention_mask.dtype == torch.bool:
-            visible = attention_mask[..., -seq:]
+        use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, width]
+        # exact logits only for the columns some query of the block reads exactly, j >= quantized_count(first + 1)
+        # (all of the span when recording: the reference logits), codes only for j < quantized_count(first + N)
+        lo = span_start if self.record else max(span_start, int(self.quantized_count(first + 1)))
+        hi = min(nq, int(self.quantized_count(first + n)))
+        exact = _attention.scores(q, span_k[..., lo - span_start:width - span_start, :].to(acc), scale=scaling)
+        logits = F.pad(exact, (lo, 0))
+        if hi:
+            quant = self._code_scores(q, hi)[..., :width].to(acc) * scaling
+            logits = torch.where(use_exact, logits, F.pad(quant, (0, width - quant.shape[-1])))
+        if mask is None:
+            visible = _attention.causal_visible(n, width, query_offset=first, device=q.device)
+        elif mask.dtype == torch.bool:
+            visible = mask[..., :width]
         else:
             visible = None
-            logits = logits + attention_mask[..., -seq:].to(acc)
+            logits = logits + mask[..., :width].to(acc)
         logits = _attention.mask_logits(logits, visible, torch.finfo(acc).min)  # finite: padded rows stay defined
         weights = torch.softmax(logits, dim=-1)
         if self.record:
             self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
-        # only the columns some query of the block reads exactly (j >= quantized_count(first + 1)), resp. reads
-        # through the codes (j < quantized_count(first + N)): the other weights of each product are zero
-        lo = max(span_start, int(self.quantized_count(first + 1)))
-        out = _attention.apply_weights(used[..., lo:] * use_exact[:, lo:], span_v[..., lo - span_start:, :].to(acc))
-        hi = min(nq, int(self.quantized_count(first + n)))
+        # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
+        # codes: the other weights of each product are zero
+        out = _attention.apply_weights(used[..., lo:] * use_exact[:, lo:],
+                                       span_v[..., lo - span_start:width - span_start, :].to(acc))
         if hi:
             out = out + _attention.apply_weights(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
