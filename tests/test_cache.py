@@ -616,3 +616,68 @@ def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
         assert a.kl.shape == (1, HQ, T) and a.query_offset == b.query_offset == 0
         torch.testing.assert_close(a.kl, b.kl, rtol=0, atol=1e-6)  # fp32 matmuls over other row blocks
         torch.testing.assert_close(a.recall, b.recall, rtol=0, atol=0)
+
+
+def _attend_reference(layer: KVStatsLayer, k, v, q, visible, scaling):
+    """attend() from its definition, over every key column, in float64: key j is exact for the query at
+    position i iff j >= quantized_count(i + 1), else scheme.scores / scheme.v.decode of the codes."""
+    nq, seq, n = layer.n_quantized, k.shape[-2], q.shape[2]
+    grp = q.shape[1] // k.shape[1]
+    codes = layer.chunks[0]
+    quant = layer.scheme.scores(q, codes).double()
+    exact = (q @ k.repeat_interleave(grp, 1).transpose(-1, -2)).double()
+    pos_q = torch.arange(seq - n, seq).unsqueeze(-1)
+    use_exact = torch.arange(seq).unsqueeze(0) >= torch.clamp(pos_q + 1 - layer.window, min=0)
+    logits = torch.where(use_exact, exact, torch.nn.functional.pad(quant, (0, seq - nq))) * scaling
+    w = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
+    v_hat = torch.cat([layer.scheme.v.decode(codes.v), v[..., nq:, :]], dim=-2).double().repeat_interleave(grp, 1)
+    exact_v = v.double().repeat_interleave(grp, 1)
+    out = (w * ~use_exact) @ v_hat + (w * use_exact) @ exact_v  # window keys are exact values for every query
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "left_padding", "all_visible"])
+def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
+    """attend() in blocks of 5 queries, forming only the key columns a block's mask can show (the causal case),
+    equals attention computed from its definition over every column (float64 reference): with no mask, a
+    boolean or an additive causal mask, left padding, and a mask that shows later keys (every column formed)."""
+    import kvstats.cache as cache_mod
+
+    monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
+    g = torch.Generator().manual_seed(11)
+    seq, window, scaling = 23, 3, D ** -0.5
+    k, v = torch.randn(1, HKV, seq, D, generator=g), torch.randn(1, HKV, seq, D, generator=g)
+    q = torch.randn(1, HQ, seq, D, generator=g)
+    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=2), window)
+    keys, _ = layer.update(k, v)
+    layer.estimator_attention = True
+    visible = torch.ones(seq, seq, dtype=torch.bool).tril()
+    if mask_kind == "left_padding":
+        visible[:, :4] = False
+        visible[:4, :4] = torch.eye(4, dtype=torch.bool)  # padded rows see themselves only
+    elif mask_kind == "all_visible":
+        visible[:] = True
+    mask = {"none": None, "float": torch.zeros(seq, seq).masked_fill(~visible, torch.finfo(torch.float32).min)
+            }.get(mask_kind, visible)
+    with torch.inference_mode():
+        out, weights = kvstats_attention(type("M", (), {"scaling": scaling, "training": False}), q, keys, None,
+                                         None if mask is None else mask[None, None])
+    want = _attend_reference(layer, k, v, q, visible, scaling)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5)  # fp32 against fp64
+    assert weights is None or weights.shape == (1, HQ, seq, seq)
+
+
+def test_fp64_model_rounds_to_fp32_in_transformers_rmsnorm():
+    """Why the estimator and decode-then-dot paths of an fp64 SmolLM2 can end apart (docs/end_to_end.md): the two
+    paths' attention outputs agree to ~1e-14, but transformers' LlamaRMSNorm computes in fp32 even for fp64
+    inputs, so a 1e-14 difference can straddle an fp32 rounding step (~6e-8 relative) and flip a code in a later
+    layer. This test pins that dtype drop: if transformers stops rounding, fp64 runs agree to ~1e-12."""
+    norm = _tiny().model.norm.double()
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        got = norm(x)
+        in_fp32 = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        in_fp64 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        weight = norm.weight.detach()
+    torch.testing.assert_close(got, weight * in_fp32.double(), rtol=0, atol=0)
+    assert float((got - weight * in_fp64).abs().max()) > 1e-9  # fp32 rounding, not fp64's 1e-16
