@@ -24,7 +24,9 @@ bootstrap over segments); NOVA-KV's "recovers most of what scalar methods lose a
 over (baseline, metric) comparisons at n = 2, next-token KL and NLL increase against every other scheme.
 
 Generation. Greedy continuations (``model.generate(..., cache=KVStatsCache(...))``) of prompts cut from the
-held-out documents, compared token by token with the exact model's greedy continuation.
+held-out documents, compared token by token with the exact model's greedy continuation. The prompts of a (scheme, n)
+decode in one batch (a batch-1 decode step is bound by reading the weights); a batched fp32 matmul rounds
+differently from a single-row one (~5e-7), which can flip a greedy token at a near-tie, as any rounding can.
 
 Paths. The same cache read by the estimator (kvstats_attention) and by decode-then-dot (sdpa on decoded K̂), in
 fp32 and in fp64.
