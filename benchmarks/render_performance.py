@@ -68,6 +68,12 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the studies' own profile lives beside the study runner's documentation (measured by running study cells)
+STUDIES = ("## Studies at paper scale\n\nWall time, cells and the three largest measured costs of each study of "
+           "`make figures SCALE=paper`: [docs/studies.md, Studies at paper scale]"
+           "(studies.md#studies-at-paper-scale).\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     results_dir = Path(argv[0] if argv else "benchmarks/results")
     out = Path(argv[1] if argv and len(argv) > 1 else "docs/performance.md")
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     body = [HEADER] + [table(json.loads(f.read_text())) for f in files]
     if notes.exists():
         body.append(notes.read_text())
+    body.append(STUDIES)
     out.write_text("\n".join(body))
     print(f"wrote {out}")
     return 0

@@ -290,10 +290,24 @@ def topk_recall_from_scores(
 
 
 def _top_membership(scores: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    ranks = torch.empty_like(order)
-    ranks.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
-    return ranks < k_eff.unsqueeze(-1)
+    """Whether each key is among the ``k_eff`` first of a stable descending sort of ``scores`` ``[..., S]``.
+
+    Without sorting all S keys: ``t`` = the k_eff-th largest value (``torch.topk``); every key above ``t`` is in,
+    and of the keys equal to ``t`` the lowest-indexed ``k_eff − #(scores > t)`` are in (the stable sort's tie
+    rule). When the (k_eff + 1)-th largest value is below ``t`` (no tie straddles the cut, the usual case) that
+    is simply ``scores >= t``. O(S) per query where the sort costs O(S log S); the same sets.
+    """
+    s_len = scores.shape[-1]
+    k_eff = k_eff.to(torch.int64).unsqueeze(-1)  # [..., 1], 1 <= k_eff <= S
+    top = torch.topk(scores, min(int(k_eff.max()) + 1, s_len), dim=-1, sorted=True).values  # descending
+    kth = top.gather(-1, k_eff - 1)
+    nxt = top.gather(-1, k_eff.clamp_max(top.shape[-1] - 1))  # the (k_eff + 1)-th largest where it exists
+    if not bool(((nxt == kth) & (k_eff < s_len)).any()):
+        return scores >= kth
+    above = scores > kth
+    tied = scores == kth
+    room = k_eff - above.sum(-1, keepdim=True)  # how many of the tied keys fit, >= 1
+    return above | (tied & (tied.cumsum(-1) <= room))
 
 
 def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:

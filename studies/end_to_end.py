@@ -24,7 +24,9 @@ bootstrap over segments); NOVA-KV's "recovers most of what scalar methods lose a
 over (baseline, metric) comparisons at n = 2, next-token KL and NLL increase against every other scheme.
 
 Generation. Greedy continuations (``model.generate(..., cache=KVStatsCache(...))``) of prompts cut from the
-held-out documents, compared token by token with the exact model's greedy continuation.
+held-out documents, compared token by token with the exact model's greedy continuation. The prompts of a (scheme, n)
+decode in one batch (a batch-1 decode step is bound by reading the weights); a batched fp32 matmul rounds
+differently from a single-row one (~5e-7), which can flip a greedy token at a near-tie, as any rounding can.
 
 Paths. The same cache read by the estimator (kvstats_attention) and by decode-then-dot (sdpa on decoded K̂), in
 fp32 and in fp64.
@@ -65,6 +67,8 @@ from kvstats.verdicts import Verdict, cell_direction, direction, measured, numbe
 
 STUDY = "end_to_end"
 VERSION = "4"
+#: the generation sweep's version: 5 since one cell generates every prompt of a (scheme, n) in one batch
+GENERATION_VERSION = "5"
 POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
 #: D'Alberto's three schemes, then what deployments run: KIVI-style min-max, TurboQuant_mse on K and V (as vLLM's
 #: TurboQuant cache), NOVA-KV (calibrated)
@@ -354,56 +358,94 @@ def _heldout_ids() -> torch.Tensor:
     return tokenizer("\n\n".join(docs[t] for t in DOCUMENTS[1:]), return_tensors="pt").input_ids
 
 
-def _fp_nll(prompt: torch.Tensor, continuation: tuple[int, ...]) -> float:
-    """Mean NLL (nats/token) the exact model assigns to ``continuation`` after ``prompt`` [1, P]."""
+def _fp_nll(prompts: torch.Tensor, continuations: torch.Tensor, lengths: list[int] | None = None) -> list[float]:
+    """Mean NLL (nats/token) the exact model assigns to each continuation [B, N] after its prompt [B, P], over its
+    first ``lengths[i]`` tokens (default all N), in one batched forward (equally long rows: no padding inside;
+    the causal model's logits at a token do not see the tokens after it)."""
     model, _, _ = _model()
     _set_attention(model, "sdpa")
-    full = torch.cat([prompt, torch.tensor([continuation], dtype=prompt.dtype)], dim=1)
+    full = torch.cat([prompts, continuations.to(prompts.dtype)], dim=1)
+    p_len = prompts.shape[1]
     with torch.inference_mode():
-        logp = torch.log_softmax(model(full).logits[0, prompt.shape[1] - 1:-1].double(), dim=-1)
-    return float(-logp.gather(-1, full[0, prompt.shape[1]:, None]).mean())
+        logp = torch.log_softmax(model(full).logits[:, p_len - 1:-1].double(), dim=-1)
+    nll = -logp.gather(-1, full[:, p_len:, None])[..., 0]  # [B, N]
+    lengths = [nll.shape[1]] * nll.shape[0] if lengths is None else lengths
+    return [float(nll[i, :m].mean()) for i, m in enumerate(lengths)]
 
 
-@functools.lru_cache(maxsize=16)
-def _reference_generation(offset: int, prompt_len: int, new: int) -> tuple[tuple[int, ...], float]:
-    """The exact model's greedy continuation of one prompt, and its own NLL of it."""
+def _until_eos(tokens: list[int]) -> list[int]:
+    """A generated row up to and including its first end-of-sequence token (what a single-prompt generate
+    returns; a batched one pads the rows that finished early)."""
     model, _, _ = _model()
-    prompt = _heldout_ids()[:, offset:offset + prompt_len]
-    _set_attention(model, "sdpa")
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
+def _prompts(offsets: tuple[int, ...], prompt_len: int) -> torch.Tensor:
+    """[len(offsets), prompt_len]: the prompts cut from the held-out documents at ``offsets``."""
+    ids = _heldout_ids()[0]
+    return torch.stack([ids[o:o + prompt_len] for o in offsets])
+
+
+def _greedy(prompts: torch.Tensor, new: int, **cache) -> torch.Tensor:
+    """Greedy continuations [B, new] of equally long prompts [B, P], all rows in one ``model.generate``."""
+    model, _, _ = _model()
     with torch.inference_mode():
-        out = model.generate(prompt, max_new_tokens=new, do_sample=False,
-                             attention_mask=torch.ones(1, prompt_len, dtype=torch.long))
-    cont = tuple(out[0, prompt_len:].tolist())
-    return cont, _fp_nll(prompt, cont)
+        out = model.generate(prompts, max_new_tokens=new, do_sample=False,
+                             attention_mask=torch.ones_like(prompts), **cache)
+    return out[:, prompts.shape[1]:]
 
 
-def generation_cell(scheme: str, n: int, seed: int, window: int, offset: int, prompt_len: int, new: int,
+@functools.lru_cache(maxsize=4)
+def _reference_generation(offsets: tuple[int, ...], prompt_len: int, new: int) -> tuple[list[list[int]], list[float]]:
+    """The exact model's greedy continuation of each prompt (token lists), and its own NLL of each."""
+    model, _, _ = _model()
+    prompts = _prompts(offsets, prompt_len)
+    _set_attention(model, "sdpa")
+    cont = _greedy(prompts, new)
+    rows = [_until_eos(r) for r in cont.tolist()]
+    return rows, _fp_nll(prompts, cont, [len(r) for r in rows])
+
+
+def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[int], prompt_len: int, new: int,
                     calibration_tokens: int | None) -> list[dict]:
-    """Greedy continuation through a KVStatsCache vs the exact model's, one prompt of the held-out documents.
+    """Greedy continuations through a KVStatsCache vs the exact model's, one row per prompt of the held-out
+    documents (``offsets``: where each prompt starts).
 
-    Besides the tokens before the first divergence (coarse: one flip changes all that follows), the exact
-    model scores the quantized model's continuation (mean NLL per token): how plausible the text is."""
+    All prompts go through one batched ``model.generate`` (the model's weights are read once per step for all of
+    them: a single-prompt decode step is bound by reading the weights). Besides the tokens before the first
+    divergence (coarse: one flip changes all that follows), the exact model scores the quantized model's
+    continuation (mean NLL per token): how plausible the text is."""
     from kvstats.cache import KVStatsCache
 
     _quiet()
     model, tokenizer, _ = _model()
-    ref, ref_nll = _reference_generation(offset, prompt_len, new)
-    prompt = _heldout_ids()[:, offset:offset + prompt_len]
+    offsets = tuple(int(o) for o in offsets)
+    ref, ref_nll = _reference_generation(offsets, prompt_len, new)
+    prompts = _prompts(offsets, prompt_len)
     layers = _schemes(scheme, n, seed, model.config.num_hidden_layers, calibration_tokens)
     _set_attention(model, "kvstats")
     cache = KVStatsCache(layers, full_precision_window=window)
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(prompt, max_new_tokens=new, do_sample=False,
-                             attention_mask=torch.ones(1, prompt_len, dtype=torch.long), **_cache_kw(model, cache))
+    gen = _greedy(prompts, new, **_cache_kw(model, cache))
     seconds = time.perf_counter() - t0
-    gen = tuple(out[0, prompt_len:].tolist())
-    same = [a == b for a, b in zip(gen, ref)]
-    first = same.index(False) if False in same else len(same)
-    return [{"tokens_before_divergence": first, "agreement": float(np.mean(same)), "new": len(gen),
-             "fp_nll": _fp_nll(prompt, gen), "fp_nll_reference": ref_nll,
-             "seconds_per_token": seconds / max(1, len(gen)), "bits_per_element": cache.memory().bits_per_element,
-             "text": tokenizer.decode(list(gen)), "reference_text": tokenizer.decode(list(ref))}]
+    bits = cache.memory().bits_per_element
+    conts = [_until_eos(r) for r in gen.tolist()]
+    nll = _fp_nll(prompts, gen, [len(g) for g in conts])
+    rows = []
+    for i, offset in enumerate(offsets):
+        g, r = conts[i], ref[i]
+        same = [a == b for a, b in zip(g, r)]
+        first = same.index(False) if False in same else len(same)
+        rows.append({"offset": offset, "tokens_before_divergence": first, "agreement": float(np.mean(same)),
+                     "new": len(g), "fp_nll": nll[i], "fp_nll_reference": ref_nll[i],
+                     "seconds_per_token": seconds / max(1, gen.shape[1] * len(offsets)), "bits_per_element": bits,
+                     "text": tokenizer.decode(g), "reference_text": tokenizer.decode(r)})
+    return rows
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -929,9 +971,10 @@ def main(argv: list[str] | None = None) -> int:
     agree = shell.sweep(agreement_cell, grid(scheme=list(DALBERTO), n=4, dtype=["float32", "float64"],
                                              tokens=cfg["agree_tokens"]), version=VERSION, name=f"{STUDY}_paths")
     gen_cells = grid(scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,
-                     offset=list(cfg["prompts"]), prompt_len=cfg["prompt_len"], new=cfg["new"],
+                     offsets=[list(cfg["prompts"])], prompt_len=cfg["prompt_len"], new=cfg["new"],
                      calibration_tokens=cfg["calibration_tokens"])
-    gen = shell.sweep(generation_cell, gen_cells, version=VERSION, name=f"{STUDY}_generation")
+    gen = shell.sweep(generation_cell, gen_cells, version=GENERATION_VERSION, name=f"{STUDY}_generation")
+    gen = gen.drop(columns="offsets")  # each row names its prompt (offset)
     from kvstats.baselines import available_backends  # transformers' quantized caches, when installed
 
     if available_backends():

@@ -121,6 +121,24 @@ def test_topk_recall_brute_force_with_ties(seed, top_k, levels):
     assert M.topk_recall_from_scores(a, a, top_k=top_k) == 1.0
 
 
+@given(seed=st.integers(0, 2**31 - 1), top_k=st.integers(1, 8), levels=st.integers(1, 4))
+@settings(max_examples=40, deadline=None)
+def test_topk_recall_causal_ties_straddling_the_cut(seed, top_k, levels):
+    # the top-k sets come from torch.topk plus a tie rule, not a full sort: ties at the k-th value (levels = 1:
+    # every logit equal) and rows with fewer visible keys than k must match a stable sort of the visible keys
+    rng = np.random.default_rng(seed)
+    n, s = 6, 9
+    a = rng.integers(0, levels, size=(2, n, s)).astype(np.float64)
+    b = rng.integers(0, levels, size=(2, n, s)).astype(np.float64)
+    got = M.topk_recall_from_scores(a, b, top_k=top_k, causal=True, reduction="none").numpy()
+    expected = np.empty((2, n))
+    for i in range(n):
+        vis = s - n + i + 1  # causal, queries at the last n positions
+        kk = min(top_k, vis)
+        expected[:, i] = _brute_recall(a[:, i, :vis], b[:, i, :vis], kk)
+    np.testing.assert_allclose(got, expected)
+
+
 def test_topk_recall_identical_keys_and_gqa():
     q, k, k_hat = _qk(6, hq=8, hkv=2)
     assert M.topk_recall(q, k, k, top_k=5) == 1.0

@@ -6,6 +6,7 @@ bootstrap coverage check, sized in its comment.
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -366,6 +367,26 @@ def test_spearman_equals_scipy_with_its_paired_bootstrap():
     assert r.confidence_interval == pytest.approx(tuple(boot.confidence_interval), rel=1e-12)
     with pytest.raises(ValueError, match="y is constant"):
         S.spearman(x, np.ones(40))
+
+
+def test_spearman_bootstrap_with_ties_equals_scipys_per_resample_statistic():
+    # the CI's statistic runs on all resamples at once: with many ties (6 levels, 30 pairs) its BCa interval must
+    # equal scipy.stats.bootstrap's with spearmanr called on each resample (the oracle), and row by row rho too
+    rng = np.random.default_rng(25)
+    x = rng.integers(0, 6, size=30).astype(float)
+    y = x + rng.integers(0, 4, size=30)
+    r = S.spearman(x, y, n_resamples=1999, seed=4)
+    boot = scipy.stats.bootstrap((x, y), lambda a, b: scipy.stats.spearmanr(a, b).statistic, paired=True,
+                                 vectorized=False, n_resamples=1999, rng=np.random.default_rng(4))
+    assert r.confidence_interval == pytest.approx(tuple(boot.confidence_interval), rel=1e-12)
+    rows_x, rows_y = rng.integers(0, 3, size=(50, 8)), rng.integers(0, 3, size=(50, 8))
+    with np.errstate(invalid="ignore"):
+        got = S._spearman_rho(rows_x, rows_y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant rows: spearmanr warns and returns nan
+        want = np.array([scipy.stats.spearmanr(a, b).statistic for a, b in zip(rows_x, rows_y)])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
 
 
 def test_bootstrap_of_constant_data_is_the_point():

@@ -224,3 +224,26 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     k = torch.randn(1, 3, 5, 64, generator=torch.Generator().manual_seed(2))
     assert torch.equal(loaded[7].k.decode(loaded[7].k.encode(k)), fitted[7].k.decode(fitted[7].k.encode(k)))
     e2e._nova_layers.cache_clear()
+
+
+def test_e2e_generation_cell_batches_prompts_each_row_its_own(e2e, smollm2):
+    # one batched generate for every prompt: each row must carry its own prompt's exact greedy continuation
+    # (oracle: a single-prompt model.generate of the exact model) and, with a lossless cache, reproduce it
+    model, tokenizer, _ = e2e._model()
+    e2e._set_attention(model, "sdpa")
+    offsets, prompt_len, new = (0, 40), 8, 4
+    rows = e2e.generation_cell("identity", 0, 0, 0, list(offsets), prompt_len, new, None)
+    assert [r["offset"] for r in rows] == list(offsets)
+    for r, o in zip(rows, offsets):
+        prompt = e2e._heldout_ids()[:, o:o + prompt_len]
+        e2e._set_attention(model, "sdpa")
+        with torch.inference_mode():
+            single = model.generate(prompt, max_new_tokens=new, do_sample=False,
+                                    attention_mask=torch.ones_like(prompt))[0, prompt_len:]
+        assert r["reference_text"] == tokenizer.decode(single.tolist())
+        assert r["text"] == r["reference_text"] and r["tokens_before_divergence"] == new
+        assert abs(r["fp_nll"] - r["fp_nll_reference"]) < 1e-6
+        with torch.inference_mode():
+            full = torch.cat([prompt, single[None]], dim=1)
+            logp = torch.log_softmax(model(full).logits[0, prompt_len - 1:-1].double(), dim=-1)
+        assert abs(r["fp_nll_reference"] + float(logp.gather(-1, single[:, None]).mean())) < 1e-4
