@@ -20,12 +20,16 @@
 #include "../kernels.h"
 #include "../quant_math.h"
 #include "common_cpu.h"
+#include "score_adc.h"
 #include "score_tables.h"
 
 namespace kvstats {
 namespace cpu {
 
 constexpr int64_t kGemmQueries = 8;
+constexpr int64_t kAdcQueries = 2;
+constexpr int64_t kMaxAdcTableBytes = int64_t{2} << 20;
+
 // Keys per task: the decoded block (kScoreBlock × (d + m) values) and its scores stay in L2.
 constexpr int64_t kScoreBlock = 256;
 // Most memory the per-query lookup tables of one call may take (above: the GEMM path).
@@ -182,6 +186,71 @@ void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at
   });
 }
 
+// Keys per task of the many-query kernel (consecutive tasks of one thread share a block's tables).
+constexpr int64_t kAdcChunk = 2048;
+
+// The packed keys' table layout for score_adc.h.
+template <typename acc_t>
+AdcLayout adc_layout(const PackedKeys<acc_t>& k) {
+  return AdcLayout(k.codes != nullptr, k.d, k.bits, k.signs != nullptr, k.m);
+}
+
+// Bytes of one block's tables (kAdcBlock queries).
+template <typename acc_t>
+int64_t adc_table_bytes(const PackedKeys<acc_t>& k) {
+  return adc_layout(k).entries() * kAdcBlock * static_cast<int64_t>(sizeof(acc_t));
+}
+
+// Many queries: blocks of kAdcBlock queries (a last block of <= kAdcShortBlock queries in a short
+// block), tables per (group, block) built by the first task of a thread that needs them (score_adc.h).
+template <typename acc_t>
+void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  const int64_t nq = out.size(1), d = k.codes ? k.d : 0, m = k.signs ? k.m : 0, nk = k.nk;
+  const AdcLayout layout = adc_layout(k);
+  const int64_t blocks = (nq + kAdcBlock - 1) / kAdcBlock, chunks = (nk + kAdcChunk - 1) / kAdcChunk;
+  const acc_t* qp = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
+  const acc_t* qsp = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
+  acc_t* op = out.mutable_data_ptr<acc_t>();
+  at::parallel_for(0, k.G * blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t kAlign = 64 / sizeof(acc_t);
+    std::vector<acc_t> storage(layout.entries() * kAdcBlock + kAlign);
+    acc_t* table = storage.data() + (kAlign - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(acc_t)) % kAlign) % kAlign;
+    std::vector<acc_t> qT(d * kAdcBlock), qsT(m * kAdcBlock), buf(kAdcKeyBlock * kAdcBlock);
+    std::vector<uint8_t> scratch(kAdcKeyBlock * d);
+    int64_t built = -1;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t gb = task / chunks, g = gb / blocks, first = (gb % blocks) * kAdcBlock;
+      const int64_t rows = std::min(kAdcBlock, nq - first), nqb = rows <= kAdcShortBlock ? kAdcShortBlock : kAdcBlock;
+      if (gb != built) {  // this block's queries, transposed (zero columns past the last query), and tables
+        auto transpose = [&](const acc_t* src, int64_t width, std::vector<acc_t>& dst) {
+          for (int64_t r = 0; r < nqb; ++r)
+            for (int64_t c = 0; c < width; ++c) dst[c * nqb + r] = r < rows ? src[(g * nq + first + r) * width + c] : acc_t(0);
+        };
+        if (qp) transpose(qp, d, qT);
+        if (qsp) transpose(qsp, m, qsT);
+        adc_build_tables<acc_t>(layout, nqb, qT.data(), qsT.data(), k.levels, table);
+        built = gb;
+      }
+      AdcTask<acc_t> t;
+      t.layout = &layout;
+      t.nqb = nqb;
+      t.rows = rows;
+      t.table = table;
+      t.codes = k.codes ? k.codes + g * nk * layout.ct.nb : nullptr;
+      t.signs = k.signs ? k.signs + g * nk * layout.mb : nullptr;
+      t.mse_w = k.codes ? k.mse_w + g * nk : nullptr;
+      t.qjl_w = k.signs ? k.qjl_w + g * nk : nullptr;
+      t.j0 = (task % chunks) * kAdcChunk;
+      t.j1 = std::min(nk, t.j0 + kAdcChunk);
+      t.out = op + (g * nq + first) * nk;
+      t.nk = nk;
+      t.buf = buf.data();
+      t.scratch = scratch.data();
+      adc_score_chunk<acc_t>(t);
+    }
+  });
+}
+
 // The shared path: every (query, key) pair with math::score_one, as one GPU thread does.
 template <typename acc_t>
 void score_packed_shared(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
@@ -227,6 +296,8 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
   if (out.numel() == 0) return out;
   if (shared_path_enabled()) {
     score_packed_shared(k, q, qs, out);
+  } else if (nq >= kAdcQueries && adc_table_bytes(k) <= kMaxAdcTableBytes) {
+    score_packed_adc(k, q, qs, out);
   } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {
     score_packed_gemm(k, q, qs, out);
   } else {
