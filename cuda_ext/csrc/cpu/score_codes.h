@@ -2,13 +2,30 @@
 //
 //   scores[g, i, j] = mse_w[g, j] · <q[g, i], levels[codes[g, j]]>  +  qjl_w[g, j] · <qs[g, i], signs[g, j]>
 //
-// either part optional (QJL has only the second, lloyd only the first). Few queries per key group
-// (n_q < kGemmQueries): per-query lookup tables (score_tables.h), one look-up per byte (or code pair) per
-// key. Many: each task decodes a block of keys to dense rows (levels[codes] · w, ±w) in a buffer that
-// stays in cache and multiplies it by the queries with BLAS. Tables whose size would exceed
-// kMaxTableBytes (wide rows at 8 bits: d · 256 values per query) take the GEMM path too, whose scratch is
-// bounded per task. The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with
-// math::score_one, the GPU's per-thread loop.
+// either part optional (QJL has only the second, lloyd only the first). Three CPU methods, picked by the
+// number of queries n_q per key group and the code width (score_packed):
+//
+// * n_q = 1 (or n_q < kAdcQueries): per-query lookup tables (score_tables.h), one look-up per byte (or
+//   code pair) per key, scalar.
+// * n_q >= kAdcQueries, codes of <= 4 bits (or none): the queries-innermost tables of score_adc.h. Per
+//   block of 16 queries, T[position][field][query] (1 MiB for m = 512 sign bits, 512 KiB for 3-bit codes
+//   at d = 128 plus m = 128 signs) is built by the task that uses it and stays in its core's L2; each
+//   field of a key (a byte, a 6-bit pair of 3-bit codes) selects a row of 16 partial sums, added with two
+//   AVX2 vector adds. Per key and 16 queries that is d·bits/8 (or d/2) + m/8 row additions, against the
+//   16·(d + m) multiply-adds of decoding the key and multiplying (4x the flops of a dense q·Kᵀ for QJL at
+//   m = 4d, 2x for turbo_prod). The table entries are the per-query tables' entries, so each score is
+//   the same sum reordered (no lower precision).
+// * wider codes (5–8 bits) or tables above kMaxAdcTableBytes: each task decodes a block of keys to dense
+//   rows (levels[codes] · w, ±w) in a buffer that stays in cache and multiplies it by the queries with BLAS.
+//
+// Measured (2-core Zen 4, 1 thread, CPU time, keys [8, 32768, 128], n_q = 64; the other engineers'
+// builds kept the load at 4–7, so only ratios in one process mean much): dense fp32 q·Kᵀ 110–120 ms;
+// turbo_mse 4 bits GEMM 120 ms → tables 55–80 ms at 1–3 bits and ~100 ms at 4 bits; 5–8 bits: GEMM
+// 125–140 ms vs tables 205–310 ms (d look-ups per key after unpacking, or 2 MiB of 8-bit tables), so GEMM
+// stays there. n_q = 2..8 at 4 bits: 12–15 ms vs the per-query tables' 14–74 ms.
+//
+// The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with math::score_one, the
+// GPU's per-thread loop.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,9 +44,11 @@ namespace kvstats {
 namespace cpu {
 
 constexpr int64_t kGemmQueries = 8;
+// Fewest queries per group for the queries-innermost tables (score_adc.h), the widest codes they take,
+// and the most bytes one block's tables may take (beyond a core's L2 the look-ups miss).
 constexpr int64_t kAdcQueries = 2;
+constexpr int64_t kAdcMaxBits = 4;
 constexpr int64_t kMaxAdcTableBytes = int64_t{2} << 20;
-
 // Keys per task: the decoded block (kScoreBlock × (d + m) values) and its scores stay in L2.
 constexpr int64_t kScoreBlock = 256;
 // Most memory the per-query lookup tables of one call may take (above: the GEMM path).
@@ -287,8 +306,9 @@ int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
   return k.G * nq * (code_size + sign_size) * static_cast<int64_t>(sizeof(acc_t));
 }
 
-// out [G, nq, nk] from the packed keys; picks tables or GEMM by the number of queries and the tables'
-// size (at most kMaxTableBytes), or the shared path when it is switched on.
+// out [G, nq, nk] from the packed keys; picks per-query tables, queries-innermost tables or GEMM by the
+// number of queries, the code width and the tables' size (see the top of this file), or the shared path
+// when it is switched on.
 template <typename acc_t>
 at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
                         const at::TensorOptions& opts) {
@@ -296,7 +316,7 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
   if (out.numel() == 0) return out;
   if (shared_path_enabled()) {
     score_packed_shared(k, q, qs, out);
-  } else if (nq >= kAdcQueries && adc_table_bytes(k) <= kMaxAdcTableBytes) {
+  } else if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) && adc_table_bytes(k) <= kMaxAdcTableBytes) {
     score_packed_adc(k, q, qs, out);
   } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {
     score_packed_gemm(k, q, qs, out);
