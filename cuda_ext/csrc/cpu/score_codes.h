@@ -31,6 +31,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <vector>
 
 #include "../bitpack.h"
@@ -222,6 +223,10 @@ int64_t adc_table_bytes(const PackedKeys<acc_t>& k) {
 
 // Many queries: blocks of kAdcBlock queries (a last block of <= kAdcShortBlock queries in a short
 // block), tables per (group, block) built by the first task of a thread that needs them (score_adc.h).
+// The workers take tasks from a shared counter, in order, rather than a fixed half each: on a loaded
+// machine a descheduled thread then delays the call by one task, not by its whole share. Each score is
+// computed by one task from the same tables whichever thread runs it, so the result does not depend on
+// the schedule.
 template <typename acc_t>
 void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
   const int64_t nq = out.size(1), d = k.codes ? k.d : 0, m = k.signs ? k.m : 0, nk = k.nk;
@@ -230,14 +235,16 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
   const acc_t* qp = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
   const acc_t* qsp = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
   acc_t* op = out.mutable_data_ptr<acc_t>();
-  at::parallel_for(0, k.G * blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = k.G * blocks * chunks;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), tasks), 1, [&](int64_t, int64_t) {
     constexpr int64_t kAlign = 64 / sizeof(acc_t);
     std::vector<acc_t> storage(layout.entries() * kAdcBlock + kAlign);
     acc_t* table = storage.data() + (kAlign - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(acc_t)) % kAlign) % kAlign;
     std::vector<acc_t> qT(d * kAdcBlock), qsT(m * kAdcBlock), buf(kAdcKeyBlock * kAdcBlock);
     std::vector<uint8_t> scratch(kAdcKeyBlock * d);
     int64_t built = -1;
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
       const int64_t gb = task / chunks, g = gb / blocks, first = (gb % blocks) * kAdcBlock;
       const int64_t rows = std::min(kAdcBlock, nq - first), nqb = rows <= kAdcShortBlock ? kAdcShortBlock : kAdcBlock;
       if (gb != built) {  // this block's queries, transposed (zero columns past the last query), and tables
