@@ -18,11 +18,15 @@
 // * wider codes (5–8 bits) or tables above kMaxAdcTableBytes: each task decodes a block of keys to dense
 //   rows (levels[codes] · w, ±w) in a buffer that stays in cache and multiplies it by the queries with BLAS.
 //
-// Measured (2-core Zen 4, 1 thread, CPU time, keys [8, 32768, 128], n_q = 64; the other engineers'
-// builds kept the load at 4–7, so only ratios in one process mean much): dense fp32 q·Kᵀ 110–120 ms;
-// turbo_mse 4 bits GEMM 120 ms → tables 55–80 ms at 1–3 bits and ~100 ms at 4 bits; 5–8 bits: GEMM
-// 125–140 ms vs tables 205–310 ms (d look-ups per key after unpacking, or 2 MiB of 8-bit tables), so GEMM
-// stays there. n_q = 2..8 at 4 bits: 12–15 ms vs the per-query tables' 14–74 ms.
+// Measured on a 2-core Zen 4 (1 thread, CPU time, keys [8, 32768, 128], n_q = 64; the machine was shared,
+// load 4-8, so only ratios within one process mean much): dense fp32 q·Kᵀ 110-120 ms; with these tables
+// qjl (m = 512) 107-111 ms (before: 315-332, ~40 of them a copy in QJLQuantizer._inner), turbo_prod
+// (3-bit codes + m = 128) 106-111 ms (GEMM: 187), turbo_mse 55, 71-80, 83, 100-105 ms at 1, 2, 3, 4
+// bits (GEMM: 118-129). At 5-8 bits the tables (d look-ups per key after unpacking, or 2 MiB of 8-bit
+// tables) took 205-310 ms against GEMM's 125-140, so GEMM stays there. n_q = 2..8 at 4 bits: 12-15 ms
+// against the per-query tables' 14-74 ms. With 2 threads (wall time, medians of interleaved calls at the
+// same load) qjl and turbo_prod came out at 0.8-1.0x the dense product: the machine's load, not the
+// kernel, dominated the spread.
 //
 // The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with math::score_one, the
 // GPU's per-thread loop.
@@ -32,6 +36,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <memory>
 #include <vector>
 
 #include "../bitpack.h"
@@ -238,9 +243,12 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
   const int64_t tasks = k.G * blocks * chunks;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), tasks), 1, [&](int64_t, int64_t) {
-    constexpr int64_t kAlign = 64 / sizeof(acc_t);
-    std::vector<acc_t> storage(layout.entries() * kAdcBlock + kAlign);
-    acc_t* table = storage.data() + (kAlign - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(acc_t)) % kAlign) % kAlign;
+    // The tables 64-byte aligned (score_adc.h): a row of 16 fp32 is then one cache line.
+    const size_t table_bytes = layout.entries() * kAdcBlock * sizeof(acc_t);
+    std::vector<acc_t> storage(layout.entries() * kAdcBlock + 64 / sizeof(acc_t));
+    void* aligned = storage.data();
+    size_t space = storage.size() * sizeof(acc_t);
+    acc_t* table = static_cast<acc_t*>(std::align(64, table_bytes, aligned, space));
     std::vector<acc_t> qT(d * kAdcBlock), qsT(m * kAdcBlock), buf(kAdcKeyBlock * kAdcBlock);
     std::vector<uint8_t> scratch(kAdcKeyBlock * d);
     int64_t built = -1;
@@ -250,7 +258,8 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
       if (gb != built) {  // this block's queries, transposed (zero columns past the last query), and tables
         auto transpose = [&](const acc_t* src, int64_t width, std::vector<acc_t>& dst) {
           for (int64_t r = 0; r < nqb; ++r)
-            for (int64_t c = 0; c < width; ++c) dst[c * nqb + r] = r < rows ? src[(g * nq + first + r) * width + c] : acc_t(0);
+            for (int64_t c = 0; c < width; ++c)
+              dst[c * nqb + r] = r < rows ? src[(g * nq + first + r) * width + c] : acc_t(0);
         };
         if (qp) transpose(qp, d, qT);
         if (qsp) transpose(qsp, m, qsT);
@@ -323,7 +332,8 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
   if (out.numel() == 0) return out;
   if (shared_path_enabled()) {
     score_packed_shared(k, q, qs, out);
-  } else if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) && adc_table_bytes(k) <= kMaxAdcTableBytes) {
+  } else if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
+             adc_table_bytes(k) <= kMaxAdcTableBytes) {
     score_packed_adc(k, q, qs, out);
   } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {
     score_packed_gemm(k, q, qs, out);
