@@ -25,6 +25,7 @@ the fused kernels ``qjl_encode`` / ``qjl_scores`` (kvstats.ops).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -180,8 +181,10 @@ class QJLQuantizer(Quantizer):
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         q = query.to(acc_dtype(query.dtype))
-        scores = sum(sketch.estimate(part, code.payload["signs" + sfx], code.scalars["norm" + sfx])
-                     for sfx, sketch, part in self._parts(q))
+        # reduce, not sum: sum's start value 0 would copy the whole [..., n_q, n_k] score tensor once more.
+        scores = functools.reduce(torch.add, (sketch.estimate(part, code.payload["signs" + sfx],
+                                                              code.scalars["norm" + sfx])
+                                              for sfx, sketch, part in self._parts(q)))
         if self.exact_outlier:  # exact term q_o · x_o
             value = code.scalars["value_outlier"].to(q.dtype)
             scores = scores + self._outlier_value(q).unsqueeze(-1) * value.unsqueeze(-2)

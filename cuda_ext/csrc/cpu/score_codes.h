@@ -2,30 +2,59 @@
 //
 //   scores[g, i, j] = mse_w[g, j] · <q[g, i], levels[codes[g, j]]>  +  qjl_w[g, j] · <qs[g, i], signs[g, j]>
 //
-// either part optional (QJL has only the second, lloyd only the first). Few queries per key group
-// (n_q < kGemmQueries): per-query lookup tables (score_tables.h), one look-up per byte (or code pair) per
-// key. Many: each task decodes a block of keys to dense rows (levels[codes] · w, ±w) in a buffer that
-// stays in cache and multiplies it by the queries with BLAS. Tables whose size would exceed
-// kMaxTableBytes (wide rows at 8 bits: d · 256 values per query) take the GEMM path too, whose scratch is
-// bounded per task. The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with
-// math::score_one, the GPU's per-thread loop.
+// either part optional (QJL has only the second, lloyd only the first). Three CPU methods, picked by the
+// number of queries n_q per key group and the code width (score_packed):
+//
+// * n_q = 1 (or n_q < kAdcQueries): per-query lookup tables (score_tables.h), one look-up per byte (or
+//   code pair) per key, scalar.
+// * n_q >= kAdcQueries, codes of <= 4 bits (or none): the queries-innermost tables of score_adc.h. Per
+//   block of 16 queries, T[position][field][query] (1 MiB for m = 512 sign bits, 512 KiB for 3-bit codes
+//   at d = 128 plus m = 128 signs) is built by the task that uses it and stays in its core's L2; each
+//   field of a key (a byte, a 6-bit pair of 3-bit codes) selects a row of 16 partial sums, added with two
+//   AVX2 vector adds. Per key and 16 queries that is d·bits/8 (or d/2) + m/8 row additions, against the
+//   16·(d + m) multiply-adds of decoding the key and multiplying (4x the flops of a dense q·Kᵀ for QJL at
+//   m = 4d, 2x for turbo_prod). The table entries are the per-query tables' entries, so each score is
+//   the same sum reordered (no lower precision).
+// * wider codes (5–8 bits) or tables above kMaxAdcTableBytes: each task decodes a block of keys to dense
+//   rows (levels[codes] · w, ±w) in a buffer that stays in cache and multiplies it by the queries with BLAS.
+//
+// Measured on a 2-core Zen 4 (1 thread, CPU time, keys [8, 32768, 128], n_q = 64; the machine was shared,
+// load 4-8, so only ratios within one process mean much): dense fp32 q·Kᵀ 110-120 ms; with these tables
+// qjl (m = 512) 107-111 ms (before: 315-332, ~40 of them a copy in QJLQuantizer._inner), turbo_prod
+// (3-bit codes + m = 128) 106-111 ms (GEMM: 187), turbo_mse 55, 71-80, 83, 100-105 ms at 1, 2, 3, 4
+// bits (GEMM: 118-129). At 5-8 bits the tables (d look-ups per key after unpacking, or 2 MiB of 8-bit
+// tables) took 205-310 ms against GEMM's 125-140, so GEMM stays there. n_q = 2..8 at 4 bits: 12-15 ms
+// against the per-query tables' 14-74 ms. With 2 threads (wall time, medians of interleaved calls at the
+// same load) qjl and turbo_prod came out at 0.8-1.0x the dense product: the machine's load, not the
+// kernel, dominated the spread.
+//
+// The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with math::score_one, the
+// GPU's per-thread loop.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
+#include <memory>
 #include <vector>
 
 #include "../bitpack.h"
 #include "../kernels.h"
 #include "../quant_math.h"
 #include "common_cpu.h"
+#include "score_adc.h"
 #include "score_tables.h"
 
 namespace kvstats {
 namespace cpu {
 
 constexpr int64_t kGemmQueries = 8;
+// Fewest queries per group for the queries-innermost tables (score_adc.h), the widest codes they take,
+// and the most bytes one block's tables may take (beyond a core's L2 the look-ups miss).
+constexpr int64_t kAdcQueries = 2;
+constexpr int64_t kAdcMaxBits = 4;
+constexpr int64_t kMaxAdcTableBytes = int64_t{2} << 20;
 // Keys per task: the decoded block (kScoreBlock × (d + m) values) and its scores stay in L2.
 constexpr int64_t kScoreBlock = 256;
 // Most memory the per-query lookup tables of one call may take (above: the GEMM path).
@@ -182,6 +211,81 @@ void score_packed_gemm(const PackedKeys<acc_t>& k, const at::Tensor& q, const at
   });
 }
 
+// Keys per task of the many-query kernel (consecutive tasks of one thread share a block's tables).
+constexpr int64_t kAdcChunk = 2048;
+
+// The packed keys' table layout for score_adc.h.
+template <typename acc_t>
+AdcLayout adc_layout(const PackedKeys<acc_t>& k) {
+  return AdcLayout(k.codes != nullptr, k.d, k.bits, k.signs != nullptr, k.m);
+}
+
+// Bytes of one block's tables (kAdcBlock queries).
+template <typename acc_t>
+int64_t adc_table_bytes(const PackedKeys<acc_t>& k) {
+  return adc_layout(k).entries() * kAdcBlock * static_cast<int64_t>(sizeof(acc_t));
+}
+
+// Many queries: blocks of kAdcBlock queries (a last block of <= kAdcShortBlock queries in a short
+// block), tables per (group, block) built by the first task of a thread that needs them (score_adc.h).
+// The workers take tasks from a shared counter, in order, rather than a fixed half each: on a loaded
+// machine a descheduled thread then delays the call by one task, not by its whole share. Each score is
+// computed by one task from the same tables whichever thread runs it, so the result does not depend on
+// the schedule.
+template <typename acc_t>
+void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  const int64_t nq = out.size(1), d = k.codes ? k.d : 0, m = k.signs ? k.m : 0, nk = k.nk;
+  const AdcLayout layout = adc_layout(k);
+  const int64_t blocks = (nq + kAdcBlock - 1) / kAdcBlock, chunks = (nk + kAdcChunk - 1) / kAdcChunk;
+  const acc_t* qp = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
+  const acc_t* qsp = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
+  acc_t* op = out.mutable_data_ptr<acc_t>();
+  const int64_t tasks = k.G * blocks * chunks;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), tasks), 1, [&](int64_t, int64_t) {
+    // The tables 64-byte aligned (score_adc.h): a row of 16 fp32 is then one cache line.
+    const size_t table_bytes = layout.entries() * kAdcBlock * sizeof(acc_t);
+    std::vector<acc_t> storage(layout.entries() * kAdcBlock + 64 / sizeof(acc_t));
+    void* aligned = storage.data();
+    size_t space = storage.size() * sizeof(acc_t);
+    acc_t* table = static_cast<acc_t*>(std::align(64, table_bytes, aligned, space));
+    std::vector<acc_t> qT(d * kAdcBlock), qsT(m * kAdcBlock), buf(kAdcKeyBlock * kAdcBlock);
+    std::vector<uint8_t> scratch(kAdcKeyBlock * d);
+    int64_t built = -1;
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
+      const int64_t gb = task / chunks, g = gb / blocks, first = (gb % blocks) * kAdcBlock;
+      const int64_t rows = std::min(kAdcBlock, nq - first), nqb = rows <= kAdcShortBlock ? kAdcShortBlock : kAdcBlock;
+      if (gb != built) {  // this block's queries, transposed (zero columns past the last query), and tables
+        auto transpose = [&](const acc_t* src, int64_t width, std::vector<acc_t>& dst) {
+          for (int64_t r = 0; r < nqb; ++r)
+            for (int64_t c = 0; c < width; ++c)
+              dst[c * nqb + r] = r < rows ? src[(g * nq + first + r) * width + c] : acc_t(0);
+        };
+        if (qp) transpose(qp, d, qT);
+        if (qsp) transpose(qsp, m, qsT);
+        adc_build_tables<acc_t>(layout, nqb, qT.data(), qsT.data(), k.levels, table);
+        built = gb;
+      }
+      AdcTask<acc_t> t;
+      t.layout = &layout;
+      t.nqb = nqb;
+      t.rows = rows;
+      t.table = table;
+      t.codes = k.codes ? k.codes + g * nk * layout.ct.nb : nullptr;
+      t.signs = k.signs ? k.signs + g * nk * layout.mb : nullptr;
+      t.mse_w = k.codes ? k.mse_w + g * nk : nullptr;
+      t.qjl_w = k.signs ? k.qjl_w + g * nk : nullptr;
+      t.j0 = (task % chunks) * kAdcChunk;
+      t.j1 = std::min(nk, t.j0 + kAdcChunk);
+      t.out = op + (g * nq + first) * nk;
+      t.nk = nk;
+      t.buf = buf.data();
+      t.scratch = scratch.data();
+      adc_score_chunk<acc_t>(t);
+    }
+  });
+}
+
 // The shared path: every (query, key) pair with math::score_one, as one GPU thread does.
 template <typename acc_t>
 void score_packed_shared(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
@@ -218,8 +322,9 @@ int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
   return k.G * nq * (code_size + sign_size) * static_cast<int64_t>(sizeof(acc_t));
 }
 
-// out [G, nq, nk] from the packed keys; picks tables or GEMM by the number of queries and the tables'
-// size (at most kMaxTableBytes), or the shared path when it is switched on.
+// out [G, nq, nk] from the packed keys; picks per-query tables, queries-innermost tables or GEMM by the
+// number of queries, the code width and the tables' size (see the top of this file), or the shared path
+// when it is switched on.
 template <typename acc_t>
 at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
                         const at::TensorOptions& opts) {
@@ -227,6 +332,9 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
   if (out.numel() == 0) return out;
   if (shared_path_enabled()) {
     score_packed_shared(k, q, qs, out);
+  } else if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
+             adc_table_bytes(k) <= kMaxAdcTableBytes) {
+    score_packed_adc(k, q, qs, out);
   } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {
     score_packed_gemm(k, q, qs, out);
   } else {
