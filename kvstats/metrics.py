@@ -28,7 +28,7 @@ The 6D error built from these metrics, its distance and the energy tests on its 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -202,14 +202,28 @@ def _log_probs(logits: torch.Tensor, visible: torch.Tensor | None) -> torch.Tens
     return torch.log_softmax(attention.mask_logits(logits, visible), dim=-1)
 
 
+class _RefLogProbs(NamedTuple):
+    """The reference side of the KL: ``log p``, ``p`` and where ``p = 0`` (masked or underflowed)."""
+
+    lp: torch.Tensor
+    p: torch.Tensor
+    p_zero: torch.Tensor
+
+
+def _ref_log_probs(a: torch.Tensor, visible: torch.Tensor | None) -> _RefLogProbs:
+    lp = _log_probs(a, visible)
+    return _RefLogProbs(lp, lp.exp(), lp == float("-inf"))
+
+
 def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None,
-               lp: torch.Tensor | None = None) -> torch.Tensor:
+               ref: _RefLogProbs | None = None) -> torch.Tensor:
     """KL per query from logits; log_softmax subtracts each row's maximum first (no overflow of exp).
 
     Logits near the fp32 limit can still overflow in the subtraction (s_max − s_min > 3.4e38): the
     computation is then redone in fp64, and an fp64 failure raises (finite result or a clear error).
+    ``ref``: ``_ref_log_probs(a, visible)`` when already computed.
     """
-    kl = _kl_terms(a, b, visible, lp)
+    kl = _kl_terms(a, b, visible, ref)
     if not bool(torch.isfinite(kl).all()) and a.dtype != torch.float64:
         kl = _kl_terms(a.double(), b.double(), visible)
     if not bool(torch.isfinite(kl).all()):
@@ -219,15 +233,12 @@ def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None,
 
 
 def _kl_terms(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None,
-              lp: torch.Tensor | None = None) -> torch.Tensor:
-    """KL terms summed per query; ``lp``: the reference log-probabilities of ``a`` when already computed."""
-    if lp is None:
-        lp = _log_probs(a, visible)
-    lq = _log_probs(b, visible)
-    terms = lp.exp() * (lp - lq)
-    zero = torch.zeros((), dtype=terms.dtype, device=terms.device)
-    terms = torch.where(lp == float("-inf"), zero, terms)  # p = 0 (masked or underflowed): 0·log 0 = 0
-    return terms.sum(-1).clamp_min(0.0)
+              ref: _RefLogProbs | None = None) -> torch.Tensor:
+    """``Σ_j p_j (log p_j − log q_j)`` per query, in place on ``log q`` (the same roundings as ``p · (lp − lq)``)."""
+    if ref is None:
+        ref = _ref_log_probs(a, visible)
+    terms = _log_probs(b, visible).neg_().add_(ref.lp).mul_(ref.p)
+    return terms.masked_fill_(ref.p_zero, 0.0).sum(-1).clamp_min(0.0)  # p = 0: 0·log 0 = 0
 
 
 def attention_kl(
@@ -392,7 +403,7 @@ class AttentionReference:
         self.causal = bool(causal)
         self.visible = (_causal_visible(self.logits.shape[-2], self.logits.shape[-1], query_offset,
                                         self.logits.device) if causal else None)
-        self._log_probs: dict[torch.dtype, torch.Tensor] = {}
+        self._log_probs: dict[torch.dtype, _RefLogProbs] = {}
         self._top: dict[int, torch.Tensor] = {}
 
     def _quant(self, scores_quant) -> torch.Tensor:
@@ -408,7 +419,7 @@ class AttentionReference:
         a = self.logits.to(dtype)
         lp = self._log_probs.get(dtype)
         if lp is None:
-            lp = self._log_probs[dtype] = _log_probs(a, self.visible)
+            lp = self._log_probs[dtype] = _ref_log_probs(a, self.visible)
         return _reduce(_kl_logits(a, b.to(dtype), self.visible, lp), reduction)
 
     def topk_recall(self, scores_quant, *, top_k: int = 5, reduction: Reduction = "mean") -> float | torch.Tensor:

@@ -384,6 +384,12 @@ def test_attention_reference_reuse_is_identical_to_the_one_shot_calls(causal, of
         opts = {"causal": causal, "query_offset": offset, "reduction": "none"}
         kl = ref.kl(b, reduction="none")
         assert torch.equal(kl, M.attention_kl_from_scores(a, b, **opts))
+        # the textbook expression in the same dtype, term by term: the in-place evaluation rounds the same way
+        mask = torch.as_tensor(vis) if causal else torch.ones(6, 9, dtype=torch.bool)
+        lp = torch.log_softmax(a.masked_fill(~mask, -math.inf), -1)
+        lq = torch.log_softmax(b.masked_fill(~mask, -math.inf), -1)
+        plain = torch.where(lp == -math.inf, 0.0, lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0)
+        assert torch.equal(kl, plain)
         for top_k in (1, 3, 5):
             assert torch.equal(ref.topk_recall(b, top_k=top_k, reduction="none"),
                                M.topk_recall_from_scores(a, b, top_k=top_k, **opts))
