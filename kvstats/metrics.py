@@ -28,7 +28,7 @@ The 6D error built from these metrics, its distance and the energy tests on its 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -36,6 +36,7 @@ from kvstats import attention
 from kvstats._validation import as_tensor, check_float_tensor, check_int_range
 
 __all__ = [
+    "AttentionReference",
     "attention_kl",
     "attention_kl_from_scores",
     "attention_output_error",
@@ -197,13 +198,32 @@ def attention_kl_from_scores(
     return _reduce(kl, reduction)
 
 
-def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+def _log_probs(logits: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    return torch.log_softmax(attention.mask_logits(logits, visible), dim=-1)
+
+
+class _RefLogProbs(NamedTuple):
+    """The reference side of the KL: ``log p``, ``p`` and where ``p = 0`` (masked or underflowed)."""
+
+    lp: torch.Tensor
+    p: torch.Tensor
+    p_zero: torch.Tensor
+
+
+def _ref_log_probs(a: torch.Tensor, visible: torch.Tensor | None) -> _RefLogProbs:
+    lp = _log_probs(a, visible)
+    return _RefLogProbs(lp, lp.exp(), lp == float("-inf"))
+
+
+def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None,
+               ref: _RefLogProbs | None = None) -> torch.Tensor:
     """KL per query from logits; log_softmax subtracts each row's maximum first (no overflow of exp).
 
     Logits near the fp32 limit can still overflow in the subtraction (s_max − s_min > 3.4e38): the
     computation is then redone in fp64, and an fp64 failure raises (finite result or a clear error).
+    ``ref``: ``_ref_log_probs(a, visible)`` when already computed.
     """
-    kl = _kl_terms(a, b, visible)
+    kl = _kl_terms(a, b, visible, ref)
     if not bool(torch.isfinite(kl).all()) and a.dtype != torch.float64:
         kl = _kl_terms(a.double(), b.double(), visible)
     if not bool(torch.isfinite(kl).all()):
@@ -212,13 +232,13 @@ def _kl_logits(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -
     return kl
 
 
-def _kl_terms(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    lp = torch.log_softmax(attention.mask_logits(a, visible), dim=-1)
-    lq = torch.log_softmax(attention.mask_logits(b, visible), dim=-1)
-    terms = lp.exp() * (lp - lq)
-    zero = torch.zeros((), dtype=terms.dtype, device=terms.device)
-    terms = torch.where(lp == float("-inf"), zero, terms)  # p = 0 (masked or underflowed): 0·log 0 = 0
-    return terms.sum(-1).clamp_min(0.0)
+def _kl_terms(a: torch.Tensor, b: torch.Tensor, visible: torch.Tensor | None,
+              ref: _RefLogProbs | None = None) -> torch.Tensor:
+    """``Σ_j p_j (log p_j − log q_j)`` per query, in place on ``log q`` (the same roundings as ``p · (lp − lq)``)."""
+    if ref is None:
+        ref = _ref_log_probs(a, visible)
+    terms = _log_probs(b, visible).neg_().add_(ref.lp).mul_(ref.p)
+    return terms.masked_fill_(ref.p_zero, 0.0).sum(-1).clamp_min(0.0)  # p = 0: 0·log 0 = 0
 
 
 def attention_kl(
@@ -310,13 +330,21 @@ def _top_membership(scores: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
     return above | (tied & (tied.cumsum(-1) <= room))
 
 
-def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:
-    a, b = attention.mask_logits(a, visible), attention.mask_logits(b, visible)
+def _k_eff(shape: torch.Size, top_k: int, visible: torch.Tensor | None, device) -> torch.Tensor:
+    """``k' = min(top_k, visible keys)`` per query, ``shape[:-1]``."""
     if visible is None:
-        k_eff = torch.full(a.shape[:-1], min(top_k, a.shape[-1]), device=a.device)
-    else:
-        k_eff = visible.sum(-1).clamp_max(top_k).expand(a.shape[:-1])
-    hits = (_top_membership(a, k_eff) & _top_membership(b, k_eff)).sum(-1)
+        return torch.full(shape[:-1], min(top_k, shape[-1]), device=device)
+    return visible.sum(-1).clamp_max(top_k).expand(shape[:-1])
+
+
+def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor | None,
+            ref_top: torch.Tensor | None = None) -> torch.Tensor:
+    """Recall per query; ``ref_top``: the reference membership ``_top_membership(a, k_eff)`` when already known."""
+    b = attention.mask_logits(b, visible)
+    k_eff = _k_eff(b.shape, top_k, visible, b.device)
+    if ref_top is None:
+        ref_top = _top_membership(attention.mask_logits(a, visible), k_eff)
+    hits = (ref_top & _top_membership(b, k_eff)).sum(-1)
     return hits.to(torch.float64) / k_eff.to(torch.float64)
 
 
@@ -349,6 +377,61 @@ def topk_recall(
     dtype = _work_dtype(double, q, k, k_hat)
     visible = _causal_visible(q.shape[2], k.shape[2], query_offset, q.device) if causal else None
     return _reduce(_recall(*_score_pair(q, k, k_hat, dtype), top_k, visible), reduction)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one reference, many quantized logits
+
+
+class AttentionReference:
+    """The exact attention's logits prepared once for the KL and top-k recall of many quantized logits.
+
+    ``ref = AttentionReference(scores_ref, causal=True)``; then ``ref.kl(s)`` equals
+    ``attention_kl_from_scores(scores_ref, s, causal=True)`` and ``ref.topk_recall(s, top_k=5)`` equals
+    ``topk_recall_from_scores(scores_ref, s, top_k=5, causal=True)`` number for number (the same operations in the
+    same order), for any quantized logits ``s``. The reference's ``log p = log_softmax(scores_ref)`` (per work
+    dtype) and its top-k sets (per ``top_k``) are computed on first use and reused by every later call: the saving
+    when one reference serves many schemes (one log-softmax and one top-k selection of ``[..., Nq, S]`` per scheme).
+
+    Args:
+        scores_ref: ``[..., Nq, S]`` exact logits (what goes into the softmax, e.g. :func:`attention_scores`).
+        causal, query_offset: the causal mask of every comparison, see the module docstring.
+    """
+
+    def __init__(self, scores_ref, *, causal: bool = False, query_offset: int | None = None):
+        self.logits = _prep(scores_ref, "scores_ref", min_dim=2)
+        self.causal = bool(causal)
+        self.visible = (_causal_visible(self.logits.shape[-2], self.logits.shape[-1], query_offset,
+                                        self.logits.device) if causal else None)
+        self._log_probs: dict[torch.dtype, _RefLogProbs] = {}
+        self._top: dict[int, torch.Tensor] = {}
+
+    def _quant(self, scores_quant) -> torch.Tensor:
+        b = _prep(scores_quant, "scores_quant", min_dim=2)
+        _check_same_shape(self.logits, "scores_ref", b, "scores_quant")
+        return b
+
+    def kl(self, scores_quant, *, reduction: Reduction = "mean", double: bool = False) -> float | torch.Tensor:
+        """``KL(p ‖ p̂)`` per query as :func:`attention_kl_from_scores` (``[..., Nq]`` for ``reduction="none"``)."""
+        _check_reduction(reduction)
+        b = self._quant(scores_quant)
+        dtype = _work_dtype(double, self.logits, b)
+        a = self.logits.to(dtype)
+        lp = self._log_probs.get(dtype)
+        if lp is None:
+            lp = self._log_probs[dtype] = _ref_log_probs(a, self.visible)
+        return _reduce(_kl_logits(a, b.to(dtype), self.visible, lp), reduction)
+
+    def topk_recall(self, scores_quant, *, top_k: int = 5, reduction: Reduction = "mean") -> float | torch.Tensor:
+        """Top-k recall per query as :func:`topk_recall_from_scores` (same tie rule, ``k' = min(k, visible)``)."""
+        _check_reduction(reduction)
+        b = self._quant(scores_quant)
+        top_k = check_int_range(top_k, "top_k", 1, 2**62)
+        ref_top = self._top.get(top_k)
+        if ref_top is None:
+            k_eff = _k_eff(self.logits.shape, top_k, self.visible, self.logits.device)
+            ref_top = self._top[top_k] = _top_membership(attention.mask_logits(self.logits, self.visible), k_eff)
+        return _reduce(_recall(self.logits, b, top_k, self.visible, ref_top), reduction)
 
 
 # ----------------------------------------------------------------------------------------------------------

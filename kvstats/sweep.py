@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ __all__ = [
     "cells_dir",
     "default_figures_dir",
     "grid",
+    "parallel_map",
     "study_args",
     "warm_workers",
 ]
@@ -254,6 +255,39 @@ def _portable(cell: Callable) -> Callable:
     if getattr(cell, "__module__", None) == "__main__" and path and "<locals>" not in cell.__qualname__:
         return _ScriptFunction(Path(path).stem, str(Path(path).resolve()), cell.__qualname__)
     return cell
+
+
+def parallel_map(fn: Callable, kwargs_list: Sequence[Mapping[str, Any]], *, n_jobs: int | None = None,
+                 threads: int | None = 1) -> Iterator[Any]:
+    """``fn(**kw)`` for each ``kw`` of ``kwargs_list``, yielded lazily and in order, in the sweep's joblib workers.
+
+    For a study's work outside its cells (e.g. figure data drawn in the main process): with ``n_jobs`` workers
+    (loky processes, default all cores; a study script's function travels by path and name, as cells do) or in
+    this process when ``n_jobs == 1``. At most ``2·n_jobs`` results wait to be consumed (bounded memory).
+    ``threads``: torch threads per call in a worker (1: the workers share the cores, as the sweep's cells do).
+    """
+    items = [dict(kw) for kw in kwargs_list]
+    jobs = -1 if n_jobs is None else int(n_jobs)
+    if jobs == 0:
+        raise ValueError("n_jobs must be a positive number of workers or negative (all cores - k), got 0")
+    if jobs == 1 or len(items) <= 1:
+        for kw in items:
+            yield fn(**kw)
+        return
+    from joblib import Parallel, delayed
+
+    _register_shutdown()
+    f = _portable(fn)
+    parallel = Parallel(n_jobs=jobs, return_as="generator", batch_size=1, pre_dispatch="2*n_jobs")
+    yield from parallel(delayed(_call_with_threads)(f, kw, threads) for kw in items)
+
+
+def _call_with_threads(fn: Callable, kw: dict[str, Any], threads: int | None) -> Any:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return fn(**kw)
 
 
 def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:

@@ -31,7 +31,7 @@ from kvstats.report import fmt_p
 from kvstats.rotations import make_rotation
 from kvstats.sphere import goodness_of_fit
 from kvstats.stats import mann_whitney
-from kvstats.sweep import cell_seed, grid
+from kvstats.sweep import cell_seed, grid, parallel_map
 
 STUDY = "beta_figures"
 VERSION = "1"  # cells unchanged (verdicts and definitions only)
@@ -132,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
 
     plots.setup()
     ks_rows, mw_rows = [], []
+    # the histograms' draws (d = 1024: 32768 Student-t vectors and their values, ~10 s each) in the workers, in
+    # the order of the panels below (the same seeds: the same coordinates as drawn here one by one)
+    coordinates = parallel_map(rotated_coordinates, [{"kind": kind, "d": d, "n_vectors": cfg["hist_vectors"]}
+                                                     for d in DIMS for kind in KINDS], n_jobs=args.n_jobs)
     for d in DIMS:
         fig, axes = plots.panels(2, 3, f"d = {d}: rotated coordinates vs the sphere law f_d (top); attention KL at "
                                  f"n = {BITS} bits, {cfg['trials']} trials per box (bottom)", width=4.2, height=3.3)
         for j, kind in enumerate(KINDS):
-            x = rotated_coordinates(kind, d, cfg["hist_vectors"])
+            x = next(coordinates)
             one = x[np.arange(len(x)), np.arange(len(x)) % d]  # one coordinate per vector: independent draws
             gof = goodness_of_fit(one, d, method="ks")
             ks_rows.append({"d": d, "kind": kind, "n": len(one), "ks": gof.statistic, "p": gof.pvalue})

@@ -188,6 +188,16 @@ def trial_data(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: 
     return {"peaked": q, "isotropic": iso}, k, v, False
 
 
+@functools.lru_cache(maxsize=TRIAL_CACHE)
+def trial_reference(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: int,
+                    model: str) -> metrics.AttentionReference:
+    """The exact attention of one trial's query set (fp32 logits ``q kᵀ/√d``, causal as the data), with its top-5
+    sets once computed: the same for every scheme, sketch and budget, so a worker's cells share it (one data set's
+    query sets fit the cache: 2 × 80 synthetic, 0.65 MB each at paper scale)."""
+    queries, k, _, causal = trial_data(data, layer, d, seq, n_q, trial)
+    return metrics.AttentionReference(metrics.attention_scores(queries[model], k), causal=causal)
+
+
 def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> Scheme:
     """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed, rows=sketch)``; ``sketch`` sets
     every QJL stage (kqv's V, qkqv's K and V); "none" for kv and minmax, which have none. ``minmax``
@@ -197,21 +207,23 @@ def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> S
 
 
 def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, code=None,
-                  decoded=None) -> dict:
+                  decoded=None, reference: metrics.AttentionReference | None = None) -> dict:
     """One trial's numbers for one query set through the public API: the scheme's scores, kvstats.metrics and
     the 6D error (components 4–5 from the scheme's own estimated logits, the attention it computes).
     ``code``/``decoded``: ``s.encode(k, v)`` and ``s.decode(code)`` when already computed (shared by the
-    query models of a trial)."""
+    query models of a trial); ``reference``: ``AttentionReference(attention_scores(q, k), causal=causal)`` when
+    already computed (:func:`trial_reference`, shared by the schemes): the same numbers."""
     code = s.encode(k, v) if code is None else code
     k_hat, v_hat = s.decode(code) if decoded is None else decoded
-    ref = metrics.attention_scores(q, k)
+    if reference is None:
+        reference = metrics.AttentionReference(metrics.attention_scores(q, k), causal=causal)
     est = s.scores(q, code) / math.sqrt(k.shape[-1])
     row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal)[0].tolist()))
-    err = (est - ref).double()
+    err = (est - reference.logits).double()
     if causal:  # only the logits a query can see
         err = err[..., attention.causal_visible(err.shape[-2], err.shape[-1])]
     return row | {
-        "top5": metrics.topk_recall_from_scores(ref, est, top_k=5, causal=causal),
+        "top5": reference.topk_recall(est, top_k=5),
         "k_rel_mse": metrics.mse(k, k_hat, relative=True),
         "v_rel_mse": metrics.mse(v, v_hat, relative=True),
         "logit_var": float(err.pow(2).mean()),
@@ -233,8 +245,9 @@ def cell(data: str, layer: int | None, scheme_name: str, sketch: str, n: int, d:
             "seq_len": int(k.shape[2]),
         }
         for model, q in queries.items():
-            rows.append({"trial": t, "queries": model, **trial_metrics(s, q, k, v, causal, code=code, decoded=decoded),
-                         **side})
+            ref = trial_reference(data, layer, d, seq, n_q, t, model)
+            rows.append({"trial": t, "queries": model,
+                         **trial_metrics(s, q, k, v, causal, code=code, decoded=decoded, reference=ref), **side})
     return rows
 
 

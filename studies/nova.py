@@ -221,8 +221,13 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
     g = hq // hkv
     qn = q[:, :, -n_q:]
     ref = metrics.attention_scores(qn, k, double=True)
-    ref32 = ref.float()  # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
-    o_ref = attention.attend(ref, v.double(), _visible(n_q, s_len))
+    # one reference serves every scheme: its log-softmax (KL) and top-5 sets are computed once per cell
+    kl_ref = metrics.AttentionReference(ref, causal=True)
+    # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
+    top_ref = metrics.AttentionReference(ref.float(), causal=True)
+    visible = _visible(n_q, s_len)
+    o_ref = attention.attend(ref, v.double(), visible)
+    sink_mass = torch.softmax(ref, -1)[0, ..., 0]  # [hq, n_q] (token 0 is visible to every query)
     rows = []
     names = ("nova",) + (("nova_insample",) if insample else ()) + OBLIVIOUS
     for n in BUDGETS:
@@ -235,21 +240,19 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
             est = (s.scores(qn, code) / math.sqrt(d)).double()
             o_hat = s.attention(qn, code, causal=True).double()
             seconds = time.perf_counter() - t0
-            kl = metrics.attention_kl_from_scores(ref, est, causal=True, reduction="none")[0]  # [hq, n_q]
-            top5 = metrics.topk_recall_from_scores(ref32, est.float(), top_k=5, causal=True, reduction="none")[0]
+            kl = kl_ref.kl(est, reduction="none")[0]  # [hq, n_q]
+            top5 = top_ref.topk_recall(est.float(), top_k=5, reduction="none")[0]
             # the attention sink (token 0) kept in full precision: encode tokens 1.. only, exact logit for 0
             rest = s.encode(k[:, :, 1:].contiguous(), v[:, :, 1:].contiguous())
             est_s = torch.cat([ref[..., :1], (s.scores(qn, rest) / math.sqrt(d)).double()], -1)
-            kl_s = metrics.attention_kl_from_scores(ref, est_s, causal=True, reduction="none")[0]
-            top5_s = metrics.topk_recall_from_scores(ref32, est_s.float(), top_k=5, causal=True, reduction="none")[0]
-            sink_mass = torch.softmax(ref, -1)[0, ..., 0]  # [hq, n_q] (token 0 is visible to every query)
-            abs_err = ((est - ref) * math.sqrt(d)).abs()[0]  # [hq, n_q, S] raw logit errors
+            kl_s = kl_ref.kl(est_s, reduction="none")[0]
+            top5_s = top_ref.topk_recall(est_s.float(), top_k=5, reduction="none")[0]
+            raw_err = (est - ref) * math.sqrt(d)  # [1, hq, n_q, S] raw logit errors
+            abs_err = raw_err.abs()[0]
             err_sink = abs_err[..., 0].mean(-1)
-            err_rest = abs_err[..., 1:].masked_fill(~_visible(n_q, s_len)[:, 1:], 0).sum(-1) \
-                / _visible(n_q, s_len)[:, 1:].sum(-1)
+            err_rest = abs_err[..., 1:].masked_fill(~visible[:, 1:], 0).sum(-1) / visible[:, 1:].sum(-1)
             oerr = ((o_ref - o_hat).norm(dim=-1) / o_ref.norm(dim=-1))[0]
-            lerr = ((est - ref) * math.sqrt(d)).pow(2).masked_fill(~_visible(n_q, s_len), 0).sum(-1)[0]
-            lerr = lerr / _visible(n_q, s_len).sum(-1)
+            lerr = raw_err.pow(2).masked_fill(~visible, 0).sum(-1)[0] / visible.sum(-1)
             bits = _bits(s, name, s_len)
             for h in range(hq):
                 rows.append({"kind": "unit", "scheme": name, "n": n, "head": h, "kv_head": h // g,
@@ -262,16 +265,18 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
             if name == "nova" and n == 2:
                 rows.extend(_parseval_rows(s, k, q, q_cal, g))
             if name == "nova" and n in GROUPING_BUDGETS:
-                rows.extend(_grouping_rows(s, k, v, k_cal, qn, ref, kl, g))
+                rows.extend(_grouping_rows(s, k, v, k_cal, qn, kl_ref, kl, g))
     return rows
 
 
-def _grouping_rows(s: NovaScheme, k, v, k_cal, qn, ref, kl_stratified, g: int) -> list[dict]:
+def _grouping_rows(s: NovaScheme, k, v, k_cal, qn, kl_ref: metrics.AttentionReference, kl_stratified,
+                   g: int) -> list[dict]:
     """Stratified (NOVA-KV's) vs contiguous groups, per KV head: held-out coefficient MSE ‖y − ŷ‖² (the
-    attention-aware distortion by Parseval), the group log-volume spread and the attention KL of its query heads."""
+    attention-aware distortion by Parseval), the group log-volume spread and the attention KL of its query heads
+    (``kl_ref``: the cell's exact attention, causal)."""
     c = contiguous(s, k_cal)
     est = (c.scores(qn, c.encode(k, v)) / math.sqrt(s.dim)).double()
-    kl_c = metrics.attention_kl_from_scores(ref, est, causal=True, reduction="none")[0].mean(-1)  # [hq]
+    kl_c = kl_ref.kl(est, reduction="none")[0].mean(-1)  # [hq]
     kl_s = kl_stratified.mean(-1)
     rows = []
     for h, (strat, cont) in enumerate(zip(s.k.heads, c.k.heads)):

@@ -366,3 +366,54 @@ def test_topk_recall_uses_min_of_k_and_visible_keys():
     assert got[..., 5:].min() < 1.0  # queries 5, 6 see more than k keys: noise 2.0 makes misses (not vacuous)
     scores = torch.from_numpy(s_ref)
     assert M.topk_recall_from_scores(scores, scores, top_k=9) == 1.0
+
+
+@pytest.mark.parametrize("causal, offset", [(False, None), (True, None), (True, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_reference_reuse_is_identical_to_the_one_shot_calls(causal, offset, dtype):
+    """AttentionReference serves several quantized logits (schemes): bit-identical to the *_from_scores calls,
+    whose KL is in turn the float64 rel_entr definition; the reference's log-softmax and top-k sets are reused."""
+    q, k, _ = _qk(11, nq=6, s=9)
+    a = M.attention_scores(q, k, double=True).to(dtype)
+    ref = M.AttentionReference(a, causal=causal, query_offset=offset)
+    vis = _manual_causal(6, 9, 3 if offset is None else offset) if causal else None
+    for noise in (0.1, 0.5, 2.0):  # three "schemes" against the one reference
+        _, _, k_hat = _qk(11, nq=6, s=9, noise=noise)
+        b = M.attention_scores(q, k_hat, double=True).to(dtype)
+        b = torch.where(torch.arange(9) % 3 == 0, b.round(decimals=1), b)  # ties for the top-k tie rule
+        opts = {"causal": causal, "query_offset": offset, "reduction": "none"}
+        kl = ref.kl(b, reduction="none")
+        assert torch.equal(kl, M.attention_kl_from_scores(a, b, **opts))
+        # the textbook expression in the same dtype, term by term: the in-place evaluation rounds the same way
+        mask = torch.as_tensor(vis) if causal else torch.ones(6, 9, dtype=torch.bool)
+        lp = torch.log_softmax(a.masked_fill(~mask, -math.inf), -1)
+        lq = torch.log_softmax(b.masked_fill(~mask, -math.inf), -1)
+        plain = torch.where(lp == -math.inf, 0.0, lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0)
+        assert torch.equal(kl, plain)
+        for top_k in (1, 3, 5):
+            assert torch.equal(ref.topk_recall(b, top_k=top_k, reduction="none"),
+                               M.topk_recall_from_scores(a, b, top_k=top_k, **opts))
+        assert ref.kl(b) == M.attention_kl_from_scores(a, b, causal=causal, query_offset=offset)
+        assert ref.kl(b, double=True) == M.attention_kl_from_scores(a, b, causal=causal, query_offset=offset,
+                                                                     double=True)
+    # against the float64 definition, without the rounding
+    _, _, k_hat = _qk(11, nq=6, s=9, noise=0.3)
+    b = M.attention_scores(q, k_hat, double=True).to(dtype)
+    expected = scipy.special.rel_entr(_oracle_probs(q, k, vis), _oracle_probs(q, k_hat, vis)).sum(-1)
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    np.testing.assert_allclose(ref.kl(b, reduction="none").numpy(), expected, rtol=tol, atol=tol * 1e-3)
+    assert set(ref._log_probs) == {dtype, torch.float64} and set(ref._top) == {1, 3, 5}
+
+
+def test_attention_reference_huge_fp32_logits_and_bad_input():
+    a = torch.tensor([[3e38, -3e38, 0.0]], dtype=torch.float32)
+    b = torch.tensor([[-3e38, 3e38, 0.0]], dtype=torch.float32)
+    ref = M.AttentionReference(a)
+    assert ref.kl(b) == M.attention_kl_from_scores(a, b) and math.isfinite(ref.kl(b))
+    assert ref.kl(a) == 0.0
+    with pytest.raises(ValueError, match=r"scores_quant must have the shape of scores_ref \(1, 3\), got \(1, 4\)"):
+        ref.kl(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, .*\], got 0"):
+        ref.topk_recall(b, top_k=0)
+    with pytest.raises(ValueError, match=r"reduction must be 'mean' or 'none', got 'sum'"):
+        ref.kl(b, reduction="sum")

@@ -133,8 +133,10 @@ def test_the_dalberto_cells_use_the_srht_sketch():
     seed = cell_seed("budget_sweep", "quant", "qkqv", n, 0)
     for rows, equal in (("srht", True), ("gaussian", False)):
         s = kvstats.scheme("qkqv", bits=n, dim=d, seed=seed, rows=rows)
-        again = bs.trial_metrics(s, queries["peaked"], k, v, False)
+        again = bs.trial_metrics(s, queries["peaked"], k, v, False)  # its own reference, not the cached one
         assert (again["attention_kl"] == row["attention_kl"]) is equal
+        if equal:  # every number, top-5 recall and logit variance from the cached reference included
+            assert {m: row[m] for m in again} == again
 
 
 # ------------------------------------------------------------------------------------ main() at tiny scale
@@ -150,8 +152,10 @@ def fake_smollm2(monkeypatch):
     monkeypatch.setattr(bs, "document_tokens", lambda: [60, 60, 60])
     monkeypatch.setattr(bs, "_real", lambda doc, layer: fake[doc])
     bs.trial_data.cache_clear()
+    bs.trial_reference.cache_clear()
     yield
     bs.trial_data.cache_clear()
+    bs.trial_reference.cache_clear()
 
 
 def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):

@@ -341,3 +341,50 @@ def test_script_function_failed_import_leaves_no_half_module(tmp_path):
     with pytest.raises(RuntimeError, match="broken at import"):
         fn(x=1)
     assert "brokenstudy_race" not in sys.modules
+
+
+_MAP_SCRIPT = """
+import json, os, sys
+import torch
+from kvstats.sweep import parallel_map
+
+def draw(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 64, generator=g, dtype=torch.float64)
+    return {"pid": os.getpid(), "threads": torch.get_num_threads(),
+            "x": (x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)).numpy().tobytes().hex()}
+
+if __name__ == "__main__":
+    kws = [{"seed": s, "n": 50 + s} for s in (5, 3, 9, 1, 7)]
+    out = {str(j): list(parallel_map(draw, kws, n_jobs=j)) for j in (1, 2)}
+    print(json.dumps({"driver": os.getpid(), **out}))
+"""
+
+
+def test_parallel_map_yields_in_order_from_workers_the_in_process_results(tmp_path):
+    """A study script's function mapped over keyword sets in loky workers: the in-process results (oracle: the same
+    function with n_jobs=1, byte for byte), in the order given, computed in other processes with 1 torch thread."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "mapstudy.py"
+    script.write_text(_MAP_SCRIPT)
+    import os
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's kvstats, also in the workers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    serial, par = out["1"], out["2"]
+    assert [r["x"] for r in par] == [r["x"] for r in serial]
+    assert [len(bytes.fromhex(r["x"])) for r in par] == [8 * 64 * (50 + s) for s in (5, 3, 9, 1, 7)]
+    assert all(r["pid"] == out["driver"] for r in serial)
+    assert all(r["pid"] != out["driver"] and r["threads"] == 1 for r in par)
+
+
+def test_parallel_map_refuses_zero_jobs():
+    from kvstats.sweep import parallel_map
+
+    with pytest.raises(ValueError, match="n_jobs must be a positive number of workers .* got 0"):
+        list(parallel_map(dict, [{"a": 1}, {"a": 2}], n_jobs=0))
