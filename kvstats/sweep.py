@@ -151,7 +151,7 @@ def _json_default(obj: Any) -> Any:
 
 
 def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping[str, Any],
-               where: str = "cell file") -> list[dict]:
+               where: str = "(no path given)") -> list[dict]:
     """Validate a stored cell's JSON text; return its rows.
 
     A cell file holds a JSON object with ``study``, ``version``, ``key`` and ``params`` equal to the expected
