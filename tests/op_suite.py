@@ -140,7 +140,15 @@ def sample_cases(device: str):
         codes = (torch.arange(37 * d, device=device) * 7 % (1 << bits)).to(torch.uint8).reshape(37, d)
         cases.append(("pack_bits", (codes, bits)))
         cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
+        cases.append(("sign_decode", _sign_decode_args(sp, sketch, sn, i, device)))
     return cases
+
+
+def _sign_decode_args(packed, sketch, norm, seed: int, device: str):
+    """(packed [N, mb], byte tables of the sketch, weight [N], base [N, d] or None on odd seeds)."""
+    packed = packed.reshape(-1, packed.shape[-1])
+    base = _random((packed.shape[0], sketch.shape[1]), 200 + seed, device) if seed % 2 == 0 else None
+    return packed, ops.sign_tables(sketch), norm.reshape(-1) * 0.0123, base
 
 
 def block_boundary_cases(device: str):
@@ -169,6 +177,7 @@ def block_boundary_cases(device: str):
             cases.append(("qjl_scores", (qs, sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
             cases.append(("turbo_prod_scores", (q, qs, kp.reshape(2, n, -1), kn.reshape(2, n), lv, bits,
                                                 sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
+        cases.append(("sign_decode", _sign_decode_args(sp, wide, sn, i, device)))
     return cases
 
 
@@ -266,4 +275,5 @@ def width_cases(device: str, bits: int):
             codes = (torch.arange(300 * d, device=device) * 7 % (1 << bits)).to(torch.uint8).reshape(300, d)
             cases.append(("pack_bits", (codes, bits)))
             cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
+            cases.append(("sign_decode", _sign_decode_args(sp, sketch, sn, seed, device)))
     return cases

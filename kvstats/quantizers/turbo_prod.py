@@ -82,9 +82,9 @@ class TurboProd(Quantizer):
             return self.mse.rotation.inverse(y_hat).to(code.dtype)
         # Πᵀ is linear: Πᵀŷ comes de-rotated from the fused lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b from the
         # byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
-        x_hat = self.mse.decode_unrotated(code.parts["mse"], acc).contiguous()
+        x_hat = self.mse.decode_unrotated(code.parts["mse"], acc)
         x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc,
-                                        basis=self._derotated_sketch(code.device, acc), accumulate=x_hat)
+                                        basis=self._derotated_sketch(code.device, acc), base=x_hat)
         return x_hat.to(code.dtype)
 
     def _derotated_sketch(self, device: torch.device, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
