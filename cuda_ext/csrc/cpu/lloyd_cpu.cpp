@@ -157,7 +157,7 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
   const int64_t n = pc.size(0), nb = pc.size(1);
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
   const bool shared = shared_path_enabled();
-  at::Tensor out = at::empty({n, d}, lv.options());
+  at::Tensor out = cpu::empty_output(n, d, lv.options());
   AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "lloyd_decode_cpu", [&] {
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const scalar_t* np = nc.const_data_ptr<scalar_t>();

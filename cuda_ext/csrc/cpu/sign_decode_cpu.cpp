@@ -116,7 +116,7 @@ at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, c
   const at::Tensor bc = base.has_value() ? base->contiguous() : at::Tensor();
   const int64_t n = pc.size(0), mb = pc.size(1), d = tc.size(1);
   const bool shared = shared_path_enabled();
-  at::Tensor out = at::empty({n, d}, tc.options());
+  at::Tensor out = cpu::empty_output(n, d, tc.options());
   AT_DISPATCH_FLOATING_TYPES(tc.scalar_type(), "sign_decode_cpu", [&] {
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const scalar_t* tp = tc.const_data_ptr<scalar_t>();
