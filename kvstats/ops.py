@@ -27,6 +27,7 @@ import torch
 OPS = (
     "fwht", "pack_bits", "unpack_bits", "lloyd_encode", "lloyd_decode", "lloyd_scores", "qjl_encode",
     "qjl_scores", "turbo_prod_encode", "turbo_prod_scores", "minmax_encode", "minmax_decode", "sign_decode",
+    "turbo_prod_decode",
 )
 
 __all__ = ["HAS_EXTENSION", "EXTENSION_ERROR", "OPS", "kernel_devices", "use_reference", "using_reference",
@@ -612,6 +613,35 @@ def turbo_prod_scores_reference(q, q_sketch, packed, norm, levels, bits: int, si
         q_sketch, signs_packed, gamma, scale)
 
 
+def _check_turbo_prod_decode(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight) -> None:
+    op = "turbo_prod_decode"
+    _check_lloyd_decode(packed, norm, signs, levels, bits, d)
+    _check_sign_decode(signs_packed, tables, weight, None)
+    _check_device(packed, signs_packed, op, "signs_packed")
+    if signs_packed.shape[0] != packed.shape[0]:
+        raise ValueError(f"{op}: signs_packed must have {packed.shape[0]} rows (as packed), "
+                         f"got {signs_packed.shape[0]}")
+    if tables.dtype != levels.dtype:
+        raise TypeError(f"{op}: tables must be {levels.dtype} (as levels), got {tables.dtype}")
+    if tables.shape[1] != d:
+        raise ValueError(f"{op}: tables must have d = {d} columns, got {tables.shape[1]}")
+
+
+def turbo_prod_decode_reference(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight):
+    """TurboQuant_prod decode in one call: Πᵀ(‖x‖·levels[idx]) + weight · Bᵀ b, with tables = sign_tables(B)
+    and B = S·Π (rows of S de-rotated), so that the sum is Πᵀ(ŷ + weight · Sᵀ b). [N, d] in levels' dtype."""
+    _check_turbo_prod_decode(packed, norm, signs, levels, bits, d, signs_packed, tables, weight)
+    mse = lloyd_decode_reference(packed, norm, signs, levels, bits, d)
+    return sign_decode_reference(signs_packed, tables, weight, mse)
+
+
+def turbo_prod_decode(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight):
+    if _use_kernel("turbo_prod_decode", packed.device):
+        return torch.ops.kvstats.turbo_prod_decode.default(packed, norm, signs, levels, bits, d, signs_packed, tables,
+                                                           weight)
+    return turbo_prod_decode_reference(packed, norm, signs, levels, bits, d, signs_packed, tables, weight)
+
+
 def turbo_prod_encode(x, signs, thresholds, levels, bits: int, sketch, norm_dtype: torch.dtype):
     if _use_kernel("turbo_prod_encode", x.device):
         return torch.ops.kvstats.turbo_prod_encode.default(x, signs, thresholds, levels, bits, sketch, norm_dtype)
@@ -749,6 +779,10 @@ def _register_fakes() -> None:
     @fake("sign_decode")
     def _(packed, tables, weight, base):
         return tables.new_empty(packed.shape[0], tables.shape[1])
+
+    @fake("turbo_prod_decode")
+    def _(packed, norm, signs, levels, bits, d, signs_packed, tables, weight):
+        return levels.new_empty(packed.shape[0], d)
 
     @fake("minmax_decode")
     def _(packed, lo, scale, group, bits, d):

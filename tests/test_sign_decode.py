@@ -178,3 +178,17 @@ def test_decode_of_float64_codes_is_exact_to_float64_rounding(name):
     got = qz.decode(code)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, _oracle_decode(qz, code), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d, bits", [(96, 4), (33, 2), (128, 8)])
+def test_turbo_prod_decode_in_one_kernel_equals_a_float64_oracle(d, bits):
+    # 700 rows: several blocks of the fused kernel's 64 rows, the last partial; d = 96 and 33 take the
+    # three-pass rotation and the kernel's narrower column chunks. Tolerance as above (sums of ≤ 4d terms ~1).
+    qz = quantizer("turbo_prod", bits=bits, dim=d, seed=11)
+    x = torch.randn(700, d, generator=torch.Generator().manual_seed(d))
+    code = qz.encode(x)
+    got = qz.decode(code)
+    torch.testing.assert_close(got.double(), _oracle_decode(qz, code), rtol=1e-5, atol=2e-5)
+    if ops.HAS_EXTENSION:
+        with ops.shared_path():
+            torch.testing.assert_close(qz.decode(code).double(), _oracle_decode(qz, code), rtol=1e-5, atol=2e-5)

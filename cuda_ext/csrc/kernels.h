@@ -45,6 +45,10 @@ void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sket
 // the tables' dtype; all on packed's device.
 void check_sign_decode_input(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
                              const std::optional<at::Tensor>& base);
+// lloyd_decode's inputs, and sign_decode's for signs_packed [N, mb], tables [mb * 256, d] of levels' dtype.
+void check_turbo_prod_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                   const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                   const at::Tensor& tables, const at::Tensor& weight);
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits);
 void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
                                int64_t group, int64_t bits, int64_t d);
@@ -74,6 +78,9 @@ at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch
                                  const at::Tensor& signs_packed, const at::Tensor& gamma, double scale);
 at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
                            const std::optional<at::Tensor>& base);
+at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                 const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                 const at::Tensor& tables, const at::Tensor& weight);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tensor& x, int64_t group, int64_t bits,
                                                                  at::ScalarType side_dtype);
 at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,

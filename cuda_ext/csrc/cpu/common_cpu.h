@@ -238,5 +238,13 @@ inline void unpack_row_shared(const uint8_t* in, int64_t d, int64_t bits, uint8_
   for (int64_t i = 0; i < d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(in, nb, bits, i));
 }
 
+// x̂ = Πᵀ(norm · levels[codes]) of the packed rows [begin, end) into out (rows of d values): the CPU fast
+// path of lloyd_decode, or its shared path (math::decode_lloyd_row). codes: d bytes, buf: d values of
+// scratch. Instantiated for float and double (lloyd_cpu.cpp).
+template <typename scalar_t>
+void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar_t* levels, int64_t bits, int64_t d,
+                       const math::Rotation& rot, bool shared, scalar_t* out, int64_t begin, int64_t end,
+                       uint8_t* codes, scalar_t* buf);
+
 }  // namespace cpu
 }  // namespace kvstats

@@ -136,4 +136,48 @@ at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, c
   return out;
 }
 
+// The MSE part of each block of rows is decoded into out (lloyd_decode's row steps), and the sign part
+// added to it in place while the block is in cache: the output is written once, no [N, d] intermediate.
+at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                 const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                 const at::Tensor& tables, const at::Tensor& weight) {
+  check_turbo_prod_decode_input(packed, norm, signs, levels, bits, d, signs_packed, tables, weight);
+  const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
+  const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
+  const at::Tensor spc = signs_packed.contiguous(), tc = tables.contiguous();
+  const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
+  const int64_t n = pc.size(0), mb = spc.size(1);
+  const bool shared = shared_path_enabled();
+  at::Tensor out = cpu::empty_output(n, d, lv.options());
+  math::Rotation rot;
+  rot.signs = sg.const_data_ptr();
+  rot.passes = sg.size(0);
+  rot.block = rot.passes > 0 ? sg.size(1) : 0;
+  AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "turbo_prod_decode_cpu", [&] {
+    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
+    const scalar_t* np = nc.const_data_ptr<scalar_t>();
+    const scalar_t* lp = lv.const_data_ptr<scalar_t>();
+    const uint8_t* spp = spc.const_data_ptr<uint8_t>();
+    const scalar_t* tp = tc.const_data_ptr<scalar_t>();
+    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
+    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    constexpr int64_t kBlock = 64;  // rows decoded, then summed with their signs, while in L1/L2
+    at::parallel_for(0, n, std::max<int64_t>(kBlock, 4096 / d), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> codes(d);
+      std::vector<scalar_t> buf(d);
+      for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
+        const int64_t r1 = std::min(end, r0 + kBlock);
+        cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, shared, op, r0, r1, codes.data(), buf.data());
+        if (!shared) {
+          sign_decode_range(spp, mb, tp, d, wp, static_cast<const scalar_t*>(op), op, r0, r1);
+          continue;
+        }
+        for (int64_t r = r0; r < r1; ++r)
+          math::sign_decode_row(spp + r * mb, mb, tp, d, wp[r], op + r * d, op + r * d, math::SerialLanes{});
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace kvstats
