@@ -28,11 +28,13 @@ typedef double VecD32 __attribute__((vector_size(32)));
 template <typename acc_t>
 using Vec = std::conditional_t<std::is_same_v<acc_t, float>, VecF32, VecD32>;
 
+// v += the vector at p (unaligned). By reference: a vector argument or result would change the ABI of
+// the baseline (non-AVX) copy.
 template <typename acc_t>
-KVSTATS_ALWAYS_INLINE Vec<acc_t> load_vec(const acc_t* p) {
-  Vec<acc_t> v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
+KVSTATS_ALWAYS_INLINE void add_vec(Vec<acc_t>& v, const acc_t* p) {
+  Vec<acc_t> t;
+  std::memcpy(&t, p, sizeof(t));
+  v += t;
 }
 
 template <typename acc_t>
@@ -52,12 +54,12 @@ KVSTATS_ALWAYS_INLINE void sign_decode_chunk(const uint8_t* row, int64_t mb, con
   for (int64_t p = 0; p < mb; ++p) {
     const acc_t* t = col + (p * 256 + row[p]) * d;
 #pragma GCC unroll 16
-    for (int k = 0; k < V; ++k) acc[k] += load_vec(t + k * L);
+    for (int k = 0; k < V; ++k) add_vec(acc[k], t + k * L);
   }
 #pragma GCC unroll 16
   for (int k = 0; k < V; ++k) {
     Vec<acc_t> v = acc[k] * w;
-    if (base != nullptr) v = load_vec(base + c0 + k * L) + v;
+    if (base != nullptr) add_vec(v, base + c0 + k * L);
     std::memcpy(out + c0 + k * L, &v, sizeof(v));
   }
 }
