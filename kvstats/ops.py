@@ -26,11 +26,12 @@ import torch
 
 OPS = (
     "fwht", "pack_bits", "unpack_bits", "lloyd_encode", "lloyd_decode", "lloyd_scores", "qjl_encode",
-    "qjl_scores", "turbo_prod_encode", "turbo_prod_scores", "minmax_encode", "minmax_decode",
+    "qjl_scores", "turbo_prod_encode", "turbo_prod_scores", "minmax_encode", "minmax_decode", "sign_decode",
+    "turbo_prod_decode",
 )
 
 __all__ = ["HAS_EXTENSION", "EXTENSION_ERROR", "OPS", "kernel_devices", "use_reference", "using_reference",
-           "shared_path", "using_shared_path", "SIGN_TABLE_LIMIT", "sign_tables", "sign_decode",
+           "shared_path", "using_shared_path", "SIGN_TABLE_LIMIT", "sign_tables",
            *OPS, *(f"{op}_reference" for op in OPS)]
 
 try:
@@ -426,30 +427,53 @@ def sign_tables(s: torch.Tensor) -> torch.Tensor | None:
     return tables.reshape(mb * 256, d).to(s.dtype).contiguous()
 
 
-def sign_decode(packed: torch.Tensor, s: torch.Tensor, tables: torch.Tensor | None, weight: torch.Tensor,
-                accumulate: torch.Tensor | None = None) -> torch.Tensor:
-    """weight[n] · sᵀ b_n: packed signs [N, ceil(m/8)], s [m, d'], tables = sign_tables(s), weight [N] ->
-    [N, d'] in s's dtype; with ``accumulate`` [N, d'] (contiguous, s's dtype) the result is added to it in
-    place and returned. With tables: ceil(m/8) table rows summed per vector (``embedding_bag``, in blocks of
-    rows that stay in cache while scaled and stored); without (too large): the compiled unpack_bits, then a
-    dense product."""
+def _check_sign_decode(packed, tables, weight, base) -> None:
+    op = "sign_decode"
+    _check_dtype(packed, torch.uint8, op, "packed")
+    if packed.dim() != 2 or packed.shape[1] < 1:
+        raise ValueError(f"{op}: packed must be [N, mb] with mb >= 1, got {tuple(packed.shape)}")
+    _check_device(packed, tables, op, "tables")
+    _check_dtype(tables, (torch.float32, torch.float64), op, "tables")
+    if tables.dim() != 2 or tables.shape[0] != packed.shape[1] * 256 or tables.shape[1] < 1:
+        raise ValueError(f"{op}: tables must be [256 * packed.size(1), d] = [{packed.shape[1] * 256}, d], "
+                         f"got {tuple(tables.shape)}")
+    _check_device(packed, weight, op, "weight")
+    _check_float(weight, op, "weight")
+    if weight.dim() != 1 or weight.shape[0] != packed.shape[0]:
+        raise ValueError(f"{op}: weight must be [{packed.shape[0]}], got {tuple(weight.shape)}")
+    if base is not None:
+        _check_device(packed, base, op, "base")
+        _check_dtype(base, tables.dtype, op, "base")
+        if base.dim() != 2 or tuple(base.shape) != (packed.shape[0], tables.shape[1]):
+            raise ValueError(f"{op}: base must be [{packed.shape[0]}, {tables.shape[1]}], got {tuple(base.shape)}")
+
+
+def sign_decode_reference(packed, tables, weight, base=None):
+    """out[n] = base[n] + weight[n] · Σ_p tables[256·p + packed[n, p]]: packed [N, mb] uint8, tables
+    [mb·256, d'] = :func:`sign_tables` (B) in fp32/fp64, weight [N], base [N, d'] or None (0) -> [N, d'] in
+    the tables' dtype. With tables of B this is base + weight · Bᵀ b for the packed ±1 signs b.
+    ``embedding_bag`` over blocks of rows (bounded memory)."""
+    _check_sign_decode(packed, tables, weight, base)
     n, mb = packed.shape
-    m, d = s.shape
-    w = weight.to(s.dtype).unsqueeze(-1)
-    if tables is None:
-        b = unpack_bits(packed, 1, m).to(s.dtype).mul_(2).sub_(1)
-        part = (b @ s).mul_(w)
-        return part if accumulate is None else accumulate.add_(part)
-    out = torch.empty(n, d, dtype=s.dtype, device=s.device) if accumulate is None else accumulate
+    w = weight.to(tables.dtype).unsqueeze(-1)
+    out = torch.empty(n, tables.shape[1], dtype=tables.dtype, device=tables.device)
     offsets = torch.arange(mb, device=packed.device) * 256  # int64: embedding_bag's own index type
     for r0 in range(0, n, _SIGN_DECODE_BLOCK):
         r1 = min(n, r0 + _SIGN_DECODE_BLOCK)
         summed = torch.nn.functional.embedding_bag(torch.add(packed[r0:r1], offsets), tables, mode="sum")
-        if accumulate is None:
+        if base is None:
             torch.mul(summed, w[r0:r1], out=out[r0:r1])
         else:
-            out[r0:r1].addcmul_(summed, w[r0:r1])
+            torch.addcmul(base[r0:r1], summed, w[r0:r1], out=out[r0:r1])
     return out
+
+
+def sign_decode(packed, tables, weight, base=None):
+    """base + weight · Bᵀ b from the byte tables of B (:func:`sign_decode_reference`); the kernel sums each
+    vector's mb table rows in registers (cuda_ext/csrc/cpu/sign_decode_cpu.cpp)."""
+    if _use_kernel("sign_decode", packed.device):
+        return torch.ops.kvstats.sign_decode.default(packed, tables, weight, base)
+    return sign_decode_reference(packed, tables, weight, base)
 
 
 # ----------------------------------------------------------------------------- rotation + Lloyd–Max
@@ -589,6 +613,35 @@ def turbo_prod_scores_reference(q, q_sketch, packed, norm, levels, bits: int, si
         q_sketch, signs_packed, gamma, scale)
 
 
+def _check_turbo_prod_decode(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight) -> None:
+    op = "turbo_prod_decode"
+    _check_lloyd_decode(packed, norm, signs, levels, bits, d)
+    _check_sign_decode(signs_packed, tables, weight, None)
+    _check_device(packed, signs_packed, op, "signs_packed")
+    if signs_packed.shape[0] != packed.shape[0]:
+        raise ValueError(f"{op}: signs_packed must have {packed.shape[0]} rows (as packed), "
+                         f"got {signs_packed.shape[0]}")
+    if tables.dtype != levels.dtype:
+        raise TypeError(f"{op}: tables must be {levels.dtype} (as levels), got {tables.dtype}")
+    if tables.shape[1] != d:
+        raise ValueError(f"{op}: tables must have d = {d} columns, got {tables.shape[1]}")
+
+
+def turbo_prod_decode_reference(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight):
+    """TurboQuant_prod decode in one call: Πᵀ(‖x‖·levels[idx]) + weight · Bᵀ b, with tables = sign_tables(B)
+    and B = S·Π (rows of S de-rotated), so that the sum is Πᵀ(ŷ + weight · Sᵀ b). [N, d] in levels' dtype."""
+    _check_turbo_prod_decode(packed, norm, signs, levels, bits, d, signs_packed, tables, weight)
+    mse = lloyd_decode_reference(packed, norm, signs, levels, bits, d)
+    return sign_decode_reference(signs_packed, tables, weight, mse)
+
+
+def turbo_prod_decode(packed, norm, signs, levels, bits: int, d: int, signs_packed, tables, weight):
+    if _use_kernel("turbo_prod_decode", packed.device):
+        return torch.ops.kvstats.turbo_prod_decode.default(packed, norm, signs, levels, bits, d, signs_packed, tables,
+                                                           weight)
+    return turbo_prod_decode_reference(packed, norm, signs, levels, bits, d, signs_packed, tables, weight)
+
+
 def turbo_prod_encode(x, signs, thresholds, levels, bits: int, sketch, norm_dtype: torch.dtype):
     if _use_kernel("turbo_prod_encode", x.device):
         return torch.ops.kvstats.turbo_prod_encode.default(x, signs, thresholds, levels, bits, sketch, norm_dtype)
@@ -722,6 +775,14 @@ def _register_fakes() -> None:
         side = _storage(x, side_dtype)
         return (x.new_empty(n, nbytes(d, bits), dtype=torch.uint8), x.new_empty(n, d // group, dtype=side),
                 x.new_empty(n, d // group, dtype=side))
+
+    @fake("sign_decode")
+    def _(packed, tables, weight, base):
+        return tables.new_empty(packed.shape[0], tables.shape[1])
+
+    @fake("turbo_prod_decode")
+    def _(packed, norm, signs, levels, bits, d, signs_packed, tables, weight):
+        return levels.new_empty(packed.shape[0], d)
 
     @fake("minmax_decode")
     def _(packed, lo, scale, group, bits, d):

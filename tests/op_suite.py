@@ -140,7 +140,23 @@ def sample_cases(device: str):
         codes = (torch.arange(37 * d, device=device) * 7 % (1 << bits)).to(torch.uint8).reshape(37, d)
         cases.append(("pack_bits", (codes, bits)))
         cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
+        cases.append(("sign_decode", _sign_decode_args(sp, sketch, sn, i, device)))
+        cases.append(("turbo_prod_decode", _turbo_prod_decode_args(packed, norm, signs, lv, bits, x, sketch)))
     return cases
+
+
+def _turbo_prod_decode_args(packed, norm, signs, levels, bits: int, x, sketch):
+    """lloyd_decode's arguments for the codes of x, then the sign bits of S x (S = sketch [m, d]) with the
+    byte tables of S and weights."""
+    sp, sn = ops.qjl_encode_reference(x, sketch, torch.float32)
+    return packed, norm, signs, levels, bits, x.shape[1], sp, ops.sign_tables(sketch), sn * 0.0123
+
+
+def _sign_decode_args(packed, sketch, norm, seed: int, device: str):
+    """(packed [N, mb], byte tables of the sketch, weight [N], base [N, d] or None on odd seeds)."""
+    packed = packed.reshape(-1, packed.shape[-1])
+    base = _random((packed.shape[0], sketch.shape[1]), 200 + seed, device) if seed % 2 == 0 else None
+    return packed, ops.sign_tables(sketch), norm.reshape(-1) * 0.0123, base
 
 
 def block_boundary_cases(device: str):
@@ -169,6 +185,9 @@ def block_boundary_cases(device: str):
             cases.append(("qjl_scores", (qs, sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
             cases.append(("turbo_prod_scores", (q, qs, kp.reshape(2, n, -1), kn.reshape(2, n), lv, bits,
                                                 sp.reshape(2, n, -1), sn.reshape(2, n), 0.0123)))
+        cases.append(("sign_decode", _sign_decode_args(sp, wide, sn, i, device)))
+        packed, norm = ops.lloyd_encode_reference(x, signs, th, bits, torch.float32)
+        cases.append(("turbo_prod_decode", _turbo_prod_decode_args(packed, norm, signs, lv, bits, x, wide)))
     return cases
 
 
@@ -266,4 +285,6 @@ def width_cases(device: str, bits: int):
             codes = (torch.arange(300 * d, device=device) * 7 % (1 << bits)).to(torch.uint8).reshape(300, d)
             cases.append(("pack_bits", (codes, bits)))
             cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
+            cases.append(("sign_decode", _sign_decode_args(sp, sketch, sn, seed, device)))
+            cases.append(("turbo_prod_decode", _turbo_prod_decode_args(packed, norm, signs, lv, bits, x, sketch)))
     return cases

@@ -44,6 +44,8 @@ def _base_args():
         "turbo_prod_scores": [q, qs, k3, n2, lv, BITS, s3, g2, 0.1],
         "minmax_encode": [x, 16, BITS, torch.float16],
         "minmax_decode": [mp, ml, ms, 16, BITS, D],
+        "sign_decode": [sp, ops.sign_tables(sketch), sn, None],
+        "turbo_prod_decode": [packed, norm, signs, lv, BITS, D, sp, ops.sign_tables(sketch), sn],
     }
 
 
@@ -93,6 +95,18 @@ TAMPERS = [
     ("minmax_decode", 1, lambda lo: _int(lo), TypeError),  # integer offsets
     ("minmax_decode", 2, lambda s: s[:, :-1], ValueError),
     ("minmax_decode", 0, lambda p: p[:-1], ValueError),
+    ("sign_decode", 0, lambda p: p.to(torch.int32), TypeError),
+    ("sign_decode", 0, lambda p: p[:, :-1], ValueError),  # the tables are of 8 bytes of signs, not 7
+    ("sign_decode", 1, lambda t: t.half(), TypeError),
+    ("sign_decode", 1, lambda t: t[:-1], ValueError),
+    ("sign_decode", 2, lambda w: _int(w), TypeError),
+    ("sign_decode", 2, lambda w: w[:-1], ValueError),
+    ("sign_decode", 3, lambda b: torch.zeros(5, D, dtype=torch.float64), TypeError),  # base of another dtype
+    ("sign_decode", 3, lambda b: torch.zeros(5, D - 1), ValueError),
+    ("turbo_prod_decode", 6, lambda sp: sp[:-1], ValueError),  # fewer sign rows than code rows
+    ("turbo_prod_decode", 7, lambda t: t.double(), TypeError),  # tables of another dtype than the levels
+    ("turbo_prod_decode", 7, lambda t: t[:, :-1], ValueError),  # tables of d - 1 columns
+    ("turbo_prod_decode", 1, lambda n: n[:-1], ValueError),
 ]
 
 

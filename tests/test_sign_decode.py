@@ -8,31 +8,124 @@ from kvstats.packing import pack_signs, unpack_signs
 from kvstats.quantizers import quantizer
 
 
-@pytest.mark.parametrize("m, d", [(8, 4), (13, 5), (128, 128), (300, 64)])
-def test_sign_tables_sum_to_the_dense_product(m, d):
-    # Σ_p T[256p + byte_p] = sᵀ b for every packed row, m not a multiple of 8 included (padding bits add nothing).
-    g = torch.Generator().manual_seed(m)
+def _signs_case(n, m, d, dtype, seed):
+    """(±1 signs b [n, m], packed b with the padding bits set, S [m, d], weight [n], base [n, d]), float64 b/S."""
+    g = torch.Generator().manual_seed(seed)
     s = torch.randn(m, d, generator=g, dtype=torch.float64)
-    b = torch.randint(0, 2, (50, m), generator=g, dtype=torch.float64) * 2 - 1
+    b = torch.randint(0, 2, (n, m), generator=g, dtype=torch.float64) * 2 - 1
     packed = pack_signs(b)
-    packed[:, -1] |= 0 if m % 8 == 0 else (0xFF << (m % 8)) & 0xFF  # set the padding bits: still ignored
-    weight = torch.rand(50, generator=g, dtype=torch.float64)
-    oracle = (b @ s) * weight.unsqueeze(-1)
-    got = ops.sign_decode(packed, s, ops.sign_tables(s), weight)
-    torch.testing.assert_close(got, oracle, rtol=1e-12, atol=1e-12)
-    base = torch.randn(50, d, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(ops.sign_decode(packed, s, ops.sign_tables(s), weight, accumulate=base.clone()),
-                               base + oracle, rtol=1e-12, atol=1e-12)
+    if m % 8 and n:
+        packed[:, -1] |= (0xFF << (m % 8)) & 0xFF  # set the padding bits: they must be ignored
+    weight = torch.rand(n, generator=g, dtype=torch.float64)
+    base = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return b, packed, s, weight.to(dtype), base.to(dtype)
 
 
-def test_sign_tables_too_large_fall_back_to_the_dense_product(monkeypatch):
+def _paths():
+    """The sign_decode implementations: the compiled kernel (CPU fast path and the GPU's shared path) and
+    the pure-torch reference."""
+    paths = [("reference", ops.sign_decode_reference)]
+    if ops.HAS_EXTENSION:
+        def shared(*args):
+            with ops.shared_path():
+                return torch.ops.kvstats.sign_decode.default(*args)
+        paths += [("kernel", lambda *args: torch.ops.kvstats.sign_decode.default(*args)), ("shared", shared)]
+    return paths
+
+
+# m: multiples of 8 and not (padding bits); d: the kernel's chunks of 128, 32, 8 fp32 columns and a tail.
+@pytest.mark.parametrize("m, d", [(8, 4), (13, 5), (128, 128), (300, 64), (77, 171), (512, 128), (24, 1)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sign_decode_equals_the_dense_product_in_float64(m, d, dtype):
+    # Σ_p T[256p + byte_p] = sᵀ b for every packed row. fp64: to rounding (1e-12). fp32 tables: each table
+    # entry is a sum of 8 rows rounded once, then ceil(m/8) entries are added in fp32, so the error is at
+    # most ~(m/8 + 1)·2^-24·Σ|terms| ≲ 65 · 6e-8 · (8·√m·4): below 1e-3 for m ≤ 512 (atol 2e-3, rtol 1e-5).
+    b, packed, s, weight, base = _signs_case(50, m, d, dtype, seed=m + d)
+    oracle = (b @ s) * weight.double().unsqueeze(-1)
+    tables = ops.sign_tables(s.to(dtype))
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 2e-3}
+    for name, decode in _paths():
+        got = decode(packed, tables, weight, None)
+        assert got.dtype == dtype and got.shape == (50, d), name
+        torch.testing.assert_close(got.double(), oracle, **tol, msg=name)
+        with_base = decode(packed, tables, weight, base)
+        torch.testing.assert_close(with_base.double(), base.double() + oracle, **tol, msg=name)
+
+
+@pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+@pytest.mark.parametrize("m, d", [(512, 128), (77, 171), (13, 5)])
+def test_sign_decode_kernel_equals_the_reference_to_fp32_rounding(m, d):
+    # The same fp32 table entries summed in another order: |difference| ≤ 2·mb·2^-24·Σ|entries| (≲ 1e-4 here).
+    _, packed, s, weight, base = _signs_case(700, m, d, torch.float32, seed=7 * m + d)
+    tables = ops.sign_tables(s.float())
+    ref = ops.sign_decode_reference(packed, tables, weight, base)
+    torch.testing.assert_close(torch.ops.kvstats.sign_decode.default(packed, tables, weight, base), ref,
+                               rtol=1e-5, atol=1e-4)
+    with ops.shared_path():
+        torch.testing.assert_close(torch.ops.kvstats.sign_decode.default(packed, tables, weight, base), ref,
+                                   rtol=1e-5, atol=1e-4)
+
+
+def test_sign_decode_of_no_rows():
+    _, packed, s, weight, base = _signs_case(0, 24, 16, torch.float32, seed=1)
+    for name, decode in _paths():
+        got = decode(packed, ops.sign_tables(s.float()), weight, base)
+        assert got.shape == (0, 16) and got.dtype == torch.float32, name
+
+
+@pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+def test_sign_decode_under_inference_mode_with_two_threads():
+    # 5000 rows: several parallel tasks per thread; the output is allocated under inference mode.
+    _, packed, s, weight, base = _signs_case(5000, 100, 96, torch.float32, seed=3)
+    tables = ops.sign_tables(s.float())
+    ref = ops.sign_decode_reference(packed, tables, weight, base)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            got = ops.sign_decode(packed, tables, weight, base)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+def test_sign_decode_opcheck():
+    for with_base in (False, True):
+        _, packed, s, weight, base = _signs_case(9, 20, 12, torch.float32, seed=4)
+        torch.library.opcheck(torch.ops.kvstats.sign_decode.default,
+                              (packed, ops.sign_tables(s.float()), weight, base if with_base else None))
+
+
+# (The kernel prints dtypes and shapes as ATen does — Short, [3] — the reference as torch does: the messages
+# are matched on the op, the argument and what it must be.)
+@pytest.mark.parametrize("tamper, error, message", [
+    (lambda a: {**a, "packed": a["packed"].to(torch.int16)}, TypeError, "sign_decode: packed must be"),
+    (lambda a: {**a, "packed": a["packed"][0]}, ValueError, r"sign_decode: packed must be \[N, mb\] with mb >= 1"),
+    (lambda a: {**a, "tables": a["tables"][:, :0]}, ValueError, r"sign_decode: tables must be \[256 \* packed"),
+    (lambda a: {**a, "tables": a["tables"][:256]}, ValueError, r"sign_decode: tables must be .* = \[768, d\]"),
+    (lambda a: {**a, "tables": a["tables"].half()}, TypeError, "sign_decode: tables must be .*float32 or .*float64"),
+    (lambda a: {**a, "weight": a["weight"][:3]}, ValueError, r"sign_decode: weight must be \[4\]"),
+    (lambda a: {**a, "weight": a["weight"].long()}, TypeError, "sign_decode: weight must be a float tensor"),
+    (lambda a: {**a, "base": torch.zeros(4, 6)}, ValueError, r"sign_decode: base must be \[4, 5\]"),
+    (lambda a: {**a, "base": torch.zeros(4, 5, dtype=torch.float64)}, TypeError, "sign_decode: base must be"),
+])
+def test_sign_decode_rejects_bad_inputs_naming_the_argument(tamper, error, message):
+    _, packed, s, weight, _ = _signs_case(4, 20, 5, torch.float32, seed=2)
+    args = tamper({"packed": packed, "tables": ops.sign_tables(s.float()), "weight": weight, "base": None})
+    for _name, decode in _paths():
+        with pytest.raises(error, match=message):
+            decode(args["packed"], args["tables"], args["weight"], args["base"])
+
+
+def test_tables_too_large_fall_back_to_the_dense_product(monkeypatch):
+    # Without byte tables (SIGN_TABLE_LIMIT exceeded) qjl decodes by unpacking the signs and a dense product.
     monkeypatch.setattr(ops, "SIGN_TABLE_LIMIT", 0)
-    g = torch.Generator().manual_seed(1)
-    s = torch.randn(24, 16, generator=g, dtype=torch.float64)
-    b = torch.randint(0, 2, (7, 24), generator=g, dtype=torch.float64) * 2 - 1
-    weight = torch.rand(7, generator=g, dtype=torch.float64)
-    assert ops.sign_tables(s) is None
-    torch.testing.assert_close(ops.sign_decode(pack_signs(b), s, None, weight), (b @ s) * weight.unsqueeze(-1))
+    qz = quantizer("qjl", m=24, dim=16, seed=1)
+    assert qz.sketch.tables(torch.device("cpu"), torch.float64) is None
+    x = torch.randn(7, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    code = qz.encode(x)
+    torch.testing.assert_close(qz.decode(code), _oracle_decode(qz, code), rtol=1e-12, atol=1e-12)
 
 
 def _oracle_decode(qz, code):
@@ -85,3 +178,17 @@ def test_decode_of_float64_codes_is_exact_to_float64_rounding(name):
     got = qz.decode(code)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, _oracle_decode(qz, code), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d, bits", [(96, 4), (33, 2), (128, 8)])
+def test_turbo_prod_decode_in_one_kernel_equals_a_float64_oracle(d, bits):
+    # 700 rows: several blocks of the fused kernel's 64 rows, the last partial; d = 96 and 33 take the
+    # three-pass rotation and the kernel's narrower column chunks. Tolerance as above (sums of ≤ 4d terms ~1).
+    qz = quantizer("turbo_prod", bits=bits, dim=d, seed=11)
+    x = torch.randn(700, d, generator=torch.Generator().manual_seed(d))
+    code = qz.encode(x)
+    got = qz.decode(code)
+    torch.testing.assert_close(got.double(), _oracle_decode(qz, code), rtol=1e-5, atol=2e-5)
+    if ops.HAS_EXTENSION:
+        with ops.shared_path():
+            torch.testing.assert_close(qz.decode(code).double(), _oracle_decode(qz, code), rtol=1e-5, atol=2e-5)

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <tuple>
 
 #include "quant_math.h"
@@ -40,6 +41,14 @@ void check_turbo_prod_encode_input(const at::Tensor& x, const at::Tensor& signs,
 void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
                                    const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
                                    const at::Tensor& signs_packed, const at::Tensor& gamma);
+// packed [N, mb] uint8; tables [mb * 256, d] float32/64; weight [N] float; base undefined or [N, d] of
+// the tables' dtype; all on packed's device.
+void check_sign_decode_input(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& base);
+// lloyd_decode's inputs, and sign_decode's for signs_packed [N, mb], tables [mb * 256, d] of levels' dtype.
+void check_turbo_prod_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                   const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                   const at::Tensor& tables, const at::Tensor& weight);
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits);
 void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
                                int64_t group, int64_t bits, int64_t d);
@@ -67,6 +76,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
 at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
                                  const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
                                  const at::Tensor& signs_packed, const at::Tensor& gamma, double scale);
+at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& base);
+at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                 const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                 const at::Tensor& tables, const at::Tensor& weight);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tensor& x, int64_t group, int64_t bits,
                                                                  at::ScalarType side_dtype);
 at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,

@@ -224,6 +224,45 @@ void check_turbo_prod_scores_input(const at::Tensor& q, const at::Tensor& q_sket
   TORCH_CHECK_TYPE(q_sketch.scalar_type() == q.scalar_type(), "turbo_prod_scores: q_sketch must have q's dtype");
 }
 
+void check_sign_decode_input(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& base) {
+  TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, "sign_decode: packed must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK_VALUE(packed.dim() == 2 && packed.size(1) >= 1, "sign_decode: packed must be [N, mb] with mb >= 1, got ",
+                    packed.sizes());
+  check_same_device(packed, tables, "sign_decode", "tables");
+  TORCH_CHECK_TYPE(tables.scalar_type() == at::kFloat || tables.scalar_type() == at::kDouble,
+                   "sign_decode: tables must be float32 or float64, got ", tables.scalar_type());
+  TORCH_CHECK_VALUE(tables.dim() == 2 && tables.size(0) == packed.size(1) * 256 && tables.size(1) >= 1,
+                    "sign_decode: tables must be [256 * packed.size(1), d] = [", packed.size(1) * 256, ", d], got ",
+                    tables.sizes());
+  check_same_device(packed, weight, "sign_decode", "weight");
+  TORCH_CHECK_TYPE(is_float_dtype(weight.scalar_type()), "sign_decode: weight must be a float tensor, got ",
+                   weight.scalar_type());
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == packed.size(0), "sign_decode: weight must be [",
+                    packed.size(0), "], got ", weight.sizes());
+  if (base.has_value()) {
+    check_same_device(packed, *base, "sign_decode", "base");
+    TORCH_CHECK_TYPE(base->scalar_type() == tables.scalar_type(), "sign_decode: base must be ", tables.scalar_type(),
+                     ", got ", base->scalar_type());
+    TORCH_CHECK_VALUE(base->dim() == 2 && base->size(0) == packed.size(0) && base->size(1) == tables.size(1),
+                      "sign_decode: base must be [", packed.size(0), ", ", tables.size(1), "], got ", base->sizes());
+  }
+}
+
+void check_turbo_prod_decode_input(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                   const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                   const at::Tensor& tables, const at::Tensor& weight) {
+  check_lloyd_decode_input(packed, norm, signs, levels, bits, d);
+  check_sign_decode_input(signs_packed, tables, weight, std::nullopt);
+  check_same_device(packed, signs_packed, "turbo_prod_decode", "signs_packed");
+  TORCH_CHECK_VALUE(signs_packed.size(0) == packed.size(0), "turbo_prod_decode: signs_packed must have ",
+                    packed.size(0), " rows (as packed), got ", signs_packed.size(0));
+  TORCH_CHECK_TYPE(tables.scalar_type() == levels.scalar_type(), "turbo_prod_decode: tables must be ",
+                   levels.scalar_type(), " (as levels), got ", tables.scalar_type());
+  TORCH_CHECK_VALUE(tables.size(1) == d, "turbo_prod_decode: tables must have d = ", d, " columns, got ",
+                    tables.size(1));
+}
+
 void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits) {
   check_bits(bits, "minmax_encode");
   TORCH_CHECK_VALUE(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());
@@ -269,6 +308,14 @@ TORCH_LIBRARY(kvstats, m) {
   m.def(
       "turbo_prod_scores(Tensor q, Tensor q_sketch, Tensor packed, Tensor norm, Tensor levels, int bits, "
       "Tensor signs_packed, Tensor gamma, float scale) -> Tensor");
+  // Sign decode from byte tables: out[n] = base[n] + weight[n] * sum_p tables[256 p + packed[n, p]]
+  // (base absent: 0); B^T b of QJL signs with tables = kvstats.ops.sign_tables(B).
+  m.def("sign_decode(Tensor packed, Tensor tables, Tensor weight, Tensor? base) -> Tensor");
+  // TurboQuant_prod decode in one pass: sign_decode(signs_packed, tables, weight, lloyd_decode(packed, ...)),
+  // tables of S·Pi, so that the sum is Pi^T(|x|·levels[idx] + weight·S^T b).
+  m.def(
+      "turbo_prod_decode(Tensor packed, Tensor norm, Tensor signs, Tensor levels, int bits, int d, "
+      "Tensor signs_packed, Tensor tables, Tensor weight) -> Tensor");
   // Min-max: (packed codes, lo [N, d/group], scale [N, d/group]) in side_dtype.
   m.def("minmax_encode(Tensor x, int group, int bits, ScalarType side_dtype) -> (Tensor, Tensor, Tensor)");
   m.def("minmax_decode(Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
@@ -285,6 +332,8 @@ TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
   m.impl("qjl_scores", &qjl_scores_cpu);
   m.impl("turbo_prod_encode", &turbo_prod_encode_cpu);
   m.impl("turbo_prod_scores", &turbo_prod_scores_cpu);
+  m.impl("sign_decode", &sign_decode_cpu);
+  m.impl("turbo_prod_decode", &turbo_prod_decode_cpu);
   m.impl("minmax_encode", &minmax_encode_cpu);
   m.impl("minmax_decode", &minmax_decode_cpu);
 }

@@ -367,6 +367,21 @@ KVSTATS_HD void decode_lloyd_row(const uint8_t* row, acc_t norm, const acc_t* le
   for (int64_t j = lanes.id(); j < d; j += lanes.count()) out[j] = buf[j];
 }
 
+// Sign decode from byte tables (QJL reconstruction Bᵀ b, b ∈ {±1}^m packed 8 per byte, LSB first):
+// tables [mb·256, d] hold T[256·p + v] = Σ_t (bit t of v ? +1 : −1) · B[8p + t], so that
+//   out[j] = base[j] + w · Σ_p T[256·p + row[p]][j]      (base null: w · Σ_p ...)
+// for the mb bytes of one packed row. Lane i of n sums the columns i, i + n, ...
+KVSTATS_HD_TEMPLATE
+template <typename acc_t, typename Lanes>
+KVSTATS_HD void sign_decode_row(const uint8_t* row, int64_t mb, const acc_t* tables, int64_t d, acc_t w,
+                                const acc_t* base, acc_t* out, const Lanes& lanes) {
+  for (int64_t j = lanes.id(); j < d; j += lanes.count()) {
+    acc_t s = 0;
+    for (int64_t p = 0; p < mb; ++p) s += tables[(p * 256 + row[p]) * d + j];
+    out[j] = base != nullptr ? base[j] + w * s : w * s;
+  }
+}
+
 // ------------------------------------------------------------------------------------------- scores
 //   score(q, key) = mse_w · Σ_t q[t] · levels[code_t]  +  qjl_w · Σ_t qs[t] · (±1)_t
 // The code part of one key: Σ_t q[t]·levels[code_t] over its packed row.

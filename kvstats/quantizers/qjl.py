@@ -33,7 +33,7 @@ import torch
 from kvstats import ops
 from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_int_range
-from kvstats.packing import packed_nbytes, unpack_signs
+from kvstats.packing import packed_nbytes
 from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
 from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
@@ -78,23 +78,25 @@ class SignSketch:
 
     def reconstruct(self, packed: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype,
                     basis: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-                    accumulate: torch.Tensor | None = None) -> torch.Tensor:
-        """(c/m)·‖x‖·Bᵀ b: [..., d'], with B = S (default) or ``basis`` = (B [m, d'], its byte tables from
-        :func:`kvstats.ops.sign_tables`), e.g. B = S·Π to de-rotate in the same pass. Outside
-        :func:`kvstats.ops.use_reference`, Bᵀ b is summed from the byte tables (:func:`kvstats.ops.sign_decode`):
-        the dense product up to fp32 rounding. ``accumulate`` ([..., d'], contiguous, ``dtype``): added to in
-        place and returned."""
+                    base: torch.Tensor | None = None) -> torch.Tensor:
+        """base + (c/m)·‖x‖·Bᵀ b: [..., d'], with B = S (default) or ``basis`` = (B [m, d'], its byte tables from
+        :func:`kvstats.ops.sign_tables`), e.g. B = S·Π to de-rotate in the same pass; ``base`` ([..., d'] in
+        ``dtype``) or None (0). Outside :func:`kvstats.ops.use_reference`, Bᵀ b is summed from the byte tables
+        by the compiled :func:`kvstats.ops.sign_decode` (the dense product up to fp32 rounding); without tables
+        (larger than :data:`kvstats.ops.SIGN_TABLE_LIMIT`) the signs are unpacked and multiplied densely."""
         if basis is None:
             s = self.matrix(packed.device, dtype)
             tables = None if ops.using_reference() else self.tables(packed.device, dtype)
         else:
             s, tables = basis
         weight = (self.scale / self.m) * norm.to(dtype)
-        if ops.using_reference():
-            part = (unpack_signs(packed, self.m, dtype) @ s) * weight.unsqueeze(-1)
-            return part if accumulate is None else accumulate.add_(part)
-        flat = ops.sign_decode(packed.reshape(-1, packed.shape[-1]), s, tables, weight.reshape(-1),
-                               None if accumulate is None else accumulate.view(-1, s.shape[1]))
+        if ops.using_reference() or tables is None:
+            flat_signs = ops.unpack_bits(packed.reshape(-1, packed.shape[-1]), 1, self.m)
+            signs = flat_signs.view(*packed.shape[:-1], self.m).to(dtype).mul_(2).sub_(1)
+            part = (signs @ s) * weight.unsqueeze(-1)
+            return part if base is None else base + part
+        flat = ops.sign_decode(packed.reshape(-1, packed.shape[-1]), tables, weight.reshape(-1),
+                               None if base is None else base.reshape(-1, s.shape[1]))
         return flat.view(*packed.shape[:-1], s.shape[1])
 
     def tables(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ from kvstats.quantizers._common import check_norm_dtype, dtype_bits
 from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
 from kvstats.quantizers.lloyd import TurboMSE
 from kvstats.quantizers.qjl import SignSketch
+from kvstats.rotations import HaarRotation
 
 __all__ = ["TurboProd"]
 
@@ -82,9 +83,20 @@ class TurboProd(Quantizer):
             return self.mse.rotation.inverse(y_hat).to(code.dtype)
         # Πᵀ is linear: Πᵀŷ comes de-rotated from the fused lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b from the
         # byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
-        x_hat = self.mse.decode_unrotated(code.parts["mse"], acc).contiguous()
-        x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc,
-                                        basis=self._derotated_sketch(code.device, acc), accumulate=x_hat)
+        s_pi, tables = self._derotated_sketch(code.device, acc)
+        mse = code.parts["mse"]
+        if tables is not None and not isinstance(self.mse.rotation, HaarRotation):
+            # One kernel: each row's MSE part decoded and its sign part added while in cache.
+            packed, signs = mse.payload["indices"], code.payload["signs"]
+            weight = (self.sketch.scale / self.sketch.m) * code.scalars["gamma"].to(acc)
+            x_hat = ops.turbo_prod_decode(
+                packed.reshape(-1, packed.shape[-1]), mse.scalars["norm"].reshape(-1),
+                self.mse.kernel_signs(code.device, acc), self.mse.levels(code.device, acc), self.mse.bits, self.dim,
+                signs.reshape(-1, signs.shape[-1]), tables, weight.reshape(-1))
+            return x_hat.view(code.shape).to(code.dtype)
+        x_hat = self.mse.decode_unrotated(mse, acc)
+        x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc, basis=(s_pi, tables),
+                                        base=x_hat)
         return x_hat.to(code.dtype)
 
     def _derotated_sketch(self, device: torch.device, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:

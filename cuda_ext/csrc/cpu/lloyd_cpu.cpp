@@ -149,33 +149,49 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const a
   return {packed, norm.to(storage_dtype(x, norm_dtype))};
 }
 
+namespace cpu {
+
+template <typename scalar_t>
+void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar_t* levels, int64_t bits, int64_t d,
+                       const math::Rotation& rot, bool shared, scalar_t* out, int64_t begin, int64_t end,
+                       uint8_t* codes, scalar_t* buf) {
+  const int64_t nb = packed_bytes(d, bits);
+  const scalar_t* sp = static_cast<const scalar_t*>(rot.signs);
+  for (int64_t r = begin; r < end; ++r) {
+    if (shared) {
+      math::decode_lloyd_row(packed + r * nb, norm[r], levels, bits, d, rot, buf, out + r * d, math::SerialLanes{});
+    } else {
+      unpack_row(packed + r * nb, d, bits, codes);
+      RowSteps<scalar_t>::decode(codes, norm[r], levels, sp, rot.passes, rot.block, d, out + r * d);
+    }
+  }
+}
+
+template void lloyd_decode_rows<float>(const uint8_t*, const float*, const float*, int64_t, int64_t,
+                                       const math::Rotation&, bool, float*, int64_t, int64_t, uint8_t*, float*);
+template void lloyd_decode_rows<double>(const uint8_t*, const double*, const double*, int64_t, int64_t,
+                                        const math::Rotation&, bool, double*, int64_t, int64_t, uint8_t*, double*);
+
+}  // namespace cpu
+
 at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
                             const at::Tensor& levels, int64_t bits, int64_t d) {
   check_lloyd_decode_input(packed, norm, signs, levels, bits, d);
   const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
   const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
-  const int64_t n = pc.size(0), nb = pc.size(1);
-  const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
+  const int64_t n = pc.size(0);
   const bool shared = shared_path_enabled();
-  at::Tensor out = at::empty({n, d}, lv.options());
+  at::Tensor out = cpu::empty_output(n, d, lv.options());
   AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "lloyd_decode_cpu", [&] {
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const scalar_t* np = nc.const_data_ptr<scalar_t>();
-    const scalar_t* sp = sg.const_data_ptr<scalar_t>();
     const scalar_t* lp = lv.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     const math::Rotation rot = rotation_of(sg);
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       std::vector<scalar_t> buf(d);
-      for (int64_t r = begin; r < end; ++r) {
-        if (shared) {
-          math::decode_lloyd_row(pp + r * nb, np[r], lp, bits, d, rot, buf.data(), op + r * d, math::SerialLanes{});
-        } else {
-          cpu::unpack_row(pp + r * nb, d, bits, codes.data());
-          RowSteps<scalar_t>::decode(codes.data(), np[r], lp, sp, passes, block, d, op + r * d);
-        }
-      }
+      cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, shared, op, begin, end, codes.data(), buf.data());
     });
   });
   return out;

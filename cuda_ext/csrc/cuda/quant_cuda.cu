@@ -386,6 +386,79 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cud
   return {packed, norm.to(stored), sign_packed, gamma.to(stored)};
 }
 
+// ---------------------------------------------------------------------------------------- sign decode
+// One block per row: math::sign_decode_row, one thread per column (coalesced reads of each table row).
+template <typename acc_t>
+__global__ void sign_decode_kernel(const uint8_t* __restrict__ packed, int64_t mb, const acc_t* __restrict__ tables,
+                                   int64_t d, const acc_t* __restrict__ weight, const acc_t* __restrict__ base,
+                                   acc_t* __restrict__ out) {
+  const int64_t row = blockIdx.x;
+  math::sign_decode_row(packed + row * mb, mb, tables, d, weight[row], base == nullptr ? nullptr : base + row * d,
+                        out + row * d, cuda::BlockLanes<acc_t>{nullptr});
+}
+
+at::Tensor sign_decode_cuda(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& base) {
+  check_sign_decode_input(packed, tables, weight, base);
+  const c10::cuda::CUDAGuard guard(packed.device());
+  const at::Tensor pc = packed.contiguous(), tc = tables.contiguous();
+  const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
+  const at::Tensor bc = base.has_value() ? base->contiguous() : at::Tensor();
+  const int64_t n = pc.size(0), mb = pc.size(1), d = tc.size(1);
+  at::Tensor out = at::empty({n, d}, tc.options());
+  if (n == 0) return out;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (d + 31) / 32 * 32));
+  AT_DISPATCH_FLOATING_TYPES(tc.scalar_type(), "sign_decode_cuda", [&] {
+    sign_decode_kernel<scalar_t><<<static_cast<unsigned int>(n), threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        pc.const_data_ptr<uint8_t>(), mb, tc.const_data_ptr<scalar_t>(), d, wc.const_data_ptr<scalar_t>(),
+        bc.defined() ? bc.const_data_ptr<scalar_t>() : nullptr, out.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+// TurboQuant_prod decode: one block per row, math::decode_lloyd_row into the output row, then
+// math::sign_decode_row adds the sign part in place (each thread re-reads only the columns it wrote).
+template <typename acc_t>
+__global__ void turbo_prod_decode_kernel(const uint8_t* __restrict__ packed, const acc_t* __restrict__ norm, int64_t d,
+                                         int64_t bits, const math::Rotation rot, const acc_t* __restrict__ levels,
+                                         const uint8_t* __restrict__ signs_packed, int64_t mb,
+                                         const acc_t* __restrict__ tables, const acc_t* __restrict__ weight,
+                                         acc_t* out) {
+  extern __shared__ unsigned char smem_raw[];
+  acc_t* buf = reinterpret_cast<acc_t*>(smem_raw);
+  const int64_t row = blockIdx.x;
+  const cuda::BlockLanes<acc_t> lanes{nullptr};
+  math::decode_lloyd_row(packed + row * packed_bytes(d, bits), norm[row], levels, bits, d, rot, buf, out + row * d,
+                         lanes);
+  math::sign_decode_row(signs_packed + row * mb, mb, tables, d, weight[row], out + row * d, out + row * d, lanes);
+}
+
+at::Tensor turbo_prod_decode_cuda(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
+                                  const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
+                                  const at::Tensor& tables, const at::Tensor& weight) {
+  check_turbo_prod_decode_input(packed, norm, signs, levels, bits, d, signs_packed, tables, weight);
+  const c10::cuda::CUDAGuard guard(packed.device());
+  const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
+  const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
+  const at::Tensor spc = signs_packed.contiguous(), tc = tables.contiguous();
+  const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
+  const int64_t n = pc.size(0);
+  at::Tensor out = at::empty({n, d}, lv.options());
+  if (n == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "turbo_prod_decode_cuda", [&] {
+    const size_t smem = d * sizeof(scalar_t);
+    auto kernel = turbo_prod_decode_kernel<scalar_t>;
+    ensure_smem(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<static_cast<unsigned int>(n), cuda::threads_for(d), smem, at::cuda::getCurrentCUDAStream()>>>(
+        pc.const_data_ptr<uint8_t>(), nc.const_data_ptr<scalar_t>(), d, bits, rotation_of(sg),
+        lv.const_data_ptr<scalar_t>(), spc.const_data_ptr<uint8_t>(), spc.size(1), tc.const_data_ptr<scalar_t>(),
+        wc.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
 // -------------------------------------------------------------------------------------------- min-max
 // One thread per group: math::minmax_group writes its codes into a [n, d] byte array; then packing.
 template <typename scalar_t, typename acc_t>
@@ -494,6 +567,8 @@ TORCH_LIBRARY_IMPL(kvstats, CUDA, m) {
   m.impl("turbo_prod_scores", &turbo_prod_scores_cuda);
   m.impl("minmax_encode", &minmax_encode_cuda);
   m.impl("minmax_decode", &minmax_decode_cuda);
+  m.impl("sign_decode", &sign_decode_cuda);
+  m.impl("turbo_prod_decode", &turbo_prod_decode_cuda);
 }
 
 }  // namespace kvstats
