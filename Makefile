@@ -65,6 +65,7 @@ figures: setup
 bench: setup
 	@echo ">> benchmarks (results in benchmarks/results/)"
 	@$(PY) benchmarks/bench_ops.py --out benchmarks/results/cpu.json
+	@$(PY) benchmarks/bench_cache.py --out benchmarks/results/cache_cpu.json
 	@$(PY) benchmarks/render_performance.py
 
 $(CUDA_VENV)/.stamp: constraints.txt

@@ -68,6 +68,32 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cache_table(results: dict) -> str:
+    """The generation benchmark (benchmarks/bench_cache.py): DynamicCache against KVStatsCache, pair by pair."""
+    c = results["config"]
+    lines = [f"## Generation through the cache ({results['date']}, torch {results['torch']}, {c['threads']} torch "
+             f"thread(s) per run)", "",
+             f"SmolLM2-135M, a {c['prompt_tokens']}-token prompt, then {c['new_tokens']} greedy tokens; KVStatsCache "
+             f"on the estimator path with scheme {c['scheme']} at {c['bits']} bits and a {c['window']}-token window. "
+             "Ratios are KVStatsCache / DynamicCache in the same pair (CPU time of the generating thread; wall time "
+             "in brackets). Load average before each pair: "
+             + "; ".join(", ".join(f"{v:.1f}" for v in la) for la in results["load_average_before"]) + ".", "",
+             "| pair | prefill | per token | total | peak RSS above start, Dynamic / KVStats |",
+             "|---|---:|---:|---:|---:|"]
+    def ratio(k: dict, d: dict, key: str) -> str:
+        return f"{k[key + '_cpu_s'] / d[key + '_cpu_s']:.2f}× ({k[key + '_s'] / d[key + '_s']:.2f}×)"
+
+    for i, pair in enumerate(results["pairs"], 1):
+        d, k = pair["dynamic"], pair["kvstats"]
+        lines.append(f"| {i} | " + " | ".join(ratio(k, d, key) for key in ("prefill", "per_token", "total"))
+                     + f" | {d['peak_rss_above_start_mb']:.0f} / {k['peak_rss_above_start_mb']:.0f} MB |")
+    return "\n".join(lines) + "\n"
+
+
+def render(results: dict) -> str:
+    return cache_table(results) if "pairs" in results else table(results)
+
+
 #: the studies' own profile lives beside the study runner's documentation (measured by running study cells)
 STUDIES = ("## Studies at paper scale\n\nWall time, cells and the three largest measured costs of each study of "
            "`make figures SCALE=paper`: [docs/studies.md, Studies at paper scale]"
@@ -82,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no results in {results_dir}", file=sys.stderr)
         return 1
     notes = results_dir / "NOTES.md"
-    body = [HEADER] + [table(json.loads(f.read_text())) for f in files]
+    body = [HEADER] + [render(json.loads(f.read_text())) for f in files]
     if notes.exists():
         body.append(notes.read_text())
     body.append(STUDIES)
