@@ -5,6 +5,8 @@ Definitions and reasons: docs/metrics_error6d.md. The six components are means o
 names are the columns of every table that holds them (e.g. figures/data/budget_sweep_trials.csv).
 
     e = error6d(q, k, v, k_hat, v_hat)                 # [T, 6] fp64, one row per trial
+    ref = Error6DReference(q, k, v)                    # the exact attention once, for many schemes:
+    e = error6d(q, k, v, k_hat, v_hat, reference=ref)  # the same numbers
     d = distance_6d(e, scale=np.median(e, axis=0))     # [T]: ‖e / m‖, one number per trial
     res = energy_test(e_a, e_b)                        # do two clouds of 6D errors differ?
 """
@@ -15,9 +17,15 @@ import numpy as np
 import scipy.stats
 import torch
 
+from kvstats import attention
 from kvstats._validation import check_int_range
 from kvstats.metrics import (
+    AttentionReference,
+    _check_same_shape,
     _prep,
+    _relative,
+    _scores,
+    _work_dtype,
     attention_kl,
     attention_kl_from_scores,
     attention_output_error,
@@ -30,6 +38,7 @@ from kvstats.results import TestResult
 
 __all__ = [
     "ERROR6D_COMPONENTS",
+    "Error6DReference",
     "distance_6d",
     "energy_distance",
     "energy_distance_6d",
@@ -40,6 +49,75 @@ __all__ = [
 #: Names of the six columns returned by :func:`error6d`, in order (also the column names of the studies' tables).
 ERROR6D_COMPONENTS = ("k_direction", "k_norm", "v_direction", "v_norm", "attention_kl", "output_error")
 
+
+def _as_trials(tensors: list, names: tuple) -> list[torch.Tensor]:
+    """``_prep`` each input and add the trial axis to 4-D inputs; every one must then be 5-D with q's trials."""
+    ts = [_prep(x, n) for x, n in zip(tensors, names)]
+    if ts[0].dim() == 4:
+        ts = [t.unsqueeze(0) for t in ts]
+    for t, n in zip(ts, names):
+        if t.dim() != 5:
+            raise ValueError(f"{n} must be 5-D [trials, batch, heads, seq, d] (or 4-D for one trial), "
+                             f"got shape {tuple(t.shape)}")
+        if t.shape[0] != ts[0].shape[0]:
+            raise ValueError(f"{n}.shape[0] (trials) must equal q.shape[0] = {ts[0].shape[0]}, got {t.shape[0]}")
+    return ts
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, *t.shape[2:])
+
+
+class Error6DReference:
+    """The exact side of :func:`error6d`'s attention components, computed once for many quantized caches.
+
+    ``ref = Error6DReference(q, k, v, causal=..., double=...)`` holds the exact logits ``q kᵀ/√d`` as a
+    :class:`~kvstats.metrics.AttentionReference` (its ``log p`` computed on first use, then reused) and the
+    exact output ``o = softmax(q kᵀ/√d) v`` with ``‖o‖``. ``error6d(q, k, v, k_hat, v_hat, reference=ref)``
+    (with or without ``scores_hat``) then returns the same numbers as without ``reference``: the same
+    operations in the same order, the exact side taken from here instead of recomputed per scheme.
+
+    Args:
+        q, k, v: as :func:`error6d` (``[T, B, H, N, d]`` or without ``T``).
+        causal, query_offset, double: as :func:`error6d`; a call with ``reference`` must use the same.
+    """
+
+    def __init__(self, q, k, v, *, causal: bool = False, query_offset: int | None = None, double: bool = True):
+        q5, k5, v5 = _as_trials([q, k, v], ("q", "k", "v"))
+        self.n_trials = q5.shape[0]
+        self.shapes = (tuple(q5.shape), tuple(k5.shape), tuple(v5.shape))
+        self.causal, self.query_offset, self.double = bool(causal), query_offset, bool(double)
+        q4, k4, v4 = map(_flat, (q5, k5, v5))
+        from kvstats.metrics import _check_qk
+
+        _check_qk(q4, k4)
+        logits = _scores(q4, k4, _work_dtype(double, q4, k4))
+        self.attention = AttentionReference(logits, causal=causal, query_offset=query_offset)
+        dtype = _work_dtype(double, logits, v4)
+        self.output = attention.attend(logits.to(dtype), v4.to(dtype), self.attention.visible)
+        self.output_norm = torch.linalg.vector_norm(self.output, dim=-1)
+
+    def check(self, shapes: tuple, causal: bool, query_offset: int | None, double: bool) -> None:
+        """ValueError unless this reference was built for these inputs' shapes and options."""
+        if shapes != self.shapes:
+            raise ValueError(f"reference was built for q, k, v of shapes {self.shapes}, got {shapes}")
+        if (bool(causal), query_offset, bool(double)) != (self.causal, self.query_offset, self.double):
+            raise ValueError(f"reference was built with causal={self.causal}, query_offset={self.query_offset}, "
+                             f"double={self.double}; got causal={causal}, query_offset={query_offset}, "
+                             f"double={double}")
+
+    def serves(self, q4, k4, k_hat4, v4, v_hat4, est, from_keys: bool) -> bool:
+        """Whether :mod:`kvstats.metrics` would work in this reference's dtypes for these inputs (else recompute)."""
+        logits, dtype = self.attention.logits, self.output.dtype
+        if from_keys:
+            return (est.dtype == logits.dtype == dtype == _work_dtype(self.double, q4, k4, k_hat4, v4, v_hat4))
+        return _work_dtype(self.double, logits, est, v4, v_hat4) == dtype
+
+    def output_error(self, logits_hat: torch.Tensor, v_hat: torch.Tensor) -> torch.Tensor:
+        """``‖o − ô‖/‖o‖`` per query, ``ô = softmax(logits_hat) v̂`` (as ``attention_output_error*``)."""
+        dtype = self.output.dtype
+        o_hat = attention.attend(logits_hat.to(dtype), v_hat.to(dtype), self.attention.visible)
+        return _relative(torch.linalg.vector_norm(self.output - o_hat, dim=-1), self.output_norm)
 
 def error6d(
     q,
@@ -52,6 +130,7 @@ def error6d(
     causal: bool = False,
     query_offset: int | None = None,
     double: bool = True,
+    reference: Error6DReference | None = None,
 ) -> torch.Tensor:
     """Per-trial 6-vector of errors (docs/metrics_error6d.md gives the definition and its reasons).
 
@@ -75,6 +154,9 @@ def error6d(
         scores_hat: optional estimated logits ``[T, B, Hq, Nq, S]`` (or without ``T``).
         causal, query_offset: causal mask, see :mod:`kvstats.attention`.
         double: fp64 arithmetic (default: the 6D cloud feeds statistics).
+        reference: ``Error6DReference(q, k, v, causal=causal, query_offset=query_offset, double=double)``
+            when already computed (one serves every scheme of a trial): the same numbers, without recomputing
+            the exact logits, ``log p`` and output.
 
     Returns:
         fp64 tensor ``[T, 6]``.
@@ -84,32 +166,36 @@ def error6d(
     if scores_hat is not None:
         names += ("scores_hat",)
         inputs.append(scores_hat)
-    ts = [_prep(x, n) for x, n in zip(inputs, names)]
-    if ts[0].dim() == 4:
-        ts = [t.unsqueeze(0) for t in ts]
-    for t, n in zip(ts, names):
-        if t.dim() != 5:
-            raise ValueError(f"{n} must be 5-D [trials, batch, heads, seq, d] (or 4-D for one trial), "
-                             f"got shape {tuple(t.shape)}")
-        if t.shape[0] != ts[0].shape[0]:
-            raise ValueError(f"{n}.shape[0] (trials) must equal q.shape[0] = {ts[0].shape[0]}, got {t.shape[0]}")
+    ts = _as_trials(inputs, names)
     q5, k5, v5, kh5, vh5 = ts[:5]
     n_trials = q5.shape[0]
-
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1, *t.shape[2:])
-
-    q4, k4, v4, kh4, vh4 = map(flat, ts[:5])
+    q4, k4, v4, kh4, vh4 = map(_flat, ts[:5])
+    if reference is not None:
+        if not isinstance(reference, Error6DReference):
+            raise TypeError(f"reference must be an Error6DReference, got {type(reference).__name__}")
+        reference.check((tuple(q5.shape), tuple(k5.shape), tuple(v5.shape)), causal, query_offset, double)
     opts = dict(causal=causal, query_offset=query_offset, reduction="none", double=double)
-    if scores_hat is None:
+    if reference is not None:
+        if scores_hat is None:
+            _check_same_shape(k4, "k", kh4, "k_hat")
+            est = _scores(q4, kh4, reference.attention.logits.dtype, "k_hat")
+        else:
+            est = _flat(ts[5])
+        if not reference.serves(q4, k4, kh4, v4, vh4, est, scores_hat is None):
+            reference = None  # work dtypes differ from the reference's (fp32 overflow, mixed inputs): recompute
+    if scores_hat is None and reference is None:
         attention_cols = [attention_kl(q4, k4, kh4, **opts), attention_output_error(q4, k4, v4, kh4, vh4, **opts)]
-    else:
-        ref, est = attention_scores(q4, k4, double=double), flat(ts[5])
-        if est.shape != ref.shape:
-            raise ValueError(f"scores_hat must have the shape of the logits q kᵀ [trials, batch, q_heads, n_q, seq] "
-                             f"= {(n_trials, *ref.shape[1:])} per trial, got {tuple(ts[5].shape)}")
+    elif reference is None:
+        ref, est = attention_scores(q4, k4, double=double), _flat(ts[5])
+        _check_scores_hat(est, ref, n_trials, ts[5])
         attention_cols = [attention_kl_from_scores(ref, est, **opts),
                           attention_output_error_from_scores(ref, est, v4, vh4, **opts)]
+    else:
+        if scores_hat is not None:
+            _check_scores_hat(est, reference.attention.logits, n_trials, ts[5])
+        _check_same_shape(v4, "v", vh4, "v_hat")
+        attention_cols = [reference.attention.kl(est, reduction="none", double=double),
+                          reference.output_error(est, vh4)]
     cols = [
         direction_error(k5, kh5, double=double),
         relative_norm_error(k5, kh5, double=double),
@@ -118,6 +204,12 @@ def error6d(
         *attention_cols,
     ]
     return torch.stack([c.reshape(n_trials, -1).to(torch.float64).mean(-1) for c in cols], dim=-1)
+
+
+def _check_scores_hat(est: torch.Tensor, ref: torch.Tensor, n_trials: int, given: torch.Tensor) -> None:
+    if est.shape != ref.shape:
+        raise ValueError(f"scores_hat must have the shape of the logits q kᵀ [trials, batch, q_heads, n_q, seq] "
+                         f"= {(n_trials, *ref.shape[1:])} per trial, got {tuple(given.shape)}")
 
 
 def distance_6d(errors, scale) -> np.ndarray:

@@ -490,13 +490,22 @@ def jensen_simulation(
     sum_w = np.zeros_like(s)
     sum_exp = np.zeros_like(s)
     batch = max(1, int(4_000_000 // s.size))
+    sd = np.sqrt(s2)
+    work = np.empty((min(batch, n_draws), s.size))
     for start in range(0, n_draws, batch):
         nb = min(batch, n_draws - start)
-        eps = rng.standard_normal((nb, s.size)) * np.sqrt(s2)
-        lse = scipy.special.logsumexp(logp + eps, axis=-1)  # log Σ p e^ε
-        kl[start : start + nb] = np.maximum(lse - eps @ p, 0.0)
-        sum_w += np.exp(logp + eps - lse[:, None]).sum(0)
-        sum_exp += np.exp(eps).sum(0)
+        eps = rng.standard_normal((nb, s.size))
+        eps *= sd
+        # log Σ p e^ε = m + log Σ e^(log p + ε − m), m the row maximum (the logsumexp of scipy, formed in place
+        # on one buffer: the shifted weights e^(log p + ε − m) then also give the noisy softmax p̃ = w / Σ w)
+        w = np.add(eps, logp, out=work[:nb])
+        m = w.max(axis=-1)
+        w -= m[:, None]
+        np.exp(w, out=w)
+        total = w.sum(axis=-1)
+        kl[start : start + nb] = np.maximum(m + np.log(total) - eps @ p, 0.0)
+        sum_w += (1.0 / total) @ w  # Σ over draws of p̃
+        sum_exp += np.exp(eps, out=eps).sum(0)
     mean_w = sum_w / n_draws
     mean_kl = float(kl.mean())
     se = float(kl.std(ddof=1) / math.sqrt(n_draws))

@@ -39,7 +39,7 @@ import torch
 
 from kvstats import attention, metrics, plots, study
 from kvstats import verdicts as V
-from kvstats.error6d import ERROR6D_COMPONENTS, distance_6d, energy_test, error6d
+from kvstats.error6d import ERROR6D_COMPONENTS, Error6DReference, distance_6d, energy_test, error6d
 from kvstats.report import fmt_p
 from kvstats.schemes import Scheme, scheme
 from kvstats.stats import compare, mann_whitney, ratio_ci
@@ -198,6 +198,16 @@ def trial_reference(data: str, layer: int | None, d: int, seq: int, n_q: int, tr
     return metrics.AttentionReference(metrics.attention_scores(queries[model], k), causal=causal)
 
 
+@functools.lru_cache(maxsize=TRIAL_CACHE)
+def trial_error6d_reference(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: int,
+                            model: str) -> Error6DReference:
+    """The fp64 exact side of one trial's 6D error for one query set (logits, ``log p``, output
+    ``softmax(q kᵀ/√d) v``): the same for every scheme, sketch and budget, so a worker's cells share it
+    (≈ 3.3 MB per query set at paper scale, ≈ 0.5 GB per worker for one data set's 160)."""
+    queries, k, v, causal = trial_data(data, layer, d, seq, n_q, trial)
+    return Error6DReference(queries[model], k, v, causal=causal)
+
+
 def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> Scheme:
     """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed, rows=sketch)``; ``sketch`` sets
     every QJL stage (kqv's V, qkqv's K and V); "none" for kv and minmax, which have none. ``minmax``
@@ -207,18 +217,21 @@ def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> S
 
 
 def trial_metrics(s: Scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, code=None,
-                  decoded=None, reference: metrics.AttentionReference | None = None) -> dict:
+                  decoded=None, reference: metrics.AttentionReference | None = None,
+                  exact: Error6DReference | None = None) -> dict:
     """One trial's numbers for one query set through the public API: the scheme's scores, kvstats.metrics and
     the 6D error (components 4–5 from the scheme's own estimated logits, the attention it computes).
     ``code``/``decoded``: ``s.encode(k, v)`` and ``s.decode(code)`` when already computed (shared by the
     query models of a trial); ``reference``: ``AttentionReference(attention_scores(q, k), causal=causal)`` when
-    already computed (:func:`trial_reference`, shared by the schemes): the same numbers."""
+    already computed (:func:`trial_reference`, shared by the schemes); ``exact``: ``Error6DReference(q, k, v,
+    causal=causal)`` likewise (:func:`trial_error6d_reference`): the same numbers."""
     code = s.encode(k, v) if code is None else code
     k_hat, v_hat = s.decode(code) if decoded is None else decoded
     if reference is None:
         reference = metrics.AttentionReference(metrics.attention_scores(q, k), causal=causal)
     est = s.scores(q, code) / math.sqrt(k.shape[-1])
-    row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal)[0].tolist()))
+    row = dict(zip(ERROR6D_COMPONENTS, error6d(q, k, v, k_hat, v_hat, scores_hat=est, causal=causal,
+                                                        reference=exact)[0].tolist()))
     err = (est - reference.logits).double()
     if causal:  # only the logits a query can see
         err = err[..., attention.causal_visible(err.shape[-2], err.shape[-1])]
@@ -246,8 +259,9 @@ def cell(data: str, layer: int | None, scheme_name: str, sketch: str, n: int, d:
         }
         for model, q in queries.items():
             ref = trial_reference(data, layer, d, seq, n_q, t, model)
-            rows.append({"trial": t, "queries": model,
-                         **trial_metrics(s, q, k, v, causal, code=code, decoded=decoded, reference=ref), **side})
+            exact = trial_error6d_reference(data, layer, d, seq, n_q, t, model)
+            rows.append({"trial": t, "queries": model, **trial_metrics(
+                s, q, k, v, causal, code=code, decoded=decoded, reference=ref, exact=exact), **side})
     return rows
 
 

@@ -16,7 +16,14 @@ import pytest
 import torch
 from scipy import stats
 
-from kvstats.data.synthetic import KINDS, attention_entropy, generate, outlier_channel_indices, synthetic_queries
+from kvstats.data.synthetic import (
+    KINDS,
+    attention_entropy,
+    generate,
+    generate_keys,
+    outlier_channel_indices,
+    synthetic_queries,
+)
 
 P_MIN = 1e-6
 Z_MAX = 5.0
@@ -278,3 +285,31 @@ def test_tiny_df_draws_follow_the_student_t_law_far_in_the_tail():
     far = int((np.abs(x) > 1e150).sum())
     assert x.size * p_far > 50  # the check has power
     assert stats.binomtest(far, x.size, p_far).pvalue > P_MIN, (far, x.size * p_far)
+
+
+@pytest.mark.parametrize(("kind", "params"), [
+    ("gaussian", {}),
+    ("heavy_tail", {"df": 1.5, "outlier_channels": 3, "outlier_scale": 4.0}),
+    ("low_rank", {"rank": 4, "noise": 0.1, "outlier_channels": [0, 5]}),
+])
+def test_generate_keys_draws_generates_keys_without_values_or_queries(kind, params):
+    """Oracle: generate(...)[1] for the same seed, bit for bit; a generator seed ends where V would start."""
+    _, k, v = generate(kind, 2, 3, 40, 16, 123, q_heads=6, n_q=5, dtype=torch.float64, **params)
+    keys = generate_keys(kind, 2, 3, 40, 16, 123, dtype=torch.float64, **params)
+    assert keys.dtype == torch.float64 and torch.equal(keys, k)
+    gen = torch.Generator().manual_seed(7)
+    keys = generate_keys(kind, 2, 3, 40, 16, gen, **params)
+    _, k, v = generate(kind, 2, 3, 40, 16, 7, **params)
+    assert torch.equal(keys, k)
+    if not params.get("outlier_channels"):  # V is the next draw on the generator (no outliers applied to it)
+        v_next = generate_keys(kind, 2, 3, 40, 16, gen, **params)
+        assert torch.equal(v_next, v)
+
+
+def test_generate_keys_refuses_bad_arguments_as_generate_does():
+    with pytest.raises(ValueError, match="seq"):
+        generate_keys("gaussian", 1, 1, 0, 8, 0)
+    with pytest.raises(TypeError, match="dtype"):
+        generate_keys("gaussian", 1, 1, 4, 8, 0, dtype=torch.int32)
+    with pytest.raises(ValueError, match="do not fit"):
+        generate_keys("heavy_tail", 1, 1, 4, 8, 0, df=1e-3)

@@ -228,3 +228,30 @@ def test_kl_noise_expansion_small_noise_is_half_var():
 def test_errors_name_argument_and_value(call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call()
+
+
+@pytest.mark.parametrize("mode", ["uniform", "correlated"])
+def test_jensen_simulation_equals_the_scipy_logsumexp_form_and_the_kl_definition(mode):
+    """Oracles, on the function's own noise stream (default_rng(seed), batches of 4e6 // S draws: two batches
+    here): the former implementation (scipy.special.logsumexp per batch) to rounding, and per draw the float64
+    definition KL(p ‖ softmax(s + ε)) = Σ rel_entr(p, p̃) and the mean of p̃ and e^ε."""
+    scores = np.random.default_rng(4).normal(scale=2.0, size=256)
+    n_draws, seed = 20_000, 11
+    r = I.jensen_simulation(scores, 0.5, mode, n_draws=n_draws, seed=seed)
+    logp = scipy.special.log_softmax(scores)
+    p = np.exp(logp)
+    rng = np.random.default_rng(seed)
+    batch = 4_000_000 // scores.size
+    eps = np.concatenate([rng.standard_normal((min(batch, n_draws - i), scores.size)) * np.sqrt(r.sigma2)
+                          for i in range(0, n_draws, batch)])
+    lse = scipy.special.logsumexp(logp + eps, axis=-1)
+    kl_former = np.maximum(lse - eps @ p, 0.0)
+    p_noisy = scipy.special.softmax(scores + eps, axis=-1)
+    kl_definition = scipy.special.rel_entr(p, p_noisy).sum(-1)
+    np.testing.assert_allclose(kl_former, kl_definition, rtol=1e-9)
+    for kl in (kl_former, kl_definition):
+        np.testing.assert_allclose(r.statistic, kl.mean(), rtol=1e-12)
+        np.testing.assert_allclose(r.extra["kl_se"], kl.std(ddof=1) / math.sqrt(n_draws), rtol=1e-9)
+    np.testing.assert_allclose(r.mean_weights, np.exp(logp + eps - lse[:, None]).mean(0), rtol=1e-12)
+    np.testing.assert_allclose(r.mean_weights, p_noisy.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(r.inflation, np.exp(eps).mean(0), rtol=1e-12)  # summed per batch there

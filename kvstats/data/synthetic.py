@@ -67,7 +67,7 @@ import torch
 from kvstats._random import make_generator
 from kvstats._validation import FLOAT_DTYPES, check_int_range
 
-__all__ = ["KINDS", "generate", "synthetic_queries", "outlier_channel_indices", "attention_entropy"]
+__all__ = ["KINDS", "generate", "generate_keys", "synthetic_queries", "outlier_channel_indices", "attention_entropy"]
 
 #: Key/value laws accepted by :func:`generate`.
 KINDS = ("gaussian", "heavy_tail", "low_rank")
@@ -360,6 +360,41 @@ def _check_queries(q: torch.Tensor, peak: float) -> None:
                          f"(amplitude peak·√n_focus·√d/(ρ·median key norm)); use a smaller peak or a wider dtype")
 
 
+def _draw_caches(kind: str, batch: int, heads: int, seq: int, d: int, seed, dtype: torch.dtype, params: dict,
+                 *, values: bool) -> tuple[dict, torch.Generator, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Validate, then draw K (and V when ``values``) as :func:`generate` does, in its order on the generator.
+
+    Returns the checked parameters, the generator (positioned after the caches, where the queries start),
+    K in float64 and the outputs cast to ``dtype``: ``(K,)`` or ``(K, V)``.
+    """
+    batch = check_int_range(batch, "batch", 1, _MAX_SIZE)
+    heads = check_int_range(heads, "heads", 1, _MAX_SIZE)
+    seq = check_int_range(seq, "seq", 1, _MAX_SIZE)
+    d = check_int_range(d, "d", 2, _MAX_SIZE)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
+    p = _check_params(kind, params)
+    p["n_focus"] = check_int_range(p["n_focus"], "n_focus", 1, _MAX_SIZE)
+    if kind == "low_rank":
+        p["rank"] = check_int_range(p["rank"], "rank", 1, d)
+
+    outliers = p["outlier_channels"] is not None and not (
+        isinstance(p["outlier_channels"], (int, np.integer)) and p["outlier_channels"] == 0)
+    _check_representable(kind, p, d, batch * heads * seq * d, dtype, outliers)
+
+    gen = _generator(seed)
+    channels = outlier_channel_indices(p["outlier_channels"], d, gen)
+    shape = (batch, heads, seq, d)
+    caches = [_cache(kind, shape, p, gen) for _ in range(1 + values)]
+    if channels:
+        for x, factor in zip(caches, (p["outlier_scale"], p["value_outlier_scale"])):
+            x[..., channels] *= factor
+    outs = tuple(x.to(dtype).contiguous() for x in caches)
+    law = {name: p[name] for name in ("scale", "df", "outlier_scale", "value_outlier_scale") if name in p}
+    _check_finite(outs, ("keys", "values"), dtype, law)
+    return p, gen, caches[0], outs
+
+
 def generate(
     kind: str,
     batch: int,
@@ -404,42 +439,43 @@ def generate(
             q_heads not a multiple of heads, rank outside [1, d], df ≤ 0, ρ outside (0, 1], ...).
         TypeError: naming the argument and the type seen.
     """
-    batch = check_int_range(batch, "batch", 1, _MAX_SIZE)
+    check_int_range(batch, "batch", 1, _MAX_SIZE)  # the arguments in generate's order (checked again below)
     heads = check_int_range(heads, "heads", 1, _MAX_SIZE)
-    seq = check_int_range(seq, "seq", 1, _MAX_SIZE)
-    d = check_int_range(d, "d", 2, _MAX_SIZE)
+    check_int_range(seq, "seq", 1, _MAX_SIZE)
+    check_int_range(d, "d", 2, _MAX_SIZE)
     n_q = check_int_range(n_q, "n_q", 1, _MAX_SIZE)
     if q_heads is None:
         q_heads = heads
     q_heads = check_int_range(q_heads, "q_heads", 1, _MAX_SIZE)
     if q_heads % heads:
         raise ValueError(f"q_heads must be a multiple of heads={heads} (grouped-query attention), got {q_heads}")
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
-    p = _check_params(kind, params)
-    p["n_focus"] = check_int_range(p["n_focus"], "n_focus", 1, _MAX_SIZE)
-    if kind == "low_rank":
-        p["rank"] = check_int_range(p["rank"], "rank", 1, d)
-
-    outliers = p["outlier_channels"] is not None and not (
-        isinstance(p["outlier_channels"], (int, np.integer)) and p["outlier_channels"] == 0)
-    _check_representable(kind, p, d, batch * heads * seq * d, dtype, outliers)
-
-    gen = _generator(seed)
-    channels = outlier_channel_indices(p["outlier_channels"], d, gen)
-    shape = (batch, heads, seq, d)
-    k = _cache(kind, shape, p, gen)
-    v = _cache(kind, shape, p, gen)
-    if channels:
-        k[..., channels] *= p["outlier_scale"]
-        v[..., channels] *= p["value_outlier_scale"]
-    k_out, v_out = k.to(dtype).contiguous(), v.to(dtype).contiguous()
-    law = {name: p[name] for name in ("scale", "df", "outlier_scale", "value_outlier_scale") if name in p}
-    _check_finite((k_out, v_out), ("keys", "values"), dtype, law)
+    p, gen, k, (k_out, v_out) = _draw_caches(kind, batch, heads, seq, d, seed, dtype, params, values=True)
     q, _ = _queries(k, q_heads, n_q, p, gen)  # from the float64 keys, as before the cast
     q = q.to(dtype).contiguous()
     _check_queries(q, p["peak"])
     return q, k_out, v_out
+
+
+def generate_keys(
+    kind: str,
+    batch: int,
+    heads: int,
+    seq: int,
+    d: int,
+    seed: int | torch.Generator,
+    *,
+    dtype: torch.dtype = torch.float32,
+    **params,
+) -> torch.Tensor:
+    """The keys ``K [batch, heads, seq, d]`` of :func:`generate` alone: for the same arguments and seed, the
+    tensor ``generate(...)[1]`` returns (K is drawn first), without drawing the values and the queries.
+
+    ``params`` as :func:`generate` (the query parameters ``peak``, ``query_key_correlation``, ``n_focus`` are
+    checked and otherwise ignored, so one dict serves both); raises as :func:`generate` does. A generator
+    passed as ``seed`` is left where the values would start.
+    """
+    _, _, _, (k,) = _draw_caches(kind, batch, heads, seq, d, seed, dtype, params, values=False)
+    return k
 
 
 def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
