@@ -76,8 +76,9 @@ def cache_table(results: dict) -> str:
              f"SmolLM2-135M, a {c['prompt_tokens']}-token prompt, then {c['new_tokens']} greedy tokens; KVStatsCache "
              f"on the estimator path with scheme {c['scheme']} at {c['bits']} bits and a {c['window']}-token window. "
              "Ratios are KVStatsCache / DynamicCache in the same pair (CPU time of the generating thread; wall time "
-             "in brackets). Load average before each pair: "
-             + "; ".join(", ".join(f"{v:.1f}" for v in la) for la in results["load_average_before"]) + ".", "",
+             "in brackets). Load average (1, 5, 15 min) before the run: "
+             + ", ".join(f"{v:.2f}" for v in results["load_average_before"]) + "; after: "
+             + ", ".join(f"{v:.2f}" for v in results["load_average_after"]) + ".", "",
              "| pair | prefill | per token | total | peak RSS above start, Dynamic / KVStats |",
              "|---|---:|---:|---:|---:|"]
     def ratio(k: dict, d: dict, key: str) -> str:
