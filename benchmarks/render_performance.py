@@ -95,12 +95,6 @@ def render(results: dict) -> str:
     return cache_table(results) if "pairs" in results else table(results)
 
 
-#: the studies' own profile lives beside the study runner's documentation (measured by running study cells)
-STUDIES = ("## Studies at paper scale\n\nWall time, cells and the three largest measured costs of each study of "
-           "`make figures SCALE=paper`: [docs/studies.md, Studies at paper scale]"
-           "(studies.md#studies-at-paper-scale).\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     results_dir = Path(argv[0] if argv else "benchmarks/results")
     out = Path(argv[1] if argv and len(argv) > 1 else "docs/performance.md")
@@ -108,11 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"no results in {results_dir}", file=sys.stderr)
         return 1
-    notes = results_dir / "NOTES.md"
     body = [HEADER] + [render(json.loads(f.read_text())) for f in files]
-    if notes.exists():
-        body.append(notes.read_text())
-    body.append(STUDIES)
+    # hand-written notes on the numbers, and the studies' measured paper-scale run (timed by make figures)
+    body += [(results_dir / name).read_text() for name in ("NOTES.md", "STUDIES.md") if (results_dir / name).exists()]
     out.write_text("\n".join(body))
     print(f"wrote {out}")
     return 0
