@@ -21,6 +21,7 @@ from kvstats import attention
 from kvstats._validation import check_int_range
 from kvstats.metrics import (
     AttentionReference,
+    _check_qk,
     _check_same_shape,
     _prep,
     _relative,
@@ -88,8 +89,6 @@ class Error6DReference:
         self.shapes = (tuple(q5.shape), tuple(k5.shape), tuple(v5.shape))
         self.causal, self.query_offset, self.double = bool(causal), query_offset, bool(double)
         q4, k4, v4 = map(_flat, (q5, k5, v5))
-        from kvstats.metrics import _check_qk
-
         _check_qk(q4, k4)
         logits = _scores(q4, k4, _work_dtype(double, q4, k4))
         self.attention = AttentionReference(logits, causal=causal, query_offset=query_offset)

@@ -439,7 +439,6 @@ def compare(
     split = {k: _paired_levels(c, by, levels, metrics, pair) for k, c in cells} if pair else {}
     for m in metrics:
         for key, cell in cells:
-            key = key if isinstance(key, tuple) else (key,)
             for la, lb in itertools.combinations(levels, 2):
                 head = dict(zip(within, key)) | {"metric": m, "level_a": la, "level_b": lb, "_family": (m, key)}
                 if pair:

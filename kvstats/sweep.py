@@ -282,16 +282,8 @@ def parallel_map(fn: Callable, kwargs_list: Sequence[Mapping[str, Any]], *, n_jo
     yield from parallel(delayed(_call_with_threads)(f, kw, threads) for kw in items)
 
 
-def _call_with_threads(fn: Callable, kw: dict[str, Any], threads: int | None) -> Any:
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    return fn(**kw)
-
-
-def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:
-    """Run one cell (in a worker or in-process) and check its rows."""
+def _set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` in the calling worker (None: leave it)."""
     if threads is not None:
         try:
             import torch
@@ -299,6 +291,16 @@ def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: i
             torch.set_num_threads(threads)
         except ImportError:  # pragma: no cover - torch is a dependency
             pass
+
+
+def _call_with_threads(fn: Callable, kw: dict[str, Any], threads: int | None) -> Any:
+    _set_threads(threads)
+    return fn(**kw)
+
+
+def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:
+    """Run one cell (in a worker or in-process) and check its rows."""
+    _set_threads(threads)
     t0 = time.perf_counter()
     rows = cell(**params)
     seconds = time.perf_counter() - t0

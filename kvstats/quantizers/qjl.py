@@ -89,7 +89,7 @@ class SignSketch:
             tables = None if ops.using_reference() else self.tables(packed.device, dtype)
         else:
             s, tables = basis
-        weight = (self.scale / self.m) * norm.to(dtype)
+        weight = self.weights(norm, dtype)
         if ops.using_reference() or tables is None:
             flat_signs = ops.unpack_bits(packed.reshape(-1, packed.shape[-1]), 1, self.m)
             signs = flat_signs.view(*packed.shape[:-1], self.m).to(dtype).mul_(2).sub_(1)
@@ -98,6 +98,10 @@ class SignSketch:
         flat = ops.sign_decode(packed.reshape(-1, packed.shape[-1]), tables, weight.reshape(-1),
                                None if base is None else base.reshape(-1, s.shape[1]))
         return flat.view(*packed.shape[:-1], s.shape[1])
+
+    def weights(self, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The per-vector factor of the reconstruction, (c/m)·‖x‖ (or γ for a residual), in ``dtype``."""
+        return (self.scale / self.m) * norm.to(dtype)
 
     def tables(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
         """Byte tables of S (:func:`kvstats.ops.sign_tables`), built once per (device, dtype)."""

@@ -88,7 +88,7 @@ class TurboProd(Quantizer):
         if tables is not None and not isinstance(self.mse.rotation, HaarRotation):
             # One kernel: each row's MSE part decoded and its sign part added while in cache.
             packed, signs = mse.payload["indices"], code.payload["signs"]
-            weight = (self.sketch.scale / self.sketch.m) * code.scalars["gamma"].to(acc)
+            weight = self.sketch.weights(code.scalars["gamma"], acc)
             x_hat = ops.turbo_prod_decode(
                 packed.reshape(-1, packed.shape[-1]), mse.scalars["norm"].reshape(-1),
                 self.mse.kernel_signs(code.device, acc), self.mse.levels(code.device, acc), self.mse.bits, self.dim,
