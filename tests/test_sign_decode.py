@@ -89,6 +89,63 @@ def test_sign_decode_under_inference_mode_with_two_threads():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
 
 
+# The CPU kernel sums many fp32 rows (N >= 8192, d a multiple of 16) by the blocked sum: sub-tables of 16
+# columns x 16 byte positions swept by blocks of 4096 rows, partial sums carried between position groups.
+BLOCKED_ROWS = 2 * 4096
+
+
+def _split_calls(decode, packed, tables, weight, base, parts=3):
+    """decode on row ranges short enough for the direct sum (< BLOCKED_ROWS rows each), concatenated."""
+    bounds = torch.linspace(0, packed.shape[0], parts + 1).long().tolist()
+    pieces = [decode(packed[a:b], tables, weight[a:b], None if base is None else base[a:b])
+              for a, b in zip(bounds, bounds[1:])]
+    return torch.cat(pieces)
+
+
+@pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+@pytest.mark.parametrize("n, m, d", [
+    (BLOCKED_ROWS + 37, 512, 128),   # 4 position groups, 8 slices, a partial block and rows not a multiple of 4
+    (BLOCKED_ROWS + 1, 300, 48),     # mb = 38: groups of 16, 16 and 6; padding bits set
+    (3 * 4096 + 5, 100, 16),         # mb = 13: one group (no carried sums), one slice, three blocks
+    (BLOCKED_ROWS, 64, 32),          # exactly the threshold
+])
+def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d):
+    # Same fp32 entries added in the same order per column (p = 0, 1, ...), then scaled and added to base as
+    # the direct sum does: the outputs must be identical, to the direct sum of the same rows (split calls)
+    # and to the GPU's shared row code, and within fp32 rounding of the float64 oracle (bound as above).
+    b, packed, s, weight, base = _signs_case(n, m, d, torch.float32, seed=n + m)
+    tables = ops.sign_tables(s.float())
+    oracle = (b @ s) * weight.double().unsqueeze(-1)
+    kernel = torch.ops.kvstats.sign_decode.default
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for with_base in (None, base):
+            got = kernel(packed, tables, weight, with_base)
+            assert torch.equal(got, _split_calls(kernel, packed, tables, weight, with_base))
+            with ops.shared_path():
+                assert torch.equal(got, kernel(packed, tables, weight, with_base))
+            expect = oracle if with_base is None else oracle + with_base.double()
+            torch.testing.assert_close(got.double(), expect, rtol=1e-5, atol=2e-3)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
+@pytest.mark.parametrize("d, bits", [(128, 4), (256, 3)])
+def test_blocked_turbo_prod_decode_is_bit_for_bit_the_direct_sum(d, bits):
+    # turbo_prod_decode adds the sign part by the blocked sum over blocks of 1024 decoded rows when the rows
+    # are many: identical to the same rows encoded and decoded in calls short enough for the direct sum
+    # (encoding is row by row); d = 256 carries partial sums across two position groups (mb = 32).
+    qz = quantizer("turbo_prod", bits=bits, dim=d, seed=2)
+    x = torch.randn(BLOCKED_ROWS + 45, d, generator=torch.Generator().manual_seed(d))
+    code = qz.encode(x)
+    got = qz.decode(code)
+    split = torch.cat([qz.decode(qz.encode(x[a:a + 3000])) for a in range(0, x.shape[0], 3000)])
+    assert torch.equal(got, split)
+    torch.testing.assert_close(got.double(), _oracle_decode(qz, code), rtol=1e-5, atol=2e-5)
+
+
 @pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
 def test_sign_decode_opcheck():
     for with_base in (False, True):
