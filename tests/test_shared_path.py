@@ -70,3 +70,20 @@ def test_public_api_on_the_shared_path_with_gqa(name, bits, dtype):
     tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
     torch.testing.assert_close(x_hat.float(), x_ref.float(), rtol=tol, atol=tol)
     torch.testing.assert_close(s, s_ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["lloyd", "turbo_mse", "turbo_prod"])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("d", [128, 96, 40, 33])
+def test_fp32_decode_fast_path_is_bit_for_bit_the_shared_path(name, bits, d):
+    # The fast decode of codes of ≤ 4 bits with d a multiple of 8 looks the levels up straight from the
+    # packed bytes (lloyd_cpu.cpp, decode_packed_row_f32); wider codes and d = 33 unpack a byte per code
+    # first. Either way each value is levels[code]·norm, de-rotated by the same butterflies as the shared
+    # row code, so the outputs are identical, not merely close (turbo_prod adds its sign part identically).
+    qz = quantizer(name, bits=bits, dim=d, seed=bits)
+    x = torch.randn(2, 150, d, generator=torch.Generator().manual_seed(10 * bits + d))
+    code = qz.encode(x)
+    fast = qz.decode(code)
+    with ops.shared_path():
+        shared = qz.decode(code)
+    assert torch.equal(fast, shared)

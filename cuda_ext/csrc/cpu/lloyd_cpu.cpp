@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../bitpack.h"
@@ -70,6 +72,34 @@ KVSTATS_SIMD_CLONES void decode_unpacked_row_f32(const uint8_t* codes, float nor
                                                  const float* signs, int64_t passes, int64_t block, int64_t d,
                                                  float* out) {
   decode_unpacked_row(codes, norm, levels, signs, passes, block, d, out);
+}
+
+typedef float VecF32 __attribute__((vector_size(32)));
+typedef uint32_t VecU32 __attribute__((vector_size(32)));
+
+// decode_unpacked_row from the packed row itself, for fp32 codes of at most 4 bits and d a multiple of 8:
+// each group of 8 codes (bits bytes, LSB first: code t = (word >> t·bits) & mask, as unpack_group8) is
+// split by per-lane shifts and looked up in 16 levels held in two vector registers (levels16: the levels,
+// zero-padded to 16), then scaled by the norm — the same products as levels[code] · norm — and de-rotated.
+// Against unpack_row + decode_unpacked_row (a byte per code, then a scalar lookup per code): 1.45× the
+// rows/s of turbo_mse decode and 1.3× turbo_prod's at d = 128 on a 2-core Zen 4, bit for bit the same.
+KVSTATS_SIMD_CLONES void decode_packed_row_f32(const uint8_t* in, float norm, const float* levels16, int64_t bits,
+                                               const float* signs, int64_t passes, int64_t block, int64_t d,
+                                               float* out) {
+  VecF32 lo, hi;
+  std::memcpy(&lo, levels16, sizeof(lo));
+  std::memcpy(&hi, levels16 + 8, sizeof(hi));
+  const uint32_t b = static_cast<uint32_t>(bits);
+  const VecU32 shifts = {0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b};
+  const uint32_t mask = (uint32_t{1} << b) - 1;
+  for (int64_t c = 0; c < d / 8; ++c) {
+    uint32_t word = 0;
+    for (int64_t k = 0; k < bits; ++k) word |= static_cast<uint32_t>(in[c * bits + k]) << (8 * k);
+    const VecU32 idx = ((VecU32{} + word) >> shifts) & mask;
+    const VecF32 v = __builtin_shuffle(lo, hi, idx) * norm;
+    std::memcpy(out + 8 * c, &v, sizeof(v));
+  }
+  cpu::rotate_inverse(out, d, signs, passes, block);
 }
 
 template <typename acc_t>
@@ -157,6 +187,15 @@ void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar
                        uint8_t* codes, scalar_t* buf) {
   const int64_t nb = packed_bytes(d, bits);
   const scalar_t* sp = static_cast<const scalar_t*>(rot.signs);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (!shared && bits <= 4 && d % 8 == 0) {
+      float levels16[16] = {};
+      std::memcpy(levels16, levels, sizeof(float) << bits);
+      for (int64_t r = begin; r < end; ++r)
+        decode_packed_row_f32(packed + r * nb, norm[r], levels16, bits, sp, rot.passes, rot.block, d, out + r * d);
+      return;
+    }
+  }
   for (int64_t r = begin; r < end; ++r) {
     if (shared) {
       math::decode_lloyd_row(packed + r * nb, norm[r], levels, bits, d, rot, buf, out + r * d, math::SerialLanes{});
