@@ -34,6 +34,14 @@ math::Stored stored_of(at::ScalarType t) {
   }
 }
 
+math::Rotation rotation_of(const at::Tensor& signs) {
+  math::Rotation rot;
+  rot.signs = signs.const_data_ptr();
+  rot.passes = signs.size(0);
+  rot.block = rot.passes > 0 ? signs.size(1) : 0;
+  return rot;
+}
+
 }  // namespace kvstats
 
 extern "C" {

@@ -131,14 +131,6 @@ at::Tensor empty_rows(int64_t n, int64_t cols, const at::Tensor& like, at::Scala
   return at::empty({n, cols}, like.options().dtype(dtype));
 }
 
-math::Rotation rotation_of(const at::Tensor& signs) {
-  math::Rotation rot;
-  rot.signs = signs.const_data_ptr();
-  rot.passes = signs.size(0);
-  rot.block = rot.passes > 0 ? signs.size(1) : 0;
-  return rot;
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const at::Tensor& signs,
@@ -153,15 +145,7 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const a
   at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "lloyd_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    math::LloydEncodeParams<scalar_t, acc_t> p;
-    p.x = xc.const_data_ptr<scalar_t>();
-    p.n = n;
-    p.d = d;
-    p.bits = bits;
-    p.rotation = rotation_of(sg);
-    p.thresholds = th.const_data_ptr<acc_t>();
-    p.packed = packed.mutable_data_ptr<uint8_t>();
-    p.norm = norm.mutable_data_ptr<acc_t>();
+    auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm);
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<acc_t> buf(d), u(d);
       std::vector<uint8_t> codes(d);
@@ -282,15 +266,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
   at::Tensor gamma = at::empty({n}, xc.options().dtype(th.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "turbo_prod_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    math::LloydEncodeParams<scalar_t, acc_t> p;
-    p.x = xc.const_data_ptr<scalar_t>();
-    p.n = n;
-    p.d = d;
-    p.bits = bits;
-    p.rotation = rotation_of(sg);
-    p.thresholds = th.const_data_ptr<acc_t>();
-    p.packed = packed.mutable_data_ptr<uint8_t>();
-    p.norm = norm.mutable_data_ptr<acc_t>();
+    auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm);
     p.levels = lv.const_data_ptr<acc_t>();
     p.norm_stored = stored_kind;
     p.gamma = gamma.mutable_data_ptr<acc_t>();

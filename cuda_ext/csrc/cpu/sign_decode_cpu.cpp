@@ -272,10 +272,7 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
   const int64_t n = pc.size(0), mb = spc.size(1);
   const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, lv.options());
-  math::Rotation rot;
-  rot.signs = sg.const_data_ptr();
-  rot.passes = sg.size(0);
-  rot.block = rot.passes > 0 ? sg.size(1) : 0;
+  const math::Rotation rot = rotation_of(sg);
   if (!shared && use_blocked_sum(lv.scalar_type(), n, d)) {
     const at::Tensor slices = slice_tables(tc, mb, d);
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();

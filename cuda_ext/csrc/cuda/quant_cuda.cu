@@ -31,14 +31,6 @@ void ensure_smem(const void* kernel, size_t smem) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
-math::Rotation rotation_of(const at::Tensor& signs) {
-  math::Rotation rot;
-  rot.signs = signs.const_data_ptr();
-  rot.passes = signs.size(0);
-  rot.block = rot.passes > 0 ? signs.size(1) : 0;
-  return rot;
-}
-
 // ------------------------------------------------------------------------------------------ packing
 // One thread per output byte: no atomics.
 __global__ void pack_bits_kernel(const uint8_t* __restrict__ codes, uint8_t* __restrict__ out, int64_t n, int64_t d,
@@ -132,15 +124,7 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cuda(const at::Tensor& x, const 
   if (n == 0) return {packed, norm.to(storage_dtype(x, norm_dtype))};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "lloyd_encode_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    math::LloydEncodeParams<scalar_t, acc_t> p;
-    p.x = xc.const_data_ptr<scalar_t>();
-    p.n = n;
-    p.d = d;
-    p.bits = bits;
-    p.rotation = rotation_of(sg);
-    p.thresholds = th.const_data_ptr<acc_t>();
-    p.packed = packed.mutable_data_ptr<uint8_t>();
-    p.norm = norm.mutable_data_ptr<acc_t>();
+    auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm);
     launch_encode(p, at::cuda::getCurrentCUDAStream());
   });
   return {packed, norm.to(storage_dtype(x, norm_dtype))};
@@ -366,15 +350,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cud
     // kept scaled by 2^-e per row (quant_math.h), which leaves its sign bits unchanged.
     at::Tensor residual = at::empty({std::min(n, kChunkRows), d}, th.options());
     for (int64_t c0 = 0; c0 < n; c0 += kChunkRows) {
-      math::LloydEncodeParams<scalar_t, acc_t> p;
-      p.x = xc.const_data_ptr<scalar_t>() + c0 * d;
-      p.n = std::min(kChunkRows, n - c0);
-      p.d = d;
-      p.bits = bits;
-      p.rotation = rotation_of(sg);
-      p.thresholds = th.const_data_ptr<acc_t>();
-      p.packed = packed.mutable_data_ptr<uint8_t>() + c0 * nb;
-      p.norm = norm.mutable_data_ptr<acc_t>() + c0;
+      auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm, c0,
+                                                    std::min(kChunkRows, n - c0));
       p.levels = lv.const_data_ptr<acc_t>();
       p.norm_stored = stored_of(stored);
       p.residual = residual.mutable_data_ptr<acc_t>();
