@@ -207,6 +207,39 @@ at::Tensor qjl_weights(const at::Tensor& norm, at::ScalarType dtype, double scal
   return w;
 }
 
+// ScoreParams over out [G, nq, nk] with no part yet; with_code_part adds the code part (lloyd, turbo_mse, the
+// MSE part of turbo_prod: queries q [G, nq, d], codes [G, nk, nb], per-key weight, levels), with_sign_part
+// the sign part (qjl, the QJL part of turbo_prod: projected queries [G, nq, m], packed signs, per-key weight).
+template <typename scalar_t>
+math::ScoreParams<scalar_t> score_params(const at::Tensor& out) {
+  math::ScoreParams<scalar_t> p;
+  p.G = out.size(0);
+  p.nq = out.size(1);
+  p.nk = out.size(2);
+  p.out = out.mutable_data_ptr<scalar_t>();
+  return p;
+}
+
+template <typename scalar_t>
+void with_code_part(math::ScoreParams<scalar_t>& p, const at::Tensor& q, const at::Tensor& codes,
+                    const at::Tensor& weight, const at::Tensor& levels, int64_t bits) {
+  p.q = q.const_data_ptr<scalar_t>();
+  p.codes = codes.const_data_ptr<uint8_t>();
+  p.mse_w = weight.const_data_ptr<scalar_t>();
+  p.levels = levels.const_data_ptr<scalar_t>();
+  p.bits = bits;
+  p.d = q.size(2);
+}
+
+template <typename scalar_t>
+void with_sign_part(math::ScoreParams<scalar_t>& p, const at::Tensor& q_sketch, const at::Tensor& signs,
+                    const at::Tensor& weight) {
+  p.qs = q_sketch.const_data_ptr<scalar_t>();
+  p.signs = signs.const_data_ptr<uint8_t>();
+  p.qjl_w = weight.const_data_ptr<scalar_t>();
+  p.m = q_sketch.size(2);
+}
+
 at::Tensor lloyd_scores_cuda(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
                              const at::Tensor& levels, int64_t bits) {
   check_lloyd_scores_input(q, packed, norm, levels, bits);
@@ -216,17 +249,8 @@ at::Tensor lloyd_scores_cuda(const at::Tensor& q, const at::Tensor& packed, cons
   at::Tensor out = at::empty({qc.size(0), qc.size(1), pc.size(1)}, qc.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "lloyd_scores_cuda", [&] {
-    math::ScoreParams<scalar_t> p;
-    p.G = qc.size(0);
-    p.nq = qc.size(1);
-    p.nk = pc.size(1);
-    p.q = qc.const_data_ptr<scalar_t>();
-    p.codes = pc.const_data_ptr<uint8_t>();
-    p.mse_w = nc.const_data_ptr<scalar_t>();
-    p.levels = lv.const_data_ptr<scalar_t>();
-    p.bits = bits;
-    p.d = qc.size(2);
-    p.out = out.mutable_data_ptr<scalar_t>();
+    auto p = score_params<scalar_t>(out);
+    with_code_part(p, qc, pc, nc, lv, bits);
     launch_scores(p);
   });
   return out;
@@ -241,15 +265,8 @@ at::Tensor qjl_scores_cuda(const at::Tensor& q_sketch, const at::Tensor& packed,
   at::Tensor out = at::empty({qc.size(0), qc.size(1), pc.size(1)}, qc.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "qjl_scores_cuda", [&] {
-    math::ScoreParams<scalar_t> p;
-    p.G = qc.size(0);
-    p.nq = qc.size(1);
-    p.nk = pc.size(1);
-    p.qs = qc.const_data_ptr<scalar_t>();
-    p.signs = pc.const_data_ptr<uint8_t>();
-    p.qjl_w = wc.const_data_ptr<scalar_t>();
-    p.m = qc.size(2);
-    p.out = out.mutable_data_ptr<scalar_t>();
+    auto p = score_params<scalar_t>(out);
+    with_sign_part(p, qc, pc, wc);
     launch_scores(p);
   });
   return out;
@@ -267,21 +284,9 @@ at::Tensor turbo_prod_scores_cuda(const at::Tensor& q, const at::Tensor& q_sketc
   at::Tensor out = at::empty({qc.size(0), qc.size(1), pc.size(1)}, qc.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "turbo_prod_scores_cuda", [&] {
-    math::ScoreParams<scalar_t> p;
-    p.G = qc.size(0);
-    p.nq = qc.size(1);
-    p.nk = pc.size(1);
-    p.q = qc.const_data_ptr<scalar_t>();
-    p.codes = pc.const_data_ptr<uint8_t>();
-    p.mse_w = nc.const_data_ptr<scalar_t>();
-    p.levels = lv.const_data_ptr<scalar_t>();
-    p.bits = bits;
-    p.d = qc.size(2);
-    p.qs = qsc.const_data_ptr<scalar_t>();
-    p.signs = spc.const_data_ptr<uint8_t>();
-    p.qjl_w = gc.const_data_ptr<scalar_t>();
-    p.m = qsc.size(2);
-    p.out = out.mutable_data_ptr<scalar_t>();
+    auto p = score_params<scalar_t>(out);
+    with_code_part(p, qc, pc, nc, lv, bits);
+    with_sign_part(p, qsc, spc, gc);
     launch_scores(p);
   });
   return out;
