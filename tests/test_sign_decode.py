@@ -123,6 +123,8 @@ def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d):
         for with_base in (None, base):
             got = kernel(packed, tables, weight, with_base)
             assert torch.equal(got, _split_calls(kernel, packed, tables, weight, with_base))
+            with torch.inference_mode():  # the layout copy and the output are allocated under inference mode
+                assert torch.equal(got, kernel(packed, tables, weight, with_base))
             with ops.shared_path():
                 assert torch.equal(got, kernel(packed, tables, weight, with_base))
             expect = oracle if with_base is None else oracle + with_base.double()
