@@ -89,9 +89,24 @@ def test_sign_decode_under_inference_mode_with_two_threads():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
 
 
-# The CPU kernel sums many fp32 rows (N >= 8192, d a multiple of 16) by the blocked sum: sub-tables of 16
-# columns x 16 byte positions swept by blocks of 4096 rows, partial sums carried between position groups.
+# The CPU kernel sums many fp32 rows (d a multiple of 16, N >= 4096 rows per thread and at least 8192) by the
+# blocked sum: sub-tables of 16 columns x 16 byte positions swept by blocks of 4096 rows, partial sums carried
+# between position groups. The tests run on 2 threads, and ask the extension whether each case takes it.
 BLOCKED_ROWS = 2 * 4096
+
+
+def _takes_blocked_sum(n: int, d: int) -> bool:
+    from kvstats import _C
+
+    return _C._sign_decode_blocked(n, d, True)
+
+
+@pytest.fixture
+def two_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
 
 
 def _split_calls(decode, packed, tables, weight, base, parts=3):
@@ -109,7 +124,7 @@ def _split_calls(decode, packed, tables, weight, base, parts=3):
     (3 * 4096 + 5, 100, 16),         # mb = 13: one group (no carried sums), one slice, three blocks
     (BLOCKED_ROWS, 64, 32),          # exactly the threshold
 ])
-def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d):
+def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d, two_threads):
     # Same fp32 entries added in the same order per column (p = 0, 1, ...), then scaled and added to base as
     # the direct sum does: the outputs must be identical, to the direct sum of the same rows (split calls)
     # and to the GPU's shared row code, and within fp32 rounding of the float64 oracle (bound as above).
@@ -117,30 +132,27 @@ def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d):
     tables = ops.sign_tables(s.float())
     oracle = (b @ s) * weight.double().unsqueeze(-1)
     kernel = torch.ops.kvstats.sign_decode.default
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for with_base in (None, base):
-            got = kernel(packed, tables, weight, with_base)
-            assert torch.equal(got, _split_calls(kernel, packed, tables, weight, with_base))
-            with torch.inference_mode():  # the layout copy and the output are allocated under inference mode
-                assert torch.equal(got, kernel(packed, tables, weight, with_base))
-            with ops.shared_path():
-                assert torch.equal(got, kernel(packed, tables, weight, with_base))
-            expect = oracle if with_base is None else oracle + with_base.double()
-            torch.testing.assert_close(got.double(), expect, rtol=1e-5, atol=2e-3)
-    finally:
-        torch.set_num_threads(previous)
+    assert _takes_blocked_sum(n, d) and not _takes_blocked_sum(n // 3 + 1, d)  # the split calls: direct sum
+    for with_base in (None, base):
+        got = kernel(packed, tables, weight, with_base)
+        assert torch.equal(got, _split_calls(kernel, packed, tables, weight, with_base))
+        with torch.inference_mode():  # the layout copy and the output are allocated under inference mode
+            assert torch.equal(got, kernel(packed, tables, weight, with_base))
+        with ops.shared_path():
+            assert torch.equal(got, kernel(packed, tables, weight, with_base))
+        expect = oracle if with_base is None else oracle + with_base.double()
+        torch.testing.assert_close(got.double(), expect, rtol=1e-5, atol=2e-3)
 
 
 @pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
 @pytest.mark.parametrize("d, bits", [(128, 4), (256, 3)])
-def test_blocked_turbo_prod_decode_is_bit_for_bit_the_direct_sum(d, bits):
+def test_blocked_turbo_prod_decode_is_bit_for_bit_the_direct_sum(d, bits, two_threads):
     # turbo_prod_decode adds the sign part by the blocked sum over blocks of 1024 decoded rows when the rows
     # are many: identical to the same rows encoded and decoded in calls short enough for the direct sum
     # (encoding is row by row); d = 256 carries partial sums across two position groups (mb = 32).
     qz = quantizer("turbo_prod", bits=bits, dim=d, seed=2)
     x = torch.randn(BLOCKED_ROWS + 45, d, generator=torch.Generator().manual_seed(d))
+    assert _takes_blocked_sum(x.shape[0], d) and not _takes_blocked_sum(3000, d)
     code = qz.encode(x)
     got = qz.decode(code)
     split = torch.cat([qz.decode(qz.encode(x[a:a + 3000])) for a in range(0, x.shape[0], 3000)])

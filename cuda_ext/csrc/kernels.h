@@ -43,6 +43,10 @@ math::LloydEncodeParams<scalar_t, acc_t> lloyd_encode_params(const at::Tensor& x
   return p;
 }
 
+// Whether the CPU sign_decode / turbo_prod_decode of n rows of width d in `dtype` sums the sign part by the
+// blocked sum (sign_decode_cpu.cpp) rather than the direct one; both give the same bits.
+bool sign_decode_takes_blocked_sum(at::ScalarType dtype, int64_t n, int64_t d);
+
 // Largest head dimension the Walsh–Hadamard kernels accept (2^15).
 constexpr int64_t kMaxFwhtDim = 32768;
 

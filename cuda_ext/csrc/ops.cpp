@@ -56,11 +56,22 @@ static PyObject* py_set_shared_path(PyObject*, PyObject* flag) {
 
 static PyObject* py_shared_path(PyObject*, PyObject*) { return PyBool_FromLong(kvstats::shared_path_enabled()); }
 
+// _C._sign_decode_blocked(rows, d, fp32) -> whether the CPU sign decode of those rows takes the blocked sum
+// (at the current torch thread count): lets the tests check that they exercise it.
+static PyObject* py_sign_decode_blocked(PyObject*, PyObject* args) {
+  long long rows = 0, d = 0;
+  int fp32 = 0;
+  if (!PyArg_ParseTuple(args, "LLp", &rows, &d, &fp32)) return nullptr;
+  return PyBool_FromLong(kvstats::sign_decode_takes_blocked_sum(fp32 ? at::kFloat : at::kDouble, rows, d));
+}
+
 // Importing kvstats._C loads the shared object, which runs the TORCH_LIBRARY static initialisers.
 PyObject* PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"_set_shared_path", py_set_shared_path, METH_O, "Switch the CPU ops to the shared (GPU) code path."},
       {"_shared_path", py_shared_path, METH_NOARGS, "Whether the CPU ops take the shared (GPU) code path."},
+      {"_sign_decode_blocked", py_sign_decode_blocked, METH_VARARGS,
+       "Whether the CPU sign decode of (rows, d, fp32) takes the blocked sum."},
       {nullptr, nullptr, 0, nullptr}};
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);

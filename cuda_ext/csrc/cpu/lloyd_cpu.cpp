@@ -86,9 +86,11 @@ typedef uint32_t VecU32 __attribute__((vector_size(32)));
 KVSTATS_SIMD_CLONES void decode_packed_row_f32(const uint8_t* in, float norm, const float* levels16, int64_t bits,
                                                const float* signs, int64_t passes, int64_t block, int64_t d,
                                                float* out) {
+#if defined(__GNUC__) && !defined(__clang__)
   VecF32 lo, hi;
   std::memcpy(&lo, levels16, sizeof(lo));
   std::memcpy(&hi, levels16 + 8, sizeof(hi));
+#endif
   const uint32_t b = static_cast<uint32_t>(bits);
   const VecU32 shifts = {0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b};
   const uint32_t mask = (uint32_t{1} << b) - 1;
@@ -96,7 +98,12 @@ KVSTATS_SIMD_CLONES void decode_packed_row_f32(const uint8_t* in, float norm, co
     uint32_t word = 0;
     for (int64_t k = 0; k < bits; ++k) word |= static_cast<uint32_t>(in[c * bits + k]) << (8 * k);
     const VecU32 idx = ((VecU32{} + word) >> shifts) & mask;
+#if defined(__GNUC__) && !defined(__clang__)
     const VecF32 v = __builtin_shuffle(lo, hi, idx) * norm;
+#else  // clang has no variable two-vector shuffle builtin: the same products, lane by lane
+    VecF32 v;
+    for (int t = 0; t < 8; ++t) v[t] = levels16[idx[t]] * norm;
+#endif
     std::memcpy(out + 8 * c, &v, sizeof(v));
   }
   cpu::rotate_inverse(out, d, signs, passes, block);

@@ -114,12 +114,6 @@ constexpr int64_t kGroupPositions = 16;
 constexpr int64_t kBlockRows = 4096;
 constexpr int64_t kRowsAtOnce = 4;  // independent rows in flight: four chains of additions per sub-table entry
 
-// Whether sign_decode_cpu takes the blocked sum: fp32 (the fp64 path keeps the direct sum), widths of whole
-// slices, and enough rows to repay laying out the table (a copy of it; the direct sum needs no copy).
-inline bool use_blocked_sum(at::ScalarType dtype, int64_t n, int64_t d) {
-  return dtype == at::kFloat && d % kSliceCols == 0 && n >= 2 * kBlockRows;
-}
-
 // The slice layout of tables [mb · 256, d] (fp32, d a multiple of 16): [d / 16, mb, 256, 16].
 at::Tensor slice_tables(const at::Tensor& tables, int64_t mb, int64_t d) {
   const int64_t entries = mb * 256, slices = d / kSliceCols;
@@ -214,6 +208,13 @@ void sign_decode_range(const uint8_t* packed, int64_t mb, const acc_t* tables, i
 
 }  // namespace
 
+// fp32 (the fp64 path keeps the direct sum), widths of whole slices, and a full block of rows for every
+// thread (at least two blocks): enough rows to repay laying out the table, and no thread left idle that the
+// direct sum (a grain of 4096 / d rows) would have used.
+bool sign_decode_takes_blocked_sum(at::ScalarType dtype, int64_t n, int64_t d) {
+  return dtype == at::kFloat && d % kSliceCols == 0 && n >= kBlockRows * std::max<int64_t>(2, at::get_num_threads());
+}
+
 at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
                            const std::optional<at::Tensor>& base) {
   check_sign_decode_input(packed, tables, weight, base);
@@ -223,7 +224,7 @@ at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, c
   const int64_t n = pc.size(0), mb = pc.size(1), d = tc.size(1);
   const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, tc.options());
-  if (!shared && use_blocked_sum(tc.scalar_type(), n, d)) {
+  if (!shared && sign_decode_takes_blocked_sum(tc.scalar_type(), n, d)) {
     const at::Tensor slices = slice_tables(tc, mb, d);
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const float* sp = slices.const_data_ptr<float>();
@@ -273,7 +274,7 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
   const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, lv.options());
   const math::Rotation rot = rotation_of(sg);
-  if (!shared && use_blocked_sum(lv.scalar_type(), n, d)) {
+  if (!shared && sign_decode_takes_blocked_sum(lv.scalar_type(), n, d)) {
     const at::Tensor slices = slice_tables(tc, mb, d);
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const float* np = nc.const_data_ptr<float>();
