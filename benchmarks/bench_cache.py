@@ -41,7 +41,7 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     import torch
     from transformers import DynamicCache
 
-    from kvstats.cache import KVStatsCache, use_estimator_attention
+    from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
     from kvstats.data.real import default_text, load_model
 
     torch.set_num_threads(threads)
@@ -59,14 +59,15 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     def generate(prompt, steps, cache):
         """(prefill wall s, prefill CPU s, [wall s per step], [CPU s per step]); CPU: this thread's time."""
         times, cpu = [], []
+        kw = cache_kwargs(model, cache)
         with torch.inference_mode():
             t0, c0 = time.perf_counter(), time.thread_time()
-            out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)  # as generate does
+            out = model(prompt, **kw, use_cache=True, logits_to_keep=1)  # as generate does
             prefill, prefill_cpu = time.perf_counter() - t0, time.thread_time() - c0
             nxt = out.logits[:, -1:].argmax(-1)
             for _ in range(steps):
                 t, c = time.perf_counter(), time.thread_time()
-                out = model(nxt, past_key_values=cache, use_cache=True)
+                out = model(nxt, **kw, use_cache=True)
                 nxt = out.logits[:, -1:].argmax(-1)
                 times.append(time.perf_counter() - t)
                 cpu.append(time.thread_time() - c)

@@ -5,7 +5,8 @@
 
     use_estimator_attention(model)                      # optional: attention through the scheme's estimator
     cache = KVStatsCache(scheme=scheme("kqv", bits=4, dim=64), full_precision_window=32)
-    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=40)
+    out = model.generate(input_ids, cache=cache, max_new_tokens=40)   # transformers >= 5.24; before it:
+    # past_key_values=cache (cache_kwargs(model, cache) picks the keyword the installed version takes)
     cache.memory()                                      # bytes held vs an fp16 cache
 
 What is stored. Each layer holds the K and V of every token *as codes of the scheme* (``scheme.encode``:
@@ -56,6 +57,7 @@ works (Llama, SmolLM, Mistral, Qwen2/3, ...).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +86,7 @@ __all__ = [
     "IdentityScheme",
     "KVStatsCache",
     "KVStatsLayer",
+    "cache_kwargs",
     "kvstats_attention",
     "kvstats_cache",
     "model_dims",
@@ -619,8 +622,9 @@ class KVStatsCache(Cache):
 
     Construction from a model's config (no head dimension by hand): :meth:`from_config` or :func:`kvstats_cache`.
 
-    Use with any Llama-style model: ``model.generate(ids, past_key_values=KVStatsCache(scheme=s))`` or
-    ``model(ids, past_key_values=cache, use_cache=True)``. See the module docstring for the two attention
+    Use with any Llama-style model: ``model.generate(ids, cache=KVStatsCache(scheme=s))`` or ``model(ids,
+    cache=cache, use_cache=True)`` (``past_key_values=`` before transformers 5.24; :func:`cache_kwargs` picks
+    the keyword). See the module docstring for the two attention
     paths; :func:`use_estimator_attention` selects the estimator path.
     """
 
@@ -732,6 +736,20 @@ class KVStatsCache(Cache):
                 f"tokens={self.get_seq_length()})")
 
 
+def cache_kwargs(model, cache) -> dict:
+    """The keyword that hands a cache to ``model.generate(...)`` or ``model(...)``: ``{"cache": cache}`` on
+    transformers whose models renamed the argument (5.24 and later: ``past_key_values=`` is deprecated there,
+    due to go in 5.40 for ``forward``), ``{"past_key_values": cache}`` before.
+
+        out = model.generate(ids, **cache_kwargs(model, cache), max_new_tokens=40)
+    """
+    forward = getattr(model, "forward", None)
+    if forward is None:
+        raise TypeError(f"model must be a transformers model (with a forward), got {type(model).__name__}")
+    key = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    return {key: cache}
+
+
 def model_dims(config) -> dict:
     """Head dimension, KV heads, query heads and layers of a transformers config (its text config if nested).
 
@@ -762,7 +780,7 @@ def kvstats_cache(model_or_config, scheme: str | Scheme | Callable[[int], Scheme
     ``residual_length`` the full-precision window W.
 
         cache = kvstats_cache(model, "kqv", nbits=4, residual_length=32)
-        model.generate(ids, past_key_values=cache, max_new_tokens=40)
+        model.generate(ids, **cache_kwargs(model, cache), max_new_tokens=40)
 
     (transformers' ``generate(cache_implementation="quantized", cache_config=...)`` knows only its own
     backends, so pass the cache itself.) ``cache_config`` goes to :meth:`KVStatsCache.from_config` (``seed``,

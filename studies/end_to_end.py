@@ -101,7 +101,7 @@ def style(name: str) -> dict[str, str]:
 
 
 def _quiet():
-    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers: past_key_values -> cache
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers and its backends: deprecation notices
 
 
 @functools.lru_cache(maxsize=2)
@@ -157,13 +157,6 @@ def _segments(size: int, count: int | None) -> tuple[torch.Tensor, tuple[tuple[s
     ids = {t: tokenizer(docs[t], return_tensors="pt").input_ids[0] for t in DOCUMENTS[1:]}
     where = segment_starts({t: len(v) for t, v in ids.items()}, size, count)
     return torch.stack([ids[t][a:a + size] for t, a in where]), tuple(where)
-
-
-def _cache_kw(model, cache) -> dict:
-    """``cache=`` on transformers that renamed the argument (5.x), ``past_key_values=`` before."""
-    import inspect
-
-    return {"cache": cache} if "cache" in inspect.signature(model.forward).parameters else {"past_key_values": cache}
 
 
 def _set_attention(model, name: str) -> None:
@@ -267,14 +260,14 @@ def _schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int 
 
 def _quantized_logits(ids, name, n, seed, window, path="kvstats", record=True, dtype="float32",
                       calibration_tokens=None):
-    from kvstats.cache import KVStatsCache
+    from kvstats.cache import KVStatsCache, cache_kwargs
 
     model, _, _ = _model(dtype)
     _set_attention(model, path)
     cache = KVStatsCache(_schemes(name, n, seed, model.config.num_hidden_layers, calibration_tokens),
                          full_precision_window=window, record_attention=record)
     with torch.inference_mode():
-        logits = model(ids, use_cache=True, **_cache_kw(model, cache)).logits
+        logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits
     return (logits if dtype == "float64" else logits.float()), cache
 
 
@@ -423,7 +416,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[i
     them: a single-prompt decode step is bound by reading the weights). Besides the tokens before the first
     divergence (coarse: one flip changes all that follows), the exact model scores the quantized model's
     continuation (mean NLL per token): how plausible the text is."""
-    from kvstats.cache import KVStatsCache
+    from kvstats.cache import KVStatsCache, cache_kwargs
 
     _quiet()
     model, tokenizer, _ = _model()
@@ -434,7 +427,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[i
     _set_attention(model, "kvstats")
     cache = KVStatsCache(layers, full_precision_window=window)
     t0 = time.perf_counter()
-    gen = _greedy(prompts, new, **_cache_kw(model, cache))
+    gen = _greedy(prompts, new, **cache_kwargs(model, cache))
     seconds = time.perf_counter() - t0
     bits = cache.memory().bits_per_element
     conts = [_until_eos(r) for r in gen.tolist()]

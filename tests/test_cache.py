@@ -28,6 +28,7 @@ from kvstats.cache import (  # noqa: E402
     IdentityScheme,
     KVStatsCache,
     KVStatsLayer,
+    cache_kwargs,
     kvstats_attention,
     kvstats_cache,
     model_dims,
@@ -38,7 +39,6 @@ from kvstats.schemes import Scheme, scheme  # noqa: E402
 
 D, HQ, HKV, T = 16, 4, 2, 32
 SCHEMES = ("kv", "kqv", "qkqv")
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # past_key_values -> cache rename in transformers
 
 
 def _tiny(attn="sdpa", init=0.1):
@@ -79,14 +79,14 @@ def est():
 
 def _logits(model, ids, cache=None, **kw):
     with torch.inference_mode():
-        return model(ids, past_key_values=cache, use_cache=cache is not None, **kw).logits
+        return model(ids, **cache_kwargs(model, cache), use_cache=cache is not None, **kw).logits
 
 
 def _incremental(model, ids, cache, prefill):
     with torch.inference_mode():
-        steps = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
+        steps = [model(ids[:, :prefill], **cache_kwargs(model, cache), use_cache=True).logits]
         for t in range(prefill, ids.shape[1]):
-            steps.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+            steps.append(model(ids[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True).logits)
     return torch.cat(steps, dim=1)
 
 
@@ -110,7 +110,7 @@ def test_identity_reproduces_incremental_generation(path, dense, est, ids, reque
         ref = dense.generate(prompt, max_new_tokens=12, do_sample=False, output_logits=True,
                              return_dict_in_generate=True)
         out = model.generate(prompt, max_new_tokens=12, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, past_key_values=KVStatsCache(IdentityScheme(D)))
+                             return_dict_in_generate=True, **cache_kwargs(model, KVStatsCache(IdentityScheme(D))))
     assert torch.equal(out.sequences, ref.sequences)
     atol = 0 if path == "dense" else 2e-5
     for a, b in zip(out.logits, ref.logits):
@@ -128,10 +128,10 @@ def test_identity_padded_batch_and_beam_search(path, dense, est, request):
     ids[1, :4], mask[1, :4] = 0, 0  # left padding
     with torch.inference_mode():
         kw = dict(max_new_tokens=4, do_sample=False, attention_mask=mask)
-        assert torch.equal(model.generate(ids, past_key_values=KVStatsCache(IdentityScheme(D)), **kw),
+        assert torch.equal(model.generate(ids, **cache_kwargs(model, KVStatsCache(IdentityScheme(D))), **kw),
                            dense.generate(ids, **kw))
         kw = dict(max_new_tokens=4, do_sample=False, num_beams=3)
-        assert torch.equal(model.generate(ids[:1], past_key_values=KVStatsCache(IdentityScheme(D)), **kw),
+        assert torch.equal(model.generate(ids[:1], **cache_kwargs(model, KVStatsCache(IdentityScheme(D))), **kw),
                            dense.generate(ids[:1], **kw))
 
 
@@ -218,7 +218,7 @@ def test_logit_error_is_bounded_and_shrinks_with_the_budget(est, ids):
 def test_generation_runs_with_gqa(name, est, dense, ids):
     cache = KVStatsCache(scheme(name, bits=4, dim=D), full_precision_window=4)
     with torch.inference_mode():
-        out = est.generate(ids[:, :8], max_new_tokens=10, do_sample=False, past_key_values=cache)
+        out = est.generate(ids[:, :8], max_new_tokens=10, do_sample=False, **cache_kwargs(est, cache))
     assert out.shape == (1, 18) and cache.get_seq_length() == 17  # the last token is never fed back
     layer = cache.layers[0]
     assert layer.n_quantized == 13 and layer.keys.shape == (1, HKV, 4, D)
@@ -248,7 +248,7 @@ def test_half_precision_model(dtype, ids):
                                atol=0.1)  # bf16 ulp at |logit| ~ 4 is 1/32; fp32 attention vs half attention
     cache = KVStatsCache(scheme("kqv", bits=4, dim=D), full_precision_window=3)
     with torch.inference_mode():
-        out = model.generate(ids[:, :6], max_new_tokens=4, do_sample=False, past_key_values=cache)
+        out = model.generate(ids[:, :6], max_new_tokens=4, do_sample=False, **cache_kwargs(model, cache))
     assert out.shape == (1, 10) and cache.layers[0].keys.dtype == dtype
     assert cache.memory().window_bytes == 2 * 2 * HKV * 3 * D * 2
 
@@ -287,8 +287,8 @@ def test_memory_is_code_nbytes_plus_window(name, window, est, ids):
     s = scheme(name, bits=3, dim=D, seed=0)
     cache = KVStatsCache(s, full_precision_window=window)
     with torch.inference_mode():
-        out = est(ids, past_key_values=cache, use_cache=True)
-        est(ids[:, :1], past_key_values=cache, use_cache=True)  # one more token, encoded incrementally
+        out = est(ids, **cache_kwargs(est, cache), use_cache=True)
+        est(ids[:, :1], **cache_kwargs(est, cache), use_cache=True)  # one more token, encoded incrementally
     mem = cache.memory()
     n_old = T + 1 - window
     # the same bytes as encoding the quantized tokens in one go, per layer
@@ -425,11 +425,11 @@ def test_crop_equals_a_cache_that_never_saw_the_tokens(window, flush, path, dens
                    quantizer("minmax", bits=2, dim=D))
     cropped, ref = (KVStatsCache(s, full_precision_window=window, flush_size=flush) for _ in range(2))
     with torch.inference_mode():
-        model(ids[:, :20], past_key_values=cropped, use_cache=True)
-        model(ids[:, 20:26], past_key_values=cropped, use_cache=True)
+        model(ids[:, :20], **cache_kwargs(model, cropped), use_cache=True)
+        model(ids[:, 20:26], **cache_kwargs(model, cropped), use_cache=True)
         cropped.crop(-4)
-        model(ids[:, :20], past_key_values=ref, use_cache=True)
-        model(ids[:, 20:22], past_key_values=ref, use_cache=True)
+        model(ids[:, :20], **cache_kwargs(model, ref), use_cache=True)
+        model(ids[:, 20:22], **cache_kwargs(model, ref), use_cache=True)
     assert cropped.get_seq_length() == 22
     _assert_same_state(cropped, ref, atol=1e-5 if flush == 1 else 0.3)  # a 2-bit code may flip (one step)
     a, b = _logits(model, ids[:, 22:30], cropped), _logits(model, ids[:, 22:30], ref)
@@ -488,9 +488,9 @@ def test_assisted_decoding_matches_plain_greedy(name, est, ids):
     assistant = _other_tiny(11)
     with torch.inference_mode():
         plain = est.generate(ids[:, :8], max_new_tokens=16, do_sample=False,
-                             past_key_values=KVStatsCache(s, full_precision_window=2))
+                             **cache_kwargs(est, KVStatsCache(s, full_precision_window=2)))
         cache = KVStatsCache(s, full_precision_window=2)
-        assisted = est.generate(ids[:, :8], max_new_tokens=16, do_sample=False, past_key_values=cache,
+        assisted = est.generate(ids[:, :8], max_new_tokens=16, do_sample=False, **cache_kwargs(est, cache),
                                 assistant_model=assistant)
     assert torch.equal(assisted, plain)
     assert cache.get_seq_length() == plain.shape[1] - 1
@@ -579,9 +579,9 @@ def test_smollm2_assisted_decoding_through_the_cache():
     use_estimator_attention(model)
     ids = tokenizer(default_text(), return_tensors="pt").input_ids[:, :12]
     with torch.inference_mode():
-        plain = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=DynamicCache())
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False, **cache_kwargs(model, DynamicCache()))
         cache = KVStatsCache.from_config(model.config, IdentityScheme(64), full_precision_window=4)
-        assisted = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=cache,
+        assisted = model.generate(ids, max_new_tokens=8, do_sample=False, **cache_kwargs(model, cache),
                                   assistant_model=model)
     assert torch.equal(assisted, plain)
     assert cache.get_seq_length() == plain.shape[1] - 1 and cache.layers[0].n_quantized > 0
@@ -598,9 +598,9 @@ def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
     def run():
         cache = KVStatsCache(s, full_precision_window=window, record_attention=True)
         with torch.inference_mode():
-            out = est(ids, past_key_values=cache, use_cache=True, output_attentions=True)
-            est(ids[:, :1], past_key_values=cache, use_cache=True)  # a decode step after the blocked prefill
-            step = est(ids[:, 1:2], past_key_values=cache, use_cache=True).logits
+            out = est(ids, **cache_kwargs(est, cache), use_cache=True, output_attentions=True)
+            est(ids[:, :1], **cache_kwargs(est, cache), use_cache=True)  # a decode step after the blocked prefill
+            step = est(ids[:, 1:2], **cache_kwargs(est, cache), use_cache=True).logits
         return out, step, cache.attention_records
 
     one_out, one_step, one_rec = run()
@@ -681,3 +681,23 @@ def test_fp64_model_rounds_to_fp32_in_transformers_rmsnorm():
         weight = norm.weight.detach()
     torch.testing.assert_close(got, weight * in_fp32.double(), rtol=0, atol=0)
     assert float((got - weight * in_fp64).abs().max()) > 1e-9  # fp32 rounding, not fp64's 1e-16
+
+
+def test_cache_kwargs_names_the_keyword_the_installed_transformers_takes():
+    # transformers 5.24 renamed past_key_values= to cache= (the old name warns, due to go in 5.40 for forward):
+    # the helper follows the model's forward signature, and a call through it raises no deprecation warning.
+    import inspect
+    import warnings
+
+    model = _tiny()
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = KVStatsCache(IdentityScheme(D))
+    assert cache_kwargs(model, cache) == {key: cache}
+    ids = torch.randint(1, 100, (1, 5), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with torch.inference_mode():
+            model(ids, **cache_kwargs(model, cache), use_cache=True)
+    assert cache.get_seq_length() == 5
+    with pytest.raises(TypeError, match="model must be a transformers model"):
+        cache_kwargs(object(), cache)
