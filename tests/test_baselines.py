@@ -27,7 +27,6 @@ from kvstats.baselines import (  # noqa: E402
     teacher_forced_logits,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 B, T, V = 2, 24, 100
 
 
