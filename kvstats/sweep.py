@@ -282,8 +282,17 @@ def parallel_map(fn: Callable, kwargs_list: Sequence[Mapping[str, Any]], *, n_jo
     yield from parallel(delayed(_call_with_threads)(f, kw, threads) for kw in items)
 
 
-def _set_threads(threads: int | None) -> None:
-    """``torch.set_num_threads(threads)`` in the calling worker (None: leave it)."""
+#: How much a worker's memory may grow past its size after its first task before loky restarts it. A worker
+#: keeps what its cells load on purpose (a model, captured K/V, calibrations: cached per process), and loky's
+#: guard against leaks, 300 MB, restarted it after the first cell that loaded SmolLM2 — warning "A worker
+#: stopped while some jobs were given to the executor" — so that the next worker loaded the model again.
+#: The guard stays, above what the studies cache (the fp32 and fp64 models together: about 1.6 GB).
+WORKER_MEMORY_GROWTH_BYTES = 8 << 30
+
+
+def _prepare_worker(threads: int | None) -> None:
+    """In the calling worker: ``torch.set_num_threads(threads)`` (None: leave it), and loky's leak bound raised
+    to :data:`WORKER_MEMORY_GROWTH_BYTES` (a module constant of the worker's loky, read at each check)."""
     if threads is not None:
         try:
             import torch
@@ -291,16 +300,22 @@ def _set_threads(threads: int | None) -> None:
             torch.set_num_threads(threads)
         except ImportError:  # pragma: no cover - torch is a dependency
             pass
+    try:
+        from joblib.externals.loky import process_executor
+    except ImportError:  # pragma: no cover - joblib is a dependency
+        return
+    if getattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", WORKER_MEMORY_GROWTH_BYTES) < WORKER_MEMORY_GROWTH_BYTES:
+        process_executor._MAX_MEMORY_LEAK_SIZE = WORKER_MEMORY_GROWTH_BYTES
 
 
 def _call_with_threads(fn: Callable, kw: dict[str, Any], threads: int | None) -> Any:
-    _set_threads(threads)
+    _prepare_worker(threads)
     return fn(**kw)
 
 
 def _execute(cell: Callable[..., list[dict]], params: dict[str, Any], threads: int | None) -> tuple[list[dict], float]:
     """Run one cell (in a worker or in-process) and check its rows."""
-    _set_threads(threads)
+    _prepare_worker(threads)
     t0 = time.perf_counter()
     rows = cell(**params)
     seconds = time.perf_counter() - t0
