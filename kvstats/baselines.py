@@ -22,8 +22,6 @@ import time
 
 import torch
 
-from kvstats.cache import cache_kwargs
-
 __all__ = ["BACKENDS", "available_backends", "baseline_rows", "output_metrics", "quantized_cache",
            "teacher_forced_logits"]
 
@@ -78,11 +76,14 @@ def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype != torch.long:
         raise ValueError(f"ids must be a [B, T] int64 tensor with T >= 1, got "
                          f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
+    from kvstats.cache import cache_kwargs  # transformers, like quantized_cache; output_metrics needs neither
+
     cache = quantized_cache(model, backend, nbits, residual_length=residual_length, **cache_options)
+    kw = cache_kwargs(model, cache)
     steps = []
     with torch.inference_mode():
         for t in range(ids.shape[1]):
-            steps.append(model(ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, cache)).logits[:, -1])
+            steps.append(model(ids[:, t:t + 1], use_cache=True, **kw).logits[:, -1])
     logits = torch.stack(steps, dim=1)
     return logits if logits.dtype == torch.float64 else logits.float()
 
