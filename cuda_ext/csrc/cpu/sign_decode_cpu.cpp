@@ -285,7 +285,7 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
     float* op = out.mutable_data_ptr<float>();
     at::parallel_for(0, n, kBlockRows, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
-      std::vector<float> buf(d), scratch(kBlockRows * kSliceCols);
+      std::vector<float> buf(d), scratch(kTurboProdBlockRows * kSliceCols);  // blocks of kTurboProdBlockRows rows
       for (int64_t r0 = begin; r0 < end; r0 += kTurboProdBlockRows) {
         const int64_t r1 = std::min(end, r0 + kTurboProdBlockRows);
         cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, false, op, r0, r1, codes.data(), buf.data());
