@@ -252,6 +252,19 @@ def test_bad_input_is_named(name):
         qz.inner(torch.randn(16), qz.encode(torch.randn(4, 16)))
 
 
+@pytest.mark.parametrize("name", OBLIVIOUS)
+def test_inner_broadcasts_leading_dims_and_names_those_that_do_not(name):
+    qz = quantizer(name, bits=2, dim=16, seed=0)
+    g = torch.Generator().manual_seed(1)
+    code = qz.encode(torch.randn(3, 5, 16, generator=g))
+    q = torch.randn(1, 4, 16, generator=g)
+    est = qz.inner(q, code)  # query [1, 4, d] against keys [3, 5, d]
+    assert est.shape == (3, 4, 5)
+    torch.testing.assert_close(est, qz.inner(q.expand(3, 4, 16), code), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"query's leading dims \(2,\) .* do not broadcast with the code's \(3,\)"):
+        qz.inner(torch.randn(2, 4, 16), code)
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(name="turbo_mse", bits=0, dim=16), "bits must be in \\[1, 8\\], got 0"),
     (dict(name="turbo_mse", bits=9, dim=16), "bits must be in \\[1, 8\\], got 9"),

@@ -176,6 +176,12 @@ class Quantizer:
         self.check_code(code)
         if len(code.shape) < 2:
             raise ValueError(f"inner needs a code of x [..., n_k, d], got a code of shape {tuple(code.shape)}")
+        try:
+            torch.broadcast_shapes(query.shape[:-2], code.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"query's leading dims {tuple(query.shape[:-2])} (query [..., n_q, d] = "
+                             f"{tuple(query.shape)}) do not broadcast with the code's {tuple(code.shape[:-2])} "
+                             f"(code of x [..., n_k, d] = {tuple(code.shape)})") from None
         with self._code_fields(code):
             return self._inner(query, code)
 
