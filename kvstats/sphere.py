@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from scipy import integrate, optimize, special, stats
 
+from kvstats._random import make_generator
 from kvstats._validation import check_int_range
 from kvstats.results import TestResult
 
@@ -60,18 +61,22 @@ def coordinate_law(d: int):
     return stats.beta(a, a, loc=-1.0, scale=2.0)
 
 
-def sample_sphere(n: int, d: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def sample_sphere(n: int, d: int, seed: int | torch.Generator | None,
+                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """n points uniform on the unit sphere S^{d-1}: [n, d] tensor, rows of unit norm.
 
-    Each row is g / ‖g‖ with g ~ N(0, I_d) drawn in float64 from a ``torch.Generator`` seeded with
-    ``seed`` (same seed → same vectors), then cast to ``dtype``.
+    Each row is g / ‖g‖ with g ~ N(0, I_d) drawn in float64 on the CPU, then cast to ``dtype``. ``seed``
+    follows the package's seed rule (docs/hostile_inputs.md): an int (same seed → same vectors), None (fresh
+    entropy), or a CPU ``torch.Generator``, consumed in place.
     """
     n = check_int_range(n, "n", 1, 2**40)
     d = _check_dim(d)
-    seed = check_int_range(seed, "seed", 0, 2**63 - 1)
+    if isinstance(seed, torch.Generator) and seed.device.type != "cpu":
+        raise ValueError(f"seed: a torch.Generator must be on the CPU (the draws are made there), got one on "
+                         f"{seed.device}")
+    gen = make_generator(seed)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    gen = torch.Generator().manual_seed(seed)
     g = torch.randn(n, d, generator=gen, dtype=torch.float64)
     return (g / torch.linalg.vector_norm(g, dim=-1, keepdim=True)).to(dtype)
 

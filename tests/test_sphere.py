@@ -36,6 +36,18 @@ def test_sample_sphere_shape_norm_seed_dtype():
     assert sample_sphere(5, 8, seed=0, dtype=torch.float32).dtype == torch.float32
 
 
+def test_sample_sphere_takes_the_seed_rule_generators_and_none():
+    # a CPU generator is consumed in place: two calls continue one stream, and a generator seeded like the int
+    # seed gives the int seed's vectors
+    gen = torch.Generator().manual_seed(3)
+    first, second = sample_sphere(100, 16, seed=gen), sample_sphere(100, 16, seed=gen)
+    assert torch.equal(first, sample_sphere(100, 16, seed=3))
+    assert not torch.equal(first, second)
+    fresh = sample_sphere(100, 16, seed=None)
+    torch.testing.assert_close(torch.linalg.vector_norm(fresh, dim=1), torch.ones(100, dtype=torch.float64))
+    assert not torch.equal(fresh, sample_sphere(100, 16, seed=None))
+
+
 @pytest.mark.parametrize("d", [2, 3, 4, 8, 16, 128])
 def test_kl_matches_the_entropy_closed_form(d):
     # KL(f || N(0, σ²)) = -h(f) - E_f[log φ] = ½ log(2πe/d) - h(f_d), with h from scipy's Beta entropy
@@ -110,7 +122,8 @@ def test_gof_accepts_torch_and_reports():
         (lambda: coordinate_law(2.5), TypeError, "d must be an int"),
         (lambda: sample_sphere(10, 1, seed=0), ValueError, "d must be in"),
         (lambda: sample_sphere(0, 4, seed=0), ValueError, "n must be in"),
-        (lambda: sample_sphere(10, 4, seed=-1), ValueError, "seed must be in"),
+        (lambda: sample_sphere(10, 4, seed=-1), ValueError, r"seed must be an int in \[0, 2\*\*63 - 1\] or None"),
+        (lambda: sample_sphere(10, 4, seed=1.5), TypeError, r"seed must be an int in \[0, 2\*\*63 - 1\] or None"),
         (lambda: sample_sphere(10, 4, seed=0, dtype=torch.int32), TypeError, "dtype"),
         (lambda: gaussian_limit_distance(0), ValueError, "d must be in"),
         (lambda: goodness_of_fit(np.zeros((3, 4)), 4), ValueError, "1-D"),
