@@ -198,6 +198,35 @@ def test_round_trip_shapes_dtypes_and_exact_bytes(config, d, bits, n, lead, dtyp
     assert s.shape == (*lead, 3, n) and torch.isfinite(s).all()
 
 
+def _stored_tensors(code, prefix=""):
+    """{field path: tensor} of a code and its nested parts, payloads ("p:") and scalars ("s:") apart."""
+    out = {f"{prefix}p:{k}": v for k, v in code.payload.items()}
+    out.update({f"{prefix}s:{k}": v for k, v in code.scalars.items()})
+    for k, part in code.parts.items():
+        out.update(_stored_tensors(part, f"{prefix}{k}/"))
+    return out
+
+
+@pytest.mark.parametrize("name", OBLIVIOUS)
+def test_fp64_codes_differ_from_the_budget_only_by_fp64_scalars(name):
+    # docs/bit_accounting.md: fp64 inputs (references, oracles) keep their stored scalars in fp64, so their
+    # codes exceed the budget by exactly (8 − the budget's bytes) per stored scalar; payloads are the same.
+    qz = quantizer(name, bits=3, dim=40, seed=0)
+    x = torch.randn(2, 7, 40, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    c32, c64 = qz.encode(x.float()), qz.encode(x)
+    t32, t64 = _stored_tensors(c32), _stored_tensors(c64)
+    assert t32.keys() == t64.keys()
+    extra = 0
+    for key, t in t64.items():
+        assert t.shape == t32[key].shape, key
+        if key.split("/")[-1].startswith("p:"):
+            assert t.dtype == t32[key].dtype == torch.uint8, key
+        else:
+            assert t.dtype == torch.float64 and t32[key].dtype in (torch.float32, torch.float16), key
+            extra += t.numel() * (8 - t32[key].element_size())
+    assert extra > 0 and c64.nbytes == c32.nbytes + extra  # c32.nbytes: the budget (round-trip test above)
+
+
 def test_bit_budgets():
     d = 128
     assert quantizer("turbo_mse", bits=4, dim=d).bits_per_coordinate().to_dict() == \
