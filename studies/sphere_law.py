@@ -5,8 +5,8 @@
 Writes (each figure's data beside it in figures/data/<name>.csv):
   figures/sphere_law_density.png          f_d over histograms of sampled coordinates and N(0, 1/d)
   figures/sphere_law_gaussian_distance.png TV and KL(f_d ‖ N(0, 1/d)) against d
-  figures/codebook_convergence.png        √d · levels of the exact codebook against d, → Gaussian levels
-  figures/data/turboquant_dmse_table.csv  D_mse at d = 128: exact, Gaussian limit, TurboQuant's printed
+  figures/sphere_law_codebook_convergence.png  √d · levels of the exact codebook against d, → Gaussian levels
+  figures/data/sphere_law_turboquant_dmse_table.csv  D_mse at d = 128: exact, Gaussian limit, TurboQuant's printed
 
 Everything here is closed-form or a cheap solve; the only sampling is the histograms. Each figure's numbers
 come from kvstats.sweep cells (per dimension, per bit width), run and stored like every study's.
@@ -157,7 +157,7 @@ def convergence_figure(table: pd.DataFrame) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("Exact Lloyd–Max codebooks of $f_d$ converge to the Gaussian codebook / √d")
     fig.tight_layout()
-    _save(fig, "codebook_convergence")
+    _save(fig, "sphere_law_codebook_convergence")
 
 
 def ks_critical(n: int, tests: int) -> float:
@@ -253,7 +253,7 @@ def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str, ks: dict | N
                             f"limit: {100 * dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
             "data": f"exact codebooks, d = 2..{d_big}",
             "verdict": codebook_verdict(large, glev, gap),
-            "figure": "codebook_convergence.png",
+            "figure": "sphere_law_codebook_convergence.png",
             "details": None,
         },
     ]
@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     plots.write_csv(f"{STUDY}_gaussian_distance", dist)
     distance_figure(dist)
     conv = shell.sweep(codebook_cell, grid(bits=[2, 3], d=conv_dims), version=VERSION, name="codebook_convergence")
-    plots.write_csv("codebook_convergence", conv)
+    plots.write_csv("sphere_law_codebook_convergence", conv)
     convergence_figure(conv)
     dmse = shell.sweep(dmse_cell, grid(bits=[1, 2, 3, 4], d=128), version=VERSION, name=f"{STUDY}_dmse")
-    plots.write_csv("turboquant_dmse_table", dmse)
+    plots.write_csv("sphere_law_turboquant_dmse_table", dmse)
     rows = dmse.sort_values("bits").to_dict("records")
     print(f"D_mse at d = 128 (exact / Gaussian limit / printed){' — quick scale' if quick else ''}:")
     for r in rows:

@@ -401,14 +401,15 @@ def test_sphere_law_runs_through_the_shell(tmp_path, monkeypatch):
     claims = {c["id"]: c for c in run_tiny("sphere_law", tiny, tmp_path, monkeypatch)}
     assert claims["lloyd-max-gaussian-table"]["verdict"] == "reproduced"
     figs = tmp_path / "figures"
-    for name in ("sphere_law_density.png", "sphere_law_gaussian_distance.png", "codebook_convergence.png",
-                 "data/turboquant_dmse_table.csv", "data/codebook_convergence.csv"):
+    for name in ("sphere_law_density.png", "sphere_law_gaussian_distance.png", "sphere_law_codebook_convergence.png",
+                 "data/sphere_law_turboquant_dmse_table.csv",
+                 "data/sphere_law_codebook_convergence.csv"):
         assert (figs / name).is_file(), name
     import pandas as pd
 
     from kvstats.codebooks import beta_codebook
 
-    dmse = pd.read_csv(figs / "data" / "turboquant_dmse_table.csv").set_index("bits")
+    dmse = pd.read_csv(figs / "data" / "sphere_law_turboquant_dmse_table.csv").set_index("bits")
     assert dmse.loc[3, "exact_d_mse"] == pytest.approx(beta_codebook(128, 3).d_mse, rel=1e-5)  # CSV keeps 6 digits
 
 
@@ -503,3 +504,14 @@ def test_old_claims_files_are_ordered_by_the_scripts_beside_them(tmp_path):
     assert study_order(["late", "orphan", "early"], figs) == ["early", "late", "orphan"]
     text = build_report(figs).read_text()
     assert text.index("## early") < text.index("## late") < text.index("## orphan")
+
+
+def test_every_committed_figure_and_data_file_is_named_after_its_study():
+    # docs/studies.md, "Writing a study": figures/<study>_*.png and figures/data/<study>[_*].csv|json, so a
+    # file says which script regenerates it
+    names = sorted(p.stem for p in STUDIES.glob("*.py") if p.stem != "__init__")
+    figures = STUDIES.parent / "figures"
+    files = [*figures.glob("*.png"), *(figures / "data").glob("*.csv"), *(figures / "data").glob("*.json")]
+    assert files
+    stray = [p.name for p in files if not any(p.stem == n or p.stem.startswith(n + "_") for n in names)]
+    assert not stray, f"not named after a study ({names}): {stray}"
