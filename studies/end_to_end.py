@@ -60,13 +60,19 @@ from scipy import stats
 
 from kvstats import plots, study
 from kvstats._random import spawn_seeds
+from kvstats.baselines import output_metrics
+from kvstats.metrics import attention_kl_from_scores
 from kvstats.report import fmt_p
 from kvstats.stats import bootstrap_ci, ratio_ci, spearman, wilcoxon
 from kvstats.sweep import cell_seed, grid
 from kvstats.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
 
 STUDY = "end_to_end"
-VERSION = "4"
+#: the teacher-forced and paths sweeps' version: 5 since the output metrics come from kvstats.baselines.output_metrics
+#: (fp64 log-softmax of both models' logits; before, the quantized model's log-probabilities were fp32)
+VERSION = "5"
+#: the stored NOVA-KV calibrations' version (their fits did not change with VERSION 5)
+CALIBRATION_VERSION = "4"
 #: the generation sweep's version: 5 since one cell generates every prompt of a (scheme, n) in one batch
 GENERATION_VERSION = "5"
 POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
@@ -202,13 +208,13 @@ def _nova_layers(n: int, seed: int, calibration_tokens: int | None) -> tuple:
 
     The k-means fits are the quick scale's largest cost, and every worker process that meets a NOVA-KV cell
     (teacher-forced and generation) needs them: they are stored once in kvstats' cache folder
-    (``kvstats.data.real.cache_dir``), keyed by n, seed, token count, the document's text and the study version,
+    (``kvstats.data.real.cache_dir``), keyed by n, seed, token count, the document's text and CALIBRATION_VERSION,
     and reloaded (a damaged file is fitted again)."""
     import hashlib
 
     from kvstats.schemes import NovaScheme
 
-    key = hashlib.sha256(repr((VERSION, n, seed, calibration_tokens, documents()[DOCUMENTS[0]])).encode())
+    key = hashlib.sha256(repr((CALIBRATION_VERSION, n, seed, calibration_tokens, documents()[DOCUMENTS[0]])).encode())
     path = _nova_cache_dir() / f"end_to_end_nova_{key.hexdigest()[:16]}.pt"
     if path.is_file():
         try:
@@ -279,19 +285,15 @@ def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segme
     """Every segment through a KVStatsCache in one batched teacher-forced forward: per-token, per-layer and one
     summary row. The exact forward over the same segments is computed once per process and shared."""
     _quiet()
-    ids, ref_logits, ref = _reference(segment_tokens, segments)
+    ids, ref_logits, _ = _reference(segment_tokens, segments)
     t0 = time.perf_counter()
     _schemes(scheme, n, seed, 30, calibration_tokens)  # NOVA-KV's calibration (cached per process), timed apart
     calibration_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     logits, cache = _quantized_logits(ids, scheme, n, seed, window, calibration_tokens=calibration_tokens)
     seconds = time.perf_counter() - t0
-    logq = torch.log_softmax(logits, dim=-1)
-    out_kl = (ref.exp() * (ref - logq)).sum(-1).clamp_min(0)  # [B, T]
-    target = ids[:, 1:, None]
-    nll_ref = -ref[:, :-1].gather(-1, target)[..., 0]  # [B, T-1]
-    nll = -logq[:, :-1].gather(-1, target)[..., 0]
-    top1 = (ref.argmax(-1) == logq.argmax(-1)).double()
+    damage = output_metrics(ref_logits, logits, ids)  # fp64: out_kl, top1 [B, T]; nll_ref, nll [B, T-1]
+    out_kl, top1, nll_ref, nll = damage["out_kl"], damage["top1"], damage["nll_ref"], damage["nll"]
     records = sorted(cache.attention_records, key=lambda r: r.layer)
     attn_kl = torch.stack([r.kl for r in records])  # [L, B, Hq, T]
     top5 = torch.stack([r.recall for r in records])
@@ -317,12 +319,6 @@ def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segme
     return rows
 
 
-def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> float:
-    """Mean over tokens of KL(p ‖ q) from log-probabilities [T, V], in fp64."""
-    p_log, q_log = p_log.double(), q_log.double()
-    return float((p_log.exp() * (p_log - q_log)).sum(-1).clamp_min(0).mean())
-
-
 def agreement_cell(scheme: str, n: int, dtype: str, tokens: int) -> list[dict]:
     """The same cache read by the estimator (kvstats_attention) and by decode-then-dot (the model's sdpa).
 
@@ -342,8 +338,11 @@ def agreement_cell(scheme: str, n: int, dtype: str, tokens: int) -> list[dict]:
     dense, _ = _quantized_logits(ids, scheme, n, 0, 0, path="sdpa", record=False, dtype=dtype)
     est, dense = est[0], dense[0]
     le, ld = torch.log_softmax(est.double(), -1), torch.log_softmax(dense.double(), -1)
-    return [{"max_abs_diff": float((est.double() - dense.double()).abs().max()), "kl_paths": _kl(le, ld),
-             "kl_fp_estimator": _kl(ref, le), "kl_fp_dense": _kl(ref, ld),
+    def kl(p, q):  # mean over tokens of KL(p ‖ q) of the next-token distributions, fp64
+        return attention_kl_from_scores(p, q, double=True)
+
+    return [{"max_abs_diff": float((est.double() - dense.double()).abs().max()), "kl_paths": kl(le, ld),
+             "kl_fp_estimator": kl(ref, le), "kl_fp_dense": kl(ref, ld),
              "top1_paths": float((le.argmax(-1) == ld.argmax(-1)).double().mean())}]
 
 
