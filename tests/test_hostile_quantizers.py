@@ -318,8 +318,9 @@ def _exact_srht_mean(r: torch.Tensor, query: torch.Tensor) -> float:
 def test_srht_estimator_is_unbiased_over_fresh_signs_for_spread_r(path):
     # Monte Carlo over N = 2000 independent s′ (seeds) of ⟨q, r̂⟩ for one spread (Gaussian) r at d = 16,
     # against the exact mean by enumeration (independent oracle): |mean − exact| ≤ Z·SE, Z = 5.5, two-sided
-    # false-failure probability ≈ 4e-8 by the CLT. The exact mean itself is within 2% of ⟨q, r⟩ (relative to
-    # ‖q‖‖r‖): unbiased up to the O(1/d) non-Gaussianity of a Rademacher sum, unlike the spike (√(π/2)).
+    # false-failure probability ≈ 4e-8 by the CLT. (The exact mean differs from ⟨q, r⟩ by the O(1/d)
+    # non-Gaussianity of a Rademacher sum, by an amount that depends on r: not asserted. The spike's exact
+    # mean is √(π/2) for every s′, asserted below.)
     d, n = 16, 2000
     gen = torch.Generator().manual_seed(0)
     r, query = torch.randn(d, generator=gen, dtype=torch.float64), torch.randn(d, generator=gen, dtype=torch.float64)
@@ -332,7 +333,6 @@ def test_srht_estimator_is_unbiased_over_fresh_signs_for_spread_r(path):
     exact = _exact_srht_mean(r, query)
     se = est.std(ddof=1) / math.sqrt(n)
     assert abs(est.mean() - exact) <= 5.5 * se, (est.mean(), exact, se)
-    assert abs(exact - float(query @ r)) <= 0.02 * float(query.norm() * r.norm())
     spike = torch.zeros(d, dtype=torch.float64)
     spike[0] = 1.0
     assert _exact_srht_mean(spike, spike) == pytest.approx(SQRT_HALF_PI, rel=1e-12)  # the biased spiky case
