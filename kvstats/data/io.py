@@ -28,6 +28,8 @@ from kvstats._validation import check_float_tensor
 __all__ = ["FORMAT", "LayerQKV", "QKVFile", "check_output_path", "save_qkv", "load_qkv"]
 
 FORMAT = "kvstats-qkv/1"
+#: safetensors dtype names a capture may hold
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,33 @@ class QKVFile:
         if missing:
             raise ValueError(f"{self.path}: incomplete capture, tensors {missing[:4]} are missing")
         self.layers: list[int] = list(layers)
+        self._check_tensor_headers()
+
+    def _check_tensor_headers(self) -> None:
+        """Every stored tensor is a float tensor of the shape the metadata states ([batch, heads, tokens, d]):
+        a damaged header can otherwise still parse (e.g. a dtype flipped from F32 to I32 or a shape permuted)."""
+        from safetensors import safe_open
+
+        m = self.metadata
+        fields = ("batch", "kv_heads", "n_tokens", "head_dim")
+        if not all(isinstance(m.get(f), int) and m.get(f) > 0 for f in fields):
+            raise ValueError(f"{self.path}: metadata must give positive ints {fields}, got "
+                             f"{ {f: m.get(f) for f in fields} }")
+        expected = {"k": [m["batch"], m["kv_heads"], m["n_tokens"], m["head_dim"]]}
+        expected["v"] = expected["k"]
+        if m.get("q_heads") is not None:
+            expected["q"] = [m["batch"], m["q_heads"], m["n_tokens"], m["head_dim"]]
+        with safe_open(str(self.path), framework="pt") as f:
+            for name in sorted(self._names):
+                part = name.rsplit(".", 1)[-1]
+                header = f.get_slice(name)
+                dtype, shape = header.get_dtype(), list(header.get_shape())
+                if dtype not in _FLOAT_DTYPES:
+                    raise ValueError(f"{self.path}: tensor {name!r} has dtype {dtype}, not a float type "
+                                     f"({', '.join(_FLOAT_DTYPES)}): a damaged or foreign file")
+                if part in expected and shape != expected[part]:
+                    raise ValueError(f"{self.path}: tensor {name!r} has shape {shape}, the metadata states "
+                                     f"{expected[part]}: a damaged file")
 
     def __len__(self) -> int:
         return len(self.layers)
