@@ -63,9 +63,16 @@ def test_causal_kl_and_recall_match_manual_mask(nq, s, offset):
     expected = scipy.special.rel_entr(p, p_hat).sum(-1)  # rel_entr(0, 0) = 0 on masked keys
     got = M.attention_kl(q, k, k_hat, causal=True, query_offset=offset, reduction="none")
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-14)
-    # recall: with the mask, only visible keys may be in the top-k
+    # recall: each query ranks only its visible keys, top min(3, visible) of them (brute force on the prefix)
     rec = M.topk_recall(q, k, k_hat, top_k=3, causal=True, query_offset=offset, reduction="none")
-    assert bool(((rec >= 0) & (rec <= 1)).all())
+    group = q.shape[1] // k.shape[1]
+    ref = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k.numpy(), group, axis=1))
+    est = np.einsum("bhnd,bhsd->bhns", q.numpy(), np.repeat(k_hat.numpy(), group, axis=1))
+    for i in range(nq):
+        seen = int(vis[i].sum())  # a prefix: keys 0 .. seen − 1
+        want = _brute_recall(ref[:, :, i, :seen].reshape(-1, seen), est[:, :, i, :seen].reshape(-1, seen),
+                             min(3, seen))
+        np.testing.assert_array_equal(rec[:, :, i].reshape(-1).numpy(), want)
     assert M.topk_recall(q, k, k, top_k=3, causal=True, query_offset=offset) == 1.0
 
 
@@ -256,8 +263,7 @@ def test_energy_distance_matches_scipy_in_1d():
 def test_energy_test_detects_shift_and_is_calibrated_in_size():
     # Shift 3 SD in one of 6 components, 40 vs 40: the observed statistic exceeds every permuted one (checked
     # offline: p sat at its floor 1/(R+1) for all of 100 data seeds; at 1.5 SD the worst of 100 was 0.014, so
-    # 3 SD leaves a wide margin); we only require p <= 0.01. Under H0 the permutation p-value is >= 1/(R+1)
-    # = 1e-3 by construction, so the second assertion cannot fail.
+    # 3 SD leaves a wide margin); we only require p <= 0.01.
     rng = np.random.default_rng(1)
     a = rng.normal(size=(40, 6))
     b = rng.normal(size=(40, 6))
@@ -265,8 +271,16 @@ def test_energy_test_detects_shift_and_is_calibrated_in_size():
     res = E.energy_test(a, b, n_resamples=999, seed=0)
     assert res.pvalue <= 0.01 and res.n == (40, 40)
     assert res.statistic == pytest.approx(E.energy_distance_6d(a, b), rel=1e-12)
-    same = E.energy_test(a, rng.normal(size=(40, 6)), n_resamples=999, seed=0)
-    assert same.pvalue >= 1e-3
+    # Size: under H0 a permutation test with R = 19 rejects at p <= 0.05 with probability exactly 1/20 (the
+    # observed statistic's rank among 20 exchangeable ones; ties have probability 0 for continuous data). Over
+    # 300 null pairs the rejections are Binomial(300, 0.05); the count must not lie in either 5e-7 tail
+    # (scipy): 1..37 rejections pass. A correct test fails w.p. < 1e-6; one that rejects at 0.15 instead of 0.05
+    # fails w.p. 0.89, one that rejects always (p at its floor, as a broken permutation would) fails surely.
+    law, rejected = scipy.stats.binom(300, 0.05), 0
+    for i in range(300):
+        null = np.random.default_rng(1000 + i).normal(size=(2, 20, 6))
+        rejected += E.energy_test(null[0], null[1], n_resamples=19, seed=i).pvalue <= 0.05
+    assert law.cdf(rejected) > 5e-7 and law.sf(rejected - 1) > 5e-7, rejected
 
 
 @pytest.mark.parametrize(

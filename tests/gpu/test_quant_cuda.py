@@ -79,16 +79,26 @@ def test_every_device_index(index):
 
 
 def test_kernels_run_on_the_current_stream():
-    # Work queued on a side stream: the op must be ordered after it (it runs on the current stream), so
-    # its output reflects the side stream's preceding write without any explicit synchronisation.
+    # Work queued on a side stream: every op must be ordered after it (it runs on the current stream), so
+    # its output reflects the side stream's preceding writes without any explicit synchronisation. Each op
+    # reads copies of its inputs made on the side stream behind a long sleep (~0.5 s, longer than enqueueing
+    # every case): an op launched on another stream would read them before they are written, and its output
+    # would then differ from the CPU kernel's on the same inputs.
     side = torch.cuda.Stream()
     x = torch.randn(4096, 128, device="cuda")
+    cases = [(name, args, [a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+             for name, args in sample_cases("cpu")]
+    torch.cuda.synchronize()
+    outs = []
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # keep the side stream busy
+        torch.cuda._sleep(1_000_000_000)  # keep the side stream busy
         x.mul_(2.0)
         y = ops.fwht(x)
-        name, args = sample_cases("cuda")[0]
-        out = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        for name, _, cuda_args in cases:
+            fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in cuda_args]  # written after the sleep
+            outs.append(as_tuple(getattr(torch.ops.kvstats, name).default(*fresh)))
     side.synchronize()
     torch.testing.assert_close(y.cpu(), ops.fwht(x.cpu()), rtol=1e-5, atol=1e-5)
-    assert all(t.device.type == "cuda" for t in out)
+    for (name, args, _), out in zip(cases, outs):
+        assert all(t.device.type == "cuda" for t in out), name
+        assert_outputs_agree(name, args, tuple(t.cpu() for t in out), getattr(torch.ops.kvstats, name).default(*args))
