@@ -31,9 +31,23 @@ def test_rotation_is_orthogonal_and_inverts(kind, d):
 
 @pytest.mark.parametrize("d", [96, 100, 200])
 def test_non_power_of_two_wht_mixes_all_coordinates(d):
-    m = RandomizedHadamard(d, seed=1).matrix()
-    # Every input coordinate reaches most outputs, and every output depends on many inputs.
-    assert ((m != 0).sum(0) >= d // 2).all() and ((m != 0).sum(1) >= d // 2).all()
+    """Every input coordinate reaches every output: each entry Π[i, j] is nonzero for one of 13 seeds at least.
+
+    Sizing (a bound). B = 2^⌊log2 d⌋, h = d − B, o = 2B − d; Π = P3·P2·P1 with Pk = H_B·D_k/√B acting on
+    [0, B), [h, d), [0, B) and D_1, D_2, D_3 independent uniform ±1 diagonals. Given the other passes' signs,
+    an entry is either ±1/√B (i, j ≥ B) or a Rademacher sum Σ ε_k a_k over one pass's signs with at least
+    m = min(h, o) nonzero a_k: over D3 for i < B (a = P2·P1 e_j on [0, B): P1's untouched head [0, h) for
+    j < B, P2's dense column on the overlap [h, B) for j ≥ B), over D2 for i ≥ B, j < B (a = P1 e_j on
+    [h, B)). Erdős's Littlewood–Offord bound: P(Σ ε_k a_k = 0) ≤ q = C(m, ⌊m/2⌋)/2^m (0.140, 0.149, 0.106 for
+    d = 96, 100, 200; measured maxima over 30,000 seeds agree). Zero in all 13 independent seeds: ≤ q^13;
+    union over the d² entries: 7e-8, 1.9e-7, 9e-9 per test. One seed cannot be sized so: the zeros of a row
+    are dependent (sparse Walsh spectra), and "≥ d/2 nonzeros per row and column" failed for 2e-4 of the
+    seeds at d = 96. A missing pass, a wrong span or unapplied signs leave zeros in every seed: it fails.
+    """
+    reached = torch.zeros(d, d, dtype=torch.bool)
+    for seed in range(13):
+        reached |= RandomizedHadamard(d, seed=seed).matrix() != 0
+    assert bool(reached.all()), f"{int((~reached).sum())} (output, input) pairs never linked"
 
 
 def test_same_seed_same_rotation_other_seed_other():
