@@ -157,7 +157,7 @@ def convergence_figure(table: pd.DataFrame) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("Exact Lloyd–Max codebooks of $f_d$ converge to the Gaussian codebook / √d")
     fig.tight_layout()
-    _save(fig, "sphere_law_codebook_convergence")
+    _save(fig, f"{STUDY}_codebook_convergence")
 
 
 def ks_critical(n: int, tests: int) -> float:
@@ -253,7 +253,7 @@ def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str, ks: dict | N
                             f"limit: {100 * dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
             "data": f"exact codebooks, d = 2..{d_big}",
             "verdict": codebook_verdict(large, glev, gap),
-            "figure": "sphere_law_codebook_convergence.png",
+            "figure": f"{STUDY}_codebook_convergence.png",
             "details": None,
         },
     ]
@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     plots.write_csv(f"{STUDY}_gaussian_distance", dist)
     distance_figure(dist)
     conv = shell.sweep(codebook_cell, grid(bits=[2, 3], d=conv_dims), version=VERSION, name="codebook_convergence")
-    plots.write_csv("sphere_law_codebook_convergence", conv)
+    plots.write_csv(f"{STUDY}_codebook_convergence", conv)
     convergence_figure(conv)
     dmse = shell.sweep(dmse_cell, grid(bits=[1, 2, 3, 4], d=128), version=VERSION, name=f"{STUDY}_dmse")
-    plots.write_csv("sphere_law_turboquant_dmse_table", dmse)
+    plots.write_csv(f"{STUDY}_turboquant_dmse_table", dmse)
     rows = dmse.sort_values("bits").to_dict("records")
     print(f"D_mse at d = 128 (exact / Gaussian limit / printed){' — quick scale' if quick else ''}:")
     for r in rows:

@@ -162,6 +162,8 @@ class QKVFile:
             with safe_open(str(self.path), framework="pt") as f:  # checks the header covers the whole file
                 raw = f.metadata() or {}
                 self._names = set(f.keys())
+                headers = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape()))
+                           for name in self._names}
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
             raise ValueError(f"{self.path}: not a readable safetensors file, truncated or corrupt ({exc})") from None
         try:
@@ -177,13 +179,12 @@ class QKVFile:
         if missing:
             raise ValueError(f"{self.path}: incomplete capture, tensors {missing[:4]} are missing")
         self.layers: list[int] = list(layers)
-        self._check_tensor_headers()
+        self._check_tensor_headers(headers)
 
-    def _check_tensor_headers(self) -> None:
-        """Every stored tensor is a float tensor of the shape the metadata states ([batch, heads, tokens, d]):
-        a damaged header can otherwise still parse (e.g. a dtype flipped from F32 to I32 or a shape permuted)."""
-        from safetensors import safe_open
-
+    def _check_tensor_headers(self, headers: dict[str, tuple[str, list[int]]]) -> None:
+        """Every stored tensor ({name: (dtype, shape)} from the file's header) is a float tensor of the shape the
+        metadata states ([batch, heads, tokens, d]): a damaged header can otherwise still parse (e.g. a dtype
+        flipped from F32 to I32 or a shape permuted)."""
         m = self.metadata
         fields = ("batch", "kv_heads", "n_tokens", "head_dim")
         if not all(isinstance(m.get(f), int) and m.get(f) > 0 for f in fields):
@@ -193,17 +194,14 @@ class QKVFile:
         expected["v"] = expected["k"]
         if m.get("q_heads") is not None:
             expected["q"] = [m["batch"], m["q_heads"], m["n_tokens"], m["head_dim"]]
-        with safe_open(str(self.path), framework="pt") as f:
-            for name in sorted(self._names):
-                part = name.rsplit(".", 1)[-1]
-                header = f.get_slice(name)
-                dtype, shape = header.get_dtype(), list(header.get_shape())
-                if dtype not in _FLOAT_DTYPES:
-                    raise ValueError(f"{self.path}: tensor {name!r} has dtype {dtype}, not a float type "
-                                     f"({', '.join(_FLOAT_DTYPES)}): a damaged or foreign file")
-                if part in expected and shape != expected[part]:
-                    raise ValueError(f"{self.path}: tensor {name!r} has shape {shape}, the metadata states "
-                                     f"{expected[part]}: a damaged file")
+        for name, (dtype, shape) in sorted(headers.items()):
+            part = name.rsplit(".", 1)[-1]
+            if dtype not in _FLOAT_DTYPES:
+                raise ValueError(f"{self.path}: tensor {name!r} has dtype {dtype}, not a float type "
+                                 f"({', '.join(_FLOAT_DTYPES)}): a damaged or foreign file")
+            if part in expected and shape != expected[part]:
+                raise ValueError(f"{self.path}: tensor {name!r} has shape {shape}, the metadata states "
+                                 f"{expected[part]}: a damaged file")
 
     def __len__(self) -> int:
         return len(self.layers)
