@@ -44,8 +44,12 @@ def check_seed(seed, name: str = "seed") -> int:
 
 
 def make_generator(seed: int | torch.Generator | None, name: str = "seed") -> torch.Generator:
-    """A CPU torch.Generator from a seed under :func:`check_seed` (or the given generator itself)."""
+    """A CPU torch.Generator from a seed under :func:`check_seed` (or the given generator itself, which must be a
+    CPU one: every caller draws on the CPU, then moves the result)."""
     if isinstance(seed, torch.Generator):
+        if seed.device.type != "cpu":
+            raise ValueError(f"{name}: a torch.Generator must be on the CPU (the draws are made there), got one on "
+                             f"{seed.device}")
         return seed
     return torch.Generator(device="cpu").manual_seed(check_seed(seed, name))
 

@@ -71,9 +71,6 @@ def sample_sphere(n: int, d: int, seed: int | torch.Generator | None,
     """
     n = check_int_range(n, "n", 1, 2**40)
     d = _check_dim(d)
-    if isinstance(seed, torch.Generator) and seed.device.type != "cpu":
-        raise ValueError(f"seed: a torch.Generator must be on the CPU (the draws are made there), got one on "
-                         f"{seed.device}")
     gen = make_generator(seed)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
