@@ -56,7 +56,6 @@ works (Llama, SmolLM, Mistral, Qwen2/3, ...).
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 from collections.abc import Callable
@@ -67,7 +66,7 @@ import torch.nn.functional as F
 
 from kvstats import attention as _attention
 from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
-from kvstats.quantizers.base import Code, acc_dtype
+from kvstats.quantizers.base import acc_dtype
 from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.schemes import CacheCode, Scheme
 
@@ -107,65 +106,6 @@ def IdentityScheme(dim: int, *, dtype: torch.dtype | None = None) -> Scheme:  # 
     """A lossless :class:`~kvstats.schemes.Scheme` ("identity"): K and V stored as given (or cast to ``dtype``)."""
     return Scheme("identity", torch.finfo(dtype or torch.float32).bits,
                   IdentityQuantizer(dim, dtype=dtype), IdentityQuantizer(dim, dtype=dtype))
-
-
-# ---------------------------------------------------------------------------------------- code plumbing
-
-
-def _token_axis(code: Code) -> int:
-    return len(code.shape) - 2
-
-
-def _code_tensors(code: Code):
-    yield from code.payload.values()
-    yield from code.scalars.values()
-    for part in code.parts.values():
-        yield from _code_tensors(part)
-
-
-def _per_vector(code: Code) -> bool:
-    """True when every tensor of the code is indexed [..., n, ...] like x (so codes concatenate along n).
-
-    False for codes with groups across tokens (min-max per channel): those stay separate chunks."""
-    axis = _token_axis(code)
-    lead = tuple(code.shape[: axis + 1])
-    return all(t.dim() > axis and tuple(t.shape[: axis + 1]) == lead for t in _code_tensors(code))
-
-
-def _cat_codes(a: Code, b: Code) -> Code:
-    """``a`` then ``b`` along the token axis; both must come from the same quantizer (provenance kept)."""
-    if a.source != b.source:
-        raise ValueError(f"cannot append a code made by {b.source} to one made by {a.source}")
-    axis = _token_axis(a)
-    shape = torch.Size((*a.shape[:axis], a.shape[axis] + b.shape[axis], *a.shape[axis + 1:]))
-    return dataclasses.replace(
-        a, shape=shape,
-        payload={k: torch.cat([a.payload[k], b.payload[k]], dim=axis) for k in a.payload},
-        scalars={k: torch.cat([a.scalars[k], b.scalars[k]], dim=axis) for k in a.scalars},
-        parts={k: _cat_codes(a.parts[k], b.parts[k]) for k in a.parts})
-
-
-def _slice_code(code: Code, stop: int, *, copy: bool = True) -> Code:
-    """The first ``stop`` tokens of a per-vector code (every tensor indexed [..., n, ...] like x); views of the
-    code's tensors when ``copy`` is False."""
-    axis = _token_axis(code)
-    shape = torch.Size((*code.shape[:axis], stop, *code.shape[axis + 1:]))
-    cut = (lambda t: t.narrow(axis, 0, stop).clone()) if copy else (lambda t: t.narrow(axis, 0, stop))
-    return dataclasses.replace(  # replace keeps any other field of the code (e.g. its provenance)
-        code, shape=shape,
-        payload={k: cut(t) for k, t in code.payload.items()},
-        scalars={k: cut(t) for k, t in code.scalars.items()},
-        parts={k: _slice_code(p, stop, copy=copy) for k, p in code.parts.items()})
-
-
-def _map_batch(code: Code, fn: Callable[[torch.Tensor], torch.Tensor]) -> Code:
-    """Apply a batch-axis operation (index_select, repeat_interleave) to every tensor of a code."""
-    payload = {k: fn(t) for k, t in code.payload.items()}
-    scalars = {k: fn(t) for k, t in code.scalars.items()}
-    parts = {k: _map_batch(p, fn) for k, p in code.parts.items()}
-    probe = fn(torch.empty(code.shape[0], 0))
-    return dataclasses.replace(code, shape=torch.Size((probe.shape[0], *code.shape[1:])), payload=payload,
-                               scalars=scalars, parts=parts)
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -410,12 +350,12 @@ class KVStatsLayer(CacheLayerMixin):
         with groups across tokens is encoded again from the exact states of its kept tokens."""
         kept, start = [], 0
         for chunk in self.chunks:
-            n = chunk.k.shape[_token_axis(chunk.k)]
+            n = chunk.k.shape[chunk.k.token_axis]
             if start + n <= stop:
                 kept.append(chunk)
             elif start < stop:
-                if all(map(_per_vector, (chunk.k, chunk.v))):
-                    kept.append(CacheCode(_slice_code(chunk.k, stop - start), _slice_code(chunk.v, stop - start)))
+                if chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                    kept.append(CacheCode(chunk.k.narrow(stop - start), chunk.v.narrow(stop - start)))
                 else:
                     undo_start, k, v = self._undo if self._undo is not None else (self.n_quantized, None, None)
                     if start < undo_start:
@@ -430,7 +370,7 @@ class KVStatsLayer(CacheLayerMixin):
     def _batch_op(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if not self.is_initialized:
             return
-        self.chunks = [CacheCode(_map_batch(c.k, fn), _map_batch(c.v, fn)) for c in self.chunks]
+        self.chunks = [CacheCode(c.k.map_batch(fn), c.v.map_batch(fn)) for c in self.chunks]
         self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
         if self._undo is not None:
             self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
@@ -447,8 +387,8 @@ class KVStatsLayer(CacheLayerMixin):
     # ------------------------------------------------------------------------------------- storage
     def _append(self, code: CacheCode) -> None:
         last = self.chunks[-1] if self.chunks else None
-        if last is not None and all(map(_per_vector, (last.k, last.v, code.k, code.v))):
-            self.chunks[-1] = CacheCode(_cat_codes(last.k, code.k), _cat_codes(last.v, code.v))
+        if last is not None and all(c.is_per_vector() for c in (last.k, last.v, code.k, code.v)):
+            self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
         else:
             self.chunks.append(code)
 
@@ -577,11 +517,10 @@ class KVStatsLayer(CacheLayerMixin):
         for chunk in self.chunks:
             if start >= max(stop, 1):
                 break
-            n = chunk.k.shape[_token_axis(chunk.k)]
+            n = chunk.k.shape[chunk.k.token_axis]
             code = chunk
-            if start + n > stop > start and _per_vector(chunk.k) and _per_vector(chunk.v):
-                code = CacheCode(_slice_code(chunk.k, stop - start, copy=False),
-                                 _slice_code(chunk.v, stop - start, copy=False))
+            if start + n > stop > start and chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                code = CacheCode(chunk.k.narrow(stop - start, copy=False), chunk.v.narrow(stop - start, copy=False))
             parts.append(self.scheme.scores(q, code))
             start += n
         return torch.cat(parts, dim=-1)

@@ -1,161 +1,416 @@
 """A conformance kit for quantizers, in the spirit of scikit-learn's ``check_estimator``.
 
     from kvstats.testing import check_quantizer
-    check_quantizer(MyQuantizer(bits=4, dim=64, seed=0), factory=lambda seed: MyQuantizer(4, 64, seed))
+    check_quantizer(MyQuantizer(bits=4, dim=64, seed=0), build=MyQuantizer)   # build(bits=, dim=, seed=)
 
 :func:`check_quantizer` runs the protocol checks of docs/quantizers.md on one quantizer and raises an
-``AssertionError`` whose message starts with ``check_quantizer[<check>]``, naming the check that failed:
+``AssertionError`` whose message starts with ``check_quantizer[<check>]``, naming the check that failed; an
+exception raised inside the quantizer during a check is reported the same way, as a failure of that check:
 
-* ``protocol``     — encode / decode / inner / bits_per_coordinate(n_tokens=...) exist; ``dim`` is an int.
-* ``shapes``       — x [..., n, d] decodes to [..., n, d]; inner(query [..., n_q, d], code) is [..., n_q, n].
-* ``dtypes``       — fp16, bf16, fp32 (and fp64) inputs decode to the input's dtype; inner returns fp32
+* ``protocol``      — encode / decode / inner / bits_per_coordinate(n_tokens=...) exist; ``dim`` is an int ≥ 2.
+* ``budget``        — bits_per_coordinate returns payload, norms, side and total that are finite and ≥ 0
+  (total = their sum, payload > 0).
+* ``shapes``        — x [..., n, d] decodes to [..., n, d]; inner(query [..., n_q, d], code) is [..., n_q, n];
+* ``input``         — encode leaves its input unchanged (values and dtype), for every input dtype.
+* ``code fields``   — encode returns a kvstats ``Code`` that holds nothing beyond its fields (no attribute
+  set on it, payloads and scalars are tensors, parts are Codes): the cost is what ``nbytes`` counts.
+* ``dtypes``        — fp16, bf16, fp32 (and fp64) inputs decode to the input's dtype; inner returns fp32
   (fp64 for fp64 queries); outputs are finite, zero vectors included.
-* ``determinism``  — encoding the same x twice gives identical codes; with ``factory``, a quantizer rebuilt
-  from the same seed gives identical codes too.
-* ``nbytes``       — ``code.nbytes`` equals the bytes of every tensor the code holds (payloads, scalars,
-  nested parts), and no tensor is a view into a larger buffer (which nbytes would undercount).
-* ``inner``        — with ``linear=True`` (default): inner(q, code) = ⟨q, decode(code)⟩, the consistency of a
-  linear estimator (every kvstats quantizer: decode-then-dot, or an unbiased reconstruction such that
-  ⟨q, x̂⟩ is the asymmetric estimate). Pass ``linear=False`` for estimators with no such x̂.
-* ``bits``         — 8·nbytes = bits_per_coordinate(n_tokens=n).total · x.numel() when all side
-  information lives in the code, or = (payload + norms) · x.numel() when it is shared by every code
-  (calibration data, counted in ``side`` amortised over ``n_tokens``).
-* ``bad input``    — NaN, ±inf, a wrong last dim, an empty tensor, an integer tensor, a non-tensor and a
+* ``reconstruction`` — for every input dtype the decoded x̂ correlates positively with x (Σ⟨x, x̂⟩ > 0:
+  refuses a decode that returns 0 or −x̂); no reconstruction beats Shannon's rate–distortion bound for the
+  Gaussian source at the bits the code holds (refuses a decoder that reads x from anywhere but the code);
+  with ``build``, the quantizer at its widest bit width (``max_bits``) reconstructs x with a relative
+  squared error below 1/2.
+* ``determinism``   — encoding the same x twice gives identical codes, and so does a strided view of x (what
+  the cache passes); with ``factory`` or ``build``, a
+  quantizer rebuilt from the same seed gives identical codes and decodes the first one's code identically.
+* ``nbytes``        — ``code.nbytes`` equals the bytes of every tensor the code holds, for every input dtype,
+  and no tensor is a view into a larger buffer (which nbytes would undercount).
+* ``bits``          — at two token counts: for fp32 input 8·nbytes = bits_per_coordinate(n_tokens=n).total ·
+  x.numel() when all side information lives in the code, or = (payload + norms) · x.numel() when it is
+  shared by every code (calibration data, counted in ``side`` amortised over ``n_tokens``); for fp16 and bf16
+  input the same, or fewer bits (a lossless store keeps fp16 as fp16), never more. fp64 inputs are exempt:
+  their codes keep fp64 scalars (docs/bit_accounting.md).
+* ``inner``         — with ``linear=True`` (default): inner(q, code) = ⟨q, decode(code)⟩, the consistency of a
+  linear estimator (every kvstats quantizer). Pass ``linear=False`` for estimators with no such x̂.
+* ``cache``         — what :class:`kvstats.cache.KVStatsCache` needs (docs/quantizers.md, "What a quantizer owes
+  the cache"): codes of 1 and of odd token counts; every code tensor keeps the batch axis of x first, and
+  selecting or repeating rows along it (beam search) gives the code of those rows of x; per-vector codes
+  appended token by token decode and score as their parts, and their first tokens (crop) as those tokens.
+* ``bad input``     — NaN, ±inf, a wrong last dim, an empty tensor, an integer tensor, a non-tensor and a
   non-Code are refused with ValueError or TypeError (never accepted, never another exception).
+
+Sizing of the rate–distortion check (a correct quantizer never fails it, whatever its design): a code of
+R bits per coordinate has at most 2^{NR} reconstructions of the N coordinates of x ~ N(0, I); the
+probability that any of them lies within squared distance N·δ of x is at most 2^{NR}·P(χ²_N ≤ Nδ)
+(Anderson: a ball holds the most Gaussian mass centred at 0), and by Chernoff's bound with
+δ = e^{-2}·2^{-2R} this is below 2^{-N(1 + δ)/(2 ln 2)} ≤ 2^{-0.72 N}: under 1e-2000 for the N = 9,216
+coordinates checked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
 
 from kvstats.quantizers.base import Code
 
-__all__ = ["check_quantizer"]
+__all__ = ["CHECKS", "check_quantizer"]
+
+#: The checks, in the order they run.
+CHECKS = ("protocol", "budget", "shapes", "input", "code fields", "dtypes", "nbytes", "reconstruction",
+          "determinism", "cache", "bits", "inner", "bad input")
+#: Input dtypes every quantizer takes; fp64 (references and oracles) is checked apart where its codes differ.
+STORED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: A reconstruction closer to x than e^{-2} times the Gaussian rate–distortion bound 2^{-2R} (module doc).
+RD_FACTOR = math.exp(-2.0)
+#: At its widest bit width a quantizer must reconstruct x with ‖x − x̂‖²/‖x‖² below this.
+WIDEST_MAX_RELATIVE_ERROR = 0.5
+#: Batch rows and heads of the test data (x [B, H, n, d]).
+BATCH, HEADS = 2, 3
+
+
+class CheckFailed(AssertionError):
+    """A failed conformance check; the message starts with ``check_quantizer[<check>]``."""
 
 
 class _Check:
-    """Raise AssertionError naming the check and the quantizer."""
+    """Raise :class:`CheckFailed` naming the check and the quantizer."""
 
     def __init__(self, quantizer):
         self.quantizer = quantizer
 
     def fail(self, check: str, message: str):
-        raise AssertionError(f"check_quantizer[{check}] failed for {self.quantizer!r}: {message}")
+        raise CheckFailed(f"check_quantizer[{check}] failed for {self.quantizer!r}: {message}")
 
     def that(self, ok: bool, check: str, message: str) -> None:
         if not ok:
             self.fail(check, message)
 
-
-def _tensors(code: Code, prefix: str = ""):
-    for key, t in (*code.payload.items(), *code.scalars.items()):
-        yield prefix + key, t
-    for name, part in code.parts.items():
-        yield from _tensors(part, f"{prefix}{name}.")
-
-
-def _same_codes(a: Code, b: Code) -> bool:
-    ta, tb = dict(_tensors(a)), dict(_tensors(b))
-    return ta.keys() == tb.keys() and all(
-        ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]) for k in ta)
+    @contextlib.contextmanager
+    def running(self, check: str, doing: str = ""):
+        """Report an exception raised inside the quantizer as a failure of ``check``."""
+        try:
+            yield
+        except CheckFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any exception of the quantizer fails the check it happened in
+            where = f" while {doing}" if doing else ""
+            self.fail(check, f"the quantizer raised {type(exc).__name__}{where}: {exc}")
 
 
 def _draw(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
 
 
-def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None, linear: bool = True,
-                    n_tokens: int = 24, seed: int = 0) -> None:
+def _held_bytes(code: Code) -> int:
+    return sum(t.numel() * t.element_size() for _, t in code.named_tensors())
+
+
+def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None,
+                    build: Callable[..., object] | None = None, linear: bool = True, n_tokens: int = 24,
+                    seed: int = 0) -> None:
     """Run the protocol checks (module docstring) on ``quantizer``; raise AssertionError naming the failed one.
 
     Args:
         quantizer: the quantizer to check (calibrated already, if it needs calibration).
-        factory: optional ``factory(seed) -> quantizer`` building it afresh from a seed, for the
-            same-seed-same-codes check (``quantizer.seed`` is used as the seed).
+        factory: optional ``factory(seed) -> quantizer`` building it afresh from a seed (``quantizer.seed``),
+            for the same-seed checks.
+        build: optional ``build(bits=, dim=, seed=) -> quantizer`` (the signature of a kvstats quantizer class
+            and of what ``kvstats.evaluate`` takes): used for the same-seed checks when ``factory`` is None
+            (at ``quantizer.bits``), and for the reconstruction check at the widest bit width
+            ``quantizer.max_bits`` (when the quantizer has one).
         linear: whether inner(q, code) must equal ⟨q, decode(code)⟩ (see the ``inner`` check).
-        n_tokens: tokens per encoded batch (axis −2).
+        n_tokens: tokens per encoded batch (axis −2); the ``bits`` check also uses ``2·n_tokens + 9``.
         seed: seed of the random test data.
     """
     check = _Check(quantizer)
     q = quantizer
+    budget = _protocol(check, q, n_tokens)
+    x = _draw((BATCH, HEADS, n_tokens, q.dim), seed)
+    query = _draw((BATCH, HEADS, 5, q.dim), seed + 1)
+    code, x_hat, scores = _shapes(check, q, x, query)
+    _inputs_and_dtypes(check, q, x, query)
+    _reconstruction(check, q, x, build, seed)
+    _determinism(check, q, x, query, code, x_hat, factory, build)
+    _cache(check, q, seed)
+    _bits(check, q, budget, n_tokens, seed)
+    if linear:
+        _inner(check, query, x_hat, scores)
+    _bad_input(check, q, x, seed)
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def _protocol(check: _Check, q, n_tokens: int):
     for method in ("encode", "decode", "inner", "bits_per_coordinate"):
         check.that(callable(getattr(q, method, None)), "protocol", f"no method {method}()")
     d = getattr(q, "dim", None)
-    check.that(isinstance(d, int) and d >= 1, "protocol", f"dim must be a positive int, got {d!r}")
+    check.that(isinstance(d, int) and not isinstance(d, bool) and d >= 2, "protocol",
+               f"dim must be an int >= 2, got {d!r}")
     try:
         budget = q.bits_per_coordinate(n_tokens=n_tokens)
     except TypeError as exc:
         check.fail("protocol", f"bits_per_coordinate(n_tokens=...) is part of the protocol: {exc}")
+    except Exception as exc:  # noqa: BLE001
+        check.fail("protocol", f"bits_per_coordinate(n_tokens={n_tokens}) raised {type(exc).__name__}: {exc}")
+    _budget(check, budget, f"bits_per_coordinate(n_tokens={n_tokens})")
+    return budget
 
-    # shapes -----------------------------------------------------------------------------------------
-    x = _draw((2, 3, n_tokens, d), seed)
-    query = _draw((2, 3, 5, d), seed + 1)
-    code = q.encode(x)
-    check.that(isinstance(code, Code), "shapes", f"encode must return a kvstats Code, got {type(code).__name__}")
+
+def _budget(check: _Check, budget, what: str) -> None:
+    fields = {}
+    for name in ("payload", "norms", "side", "total"):
+        value = getattr(budget, name, None)
+        check.that(isinstance(value, (int, float)) and not isinstance(value, bool), "budget",
+                   f"{what} must return a BitBudget (payload, norms, side, total numbers), got {budget!r}")
+        check.that(math.isfinite(value) and value >= 0, "budget",
+                   f"{what}.{name} = {value!r}: every field of the budget must be finite and >= 0")
+        fields[name] = float(value)
+    check.that(fields["payload"] > 0, "budget", f"{what}.payload = 0: a code holds at least its payload")
+    parts = fields["payload"] + fields["norms"] + fields["side"]
+    check.that(abs(fields["total"] - parts) <= 1e-9 * max(parts, 1.0), "budget",
+               f"{what}.total = {fields['total']!r} is not payload + norms + side = {parts!r}")
+
+
+def _code_fields(check: _Check, code, where: str) -> None:
+    check.that(isinstance(code, Code), "code fields", f"{where} must return a kvstats Code, got {type(code).__name__}")
+    names = {f.name for f in dataclasses.fields(Code)}
+    extra = sorted(set(vars(code)) - names)
+    check.that(not extra, "code fields", f"{where} returned a Code carrying attributes beyond its fields: {extra} "
+               "(whatever a code holds must be in payload, scalars or parts, where nbytes counts it)")
+    for group in ("payload", "scalars"):
+        for key, t in getattr(code, group).items():
+            check.that(isinstance(t, torch.Tensor), "code fields",
+                       f"{where}: code.{group}[{key!r}] is a {type(t).__name__}, not a tensor")
+    for key, part in code.parts.items():
+        _code_fields(check, part, f"{where} (part {key!r})")
+
+
+def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor):
+    b, h, n, d = x.shape
+    with check.running("shapes", f"encoding x of shape {tuple(x.shape)}"):
+        code = q.encode(x)
+    _code_fields(check, code, "encode")
     check.that(tuple(code.shape) == tuple(x.shape), "shapes",
                f"code.shape {tuple(code.shape)} is not the shape of x {tuple(x.shape)}")
-    x_hat = q.decode(code)
+    with check.running("shapes", "decoding"):
+        x_hat = q.decode(code)
+        scores = q.inner(query, code)
     check.that(tuple(x_hat.shape) == tuple(x.shape), "shapes",
                f"decode gave shape {tuple(x_hat.shape)} for x of shape {tuple(x.shape)}")
-    scores = q.inner(query, code)
-    check.that(tuple(scores.shape) == (2, 3, 5, n_tokens), "shapes",
-               f"inner(query [2, 3, 5, d], code of [2, 3, {n_tokens}, d]) gave {tuple(scores.shape)}, "
-               f"expected (2, 3, 5, {n_tokens})")
-    flat = q.encode(x[0, 0])
-    check.that(tuple(q.inner(query[0, 0], flat).shape) == (5, n_tokens), "shapes",
-               "inner on a 2-D query and code must give [n_q, n_k]")
+    check.that(tuple(scores.shape) == (b, h, 5, n), "shapes",
+               f"inner(query [{b}, {h}, 5, d], code of [{b}, {h}, {n}, d]) gave {tuple(scores.shape)}, "
+               f"expected ({b}, {h}, 5, {n})")
+    with check.running("shapes", "encoding a 2-D x [n, d]"):
+        flat = q.encode(x[0, 0])
+        flat_scores = q.inner(query[0, 0], flat)
+    check.that(tuple(flat_scores.shape) == (5, n), "shapes", "inner on a 2-D query and code must give [n_q, n_k]")
+    return code, x_hat, scores
 
-    # dtypes -----------------------------------------------------------------------------------------
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+
+def _inputs_and_dtypes(check: _Check, q, x: torch.Tensor, query: torch.Tensor) -> None:
+    for dtype in (*STORED_DTYPES, torch.float64):
         xd, qd = x.to(dtype), query.to(dtype)
-        out = q.decode(q.encode(xd))
+        before = xd.clone()
+        with check.running("dtypes", f"encoding {dtype} input"):
+            code = q.encode(xd)
+        check.that(xd.dtype == dtype and torch.equal(xd, before), "input",
+                   f"encode changed its {dtype} input in place (it must leave x as it was)")
+        _code_fields(check, code, f"encode of {dtype} input")
+        with check.running("dtypes", f"decoding the code of {dtype} input"):
+            out = q.decode(code)
+            s = q.inner(qd, code)
         check.that(out.dtype == dtype, "dtypes", f"decode of {dtype} input returned {out.dtype}")
         check.that(bool(torch.isfinite(out).all()), "dtypes", f"decode of finite {dtype} input is not finite")
-        s = q.inner(qd, q.encode(xd))
         want = torch.float64 if dtype == torch.float64 else torch.float32
         check.that(s.dtype == want, "dtypes", f"inner with {dtype} queries returned {s.dtype}, expected {want}")
         check.that(bool(torch.isfinite(s).all()), "dtypes", f"inner with {dtype} inputs is not finite")
-    zeros = torch.zeros(4, d)
-    zero_hat = q.decode(q.encode(zeros))
+        held = _held_bytes(code)
+        check.that(code.nbytes == held, "nbytes", f"for {dtype} input code.nbytes = {code.nbytes} but its tensors "
+                   f"hold {held} bytes")
+        for key, t in code.named_tensors():
+            size = t.numel() * t.element_size()
+            check.that(t.untyped_storage().nbytes() <= size, "nbytes",
+                       f"code tensor {key!r} ({size} bytes) is a view into a {t.untyped_storage().nbytes()}-byte "
+                       "buffer: the code holds more than nbytes counts; store a compact copy")
+        dot = float((xd.double() * out.double()).sum())
+        check.that(dot > 0, "reconstruction",
+                   f"decode of {dtype} input does not correlate with x (Σ⟨x, x̂⟩ = {dot:.4g} <= 0): a reconstruction "
+                   "must point the way x does (a decode returning 0 or −x̂ fails here)")
+    with check.running("dtypes", "encoding zero vectors"):
+        zero_hat = q.decode(q.encode(torch.zeros_like(x)))
     check.that(bool(torch.isfinite(zero_hat).all()), "dtypes", "zero vectors decode to non-finite values")
 
-    # determinism ------------------------------------------------------------------------------------
-    check.that(_same_codes(code, q.encode(x)), "determinism", "encoding the same x twice gave different codes")
-    check.that(torch.equal(q.decode(code), x_hat), "determinism", "decoding the same code twice differed")
-    if factory is not None:
-        again = factory(q.seed)
-        check.that(_same_codes(code, again.encode(x)), "determinism",
-                   f"a quantizer rebuilt with the same seed {q.seed} gave different codes")
 
-    # nbytes -----------------------------------------------------------------------------------------
-    held = 0
-    for key, t in _tensors(code):
-        size = t.numel() * t.element_size()
-        held += size
-        check.that(t.untyped_storage().nbytes() <= size, "nbytes",
-                   f"code tensor {key!r} ({size} bytes) is a view into a {t.untyped_storage().nbytes()}-byte "
-                   "buffer: the code holds more than nbytes counts; store a compact copy")
-    check.that(code.nbytes == held, "nbytes", f"code.nbytes = {code.nbytes} but its tensors hold {held} bytes")
+def _reconstruction(check: _Check, q, x: torch.Tensor, build, seed: int) -> None:
+    with check.running("reconstruction", "encoding x"):
+        code = q.encode(x)
+        x_hat = q.decode(code)
+    held = _held_bytes(code)  # what the code holds, whatever its nbytes says
+    rate = 8 * held / x.numel()
+    if rate < 24:  # fp32 data carry at most 32 bits a coordinate: below 24 bits the Gaussian bound applies
+        mse = float(((x.double() - x_hat.double()) ** 2).mean())
+        floor = RD_FACTOR * 2.0 ** (-2 * rate)
+        check.that(mse >= floor, "reconstruction",
+                   f"x̂ is closer to x (mean squared error {mse:.3g} per coordinate) than any code of {rate:.4g} bits "
+                   f"per coordinate can bring Gaussian data (Shannon's bound 2^(-2R) = {2.0 ** (-2 * rate):.3g}, "
+                   f"here with a factor e^-2 of slack): the decoder reads x from somewhere the code's {held} "
+                   "bytes do not hold (the quantizer, a global, an attribute)")
+    widest = getattr(q, "max_bits", None)
+    if build is None or not isinstance(widest, int) or isinstance(widest, bool):
+        return
+    with check.running("reconstruction", f"building the quantizer at its widest bit width {widest}"):
+        wide = build(bits=widest, dim=q.dim, seed=getattr(q, "seed", seed))
+        wide_hat = wide.decode(wide.encode(x))
+    err = float(((x.double() - wide_hat.double()) ** 2).sum() / (x.double() ** 2).sum())
+    check.that(err < WIDEST_MAX_RELATIVE_ERROR, "reconstruction",
+               f"at its widest bit width {widest} the quantizer reconstructs x with relative squared error "
+               f"‖x − x̂‖²/‖x‖² = {err:.3g} (>= {WIDEST_MAX_RELATIVE_ERROR}): its decode does not recover x")
 
-    # inner vs decode --------------------------------------------------------------------------------
-    if linear:
-        exact = query.double() @ x_hat.double().transpose(-1, -2)
-        gap = float((scores.double() - exact).abs().max())
-        tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
-                                                              x_hat.double().norm(dim=-1).max()) + 1e-6
-        check.that(gap <= tol, "inner", f"inner(q, code) differs from ⟨q, decode(code)⟩ by {gap:.3g} (> {tol:.3g}); "
-                   "pass linear=False if the estimator has no such reconstruction")
 
-    # bit accounting ---------------------------------------------------------------------------------
-    bits = 8 * code.nbytes
-    in_code, shared = budget.total * x.numel(), (budget.payload + budget.norms) * x.numel()
-    check.that(abs(bits - in_code) <= 1e-6 * bits or abs(bits - shared) <= 1e-6 * bits, "bits",
-               f"8·nbytes = {bits} bits for {x.numel()} coordinates, but bits_per_coordinate(n_tokens={n_tokens}) "
-               f"= {budget} gives {in_code:g} (total) or {shared:g} (payload + norms)")
+def _determinism(check: _Check, q, x, query, code, x_hat, factory, build) -> None:
+    with check.running("determinism", "encoding x again"):
+        again = q.encode(x)
+        check.that(code.equal(again), "determinism", "encoding the same x twice gave different codes")
+        check.that(torch.equal(q.decode(code), x_hat), "determinism", "decoding the same code twice differed")
+    wide = torch.cat([x, x], dim=-2)  # a strided view of x: what the cache hands encode (a slice of its span)
+    with check.running("determinism", "encoding a strided view of x"):
+        strided = q.encode(wide[..., x.shape[-2]:, :])
+        strided_hat = q.decode(strided)
+    check.that(code.equal(strided) or _close(strided_hat, x_hat), "determinism",
+               "encoding a strided view of x (x[..., a:b, :] of a longer tensor, what the cache passes) gave other "
+               "codes than encoding x itself")
+    if factory is None and build is None:
+        return
+    seed = getattr(q, "seed", None)
+    with check.running("determinism", f"rebuilding the quantizer with seed {seed!r}"):
+        fresh = factory(seed) if factory is not None else build(bits=_int_bits(q), dim=q.dim, seed=seed)
+        fresh_code = fresh.encode(x)
+        check.that(code.equal(fresh_code), "determinism",
+                   f"a quantizer rebuilt with the same seed {seed} gave different codes")
+        other = _draw(tuple(x.shape), 1234567)
+        q.encode(other)  # anything a cheat stashes about the last input now describes another x
+        rebuilt = dataclasses.replace(code, **_cloned_fields(code))
+        fresh_hat = fresh.decode(rebuilt)
+        fresh_scores = fresh.inner(query, rebuilt)
+    check.that(torch.equal(fresh_hat, x_hat), "determinism",
+               "a quantizer rebuilt with the same seed decodes the code (copied tensor by tensor) to another x̂: "
+               "decode must depend on the code and the seed only")
+    check.that(_close(fresh_scores, q.inner(query, code)), "determinism",
+               "a quantizer rebuilt with the same seed scores the code (copied tensor by tensor) differently")
 
-    # bad input --------------------------------------------------------------------------------------
+
+def _int_bits(q):
+    """``q.bits`` as the int a constructor takes (qjl reports m/d, a float, which is integral when built from bits)."""
+    bits = getattr(q, "bits", None)
+    return int(bits) if isinstance(bits, float) and bits.is_integer() else bits
+
+
+def _cloned_fields(code: Code) -> dict:
+    return {"payload": {k: t.clone() for k, t in code.payload.items()},
+            "scalars": {k: t.clone() for k, t in code.scalars.items()},
+            "parts": {k: dataclasses.replace(p, **_cloned_fields(p)) for k, p in code.parts.items()}}
+
+
+def _bits(check: _Check, q, budget, n_tokens: int, seed: int) -> None:
+    for n in (n_tokens, 2 * n_tokens + 9):
+        with check.running("bits", f"bits_per_coordinate(n_tokens={n})"):
+            at_n = budget if n == n_tokens else q.bits_per_coordinate(n_tokens=n)
+        _budget(check, at_n, f"bits_per_coordinate(n_tokens={n})")
+        x = _draw((BATCH, HEADS, n, q.dim), seed + 2)
+        for dtype in STORED_DTYPES:
+            with check.running("bits", f"encoding {dtype} input of {n} tokens"):
+                code = q.encode(x.to(dtype))
+            bits = 8 * code.nbytes
+            in_code, shared = at_n.total * x.numel(), (at_n.payload + at_n.norms) * x.numel()
+            exact = abs(bits - in_code) <= 1e-6 * bits or abs(bits - shared) <= 1e-6 * bits
+            # a narrower input may be stored narrower (a lossless store keeps fp16 as fp16), never wider
+            ok = exact or (dtype != torch.float32 and bits <= min(in_code, shared) * (1 + 1e-6))
+            check.that(ok, "bits",
+                       f"8·nbytes = {bits} bits for {x.numel()} coordinates of {dtype} input ({n} tokens), but "
+                       f"bits_per_coordinate(n_tokens={n}) = {at_n} gives {in_code:g} (total) or {shared:g} "
+                       "(payload + norms)" + ("" if dtype == torch.float32 else
+                                              "; codes of fp16/bf16 input may hold fewer bits, never more"))
+
+
+def _inner(check: _Check, query, x_hat, scores) -> None:
+    exact = query.double() @ x_hat.double().transpose(-1, -2)
+    gap = float((scores.double() - exact).abs().max())
+    tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
+                                                          x_hat.double().norm(dim=-1).max()) + 1e-6
+    check.that(gap <= tol, "inner", f"inner(q, code) differs from ⟨q, decode(code)⟩ by {gap:.3g} (> {tol:.3g}); "
+               "pass linear=False if the estimator has no such reconstruction")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to fp32 rounding: a rotation applied as a matmul rounds differently for another number of rows."""
+    if a.shape != b.shape:
+        return False
+    a, b = a.double(), b.double()
+    return bool(((a - b).abs() <= 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).all())
+
+
+def _cache(check: _Check, q, seed: int) -> None:
+    n = 9  # odd; split below as 1 + 1 + 3 + 4 tokens: one-token decode steps and odd prefill chunks
+    x = _draw((BATCH, HEADS, n, q.dim), seed + 3)
+    query = _draw((BATCH, HEADS, 5, q.dim), seed + 4)
+    with check.running("cache", "encoding one token"):
+        one = q.encode(x[..., :1, :])
+        one_hat = q.decode(one)
+        one_scores = q.inner(query, one)
+    check.that(tuple(one_hat.shape) == (BATCH, HEADS, 1, q.dim) and tuple(one_scores.shape) == (BATCH, HEADS, 5, 1),
+               "cache", f"a one-token x [{BATCH}, {HEADS}, 1, d] decoded to {tuple(one_hat.shape)} and scored "
+               f"{tuple(one_scores.shape)}")
+    with check.running("cache", f"encoding {n} tokens"):
+        code = q.encode(x)
+        x_hat = q.decode(code)
+        scores = q.inner(query, code)
+    for key, t in code.named_tensors():
+        check.that(t.dim() >= 1 and t.shape[0] == BATCH, "cache",
+                   f"code tensor {key!r} has shape {tuple(t.shape)}: the cache selects beams along axis 0 of every "
+                   f"code tensor, which must be the batch axis of x [B, H, n, d] (B = {BATCH})")
+    for what, select in (("index_select(0, [1, 0, 1]) (beam search reordering)",
+                          lambda t: t.index_select(0, torch.tensor([1, 0, 1], device=t.device))),
+                         ("repeat_interleave(2, dim=0) (beam search expansion)",
+                          lambda t: t.repeat_interleave(2, dim=0))):
+        with check.running("cache", f"decoding a code after {what}"):
+            chosen = code.map_batch(select)
+            chosen_hat = q.decode(chosen)
+            chosen_scores = q.inner(select(query), chosen)
+        check.that(_close(chosen_hat, select(x_hat)) and _close(chosen_scores, select(scores)), "cache",
+                   f"{what} on every code tensor did not give the code of those rows of x")
+    cuts = (0, 1, 2, 5, n)
+    with check.running("cache", "encoding the tokens 1 + 1 + 3 + 4 at a time"):
+        pieces = [q.encode(x[..., a:b, :]) for a, b in zip(cuts, cuts[1:])]
+        piece_hats = [q.decode(p) for p in pieces]
+    if not all(p.is_per_vector() for p in (*pieces, code)):
+        return  # groups across tokens: the cache keeps each chunk's code whole, which the checks above cover
+    with check.running("cache", "appending per-vector codes along the token axis"):
+        joined = pieces[0]
+        for p in pieces[1:]:
+            joined = joined.cat(p)
+        joined_hat = q.decode(joined)
+        joined_scores = q.inner(query, joined)
+    check.that(_close(joined_hat, torch.cat(piece_hats, dim=-2)), "cache",
+               "per-vector codes appended along the token axis do not decode to their parts' x̂ side by side")
+    check.that(_close(joined_scores, torch.cat([q.inner(query, p) for p in pieces], dim=-1)), "cache",
+               "per-vector codes appended along the token axis do not score as their parts")
+    with check.running("cache", "cutting a per-vector code to its first 5 tokens (crop)"):
+        head = code.narrow(5)
+        head_hat = q.decode(head)
+    check.that(_close(head_hat, x_hat[..., :5, :]), "cache",
+               "the first 5 tokens of a per-vector code (crop) do not decode to the first 5 rows of x̂")
+
+
+def _bad_input(check: _Check, q, x: torch.Tensor, seed: int) -> None:
+    d = q.dim
+    flat = q.encode(x[0, 0])
     bad_x = {"NaN": x.clone().index_fill_(-1, torch.tensor([0]), float("nan")),
              "inf": x.clone().index_fill_(-1, torch.tensor([0]), float("inf")),
              "a wrong last dim": _draw((4, d + 1), seed),

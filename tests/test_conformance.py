@@ -4,6 +4,8 @@ Every built-in quantizer passes check_quantizer, and so does a small external pe
 written here; broken variants of that quantizer fail it, each with the name of the check it breaks.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,6 +38,11 @@ def test_built_in_quantizers_pass(name, options):
     args = {"bits": 2, "dim": 64, "seed": 3, **options}
     check_quantizer(kvstats.quantizer(name, **args),
                     factory=lambda seed: kvstats.quantizer(name, **{**args, "seed": seed}))
+    if "m" not in options:  # a fixed sketch size m fixes qjl's bits: no other bit width to build
+        def build(bits, dim, seed):
+            return kvstats.quantizer(name, **{**options, "bits": bits, "dim": dim, "seed": seed})
+
+        check_quantizer(kvstats.quantizer(name, **args), build=build)  # also at the widest bit width
 
 
 def test_calibrated_nova_and_identity_pass():
@@ -115,13 +122,173 @@ class _WrongDtype(Int4PerToken):
         return super()._decode(code).float()
 
 
+class _DecodesZero(Int4PerToken):
+    def _decode(self, code):
+        return torch.zeros(code.shape, dtype=code.dtype)
+
+
+class _DecodesNegated(Int4PerToken):
+    def _decode(self, code):
+        return -super()._decode(code)
+
+
+class _ZeroForFp64(Int4PerToken):
+    def _decode(self, code):
+        x_hat = super()._decode(code)
+        return torch.zeros_like(x_hat) if code.dtype == torch.float64 else x_hat
+
+
+class _MutatesInput(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        x.mul_(0.5)  # e.g. a normalisation done in place
+        return code
+
+
+_STASH: dict[bytes, torch.Tensor] = {}
+
+
+class _StashesInAGlobal(Int4PerToken):
+    """A 'lossless 4-bit' quantizer: the codes are real, but decode returns x from a module-level stash."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        _STASH[code.payload["codes"].numpy().tobytes()] = x.clone()
+        return code
+
+    def _decode(self, code):
+        return _STASH[code.payload["codes"].numpy().tobytes()].to(code.dtype)
+
+
+class _StashesOnTheCode(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        code.exact = x.clone()  # not a field: nbytes does not count it
+        return code
+
+    def _decode(self, code):
+        return code.exact.to(code.dtype)
+
+
+class _StashesInTheInstance(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        self._last = (code.payload["codes"].clone(), x.clone())
+        return code
+
+    def _decode(self, code):
+        codes, x = self._last
+        return x.to(code.dtype) if torch.equal(codes, code.payload["codes"]) else super()._decode(code)
+
+
+class _GrowsForFp16(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        if x.dtype == torch.float16:
+            code.scalars["scale"] = code.scalars["scale"].double()
+        return code
+
+    def _decode(self, code):
+        return super()._decode(dataclasses.replace(code, scalars={"scale": code.scalars["scale"].float()}))
+
+
+class _GrowsBeyond24Tokens(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        if x.dim() >= 2 and x.shape[-2] > 24:
+            code.scalars["extra"] = torch.zeros(x.shape[:-1])
+        return code
+
+
+class _NegativeSide(IdentityQuantizer):
+    """Stores fp32 x (32 bits) and claims 32 - 31 = 1 bit through a negative side cost."""
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=32.0, side=-31.0)
+
+
+class _RaisesInDecode(Int4PerToken):
+    def _decode(self, code):
+        return code.payload["codes"].view(7, -1)  # a RuntimeError inside the quantizer
+
+
+class _BreaksOnOneToken(Int4PerToken):
+    def _encode(self, x):
+        pairs = x.reshape(*x.shape[:-2], x.shape[-2] // 2, 2 * self.dim)  # groups over 2 tokens: needs an even n
+        return super()._encode(pairs.reshape(x.shape))
+
+
+class _SharesAScaleAcrossTheBatch(Int4PerToken):
+    """One scale per (head, token) shared by the batch rows: a code tensor without the batch axis."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        if x.dim() == 4:
+            code.scalars["scale"] = code.scalars["scale"].amax(0)
+        return code
+
+    def _decode(self, code):
+        scale = code.scalars["scale"]
+        if len(code.shape) == 4:
+            scale = scale.expand(code.shape[:-1])
+        return super()._decode(dataclasses.replace(code, scalars={"scale": scale}))
+
+
 @pytest.mark.parametrize("cls, check", [
     (_LiesAboutBits, "bits"), (_Random, "determinism"), (_HoldsAView, "nbytes"), (_WrongInner, "inner"),
     (_AcceptsNaN, "bad input"), (_NoTokens, "protocol"), (_WrongDtype, "dtypes"),
+    (_DecodesZero, "reconstruction"), (_DecodesNegated, "reconstruction"), (_ZeroForFp64, "reconstruction"),
+    (_MutatesInput, "input"), (_StashesInAGlobal, "reconstruction"), (_StashesOnTheCode, "code fields"),
+    (_StashesInTheInstance, "reconstruction"), (_GrowsForFp16, "bits"), (_GrowsBeyond24Tokens, "bits"),
+    (_RaisesInDecode, "shapes"), (_BreaksOnOneToken, "cache"), (_SharesAScaleAcrossTheBatch, "cache"),
 ])
 def test_broken_quantizers_fail_naming_the_check(cls, check):
     with pytest.raises(AssertionError, match=rf"^check_quantizer\[{check}\] failed for"):
         check_quantizer(cls(4, 64))
+
+
+def test_a_negative_side_cost_is_refused():
+    with pytest.raises(AssertionError, match=r"^check_quantizer\[budget\] failed for .*side = -31.0"):
+        check_quantizer(_NegativeSide(64))
+
+
+def test_a_stash_in_the_instance_is_found_by_a_fresh_instance_too():
+    """Without the rate-distortion check's help (a 16-bit store of x is allowed to be exact at 16 bits), a
+    decoder that keeps the last input in the instance is caught by decoding with a freshly built one."""
+
+    class Keeps(IdentityQuantizer):
+        def _encode(self, x):
+            self._last = x.clone()
+            return super()._encode(x)
+
+        def _decode(self, code):
+            return self._last.to(code.dtype) if hasattr(self, "_last") else super()._decode(code)
+
+    with pytest.raises(AssertionError, match=r"^check_quantizer\[determinism\] failed for .*rebuilt with the same"):
+        check_quantizer(Keeps(64), factory=lambda seed: Keeps(64, seed))
+
+
+def test_an_exception_inside_the_quantizer_is_reported_as_its_check():
+    with pytest.raises(AssertionError, match=r"check_quantizer\[shapes\].*raised RuntimeError while decoding"):
+        check_quantizer(_RaisesInDecode(4, 64))
+    with pytest.raises(AssertionError, match=r"check_quantizer\[cache\].*raised RuntimeError while encoding one token"):
+        check_quantizer(_BreaksOnOneToken(4, 64))
+
+
+def test_widest_bit_width_reconstruction_needs_build():
+    """A decode that adds twice each neighbour's coordinate correlates with x at any bit width; built at its
+    widest bit width (8) it still misses x by about 4 times its energy, which only the rebuild can see."""
+
+    class Noisy(Int4PerToken):
+        min_bits, max_bits = 4, 8
+
+        def _decode(self, code):
+            x_hat = super()._decode(code)
+            return x_hat + 2 * x_hat.roll(1, dims=-1)  # x̂ plus twice its neighbour's coordinate
+
+    check_quantizer(Noisy(4, 64))  # passes without build
+    with pytest.raises(AssertionError, match=r"^check_quantizer\[reconstruction\] failed .*widest bit width 8"):
+        check_quantizer(Noisy(4, 64), build=Noisy)
 
 
 # --------------------------------------------------------------------------------- registering from outside

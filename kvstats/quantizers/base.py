@@ -13,6 +13,7 @@ quantizer (other method, seed, dim, bits or options) with a ValueError naming bo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 
@@ -111,6 +112,79 @@ class Code:
             return t.device
         return next(iter(self.parts.values())).device
 
+    # -------------------------------------------------------------------------- structure (the cache's algebra)
+    @property
+    def token_axis(self) -> int:
+        """The axis of the encoded tokens: x is ``[..., n, d]``, so ``len(shape) - 2``."""
+        return len(self.shape) - 2
+
+    def named_tensors(self, prefix: str = ""):
+        """``(name, tensor)`` for every tensor the code holds: its payloads, its scalars, then its nested parts'
+        (named ``part.field``)."""
+        for key, t in (*self.payload.items(), *self.scalars.items()):
+            yield prefix + key, t
+        for part_name, part in self.parts.items():
+            yield from part.named_tensors(f"{prefix}{part_name}.")
+
+    def named_scalars(self, prefix: str = ""):
+        """``(name, tensor)`` for the scalars of the code and of its nested parts."""
+        for key, t in self.scalars.items():
+            yield prefix + key, t
+        for part_name, part in self.parts.items():
+            yield from part.named_scalars(f"{prefix}{part_name}.")
+
+    def map(self, fn, shape_of) -> Code:
+        """A code whose every tensor is ``fn(tensor)``, of x of shape ``shape_of(self.shape)`` (nested parts get
+        ``shape_of`` of their own shapes); dtype and provenance kept."""
+        return dataclasses.replace(self, shape=torch.Size(shape_of(self.shape)),
+                                   payload={k: fn(t) for k, t in self.payload.items()},
+                                   scalars={k: fn(t) for k, t in self.scalars.items()},
+                                   parts={k: p.map(fn, shape_of) for k, p in self.parts.items()})
+
+    def is_per_vector(self) -> bool:
+        """True when every tensor is indexed ``[..., n, ...]`` like x (so codes concatenate and narrow along n).
+
+        False for codes with groups across tokens (min-max per channel): those can only be kept whole."""
+        axis = self.token_axis
+        lead = tuple(self.shape[: axis + 1])
+        return all(t.dim() > axis and tuple(t.shape[: axis + 1]) == lead for _, t in self.named_tensors())
+
+    def cat(self, other: Code) -> Code:
+        """This code's tokens, then ``other``'s, along the token axis; both per-vector codes of one quantizer."""
+        if self.source != other.source:
+            raise ValueError(f"cannot append a code made by {other.source} to one made by {self.source}")
+        axis = self.token_axis
+        if other.shape[:axis] != self.shape[:axis] or other.shape[axis + 1:] != self.shape[axis + 1:]:
+            raise ValueError(f"cannot append a code of x {tuple(other.shape)} to one of x {tuple(self.shape)}: only "
+                             "the token axis (-2) may differ")
+        shape = torch.Size((*self.shape[:axis], self.shape[axis] + other.shape[axis], *self.shape[axis + 1:]))
+        return dataclasses.replace(
+            self, shape=shape,
+            payload={k: torch.cat([t, other.payload[k]], dim=axis) for k, t in self.payload.items()},
+            scalars={k: torch.cat([t, other.scalars[k]], dim=axis) for k, t in self.scalars.items()},
+            parts={k: p.cat(other.parts[k]) for k, p in self.parts.items()})
+
+    def narrow(self, stop: int, *, copy: bool = True) -> Code:
+        """The first ``stop`` tokens of a per-vector code: copies of its tensors, or views with ``copy=False``."""
+        axis = self.token_axis
+        cut = (lambda t: t.narrow(axis, 0, stop).clone()) if copy else (lambda t: t.narrow(axis, 0, stop))
+        return self.map(cut, lambda shape: (*shape[:axis], stop, *shape[axis + 1:]))
+
+    def map_batch(self, fn) -> Code:
+        """Apply a batch-axis operation (``index_select``, ``repeat_interleave``) to every tensor of the code: a
+        code of the selected rows of x (every tensor keeps the batch axis first)."""
+        rows = fn(torch.empty(self.shape[0], 0)).shape[0]
+        return self.map(fn, lambda shape: (rows, *shape[1:]))
+
+    def equal(self, other: Code) -> bool:
+        """Whether both codes hold the same tensors (names, shapes, dtypes and values) for x of the same shape."""
+        if not isinstance(other, Code) or tuple(self.shape) != tuple(other.shape) or self.dtype != other.dtype:
+            return False
+        ta, tb = dict(self.named_tensors()), dict(other.named_tensors())
+        return (ta.keys() == tb.keys()
+                and all(ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k])
+                        for k in ta))
+
 
 def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
     """Broadcast the leading dims of query [..., n_q, d] and of per-key tensors [..., n_k, *key_dims]
@@ -208,7 +282,7 @@ class Quantizer:
         """Refuse anything but a Code this quantizer (same method, dim, bits, seed and options) made."""
         if not isinstance(code, Code):
             raise TypeError(f"code must be a kvstats Code, got {type(code).__name__}")
-        for key, t in _tensors(code):
+        for key, t in code.named_tensors():
             check_not_meta(t, f"code field {key!r}")
         if code.source is None:
             if code.shape and code.shape[-1] != self.dim:
@@ -228,7 +302,7 @@ class Quantizer:
     # -------------------------------------------------------------------------------- for subclasses
     def _check_stored(self, code: Code, x: torch.Tensor) -> None:
         """Refuse a code whose stored scalars overflowed their storage dtype (never return inf silently)."""
-        for key, t in _scalars(code):
+        for key, t in code.named_scalars():
             if t.numel() and t.is_floating_point() and not all_finite(t):
                 big = float(x.detach().abs().amax())
                 option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
@@ -261,20 +335,6 @@ class Quantizer:
         acc = acc_dtype(query.dtype)
         x_hat = self._decode(code).to(acc)
         return query.to(acc) @ x_hat.transpose(-1, -2)
-
-
-def _tensors(code: Code, prefix: str = ""):
-    for key, t in (*code.payload.items(), *code.scalars.items()):
-        yield prefix + key, t
-    for part_name, part in code.parts.items():
-        yield from _tensors(part, f"{prefix}{part_name}.")
-
-
-def _scalars(code: Code, prefix: str = ""):
-    for key, t in code.scalars.items():
-        yield prefix + key, t
-    for part_name, part in code.parts.items():
-        yield from _scalars(part, f"{prefix}{part_name}.")
 
 
 class _MissingField:
