@@ -245,41 +245,75 @@ def _tokens(text: str):
     return value
 
 
+def _seed(text: str):
+    """--seed: an int, or 'none' for fresh entropy (recorded in the results)."""
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'none', got {text!r}") from None
+
+
 @subcommand(
     "evaluate",
     help="every metric of a quantizer or scheme (attention KL, top-k recall, the 6D components, bits per "
-         "element) with CIs over independent units; optionally a paired comparison with a second one",
+         "element held) with CIs over independent units, after the conformance checks; optionally a paired "
+         "comparison with a second one",
     args=[
         arg("--quantizer", required=True,
-            help="a scheme (kv, kqv, qkqv, minmax), a quantizer (turbo_mse, ...) used for K and V, or module:Class"),
+            help="a scheme (kv, kqv, qkqv, minmax), a quantizer (turbo_mse, ...) used for K and V, or module:Class "
+                 "(imported from the current folder too, as python -m does)"),
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
         arg("--data", default="gaussian",
             help="a synthetic kind (gaussian, heavy_tail, low_rank) or a capture file from `kvstats capture`"),
         arg("--units", type=int, default=None,
-            help="independent units (synthetic: draws, default 8; capture: disjoint windows, default all)"),
-        arg("--window", type=int, default=128, help="capture: tokens per unit (default 128)"),
+            help="independent units (synthetic: draws, default 16; capture: disjoint windows, default all)"),
+        arg("--window", type=int, default=64, help="capture: tokens per unit (default 64)"),
+        arg("--layers", type=int, nargs="+", default=None, help="capture: the stored layers to use (default all)"),
         arg("--compare", default=None, help="a second quantizer or scheme, compared on the same units (Wilcoxon)"),
-        arg("--seed", type=int, default=0, help="unit i uses seed + i (default 0)"),
+        arg("--match-bits", action="store_true",
+            help="run --compare at its largest budget whose measured bits per element do not exceed the quantizer's"),
+        arg("--alpha", type=float, default=0.05, help="level of the comparison, Holm-corrected (default 0.05)"),
+        arg("--seed", type=_seed, default=0, help="unit i uses seed + i (default 0; 'none': a fresh seed)"),
         arg("--top-k", type=int, default=5, help="k of the top-k recall (default 5)"),
         arg("--dim", type=int, default=128, help="synthetic head dimension (default 128)"),
         arg("--rows", default=None, choices=["gaussian", "orthogonal", "srht"],
             help="sketch of every QJL stage (schemes kqv/qkqv and quantizers qjl/turbo_prod)"),
-        arg("--out", default=None, help="write the results JSON here"),
+        arg("--no-check", action="store_true",
+            help="measure a quantizer that fails the conformance checks anyway (recorded in the results)"),
+        arg("--out", default=None,
+            help="write the results JSON here (checked before any work; finished units are kept in OUT.units "
+                 "until the end, so an interrupted run resumes)"),
+        arg("--force", action="store_true", help="replace an existing --out file"),
         arg("--json", action="store_true", help="print the results JSON instead of the table"),
+        arg("--no-progress", action="store_true", help="no progress bar"),
     ],
 )
 def _evaluate(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    import os
+    import warnings
 
+    if os.getcwd() not in sys.path and "" not in sys.path:  # module:Class from the current folder, as python -m
+        sys.path.insert(0, os.getcwd())
     from kvstats.evaluation import evaluate
 
-    if args.out is not None and Path(args.out).is_dir():
-        raise IsADirectoryError(f"--out {args.out} is a folder; give a file name")
-    units = args.units if args.units is not None else (None if Path(args.data).is_file() else 8)
     options = {"rows": args.rows} if args.rows else {}
-    ev = evaluate(args.quantizer, bits=args.bits, data=args.data, units=units, window=args.window,
-                  compare=args.compare, seed=args.seed, top_k=args.top_k, dim=args.dim, out=args.out, **options)
-    print(json.dumps(ev.to_dict(), indent=2, default=str) if args.json else ev.table())
+    shown = warnings.showwarning
+
+    def note(message, category, filename, lineno, file=None, line=None):  # kvstats' warnings as one-line notes
+        if issubclass(category, UserWarning) and "kvstats" in f"{filename} {category.__module__}":
+            print(f"kvstats evaluate: note: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = note
+        ev = evaluate(args.quantizer, bits=args.bits, data=args.data, units=args.units, window=args.window,
+                      layers=args.layers, compare=args.compare, match_bits=args.match_bits, alpha=args.alpha,
+                      seed=args.seed, top_k=args.top_k, dim=args.dim, check=not args.no_check, out=args.out,
+                      force=args.force, progress=not args.no_progress, **options)
+    print(ev.to_json() if args.json else ev.table())
     if args.out:
         print(f"results: {args.out}", file=sys.stderr)
     return 0
@@ -297,6 +331,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             help=f"tokens to capture: N (the text must have at least N), or 'all' (default: the first "
                  f"{CAPTURE_TOKENS}, or the whole text when shorter)"),
         arg("--out", required=True, help="output .safetensors file"),
+        arg("--force", action="store_true", help="replace an existing --out file"),
         arg("--no-progress", action="store_true", help="no progress bar"),
     ],
 )
@@ -306,7 +341,8 @@ def _capture(args: argparse.Namespace) -> int:
 
     from kvstats.data.io import check_output_path
 
-    check_output_path(args.out, "--out")  # before the model loads: a bad --out costs nothing
+    # before the model loads: a bad --out costs nothing, and nothing is destroyed (kvstats._files)
+    check_output_path(args.out, "--out", force=args.force, inputs=[args.text] if args.text else [])
     if args.text is not None:
         text = Path(args.text)
         if text.is_dir():

@@ -1,34 +1,52 @@
-"""Evaluate a KV-cache quantizer: every metric, with confidence intervals over independent units.
+"""Evaluate a KV-cache quantizer: every metric over independent units, checked, planned, resumable, with provenance.
 
     import kvstats
-    ev = kvstats.evaluate("turbo_mse", bits=4, data="gaussian", units=8)
+    ev = kvstats.evaluate("turbo_mse", bits=4, data="gaussian")     # 16 units
     print(ev.table())                 # mean and CI of each metric over the units
-    ev.save("results.json")
+    ev.save("results.json")           # strict JSON with a provenance block
 
-    kvstats evaluate --quantizer turbo_mse --bits 4 --data gaussian --units 8 --out results.json
+    kvstats evaluate --quantizer turbo_mse --bits 4 --data gaussian --out results.json
     kvstats evaluate --quantizer mypkg.quant:Int4 --bits 4 --data capture.safetensors --compare kqv
 
 **What is evaluated.** A scheme: a K quantizer and a V quantizer. ``quantizer`` names a registered scheme
 (``"kqv"``), a registered quantizer (``"turbo_mse"``: used for both K and V, with independent seeds), an
-importable ``"module:Class"`` or a class / factory called as ``factory(bits=, dim=, seed=)`` (used for K
-and V likewise), or a ready :class:`~kvstats.schemes.Scheme` (then only the data vary between units).
+importable ``"module:Class"`` or a class / factory called as ``factory(bits=, dim=, seed=)`` (used for K and V
+likewise), or a ready :class:`~kvstats.schemes.Scheme` (then only the data vary between units). Any class with
+the protocol of docs/quantizers.md works — a :class:`~kvstats.quantizers.Quantizer` subclass or not — as long
+as it passes :func:`kvstats.testing.check_quantizer`.
 
-**Units.** Every statistic is over *independent units*, never over the queries of one draw:
+**Checks before measuring.** Both quantizers of each side are put through ``check_quantizer`` (shapes, dtypes,
+determinism per seed, ``nbytes`` against the claimed bits, reconstruction, the cache contract, bad input) and a
+failing one is refused with the check's message (:class:`QuantizerCheckError`); ``check=False`` measures it
+anyway and the results record that the checks were skipped. A quantizer that needs calibration (``nova``) is
+refused uncalibrated: pass a calibrated Scheme.
 
-* synthetic data (``data`` a kind of :func:`kvstats.data.synthetic.generate`): unit ``i`` is a fresh
-  draw of Q/K/V with seed ``seed + i`` and a scheme built with seed ``seed + i``;
-* a capture file (``data`` a path written by ``kvstats capture``): unit ``i`` is the ``i``-th disjoint
-  window of ``window`` tokens, its queries attending causally to the window's keys, averaged over the
-  stored layers; the scheme is seeded ``seed + i``. Windows of one text are disjoint but not independent
-  of the text: capture several texts to generalise beyond it.
+**Units** (:mod:`kvstats.run.units`): synthetic unit ``i`` is a fresh draw with seed ``seed + i`` and a scheme
+seeded ``seed + i``; a capture's unit ``i`` is its ``i``-th disjoint window of ``window`` tokens, queries
+attending causally within it, averaged over the stored layers, at the model's own softmax scale
+(``attn_scaling``). Windows of one text are disjoint but not independent of the text: capture several texts to
+generalise beyond it.
 
-**Metrics per unit** (means over the unit's queries and vectors): ``attention_kl`` and ``topk_recall``
-from the logits the scheme's own inner-product estimator gives (what attention with the quantized cache
-computes), the six components of :func:`kvstats.metrics.error6d` (prefixed ``6d_``; its KL uses the
-decoded keys), and the cache's bits per element (``bits_total``: payload, norms and side information).
-Each metric's mean over units gets a BCa bootstrap CI (:func:`kvstats.stats.bootstrap_ci`). With
-``compare=`` a second scheme runs on the same units and each metric is compared with the paired Wilcoxon
-signed-rank test, Holm-corrected over the metrics.
+**Metrics per unit** (means over the unit's queries and vectors): ``attention_kl`` and ``topk_recall`` from the
+logits the scheme's own inner-product estimator gives, the six components of :func:`kvstats.metrics.error6d`
+(prefixed ``6d_``; its KL uses the decoded keys), and ``bits_total``: the bits per cache element the codes
+hold, measured from their bytes (the quantizer's claim, ``bits_per_coordinate``, is shown beside it where it
+differs). Each metric's mean over units gets a CI from :func:`kvstats.stats.mean_ci` (Student's t below 20
+units, BCa from there on).
+
+**Comparison** (``compare=``): a second scheme runs on the same units; each metric of the family — the
+distinct, non-constant metrics (:mod:`kvstats.run.comparison`) — is compared with the paired Wilcoxon
+signed-rank test, Holm-corrected over the family, with the detectable shift beside each non-significant row.
+Before any work the smallest attainable corrected p is computed: a run that cannot conclude says so and how
+many units it would need. Comparisons at unequal measured bits are flagged; ``match_bits=True`` runs the
+comparator at the largest budget whose measured bits do not exceed the evaluated quantizer's.
+
+**Progress, resume, output.** A progress bar counts units; each finished unit is stored (in ``<out>.units``
+when ``out`` is given, or in ``store=``) and a rerun with the same arguments resumes from them. ``out`` is
+checked before any work and written without destroying anything (:mod:`kvstats._files`): an existing file
+needs ``force=True``, the input capture is never the output, a device or FIFO is written through. The JSON is
+strict (no NaN: missing values are null with a reason) and carries a provenance block (versions, commit,
+device, threads, date, wall time, command line, seeds) and its schema version (:data:`SCHEMA`).
 """
 
 from __future__ import annotations
@@ -37,111 +55,249 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from kvstats._random import MAX_SEED, check_seed, spawn_seeds
 from kvstats._validation import check_int_range
+from kvstats.run.units import METRICS
 
-__all__ = ["Evaluation", "METRICS", "evaluate", "resolve_scheme"]
+__all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "METRICS",
+           "QuantizerCheckError", "SCHEMA", "evaluate", "resolve_scheme"]
 
-#: The metrics of one unit, in table order. ``6d_*`` are the components of :func:`kvstats.metrics.error6d`.
-METRICS = ("attention_kl", "topk_recall", "6d_k_direction", "6d_k_norm", "6d_v_direction", "6d_v_norm",
-           "6d_attention_kl", "6d_output_error", "bits_total")
-#: Which way is better for each metric (for the comparison's wording): -1 lower is better, +1 higher.
+#: Version of the results file's layout.
+SCHEMA = "kvstats-evaluation/2"
+#: Synthetic units by default: enough for a family of 8 Wilcoxon tests to reach p < 0.05 after Holm
+#: (8 · 2/2¹⁶ = 2.4e-4), i.e. the documented comparisons can conclude.
+DEFAULT_SYNTHETIC_UNITS = 16
+#: Tokens of a capture unit by default: a default capture (1,024 tokens) gives 16 disjoint windows.
+DEFAULT_WINDOW = 64
+#: Which way is better for each metric (for the wording): +1 higher is better, -1 (default) lower.
 _BETTER = {"topk_recall": 1}
+_PROTOCOL = ("encode", "decode", "inner", "bits_per_coordinate")
 
 
-def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, **options):
-    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``."""
-    from kvstats.quantizers import QUANTIZERS, Quantizer, quantizer
-    from kvstats.schemes import SCHEMES, Scheme, scheme
+class QuantizerCheckError(ValueError):
+    """A quantizer failed :func:`kvstats.testing.check_quantizer`; the message names the side and the check."""
+
+
+class InconclusiveWarning(UserWarning):
+    """A comparison that cannot reach its level whatever the data (too few units for the family)."""
+
+
+# --------------------------------------------------------------------------------------- building the sides
+
+
+def _import(spec: str, role: str):
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{role} {spec!r}: cannot import {attr!r} from module {module!r} ({exc})") from None
+
+
+def _factory(spec, role: str, options: dict):
+    """(label, factory(bits=, dim=, seed=) -> quantizer) for a quantizer name, 'module:Class' or a callable."""
+    from kvstats.quantizers import QUANTIZERS, quantizer
+
+    if isinstance(spec, str) and spec in QUANTIZERS:
+        cls = QUANTIZERS[spec]
+        if getattr(cls, "needs_calibration", False):
+            raise ValueError(f"{role} {spec!r} needs calibration, which evaluate does not do (an uncalibrated "
+                             f"{spec} runs on its data-free prior, not the method): calibrate it on held-out data "
+                             "and pass the calibrated Scheme (kvstats.schemes.NovaScheme.calibrate)")
+
+        def build(bits, dim, seed):
+            return quantizer(spec, bits=bits, dim=dim, seed=seed, **options)
+
+        return spec, build
+    if isinstance(spec, str) and ":" in spec:
+        return spec, _import(spec, role)
+    if callable(spec) and not isinstance(spec, str):
+        return getattr(spec, "__name__", type(spec).__name__), spec
+    from kvstats.schemes import SCHEMES
+
+    raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), "
+                     f"'module:Class', a class/factory or a Scheme, got {spec!r}")
+
+
+def _check_protocol(q, role: str, label: str, part: str) -> None:
+    missing = [m for m in _PROTOCOL if not callable(getattr(q, m, None))]
+    if missing or not isinstance(getattr(q, "dim", None), int):
+        what = f"no method(s) {missing}" if missing else f"no int dim (got {getattr(q, 'dim', None)!r})"
+        raise TypeError(f"{role} {label!r} built a {type(q).__name__} for {part} with {what}: a quantizer needs "
+                        "encode, decode, inner, bits_per_coordinate(n_tokens=) and dim (docs/quantizers.md)")
+    if getattr(q, "needs_calibration", False) and not getattr(q, "calibrated", True):
+        raise ValueError(f"{role} {label!r}: its {part} quantizer {q!r} needs calibration and is not calibrated")
+
+
+def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
+    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
+    the ``role`` ("quantizer" or "compare") and the spec."""
+    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
 
     if isinstance(spec, Scheme):
+        if spec.dim != dim:
+            raise ValueError(f"{role} {spec.name!r} is a Scheme of dim {spec.dim}, but the data have head dim {dim}")
         return spec
-    factory: Callable | None = None
-    label = spec
-    if isinstance(spec, str):
-        if spec in SCHEMES:
+    if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
+        _factory(spec, role, options)  # the calibration refusal, worded once
+    if isinstance(spec, str) and spec in SCHEMES:
+        try:
             return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
-        if spec in QUANTIZERS:
-            def factory(bits, dim, seed, _name=spec):
-                return quantizer(_name, bits=bits, dim=dim, seed=seed, **options)
-        elif ":" in spec:
-            module, _, attr = spec.partition(":")
-            try:
-                factory = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as exc:
-                raise ValueError(f"quantizer {spec!r}: cannot import {attr!r} from module {module!r} ({exc})") from None
-        else:
-            raise ValueError(f"quantizer must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}) "
-                             f"or 'module:Class', got {spec!r}")
-    elif callable(spec):
-        factory, label = spec, getattr(spec, "__name__", type(spec).__name__)
-    if factory is None:
-        raise TypeError(f"quantizer must be a name, 'module:Class', a class/factory or a Scheme, got "
-                        f"{type(spec).__name__}")
-    from kvstats._random import spawn_seeds
-
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{role} {spec!r}: {exc}") from None
+    label, factory = _factory(spec, role, options)
     seed_k, seed_v = spawn_seeds(seed, 2)
-    k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
-    for name, q in (("K", k), ("V", v)):
-        if not isinstance(q, Quantizer):
-            raise TypeError(f"quantizer {label!r} built a {type(q).__name__} for {name}, not a kvstats Quantizer")
-    return Scheme(str(label), bits, k, v)
+    try:
+        k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{role} {label!r}: {exc}") from None
+    for part, q in (("K", k), ("V", v)):
+        _check_protocol(q, role, str(label), part)
+    return Scheme(str(label), bits, k, v, seed)
 
 
-def _unit_metrics(scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, top_k: int, causal: bool,
-                  query_offset: int | None) -> dict[str, float]:
-    from kvstats import metrics
-
-    code = scheme.encode(k, v)
-    k_hat, v_hat = scheme.decode(code)
-    ref = metrics.attention_scores(q, k, double=True)
-    est = scheme.scores(q, code).to(torch.float64) / math.sqrt(q.shape[-1])
-    opts = dict(causal=causal, query_offset=query_offset)
-    six = metrics.error6d(q, k, v, k_hat, v_hat, **opts)[0]
-    out = {
-        "attention_kl": float(metrics.attention_kl_from_scores(ref, est, **opts)),
-        "topk_recall": float(metrics.topk_recall_from_scores(ref, est, top_k=top_k, **opts)),
-    }
-    out |= {f"6d_{name}": float(x) for name, x in zip(metrics.ERROR6D_COMPONENTS, six.tolist())}
-    out["bits_total"] = float(scheme.bits_per_coordinate()["mean"].total)
-    return out
+def _label(spec) -> str:
+    """The name a spec is shown by: the string itself, a class's or factory's ``__name__``, a Scheme's name."""
+    if isinstance(spec, str):
+        return spec
+    return getattr(spec, "__name__", None) or getattr(spec, "name", None) or repr(spec)
 
 
-def _synthetic_units(kind: str, units: int, seed: int, shape: dict[str, int], params: dict):
-    from kvstats.data.synthetic import generate
+@dataclass
+class _Side:
+    """One side of an evaluation: its spec, budget and a scheme per unit."""
 
-    for i in range(units):
-        q, k, v = generate(kind, shape["batch"], shape["kv_heads"], shape["seq"], shape["dim"], seed + i,
-                           q_heads=shape["q_heads"], n_q=shape["n_q"], **params)
-        yield i, [(q, k, v)]
+    role: str
+    spec: Any
+    bits: int
+    options: dict
+
+    def scheme(self, dim: int, seed: int):
+        return resolve_scheme(self.spec, bits=self.bits, dim=dim, seed=seed, role=self.role, **self.options)
+
+    @property
+    def label(self) -> str:
+        return _label(self.spec)
+
+    def identity(self) -> dict | None:
+        from kvstats.run.unit_store import code_identity
+        from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
+
+        if isinstance(self.spec, Scheme):
+            parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]
+            if None in parts:
+                return None
+            prov = [q.provenance().fingerprint if callable(getattr(q, "provenance", None)) else repr(q)
+                    for q in (self.spec.k, self.spec.v)]
+            return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
+        if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
+            code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
+        else:
+            code = code_identity(_factory(self.spec, self.role, self.options)[1])
+        if code is None:
+            return None
+        return {"spec": self.label, "code": code, "bits": self.bits,
+                "options": {k: repr(v) for k, v in sorted(self.options.items())}}
 
 
-def _capture_units(path: Path, units: int | None, window: int, layers: Sequence[int] | None):
-    from kvstats.data.io import load_qkv
+def _check_side(side: _Side, scheme, dim: int, seed: int) -> dict[str, str]:
+    """check_quantizer on the side's K and V quantizers; QuantizerCheckError naming the side and the check."""
+    from kvstats.conformance import check_quantizer
+    from kvstats.schemes import SCHEMES, Scheme
 
-    f = load_qkv(path)
-    chosen = list(layers) if layers is not None else f.layers
-    tensors = [f.layer(i) for i in chosen]
-    if any(t.q is None for t in tensors):
-        raise ValueError(f"data {str(path)!r} stores no queries: capture with queries to evaluate attention")
-    n_tokens = tensors[0].k.shape[2]
-    available = n_tokens // window
-    if available < 2:
-        raise ValueError(f"window must leave at least 2 disjoint windows in the {n_tokens} tokens of {str(path)!r}, "
-                         f"got window = {window}")
-    n = available if units is None else units
-    if n > available:
-        raise ValueError(f"units must be at most {available} (disjoint windows of {window} tokens), got {n}")
-    for i in range(n):
-        sl = slice(i * window, (i + 1) * window)
-        yield i, [(t.q[:, :, sl].float(), t.k[:, :, sl].float(), t.v[:, :, sl].float()) for t in tensors]
+    builder = None
+    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
+        builder = _factory(side.spec, side.role, side.options)[1]
+    result = {}
+    for part in ("k", "v"):
+        q = getattr(scheme, part)
+
+        def again(_seed, _part=part):  # the same quantizer rebuilt from the unit's seed
+            return getattr(side.scheme(dim, seed), _part)
+
+        try:
+            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder)
+        except AssertionError as exc:
+            raise QuantizerCheckError(
+                f"{side.role} {side.label!r}: its {part.upper()} quantizer fails the conformance checks: {exc}. Fix "
+                "it, or pass --no-check (check=False) to measure it anyway (the results then record that the checks "
+                "were skipped)") from None
+        result[part.upper()] = "passed"
+    return result
+
+
+def _measured_bits(scheme, parts) -> float:
+    held = elements = 0
+    for _, k, v in parts:
+        code = scheme.encode(k, v)
+        held, elements = held + code.k.nbytes + code.v.nbytes, elements + k.numel() + v.numel()
+    return 8.0 * held / elements
+
+
+def _match_bits(side: _Side, target: float, dim: int, seed: int, parts) -> tuple[int, float]:
+    """The comparator's budget: the largest n in 1..8 whose measured bits do not exceed ``target``, else the
+    smallest n that builds. Returns (n, its measured bits)."""
+    from kvstats.schemes import Scheme
+
+    if isinstance(side.spec, Scheme):
+        raise ValueError("match_bits needs a compare spec that builds at any budget (a name, 'module:Class' or a "
+                         f"factory), got the ready Scheme {side.spec.name!r}")
+    options = []
+    for n in range(1, 9):
+        try:
+            scheme = resolve_scheme(side.spec, bits=n, dim=dim, seed=seed, role=side.role, **side.options)
+        except (ValueError, TypeError):
+            continue
+        options.append((n, _measured_bits(scheme, parts)))
+    if not options:
+        raise ValueError(f"compare {side.label!r} builds at no budget in 1..8 for dim {dim}")
+    fitting = [o for o in options if o[1] <= target * (1 + 1e-12)]
+    return max(fitting, key=lambda o: o[0]) if fitting else options[0]
+
+
+# ------------------------------------------------------------------------------------------------ the result
+
+#: Why a value of the results file is null, by field name (a NaN or infinite number has no strict-JSON form).
+_NULL_REASONS = {
+    "pvalue": "an estimate, not a test",
+    "effect_size": "no effect size for this result",
+    "ci_low": "no interval for this result",
+    "ci_high": "no interval for this result",
+    "median_ratio": "the median of the second sample is 0",
+    "shift": "no shift is detectable at this many units (see reason)",
+    "statistic": "not defined for these data",
+}
+
+
+def _strict(value, key: str = "", reasons: dict | None = None):
+    """``value`` with every non-finite float replaced by None; ``reasons`` collects why, by field name."""
+    if isinstance(value, dict):
+        own: dict[str, str] = {}
+        out = {k: _strict(v, k, own) for k, v in value.items()}
+        if own:
+            out["null_reasons"] = own
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_strict(v, key, reasons) for v in value]
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        if reasons is not None:
+            reasons[key] = f"{_NULL_REASONS.get(key, 'not a finite number')} ({value})"
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -149,60 +305,148 @@ class Evaluation:
     """What :func:`evaluate` measured.
 
     Attributes:
-        config: how it ran (quantizer, bits, data, units, seeds, query model).
-        units: one dict per unit: ``unit`` and every metric of :data:`METRICS` (and ``other:<metric>``
-            for the compared scheme).
-        summary: ``{metric: BootstrapResult}``, the mean over units with its CI.
-        comparison: ``{metric: {"test": paired test result, "pvalue_holm": float}}`` when ``compare`` was
-            given (metrics equal in every unit are not tested), else empty.
+        config: how it ran (quantizer, compare, bits of both sides, data, units, seeds, options, whether the
+            conformance checks ran).
+        units: one dict per unit: ``unit``, every metric of :data:`METRICS`, ``bits_claimed``, and
+            ``other:<metric>`` for the compared scheme.
+        summary: ``{metric: MeanResult}``, the mean over units with its CI (:func:`kvstats.stats.mean_ci`).
+        comparison: ``{metric: {"test": WilcoxonResult, "pvalue_holm": float, "significant": bool,
+            "detectable_shift": PowerResult or None}}`` for the family's metrics, when ``compare`` was given.
+        excluded: ``{metric: reason}`` for the metrics left out of the family.
+        plan: the :class:`~kvstats.run.comparison.ComparisonPlan` made before running, for the family the
+            comparison could have at most (None without compare).
+        family_plan: the same for the family actually tested (constant and repeated metrics left out).
+        bits: measured and claimed bits per element of each side, and whether the sides match.
+        provenance: versions, commit, device, threads, date, wall time, command line, seeds.
     """
 
     config: dict[str, Any]
     units: list[dict[str, float]]
     summary: dict[str, Any]
     comparison: dict[str, Any] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)
+    plan: Any = None
+    family_plan: Any = None
+    bits: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (the results file's content)."""
-        return {"config": self.config, "units": self.units,
-                "summary": {m: r.to_dict() for m, r in self.summary.items()},
-                "comparison": {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"]}
-                               for m, c in self.comparison.items()}}
+        """The results file's content: strict-JSON-ready (no NaN or inf: null, with ``null_reasons``)."""
+        comparison = {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"],
+                          "significant": c["significant"],
+                          "detectable_shift": None if c["detectable_shift"] is None else
+                          c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
+        return _strict({"schema": SCHEMA, "config": self.config, "bits": self.bits,
+                        "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
+                                                                "family_tested": self.family_plan.to_dict()},
+                        "units": self.units,
+                        "summary": {m: r.to_dict() for m, r in self.summary.items()}, "comparison": comparison,
+                        "excluded": self.excluded, "provenance": self.provenance})
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`to_dict` as JSON (atomically); return the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8")
-        tmp.replace(path)
-        return path
+    def to_json(self) -> str:
+        """:meth:`to_dict` as strict JSON (``allow_nan=False``: every standard parser reads it)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        """Write :meth:`to_json` to ``path`` without destroying anything (:mod:`kvstats._files`): an existing file
+        needs ``force``, the input capture is refused, a device or FIFO is written through; returns the path."""
+        from kvstats._files import check_output_path, write_output
+
+        path = check_output_path(path, "path", force=force, inputs=self.config.get("inputs", ()))
+        return write_output(path, self.to_json().encode("utf-8"))
 
     def table(self) -> str:
-        """A plain-text table: metric, mean, CI over units (and the paired comparison when present)."""
-        level = next(iter(self.summary.values())).confidence_level
-        head = f"{'metric':<18} {'mean':>11} {f'{level:.0%} CI':>25}"
-        if self.comparison:
-            head += f" {'other mean':>11} {'r (paired)':>10} {'p (Holm)':>9}"
-        lines = [f"{self.config['quantizer']} at {self.config['bits']} bits on {self.config['data']} "
-                 f"({len(self.units)} units: {self.config['unit']})", head, "-" * len(head)]
+        """A plain-text table: each metric's mean and CI over units, and the paired comparison when present."""
+        cfg = self.config
+        first = next(iter(self.summary.values()))
+        me, other = cfg["quantizer"], cfg["compare"]
+        width = max(18, *(len(m) for m in self.summary))
+        head = f"{'metric':<{width}} {me[:12] + ' mean':>17} {f'{first.confidence_level:.0%} CI':>25}"
+        if other is not None:
+            head += f" {other[:12] + ' mean':>17} {'r':>7} {'p (Holm)':>9} {'detectable':>10}"
+        bits = self.bits
+        lines = [f"{me} at {cfg['bits']} bits on {cfg['data']} ({len(self.units)} units: {cfg['unit']})",
+                 _bits_line(me, bits["evaluated"])]
+        if other is not None:
+            lines.append(_bits_line(other, bits["compared"]))
+            if not bits["matched"]:
+                lines += textwrap.wrap(
+                    f"! the sides hold different bits per element ({bits['evaluated']['measured']:.4g} vs "
+                    f"{bits['compared']['measured']:.4g}): the comparison is not bit-matched (match_bits=True, "
+                    "--match-bits, runs the comparator at its largest budget that holds no more bits)", 110,
+                    initial_indent="  ", subsequent_indent="    ")
+        lines += [head, "-" * len(head)]
         for m, r in self.summary.items():
             lo, hi = r.confidence_interval
-            row = f"{m:<18} {r.statistic:>11.4g} {f'[{lo:.4g}, {hi:.4g}]':>25}"
-            if m in self.comparison:
-                c = self.comparison[m]
-                other = float(np.mean([u[f"other:{m}"] for u in self.units]))
-                row += f" {other:>11.4g} {c['test'].effect_size:>10.3f} {c['pvalue_holm']:>9.2g}"
+            row = f"{m:<{width}} {r.statistic:>17.4g} {f'[{lo:.4g}, {hi:.4g}]':>25}"
+            if other is not None:
+                row += f" {float(np.mean([u[f'other:{m}'] for u in self.units])):>17.4g}"
+                if m in self.comparison:
+                    from kvstats.run.comparison import shift_text
+
+                    c = self.comparison[m]
+                    mark = "*" if c["significant"] else " "
+                    row += (f" {c['test'].effect_size:>7.3f} {c['pvalue_holm']:>8.2g}{mark}"
+                            f" {shift_text(c['detectable_shift']):>10}")
             lines.append(row)
+        if other is not None:
+            lines += _footnotes(self, me, other)
         return "\n".join(lines)
 
 
-def _json_default(obj):
-    if isinstance(obj, (np.floating, np.integer)):
-        return obj.item()
-    if isinstance(obj, tuple):
-        return list(obj)
-    return str(obj)
+def _bits_line(name: str, b: dict) -> str:
+    claim = "" if abs(b["claimed"] - b["measured"]) <= 1e-9 * max(1.0, b["measured"]) else \
+        f"; it claims {b['claimed']:.4g} (bits_per_coordinate)"
+    return f"  {name}: budget n = {b['budget']}, {b['measured']:.4g} bits per element held (measured){claim}"
+
+
+def _footnotes(ev: Evaluation, me: str, other: str) -> list[str]:
+    family = len(ev.comparison)
+    notes = [f"r: matched-pairs rank-biserial of {me} − {other} over the units (−1: {me} lower in every unit, +1: "
+             f"higher); p: paired Wilcoxon signed-rank, Holm-corrected over the {family} metric(s) tested, * below "
+             f"alpha = {ev.config['alpha']:g}; detectable: the mean difference the test would find with 80% power "
+             "at this many units (non-significant rows; 'none': no difference can be significant here)."]
+    by_reason: dict[str, list[str]] = {}
+    for m, why in ev.excluded.items():
+        by_reason.setdefault(why, []).append(m)
+    if by_reason:
+        notes.append("blank r/p: " + "; ".join(f"{', '.join(ms)} — {why}" for why, ms in by_reason.items()) + ".")
+    if ev.family_plan is not None and not ev.family_plan.can_conclude:
+        notes.append("! " + ev.family_plan.message() + ".")
+    return [line for note in notes for line in textwrap.wrap(note, 110, subsequent_indent="  ")]
+
+
+# ------------------------------------------------------------------------------------------------- evaluate
+
+
+def _source(data, units, *, seed, window, layers, shape, data_params):
+    from kvstats.data.synthetic import KINDS
+    from kvstats.run.units import capture_units, synthetic_units
+
+    if isinstance(data, str) and data in KINDS:
+        source = synthetic_units(data, seed=seed, params=data_params, **shape)
+        return source, DEFAULT_SYNTHETIC_UNITS if units is None else units
+    if not isinstance(data, (str, os.PathLike)) or not Path(data).is_file():
+        raise ValueError(f"data must be a synthetic kind {sorted(KINDS)} or an existing capture file, got "
+                         f"{str(data)!r}")
+    window = check_int_range(window, "window", 2, 1 << 30)
+    source = capture_units(data, window=window, layers=layers)
+    n = source.available if units is None else units
+    if n > source.available:
+        raise ValueError(f"units must be at most {source.available} (disjoint windows of {window} tokens), got {n}")
+    return source, n
+
+
+def _plan(main_checked: bool, n_units: int, alpha: float, source) -> Any:
+    from kvstats.run.comparison import candidate_family, plan_comparison
+
+    plan = plan_comparison(n_units, len(candidate_family(linear=main_checked)), alpha)
+    if not plan.can_conclude:
+        more = (f"capture more tokens (kvstats capture --tokens) or use a smaller window ({plan.units_needed} windows "
+                "are needed)" if source.kind == "capture" else
+                f"pass units={plan.units_needed} (--units {plan.units_needed})")
+        warnings.warn(InconclusiveWarning(f"{plan.message()}: {more}"), stacklevel=3)
+    return plan
 
 
 def evaluate(
@@ -210,20 +454,26 @@ def evaluate(
     *,
     bits: int,
     data: str | os.PathLike = "gaussian",
-    units: int | None = 8,
-    seed: int = 0,
+    units: int | None = None,
+    seed: int | None = 0,
     compare=None,
+    match_bits: bool = False,
     top_k: int = 5,
     dim: int = 128,
     kv_heads: int = 2,
     q_heads: int = 4,
     seq: int = 512,
     n_q: int = 32,
-    window: int = 128,
+    window: int = DEFAULT_WINDOW,
     layers: Sequence[int] | None = None,
     confidence_level: float = 0.95,
     n_resamples: int = 9999,
+    alpha: float = 0.05,
+    check: bool = True,
     out: str | os.PathLike | None = None,
+    force: bool = False,
+    store: str | os.PathLike | None = None,
+    progress: bool = False,
     data_params: dict | None = None,
     **options,
 ) -> Evaluation:
@@ -233,94 +483,120 @@ def evaluate(
         quantizer: scheme name, quantizer name, ``"module:Class"``, a class/factory, or a Scheme.
         bits: budget n (bits per cache element).
         data: a synthetic kind (``"gaussian"``, ``"heavy_tail"``, ``"low_rank"``) or a capture file path.
-        units: number of independent units (synthetic: draws; capture: disjoint windows, default all
-            when None); at least 2.
-        seed: unit ``i`` uses seed ``seed + i`` for its data (synthetic) and its scheme.
+        units: independent units (synthetic draws, default :data:`DEFAULT_SYNTHETIC_UNITS`; a capture's
+            disjoint windows, default all); at least 2.
+        seed: unit ``i`` uses seed ``seed + i`` for its data (synthetic) and its schemes; None draws a fresh
+            seed (recorded in the results).
         compare: a second ``quantizer`` spec, evaluated on the same units and compared pairwise.
+        match_bits: run ``compare`` at the largest budget whose measured bits per element do not exceed the
+            evaluated quantizer's (default: the same budget ``bits``).
         top_k: k of the top-k recall.
         dim, kv_heads, q_heads, seq, n_q: synthetic shape (cache ``[1, kv_heads, seq, dim]``, ``n_q``
             queries per query head, non-causal: the queries follow the generator's query model).
         window: capture: tokens per unit (causal attention within the window).
         layers: capture: the stored layers to use (default all).
-        confidence_level, n_resamples: bootstrap CI of each metric's mean.
-        out: write the results JSON here.
+        confidence_level, n_resamples: the CI of each metric's mean (and of r).
+        alpha: level of the comparison (Holm-corrected over its family).
+        check: run :func:`kvstats.testing.check_quantizer` on every quantizer first (refusing a failing one).
+        out: write the results JSON here (checked before any work; an existing file needs ``force``).
+        force: replace an existing ``out``.
+        store: folder of the resumable unit store (default ``<out>.units`` when ``out`` is given, else none).
+        progress: a progress bar (tqdm on stderr) and notes (resumed units) on stderr.
         data_params: extra parameters of the synthetic generator (e.g. ``{"df": 3}``).
         **options: passed to the scheme / quantizer constructor (e.g. ``rows="srht"``).
     """
     from kvstats import stats
-    from kvstats.data.synthetic import KINDS
+    from kvstats._files import check_output_path, is_stream
+    from kvstats.run import unit_store
+    from kvstats.run.comparison import compare_units
+    from kvstats.run.provenance import provenance
+    from kvstats.run.units import unit_metrics
 
+    started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)
     if units is not None:
         units = check_int_range(units, "units", 2, 100_000)
     top_k = check_int_range(top_k, "top_k", 1, 1 << 30)
-    path = Path(data)
-    is_capture = not (isinstance(data, str) and data in KINDS)
-    if is_capture and not path.is_file():
-        raise ValueError(f"data must be a synthetic kind {sorted(KINDS)} or an existing capture file, "
-                         f"got {str(data)!r}")
-    if is_capture:
-        window = check_int_range(window, "window", 2, 1 << 30)
-        unit_iter = _capture_units(path, units, window, layers)
-        unit_desc = f"disjoint windows of {window} tokens, causal within the window, mean over layers"
-        causal, offset = True, 0
-    else:
-        shape = dict(batch=1, kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
-        unit_iter = _synthetic_units(data, units or 8, seed, shape, dict(data_params or {}))
-        unit_desc = f"independent draws (seed + i), cache [1, {kv_heads}, {seq}, {dim}], {n_q} queries per head"
-        causal, offset = False, None
-    rows: list[dict[str, float]] = []
-    for i, parts in unit_iter:
-        d = parts[0][1].shape[-1]
-        specs = [("", quantizer)] + ([("other:", compare)] if compare is not None else [])
-        row: dict[str, float] = {"unit": i}
-        for prefix, spec in specs:
-            scheme = resolve_scheme(spec, bits=bits, dim=d, seed=seed + i, **options)
-            per_part = [_unit_metrics(scheme, q, k, v, top_k=top_k, causal=causal, query_offset=offset)
-                        for q, k, v in parts]
-            row |= {prefix + m: float(np.mean([p[m] for p in per_part])) for m in METRICS}
-        rows.append(row)
-    summary = {m: stats.bootstrap_ci([r[m] for r in rows], confidence_level=confidence_level,
-                                     n_resamples=n_resamples, seed=seed) if np.ptp([r[m] for r in rows]) > 0
-               else _constant(m, rows, confidence_level) for m in METRICS}
-    comparison = _compare(rows) if compare is not None else {}
-    config = {"quantizer": _label(quantizer), "compare": None if compare is None else _label(compare), "bits": bits,
-              "data": str(data), "units": len(rows), "unit": unit_desc, "seed": seed, "top_k": top_k,
-              "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {})}
-    ev = Evaluation(config, rows, summary, comparison)
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    seed = check_seed(seed)
+    shape = dict(kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
+    source, n_units = _source(data, units, seed=seed, window=window, layers=layers, shape=shape,
+                              data_params=data_params)
+    if seed > MAX_SEED - n_units:
+        raise ValueError(f"seed must leave room for seed + i over {n_units} units (at most {MAX_SEED - n_units}), "
+                         f"got {seed}")
     if out is not None:
-        ev.save(out)
+        out = check_output_path(out, "out", force=force, inputs=source.inputs)
+    d = source.dim
+    main = _Side("quantizer", quantizer, bits, dict(options))
+    other = None if compare is None else _Side("compare", compare, bits, dict(options))
+    parts0 = source.unit(0)
+    scheme0 = main.scheme(d, seed)
+    checks = {"quantizer": _check_side(main, scheme0, d, seed) if check else "skipped (check=False)"}
+    if other is not None:
+        if match_bits:
+            other.bits = _match_bits(other, _measured_bits(scheme0, parts0), d, seed, parts0)[0]
+        other_scheme0 = other.scheme(d, seed)
+        checks["compare"] = _check_side(other, other_scheme0, d, seed) if check else "skipped (check=False)"
+    plan = None if other is None else _plan(check, n_units, alpha, source)
+
+    identities = [main.identity()] + ([] if other is None else [other.identity()])
+    key = None if None in identities else unit_store.store_key(
+        {"sides": identities, "data": source.identity, "units_seed": seed, "top_k": top_k, "kvstats":
+         unit_store.kvstats_digest()})
+    if store is None and out is not None and not is_stream(out):  # a device or FIFO has no folder beside it
+        store = Path(str(out) + ".units")
+    if store is not None and key is None:
+        warnings.warn(f"units are not stored in {str(store)!r}: the source of {main.label!r} or of the comparator "
+                      "cannot be read to identify it, so an interrupted run cannot resume", stacklevel=2)
+        store = None
+    if progress and store is not None and key is not None:
+        have = unit_store.stored_units(n_units, key, store)
+        if have:
+            print(f"resuming: {have} of {n_units} units are stored in {store}", file=sys.stderr)
+
+    def compute(i: int) -> dict:
+        parts = parts0 if i == 0 else source.unit(i)
+        opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, scale=source.scale)
+        row = {"unit": i, **unit_metrics(main.scheme(d, seed + i), parts, **opts)}
+        if other is not None:
+            row |= {f"other:{m}": x for m, x in unit_metrics(other.scheme(d, seed + i), parts, **opts).items()}
+        return row
+
+    try:
+        rows, reused = unit_store.run_units(compute, n_units, key=key, store=store, progress=progress,
+                                            desc=f"evaluate {main.label}")
+    except KeyboardInterrupt:
+        if store is not None:
+            have = unit_store.stored_units(n_units, key, store)
+            print(f"interrupted: {have} of {n_units} units are stored in {store}; run the same command again to "
+                  "resume", file=sys.stderr)
+        raise
+    summary = {m: stats.mean_ci([r[m] for r in rows], confidence_level, n_resamples=n_resamples, seed=seed)
+               for m in METRICS}
+    comparison = {} if other is None else compare_units(rows, alpha=alpha, confidence_level=confidence_level,
+                                                        n_resamples=n_resamples, seed=seed)
+    sides = {"evaluated": ("", main)} | ({} if other is None else {"compared": ("other:", other)})
+    bits_info = {name: {"budget": side.bits, "measured": float(np.mean([r[p + "bits_total"] for r in rows])),
+                        "claimed": float(np.mean([r[p + "bits_claimed"] for r in rows]))}
+                 for name, (p, side) in sides.items()}
+    if other is not None:
+        a, b = bits_info["evaluated"]["measured"], bits_info["compared"]["measured"]
+        bits_info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
+    config = {"quantizer": main.label, "compare": None if other is None else other.label, "bits": bits,
+              "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
+              "data": str(data), "units": len(rows), "unit": source.description, "seed": seed, "top_k": top_k,
+              "softmax_scale": source.scale, "alpha": float(alpha), "confidence_level": confidence_level,
+              "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
+              "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
+              "checks": checks, "inputs": list(source.inputs), "units_reused": reused}
+    ev = Evaluation(config, rows, summary, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
+                    comparison.get("plan"), bits_info,
+                    provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (data and schemes)",
+                                                       "bootstrap": seed}))
+    if out is not None:
+        ev.save(out, force=force)
+        if store is not None:
+            unit_store.remove_units(n_units, key, store)
     return ev
-
-
-def _label(spec) -> str:
-    return spec if isinstance(spec, str) else getattr(spec, "name", None) or getattr(spec, "__name__", repr(spec))
-
-
-def _constant(metric: str, rows, level: float):
-    """A metric equal in every unit (e.g. bits per element): the value with a degenerate CI."""
-    from kvstats.stats import BootstrapResult
-
-    x = float(rows[0][metric])
-    return BootstrapResult(statistic=x, pvalue=math.nan, method="constant over units (no resampling)",
-                           null_hypothesis="none (estimate)", n=len(rows), confidence_interval=(x, x),
-                           ci_of=f"mean {metric}", confidence_level=level)
-
-
-def _compare(rows) -> dict[str, Any]:
-    """Paired Wilcoxon signed-rank test per metric over the units, Holm-corrected across the metrics."""
-    from statsmodels.stats.multitest import multipletests
-
-    from kvstats import stats
-
-    tested = {}
-    for m in METRICS:
-        a = np.array([r[m] for r in rows])
-        b = np.array([r[f"other:{m}"] for r in rows])
-        if np.all(a == b):
-            continue
-        tested[m] = stats.wilcoxon(a, b)
-    if not tested:
-        return {}
-    holm = multipletests([r.pvalue for r in tested.values()], method="holm")[1]
-    return {m: {"test": r, "pvalue_holm": float(p)} for (m, r), p in zip(tested.items(), holm)}

@@ -4,7 +4,8 @@ Every test or estimate returns a frozen dataclass derived from :class:`TestResul
 statistic, the p-value, an effect size where one applies, a confidence interval, the method, the null
 hypothesis in words and the sample size, and prints a readable ``summary()``. ``to_dict()`` gives a
 flat dict ready for a pandas row or JSON. Like scipy's results, a result unpacks into its statistic and
-p-value: ``stat, p = kvstats.stats.wilcoxon(a, b)``.
+p-value: ``stat, p = kvstats.stats.wilcoxon(a, b)``. Confidence intervals are :class:`ConfidenceInterval`
+objects, as in scipy: ``ci.low`` and ``ci.high``, and they unpack as a pair (``lo, hi = result.confidence_interval``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["TestResult"]
+__all__ = ["ConfidenceInterval", "TestResult"]
+
+
+class ConfidenceInterval(NamedTuple):
+    """A confidence interval: ``.low`` and ``.high`` (scipy's ``ConfidenceInterval`` fields); a tuple, so it
+    unpacks as ``lo, hi = ci``, indexes as ``ci[0]`` and is written to JSON as ``[low, high]``."""
+
+    low: float
+    high: float
 
 
 def _fmt(value: Any) -> str:
@@ -39,7 +48,8 @@ class TestResult:
         null_hypothesis: the null in words.
         n: sample size(s), an int or a tuple for two-sample tests.
         effect_size: the headline effect size (nan when none applies); ``effect_size_name`` says which.
-        confidence_interval: (low, high) for the quantity named by ``ci_of`` at ``confidence_level``.
+        confidence_interval: :class:`ConfidenceInterval` (low, high) for the quantity named by ``ci_of`` at
+            ``confidence_level`` (a plain pair given to the constructor is converted).
         extra: further named values (e.g. medians, alternative effect sizes).
     """
 
@@ -52,10 +62,16 @@ class TestResult:
     n: int | tuple[int, ...]
     effect_size: float = float("nan")
     effect_size_name: str = ""
-    confidence_interval: tuple[float, float] = (float("nan"), float("nan"))
+    confidence_interval: ConfidenceInterval = ConfidenceInterval(float("nan"), float("nan"))
     ci_of: str = ""
     confidence_level: float = 0.95
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ci = self.confidence_interval
+        if not isinstance(ci, ConfidenceInterval):
+            low, high = ci
+            object.__setattr__(self, "confidence_interval", ConfidenceInterval(float(low), float(high)))
 
     def __iter__(self) -> Iterator[float]:
         """``stat, p = result``, as with scipy's result objects."""

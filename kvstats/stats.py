@@ -40,15 +40,19 @@ __all__ = [
     "MannWhitneyResult",
     "PowerResult",
     "WilcoxonResult",
+    "MeanResult",
     "bootstrap_ci",
     "compare",
+    "detectable_shift",
     "hodges_lehmann",
     "mann_whitney",
+    "mean_ci",
     "mwu_null_cdf",
     "paired_t_power",
     "ratio_ci",
     "spearman",
     "wilcoxon",
+    "wilcoxon_min_pvalue",
     "wilcoxon_power",
 ]
 
@@ -611,6 +615,65 @@ def ratio_ci(
     return _bootstrap((xa, xb), stat, level, n_resamples, method, seed, name, name, paired=paired)
 
 
+#: Below this many units :func:`mean_ci` uses Student's t interval: BCa's coverage of a mean collapses at few
+#: units (normal data, 300 simulations each: 52% at 2 units, 83% at 5, 91% at 8), the t interval's is exact
+#: for normal data at any n. From here on BCa (coverage within ~1% of nominal for normal data, and it adapts to
+#: skew).
+T_INTERVAL_BELOW = 20
+
+
+@dataclass(frozen=True)
+class MeanResult(TestResult):
+    """Result of :func:`mean_ci`: ``statistic`` the sample mean, ``confidence_interval`` its CI, ``ci_method``
+    the interval used ("Student t", "BCa", "percentile" when BCa is not finite, "constant data"),
+    ``standard_error`` its standard error (s/√n for t, the bootstrap's otherwise); no test (``pvalue`` nan)."""
+
+    standard_error: float = math.nan
+    ci_method: str = ""
+    n_resamples: int = 0
+
+    def summary(self) -> str:
+        return self.summary_with(("standard_error", "ci_method", "n_resamples"))
+
+
+def mean_ci(
+    data,
+    confidence_level: float = 0.95,
+    *,
+    method: str = "auto",
+    n_resamples: int = 9999,
+    seed: int = 0,
+) -> MeanResult:
+    """The mean of ``data`` (independent units) with a confidence interval that covers at small n.
+
+    ``method="auto"``: Student's t interval ``x̄ ± t_{1−α/2, n−1}·s/√n`` (``scipy.stats.ttest_1samp``'s
+    ``confidence_interval``) below :data:`T_INTERVAL_BELOW` units, the BCa bootstrap (:func:`bootstrap_ci`)
+    from there on; ``"t"`` or ``"BCa"`` force one. Constant data give ``[x̄, x̄]``. ``n_resamples`` and
+    ``seed`` are the bootstrap's (unused by the t interval).
+    """
+    x = _sample(data, "data", min_size=2)
+    level = _check_level(confidence_level)
+    if method not in ("auto", "t", "BCa"):
+        raise ValueError(f"method must be 'auto', 't' or 'BCa', got {method!r}")
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "BCa")
+    common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
+                  "interval)", n=x.size, ci_of="mean", confidence_level=level)
+    if np.ptp(x) == 0:
+        return MeanResult(method="mean (constant data)", confidence_interval=(common["statistic"],) * 2,
+                          standard_error=0.0, ci_method="constant data", **common)
+    if how == "t":
+        res = scipy.stats.ttest_1samp(x, 0.0)
+        ci = res.confidence_interval(confidence_level=level)
+        return MeanResult(method=f"mean with Student's t interval ({x.size - 1} df)",
+                          confidence_interval=(float(ci.low), float(ci.high)),
+                          standard_error=float(scipy.stats.sem(x)), ci_method="Student t", **common)
+    boot = bootstrap_ci(x, np.mean, level, n_resamples, seed, method="BCa")
+    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval,
+                      standard_error=boot.standard_error, ci_method=boot.ci_method, n_resamples=n_resamples,
+                      extra={"seed": boot.extra["seed"]}, **common)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Spearman correlation with a bootstrap CI
 
@@ -719,9 +782,10 @@ def _signed_rank_sums(d: np.ndarray, zero_method: str, axis: int = -1) -> tuple[
 
 
 def _matched_rank_biserial(d, zero_method: str, axis: int = -1) -> np.ndarray:
+    """r = (W⁺ − W⁻)/S; 0 for differences that are all zero (W⁺ = W⁻ = 0: no tendency either way), which a
+    bootstrap resample of a sample with zero differences can be."""
     w_plus, w_minus, total = _signed_rank_sums(d, zero_method, axis)
-    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of zeros only: nan, handled by the CI
-        return (w_plus - w_minus) / total
+    return np.divide(w_plus - w_minus, total, out=np.zeros(np.shape(total)), where=np.asarray(total) > 0)
 
 
 @dataclass(frozen=True)
@@ -1013,4 +1077,76 @@ def wilcoxon_power(
         solved_for="power",
         alternative=alternative,
         n_simulations=n_simulations,
+    )
+
+
+def wilcoxon_min_pvalue(n: int, alternative: str = "two-sided") -> float:
+    """The smallest p-value the Wilcoxon signed-rank test can give at ``n`` pairs (every difference of one sign,
+    no ties, no zeros), under the p-value rule of :func:`wilcoxon`: ``2/2ⁿ`` two-sided (``1/2ⁿ`` one-sided) from
+    the exact null up to ``WILCOXON_EXACT_MAX_N`` pairs, the normal approximation's ``2Φ(−z_max)`` beyond,
+    ``z_max = √(3n(n+1)/(2(2n+1)))`` (W⁺ at its maximum n(n+1)/2, mean n(n+1)/4, variance
+    n(n+1)(2n+1)/24). No test on n pairs, whatever the effect, can
+    reach a smaller p; a family of m tests corrected by Holm or Bonferroni needs ``m·p_min < α``."""
+    n = check_int_range(n, "n", 1, 10**9)
+    if alternative not in ("two-sided", "less", "greater"):
+        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    sides = 2.0 if alternative == "two-sided" else 1.0
+    if n <= WILCOXON_EXACT_MAX_N:
+        return min(1.0, sides * 2.0 ** -n)
+    z = math.sqrt(3.0 * n * (n + 1) / (2.0 * (2 * n + 1)))
+    return min(1.0, sides * float(scipy.stats.norm.sf(z)))
+
+
+def detectable_shift(
+    differences,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    alternative: str = "two-sided",
+) -> PowerResult:
+    """The minimum detectable effect of a paired comparison: the smallest mean difference that the Wilcoxon
+    signed-rank test on these ``n`` pairs detects with probability ``power`` at level ``alpha``.
+
+    Solved with statsmodels' ``TTestPower`` for the standardised effect ``d_z`` at ``n·3/π`` pairs (the
+    Wilcoxon test's asymptotic relative efficiency 3/π against the t test on normal differences), then
+    expressed in the units of the differences: ``shift = d_z · sd(differences)`` (``extra["shift"]``). Where
+    the test cannot reach ``alpha`` at n pairs at all (:func:`wilcoxon_min_pvalue`), or the differences have
+    no spread, there is no such effect: ``effect_size`` and ``shift`` are inf and ``extra["reason"]`` says why.
+    Give ``alpha`` already corrected for the family (e.g. α/m).
+    """
+    d = _sample(differences, "differences", min_size=2)
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not float(alpha) < float(power) < 1.0:
+        raise ValueError(f"power must be in (alpha, 1) = ({alpha}, 1), got {power}")
+    n = d.size
+    sd = float(np.std(d, ddof=1))
+    reason = ""
+    floor = wilcoxon_min_pvalue(n, alternative)
+    if floor >= alpha:
+        reason = f"at {n} pairs no Wilcoxon p-value is below alpha = {alpha:.3g} (the smallest is {floor:.3g})"
+    elif not sd > 0:
+        reason = "the differences have no spread (sd 0): the t-based solution is undefined"
+    n_eff = n * 3.0 / math.pi
+    if reason or n_eff < 2:
+        d_z = math.inf
+        reason = reason or f"{n} pairs are too few for the power solution (n·3/π < 2)"
+    else:
+        d_z = paired_t_power(n=n_eff, power=power, alpha=alpha, alternative=alternative).effect_size
+    return PowerResult(
+        statistic=d_z,
+        pvalue=math.nan,
+        method="minimum detectable effect of the Wilcoxon signed-rank test (t-test power at n·3/π pairs, "
+               "statsmodels TTestPower)",
+        null_hypothesis="a - b symmetric about 0",
+        n=n,
+        effect_size=d_z,
+        effect_size_name="Cohen's d_z = mean(a - b) / sd(a - b)",
+        power=float(power),
+        n_pairs=float(n),
+        n_required=n,
+        alpha=float(alpha),
+        solved_for="effect_size",
+        alternative=alternative,
+        extra={"shift": d_z * sd if math.isfinite(d_z) else math.inf, "sd_differences": sd, "reason": reason},
     )

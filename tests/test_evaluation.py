@@ -1,26 +1,34 @@
-"""kvstats.evaluate: per-unit metrics against a float64 recomputation, units, CIs, files and errors."""
+"""kvstats.evaluate: per-unit metrics against a float64 recomputation, units, CIs, checks before measuring,
+measured bits, the comparison's family and plan, files and errors."""
 
 import json
 import math
+import sys
+import textwrap
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 import kvstats
 from kvstats._random import spawn_seeds
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
-from kvstats.evaluation import METRICS, evaluate, resolve_scheme
+from kvstats.evaluation import METRICS, InconclusiveWarning, QuantizerCheckError, evaluate, resolve_scheme
+from kvstats.packing import pack_bits, unpack_bits
+from kvstats.quantizers import BitBudget, Code, Quantizer
+from kvstats.run.comparison import plan_comparison, units_needed
 
 SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
 
 
-def _kl_and_recall_fp64(q, k, scores_hat, top_k, causal=False):
+def _kl_and_recall_fp64(q, k, scores_hat, top_k, causal=False, scale=None):
     """Independent oracle: softmax KL and top-k recall written out in float64 (no kvstats metric code)."""
     q, k, s_hat = q.double(), k.double(), scores_hat.double()
     g = q.shape[1] // k.shape[1]
-    s = torch.einsum("bhnd,bhsd->bhns", q, k.repeat_interleave(g, dim=1)) / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.einsum("bhnd,bhsd->bhns", q, k.repeat_interleave(g, dim=1)) * scale
     if causal:
         n, m = s.shape[-2:]
         mask = torch.ones(n, m, dtype=torch.bool).tril(m - n)
@@ -34,6 +42,13 @@ def _kl_and_recall_fp64(q, k, scores_hat, top_k, causal=False):
     return kl, hits.mean().item()
 
 
+def _strict_json(text: str):
+    """A strict parser: NaN, Infinity and -Infinity are refused, as JSON.parse refuses them."""
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
 def test_unit_metrics_match_fp64_oracle():
     ev = evaluate("turbo_prod", bits=3, data="gaussian", units=3, seed=5, **SMALL)
     assert [u["unit"] for u in ev.units] == [0, 1, 2]
@@ -45,19 +60,24 @@ def test_unit_metrics_match_fp64_oracle():
         kl, recall = _kl_and_recall_fp64(q, k, s_hat, top_k=5)
         assert ev.units[i]["attention_kl"] == pytest.approx(kl, rel=1e-4, abs=1e-7)
         assert ev.units[i]["topk_recall"] == pytest.approx(recall, abs=1e-12)
-        assert ev.units[i]["bits_total"] == pytest.approx(kvstats.quantizer("turbo_prod", bits=3, dim=32)
-                                                          .bits_per_coordinate().total)
+        # bytes per vector by hand: 2-bit indices ceil(32·2/8) = 8, signs 32/8 = 4, two fp32 norms 8 -> 20 bytes
+        assert ev.units[i]["bits_total"] == pytest.approx(8 * 20 / 32, abs=1e-12)
 
 
-def test_summary_is_the_mean_over_units_with_a_ci():
+def test_summary_is_the_mean_over_units_with_a_t_interval_below_20_units():
     ev = evaluate("turbo_mse", bits=2, data="heavy_tail", units=6, **SMALL)
     assert set(ev.summary) == set(METRICS)
     for m, r in ev.summary.items():
-        values = [u[m] for u in ev.units]
-        assert r.statistic == pytest.approx(np.mean(values), rel=1e-12)
-        lo, hi = r.confidence_interval
-        assert lo <= r.statistic <= hi
+        values = np.array([u[m] for u in ev.units])
+        assert r.statistic == pytest.approx(values.mean(), rel=1e-12)
         assert r.n == 6
+        if np.ptp(values) == 0:
+            assert tuple(r.confidence_interval) == (r.statistic, r.statistic)
+            continue
+        half = scipy.stats.t.ppf(0.975, 5) * values.std(ddof=1) / math.sqrt(6)  # the t interval by hand
+        assert r.confidence_interval.low == pytest.approx(values.mean() - half, rel=1e-9)
+        assert r.confidence_interval.high == pytest.approx(values.mean() + half, rel=1e-9)
+        assert r.ci_method == "Student t"
     assert "attention_kl" in ev.table() and "6 units" in ev.table()
 
 
@@ -73,10 +93,15 @@ def test_module_class_spec_and_scheme_spec():
         resolve_scheme("kvstats.quantizers:NoSuchClass", bits=3, dim=32)
 
 
+def _capture(tmp_path, tokens=64, d=16, layers=2, seed=3, **meta):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [tuple(torch.randn(1, h, tokens, d, generator=gen) for h in (2, 1, 1)) for _ in range(layers)]
+    path = save_qkv(tmp_path / "cap.safetensors", tensors, {"model": "random", "n_tokens": tokens, **meta})
+    return path, tensors
+
+
 def test_capture_file_units_are_disjoint_windows(tmp_path):
-    gen = torch.Generator().manual_seed(3)
-    layers = [tuple(torch.randn(1, h, 64, 16, generator=gen) for h in (2, 1, 1)) for _ in range(2)]
-    path = save_qkv(tmp_path / "cap.safetensors", layers, {"model": "random", "n_tokens": 64})
+    path, layers = _capture(tmp_path)
     out = tmp_path / "res" / "eval.json"
     ev = evaluate("turbo_mse", bits=3, data=path, units=None, window=16, out=out, n_resamples=999)
     assert len(ev.units) == 4  # 64 tokens / 16
@@ -88,29 +113,215 @@ def test_capture_file_units_are_disjoint_windows(tmp_path):
         s_hat = scheme.scores(q[:, :, sl], scheme.encode(k[:, :, sl], v[:, :, sl])) / 4.0
         kls.append(_kl_and_recall_fp64(q[:, :, sl], k[:, :, sl], s_hat, 5, causal=True)[0])
     assert ev.units[1]["attention_kl"] == pytest.approx(np.mean(kls), rel=1e-4)
-    saved = json.loads(out.read_text())
+    saved = _strict_json(out.read_text())
     assert saved["config"]["units"] == 4 and len(saved["units"]) == 4
     assert saved["summary"]["attention_kl"]["statistic"] == pytest.approx(ev.summary["attention_kl"].statistic)
     with pytest.raises(ValueError, match="units must be at most 4"):
         evaluate("turbo_mse", bits=3, data=path, units=5, window=16)
+    with pytest.raises(ValueError, match=r"layers must name at least one stored layer"):
+        evaluate("turbo_mse", bits=3, data=path, window=16, layers=[])
 
 
-def test_compare_is_paired_and_holm_corrected():
+def test_capture_softmax_scale_is_the_models(tmp_path):
+    """A capture records attn_scaling (Gemma's query_pre_attn_scalar, ...): the logits use it, not 1/√d."""
+    path, layers = _capture(tmp_path, attn_scaling=0.6)
+    ev = evaluate("turbo_mse", bits=2, data=path, window=32, n_resamples=999)
+    assert ev.config["softmax_scale"] == 0.6
+    scheme = resolve_scheme("turbo_mse", bits=2, dim=16, seed=0)
+    kls = []
+    for q, k, v in layers:
+        sl = slice(0, 32)
+        s_hat = scheme.scores(q[:, :, sl], scheme.encode(k[:, :, sl], v[:, :, sl])) * 0.6
+        kls.append(_kl_and_recall_fp64(q[:, :, sl], k[:, :, sl], s_hat, 5, causal=True, scale=0.6)[0])
+    assert ev.units[0]["attention_kl"] == pytest.approx(np.mean(kls), rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ the comparison
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+def test_compare_is_paired_over_a_family_of_distinct_metrics_and_holm_corrected():
     ev = evaluate("kqv", bits=3, data="gaussian", units=8, compare="qkqv", **SMALL)
-    # K differs (turbo_mse vs turbo_prod); V is turbo_prod with the same seed in both: its errors are equal
-    equal = {m for m in METRICS if all(u[m] == u[f"other:{m}"] for u in ev.units)}
-    assert equal == {"6d_v_direction", "6d_v_norm"}
-    assert set(ev.comparison) == set(METRICS) - equal
-    for m, c in ev.comparison.items():
-        assert 0.0 <= c["test"].pvalue <= c["pvalue_holm"] <= 1.0
-        a = [u[m] for u in ev.units]
-        b = [u[f"other:{m}"] for u in ev.units]
-        from scipy.stats import wilcoxon
-
-        assert c["test"].pvalue == pytest.approx(wilcoxon(a, b).pvalue, rel=1e-9)
-    assert "p (Holm)" in ev.table()
+    # K differs (turbo_mse vs turbo_prod); V is turbo_prod with the same seed in both: its errors are equal;
+    # 6d_attention_kl repeats attention_kl (linear estimators); bits_total is never tested
+    assert set(ev.excluded) == {"6d_v_direction", "6d_v_norm", "6d_attention_kl", "bits_total"}
+    family = [m for m in METRICS if m not in ev.excluded]
+    assert list(ev.comparison) == family
+    raw = [scipy.stats.wilcoxon([u[m] for u in ev.units], [u[f"other:{m}"] for u in ev.units]).pvalue
+           for m in family]
+    order = np.argsort(raw)  # Holm by hand: p_(i)·(m - i), running maximum, at most 1
+    holm = np.empty(len(raw))
+    running = 0.0
+    for rank, j in enumerate(order):
+        running = max(running, min(1.0, raw[j] * (len(raw) - rank)))
+        holm[j] = running
+    for m, p, h in zip(family, raw, holm):
+        c = ev.comparison[m]
+        assert c["test"].pvalue == pytest.approx(p, rel=1e-9)
+        assert c["pvalue_holm"] == pytest.approx(h, rel=1e-9)
+        assert c["significant"] == (h < 0.05)
+    assert "p (Holm)" in ev.table() and "qkqv mean" in ev.table() and "rank-biserial of kqv − qkqv" in ev.table()
     same = evaluate("kqv", bits=3, data="gaussian", units=3, compare="kqv", **SMALL)
     assert same.comparison == {}  # equal in every unit: nothing to test
+
+
+def test_the_documented_comparison_concludes_with_default_units():
+    ev = evaluate("kqv", bits=4, data="gaussian", compare="qkqv")
+    assert len(ev.units) == 16 and ev.plan.can_conclude
+    assert ev.comparison["attention_kl"]["pvalue_holm"] < 0.05
+
+
+def test_a_comparison_that_cannot_conclude_says_so_with_the_units_needed():
+    # oracle: the smallest two-sided p of scipy's exact Wilcoxon at n pairs is that of n positive differences
+    floor = {n: scipy.stats.wilcoxon(np.arange(1.0, n + 1)).pvalue for n in (8, 9)}
+    assert plan_comparison(8, 7, 0.05).smallest_pvalue == pytest.approx(7 * floor[8], rel=1e-12)
+    assert 7 * floor[8] >= 0.05 > 7 * floor[9] and units_needed(7, 0.05) == 9
+    with pytest.warns(InconclusiveWarning, match=r"needs at least 9 units: pass units=9 \(--units 9\)"):
+        ev = evaluate("kqv", bits=3, data="gaussian", units=8, compare="qkqv", **SMALL)
+    assert not ev.plan.can_conclude and ev.plan.family_size == 7  # before running: 7 candidate metrics
+    assert ev.family_plan.family_size == 5 and ev.family_plan.can_conclude  # 2 V metrics turned out equal
+    with pytest.warns(InconclusiveWarning):
+        few = evaluate("kqv", bits=3, data="gaussian", units=5, compare="qkqv", **SMALL)
+    assert not few.family_plan.can_conclude and "cannot conclude" in few.table()
+
+
+def _shifted_turbo_mse(bits, dim, seed):
+    return kvstats.quantizer("turbo_mse", bits=bits, dim=dim, seed=seed + 1)
+
+
+def test_non_significant_rows_carry_a_detectable_shift():
+    """turbo_mse against itself with other rotations: no real difference, so rows are not significant and each
+    gets the shift the test could detect; a row that is significant gets none."""
+    ev = evaluate("turbo_mse", bits=2, data="gaussian", units=12, compare=_shifted_turbo_mse, **SMALL)
+    rows = [c for c in ev.comparison.values() if not c["significant"]]
+    assert rows
+    for m, c in ev.comparison.items():
+        shift = c["detectable_shift"]
+        if c["significant"]:
+            assert shift is None
+            continue
+        sd = np.std([u[m] - u[f"other:{m}"] for u in ev.units], ddof=1)
+        assert shift.alpha == pytest.approx(0.05 / len(ev.comparison))
+        assert shift.extra["shift"] == pytest.approx(shift.effect_size * sd, rel=1e-12) and shift.extra["shift"] > 0
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+def test_unequal_bits_are_flagged_and_match_bits_picks_the_comparators_budget():
+    ev = evaluate("turbo_mse", bits=4, data="gaussian", units=3, compare="qkqv", **SMALL)
+    assert ev.bits["matched"] is False and "not bit-matched" in ev.table()
+    # by hand at d = 32: turbo_mse(4) holds 4 + 32/32 = 5 bits; qkqv(n) holds n + 2·32/32 = n + 2 bits
+    assert ev.bits["evaluated"]["measured"] == pytest.approx(5.0)
+    assert ev.bits["compared"]["measured"] == pytest.approx(6.0)
+    matched = evaluate("turbo_mse", bits=4, data="gaussian", units=3, compare="qkqv", match_bits=True, **SMALL)
+    assert matched.config["compare_bits"] == 3 and matched.bits["compared"]["measured"] == pytest.approx(5.0)
+    assert matched.bits["matched"] is True
+
+
+# -------------------------------------------------------------------------------- checks before measuring
+
+
+class Int4(Quantizer):
+    """Symmetric per-token int4, scale fp32 per vector: 4 + 32/d bits per element."""
+
+    name = "int4"
+    min_bits = max_bits = 4
+
+    def _encode(self, x):
+        xa = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        scale = xa.abs().amax(-1) / 7
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = (torch.round(xa / safe.unsqueeze(-1)).clamp(-8, 7) + 8).to(torch.int64)
+        return Code(x.shape, x.dtype, payload={"codes": pack_bits(codes, 4)}, scalars={"scale": scale.float()})
+
+    def _decode(self, code):
+        return ((unpack_bits(code.payload["codes"], 4, self.dim).float() - 8) * code.scalars["scale"][..., None]
+                ).to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=4.0, side=32 / self.dim)
+
+
+class ClaimsThreeBits(Int4):
+    min_bits, max_bits = 3, 4
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=3.0)
+
+
+class Nondeterministic(Int4):
+    def _encode(self, x):
+        return super()._encode(x + 1e-2 * torch.randn_like(x))
+
+
+class BreaksOnOneToken(Int4):
+    def _encode(self, x):
+        if x.dim() >= 2 and x.shape[-2] == 1:
+            raise RuntimeError("cannot group a single token")
+        return super()._encode(x)
+
+
+@pytest.mark.parametrize("cls, check", [(ClaimsThreeBits, "bits"), (Nondeterministic, "determinism"),
+                                        (BreaksOnOneToken, "cache")])
+def test_a_failing_quantizer_is_refused_naming_the_check(cls, check):
+    bits = 3 if cls is ClaimsThreeBits else 4
+    with pytest.raises(QuantizerCheckError, match=rf"^quantizer '{cls.__name__}': its K quantizer fails the "
+                                                  rf"conformance checks: check_quantizer\[{check}\]"):
+        evaluate(cls, bits=bits, data="gaussian", units=2, **SMALL)
+
+
+def test_no_check_measures_anyway_and_reports_the_bits_held():
+    ev = evaluate(ClaimsThreeBits, bits=3, data="gaussian", units=2, check=False, **SMALL)
+    assert ev.config["checks"] == {"quantizer": "skipped (check=False)"}
+    assert ev.bits["evaluated"]["claimed"] == 3.0
+    assert ev.bits["evaluated"]["measured"] == pytest.approx(4 + 32 / 32)  # what the codes hold, by hand
+    assert ev.summary["bits_total"].statistic == pytest.approx(5.0)
+    assert "it claims 3" in ev.table()
+
+
+class DuckInt4:
+    """The protocol without subclassing Quantizer: encode, decode, inner, bits_per_coordinate, dim, seed."""
+
+    def __init__(self, bits, dim, seed=0):
+        self.inner_q, self.dim, self.seed, self.bits = Int4(4, dim, seed), dim, seed, bits
+
+    def encode(self, x):
+        return self.inner_q.encode(x)
+
+    def decode(self, code):
+        return self.inner_q.decode(code)
+
+    def inner(self, query, code):
+        return self.inner_q.inner(query, code)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return self.inner_q.bits_per_coordinate(n_tokens)
+
+    def __repr__(self):
+        return f"DuckInt4(dim={self.dim}, seed={self.seed})"
+
+
+def test_a_duck_typed_quantizer_is_evaluated():
+    ev = evaluate(DuckInt4, bits=4, data="gaussian", units=2, **SMALL)
+    assert ev.config["checks"]["quantizer"] == {"K": "passed", "V": "passed"}
+    class NoInner(DuckInt4):
+        inner = None
+
+    with pytest.raises(TypeError, match=r"built a NoInner for K with no method\(s\) \['inner'\]"):
+        evaluate(NoInner, bits=4, data="gaussian", units=2, **SMALL)
+
+
+def test_compare_errors_name_the_side_and_nova_is_refused_uncalibrated():
+    with pytest.raises(ValueError, match=r"^compare 'Int4': bits must be in \[4, 4\], got 2"):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, compare=Int4, **SMALL)
+    with pytest.raises(ValueError, match="needs calibration"):
+        evaluate("nova", bits=2, data="gaussian", units=2, **SMALL)
+
+
+def test_seed_none_draws_a_fresh_seed_and_records_it():
+    ev = evaluate("turbo_mse", bits=2, data="gaussian", units=2, seed=None, **SMALL)
+    again = evaluate("turbo_mse", bits=2, data="gaussian", units=2, seed=ev.config["seed"], **SMALL)
+    assert [u["attention_kl"] for u in ev.units] == [u["attention_kl"] for u in again.units]
+    assert ev.provenance["seeds"]["seed"] == ev.config["seed"]
 
 
 def test_bad_input():
@@ -120,6 +331,111 @@ def test_bad_input():
         evaluate("turbo_mse", bits=3, data="gaussian", units=1)
     with pytest.raises(ValueError, match="bits"):
         evaluate("turbo_mse", bits=9, data="gaussian")
+    with pytest.raises(ValueError, match="alpha"):
+        evaluate("turbo_mse", bits=3, data="gaussian", alpha=1.5)
+
+
+# ---------------------------------------------------------------------------------------- files and resume
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+def test_results_are_strict_json_with_provenance(tmp_path):
+    out = tmp_path / "r.json"
+    ev = evaluate("kqv", bits=3, data="gaussian", units=3, compare="qkqv", out=out, **SMALL)
+    saved = _strict_json(out.read_text())
+    assert saved["schema"] == "kvstats-evaluation/2"
+    prov = saved["provenance"]
+    assert set(prov) >= {"kvstats_commit", "versions", "device", "started", "finished", "wall_seconds", "command",
+                         "seeds"}
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["kvstats"] == kvstats.__version__
+    assert prov["device"]["torch_threads"] == torch.get_num_threads()
+    # NaN never written: the estimates' p-values are null, with the reason beside them
+    kl = saved["summary"]["attention_kl"]
+    assert kl["pvalue"] is None and "estimate" in kl["null_reasons"]["pvalue"]
+    assert saved["units"][0]["bits_total"] == ev.units[0]["bits_total"]
+    assert not (tmp_path / "r.json.units").exists()  # the unit store is removed once the results are written
+
+
+def test_an_interrupted_run_resumes_from_its_stored_units(tmp_path, monkeypatch):
+    import kvstats.run.units as units_module
+
+    out = tmp_path / "r.json"
+    args = dict(bits=2, data="gaussian", units=5, out=out, **SMALL)
+    real = units_module.unit_metrics
+    calls = {"n": 0}
+
+    def interrupt_at_the_fourth_unit(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(units_module, "unit_metrics", interrupt_at_the_fourth_unit)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate("turbo_mse", **args)
+    assert not out.exists() and len(list((tmp_path / "r.json.units" / "evaluate").glob("*.json"))) == 3
+    monkeypatch.setattr(units_module, "unit_metrics", real)
+    resumed = evaluate("turbo_mse", **args)
+    assert resumed.config["units_reused"] == 3
+    fresh = evaluate("turbo_mse", **{**args, "out": tmp_path / "fresh.json"})
+    assert resumed.units == fresh.units
+
+
+def test_out_is_checked_before_any_work(tmp_path, monkeypatch):
+    import kvstats.run.units as units_module
+
+    monkeypatch.setattr(units_module, "unit_metrics", lambda *a, **k: pytest.fail("a unit ran"))
+    existing = tmp_path / "done.json"
+    existing.write_text("{}")
+    with pytest.raises(FileExistsError, match="exists; pass --force"):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=existing, **SMALL)
+    assert existing.read_text() == "{}"
+    with pytest.raises(ValueError, match="is a folder"):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=tmp_path, **SMALL)
+
+
+def test_out_never_destroys_a_device_a_fifo_a_symlink_or_the_input(tmp_path):
+    import hashlib
+    import os
+    import stat
+    import threading
+
+    from kvstats._files import is_stream
+
+    assert is_stream("/dev/null")  # written through, never replaced (the next call runs as the CI user)
+    evaluate("turbo_mse", bits=2, data="gaussian", units=2, out="/dev/null", **SMALL)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("text", fifo.read_text()))
+    reader.start()
+    evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=fifo, **SMALL)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and _strict_json(got["text"])["config"]["units"] == 2
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=link, **SMALL)
+    evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=link, force=True, **SMALL)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert _strict_json(target.read_text())["config"]["units"] == 2
+
+    cap, _ = _capture(tmp_path)
+    before = hashlib.sha256(cap.read_bytes()).hexdigest()
+    for out in (cap, tmp_path / "cap_link.safetensors"):
+        if out != cap:
+            out.symlink_to(cap)
+        with pytest.raises(ValueError, match="is the input"):
+            evaluate("turbo_mse", bits=2, data=cap, window=16, out=out, force=True)
+    assert hashlib.sha256(cap.read_bytes()).hexdigest() == before
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
 
 
 def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
@@ -127,20 +443,39 @@ def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
 
     out = tmp_path / "synthetic.json"
     assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--data", "gaussian", "--units", "3",
-                 "--dim", "32", "--out", str(out)]) == 0
+                 "--dim", "32", "--out", str(out), "--no-progress"]) == 0
     table = capsys.readouterr().out
     assert "turbo_mse at 3 bits on gaussian (3 units" in table and "attention_kl" in table
-    saved = json.loads(out.read_text())
+    saved = _strict_json(out.read_text())
     direct = evaluate("turbo_mse", bits=3, data="gaussian", units=3, dim=32, n_resamples=999)
     assert [u["attention_kl"] for u in saved["units"]] == [u["attention_kl"] for u in direct.units]
+    assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--units", "3", "--dim", "32", "--out",
+                 str(out), "--no-progress"]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
 
-    gen = torch.Generator().manual_seed(1)
-    layers = [tuple(torch.randn(1, h, 48, 16, generator=gen) for h in (2, 1, 1))]
-    cap = save_qkv(tmp_path / "cap.safetensors", layers, {"model": "random", "n_tokens": 48})
+    cap, _ = _capture(tmp_path, tokens=48)
     assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--data", str(cap), "--window", "16",
-                 "--compare", "kv", "--json"]) == 0
-    payload = json.loads(capsys.readouterr().out)
+                 "--compare", "kv", "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    payload = _strict_json(captured.out)
     assert payload["config"]["units"] == 3 and set(payload["comparison"]) <= set(METRICS)
+    assert "note: with 3 units" in captured.err and "cannot conclude" in captured.err
+
+
+def test_cli_imports_module_class_from_the_current_folder(tmp_path, capsys, monkeypatch):
+    from kvstats.cli import main
+
+    (tmp_path / "myquant.py").write_text(textwrap.dedent('''
+        from kvstats.quantizers import quantizer
+
+        def Lloyd3(bits, dim, seed):
+            return quantizer("lloyd", bits=bits, dim=dim, seed=seed)
+    '''))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert main(["evaluate", "--quantizer", "myquant:Lloyd3", "--bits", "3", "--units", "2", "--dim", "32",
+                 "--no-progress"]) == 0
+    assert "myquant:Lloyd3 at 3 bits" in capsys.readouterr().out
 
 
 def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
@@ -151,3 +486,6 @@ def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("kvstats evaluate: error:") and "nope" in err and "Traceback" not in err
     assert main(["evaluate", "--quantizer", "kqv", "--bits", "3", "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+    assert main(["evaluate", "--quantizer", "tests.test_evaluation:ClaimsThreeBits", "--bits", "3", "--units", "2",
+                 "--dim", "32", "--no-progress"]) == 2
+    assert "check_quantizer[bits]" in capsys.readouterr().err

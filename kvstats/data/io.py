@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from kvstats._files import check_output_path, write_output
 from kvstats._validation import check_float_tensor
 
 __all__ = ["FORMAT", "LayerQKV", "QKVFile", "check_output_path", "save_qkv", "load_qkv"]
@@ -53,30 +54,9 @@ def _as_layer(item, index: int) -> LayerQKV:
     raise TypeError(f"layers[{index}] must be a LayerQKV or a (q, k, v) tuple, got {type(item).__name__}")
 
 
-def check_output_path(path: str | os.PathLike, name: str = "out") -> Path:
-    """Check, before any work, that a file can be written at ``path``; return it as a Path.
-
-    Refused (ValueError naming ``name`` and the path): an existing folder, a parent that is a file, a folder
-    that cannot be written to. Missing parent folders are fine (they are created when the file is written).
-    """
-    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise TypeError(f"{name} must be a file path, got {path!r}")
-    path = Path(path)
-    if path.is_dir():
-        example = str(path / "qkv.safetensors")
-        raise ValueError(f"{name} {str(path)!r} is a folder; give a file path such as {example!r}")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{name} {str(path)!r}: {str(parent)!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{name} {str(path)!r}: folder {str(parent)!r} is not writable")
-    return path
-
-
 def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], metadata: Mapping[str, Any]) -> Path:
-    """Write per-layer Q/K/V and metadata to ``path`` (atomically: a temporary file, then a rename).
+    """Write per-layer Q/K/V and metadata to ``path`` (atomically: a temporary file, then a rename; a symlink's
+    target is written, a device or FIFO written through, never replaced: :func:`kvstats._files.write_output`).
 
     Args:
         path: destination file (``.safetensors``); parent folders are created.
@@ -130,15 +110,8 @@ def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], meta
     from safetensors.torch import save_file
 
     path = check_output_path(path, "path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        save_file(tensors, str(tmp), metadata=header)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # nothing left behind when the write failed
-    return path
+    # a temporary file renamed over a regular file (never half written); a device or FIFO written through
+    return write_output(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
 
 
 class QKVFile:

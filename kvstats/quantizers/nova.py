@@ -297,6 +297,7 @@ class NovaQuantizer(Quantizer):
     """
 
     name = "nova"
+    needs_calibration = True
     storage_options = {"scale": "scale_dtype"}
 
     def __init__(self, bits: int = 2, dim: int = 128, seed: int = 0, *, group_dim: int | None = None,

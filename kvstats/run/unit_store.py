@@ -1,0 +1,114 @@
+"""Resumable units: each finished unit of an evaluation is stored at once, and a rerun with the same arguments
+computes only the missing ones (the study runner's cell store, :class:`kvstats.sweep.Sweep`, one cell a unit).
+
+    rows, reused = run_units(compute, 16, key=key, store=Path("results.json.units"), progress=True)
+
+The key identifies everything a unit's numbers depend on: the evaluation's arguments, the data (a capture by
+its sha256), and the *code* of both quantizers — a class or factory by the sha256 of the source file that
+defines it, kvstats' own by the digest of kvstats' sources — so that a unit computed by an older version of a
+quantizer is never reused for a newer one. Where the source cannot be read (a class typed into a REPL),
+:func:`code_identity` returns None and the evaluation stores nothing (it says so).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_units", "store_key"]
+
+#: Part of every unit's key: bump when what a unit row means changes.
+STORE_VERSION = "2"
+
+
+@functools.lru_cache(maxsize=1)
+def kvstats_digest() -> str:
+    """sha256 of kvstats' Python sources and the compiled extension's file (size and mtime): kvstats' own code."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    for lib in sorted(root.glob("_C*")):
+        st = lib.stat()
+        digest.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:24]
+
+
+def code_identity(obj: Any) -> dict | None:
+    """What identifies the code of ``obj`` (a class, a function, or an instance of a class) across runs:
+    its module and qualified name and the sha256 of its source file (kvstats' own: :func:`kvstats_digest`);
+    None when the source file cannot be found or read."""
+    target = obj if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj) else type(obj)
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", repr(target))
+    if module == "kvstats" or module.startswith("kvstats."):
+        return {"module": module, "name": name, "source": f"kvstats {kvstats_digest()}"}
+    try:
+        source = inspect.getsourcefile(target)
+        text = Path(source).read_bytes() if source else None
+    except (OSError, TypeError):
+        text = None
+    if text is None:
+        return None
+    return {"module": module, "name": name, "source": hashlib.sha256(text).hexdigest()[:24]}
+
+
+def store_key(fields: dict) -> str:
+    """The 24-hex-digit key of an evaluation: sha256 of its identifying fields as canonical JSON."""
+    blob = json.dumps({"version": STORE_VERSION, **fields}, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _sweep(compute: Callable[[int], dict] | None, n: int, key: str):
+    from kvstats.sweep import Sweep
+
+    def cell(evaluation: str, unit: int) -> list[dict]:
+        return [compute(unit)]
+
+    return Sweep("evaluate", cell, [{"evaluation": key, "unit": i} for i in range(n)], version=STORE_VERSION)
+
+
+def run_units(compute: Callable[[int], dict], n: int, *, key: str | None, store: str | os.PathLike | None,
+              progress: bool = False, desc: str = "units") -> tuple[list[dict], int]:
+    """``[compute(i) for i in range(n)]``, each stored under ``store`` as it finishes (when ``store`` and ``key``
+    are given) and read back instead of computed on a rerun. Returns (rows in unit order, how many were reused).
+    A progress bar (tqdm, stderr) counts units with the time left when ``progress``."""
+    if store is None or key is None:
+        from tqdm.auto import tqdm
+
+        rows = []
+        with tqdm(total=n, desc=desc, unit="unit", disable=not progress, mininterval=1.0, dynamic_ncols=True) as bar:
+            for i in range(n):
+                rows.append(compute(i))
+                bar.update(1)
+        return rows, 0
+    sweep = _sweep(compute, n, key)
+    reused = n - len(sweep.pending(store))
+    sweep.run(n_jobs=1, threads=None, cache_dir=store, progress=progress)
+    return [sweep.load(cell, store)[0] for cell in sweep.cells], reused
+
+
+def stored_units(n: int, key: str, store: str | os.PathLike) -> int:
+    """How many of the ``n`` units of evaluation ``key`` are stored under ``store``."""
+    sweep = _sweep(None, n, key)
+    return sum(sweep.path(cell, store).is_file() for cell in sweep.cells)
+
+
+def remove_units(n: int, key: str, store: str | os.PathLike) -> None:
+    """Delete the stored units of evaluation ``key`` (after its results file is written), then the store's
+    folders if nothing else is left in them."""
+    sweep = _sweep(None, n, key)
+    for cell in sweep.cells:
+        sweep.path(cell, store).unlink(missing_ok=True)
+    for folder in (Path(store) / "evaluate", Path(store)):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another evaluation's units) or already gone
+            pass
