@@ -57,8 +57,9 @@ def check_output_path(path: str | os.PathLike, name: str = "out", *, force: bool
         inputs: files the run reads; none of them may be the output.
 
     Raises:
-        TypeError for a non-path; ValueError naming ``name`` and the path otherwise; FileExistsError for an
-        existing file without ``force``.
+        TypeError: ``path`` is not a path.
+        FileExistsError: an existing regular file without ``force``.
+        ValueError: any other refusal, naming ``name`` and the path.
     """
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or not str(path):
         raise TypeError(f"{name} must be a file path, got {path!r}")

@@ -208,8 +208,10 @@ def test_default_tokens_are_bounded_and_progress_is_shown(tiny_folder, text_file
     assert rc == 0 and load_qkv(out).metadata["n_tokens"] == 20
     assert "2/2" in captured.err and "layer" in captured.err
     monkeypatch.setattr(cli, "CAPTURE_TOKENS", 1000)  # longer than the text: the whole text (64 tokens)
-    assert _capture(tiny_folder, text_file, out) == 0 and load_qkv(out).metadata["n_tokens"] == 64
-    assert _capture(tiny_folder, text_file, out, "--tokens", "all") == 0
+    assert _capture(tiny_folder, text_file, out) == 2  # an existing --out is refused without --force
+    assert "exists; pass --force" in capsys.readouterr().err and load_qkv(out).metadata["n_tokens"] == 20
+    assert _capture(tiny_folder, text_file, out, "--force") == 0 and load_qkv(out).metadata["n_tokens"] == 64
+    assert _capture(tiny_folder, text_file, out, "--tokens", "all", "--force") == 0
     assert load_qkv(out).metadata["n_tokens"] == 64
     assert sorted(p.name for p in out_dir.iterdir()) == ["cap.safetensors"]
 

@@ -489,3 +489,12 @@ def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
     assert main(["evaluate", "--quantizer", "tests.test_evaluation:ClaimsThreeBits", "--bits", "3", "--units", "2",
                  "--dim", "32", "--no-progress"]) == 2
     assert "check_quantizer[bits]" in capsys.readouterr().err
+
+
+def test_minmax_bits_are_those_its_codes_hold_at_a_window_that_is_not_a_multiple_of_d():
+    """K per channel over groups of d = 32 tokens at 48 tokens: 2 groups, the second partial. By hand, per KV
+    head: K payload 48 · 8 bytes + 32 channels · 2 groups · (lo, step in fp16) 4 bytes = 640; V per token
+    48 · (8 + 4) = 576; bits per element 8 · (640 + 576) / (2 · 48 · 32) = 3.1667."""
+    ev = evaluate("minmax", bits=2, data="gaussian", units=2, **SMALL)
+    assert ev.bits["evaluated"]["measured"] == pytest.approx(8 * (640 + 576) / (2 * 48 * 32), rel=1e-12)
+    assert ev.summary["bits_total"].statistic == pytest.approx(ev.bits["evaluated"]["measured"], rel=1e-12)
