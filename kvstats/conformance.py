@@ -113,7 +113,7 @@ def _held_bytes(code: Code) -> int:
 
 def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None,
                     build: Callable[..., object] | None = None, linear: bool = True, n_tokens: int = 24,
-                    seed: int = 0) -> None:
+                    heads: int | None = None, seed: int = 0) -> None:
     """Run the protocol checks (module docstring) on ``quantizer``; raise AssertionError naming the failed one.
 
     Args:
@@ -126,22 +126,26 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
             ``quantizer.max_bits`` (when the quantizer has one).
         linear: whether inner(q, code) must equal ⟨q, decode(code)⟩ (see the ``inner`` check).
         n_tokens: tokens per encoded batch (axis −2); the ``bits`` check also uses ``2·n_tokens + 9``.
+        heads: None (default): the general protocol, x of any shape ``[..., n, d]`` (the data are
+            ``[2, 3, n, d]`` and ``[n, d]``); an int H: a quantizer of whole caches, checked on
+            ``[2, H, n, d]`` alone, what a Scheme and the cache pass (e.g. one quantizer per KV head).
         seed: seed of the random test data.
     """
     check = _Check(quantizer)
     q = quantizer
     budget = _protocol(check, q, n_tokens)
-    x = _draw((BATCH, HEADS, n_tokens, q.dim), seed)
-    query = _draw((BATCH, HEADS, 5, q.dim), seed + 1)
-    code, x_hat, scores = _shapes(check, q, x, query)
+    h = HEADS if heads is None else heads
+    x = _draw((BATCH, h, n_tokens, q.dim), seed)
+    query = _draw((BATCH, h, 5, q.dim), seed + 1)
+    code, x_hat, scores = _shapes(check, q, x, query, any_shape=heads is None)
     _inputs_and_dtypes(check, q, x, query)
     _reconstruction(check, q, x, build, seed)
     _determinism(check, q, x, query, code, x_hat, factory, build)
-    _cache(check, q, seed)
-    _bits(check, q, budget, n_tokens, seed)
+    _cache(check, q, seed, h)
+    _bits(check, q, budget, n_tokens, seed, h)
     if linear:
         _inner(check, query, x_hat, scores)
-    _bad_input(check, q, x, seed)
+    _bad_input(check, q, x, query, seed, any_shape=heads is None)
 
 
 # ------------------------------------------------------------------------------------------------- checks
@@ -192,7 +196,7 @@ def _code_fields(check: _Check, code, where: str) -> None:
         _code_fields(check, part, f"{where} (part {key!r})")
 
 
-def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor):
+def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor, any_shape: bool):
     b, h, n, d = x.shape
     with check.running("shapes", f"encoding x of shape {tuple(x.shape)}"):
         code = q.encode(x)
@@ -207,10 +211,11 @@ def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor):
     check.that(tuple(scores.shape) == (b, h, 5, n), "shapes",
                f"inner(query [{b}, {h}, 5, d], code of [{b}, {h}, {n}, d]) gave {tuple(scores.shape)}, "
                f"expected ({b}, {h}, 5, {n})")
-    with check.running("shapes", "encoding a 2-D x [n, d]"):
-        flat = q.encode(x[0, 0])
-        flat_scores = q.inner(query[0, 0], flat)
-    check.that(tuple(flat_scores.shape) == (5, n), "shapes", "inner on a 2-D query and code must give [n_q, n_k]")
+    if any_shape:
+        with check.running("shapes", "encoding a 2-D x [n, d]"):
+            flat = q.encode(x[0, 0])
+            flat_scores = q.inner(query[0, 0], flat)
+        check.that(tuple(flat_scores.shape) == (5, n), "shapes", "inner on a 2-D query and code must give [n_q, n_k]")
     return code, x_hat, scores
 
 
@@ -318,12 +323,12 @@ def _cloned_fields(code: Code) -> dict:
             "parts": {k: dataclasses.replace(p, **_cloned_fields(p)) for k, p in code.parts.items()}}
 
 
-def _bits(check: _Check, q, budget, n_tokens: int, seed: int) -> None:
+def _bits(check: _Check, q, budget, n_tokens: int, seed: int, heads: int) -> None:
     for n in (n_tokens, 2 * n_tokens + 9):
         with check.running("bits", f"bits_per_coordinate(n_tokens={n})"):
             at_n = budget if n == n_tokens else q.bits_per_coordinate(n_tokens=n)
         _budget(check, at_n, f"bits_per_coordinate(n_tokens={n})")
-        x = _draw((BATCH, HEADS, n, q.dim), seed + 2)
+        x = _draw((BATCH, heads, n, q.dim), seed + 2)
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             with check.running("bits", f"encoding {dtype} input of {n} tokens"):
                 code = q.encode(x.to(dtype))
@@ -356,16 +361,16 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).abs() <= 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).all())
 
 
-def _cache(check: _Check, q, seed: int) -> None:
+def _cache(check: _Check, q, seed: int, heads: int) -> None:
     n = 9  # odd; split below as 1 + 1 + 3 + 4 tokens: one-token decode steps and odd prefill chunks
-    x = _draw((BATCH, HEADS, n, q.dim), seed + 3)
-    query = _draw((BATCH, HEADS, 5, q.dim), seed + 4)
+    x = _draw((BATCH, heads, n, q.dim), seed + 3)
+    query = _draw((BATCH, heads, 5, q.dim), seed + 4)
     with check.running("cache", "encoding one token"):
         one = q.encode(x[..., :1, :])
         one_hat = q.decode(one)
         one_scores = q.inner(query, one)
-    check.that(tuple(one_hat.shape) == (BATCH, HEADS, 1, q.dim) and tuple(one_scores.shape) == (BATCH, HEADS, 5, 1),
-               "cache", f"a one-token x [{BATCH}, {HEADS}, 1, d] decoded to {tuple(one_hat.shape)} and scored "
+    check.that(tuple(one_hat.shape) == (BATCH, heads, 1, q.dim) and tuple(one_scores.shape) == (BATCH, heads, 5, 1),
+               "cache", f"a one-token x [{BATCH}, {heads}, 1, d] decoded to {tuple(one_hat.shape)} and scored "
                f"{tuple(one_scores.shape)}")
     with check.running("cache", f"encoding {n} tokens"):
         code = q.encode(x)
@@ -408,9 +413,13 @@ def _cache(check: _Check, q, seed: int) -> None:
                "the first 5 tokens of a per-vector code (crop) do not decode to the first 5 rows of x̂")
 
 
-def _bad_input(check: _Check, q, x: torch.Tensor, seed: int) -> None:
+def _bad_input(check: _Check, q, x: torch.Tensor, query: torch.Tensor, seed: int, any_shape: bool) -> None:
     d = q.dim
-    flat = q.encode(x[0, 0])
+    with check.running("bad input", "encoding x"):
+        flat = q.encode(x[0, 0] if any_shape else x)
+    good_query = query[0, 0] if any_shape else query
+    nan_query = good_query.clone().index_fill_(-1, torch.tensor([0]), float("nan"))
+    wrong_query = _draw((*good_query.shape[:-1], d + 1), seed)
     bad_x = {"NaN": x.clone().index_fill_(-1, torch.tensor([0]), float("nan")),
              "inf": x.clone().index_fill_(-1, torch.tensor([0]), float("inf")),
              "a wrong last dim": _draw((4, d + 1), seed),
@@ -418,8 +427,8 @@ def _bad_input(check: _Check, q, x: torch.Tensor, seed: int) -> None:
              "an integer tensor": torch.ones(4, d, dtype=torch.int64),
              "a list": [[0.0] * d]}
     cases = [(f"encode of {what}", lambda v=v: q.encode(v)) for what, v in bad_x.items()]
-    cases += [("inner with a NaN query", lambda: q.inner(bad_x["NaN"][0, 0, :5], flat)),
-              ("inner with a query of the wrong dim", lambda: q.inner(_draw((5, d + 1), seed), flat)),
+    cases += [("inner with a NaN query", lambda: q.inner(nan_query, flat)),
+              ("inner with a query of the wrong dim", lambda: q.inner(wrong_query, flat)),
               ("decode of a non-Code", lambda: q.decode({"payload": {}}))]
     for what, call in cases:
         try:

@@ -210,8 +210,9 @@ class _Side:
                 "options": {k: repr(v) for k, v in sorted(self.options.items())}}
 
 
-def _check_side(side: _Side, scheme, dim: int, seed: int) -> dict[str, str]:
-    """check_quantizer on the side's K and V quantizers; QuantizerCheckError naming the side and the check."""
+def _check_side(side: _Side, scheme, dim: int, seed: int, heads: int) -> dict[str, str]:
+    """check_quantizer on the side's K and V quantizers, on caches of the data's ``heads`` KV heads (what the
+    scheme will be given); QuantizerCheckError naming the side and the check."""
     from kvstats.conformance import check_quantizer
     from kvstats.schemes import SCHEMES, Scheme
 
@@ -226,7 +227,7 @@ def _check_side(side: _Side, scheme, dim: int, seed: int) -> dict[str, str]:
             return getattr(side.scheme(dim, seed), _part)
 
         try:
-            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder)
+            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder, heads=heads)
         except AssertionError as exc:
             raise QuantizerCheckError(
                 f"{side.role} {side.label!r}: its {part.upper()} quantizer fails the conformance checks: {exc}. Fix "
@@ -533,12 +534,13 @@ def evaluate(
     other = None if compare is None else _Side("compare", compare, bits, dict(options))
     parts0 = source.unit(0)
     scheme0 = main.scheme(d, seed)
-    checks = {"quantizer": _check_side(main, scheme0, d, seed) if check else "skipped (check=False)"}
+    heads = source.kv_heads
+    checks = {"quantizer": _check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
     if other is not None:
         if match_bits:
             other.bits = _match_bits(other, _measured_bits(scheme0, parts0), d, seed, parts0)[0]
         other_scheme0 = other.scheme(d, seed)
-        checks["compare"] = _check_side(other, other_scheme0, d, seed) if check else "skipped (check=False)"
+        checks["compare"] = _check_side(other, other_scheme0, d, seed, heads) if check else "skipped (check=False)"
     plan = None if other is None else _plan(check, n_units, alpha, source)
 
     identities = [main.identity()] + ([] if other is None else [other.identity()])

@@ -498,3 +498,17 @@ def test_minmax_bits_are_those_its_codes_hold_at_a_window_that_is_not_a_multiple
     ev = evaluate("minmax", bits=2, data="gaussian", units=2, **SMALL)
     assert ev.bits["evaluated"]["measured"] == pytest.approx(8 * (640 + 576) / (2 * 48 * 32), rel=1e-12)
     assert ev.summary["bits_total"].statistic == pytest.approx(ev.bits["evaluated"]["measured"], rel=1e-12)
+
+
+def test_a_calibrated_nova_scheme_is_checked_on_cache_shapes_and_evaluated():
+    """NOVA-KV keeps one calibrated quantizer per KV head (x must be [B, H_kv, n, d]): the checks run on the
+    data's cache shape, which is all a Scheme is ever given."""
+    from kvstats.schemes import NovaScheme
+
+    q, k, v = generate("low_rank", 1, 2, 600, 32, 99, q_heads=4, n_q=64)  # calibration data, held out
+    nova = NovaScheme.calibrate(q, k, v, bits=2, seed=0)
+    ev = evaluate(nova, bits=2, data="low_rank", units=2, kv_heads=2, q_heads=4, dim=32, seq=48, n_q=8,
+                  n_resamples=999)
+    assert ev.config["checks"]["quantizer"] == {"K": "passed", "V": "passed"}
+    code = nova.encode(*generate("low_rank", 1, 2, 48, 32, 0, q_heads=4, n_q=8)[1:])
+    assert ev.units[0]["bits_total"] == pytest.approx(8 * code.nbytes / (2 * 2 * 48 * 32), rel=1e-12)

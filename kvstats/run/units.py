@@ -37,6 +37,7 @@ class UnitSource:
         kind: "synthetic" or "capture".
         description: what one unit is, in words (for the table and the results file).
         dim: the head dimension d.
+        kv_heads: KV heads of a unit's cache ``[B, kv_heads, S, d]``.
         available: how many units exist (a capture's disjoint windows), None when unbounded (synthetic draws).
         causal, query_offset: the attention mask of a unit (see :mod:`kvstats.attention`).
         scale: the softmax scale of the logits (1/√d, or the captured model's ``attn_scaling``).
@@ -48,6 +49,7 @@ class UnitSource:
     kind: str
     description: str
     dim: int
+    kv_heads: int
     available: int | None
     causal: bool
     query_offset: int | None
@@ -71,7 +73,7 @@ def synthetic_units(kind: str, *, seed: int, dim: int, kv_heads: int, q_heads: i
 
     shape = {"kv_heads": kv_heads, "q_heads": q_heads, "seq": seq, "dim": dim, "n_q": n_q}
     return UnitSource("synthetic", f"independent draws (seed + i), cache [1, {kv_heads}, {seq}, {dim}], {n_q} "
-                      "queries per head", dim, None, False, None, 1 / math.sqrt(dim),
+                      "queries per head", dim, kv_heads, None, False, None, 1 / math.sqrt(dim),
                       {"kind": kind, "params": {k: repr(v) for k, v in sorted(params.items())}, "shape": shape}, unit)
 
 
@@ -113,7 +115,7 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
         return [(t.q[:, :, sl].float(), t.k[:, :, sl].float(), t.v[:, :, sl].float()) for t in tensors]
 
     return UnitSource("capture", f"disjoint windows of {window} tokens, causal within the window, mean over "
-                      f"{len(chosen)} layer(s)", d, available, True, 0, scale,
+                      f"{len(chosen)} layer(s)", d, int(tensors[0].k.shape[1]), available, True, 0, scale,
                       {"kind": "capture", "sha256": _file_sha256(path), "window": window, "layers": chosen}, unit,
                       (str(path),))
 
