@@ -16,9 +16,9 @@ from kvstats._random import spawn_seeds
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
 from kvstats.evaluation import METRICS, InconclusiveWarning, QuantizerCheckError, evaluate, resolve_scheme
-from kvstats.packing import pack_bits, unpack_bits
-from kvstats.quantizers import BitBudget, Code, Quantizer
+from kvstats.quantizers import BitBudget
 from kvstats.run.comparison import plan_comparison, units_needed
+from tests.test_conformance import Int4PerToken as Int4  # symmetric per-token int4: 4 + 32/d bits
 
 SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
 
@@ -220,27 +220,6 @@ def test_unequal_bits_are_flagged_and_match_bits_picks_the_comparators_budget():
 # -------------------------------------------------------------------------------- checks before measuring
 
 
-class Int4(Quantizer):
-    """Symmetric per-token int4, scale fp32 per vector: 4 + 32/d bits per element."""
-
-    name = "int4"
-    min_bits = max_bits = 4
-
-    def _encode(self, x):
-        xa = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-        scale = xa.abs().amax(-1) / 7
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        codes = (torch.round(xa / safe.unsqueeze(-1)).clamp(-8, 7) + 8).to(torch.int64)
-        return Code(x.shape, x.dtype, payload={"codes": pack_bits(codes, 4)}, scalars={"scale": scale.float()})
-
-    def _decode(self, code):
-        return ((unpack_bits(code.payload["codes"], 4, self.dim).float() - 8) * code.scalars["scale"][..., None]
-                ).to(code.dtype)
-
-    def bits_per_coordinate(self, n_tokens=None):
-        return BitBudget(payload=4.0, side=32 / self.dim)
-
-
 class ClaimsThreeBits(Int4):
     min_bits, max_bits = 3, 4
 
@@ -311,7 +290,7 @@ def test_a_duck_typed_quantizer_is_evaluated():
 
 
 def test_compare_errors_name_the_side_and_nova_is_refused_uncalibrated():
-    with pytest.raises(ValueError, match=r"^compare 'Int4': bits must be in \[4, 4\], got 2"):
+    with pytest.raises(ValueError, match=r"^compare 'Int4PerToken': bits must be in \[4, 4\], got 2"):
         evaluate("turbo_mse", bits=2, data="gaussian", units=2, compare=Int4, **SMALL)
     with pytest.raises(ValueError, match="needs calibration"):
         evaluate("nova", bits=2, data="gaussian", units=2, **SMALL)
