@@ -28,6 +28,9 @@ __all__ = [
     "attend",
     "attention_weights",
     "causal_visible",
+    "soft_cap",
+    "softmax_with_sinks",
+    "window_visible",
     "gqa_group",
     "group_queries",
     "mask_logits",
@@ -97,6 +100,37 @@ def causal_visible(n_q: int, n_k: int, query_offset: int | None = None, device=N
         raise ValueError(f"query_offset must be >= 0, got {query_offset}")
     pos = torch.arange(n_q, device=device).unsqueeze(-1) + query_offset
     return torch.arange(n_k, device=device).unsqueeze(0) <= pos
+
+
+def window_visible(n_q: int, n_k: int, window: int, query_offset: int | None = None, device=None) -> torch.Tensor:
+    """Boolean ``[N, S]`` of causal attention within a sliding window of ``window`` keys (Mistral, Gemma2/3, ...):
+    query ``i`` (at position ``p = query_offset + i``) sees key ``j`` iff ``p − window < j ≤ p`` (transformers'
+    ``sliding_window_overlay``: the last ``window`` positions, its own included)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    visible = causal_visible(n_q, n_k, query_offset, device)
+    offset = n_k - n_q if query_offset is None else query_offset
+    pos = torch.arange(n_q, device=device).unsqueeze(-1) + offset
+    return visible & (torch.arange(n_k, device=device).unsqueeze(0) > pos - window)
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's logit soft capping ``cap · tanh(logits / cap)`` (applied to the scaled logits, before the mask);
+    ``cap`` None: the logits unchanged."""
+    if cap is None:
+        return logits
+    return torch.tanh(logits / cap) * cap
+
+
+def softmax_with_sinks(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """``softmax`` over the keys with one *sink* logit per query head joining the normalisation and then dropped
+    (gpt-oss's ``s_aux``): ``w_j = e^{l_j} / (e^{s_h} + Σ_k e^{l_k})``; logits ``[B, Hq, N, S]``, sinks ``[Hq]``.
+    The weights then sum to less than 1. ``sinks`` None: the plain softmax."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    b, hq, n, _ = logits.shape
+    sink = sinks.to(logits.dtype).reshape(1, hq, 1, 1).expand(b, hq, n, 1)
+    return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def mask_logits(logits: torch.Tensor, visible: torch.Tensor | None, fill: float = float("-inf")) -> torch.Tensor:

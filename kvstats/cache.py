@@ -85,9 +85,11 @@ __all__ = [
     "IdentityScheme",
     "KVStatsCache",
     "KVStatsLayer",
+    "LogitRules",
     "cache_kwargs",
     "kvstats_attention",
     "kvstats_cache",
+    "logit_rules",
     "model_dims",
     "register_attention",
     "use_estimator_attention",
@@ -193,6 +195,67 @@ def _weights_requested() -> bool:
     except Exception:  # noqa: BLE001 - a private API: any change means "cannot tell"
         return True
     return not isinstance(collected, dict) or "attentions" in collected
+
+
+@dataclass(frozen=True)
+class LogitRules:
+    """What a model's attention does to the scaled logits ``scaling · q·kᵀ`` besides its mask, as transformers
+    passes it to an attention function: ``softcap`` (Gemma 2: ``softcap · tanh(l / softcap)``, before the mask),
+    ``sliding_window`` (Mistral, Gemma 2/3, ...: a query sees its last W positions; transformers' masks
+    already hold it, and it is applied here where no mask is given) and ``sinks`` (gpt-oss's ``s_aux``: one
+    logit per query head that joins the softmax and is dropped)."""
+
+    softcap: float | None = None
+    sliding_window: int | None = None
+    sinks: torch.Tensor | None = None
+
+
+#: Keyword arguments transformers passes to attention functions that do not change what attention computes.
+_NEUTRAL_KWARGS = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions", "position_embeddings",
+                             "layer_idx", "return_dict", "output_hidden_states"})
+
+
+def logit_rules(module, kwargs: dict) -> LogitRules:
+    """The :class:`LogitRules` of one attention call from the keyword arguments transformers gives the attention
+    function; a keyword that would change the attention and that kvstats does not implement (``position_bias``,
+    packed-sequence ``cu_seq_lens_*``, ``is_causal=False`` without a mask, ...) is refused with a ValueError
+    naming it and the module: never a silently different attention."""
+    rules = LogitRules(softcap=kwargs.get("softcap"), sliding_window=kwargs.get("sliding_window"),
+                       sinks=kwargs.get("s_aux"))
+    for key, value in kwargs.items():
+        if key in ("softcap", "sliding_window", "s_aux") or key in _NEUTRAL_KWARGS or value is None:
+            continue
+        if key.startswith("output_"):  # what a forward records (router logits, hidden states), not what it computes
+            continue
+        if key == "is_causal" and value:
+            continue
+        what = type(value).__name__ if isinstance(value, torch.Tensor) else repr(value)
+        raise ValueError(f"the kvstats attention path does not implement {key}={what} (passed by "
+                         f"{type(module).__name__}): it refuses rather than compute another attention than the "
+                         "model's; use the model's own attention implementation (the dense path) instead")
+    if rules.softcap is not None and not (isinstance(rules.softcap, (int, float)) and rules.softcap > 0):
+        raise ValueError(f"softcap must be a positive number, got {rules.softcap!r} ({type(module).__name__})")
+    return rules
+
+
+def _mask_block(logits: torch.Tensor, mask: torch.Tensor | None, first: int, n: int, width: int,
+                window: int | None) -> None:
+    """Mask, in place, the logits [B, H_q, N, width] of the queries at positions [first, first + N): with the
+    model's mask (its rows, cut to ``width`` columns; bool True = attend, or additive), or without one causally
+    (and within the sliding ``window``). Masked logits get the dtype's most negative finite value, so padded
+    rows stay defined."""
+    fill = torch.finfo(logits.dtype).min
+    if mask is None and window is not None:
+        logits.masked_fill_(~_attention.window_visible(n, width, window, query_offset=first, device=logits.device),
+                            fill)
+    elif mask is None:  # causal: only the block's own last N columns hide anything
+        logits[..., first:width].masked_fill_(~_attention.causal_visible(n, n, query_offset=0, device=logits.device),
+                                              fill)
+    elif mask.dtype == torch.bool:  # no padding before the block: mask only its own last columns
+        tail = first if first and bool(mask[..., :first].all()) else 0
+        logits[..., tail:].masked_fill_(~mask[..., tail:width], fill)
+    else:
+        logits += mask[..., :width].to(logits.dtype)
 
 
 # --------------------------------------------------------------------------------------------- layer
@@ -407,9 +470,12 @@ class KVStatsLayer(CacheLayerMixin):
 
     # ----------------------------------------------------------------------------------- attention
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
-               dropout: float = 0.0, training: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               dropout: float = 0.0, training: bool = False,
+               rules: LogitRules | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of ``query`` [B, H_q, N, d] (the N tokens of the last ``update``) through the codes.
 
+        ``rules``: what the model's attention does to the scaled logits besides the mask (soft capping, a
+        sliding window, attention sinks: :class:`LogitRules`), applied exactly as its eager attention does.
         Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do. The
         queries are processed in blocks of :data:`QUERY_BLOCK` rows, so the [rows, S] logits, masks and weights
         of a long prefill never exist at full size; the weights are assembled only when transformers records
@@ -419,6 +485,10 @@ class KVStatsLayer(CacheLayerMixin):
             raise RuntimeError("attend() must follow update() in the same forward (no exact states available"
                                + ("; this cache was filled through another attention implementation: start a new "
                                   "KVStatsCache after switching to 'kvstats')" if self.dense_attention else ")"))
+        rules = rules or LogitRules()
+        if self.record and rules.sinks is not None:
+            raise ValueError("record_attention with attention sinks (s_aux) is not supported: the recorded KL compares "
+                             "distributions without the sink; build the cache with record_attention=False")
         self.estimator_attention = True
         span = self._span
         self._span = None
@@ -438,7 +508,7 @@ class KVStatsLayer(CacheLayerMixin):
             if mask is not None and mask.shape[-2] == n:
                 mask = mask[..., r0:r1, :]
             out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
-                                       v_hat)
+                                       v_hat, rules)
             outs.append(out)
             if keep_weights:
                 weights.append(F.pad(w, (0, seq - w.shape[-1])))
@@ -453,7 +523,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
-                     v_hat: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     v_hat: torch.Tensor | None, rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
 
         Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
@@ -486,17 +556,12 @@ class KVStatsLayer(CacheLayerMixin):
             logits[..., lo:] = torch.where(use_exact[:, lo:], exact, logits[..., lo:])
         else:
             logits = F.pad(exact, (lo, 0))
-        fill = torch.finfo(acc).min  # finite: padded rows stay defined
-        if mask is None:  # causal: only the block's own last N columns hide anything
-            logits[..., first:width].masked_fill_(~_attention.causal_visible(n, n, query_offset=0, device=q.device),
-                                                  fill)
-        elif mask.dtype == torch.bool:  # no padding before the block: mask only its own last columns
-            tail = first if first and bool(mask[..., :first].all()) else 0
-            logits[..., tail:].masked_fill_(~mask[..., tail:width], fill)
-        else:
-            logits += mask[..., :width].to(acc)
-        weights = torch.softmax(logits, dim=-1)
-        if self.record:
+        logits = _attention.soft_cap(logits, rules.softcap)  # elementwise: the same before or after the merge
+        _mask_block(logits, mask, first, n, width, rules.sliding_window)
+        weights = _attention.softmax_with_sinks(logits, rules.sinks)
+        if self.record:  # the reference: exact logits of every column (lo = span_start = 0), capped and masked alike
+            exact = _attention.soft_cap(exact, rules.softcap)
+            _mask_block(exact, mask, first, n, width, rules.sliding_window)
             self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
         # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
@@ -739,23 +804,28 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
     With a :class:`KVStatsCache`, the key tensor it receives carries its cache layer, which computes the
     attention (:meth:`KVStatsLayer.attend`). With any other cache (or none) it computes exact eager
-    attention, so a model set to ``"kvstats"`` behaves as the unquantized model there.
+    attention, so a model set to ``"kvstats"`` behaves as the unquantized model there. Either way the model's
+    soft capping, sliding window and attention sinks are applied as its own eager attention applies them
+    (:class:`LogitRules`), and any other keyword that would change the attention is refused (:func:`logit_rules`).
     """
     scaling = module.scaling if scaling is None else scaling
+    rules = logit_rules(module, kwargs)
     training = bool(getattr(module, "training", False))
     layer = getattr(key, "_kvstats_layer", None)
     if layer is not None:
-        return layer.attend(query, attention_mask, scaling, dropout, training)
+        return layer.attend(query, attention_mask, scaling, dropout, training, rules)
     acc = acc_dtype(query.dtype)
-    logits = _attention.scores(query.to(acc), key.to(acc), scale=scaling)
+    logits = _attention.soft_cap(_attention.scores(query.to(acc), key.to(acc), scale=scaling), rules.softcap)
     n, seq = logits.shape[-2:]
     if attention_mask is None:
-        attention_mask = _attention.causal_visible(n, seq, device=query.device)
+        visible = (_attention.causal_visible(n, seq, device=query.device) if rules.sliding_window is None else
+                   _attention.window_visible(n, seq, rules.sliding_window, device=query.device))
+        attention_mask = visible
     if attention_mask.dtype == torch.bool:
         logits = _attention.mask_logits(logits, attention_mask[..., -seq:], torch.finfo(acc).min)
     else:
         logits = logits + attention_mask[..., -seq:].to(acc)
-    weights = torch.softmax(logits, dim=-1)
+    weights = _attention.softmax_with_sinks(logits, rules.sinks)
     out = _attention.apply_weights(F.dropout(weights, p=dropout, training=training), value.to(acc))
     return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 

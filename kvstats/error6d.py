@@ -126,6 +126,7 @@ def error6d(
     v_hat,
     *,
     scores_hat=None,
+    scores=None,
     causal: bool = False,
     query_offset: int | None = None,
     double: bool = True,
@@ -145,12 +146,15 @@ def error6d(
 
     ``p̂`` and ``ô`` use the logits ``q k̂ᵀ/√d`` of the reconstructed keys, or ``scores_hat`` when given:
     the logits a scheme estimates itself (``Scheme.scores(q, code) / √d``, e.g. QJL's asymmetric
-    estimator), i.e. the attention the scheme actually computes.
+    estimator), i.e. the attention the scheme actually computes. ``scores`` (with ``scores_hat``) replaces the
+    reference logits ``q kᵀ/√d`` for a model whose attention transforms them (another softmax scale, Gemma 2's
+    soft cap): both then come from the caller, computed the same way.
 
     Args:
         q: ``[T, B, Hq, Nq, d]`` (or ``[B, Hq, Nq, d]`` for one trial).
         k, k_hat: ``[T, B, Hkv, S, d]``; v, v_hat: ``[T, B, Hkv, S, dv]`` (or without ``T``).
         scores_hat: optional estimated logits ``[T, B, Hq, Nq, S]`` (or without ``T``).
+        scores: optional reference logits of the same shape (needs ``scores_hat``; not with ``reference``).
         causal, query_offset: causal mask, see :mod:`kvstats.attention`.
         double: fp64 arithmetic (default: the 6D cloud feeds statistics).
         reference: ``Error6DReference(q, k, v, causal=causal, query_offset=query_offset, double=double)``
@@ -162,9 +166,15 @@ def error6d(
     """
     names = ("q", "k", "v", "k_hat", "v_hat")
     inputs = [q, k, v, k_hat, v_hat]
+    if scores is not None and (scores_hat is None or reference is not None):
+        raise ValueError("scores= (reference logits) needs scores_hat= and no reference=: both logits come from the "
+                         "caller")
     if scores_hat is not None:
         names += ("scores_hat",)
         inputs.append(scores_hat)
+    if scores is not None:
+        names += ("scores",)
+        inputs.append(scores)
     ts = _as_trials(inputs, names)
     q5, k5, v5, kh5, vh5 = ts[:5]
     n_trials = q5.shape[0]
@@ -185,7 +195,8 @@ def error6d(
     if scores_hat is None and reference is None:
         attention_cols = [attention_kl(q4, k4, kh4, **opts), attention_output_error(q4, k4, v4, kh4, vh4, **opts)]
     elif reference is None:
-        ref, est = attention_scores(q4, k4, double=double), _flat(ts[5])
+        ref = attention_scores(q4, k4, double=double) if scores is None else _flat(ts[6])
+        est = _flat(ts[5])
         _check_scores_hat(est, ref, n_trials, ts[5])
         attention_cols = [attention_kl_from_scores(ref, est, **opts),
                           attention_output_error_from_scores(ref, est, v4, vh4, **opts)]

