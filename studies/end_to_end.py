@@ -126,18 +126,9 @@ def _model(dtype: str = "float32"):
 def documents(text: str | None = None) -> dict[str, str]:
     """The shipped text cut at the title lines of :data:`DOCUMENTS`: {title: document text, title included}."""
     from kvstats.data.real import default_text
+    from kvstats.data.texts import split_titled
 
-    lines = (default_text() if text is None else text).splitlines()
-    starts = []
-    for title in DOCUMENTS:
-        found = [i for i, line in enumerate(lines) if line.startswith(title)]
-        if len(found) != 1:
-            raise ValueError(f"the text must hold the title line {title!r} once, found it {len(found)} times")
-        starts.append(found[0])
-    if starts != sorted(starts):
-        raise ValueError(f"the documents must appear in the order {DOCUMENTS}")
-    ends = starts[1:] + [len(lines)]
-    return {t: "\n".join(lines[a:b]).strip() for t, a, b in zip(DOCUMENTS, starts, ends)}
+    return split_titled(default_text() if text is None else text, DOCUMENTS)
 
 
 def segment_starts(lengths: dict[str, int], size: int, count: int | None = None) -> list[tuple[str, int]]:
