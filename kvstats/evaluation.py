@@ -51,7 +51,6 @@ device, threads, date, wall time, command line, seeds) and its schema version (:
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -66,8 +65,10 @@ from typing import Any
 
 import numpy as np
 
-from kvstats._random import MAX_SEED, check_seed, spawn_seeds
+from kvstats._random import MAX_SEED, check_seed
 from kvstats._validation import check_int_range
+from kvstats.run import sides
+from kvstats.run.sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
 from kvstats.run.units import METRICS
 
 __all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "METRICS",
@@ -80,190 +81,10 @@ SCHEMA = "kvstats-evaluation/2"
 DEFAULT_SYNTHETIC_UNITS = 16
 #: Tokens of a capture unit by default: a default capture (1,024 tokens) gives 16 disjoint windows.
 DEFAULT_WINDOW = 64
-#: Which way is better for each metric (for the wording): +1 higher is better, -1 (default) lower.
-_BETTER = {"topk_recall": 1}
-_PROTOCOL = ("encode", "decode", "inner", "bits_per_coordinate")
-
-
-class QuantizerCheckError(ValueError):
-    """A quantizer failed :func:`kvstats.testing.check_quantizer`; the message names the side and the check."""
 
 
 class InconclusiveWarning(UserWarning):
     """A comparison that cannot reach its level whatever the data (too few units for the family)."""
-
-
-# --------------------------------------------------------------------------------------- building the sides
-
-
-def _import(spec: str, role: str):
-    module, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{role} {spec!r}: cannot import {attr!r} from module {module!r} ({exc})") from None
-
-
-def _factory(spec, role: str, options: dict):
-    """(label, factory(bits=, dim=, seed=) -> quantizer) for a quantizer name, 'module:Class' or a callable."""
-    from kvstats.quantizers import QUANTIZERS, quantizer
-
-    if isinstance(spec, str) and spec in QUANTIZERS:
-        cls = QUANTIZERS[spec]
-        if getattr(cls, "needs_calibration", False):
-            raise ValueError(f"{role} {spec!r} needs calibration, which evaluate does not do (an uncalibrated "
-                             f"{spec} runs on its data-free prior, not the method): calibrate it on held-out data "
-                             "and pass the calibrated Scheme (kvstats.schemes.NovaScheme.calibrate)")
-
-        def build(bits, dim, seed):
-            return quantizer(spec, bits=bits, dim=dim, seed=seed, **options)
-
-        return spec, build
-    if isinstance(spec, str) and ":" in spec:
-        return spec, _import(spec, role)
-    if callable(spec) and not isinstance(spec, str):
-        return getattr(spec, "__name__", type(spec).__name__), spec
-    from kvstats.schemes import SCHEMES
-
-    raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), "
-                     f"'module:Class', a class/factory or a Scheme, got {spec!r}")
-
-
-def _check_protocol(q, role: str, label: str, part: str) -> None:
-    missing = [m for m in _PROTOCOL if not callable(getattr(q, m, None))]
-    if missing or not isinstance(getattr(q, "dim", None), int):
-        what = f"no method(s) {missing}" if missing else f"no int dim (got {getattr(q, 'dim', None)!r})"
-        raise TypeError(f"{role} {label!r} built a {type(q).__name__} for {part} with {what}: a quantizer needs "
-                        "encode, decode, inner, bits_per_coordinate(n_tokens=) and dim (docs/quantizers.md)")
-    if getattr(q, "needs_calibration", False) and not getattr(q, "calibrated", True):
-        raise ValueError(f"{role} {label!r}: its {part} quantizer {q!r} needs calibration and is not calibrated")
-
-
-def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
-    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
-    the ``role`` ("quantizer" or "compare") and the spec."""
-    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
-
-    if isinstance(spec, Scheme):
-        if spec.dim != dim:
-            raise ValueError(f"{role} {spec.name!r} is a Scheme of dim {spec.dim}, but the data have head dim {dim}")
-        return spec
-    if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
-        _factory(spec, role, options)  # the calibration refusal, worded once
-    if isinstance(spec, str) and spec in SCHEMES:
-        try:
-            return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"{role} {spec!r}: {exc}") from None
-    label, factory = _factory(spec, role, options)
-    seed_k, seed_v = spawn_seeds(seed, 2)
-    try:
-        k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
-    except (ValueError, TypeError) as exc:
-        raise type(exc)(f"{role} {label!r}: {exc}") from None
-    for part, q in (("K", k), ("V", v)):
-        _check_protocol(q, role, str(label), part)
-    return Scheme(str(label), bits, k, v, seed)
-
-
-def _label(spec) -> str:
-    """The name a spec is shown by: the string itself, a class's or factory's ``__name__``, a Scheme's name."""
-    if isinstance(spec, str):
-        return spec
-    return getattr(spec, "__name__", None) or getattr(spec, "name", None) or repr(spec)
-
-
-@dataclass
-class _Side:
-    """One side of an evaluation: its spec, budget and a scheme per unit."""
-
-    role: str
-    spec: Any
-    bits: int
-    options: dict
-
-    def scheme(self, dim: int, seed: int):
-        return resolve_scheme(self.spec, bits=self.bits, dim=dim, seed=seed, role=self.role, **self.options)
-
-    @property
-    def label(self) -> str:
-        return _label(self.spec)
-
-    def identity(self) -> dict | None:
-        from kvstats.run.unit_store import code_identity
-        from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
-
-        if isinstance(self.spec, Scheme):
-            parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]
-            if None in parts:
-                return None
-            prov = [q.provenance().fingerprint if callable(getattr(q, "provenance", None)) else repr(q)
-                    for q in (self.spec.k, self.spec.v)]
-            return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
-        if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
-            code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
-        else:
-            code = code_identity(_factory(self.spec, self.role, self.options)[1])
-        if code is None:
-            return None
-        return {"spec": self.label, "code": code, "bits": self.bits,
-                "options": {k: repr(v) for k, v in sorted(self.options.items())}}
-
-
-def _check_side(side: _Side, scheme, dim: int, seed: int, heads: int) -> dict[str, str]:
-    """check_quantizer on the side's K and V quantizers, on caches of the data's ``heads`` KV heads (what the
-    scheme will be given); QuantizerCheckError naming the side and the check."""
-    from kvstats.conformance import check_quantizer
-    from kvstats.schemes import SCHEMES, Scheme
-
-    builder = None
-    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
-        builder = _factory(side.spec, side.role, side.options)[1]
-    result = {}
-    for part in ("k", "v"):
-        q = getattr(scheme, part)
-
-        def again(_seed, _part=part):  # the same quantizer rebuilt from the unit's seed
-            return getattr(side.scheme(dim, seed), _part)
-
-        try:
-            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder, heads=heads)
-        except AssertionError as exc:
-            raise QuantizerCheckError(
-                f"{side.role} {side.label!r}: its {part.upper()} quantizer fails the conformance checks: {exc}. Fix "
-                "it, or pass --no-check (check=False) to measure it anyway (the results then record that the checks "
-                "were skipped)") from None
-        result[part.upper()] = "passed"
-    return result
-
-
-def _measured_bits(scheme, parts) -> float:
-    held = elements = 0
-    for _, k, v in parts:
-        code = scheme.encode(k, v)
-        held, elements = held + code.k.nbytes + code.v.nbytes, elements + k.numel() + v.numel()
-    return 8.0 * held / elements
-
-
-def _match_bits(side: _Side, target: float, dim: int, seed: int, parts) -> tuple[int, float]:
-    """The comparator's budget: the largest n in 1..8 whose measured bits do not exceed ``target``, else the
-    smallest n that builds. Returns (n, its measured bits)."""
-    from kvstats.schemes import Scheme
-
-    if isinstance(side.spec, Scheme):
-        raise ValueError("match_bits needs a compare spec that builds at any budget (a name, 'module:Class' or a "
-                         f"factory), got the ready Scheme {side.spec.name!r}")
-    options = []
-    for n in range(1, 9):
-        try:
-            scheme = resolve_scheme(side.spec, bits=n, dim=dim, seed=seed, role=side.role, **side.options)
-        except (ValueError, TypeError):
-            continue
-        options.append((n, _measured_bits(scheme, parts)))
-    if not options:
-        raise ValueError(f"compare {side.label!r} builds at no budget in 1..8 for dim {dim}")
-    fitting = [o for o in options if o[1] <= target * (1 + 1e-12)]
-    return max(fitting, key=lambda o: o[0]) if fitting else options[0]
 
 
 # ------------------------------------------------------------------------------------------------ the result
@@ -530,17 +351,17 @@ def evaluate(
     if out is not None:
         out = check_output_path(out, "out", force=force, inputs=source.inputs)
     d = source.dim
-    main = _Side("quantizer", quantizer, bits, dict(options))
-    other = None if compare is None else _Side("compare", compare, bits, dict(options))
+    main = Side("quantizer", quantizer, bits, dict(options))
+    other = None if compare is None else Side("compare", compare, bits, dict(options))
     parts0 = source.unit(0)
     scheme0 = main.scheme(d, seed)
     heads = source.kv_heads
-    checks = {"quantizer": _check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
+    checks = {"quantizer": check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
     if other is not None:
         if match_bits:
-            other.bits = _match_bits(other, _measured_bits(scheme0, parts0), d, seed, parts0)[0]
+            other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed, parts0)[0]
         other_scheme0 = other.scheme(d, seed)
-        checks["compare"] = _check_side(other, other_scheme0, d, seed, heads) if check else "skipped (check=False)"
+        checks["compare"] = check_side(other, other_scheme0, d, seed, heads) if check else "skipped (check=False)"
     plan = None if other is None else _plan(check, n_units, alpha, source)
 
     identities = [main.identity()] + ([] if other is None else [other.identity()])
@@ -580,10 +401,10 @@ def evaluate(
                for m in METRICS}
     comparison = {} if other is None else compare_units(rows, alpha=alpha, confidence_level=confidence_level,
                                                         n_resamples=n_resamples, seed=seed)
-    sides = {"evaluated": ("", main)} | ({} if other is None else {"compared": ("other:", other)})
+    by_side = {"evaluated": ("", main)} | ({} if other is None else {"compared": ("other:", other)})
     bits_info = {name: {"budget": side.bits, "measured": float(np.mean([r[p + "bits_total"] for r in rows])),
                         "claimed": float(np.mean([r[p + "bits_claimed"] for r in rows]))}
-                 for name, (p, side) in sides.items()}
+                 for name, (p, side) in by_side.items()}
     if other is not None:
         a, b = bits_info["evaluated"]["measured"], bits_info["compared"]["measured"]
         bits_info["matched"] = abs(a - b) <= 1e-9 * max(a, b)

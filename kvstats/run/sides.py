@@ -1,0 +1,199 @@
+"""The two sides of an evaluation: building a quantizer spec into a scheme, checking it, measuring its bits.
+
+    side = Side("quantizer", "kqv", bits=4, options={})
+    scheme = side.scheme(dim=128, seed=0)               # a kvstats Scheme (K and V quantizers)
+    check_side(side, scheme, dim=128, seed=0, heads=2)  # check_quantizer on both; QuantizerCheckError otherwise
+
+A spec is a registered scheme (``"kqv"``), a registered quantizer (``"turbo_mse"``: K and V with independent
+seeds), an importable ``"module:Class"``, a class or factory ``factory(bits=, dim=, seed=)``, or a ready
+:class:`~kvstats.schemes.Scheme`. Errors name the side's role ("quantizer" or "compare") and the spec.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from kvstats._random import spawn_seeds
+
+__all__ = ["QuantizerCheckError", "Side", "check_side", "label", "match_bits", "measured_bits", "resolve_scheme"]
+
+_PROTOCOL = ("encode", "decode", "inner", "bits_per_coordinate")
+
+
+class QuantizerCheckError(ValueError):
+    """A quantizer failed :func:`kvstats.testing.check_quantizer`; the message names the side and the check."""
+
+
+# --------------------------------------------------------------------------------------- building the sides
+
+
+def _import(spec: str, role: str):
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{role} {spec!r}: cannot import {attr!r} from module {module!r} ({exc})") from None
+
+
+def _factory(spec, role: str, options: dict):
+    """(label, factory(bits=, dim=, seed=) -> quantizer) for a quantizer name, 'module:Class' or a callable."""
+    from kvstats.quantizers import QUANTIZERS, quantizer
+
+    if isinstance(spec, str) and spec in QUANTIZERS:
+        cls = QUANTIZERS[spec]
+        if getattr(cls, "needs_calibration", False):
+            raise ValueError(f"{role} {spec!r} needs calibration, which evaluate does not do (an uncalibrated "
+                             f"{spec} runs on its data-free prior, not the method): calibrate it on held-out data "
+                             "and pass the calibrated Scheme (kvstats.schemes.NovaScheme.calibrate)")
+
+        def build(bits, dim, seed):
+            return quantizer(spec, bits=bits, dim=dim, seed=seed, **options)
+
+        return spec, build
+    if isinstance(spec, str) and ":" in spec:
+        return spec, _import(spec, role)
+    if callable(spec) and not isinstance(spec, str):
+        return getattr(spec, "__name__", type(spec).__name__), spec
+    from kvstats.schemes import SCHEMES
+
+    raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), "
+                     f"'module:Class', a class/factory or a Scheme, got {spec!r}")
+
+
+def _check_protocol(q, role: str, label: str, part: str) -> None:
+    missing = [m for m in _PROTOCOL if not callable(getattr(q, m, None))]
+    if missing or not isinstance(getattr(q, "dim", None), int):
+        what = f"no method(s) {missing}" if missing else f"no int dim (got {getattr(q, 'dim', None)!r})"
+        raise TypeError(f"{role} {label!r} built a {type(q).__name__} for {part} with {what}: a quantizer needs "
+                        "encode, decode, inner, bits_per_coordinate(n_tokens=) and dim (docs/quantizers.md)")
+    if getattr(q, "needs_calibration", False) and not getattr(q, "calibrated", True):
+        raise ValueError(f"{role} {label!r}: its {part} quantizer {q!r} needs calibration and is not calibrated")
+
+
+def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
+    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
+    the ``role`` ("quantizer" or "compare") and the spec."""
+    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
+
+    if isinstance(spec, Scheme):
+        if spec.dim != dim:
+            raise ValueError(f"{role} {spec.name!r} is a Scheme of dim {spec.dim}, but the data have head dim {dim}")
+        return spec
+    if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
+        _factory(spec, role, options)  # the calibration refusal, worded once
+    if isinstance(spec, str) and spec in SCHEMES:
+        try:
+            return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{role} {spec!r}: {exc}") from None
+    label, factory = _factory(spec, role, options)
+    seed_k, seed_v = spawn_seeds(seed, 2)
+    try:
+        k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{role} {label!r}: {exc}") from None
+    for part, q in (("K", k), ("V", v)):
+        _check_protocol(q, role, str(label), part)
+    return Scheme(str(label), bits, k, v, seed)
+
+
+def label(spec) -> str:
+    """The name a spec is shown by: the string itself, a class's or factory's ``__name__``, a Scheme's name."""
+    if isinstance(spec, str):
+        return spec
+    return getattr(spec, "__name__", None) or getattr(spec, "name", None) or repr(spec)
+
+
+@dataclass
+class Side:
+    """One side of an evaluation: its spec, budget and a scheme per unit."""
+
+    role: str
+    spec: Any
+    bits: int
+    options: dict
+
+    def scheme(self, dim: int, seed: int):
+        return resolve_scheme(self.spec, bits=self.bits, dim=dim, seed=seed, role=self.role, **self.options)
+
+    @property
+    def label(self) -> str:
+        return label(self.spec)
+
+    def identity(self) -> dict | None:
+        from kvstats.run.unit_store import code_identity
+        from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
+
+        if isinstance(self.spec, Scheme):
+            parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]
+            if None in parts:
+                return None
+            prov = [q.provenance().fingerprint if callable(getattr(q, "provenance", None)) else repr(q)
+                    for q in (self.spec.k, self.spec.v)]
+            return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
+        if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
+            code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
+        else:
+            code = code_identity(_factory(self.spec, self.role, self.options)[1])
+        if code is None:
+            return None
+        return {"spec": self.label, "code": code, "bits": self.bits,
+                "options": {k: repr(v) for k, v in sorted(self.options.items())}}
+
+
+def check_side(side: Side, scheme, dim: int, seed: int, heads: int) -> dict[str, str]:
+    """check_quantizer on the side's K and V quantizers, on caches of the data's ``heads`` KV heads (what the
+    scheme will be given); QuantizerCheckError naming the side and the check."""
+    from kvstats.conformance import check_quantizer
+    from kvstats.schemes import SCHEMES, Scheme
+
+    builder = None
+    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
+        builder = _factory(side.spec, side.role, side.options)[1]
+    result = {}
+    for part in ("k", "v"):
+        q = getattr(scheme, part)
+
+        def again(_seed, _part=part):  # the same quantizer rebuilt from the unit's seed
+            return getattr(side.scheme(dim, seed), _part)
+
+        try:
+            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder, heads=heads)
+        except AssertionError as exc:
+            raise QuantizerCheckError(
+                f"{side.role} {side.label!r}: its {part.upper()} quantizer fails the conformance checks: {exc}. Fix "
+                "it, or pass --no-check (check=False) to measure it anyway (the results then record that the checks "
+                "were skipped)") from None
+        result[part.upper()] = "passed"
+    return result
+
+
+def measured_bits(scheme, parts) -> float:
+    held = elements = 0
+    for _, k, v in parts:
+        code = scheme.encode(k, v)
+        held, elements = held + code.k.nbytes + code.v.nbytes, elements + k.numel() + v.numel()
+    return 8.0 * held / elements
+
+
+def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[int, float]:
+    """The comparator's budget: the largest n in 1..8 whose measured bits do not exceed ``target``, else the
+    smallest n that builds. Returns (n, its measured bits)."""
+    from kvstats.schemes import Scheme
+
+    if isinstance(side.spec, Scheme):
+        raise ValueError("match_bits needs a compare spec that builds at any budget (a name, 'module:Class' or a "
+                         f"factory), got the ready Scheme {side.spec.name!r}")
+    options = []
+    for n in range(1, 9):
+        try:
+            scheme = resolve_scheme(side.spec, bits=n, dim=dim, seed=seed, role=side.role, **side.options)
+        except (ValueError, TypeError):
+            continue
+        options.append((n, measured_bits(scheme, parts)))
+    if not options:
+        raise ValueError(f"compare {side.label!r} builds at no budget in 1..8 for dim {dim}")
+    fitting = [o for o in options if o[1] <= target * (1 + 1e-12)]
+    return max(fitting, key=lambda o: o[0]) if fitting else options[0]
