@@ -52,7 +52,6 @@ device, threads, date, wall time, command line, seeds) and its schema version (:
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import textwrap
@@ -69,6 +68,7 @@ from kvstats._random import MAX_SEED, check_seed
 from kvstats._validation import check_int_range
 from kvstats.run import sides
 from kvstats.run.sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
+from kvstats.run.strict import strict_json
 from kvstats.run.units import METRICS
 
 __all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "METRICS",
@@ -88,39 +88,6 @@ class InconclusiveWarning(UserWarning):
 
 
 # ------------------------------------------------------------------------------------------------ the result
-
-#: Why a value of the results file is null, by field name (a NaN or infinite number has no strict-JSON form).
-_NULL_REASONS = {
-    "pvalue": "an estimate, not a test",
-    "effect_size": "no effect size for this result",
-    "ci_low": "no interval for this result",
-    "ci_high": "no interval for this result",
-    "median_ratio": "the median of the second sample is 0",
-    "shift": "no shift is detectable at this many units (see reason)",
-    "statistic": "not defined for these data",
-}
-
-
-def _strict(value, key: str = "", reasons: dict | None = None):
-    """``value`` with every non-finite float replaced by None; ``reasons`` collects why, by field name."""
-    if isinstance(value, dict):
-        own: dict[str, str] = {}
-        out = {k: _strict(v, k, own) for k, v in value.items()}
-        if own:
-            out["null_reasons"] = own
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_strict(v, key, reasons) for v in value]
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        if reasons is not None:
-            reasons[key] = f"{_NULL_REASONS.get(key, 'not a finite number')} ({value})"
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -158,7 +125,7 @@ class Evaluation:
                           "significant": c["significant"],
                           "detectable_shift": None if c["detectable_shift"] is None else
                           c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
-        return _strict({"schema": SCHEMA, "config": self.config, "bits": self.bits,
+        return strict_json({"schema": SCHEMA, "config": self.config, "bits": self.bits,
                         "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
                                                                 "family_tested": self.family_plan.to_dict()},
                         "units": self.units,
