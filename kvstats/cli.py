@@ -258,15 +258,24 @@ def _seed(text: str):
 @subcommand(
     "evaluate",
     help="every metric of a quantizer or scheme (attention KL, top-k recall, the 6D components, bits per "
-         "element held) with CIs over independent units, after the conformance checks; optionally a paired "
-         "comparison with a second one",
+         "element held) with CIs over independent units, after the conformance checks; or, with --model, its output "
+         "damage on a language model (next-token KL tail, top-1, perplexity); optionally a paired comparison",
     args=[
         arg("--quantizer", required=True,
             help="a scheme (kv, kqv, qkqv, minmax), a quantizer (turbo_mse, ...) used for K and V, or module:Class "
                  "(imported from the current folder too, as python -m does)"),
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
-        arg("--data", default="gaussian",
-            help="a synthetic kind (gaussian, heavy_tail, low_rank) or a capture file from `kvstats capture`"),
+        arg("--data", default=None,
+            help="a synthetic kind (gaussian, heavy_tail, low_rank; default gaussian) or a capture file from "
+                 "`kvstats capture`"),
+        arg("--model", default=None,
+            help="evaluate on a language model instead: 'smollm2', a Hugging Face model folder or a .gguf file "
+                 "(output damage over teacher-forced segments of the shipped documents)"),
+        arg("--segment", type=int, default=None, help="--model: tokens per segment (default 128)"),
+        arg("--segments-per-document", type=int, default=1,
+            help="--model: disjoint segments of each document (default 1; 0: all)"),
+        arg("--exact-window", type=int, default=0,
+            help="--model: the most recent tokens the cache keeps exact (default 0)"),
         arg("--units", type=int, default=None,
             help="independent units (synthetic: draws, default 16; capture: disjoint windows, default all)"),
         arg("--window", type=int, default=64, help="capture: tokens per unit (default 64)"),
@@ -309,10 +318,17 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():
         warnings.showwarning = note
-        ev = evaluate(args.quantizer, bits=args.bits, data=args.data, units=args.units, window=args.window,
-                      layers=args.layers, compare=args.compare, match_bits=args.match_bits, alpha=args.alpha,
-                      seed=args.seed, top_k=args.top_k, dim=args.dim, check=not args.no_check, out=args.out,
-                      force=args.force, progress=not args.no_progress, **options)
+        common = dict(compare=args.compare, match_bits=args.match_bits, alpha=args.alpha, seed=args.seed,
+                      check=not args.no_check, out=args.out, force=args.force, progress=not args.no_progress, **options)
+        if args.model is not None:
+            if args.data is not None or args.units is not None:
+                raise ValueError("give --data (and --units) or --model, not both")
+            ev = evaluate(args.quantizer, bits=args.bits, model=args.model, segment=args.segment,
+                          segments_per_document=args.segments_per_document or None,
+                          full_precision_window=args.exact_window, **common)
+        else:
+            ev = evaluate(args.quantizer, bits=args.bits, data=args.data or "gaussian", units=args.units,
+                          window=args.window, layers=args.layers, top_k=args.top_k, dim=args.dim, **common)
     print(ev.to_json() if args.json else ev.table())
     if args.out:
         print(f"results: {args.out}", file=sys.stderr)

@@ -256,7 +256,7 @@ def evaluate(
     window: int = DEFAULT_WINDOW,
     layers: Sequence[int] | None = None,
     confidence_level: float = 0.95,
-    n_resamples: int = 9999,
+    n_resamples: int | None = None,
     alpha: float = 0.05,
     check: bool = True,
     out: str | os.PathLike | None = None,
@@ -264,8 +264,13 @@ def evaluate(
     store: str | os.PathLike | None = None,
     progress: bool = False,
     data_params: dict | None = None,
+    model=None,
+    segment: int | None = None,
+    segments_per_document: int | None = 1,
+    full_precision_window: int = 0,
+    documents: dict[str, str] | None = None,
     **options,
-) -> Evaluation:
+):
     """Evaluate ``quantizer`` at ``bits`` on ``data`` over independent units (see the module doc).
 
     Args:
@@ -284,7 +289,8 @@ def evaluate(
             queries per query head, non-causal: the queries follow the generator's query model).
         window: capture: tokens per unit (causal attention within the window).
         layers: capture: the stored layers to use (default all).
-        confidence_level, n_resamples: the CI of each metric's mean (and of r).
+        confidence_level, n_resamples: the CIs (bootstrap resamples: default 9999, 1999 for the cluster bootstrap
+            of a model evaluation).
         alpha: level of the comparison (Holm-corrected over its family).
         check: run :func:`kvstats.testing.check_quantizer` on every quantizer first (refusing a failing one).
         out: write the results JSON here (checked before any work; an existing file needs ``force``).
@@ -292,8 +298,30 @@ def evaluate(
         store: folder of the resumable unit store (default ``<out>.units`` when ``out`` is given, else none).
         progress: a progress bar (tqdm on stderr) and notes (resumed units) on stderr.
         data_params: extra parameters of the synthetic generator (e.g. ``{"df": 3}``).
+        model: evaluate on a language model instead (``"smollm2"``, a model folder or a .gguf file): its output
+            damage over teacher-forced segments of the shipped documents, returning a
+            :class:`~kvstats.run.model_evaluation.ModelEvaluation`
+            (:func:`~kvstats.run.model_evaluation.evaluate_model`).
+        segment, segments_per_document, full_precision_window, documents: the model evaluation's segments
+            (default 128 tokens, one per document), the cache's exact window, and ``{title: text}`` to use instead of
+            the shipped documents.
         **options: passed to the scheme / quantizer constructor (e.g. ``rows="srht"``).
     """
+    if model is not None:
+        if data != "gaussian" or units is not None:
+            raise ValueError("give data= (and units=) or model=, not both: a model evaluation's units are the "
+                             "segments of its documents")
+        from kvstats.run.model_evaluation import DEFAULT_SEGMENT, evaluate_model
+
+        return evaluate_model(quantizer, bits=bits, model=model, compare=compare, match_bits=match_bits,
+                              segment=DEFAULT_SEGMENT if segment is None else segment,
+                              segments_per_document=segments_per_document,
+                              full_precision_window=full_precision_window, seed=seed, alpha=alpha,
+                              confidence_level=confidence_level, n_resamples=n_resamples or 1999, check=check,
+                              out=out, force=force, store=store, progress=progress, documents=documents, **options)
+    if documents is not None:
+        raise ValueError("documents= is for a model evaluation (model=); synthetic data and captures have their own")
+    n_resamples = 9999 if n_resamples is None else n_resamples
     from kvstats import stats
     from kvstats._files import check_output_path, is_stream
     from kvstats.run import unit_store

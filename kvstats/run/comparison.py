@@ -93,11 +93,10 @@ def candidate_family(linear: bool) -> tuple[str, ...]:
     return tuple(m for m in COMPARED_METRICS if not (linear and m == "6d_attention_kl"))
 
 
-def _family(rows: list[dict]) -> tuple[list[str], dict[str, str]]:
+def _family(rows: list[dict], metrics) -> tuple[list[str], dict[str, str]]:
     family, excluded = [], {"bits_total": "a property of the design, reported beside the table, never tested"}
-    columns = {m: (np.array([r[m] for r in rows]), np.array([r[f"other:{m}"] for r in rows]))
-               for m in COMPARED_METRICS}
-    for m in COMPARED_METRICS:
+    columns = {m: (np.array([r[m] for r in rows]), np.array([r[f"other:{m}"] for r in rows])) for m in metrics}
+    for m in metrics:
         a, b = columns[m]
         if np.array_equal(a, b):
             excluded[m] = "equal on both sides in every unit: nothing to test"
@@ -112,9 +111,10 @@ def _family(rows: list[dict]) -> tuple[list[str], dict[str, str]]:
 
 
 def compare_units(rows: list[dict], *, alpha: float = 0.05, power: float = 0.8, confidence_level: float = 0.95,
-                  n_resamples: int = 9999, seed: int = 0) -> dict[str, Any]:
+                  n_resamples: int = 9999, seed: int = 0, metrics=COMPARED_METRICS) -> dict[str, Any]:
     """Paired Wilcoxon signed-rank test of each family metric over the units (``row[m]`` against
-    ``row["other:" + m]``), Holm-corrected over the family (statsmodels' ``multipletests``).
+    ``row["other:" + m]``), Holm-corrected over the family (statsmodels' ``multipletests``); the family is drawn
+    from ``metrics`` (default :data:`COMPARED_METRICS`).
 
     Returns ``{"family": [...], "excluded": {metric: reason}, "plan": ComparisonPlan, "tests": {metric:
     {"test": WilcoxonResult, "pvalue_holm": p, "significant": p < alpha, "detectable_shift": PowerResult or
@@ -126,7 +126,7 @@ def compare_units(rows: list[dict], *, alpha: float = 0.05, power: float = 0.8, 
 
     from kvstats import stats
 
-    family, excluded = _family(rows)
+    family, excluded = _family(rows, metrics)
     plan = plan_comparison(len(rows), max(1, len(family)), alpha)
     tests: dict[str, dict[str, Any]] = {}
     if family:

@@ -1,0 +1,207 @@
+"""Output-level evaluation of a quantizer on a language model: what the field decides on, with intervals.
+
+    ev = kvstats.evaluate("kqv", bits=4, model="smollm2")      # teacher-forced segments of the shipped documents
+    print(ev.table())                                          # KL tail as llama.cpp reports it, top-1, perplexity
+
+**Units.** Segment ``j`` of document ``i``: the first ``segment`` tokens of each shipped document
+(:func:`kvstats.data.texts.documents`, 25 public-domain texts of varied genre), or its first
+``segments_per_document`` disjoint segments. Each segment is fed from position 0, teacher-forced, twice: through
+the model's own attention with no cache (the reference) and through a :class:`~kvstats.cache.KVStatsCache` of the
+scheme on the estimator path (``attn_implementation="kvstats"``: the logits the scheme's estimator gives), which
+for a prefill equals token-by-token decoding (docs/cache.md). Documents are the independent units: with several
+segments per document, per-document means are what the t intervals average, and the pooled statistics resample
+documents, then segments (:func:`kvstats.stats.cluster_bootstrap_ci`).
+
+**Metrics** (fp64, :func:`kvstats.baselines.output_metrics`):
+
+* per unit: ``out_kl`` — mean next-token KL(p_exact ‖ p_quantized) over the segment's tokens (nats);
+  ``top1`` — fraction of tokens whose top-1 next token agrees (llama.cpp's "same top p"); ``delta_nll`` — mean
+  change of the next-token negative log-likelihood of the text; ``bits_total`` — bits per element the cache held
+  (``KVStatsCache.memory()``, measured); per layer the attention KL and top-5 recall of the estimator's logits;
+* pooled over every token: the KL tail as llama.cpp's ``--kl-divergence`` reports it (mean, median, p90, p95,
+  p99, p99.9, max), top-1 agreement, and the perplexity ratio ``exp(mean NLL_quantized − mean NLL_exact)``, each
+  with a cluster bootstrap CI over documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "model_source", "model_unit", "pooled_summary",
+           "unit_summary"]
+
+#: Tokens per segment by default: 24 of the 25 shipped documents hold at least this many (with SmolLM2's tokenizer).
+DEFAULT_SEGMENT = 128
+#: The per-unit metrics (means over a segment's tokens), tested in a comparison.
+MODEL_METRICS = ("out_kl", "top1", "delta_nll")
+#: The KL statistics llama.cpp's perplexity tool prints, over every token: name -> quantile (None: mean).
+TAIL = {"mean": None, "median": 0.5, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p99.9": 0.999, "max": 1.0}
+
+
+@dataclass
+class ModelSource:
+    """A loaded model and the segments that are the evaluation's units.
+
+    Attributes:
+        model, tokenizer, name: from :func:`kvstats.data.real.load_model`.
+        dims: :func:`kvstats.cache.model_dims` of its config (head_dim, kv_heads, q_heads, layers).
+        segments: ``(document index, title, ids [1, T])`` per unit.
+        skipped: titles of the documents shorter than one segment.
+        identity: what identifies the model and the text (for the unit store).
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    dims: dict
+    segments: list[tuple[int, str, torch.Tensor]]
+    skipped: list[str]
+    identity: dict = field(default_factory=dict)
+
+
+def _model_identity(model: str | os.PathLike, loaded) -> dict:
+    from kvstats.data.real import SMOLLM2, smollm2_gguf_path
+
+    path = smollm2_gguf_path() if str(model) == SMOLLM2 else Path(model)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    config = hashlib.sha256(loaded.config.to_json_string().encode()).hexdigest()[:16]
+    return {"model": str(model), "files": stats, "config": config, "dtype": str(next(loaded.parameters()).dtype)}
+
+
+def model_source(model: str | os.PathLike = "smollm2", *, segment: int = DEFAULT_SEGMENT,
+                 segments_per_document: int | None = 1, documents: dict[str, str] | None = None,
+                 dtype: torch.dtype = torch.float32) -> ModelSource:
+    """Load ``model`` and cut ``documents`` (default: the 25 shipped ones) into disjoint segments of ``segment``
+    tokens: the first ``segments_per_document`` of each (None: all), documents shorter than one segment skipped."""
+    from kvstats._validation import check_int_range
+    from kvstats.cache import model_dims
+    from kvstats.data.real import load_model
+    from kvstats.data.texts import documents as shipped
+
+    segment = check_int_range(segment, "segment", 2, 1 << 20)
+    if segments_per_document is not None:
+        segments_per_document = check_int_range(segments_per_document, "segments_per_document", 1, 1 << 20)
+    texts = shipped() if documents is None else dict(documents)
+    if not texts:
+        raise ValueError("documents is empty: nothing to evaluate on")
+    lm, tokenizer, name = load_model(model, dtype=dtype)
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    if limit is not None and segment > limit:
+        raise ValueError(f"segment must be at most the model's max_position_embeddings={limit}, got {segment}")
+    segments, skipped = [], []
+    for i, (title, text) in enumerate(texts.items()):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        count = ids.shape[1] // segment
+        if count == 0:
+            skipped.append(title)
+        for j in range(count if segments_per_document is None else min(count, segments_per_document)):
+            segments.append((i, title, ids[:, j * segment:(j + 1) * segment]))
+    if len({doc for doc, _, _ in segments}) < 2:
+        raise ValueError(f"segments of {segment} tokens come from fewer than 2 documents ({len(texts)} given, "
+                         f"{len(skipped)} shorter than a segment): use a smaller segment")
+    digest = hashlib.sha256(json.dumps(list(texts.items())).encode()).hexdigest()[:16]
+    identity = _model_identity(model, lm) | {"documents": digest, "segment": segment,
+                                             "segments_per_document": segments_per_document}
+    return ModelSource(lm, tokenizer, name, model_dims(lm.config), segments, skipped, identity)
+
+
+def _reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(ids.to(next(model.parameters()).device)).logits.float().cpu()
+
+
+def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision_window: int = 0,
+               reference: torch.Tensor | None = None) -> dict[str, Any]:
+    """The metrics of one segment ``ids`` [1, T] (module doc): the reference pass (the model's own attention, no
+    cache; or ``reference`` logits computed before) and the quantized pass through a KVStatsCache of ``scheme``
+    (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path."""
+    from kvstats.baselines import output_metrics
+    from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
+
+    model = source.model
+    ref = _reference_logits(model, ids) if reference is None else reference
+    previous = model.config._attn_implementation
+    cache = KVStatsCache(scheme, full_precision_window, record_attention=True)
+    try:
+        use_estimator_attention(model)
+        with torch.inference_mode():
+            logits = model(ids.to(next(model.parameters()).device), **cache_kwargs(model, cache),
+                           use_cache=True).logits.float().cpu()
+    finally:
+        model.set_attn_implementation(previous)
+    m = output_metrics(ref, logits, ids)
+    kl, top1 = m["out_kl"][0], m["top1"][0]
+    nll, nll_ref = m["nll"][0], m["nll_ref"][0]
+    layers = sorted({r.layer for r in cache.attention_records})
+    per_layer = {i: [r for r in cache.attention_records if r.layer == i] for i in layers}
+    return {"out_kl": float(kl.mean()), "top1": float(top1.mean()), "delta_nll": float((nll - nll_ref).mean()),
+            "bits_total": float(cache.memory().bits_per_element),
+            "layer_attention_kl": [float(torch.cat([r.kl.flatten() for r in per_layer[i]]).mean()) for i in layers],
+            "layer_topk_recall": [float(torch.cat([r.recall.flatten() for r in per_layer[i]]).mean())
+                                  for i in layers],
+            "tokens_out_kl": kl.tolist(), "tokens_top1": top1.tolist(), "tokens_nll": nll.tolist(),
+            "tokens_nll_ref": nll_ref.tolist()}
+
+
+def _by_document(rows: list[dict], key: str, prefix: str = "") -> np.ndarray:
+    """Per-document means of a per-unit metric (documents are the independent units)."""
+    docs: dict[int, list[float]] = {}
+    for r in rows:
+        docs.setdefault(r["document"], []).append(r[prefix + key])
+    return np.array([np.mean(v) for v in docs.values()])
+
+
+def unit_summary(rows: list[dict], *, prefix: str = "", confidence_level: float = 0.95, seed: int = 0) -> dict:
+    """Each per-unit metric's mean over documents with its CI (:func:`kvstats.stats.mean_ci`), and each layer's
+    attention KL and top-5 recall likewise."""
+    from kvstats import stats
+
+    out = {m: stats.mean_ci(_by_document(rows, m, prefix), confidence_level, seed=seed)
+           for m in (*MODEL_METRICS, "bits_total")}
+    layers = len(rows[0][prefix + "layer_attention_kl"])
+    for name in ("layer_attention_kl", "layer_topk_recall"):
+        docs: dict[int, list] = {}
+        for r in rows:
+            docs.setdefault(r["document"], []).append(r[prefix + name])
+        table = np.array([np.mean(v, axis=0) for v in docs.values()])  # [documents, layers]
+        out[name] = [stats.mean_ci(table[:, i], confidence_level, seed=seed) for i in range(layers)]
+    return out
+
+
+def _quantile(q: float | None):
+    def statistic(x):
+        return float(np.mean(x)) if q is None else float(np.quantile(x, q))
+
+    statistic.__name__ = "mean" if q is None else ("max" if q == 1.0 else f"quantile {q:g}")
+    return statistic
+
+
+def pooled_summary(rows: list[dict], *, prefix: str = "", confidence_level: float = 0.95, n_resamples: int = 1999,
+                   seed: int = 0) -> dict:
+    """Statistics over every token pooled, each with a cluster bootstrap CI (documents, then segments): the KL
+    tail (:data:`TAIL`), top-1 agreement and the perplexity ratio exp(mean NLL − mean NLL_exact)."""
+    from kvstats import stats
+
+    docs = [r["document"] for r in rows]
+    opts = dict(clusters=docs, confidence_level=confidence_level, n_resamples=n_resamples, seed=seed)
+    kl = [np.array(r[prefix + "tokens_out_kl"]) for r in rows]
+    out = {f"kl_{name}": stats.cluster_bootstrap_ci(kl, _quantile(q), **opts) for name, q in TAIL.items()}
+    out["same_top1"] = stats.cluster_bootstrap_ci([np.array(r[prefix + "tokens_top1"]) for r in rows], np.mean,
+                                                  **opts)
+    delta = [np.array(r[prefix + "tokens_nll"]) - np.array(r[prefix + "tokens_nll_ref"]) for r in rows]
+
+    def ppl_ratio(x):
+        return float(math.exp(np.mean(x)))
+
+    out["ppl_ratio"] = stats.cluster_bootstrap_ci(delta, ppl_ratio, **opts)
+    return out

@@ -1,0 +1,260 @@
+"""``kvstats.evaluate(..., model=...)``: a quantizer on a language model, checked, planned, resumable, with provenance.
+
+The units, the metrics and their statistics are those of :mod:`kvstats.run.model_eval`; the sides, the checks,
+the plan, the unit store, the strict results file and the provenance block are the synthetic evaluation's
+(docs/evaluate.md, "On a model").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvstats.run.model_eval import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
+
+__all__ = ["MODEL_SCHEMA", "ModelEvaluation", "evaluate_model"]
+
+#: Version of the results file's layout.
+MODEL_SCHEMA = "kvstats-model-evaluation/1"
+_WORDS = {"out_kl": "next-token KL (nats)", "top1": "top-1 agreement", "delta_nll": "change of NLL (nats)",
+          "bits_total": "bits per element held"}
+
+
+@dataclass(frozen=True)
+class ModelEvaluation:
+    """What :func:`evaluate_model` measured.
+
+    Attributes:
+        config: how it ran (quantizer, compare, budgets, model, documents, segments, window, seeds, checks).
+        units: one dict per segment: ``unit``, ``document``, ``title``, the metrics of
+            :func:`kvstats.run.model_eval.model_unit` (``other:``-prefixed for the compared scheme).
+        summary: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.run.model_eval.unit_summary` (means
+            over documents with CIs, per layer too) and :func:`~kvstats.run.model_eval.pooled_summary` (the KL
+            tail, top-1, perplexity ratio over every token, cluster bootstrap CIs), under ``"documents"`` and
+            ``"tokens"``.
+        comparison, excluded, plan, family_plan: as :class:`kvstats.evaluation.Evaluation`'s, over documents.
+        bits: measured bits per element of each side, and whether they match.
+        provenance: versions, commit, device, threads, date, wall time, command line, seeds.
+    """
+
+    config: dict[str, Any]
+    units: list[dict[str, Any]]
+    summary: dict[str, Any]
+    comparison: dict[str, Any] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)
+    plan: Any = None
+    family_plan: Any = None
+    bits: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results file's content: strict-JSON-ready (no NaN or inf: null, with ``null_reasons``)."""
+        from kvstats.run.strict import strict_json
+
+        def side(s: dict) -> dict:
+            docs = {m: (r.to_dict() if not isinstance(r, list) else [x.to_dict() for x in r])
+                    for m, r in s["documents"].items()}
+            return {"documents": docs, "tokens": {m: r.to_dict() for m, r in s["tokens"].items()}}
+
+        comparison = {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"],
+                          "significant": c["significant"],
+                          "detectable_shift": None if c["detectable_shift"] is None else
+                          c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
+        return strict_json({"schema": MODEL_SCHEMA, "config": self.config, "bits": self.bits,
+                            "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
+                                                                    "family_tested": self.family_plan.to_dict()},
+                            "units": self.units, "summary": {k: side(v) for k, v in self.summary.items()},
+                            "comparison": comparison, "excluded": self.excluded, "provenance": self.provenance})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        """Write :meth:`to_json` without destroying anything (:mod:`kvstats._files`)."""
+        from kvstats._files import check_output_path, write_output
+
+        return write_output(check_output_path(path, "path", force=force), self.to_json().encode("utf-8"))
+
+    def table(self) -> str:
+        """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
+        and the comparison when present."""
+        cfg, ev = self.config, self.summary["evaluated"]
+        level = ev["documents"]["out_kl"].confidence_level
+        lines = [f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']} ({cfg['documents']} documents, "
+                 f"{len(self.units)} segments of {cfg['segment']} tokens, teacher-forced through KVStatsCache on the "
+                 f"estimator path; exact window {cfg['full_precision_window']} tokens)",
+                 f"  {cfg['quantizer']}: {self.bits['evaluated']['measured']:.4g} bits per element held (measured)"]
+        if cfg["compare"] is not None:
+            lines.append(f"  {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held"
+                         + ("" if self.bits["matched"] else "  ! not bit-matched"))
+        how = ev["documents"]["out_kl"].ci_method
+        lines.append(f"per document: mean over the {cfg['documents']} documents, {level:.0%} CI ({how})")
+        for m in MODEL_METRICS:
+            r = ev["documents"][m]
+            row = f"  {_WORDS[m]:<22} {r.statistic:>10.4g} [{r.confidence_interval.low:.4g}, " \
+                  f"{r.confidence_interval.high:.4g}]"
+            if m in self.comparison:
+                c, o = self.comparison[m], self.summary["compared"]["documents"][m]
+                row += (f"   {cfg['compare']} {o.statistic:.4g}; r = {c['test'].effect_size:+.3f}, "
+                        f"p (Holm) = {c['pvalue_holm']:.2g}{'*' if c['significant'] else ''}")
+            lines.append(row)
+        tok = ev["tokens"]
+        n_tokens = sum(len(u["tokens_out_kl"]) for u in self.units)
+        lines.append(f"over all {n_tokens} tokens (as llama.cpp's --kl-divergence; cluster bootstrap over documents, "
+                     f"{level:.0%} CI):")
+        for name in TAIL:
+            r = tok[f"kl_{name}"]
+            lines.append(f"  KL {name:<8} {r.statistic:>10.4g} [{r.confidence_interval.low:.4g}, "
+                         f"{r.confidence_interval.high:.4g}]")
+        same, ppl = tok["same_top1"], tok["ppl_ratio"]
+        lines.append(f"  same top p {100 * same.statistic:9.2f}% [{100 * same.confidence_interval.low:.2f}, "
+                     f"{100 * same.confidence_interval.high:.2f}]")
+        lines.append(f"  PPL ratio  {ppl.statistic:>10.5g} [{ppl.confidence_interval.low:.5g}, "
+                     f"{ppl.confidence_interval.high:.5g}]  (exp of the mean change of NLL)")
+        layers = ev["documents"]["layer_attention_kl"]
+        worst = sorted(range(len(layers)), key=lambda i: -layers[i].statistic)[:5]
+        lines.append("attention KL of the estimator's logits, the 5 worst layers: " + ", ".join(
+            f"{i}: {layers[i].statistic:.3g}" for i in worst))
+        if self.family_plan is not None and not self.family_plan.can_conclude:
+            lines += textwrap.wrap("! " + self.family_plan.message() + ".", 110, subsequent_indent="  ")
+        return "\n".join(lines)
+
+
+def _document_rows(rows: list[dict], with_other: bool) -> list[dict]:
+    """Per-document means of the per-unit metrics (both sides): the units of the comparison."""
+    docs: dict[int, list[dict]] = {}
+    for r in rows:
+        docs.setdefault(r["document"], []).append(r)
+    names = [m for m in MODEL_METRICS] + ([f"other:{m}" for m in MODEL_METRICS] if with_other else [])
+    return [{"document": d, **{n: float(np.mean([r[n] for r in rs])) for n in names}} for d, rs in docs.items()]
+
+
+def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match_bits: bool = False,
+                   segment: int = DEFAULT_SEGMENT, segments_per_document: int | None = 1,
+                   full_precision_window: int = 0, seed: int | None = 0, alpha: float = 0.05,
+                   confidence_level: float = 0.95, n_resamples: int = 1999, check: bool = True, out=None,
+                   force: bool = False, store=None, progress: bool = False, dtype: torch.dtype = torch.float32,
+                   documents: dict[str, str] | None = None, **options) -> ModelEvaluation:
+    """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.run.model_eval`).
+
+    Args:
+        quantizer, bits, compare, match_bits, seed, alpha, confidence_level, check, out, force, store, progress,
+            **options: as :func:`kvstats.evaluate`.
+        model: ``"smollm2"``, a local Hugging Face model folder or a .gguf file.
+        segment: tokens per segment; segments_per_document: how many disjoint segments of each document (None:
+            all).
+        full_precision_window: W, the most recent tokens the cache keeps exact (KIVI/QJL style).
+        n_resamples: the cluster bootstrap's resamples (pooled statistics).
+        dtype: the model's dtype.
+        documents: ``{title: text}`` instead of the shipped documents.
+    """
+    from kvstats._files import check_output_path, is_stream
+    from kvstats._random import check_seed
+    from kvstats._validation import check_int_range
+    from kvstats.evaluation import InconclusiveWarning
+    from kvstats.run import sides, unit_store
+    from kvstats.run.comparison import compare_units, plan_comparison
+    from kvstats.run.model_eval import _reference_logits, model_source, model_unit, pooled_summary, unit_summary
+    from kvstats.run.provenance import provenance
+
+    started = time.time()
+    bits = check_int_range(bits, "bits", 1, 8)
+    full_precision_window = check_int_range(full_precision_window, "full_precision_window", 0, 1 << 30)
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    seed = check_seed(seed)
+    if out is not None:
+        out = check_output_path(out, "out", force=force)
+    source = model_source(model, segment=segment, segments_per_document=segments_per_document, documents=documents,
+                          dtype=dtype)
+    d, heads = source.dims["head_dim"], source.dims["kv_heads"]
+    main = sides.Side("quantizer", quantizer, bits, dict(options))
+    other = None if compare is None else sides.Side("compare", compare, bits, dict(options))
+    probe_gen = torch.Generator().manual_seed(0)
+    probe = [(None, *(torch.randn(1, heads, segment, d, generator=probe_gen) for _ in range(2)))]
+    scheme0 = main.scheme(d, seed)
+    checks = {"quantizer": sides.check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
+    if other is not None:
+        if match_bits:
+            other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed, probe)[0]
+        checks["compare"] = (sides.check_side(other, other.scheme(d, seed), d, seed, heads) if check else
+                             "skipped (check=False)")
+    n_docs = len({doc for doc, _, _ in source.segments})
+    plan = None
+    if other is not None:
+        plan = plan_comparison(n_docs, len(MODEL_METRICS), alpha)
+        if not plan.can_conclude:
+            warnings.warn(InconclusiveWarning(f"{plan.message()}: pass more documents"), stacklevel=3)
+    identities = [main.identity()] + ([] if other is None else [other.identity()])
+    key = None if None in identities else unit_store.store_key(
+        {"mode": "model", "sides": identities, "source": source.identity, "seed": seed,
+         "window": full_precision_window, "kvstats": unit_store.kvstats_digest()})
+    if store is None and out is not None and not is_stream(out):
+        store = Path(str(out) + ".units")
+    if key is None:
+        store = None
+
+    def compute(i: int) -> dict:
+        doc, title, ids = source.segments[i]
+        ref = _reference_logits(source.model, ids)
+        row = {"unit": i, "document": doc, "title": title,
+               **model_unit(source, main.scheme(d, seed + i), ids, full_precision_window=full_precision_window,
+                            reference=ref)}
+        if other is not None:
+            row |= {f"other:{k}": v for k, v in model_unit(source, other.scheme(d, seed + i), ids,
+                                                              full_precision_window=full_precision_window,
+                                                              reference=ref).items()}
+        return row
+
+    try:
+        rows, reused = unit_store.run_units(compute, len(source.segments), key=key, store=store, progress=progress,
+                                            desc=f"evaluate {main.label} on {source.name}")
+    except KeyboardInterrupt:
+        if store is not None:
+            have = unit_store.stored_units(len(source.segments), key, store)
+            print(f"interrupted: {have} of {len(source.segments)} units are stored in {store}; run the same command "
+                  "again to resume", file=sys.stderr)
+        raise
+    summaries = {"evaluated": {"documents": unit_summary(rows, confidence_level=confidence_level, seed=seed),
+                               "tokens": pooled_summary(rows, confidence_level=confidence_level,
+                                                        n_resamples=n_resamples, seed=seed)}}
+    comparison: dict = {}
+    if other is not None:
+        summaries["compared"] = {
+            "documents": unit_summary(rows, prefix="other:", confidence_level=confidence_level, seed=seed),
+            "tokens": pooled_summary(rows, prefix="other:", confidence_level=confidence_level,
+                                     n_resamples=n_resamples, seed=seed)}
+        comparison = compare_units(_document_rows(rows, True), alpha=alpha, confidence_level=confidence_level,
+                                   seed=seed, metrics=MODEL_METRICS)
+    bits_info = {"evaluated": {"budget": bits, "measured": float(np.mean([r["bits_total"] for r in rows]))}}
+    if other is not None:
+        bits_info["compared"] = {"budget": other.bits,
+                                 "measured": float(np.mean([r["other:bits_total"] for r in rows]))}
+        a, b = bits_info["evaluated"]["measured"], bits_info["compared"]["measured"]
+        bits_info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
+    config = {"quantizer": main.label, "compare": None if other is None else other.label, "bits": bits,
+              "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
+              "model": source.name, "model_dims": source.dims, "documents": n_docs, "segment": segment,
+              "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
+              "full_precision_window": full_precision_window, "seed": seed, "alpha": float(alpha),
+              "confidence_level": confidence_level, "options": {k: str(v) for k, v in options.items()},
+              "checks": checks, "units_reused": reused, "dtype": str(dtype).removeprefix("torch.")}
+    ev = ModelEvaluation(config, rows, summaries, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
+                         comparison.get("plan"), bits_info,
+                         provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (the schemes)",
+                                                            "bootstrap": seed}))
+    if out is not None:
+        ev.save(out, force=force)
+        if store is not None:
+            unit_store.remove_units(len(source.segments), key, store)
+    return ev
