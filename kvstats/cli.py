@@ -335,6 +335,52 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+@subcommand(
+    "sensitivity",
+    help="per-layer sensitivity of a model to a quantizer: the output damage of quantizing each layer alone and "
+         "of keeping it exact, and the smallest measured set of layers to keep exact for a target damage",
+    args=[
+        arg("--quantizer", required=True, help="a scheme, a quantizer (K and V) or module:Class, as for evaluate"),
+        arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
+        arg("--model", default="smollm2", help="'smollm2' (default), a Hugging Face model folder or a .gguf file"),
+        arg("--documents", type=int, default=8,
+            help="how many shipped documents (one segment each) every configuration runs (default 8; 0: all)"),
+        arg("--segment", type=int, default=128, help="tokens per document segment (default 128)"),
+        arg("--target", type=float, default=None,
+            help="the mean next-token KL (nats) to reach by keeping layers exact (default: half of quantizing all)"),
+        arg("--seed", type=_seed, default=0, help="the schemes' seed (default 0)"),
+        arg("--rows", default=None, choices=["gaussian", "orthogonal", "srht"], help="sketch of every QJL stage"),
+        arg("--no-check", action="store_true", help="skip the conformance checks (recorded in the results)"),
+        arg("--out", default=None, help="write the results JSON here (checked before any work)"),
+        arg("--figure", default=None, help="write the figure (PNG) here (default: beside --out, .png)"),
+        arg("--force", action="store_true", help="replace existing --out / --figure files"),
+        arg("--json", action="store_true", help="print the results JSON instead of the table"),
+        arg("--no-progress", action="store_true", help="no progress lines"),
+    ],
+)
+def _sensitivity(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    from kvstats._files import check_output_path
+    from kvstats.run.sensitivity import sensitivity
+
+    figure = args.figure or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+    if figure is not None:
+        check_output_path(figure, "--figure", force=args.force)
+    options = {"rows": args.rows} if args.rows else {}
+    result = sensitivity(args.quantizer, bits=args.bits, model=args.model, documents_used=args.documents or None,
+                         segment=args.segment, target=args.target, seed=args.seed, check=not args.no_check,
+                         out=args.out, force=args.force, progress=not args.no_progress, **options)
+    if figure is not None:
+        result.figure(figure)
+        print(f"figure: {figure}", file=sys.stderr)
+    print(result.to_json() if args.json else result.table())
+    return 0
+
+
 #: --dtype names of the capture command
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
            "fp16": "float16"}

@@ -98,3 +98,37 @@ def test_cli_evaluate_model(tiny_folder, capsys):
     assert main(["evaluate", "--model", str(tiny_folder), "--data", "gaussian", "--quantizer", "kqv",
                  "--bits", "4"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp_path):
+    """Oracles: quantizing no layer is exact (a lossless scheme on every layer gives KL 0); 'only L' and 'all but
+    L' are the mean over documents of model_unit's KL under those per-layer schemes, recomputed here; the
+    recommended set's damage is measured and at most the target when reached."""
+    from kvstats.cache import IdentityScheme
+    from kvstats.run.sensitivity import sensitivity
+
+    s = sensitivity("qkqv", bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS, target=1e-9)
+    assert s.layers == 2 and s.config["documents"] == 3
+    src = model_source(tiny_folder, segment=32, documents=DOCS)
+    quant = kvstats.scheme("qkqv", bits=2, dim=src.dims["head_dim"], seed=0)
+    exact = IdentityScheme(src.dims["head_dim"])
+    for name, keep in (("only 0", {1}), ("all but 0", {0}), ("all", set())):
+        want = np.mean([model_unit(src, lambda i, k=keep: exact if i in k else quant, ids)["out_kl"]
+                        for _, _, ids in src.segments[:3]])
+        assert s.damage[name].statistic == pytest.approx(want, rel=1e-9)
+    rec = s.recommendation  # target 1e-9: only keeping every layer exact reaches it
+    assert rec["keep_exact"] == [0, 1] and rec["reached"] and rec["damage"].statistic < 1e-9
+    png = s.figure(tmp_path / "s.png")
+    assert png.stat().st_size > 1000
+    assert "keep exact: 0, 1" in s.table()
+    json.loads(s.to_json(), parse_constant=lambda t: pytest.fail(f"not strict JSON: {t}"))
+
+
+def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
+    from kvstats.cli import main
+
+    out = tmp_path / "sens.json"
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--documents", "2",
+                 "--segment", "32", "--out", str(out), "--no-progress"]) == 0
+    assert out.is_file() and (tmp_path / "sens.png").is_file()
+    assert "all but this layer" in capsys.readouterr().out

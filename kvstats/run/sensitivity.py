@@ -1,0 +1,232 @@
+"""Per-layer sensitivity: which layers of a model to keep in full precision, measured, with intervals.
+
+    s = sensitivity("kqv", bits=2, model="smollm2", documents_used=8)
+    print(s.table()); s.figure("sensitivity.png"); s.save("sensitivity.json")
+
+    kvstats sensitivity --model smollm2 --quantizer kqv --bits 2 --out sensitivity.json
+
+Every configuration runs the same teacher-forced segments (the first ``segment`` tokens of ``documents_used``
+shipped documents, :mod:`kvstats.run.model_eval`) through a :class:`~kvstats.cache.KVStatsCache` whose layers
+are either quantized by the scheme or kept exact (a lossless scheme), and measures the output damage: the mean
+next-token KL(p_exact ‖ p_quantized) of each document, averaged over documents with a CI
+(:func:`kvstats.stats.mean_ci`). The configurations:
+
+* ``all``: every layer quantized (the damage to reduce);
+* ``only L``: layer L alone quantized — how much damage L causes by itself;
+* ``all but L``: every layer but L quantized — how much keeping L exact saves (``all − all but L``);
+* the recommendation: layers kept exact in the order of what each saves alone, the set grown one layer at a
+  time and **measured** at each size, until the damage is at most ``target`` (default half of ``all``'s). Its
+  configuration's damage is reported with its CI, as measured, not predicted from the single-layer runs
+  (damages do not add: the layers interact through the residual stream).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvstats.run.model_eval import DEFAULT_SEGMENT
+
+__all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity"]
+
+#: Version of the results file's layout.
+SENSITIVITY_SCHEMA = "kvstats-sensitivity/1"
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What :func:`sensitivity` measured.
+
+    Attributes:
+        config: how it ran (quantizer, bits, model, documents, segment, target, seeds, checks).
+        damage: ``{configuration: MeanResult}`` of the per-document mean next-token KL, for ``"all"``,
+            ``"only <L>"``, ``"all but <L>"`` and each measured keep-exact set ``"exact <L1,L2,...>"``.
+        per_document: ``{configuration: [per-document mean KL, ...]}`` (in document order).
+        recommendation: ``{"keep_exact": [layers], "damage": MeanResult, "target": float, "reached": bool}``.
+        provenance: versions, commit, device, threads, date, wall time, command line, seeds.
+    """
+
+    config: dict[str, Any]
+    damage: dict[str, Any]
+    per_document: dict[str, list[float]]
+    recommendation: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> int:
+        return int(self.config["layers"])
+
+    def to_dict(self) -> dict[str, Any]:
+        from kvstats.run.strict import strict_json
+
+        rec = dict(self.recommendation) | {"damage": self.recommendation["damage"].to_dict()}
+        table = [{"layer": i, "only": self.damage[f"only {i}"].to_dict(),
+                  "all_but": self.damage[f"all but {i}"].to_dict(),
+                  "saved": self.damage["all"].statistic - self.damage[f"all but {i}"].statistic}
+                 for i in range(self.layers)]
+        return strict_json({"schema": SENSITIVITY_SCHEMA, "config": self.config, "layers": table,
+                            "damage": {k: v.to_dict() for k, v in self.damage.items()},
+                            "per_document": self.per_document, "recommendation": rec, "provenance": self.provenance})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        """Write :meth:`to_json` without destroying anything (:mod:`kvstats._files`)."""
+        from kvstats._files import check_output_path, write_output
+
+        return write_output(check_output_path(path, "path", force=force), self.to_json().encode("utf-8"))
+
+    def table(self) -> str:
+        cfg, full = self.config, self.damage["all"]
+        level = full.confidence_level
+        lines = [f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']}: per-layer sensitivity over "
+                 f"{cfg['documents']} documents ({cfg['segment']} tokens each); damage = mean next-token KL (nats), "
+                 f"{level:.0%} CI over documents",
+                 f"  every layer quantized: {full.statistic:.4g} [{full.confidence_interval.low:.4g}, "
+                 f"{full.confidence_interval.high:.4g}]",
+                 f"{'layer':>6} {'only this layer':>28} {'all but this layer':>28} {'saved':>9}"]
+        for i in range(self.layers):
+            only, but = self.damage[f"only {i}"], self.damage[f"all but {i}"]
+            lines.append(f"{i:>6} {_ci(only):>28} {_ci(but):>28} {full.statistic - but.statistic:>9.3g}")
+        rec = self.recommendation
+        kept = ", ".join(map(str, rec["keep_exact"])) or "none"
+        lines.append(f"keep exact: {kept} -> damage {_ci(rec['damage'])} (measured; target {rec['target']:.4g}"
+                     + ("" if rec["reached"] else ", not reached") + ")")
+        return "\n".join(lines)
+
+    def figure(self, path: str | os.PathLike) -> Path:
+        """A PNG: per layer, the damage of quantizing it alone and the damage saved by keeping it exact, with CIs;
+        the damage of quantizing every layer and the target as lines; the recommended layers marked."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        x = np.arange(self.layers)
+        full = self.damage["all"].statistic
+        only = [self.damage[f"only {i}"] for i in x]
+        but = [self.damage[f"all but {i}"] for i in x]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * self.layers + 2), 3.6), constrained_layout=True)
+        for values, shift, label, color in ((only, -0.2, "only this layer quantized", "#1f77b4"),
+                                            (but, 0.2, "damage saved by keeping it exact", "#ff7f0e")):
+            if label.startswith("damage saved"):
+                mid = [full - r.statistic for r in values]
+                err = [[r.confidence_interval.high - r.statistic for r in values],
+                       [r.statistic - r.confidence_interval.low for r in values]]
+            else:
+                mid = [r.statistic for r in values]
+                err = [[r.statistic - r.confidence_interval.low for r in values],
+                       [r.confidence_interval.high - r.statistic for r in values]]
+            ax.bar(x + shift, mid, width=0.4, yerr=err, capsize=1.5, label=label, color=color)
+        ax.axhline(full, color="k", lw=0.8, ls="--", label=f"every layer quantized ({full:.3g})")
+        ax.axhline(self.recommendation["target"], color="#2ca02c", lw=0.8, ls=":", label="target")
+        for i in self.recommendation["keep_exact"]:
+            ax.annotate("exact", (i, 0), xytext=(0, -14), textcoords="offset points", ha="center", fontsize=6,
+                        color="#2ca02c")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean next-token KL (nats)")
+        ax.set_title(f"{self.config['quantizer']} at {self.config['bits']} bits on {self.config['model']}: which "
+                     "layers matter", fontsize=9)
+        ax.legend(fontsize=7, frameon=False)
+        path = Path(path)
+        fig.savefig(path, dpi=130)
+        plt.close(fig)
+        return path
+
+
+def _ci(r) -> str:
+    return f"{r.statistic:.4g} [{r.confidence_interval.low:.3g}, {r.confidence_interval.high:.3g}]"
+
+
+def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | None = 8,
+                segment: int = DEFAULT_SEGMENT, target: float | None = None, seed: int | None = 0,
+                confidence_level: float = 0.95, check: bool = True, out=None, force: bool = False,
+                progress: bool = False, documents: dict[str, str] | None = None,
+                dtype: torch.dtype = torch.float32, **options) -> Sensitivity:
+    """Per-layer sensitivity of ``model`` to ``quantizer`` at ``bits`` (module doc).
+
+    Args:
+        quantizer, bits, seed, check, out, force, progress, **options: as :func:`kvstats.evaluate`.
+        model: ``"smollm2"``, a Hugging Face model folder or a .gguf file.
+        documents_used: how many of the shipped documents (the first ones holding a full segment; None: all).
+        segment: tokens per document segment.
+        target: the damage (mean next-token KL) to reach by keeping layers exact; default half of ``all``'s.
+        documents: ``{title: text}`` instead of the shipped documents.
+    """
+    from kvstats import stats
+    from kvstats._files import check_output_path
+    from kvstats._random import check_seed
+    from kvstats._validation import check_int_range
+    from kvstats.cache import IdentityScheme
+    from kvstats.run import sides
+    from kvstats.run.model_eval import _reference_logits, model_source, model_unit
+    from kvstats.run.provenance import provenance
+
+    started = time.time()
+    bits = check_int_range(bits, "bits", 1, 8)
+    seed = check_seed(seed)
+    if target is not None and not (isinstance(target, (int, float)) and target >= 0):
+        raise ValueError(f"target must be a non-negative number (a mean next-token KL in nats), got {target!r}")
+    if out is not None:
+        out = check_output_path(out, "out", force=force)
+    source = model_source(model, segment=segment, segments_per_document=1, documents=documents, dtype=dtype)
+    if documents_used is not None:
+        documents_used = check_int_range(documents_used, "documents_used", 2, 1 << 20)
+        source.segments = source.segments[:documents_used]
+    d, heads, n_layers = source.dims["head_dim"], source.dims["kv_heads"], source.dims["layers"]
+    side = sides.Side("quantizer", quantizer, bits, dict(options))
+    quantized = side.scheme(d, seed)
+    checks = sides.check_side(side, quantized, d, seed, heads) if check else "skipped (check=False)"
+    exact = IdentityScheme(d)
+    references = [_reference_logits(source.model, ids) for _, _, ids in source.segments]
+
+    def damage(keep_exact: set[int], name: str) -> list[float]:
+        def per_layer(i: int):
+            return exact if i in keep_exact else quantized
+
+        values = [model_unit(source, per_layer, ids, reference=ref)["out_kl"]
+                  for (_, _, ids), ref in zip(source.segments, references)]
+        if progress:
+            print(f"  {name}: {np.mean(values):.4g}", file=sys.stderr, flush=True)
+        return values
+
+    everything = set(range(n_layers))
+    per_doc = {"all": damage(set(), "all")}
+    for i in range(n_layers):
+        per_doc[f"only {i}"] = damage(everything - {i}, f"only {i}")
+        per_doc[f"all but {i}"] = damage({i}, f"all but {i}")
+    results = {k: stats.mean_ci(v, confidence_level, seed=seed) for k, v in per_doc.items()}
+    full = results["all"].statistic
+    target = full / 2 if target is None else float(target)
+    order = sorted(range(n_layers), key=lambda i: results[f"all but {i}"].statistic)  # most saved first
+    kept: list[int] = []
+    chosen = results["all"]
+    while chosen.statistic > target and len(kept) < n_layers:
+        kept.append(order[len(kept)])
+        name = "exact " + ",".join(map(str, sorted(kept)))
+        per_doc[name] = per_doc.get(f"all but {kept[0]}") if len(kept) == 1 else damage(set(kept), name)
+        results[name] = stats.mean_ci(per_doc[name], confidence_level, seed=seed)
+        chosen = results[name]
+    recommendation = {"keep_exact": sorted(kept), "damage": chosen, "target": target,
+                      "reached": bool(chosen.statistic <= target), "order": order}
+    config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
+              "layers": n_layers, "documents": len(source.segments),
+              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
+              "confidence_level": confidence_level, "checks": checks,
+              "bits_per_element": model_unit(source, quantized, source.segments[0][2],
+                                             reference=references[0])["bits_total"],
+              "options": {k: str(v) for k, v in options.items()}}
+    result = Sensitivity(config, results, per_doc, recommendation,
+                         provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
+    if out is not None:
+        result.save(out, force=force)
+    return result
