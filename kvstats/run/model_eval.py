@@ -121,17 +121,18 @@ def _reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision_window: int = 0,
-               reference: torch.Tensor | None = None) -> dict[str, Any]:
+               reference: torch.Tensor | None = None, record: bool = True) -> dict[str, Any]:
     """The metrics of one segment ``ids`` [1, T] (module doc): the reference pass (the model's own attention, no
     cache; or ``reference`` logits computed before) and the quantized pass through a KVStatsCache of ``scheme``
-    (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path."""
+    (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path. ``record=False``
+    skips the per-layer attention metrics (a third of the quantized pass's time; their lists are then empty)."""
     from kvstats.baselines import output_metrics
     from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
 
     model = source.model
     ref = _reference_logits(model, ids) if reference is None else reference
     previous = model.config._attn_implementation
-    cache = KVStatsCache(scheme, full_precision_window, record_attention=True)
+    cache = KVStatsCache(scheme, full_precision_window, record_attention=record)
     try:
         use_estimator_attention(model)
         with torch.inference_mode():

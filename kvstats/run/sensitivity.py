@@ -13,11 +13,13 @@ next-token KL(p_exact ‖ p_quantized) of each document, averaged over documents
 
 * ``all``: every layer quantized (the damage to reduce);
 * ``only L``: layer L alone quantized — how much damage L causes by itself;
-* ``all but L``: every layer but L quantized — how much keeping L exact saves (``all − all but L``);
-* the recommendation: layers kept exact in the order of what each saves alone, the set grown one layer at a
-  time and **measured** at each size, until the damage is at most ``target`` (default half of ``all``'s). Its
-  configuration's damage is reported with its CI, as measured, not predicted from the single-layer runs
-  (damages do not add: the layers interact through the residual stream).
+* ``all but L``: every layer but L quantized — how much keeping L exact saves: ``saved L`` = the mean over
+  documents of ``all − all but L``, document by document (a paired CI);
+* the recommendation: the layers in the order of their ``only L`` damage, most damaging first, and the fewest
+  k of them that, kept exact, bring the damage to at most ``target`` (default half of ``all``'s), found by
+  bisection over k with every probed set **measured** (it assumes that keeping more of them exact does not raise
+  the damage; the chosen set's damage is measured, not predicted from the single-layer runs: damages do not add,
+  the layers interact through the residual stream).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Sensitivity:
     Attributes:
         config: how it ran (quantizer, bits, model, documents, segment, target, seeds, checks).
         damage: ``{configuration: MeanResult}`` of the per-document mean next-token KL, for ``"all"``,
-            ``"only <L>"``, ``"all but <L>"`` and each measured keep-exact set ``"exact <L1,L2,...>"``.
+            ``"only <L>"``, ``"all but <L>"`` and each measured keep-exact set ``"exact <L1,L2,...>"``; and
+            ``"saved <L>"``, the paired mean of ``all − all but L``.
         per_document: ``{configuration: [per-document mean KL, ...]}`` (in document order).
         recommendation: ``{"keep_exact": [layers], "damage": MeanResult, "target": float, "reached": bool}``.
         provenance: versions, commit, device, threads, date, wall time, command line, seeds.
@@ -69,8 +72,7 @@ class Sensitivity:
 
         rec = dict(self.recommendation) | {"damage": self.recommendation["damage"].to_dict()}
         table = [{"layer": i, "only": self.damage[f"only {i}"].to_dict(),
-                  "all_but": self.damage[f"all but {i}"].to_dict(),
-                  "saved": self.damage["all"].statistic - self.damage[f"all but {i}"].statistic}
+                  "all_but": self.damage[f"all but {i}"].to_dict(), "saved": self.damage[f"saved {i}"].to_dict()}
                  for i in range(self.layers)]
         return strict_json({"schema": SENSITIVITY_SCHEMA, "config": self.config, "layers": table,
                             "damage": {k: v.to_dict() for k, v in self.damage.items()},
@@ -93,10 +95,10 @@ class Sensitivity:
                  f"{level:.0%} CI over documents",
                  f"  every layer quantized: {full.statistic:.4g} [{full.confidence_interval.low:.4g}, "
                  f"{full.confidence_interval.high:.4g}]",
-                 f"{'layer':>6} {'only this layer':>28} {'all but this layer':>28} {'saved':>9}"]
+                 f"{'layer':>6} {'only this layer':>28} {'all but this layer':>28} {'saved (paired)':>30}"]
         for i in range(self.layers):
-            only, but = self.damage[f"only {i}"], self.damage[f"all but {i}"]
-            lines.append(f"{i:>6} {_ci(only):>28} {_ci(but):>28} {full.statistic - but.statistic:>9.3g}")
+            only, but, saved = (self.damage[f"{what} {i}"] for what in ("only", "all but", "saved"))
+            lines.append(f"{i:>6} {_ci(only):>28} {_ci(but):>28} {_ci(saved):>30}")
         rec = self.recommendation
         kept = ", ".join(map(str, rec["keep_exact"])) or "none"
         lines.append(f"keep exact: {kept} -> damage {_ci(rec['damage'])} (measured; target {rec['target']:.4g}"
@@ -114,18 +116,13 @@ class Sensitivity:
         x = np.arange(self.layers)
         full = self.damage["all"].statistic
         only = [self.damage[f"only {i}"] for i in x]
-        but = [self.damage[f"all but {i}"] for i in x]
         fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * self.layers + 2), 3.6), constrained_layout=True)
+        saved = [self.damage[f"saved {i}"] for i in x]
         for values, shift, label, color in ((only, -0.2, "only this layer quantized", "#1f77b4"),
-                                            (but, 0.2, "damage saved by keeping it exact", "#ff7f0e")):
-            if label.startswith("damage saved"):
-                mid = [full - r.statistic for r in values]
-                err = [[r.confidence_interval.high - r.statistic for r in values],
-                       [r.statistic - r.confidence_interval.low for r in values]]
-            else:
-                mid = [r.statistic for r in values]
-                err = [[r.statistic - r.confidence_interval.low for r in values],
-                       [r.confidence_interval.high - r.statistic for r in values]]
+                                            (saved, 0.2, "saved by keeping it exact (paired)", "#ff7f0e")):
+            mid = [r.statistic for r in values]
+            err = [[r.statistic - r.confidence_interval.low for r in values],
+                   [r.confidence_interval.high - r.statistic for r in values]]
             ax.bar(x + shift, mid, width=0.4, yerr=err, capsize=1.5, label=label, color=color)
         ax.axhline(full, color="k", lw=0.8, ls="--", label=f"every layer quantized ({full:.3g})")
         ax.axhline(self.recommendation["target"], color="#2ca02c", lw=0.8, ls=":", label="target")
@@ -193,7 +190,7 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         def per_layer(i: int):
             return exact if i in keep_exact else quantized
 
-        values = [model_unit(source, per_layer, ids, reference=ref)["out_kl"]
+        values = [model_unit(source, per_layer, ids, reference=ref, record=False)["out_kl"]
                   for (_, _, ids), ref in zip(source.segments, references)]
         if progress:
             print(f"  {name}: {np.mean(values):.4g}", file=sys.stderr, flush=True)
@@ -205,25 +202,39 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         per_doc[f"only {i}"] = damage(everything - {i}, f"only {i}")
         per_doc[f"all but {i}"] = damage({i}, f"all but {i}")
     results = {k: stats.mean_ci(v, confidence_level, seed=seed) for k, v in per_doc.items()}
+    for i in range(n_layers):  # paired over documents: what keeping layer i exact saves
+        saved = np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"])
+        results[f"saved {i}"] = stats.mean_ci(saved, confidence_level, seed=seed)
     full = results["all"].statistic
     target = full / 2 if target is None else float(target)
-    order = sorted(range(n_layers), key=lambda i: results[f"all but {i}"].statistic)  # most saved first
-    kept: list[int] = []
-    chosen = results["all"]
-    while chosen.statistic > target and len(kept) < n_layers:
-        kept.append(order[len(kept)])
-        name = "exact " + ",".join(map(str, sorted(kept)))
-        per_doc[name] = per_doc.get(f"all but {kept[0]}") if len(kept) == 1 else damage(set(kept), name)
-        results[name] = stats.mean_ci(per_doc[name], confidence_level, seed=seed)
-        chosen = results[name]
-    recommendation = {"keep_exact": sorted(kept), "damage": chosen, "target": target,
+    order = sorted(range(n_layers), key=lambda i: -results[f"only {i}"].statistic)  # most damaging first
+
+    def measured(k: int):
+        kept = sorted(order[:k])
+        name = "all" if k == 0 else "exact " + ",".join(map(str, kept))
+        if name not in results:
+            per_doc[name] = per_doc[f"all but {kept[0]}"] if k == 1 else damage(set(kept), name)
+            results[name] = stats.mean_ci(per_doc[name], confidence_level, seed=seed)
+        return results[name]
+
+    low, high = 0, n_layers  # bisection for the fewest k with damage <= target (k = n_layers: every layer exact)
+    if measured(0).statistic <= target:
+        high = 0
+    while low + 1 < high:
+        mid = (low + high) // 2
+        if measured(mid).statistic <= target:
+            high = mid
+        else:
+            low = mid
+    chosen = measured(high)
+    recommendation = {"keep_exact": sorted(order[:high]), "damage": chosen, "target": target,
                       "reached": bool(chosen.statistic <= target), "order": order}
     config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
               "layers": n_layers, "documents": len(source.segments),
               "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
               "confidence_level": confidence_level, "checks": checks,
-              "bits_per_element": model_unit(source, quantized, source.segments[0][2],
-                                             reference=references[0])["bits_total"],
+              "bits_per_element": model_unit(source, quantized, source.segments[0][2], reference=references[0],
+                                             record=False)["bits_total"],
               "options": {k: str(v) for k, v in options.items()}}
     result = Sensitivity(config, results, per_doc, recommendation,
                          provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
