@@ -37,7 +37,7 @@ import torch
 
 from kvstats.run.model_eval import DEFAULT_SEGMENT
 
-__all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity"]
+__all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity", "sensitivity_figure"]
 
 #: Version of the results file's layout.
 SENSITIVITY_SCHEMA = "kvstats-sensitivity/1"
@@ -106,38 +106,51 @@ class Sensitivity:
         return "\n".join(lines)
 
     def figure(self, path: str | os.PathLike) -> Path:
-        """A PNG: per layer, the damage of quantizing it alone and the damage saved by keeping it exact, with CIs;
-        the damage of quantizing every layer and the target as lines; the recommended layers marked."""
-        import matplotlib
+        """A PNG (:func:`sensitivity_figure`) of the per-layer damages, the full damage, the target and the
+        recommended layers."""
+        rows = [{"layer": i, **{f"{k}_{f}": v for k in ("only", "saved")
+                               for f, v in _triple(self.damage[f"{k} {i}"]).items()}} for i in range(self.layers)]
+        cfg = self.config
+        title = f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']}: which layers matter"
+        return sensitivity_figure(rows, self.damage["all"].statistic, self.recommendation["target"],
+                                  self.recommendation["keep_exact"], title, path)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        x = np.arange(self.layers)
-        full = self.damage["all"].statistic
-        only = [self.damage[f"only {i}"] for i in x]
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * self.layers + 2), 3.6), constrained_layout=True)
-        saved = [self.damage[f"saved {i}"] for i in x]
-        for values, shift, label, color in ((only, -0.2, "only this layer quantized", "#1f77b4"),
-                                            (saved, 0.2, "saved by keeping it exact (paired)", "#ff7f0e")):
-            mid = [r.statistic for r in values]
-            err = [[r.statistic - r.confidence_interval.low for r in values],
-                   [r.confidence_interval.high - r.statistic for r in values]]
-            ax.bar(x + shift, mid, width=0.4, yerr=err, capsize=1.5, label=label, color=color)
-        ax.axhline(full, color="k", lw=0.8, ls="--", label=f"every layer quantized ({full:.3g})")
-        ax.axhline(self.recommendation["target"], color="#2ca02c", lw=0.8, ls=":", label="target")
-        for i in self.recommendation["keep_exact"]:
-            ax.annotate("exact", (i, 0), xytext=(0, -14), textcoords="offset points", ha="center", fontsize=6,
-                        color="#2ca02c")
-        ax.set_xlabel("layer")
-        ax.set_ylabel("mean next-token KL (nats)")
-        ax.set_title(f"{self.config['quantizer']} at {self.config['bits']} bits on {self.config['model']}: which "
-                     "layers matter", fontsize=9)
-        ax.legend(fontsize=7, frameon=False)
-        path = Path(path)
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-        return path
+def _triple(r) -> dict[str, float]:
+    return {"mean": r.statistic, "low": r.confidence_interval.low, "high": r.confidence_interval.high}
+
+
+def sensitivity_figure(rows: list[dict], full: float, target: float, keep_exact, title: str,
+                       path: str | os.PathLike) -> Path:
+    """Per layer (``rows``: ``layer``, ``only_mean``, ``only_low``, ``only_high``, ``saved_mean``, ``saved_low``,
+    ``saved_high``) the damage of quantizing it alone and the damage saved by keeping it exact, with CIs; the
+    damage of quantizing every layer (``full``) and the ``target`` as lines; the layers of ``keep_exact`` marked.
+    Written to ``path`` (PNG); returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.array([r["layer"] for r in rows])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(rows) + 2), 3.6), constrained_layout=True)
+    for key, shift, label, color in (("only", -0.2, "only this layer quantized", "#1f77b4"),
+                                     ("saved", 0.2, "saved by keeping it exact (paired)", "#ff7f0e")):
+        mid = np.array([r[f"{key}_mean"] for r in rows])
+        err = [mid - np.array([r[f"{key}_low"] for r in rows]), np.array([r[f"{key}_high"] for r in rows]) - mid]
+        ax.bar(x + shift, mid, width=0.4, yerr=err, capsize=1.5, label=label, color=color)
+    ax.axhline(full, color="k", lw=0.8, ls="--", label=f"every layer quantized ({full:.3g})")
+    ax.axhline(target, color="#2ca02c", lw=0.8, ls=":", label=f"target ({target:.3g})")
+    for i in keep_exact:
+        ax.annotate("exact", (i, 0), xytext=(0, -14), textcoords="offset points", ha="center", fontsize=6,
+                    color="#2ca02c")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean next-token KL (nats)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, frameon=False, loc="center right")
+    path = Path(path)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
 
 
 def _ci(r) -> str:
