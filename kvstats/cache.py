@@ -50,8 +50,10 @@ exact states of the tokens just added (and of the window), which the estimator p
 its attention call, and the dense path stops keeping from its second forward on.
 
 Grouped-query attention: query head h reads KV head h // (H_q / H_kv), as transformers' ``repeat_kv``.
-Any Llama-style model whose attention calls ``cache.update`` and then an ``AttentionInterface`` function
-works (Llama, SmolLM, Mistral, Qwen2/3, ...).
+Any model whose attention calls ``cache.update`` and then an ``AttentionInterface`` function works (Llama,
+SmolLM, Mistral, Qwen2/3, Gemma, Gemma2/3, Phi3, gpt-oss, ...): the estimator path applies the model's soft
+capping, sliding window and attention sinks as its eager attention does (:class:`LogitRules`) and refuses any
+other attention keyword by name (:func:`logit_rules`); docs/cache.md, "Architectures".
 """
 
 from __future__ import annotations
