@@ -23,9 +23,9 @@ refused uncalibrated: pass a calibrated Scheme.
 
 **Units** (:mod:`kvstats.run.units`): synthetic unit ``i`` is a fresh draw with seed ``seed + i`` and a scheme
 seeded ``seed + i``; a capture's unit ``i`` is its ``i``-th disjoint window of ``window`` tokens, queries
-attending causally within it, averaged over the stored layers, at the model's own softmax scale
-(``attn_scaling``). Windows of one text are disjoint but not independent of the text: capture several texts to
-generalise beyond it.
+attending causally within it, averaged over the stored layers, at each layer's own softmax scale and soft cap
+(the capture's ``attention`` metadata). Windows of one text are disjoint but not independent of the text:
+capture several texts into one file (its documents; windows stay inside them) to generalise beyond it.
 
 **Metrics per unit** (means over the unit's queries and vectors): ``attention_kl`` and ``topk_recall`` from the
 logits the scheme's own inner-product estimator gives, the six components of :func:`kvstats.metrics.error6d`
