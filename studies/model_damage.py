@@ -115,9 +115,10 @@ def tail_figure(tables: dict[int, pd.DataFrame]) -> None:
         for q, ls in ((None, "--"), (0.99, ":")):
             x = kl.mean() if q is None else np.quantile(kl, q)
             ax.axvline(x, color=line.get_color(), ls=ls, lw=0.8)
-    ax.set_xlabel("next-token KL(p_exact ‖ p_quantized) per token (nats); dashed: mean, dotted: p99")
+    ax.set_xlim(1e-4, None)
+    ax.set_xlabel("next-token KL(p_exact ‖ p_quantized) of a token (nats)")
     ax.set_ylabel("fraction of tokens with a larger KL")
-    ax.set_title("SmolLM2-135M: the tail of the output damage", fontsize=9)
+    ax.set_title("SmolLM2-135M: the tail of the output damage (dashed: mean, dotted: p99)", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
     fig.savefig(plots.figure_path(f"{STUDY}_kl_tail"), dpi=130)
     plt.close(fig)
