@@ -119,18 +119,23 @@ class Evaluation:
     bits: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    #: the results file's ``schema``
+    schema = SCHEMA
+
+    def _summary_dict(self) -> dict[str, Any]:
+        return {m: r.to_dict() for m, r in self.summary.items()}
+
     def to_dict(self) -> dict[str, Any]:
         """The results file's content: strict-JSON-ready (no NaN or inf: null, with ``null_reasons``)."""
         comparison = {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"],
                           "significant": c["significant"],
                           "detectable_shift": None if c["detectable_shift"] is None else
                           c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
-        return strict_json({"schema": SCHEMA, "config": self.config, "bits": self.bits,
-                        "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
-                                                                "family_tested": self.family_plan.to_dict()},
-                        "units": self.units,
-                        "summary": {m: r.to_dict() for m, r in self.summary.items()}, "comparison": comparison,
-                        "excluded": self.excluded, "provenance": self.provenance})
+        return strict_json({"schema": self.schema, "config": self.config, "bits": self.bits,
+                            "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
+                                                                    "family_tested": self.family_plan.to_dict()},
+                            "units": self.units, "summary": self._summary_dict(), "comparison": comparison,
+                            "excluded": self.excluded, "provenance": self.provenance})
 
     def to_json(self) -> str:
         """:meth:`to_dict` as strict JSON (``allow_nan=False``: every standard parser reads it)."""
@@ -416,8 +421,4 @@ def evaluate(
                     comparison.get("plan"), bits_info,
                     provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (data and schemes)",
                                                        "bootstrap": seed}))
-    if out is not None:
-        ev.save(out, force=force)
-        if store is not None:
-            unit_store.remove_units(n_units, key, store)
-    return ev
+    return unit_store.save_results(ev, out, force=force, store=store, n=n_units, key=key)

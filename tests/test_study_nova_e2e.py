@@ -180,17 +180,6 @@ def test_e2e_mse_scheme_is_turbo_mse_on_both(e2e):
     assert s.k.name == s.v.name == "turbo_mse" and s.k.seed != s.v.seed and s.bits == 3
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
-    try:
-        from kvstats.data.real import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-
-
 def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
     tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
             "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "prompts": (0,), "gen_budgets": (2,),

@@ -7,19 +7,18 @@ the plan, the unit store, the strict results file and the provenance block are t
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import textwrap
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from kvstats.evaluation import Evaluation
 from kvstats.run.model_eval import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
 
 __all__ = ["MODEL_SCHEMA", "ModelEvaluation", "evaluate_model"]
@@ -31,59 +30,28 @@ _WORDS = {"out_kl": "next-token KL (nats)", "top1": "top-1 agreement", "delta_nl
 
 
 @dataclass(frozen=True)
-class ModelEvaluation:
-    """What :func:`evaluate_model` measured.
+class ModelEvaluation(Evaluation):
+    """What :func:`evaluate_model` measured: the fields of :class:`kvstats.evaluation.Evaluation`, with
 
-    Attributes:
-        config: how it ran (quantizer, compare, budgets, model, documents, segments, window, seeds, checks).
-        units: one dict per segment: ``unit``, ``document``, ``title``, the metrics of
-            :func:`kvstats.run.model_eval.model_unit` (``other:``-prefixed for the compared scheme).
-        summary: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.run.model_eval.unit_summary` (means
-            over documents with CIs, per layer too) and :func:`~kvstats.run.model_eval.pooled_summary` (the KL
-            tail, top-1, perplexity ratio over every token, cluster bootstrap CIs), under ``"documents"`` and
-            ``"tokens"``.
-        comparison, excluded, plan, family_plan: as :class:`kvstats.evaluation.Evaluation`'s, over documents.
-        bits: measured bits per element of each side, and whether they match.
-        provenance: versions, commit, device, threads, date, wall time, command line, seeds.
+    * ``units``: one dict per segment: ``unit``, ``document``, ``title``, the metrics of
+      :func:`kvstats.run.model_eval.model_unit` (``other:``-prefixed for the compared scheme);
+    * ``summary``: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.run.model_eval.unit_summary` (means
+      over documents with CIs, per layer too) under ``"documents"``, and
+      :func:`~kvstats.run.model_eval.pooled_summary` (the KL tail, top-1, perplexity ratio over every token,
+      cluster bootstrap CIs) under ``"tokens"``;
+    * ``comparison``, ``excluded``, ``plan``, ``family_plan``: over documents;
+    * ``bits``: the measured bits per element of each side, and whether they match.
     """
 
-    config: dict[str, Any]
-    units: list[dict[str, Any]]
-    summary: dict[str, Any]
-    comparison: dict[str, Any] = field(default_factory=dict)
-    excluded: dict[str, str] = field(default_factory=dict)
-    plan: Any = None
-    family_plan: Any = None
-    bits: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    schema = MODEL_SCHEMA
 
-    def to_dict(self) -> dict[str, Any]:
-        """The results file's content: strict-JSON-ready (no NaN or inf: null, with ``null_reasons``)."""
-        from kvstats.run.strict import strict_json
-
+    def _summary_dict(self) -> dict[str, Any]:
         def side(s: dict) -> dict:
             docs = {m: (r.to_dict() if not isinstance(r, list) else [x.to_dict() for x in r])
                     for m, r in s["documents"].items()}
             return {"documents": docs, "tokens": {m: r.to_dict() for m, r in s["tokens"].items()}}
 
-        comparison = {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"],
-                          "significant": c["significant"],
-                          "detectable_shift": None if c["detectable_shift"] is None else
-                          c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
-        return strict_json({"schema": MODEL_SCHEMA, "config": self.config, "bits": self.bits,
-                            "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
-                                                                    "family_tested": self.family_plan.to_dict()},
-                            "units": self.units, "summary": {k: side(v) for k, v in self.summary.items()},
-                            "comparison": comparison, "excluded": self.excluded, "provenance": self.provenance})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
-
-    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
-        """Write :meth:`to_json` without destroying anything (:mod:`kvstats._files`)."""
-        from kvstats._files import check_output_path, write_output
-
-        return write_output(check_output_path(path, "path", force=force), self.to_json().encode("utf-8"))
+        return {k: side(v) for k, v in self.summary.items()}
 
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
@@ -253,8 +221,4 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
                          comparison.get("plan"), bits_info,
                          provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (the schemes)",
                                                             "bootstrap": seed}))
-    if out is not None:
-        ev.save(out, force=force)
-        if store is not None:
-            unit_store.remove_units(len(source.segments), key, store)
-    return ev
+    return unit_store.save_results(ev, out, force=force, store=store, n=len(source.segments), key=key)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_units", "store_key"]
+__all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_units", "save_results",
+           "store_key"]
 
 #: Part of every unit's key: bump when what a unit row means changes.
 STORE_VERSION = "2"
@@ -112,3 +113,13 @@ def remove_units(n: int, key: str, store: str | os.PathLike) -> None:
             folder.rmdir()
         except OSError:  # not empty (another evaluation's units) or already gone
             pass
+
+
+def save_results(result, out, *, force: bool, store, n: int, key: str | None):
+    """Write ``result`` (anything with ``save(path, force=)``) to ``out`` when given, then delete its stored units
+    (the results file now holds them); returns ``result``."""
+    if out is not None:
+        result.save(out, force=force)
+        if store is not None and key is not None:
+            remove_units(n, key, store)
+    return result
