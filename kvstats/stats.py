@@ -616,18 +616,16 @@ def ratio_ci(
     return _bootstrap((xa, xb), stat, level, n_resamples, method, seed, name, name, paired=paired)
 
 
-#: Below this many units :func:`mean_ci` uses Student's t interval: BCa's coverage of a mean collapses at few
-#: units (normal data, 300 simulations each: 52% at 2 units, 83% at 5, 91% at 8), the t interval's is exact
-#: for normal data at any n. From here on BCa (coverage within ~1% of nominal for normal data, and it adapts to
-#: skew).
-T_INTERVAL_BELOW = 20
+#: Below this many units :func:`mean_ci` uses Student's t interval (the studentized bootstrap needs a few distinct
+#: resamples of the standard error); from here on the studentized bootstrap.
+T_INTERVAL_BELOW = 5
 
 
 @dataclass(frozen=True)
 class MeanResult(TestResult):
     """Result of :func:`mean_ci`: ``statistic`` the sample mean, ``confidence_interval`` its CI, ``ci_method``
-    the interval used ("Student t", "BCa", "percentile" when BCa is not finite, "constant data"),
-    ``standard_error`` its standard error (s/√n for t, the bootstrap's otherwise); no test (``pvalue`` nan)."""
+    the interval used ("Student t", "studentized bootstrap", "BCa", "percentile" when BCa is not finite, "constant
+    data"), ``standard_error`` its standard error s/√n; no test (``pvalue`` nan)."""
 
     standard_error: float = math.nan
     ci_method: str = ""
@@ -635,6 +633,25 @@ class MeanResult(TestResult):
 
     def summary(self) -> str:
         return self.summary_with(("standard_error", "ci_method", "n_resamples"))
+
+
+def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """The bootstrap-t interval of a mean (Efron & Tibshirani 1993, §12.5): resample, studentize each resampled mean
+    by its own standard error, ``[x̄ − t*₍₁₋α/₂₎·s/√n, x̄ − t*₍α/₂₎·s/√n]``. Resamples in batches of ~10⁶ values."""
+    rng = np.random.default_rng(seed)
+    n = x.size
+    mean, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(n))
+    ts = []
+    batch = max(1, 1_000_000 // n)
+    for start in range(0, n_resamples, batch):
+        xs = x[rng.integers(0, n, (min(batch, n_resamples - start), n))]
+        ses = xs.std(axis=1, ddof=1) / math.sqrt(n)
+        ok = ses > 0
+        ts.append((xs.mean(axis=1)[ok] - mean) / ses[ok])
+    t = np.concatenate(ts)
+    a = (1 - level) / 2
+    upper_t, lower_t = np.quantile(t, [1 - a, a])
+    return mean - float(upper_t) * se, mean - float(lower_t) * se
 
 
 def mean_ci(
@@ -645,34 +662,44 @@ def mean_ci(
     n_resamples: int = 9999,
     seed: int = 0,
 ) -> MeanResult:
-    """The mean of ``data`` (independent units) with a confidence interval that covers at small n.
+    """The mean of ``data`` (independent units) with a confidence interval that covers at few units.
 
     ``method="auto"``: Student's t interval ``x̄ ± t_{1−α/2, n−1}·s/√n`` (``scipy.stats.ttest_1samp``'s
-    ``confidence_interval``) below :data:`T_INTERVAL_BELOW` units, the BCa bootstrap (:func:`bootstrap_ci`)
-    from there on; ``"t"`` or ``"BCa"`` force one. Constant data give ``[x̄, x̄]``. ``n_resamples`` and
-    ``seed`` are the bootstrap's (unused by the t interval).
+    ``confidence_interval``) below :data:`T_INTERVAL_BELOW` units, the **studentized bootstrap** (bootstrap-t)
+    from there on; ``"t"``, ``"studentized"`` or ``"BCa"`` force one. Constant data give ``[x̄, x̄]``.
+
+    Why: BCa's coverage of a mean collapses at few units (normal data, 300 simulations each: 52% at 2 units, 83% at
+    5, 91% at 8, 92.5% at 20–24) and the t interval's, exact for normal data, falls to 86–88% for skewed data
+    (lognormal σ = 1, 20–40 units), as a metric averaged over units usually is; the studentized bootstrap kept
+    94–96% on normal data at 5–40 units and 90–93% on that lognormal (1000 simulations each, tests/test_stats.py).
+    ``n_resamples`` and ``seed`` are the bootstrap's (unused by the t interval).
     """
     x = _sample(data, "data", min_size=2)
     level = _check_level(confidence_level)
-    if method not in ("auto", "t", "BCa"):
-        raise ValueError(f"method must be 'auto', 't' or 'BCa', got {method!r}")
+    if method not in ("auto", "t", "studentized", "BCa"):
+        raise ValueError(f"method must be 'auto', 't', 'studentized' or 'BCa', got {method!r}")
     n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
-    how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "BCa")
+    seed = check_seed(seed)
+    how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "studentized")
     common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
                   "interval)", n=x.size, ci_of="mean", confidence_level=level)
     if np.ptp(x) == 0:
         return MeanResult(method="mean (constant data)", confidence_interval=(common["statistic"],) * 2,
                           standard_error=0.0, ci_method="constant data", **common)
+    se = float(scipy.stats.sem(x))
     if how == "t":
-        res = scipy.stats.ttest_1samp(x, 0.0)
-        ci = res.confidence_interval(confidence_level=level)
+        ci = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(confidence_level=level)
         return MeanResult(method=f"mean with Student's t interval ({x.size - 1} df)",
-                          confidence_interval=(float(ci.low), float(ci.high)),
-                          standard_error=float(scipy.stats.sem(x)), ci_method="Student t", **common)
+                          confidence_interval=(float(ci.low), float(ci.high)), standard_error=se,
+                          ci_method="Student t", **common)
+    if how == "studentized":
+        low, high = _studentized_interval(x, level, n_resamples, seed)
+        return MeanResult(method=f"mean with the studentized bootstrap interval ({n_resamples} resamples)",
+                          confidence_interval=(low, high), standard_error=se, ci_method="studentized bootstrap",
+                          n_resamples=n_resamples, extra={"seed": seed}, **common)
     boot = bootstrap_ci(x, np.mean, level, n_resamples, seed, method="BCa")
-    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval,
-                      standard_error=boot.standard_error, ci_method=boot.ci_method, n_resamples=n_resamples,
-                      extra={"seed": boot.extra["seed"]}, **common)
+    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval, standard_error=se,
+                      ci_method=boot.ci_method, n_resamples=n_resamples, extra={"seed": boot.extra["seed"]}, **common)
 
 
 def cluster_bootstrap_ci(
@@ -683,6 +710,7 @@ def cluster_bootstrap_ci(
     confidence_level: float = 0.95,
     n_resamples: int = 4999,
     seed: int = 0,
+    method: str = "BCa",
 ) -> BootstrapResult:
     """Two-stage (cluster, then unit) bootstrap CI of a statistic of pooled values: the tokens of segments that
     share a document are not independent, documents are.
@@ -691,10 +719,14 @@ def cluster_bootstrap_ci(
     document; default: every unit its own cluster). The estimate is ``statistic(all values pooled)``. Each
     resample draws the clusters with replacement, then within each drawn cluster its units with replacement,
     and applies ``statistic`` to the values they pool (the hierarchical bootstrap of Davison & Hinkley 1997,
-    §3.8, "strategy 2"); the interval is the percentile interval of the resampled statistics (``ci_method``
-    "percentile, clusters then units"). With one unit per cluster it is the ordinary bootstrap over units.
-    Suits any statistic of the pooled values: a mean, a median, p99, p99.9, a maximum (whose interval is then
-    bounded by the largest value, as a percentile bootstrap of a maximum is).
+    §3.8, "strategy 2"). ``method="BCa"`` (default) corrects the percentile interval for bias and skew, the
+    acceleration from the jackknife that leaves one cluster out; ``"percentile"`` is the plain percentile
+    interval. With one unit per cluster it is the ordinary bootstrap over units.
+
+    Coverage is that of a bootstrap over few clusters, below nominal: simulated with 24 clusters of 128 lognormal
+    values with a cluster effect (200 simulations), the 95% BCa interval covered 91% for the mean, 92–93.5% for
+    the median, p90 and p95, 87.5% for p99 and 89.5% for p99.9 (percentile: 78% at p99.9). A maximum has no
+    bootstrap interval (the resampled maxima never exceed the data's); callers should report it without one.
     """
     arrays = [np.asarray(u, dtype=np.float64).ravel() for u in units]
     if len(arrays) < 2:
@@ -727,12 +759,27 @@ def cluster_bootstrap_ci(
         within = np.floor(rng.random(int(k.sum())) * np.repeat(k, k)).astype(np.int64)  # units of each, likewise
         picks = order[np.repeat(starts[chosen], k) + within]
         draws[r] = statistic(table[picks].ravel() if same_length else np.concatenate([arrays[i] for i in picks]))
+    if method not in ("BCa", "percentile"):
+        raise ValueError(f"method must be 'BCa' or 'percentile', got {method!r}")
     alpha = (1 - level) / 2
-    low, high = (float(x) for x in np.quantile(draws, [alpha, 1 - alpha]))
+    probabilities = np.array([alpha, 1 - alpha])
+    how = "percentile, clusters then units"
+    if method == "BCa" and np.ptp(draws) > 0 and len(groups) > 2:
+        frac = (np.sum(draws < estimate) + 0.5 * np.sum(draws == estimate)) / n_resamples
+        z0 = scipy.stats.norm.ppf(np.clip(frac, 1 / (n_resamples + 1), n_resamples / (n_resamples + 1)))
+        jack = np.array([statistic(np.concatenate([arrays[i] for g in groups[:c] + groups[c + 1:] for i in g]))
+                         for c in range(len(groups))])
+        dev = jack.mean() - jack
+        denominator = 6 * float((dev ** 2).sum()) ** 1.5
+        accel = float((dev ** 3).sum()) / denominator if denominator > 0 else 0.0
+        z = scipy.stats.norm.ppf(probabilities)
+        probabilities = scipy.stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
+        how = "BCa, clusters then units"
+    low, high = (float(x) for x in np.quantile(draws, probabilities))
     return BootstrapResult(
         statistic=estimate,
         pvalue=math.nan,
-        method=f"cluster bootstrap ({len(groups)} clusters, then units within; {n_resamples} resamples) of "
+        method=f"cluster bootstrap ({len(groups)} clusters, then units within; {n_resamples} resamples; {how}) of "
                f"{_stat_name(statistic)} of the pooled values",
         null_hypothesis="none (estimate with confidence interval)",
         n=(len(groups), len(arrays)),
@@ -741,7 +788,7 @@ def cluster_bootstrap_ci(
         confidence_level=level,
         standard_error=float(np.std(draws, ddof=1)) if n_resamples > 1 else math.nan,
         n_resamples=n_resamples,
-        ci_method="percentile, clusters then units",
+        ci_method=how,
         extra={"seed": seed, "clusters": len(groups), "units": len(arrays)},
     )
 

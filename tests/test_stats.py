@@ -475,35 +475,57 @@ def test_seeds_follow_the_package_rule():
 
 
 @pytest.mark.parametrize("n", [2, 5, 8])
-def test_mean_ci_covers_at_few_units(n):
-    """Coverage of the 95% CI of a mean over n normal units, by simulation: the t interval is exact for normal
-    data, so the hits are Binomial(6000, 0.95); P(hits < 0.93 · 6000) = P(Z < -7.1) ≈ 6e-13, and a 0.93 floor
-    fails BCa (52% at 2 units, 83% at 5, 91% at 8)."""
+def test_mean_ci_covers_normal_data_at_few_units(n):
+    """Coverage of the 95% CI of a mean over n normal units, by simulation (6000 data sets; the bootstrap with 999
+    resamples). Measured: the t interval (n = 2) is exact, the studentized bootstrap covered 96.1% at 5 units and
+    95.2% at 8 (1000 data sets); a 0.93 floor is 7+ binomial standard deviations below: P(fail) < 1e-12. BCa
+    (52% at 2 units, 83% at 5, 91% at 8) fails it."""
     rng = np.random.default_rng(n)
     data = rng.normal(0.3, 2.0, (6000, n))
     hits = 0
-    for row in data:
-        ci = S.mean_ci(row).confidence_interval
+    for i, row in enumerate(data):
+        ci = S.mean_ci(row, n_resamples=999, seed=i).confidence_interval
         hits += ci.low <= 0.3 <= ci.high
     assert hits >= 0.93 * 6000
-    low, high = scipy.stats.t.interval(0.95, n - 1, loc=data[0].mean(), scale=scipy.stats.sem(data[0]))
-    assert S.mean_ci(data[0]).confidence_interval == pytest.approx((low, high), rel=1e-12)
+    method = S.mean_ci(data[0]).ci_method
+    assert method == ("Student t" if n < S.T_INTERVAL_BELOW else "studentized bootstrap")
 
 
-def test_mean_ci_switches_to_bca_from_20_units_and_keeps_constant_data_a_point():
-    x = np.random.default_rng(0).gamma(2.0, size=25)
-    r = S.mean_ci(x, seed=3)
-    boot = S.bootstrap_ci(x, np.mean, seed=3)
-    assert r.ci_method == "BCa" and r.confidence_interval == boot.confidence_interval
-    assert S.mean_ci(x[:19]).ci_method == "Student t"
+def test_mean_ci_covers_skewed_data_better_than_t():
+    """Lognormal(0, 1) units, n = 24 (a metric averaged over units is usually skewed): the studentized bootstrap
+    covered 91.5% (1000 data sets), Student's t 87.4% and BCa 88.1%. With 2000 data sets a 0.885 floor is 4.8
+    binomial sd below the studentized coverage (P(fail) < 1e-6) and above t's."""
+    rng = np.random.default_rng(24)
+    truth = math.exp(0.5)
+    hits = hits_t = 0
+    for i in range(2000):
+        x = rng.lognormal(0.0, 1.0, 24)
+        ci = S.mean_ci(x, n_resamples=999, seed=i).confidence_interval
+        hits += ci.low <= truth <= ci.high
+        ct = S.mean_ci(x, method="t").confidence_interval
+        hits_t += ct.low <= truth <= ct.high
+    assert hits >= 0.885 * 2000 and hits > hits_t
+
+
+def test_mean_ci_t_below_5_units_and_constant_data_a_point():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    low, high = scipy.stats.t.interval(0.95, 3, loc=x.mean(), scale=scipy.stats.sem(x))
+    assert S.mean_ci(x).confidence_interval == pytest.approx((low, high), rel=1e-12)
     assert tuple(S.mean_ci([2.0, 2.0, 2.0]).confidence_interval) == (2.0, 2.0)
+    boot = S.mean_ci(np.random.default_rng(0).gamma(2.0, size=25), method="BCa", seed=3)
+    assert boot.ci_method == "BCa" and boot.confidence_interval.low < boot.statistic < boot.confidence_interval.high
 
 
 def test_confidence_intervals_are_objects_that_unpack():
+    from kvstats.results import ConfidenceInterval
+
     r = S.bootstrap_ci([1.0, 2.0, 4.0, 8.0])
     lo, hi = r.confidence_interval
     assert (r.confidence_interval.low, r.confidence_interval.high) == (lo, hi) == tuple(r.confidence_interval)
-    assert S.wilcoxon([1.0, 2, 3, 4, 5], [0.5, 2.5, 2, 3, 4]).confidence_interval.high >= lo - 10
+    assert lo < hi and r.confidence_interval[0] == lo
+    w = S.wilcoxon([1.0, 2, 3, 4, 5], [0.5, 2.5, 2, 3, 4])  # a plain pair given to a result becomes an object
+    assert isinstance(w.confidence_interval, ConfidenceInterval)
+    assert w.to_dict()["ci_high"] == w.confidence_interval.high
 
 
 @pytest.mark.parametrize("d", [[0, 0, 1, -1.0], [0, 0, 0, 1, -1, 0, 0, 0, 2, 3.0], [0, 0, 0, 0, 1, -1.0]])
@@ -568,3 +590,18 @@ def test_cluster_bootstrap_estimate_is_the_pooled_statistic_and_unequal_units_wo
     assert r.n == (2, 3) and r.confidence_interval.low <= r.confidence_interval.high
     with pytest.raises(ValueError, match="one label per unit"):
         S.cluster_bootstrap_ci(units, clusters=[0, 1])
+
+
+def test_cluster_bca_covers_a_pooled_median():
+    """24 clusters × 32 lognormal values with a cluster effect N(0, 0.5²), the pooled median's 95% cluster BCa
+    interval (499 resamples) over 300 data sets: measured 92-93.5% for the median at 128 values per cluster; a 0.83
+    floor is 5.7 binomial sd below (P(fail) < 1e-8)."""
+    rng = np.random.default_rng(3)
+    big = np.concatenate([np.exp(rng.normal(0, 0.5) + rng.normal(0, 1.2, 32)) for _ in range(40000)])
+    truth = float(np.median(big))
+    hits = 0
+    for s in range(300):
+        units = [np.exp(rng.normal(0, 0.5) + rng.normal(0, 1.2, 32)) for _ in range(24)]
+        ci = S.cluster_bootstrap_ci(units, np.median, n_resamples=499, seed=s).confidence_interval
+        hits += ci.low <= truth <= ci.high
+    assert hits >= 0.83 * 300
