@@ -11,10 +11,13 @@ Rules (docs/evaluate.md, "Where results go"):
 * an existing regular file is refused unless ``force`` (then it is replaced atomically: a temporary file in
   its folder, then a rename, keeping its permission bits);
 * a symlink is followed: its target is written (the link stays a link);
-* a character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe) is written through — opened and
-  written like a stream, never replaced by a file (``os.replace`` over ``/dev/null`` as root would turn the
-  device node into a JSON file);
-* anything else that exists (a socket, a block device) is refused.
+* a character device, a FIFO or a socket (``/dev/null``, a named pipe) is written through — opened and written
+  like a stream, never replaced by a file (``os.replace`` over ``/dev/null`` as root would turn the device node
+  into a JSON file);
+* an open file descriptor (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/<pid>/fd/N``) is written
+  through, appended to whatever it is (a pipe, a terminal, the file the shell redirected it to), never truncated
+  nor replaced: the shell still holds it;
+* anything else that exists (a block device) is refused.
 """
 
 from __future__ import annotations
@@ -29,13 +32,43 @@ __all__ = ["check_output_path", "is_stream", "write_output"]
 
 
 def _streams_into(st: os.stat_result) -> bool:
-    return stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)
+    return stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)
+
+
+def _is_descriptor(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an open file descriptor (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``, ...)."""
+    text = os.path.abspath(path)
+    if text in ("/dev/stdin", "/dev/stdout", "/dev/stderr") or text.startswith("/dev/fd/"):
+        return True
+    parts = Path(text).parts
+    return len(parts) >= 5 and parts[1] == "proc" and parts[3] == "fd"
+
+
+def _own_descriptor(path: str | os.PathLike) -> int | None:
+    """The number of this process's file descriptor that ``path`` names (``/dev/stdout`` -> 1, ``/dev/fd/3`` -> 3,
+    ``/proc/self/fd/2`` -> 2, ``/proc/<this pid>/fd/N`` -> N), or None."""
+    text = os.path.abspath(path)
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    if text in named:
+        return named[text]
+    parts = Path(text).parts
+    if text.startswith("/dev/fd/") and len(parts) == 4 and parts[3].isdigit():
+        return int(parts[3])
+    if len(parts) == 5 and parts[1] == "proc" and parts[3] == "fd" and parts[4].isdigit() and \
+            parts[2] in ("self", "thread-self", str(os.getpid())):
+        return int(parts[4])
+    return None
 
 
 def is_stream(path: str | os.PathLike) -> bool:
-    """Whether ``path`` (followed through symlinks) is a character device or a FIFO: written through, not replaced."""
-    target = Path(os.path.realpath(path))
-    return target.exists() and _streams_into(os.stat(target))
+    """Whether ``path`` is written through rather than replaced: an open file descriptor, or (followed through
+    symlinks) a character device, a FIFO or a socket."""
+    if _is_descriptor(path):
+        return True
+    try:
+        return _streams_into(os.stat(path))
+    except OSError:
+        return False
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -71,11 +104,11 @@ def check_output_path(path: str | os.PathLike, name: str = "out", *, force: bool
     if path.is_dir():
         example = str(path / "results.json")
         raise ValueError(f"{name} {str(path)!r} is a folder; give a file path such as {example!r}")
+    if is_stream(path):
+        return path  # written through: nothing to replace, nothing to check further
     target = Path(os.path.realpath(path))
     if target.exists():
         st = os.stat(target)
-        if _streams_into(st):
-            return path  # written through: nothing to replace, nothing to check further
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{name} {str(path)!r} exists and is neither a regular file nor a device or FIFO to "
                              "write through; give another output path")
@@ -99,8 +132,8 @@ def write_output(path: str | os.PathLike, content: bytes | Callable[[Path], None
     a device or FIFO is opened and written through; a symlink's target is what gets written. Returns ``path``.
     """
     path = Path(path)
-    target = Path(os.path.realpath(path))
-    stream = is_stream(target)
+    stream = is_stream(path)
+    target = path if stream else Path(os.path.realpath(path))
     if not stream:
         target.parent.mkdir(parents=True, exist_ok=True)
     folder = tempfile.gettempdir() if stream else target.parent
@@ -112,8 +145,18 @@ def write_output(path: str | os.PathLike, content: bytes | Callable[[Path], None
             content(tmp)
         else:
             tmp.write_bytes(content)
-        if stream:
-            with open(target, "wb") as sink, open(tmp, "rb") as source:  # noqa: PTH123 - a device, not a file
+        fd = _own_descriptor(path) if stream else None
+        if fd is not None:  # the very descriptor (its offset shared with what this process prints to it)
+            import sys
+
+            for handle in (sys.stdout, sys.stderr):
+                if handle is not None and hasattr(handle, "fileno") and _fileno(handle) == fd:
+                    handle.flush()
+            data = tmp.read_bytes()
+            while data:
+                data = data[os.write(fd, data):]
+        elif stream:  # appended: a stream or another process's descriptor, never truncated
+            with open(target, "ab") as sink, open(tmp, "rb") as source:  # noqa: PTH123 - a stream, not a file
                 while chunk := source.read(1 << 20):
                     sink.write(chunk)
         else:
@@ -123,6 +166,13 @@ def write_output(path: str | os.PathLike, content: bytes | Callable[[Path], None
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _fileno(handle) -> int | None:
+    try:
+        return handle.fileno()
+    except (OSError, ValueError):  # a replaced stream (pytest's capture) has no descriptor
+        return None
 
 
 def _umask() -> int:

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 
 from kvstats import attention as _attention
 from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
-from kvstats.quantizers.base import acc_dtype
+from kvstats.quantizers.base import acc_dtype, held_bytes
 from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.schemes import CacheCode, Scheme
 
@@ -466,7 +466,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def nbytes(self) -> tuple[int, int]:
         """(bytes of the codes, bytes of the exact window), K and V together."""
-        codes = sum(c.nbytes for c in self.chunks)
+        codes = sum(held_bytes(c.k) + held_bytes(c.v) for c in self.chunks)
         window = 0 if self.keys is None else sum(t.numel() * t.element_size() for t in (self.keys, self.values))
         return codes, window
 

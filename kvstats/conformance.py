@@ -57,7 +57,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvstats.quantizers.base import Code
+from kvstats.quantizers.base import Code, held_bytes
 
 __all__ = ["CHECKS", "check_quantizer"]
 
@@ -105,10 +105,6 @@ class _Check:
 
 def _draw(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
-
-
-def _held_bytes(code: Code) -> int:
-    return sum(t.numel() * t.element_size() for _, t in code.named_tensors())
 
 
 def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None,
@@ -236,7 +232,7 @@ def _inputs_and_dtypes(check: _Check, q, x: torch.Tensor, query: torch.Tensor) -
         want = torch.float64 if dtype == torch.float64 else torch.float32
         check.that(s.dtype == want, "dtypes", f"inner with {dtype} queries returned {s.dtype}, expected {want}")
         check.that(bool(torch.isfinite(s).all()), "dtypes", f"inner with {dtype} inputs is not finite")
-        held = _held_bytes(code)
+        held = held_bytes(code)
         check.that(code.nbytes == held, "nbytes", f"for {dtype} input code.nbytes = {code.nbytes} but its tensors "
                    f"hold {held} bytes")
         for key, t in code.named_tensors():
@@ -257,7 +253,7 @@ def _reconstruction(check: _Check, q, x: torch.Tensor, build, seed: int) -> None
     with check.running("reconstruction", "encoding x"):
         code = q.encode(x)
         x_hat = q.decode(code)
-    held = _held_bytes(code)  # what the code holds, whatever its nbytes says
+    held = held_bytes(code)  # what the code holds, whatever its nbytes says
     rate = 8 * held / x.numel()
     if rate < 24:  # fp32 data carry at most 32 bits a coordinate: below 24 bits the Gaussian bound applies
         mse = float(((x.double() - x_hat.double()) ** 2).mean())
@@ -332,7 +328,7 @@ def _bits(check: _Check, q, budget, n_tokens: int, seed: int, heads: int) -> Non
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             with check.running("bits", f"encoding {dtype} input of {n} tokens"):
                 code = q.encode(x.to(dtype))
-            bits = 8 * code.nbytes
+            bits = 8 * held_bytes(code)
             in_code, shared = at_n.total * x.numel(), (at_n.payload + at_n.norms) * x.numel()
             exact = abs(bits - in_code) <= 1e-6 * bits or abs(bits - shared) <= 1e-6 * bits
             # a narrower input may be stored narrower (a lossless store keeps fp16 as fp16), never wider

@@ -490,3 +490,22 @@ def test_a_calibrated_nova_scheme_is_checked_on_cache_shapes_and_evaluated():
     assert ev.config["checks"]["quantizer"] == {"K": "passed", "V": "passed"}
     code = nova.encode(*generate("low_rank", 1, 2, 48, 32, 0, q_heads=4, n_q=8)[1:])
     assert ev.units[0]["bits_total"] == pytest.approx(8 * code.nbytes / (2 * 2 * 48 * 32), rel=1e-12)
+
+
+@pytest.mark.parametrize("sink", ["pipe", "file"])
+def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
+    """--out /dev/stdout (piped, or redirected to a file by the shell): the JSON goes through the very descriptor,
+    before the table, in one piece; nothing is replaced, nothing fails after the work."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "kvstats.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2", "--units", "2",
+           "--dim", "32", "--out", "/dev/stdout", "--no-progress"]
+    if sink == "pipe":
+        text = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    else:
+        target = tmp_path / "out.txt"
+        with open(target, "w") as handle:
+            subprocess.run(cmd, stdout=handle, stderr=subprocess.DEVNULL, check=True, timeout=300)
+        text = target.read_text()
+    start = text.index("turbo_mse at 2 bits")
+    assert _strict_json(text[:start])["config"]["units"] == 2

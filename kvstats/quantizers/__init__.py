@@ -10,7 +10,7 @@ Each class documents what it stores, its estimator and its bit count; see also d
 
 from __future__ import annotations
 
-from kvstats.quantizers.base import BitBudget, Code, CodeSource, Quantizer
+from kvstats.quantizers.base import BitBudget, Code, CodeSource, Quantizer, held_bytes
 from kvstats.quantizers.identity import IdentityQuantizer
 from kvstats.quantizers.lloyd import LloydQuantizer, TurboMSE
 from kvstats.quantizers.minmax import MinMaxQuantizer, RotatedMinMax
@@ -19,7 +19,7 @@ from kvstats.quantizers.per_head import PerHeadQuantizer
 from kvstats.quantizers.qjl import QJLQuantizer
 from kvstats.quantizers.turbo_prod import TurboProd
 
-__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "QUANTIZERS", "quantizer", "register",
+__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "QUANTIZERS", "held_bytes", "quantizer", "register",
            "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "RotatedMinMax",
            "NovaQuantizer", "IdentityQuantizer", "PerHeadQuantizer"]
 

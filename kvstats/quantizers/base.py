@@ -22,7 +22,7 @@ import torch
 from kvstats._random import check_seed
 from kvstats._validation import all_finite, check_float_tensor, check_int_range, check_not_meta
 
-__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES"]
+__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_bytes"]
 
 #: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
 ACC_DTYPES = {torch.float64: torch.float64}
@@ -184,6 +184,15 @@ class Code:
         return (ta.keys() == tb.keys()
                 and all(ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k])
                         for k in ta))
+
+
+def held_bytes(code: Code) -> int:
+    """The bytes ``code`` holds — Σ numel · element size over its payloads, scalars and nested parts — read from the
+    dataclass fields themselves, so a Code subclass that overrides ``nbytes`` (or ``named_tensors``) cannot
+    understate what it holds. What kvstats measures bits by (evaluate's ``bits_total``, the cache's memory)."""
+    field = object.__getattribute__  # the instance's own fields, past any property a subclass defines
+    tensors = (*field(code, "payload").values(), *field(code, "scalars").values())
+    return sum(t.numel() * t.element_size() for t in tensors) + sum(held_bytes(p) for p in field(code, "parts").values())
 
 
 def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):

@@ -171,10 +171,12 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int) -> dict[str,
 
 
 def measured_bits(scheme, parts) -> float:
+    from kvstats.quantizers.base import held_bytes
+
     held = elements = 0
     for _, k, v in parts:
         code = scheme.encode(k, v)
-        held, elements = held + code.k.nbytes + code.v.nbytes, elements + k.numel() + v.numel()
+        held, elements = held + held_bytes(code.k) + held_bytes(code.v), elements + k.numel() + v.numel()
     return 8.0 * held / elements
 
 

@@ -170,11 +170,12 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
     """
     from kvstats import metrics
     from kvstats.attention import soft_cap
+    from kvstats.quantizers.base import held_bytes
 
     per_part, held, elements = [], 0, 0
     for (q, k, v), rule in zip(parts, rules):
         code = scheme.encode(k, v)
-        held += code.k.nbytes + code.v.nbytes
+        held += held_bytes(code.k) + held_bytes(code.v)
         elements += k.numel() + v.numel()
         k_hat, v_hat = scheme.decode(code)
         q_scaled = q.double() * (rule.scale * math.sqrt(q.shape[-1]))  # q_s·k/√d = scale · q·k
