@@ -276,6 +276,8 @@ def _seed(text: str):
             help="--model: disjoint segments of each document (default 1; 0: all)"),
         arg("--exact-window", type=int, default=0,
             help="--model: the most recent tokens the cache keeps exact (default 0)"),
+        arg("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
+            help="--model: the model's dtype (default float32)"),
         arg("--units", type=int, default=None,
             help="independent units (synthetic: draws, default 16; capture: disjoint windows, default all)"),
         arg("--window", type=int, default=64, help="capture: tokens per unit (default 64)"),
@@ -291,6 +293,8 @@ def _seed(text: str):
             help="sketch of every QJL stage (schemes kqv/qkqv and quantizers qjl/turbo_prod)"),
         arg("--no-check", action="store_true",
             help="measure a quantizer that fails the conformance checks anyway (recorded in the results)"),
+        arg("--nonlinear", action="store_true",
+            help="the K estimator is not linear in the code (inner(q, code) != <q, decode(code)>): check it as such"),
         arg("--out", default=None,
             help="write the results JSON here (checked before any work; finished units are kept in OUT.units "
                  "until the end, so an interrupted run resumes)"),
@@ -307,6 +311,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     from kvstats.evaluation import evaluate
 
+    _check_evaluate_options(args)
     options = {"rows": args.rows} if args.rows else {}
     shown = warnings.showwarning
 
@@ -319,13 +324,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = note
         common = dict(compare=args.compare, match_bits=args.match_bits, alpha=args.alpha, seed=args.seed,
-                      check=not args.no_check, out=args.out, force=args.force, progress=not args.no_progress, **options)
+                      check=not args.no_check, linear=not args.nonlinear, out=args.out, force=args.force,
+                      progress=not args.no_progress, **options)
         if args.model is not None:
             if args.data is not None or args.units is not None:
                 raise ValueError("give --data (and --units) or --model, not both")
+        elif args.dtype is not None:
+            raise ValueError("--dtype is for --model (a capture keeps the dtype it was captured in)")
+        if args.model is not None:
+            import torch
+
             ev = evaluate(args.quantizer, bits=args.bits, model=args.model, segment=args.segment,
                           segments_per_document=args.segments_per_document or None,
-                          full_precision_window=args.exact_window, **common)
+                          full_precision_window=args.exact_window,
+                          dtype=None if args.dtype is None else getattr(torch, _DTYPES[args.dtype]), **common)
         else:
             ev = evaluate(args.quantizer, bits=args.bits, data=args.data or "gaussian", units=args.units,
                           window=args.window, layers=args.layers, top_k=args.top_k, dim=args.dim, **common)
@@ -333,6 +345,38 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.out:
         print(f"results: {args.out}", file=sys.stderr)
     return 0
+
+
+def _check_evaluate_options(args: argparse.Namespace) -> None:
+    """The options' values, refused with the option's own name before any work (evaluate names its arguments)."""
+    from pathlib import Path
+
+    from kvstats._files import check_output_path
+    from kvstats._validation import check_int_range
+
+    for flag, value, low in (("--units", args.units, 2), ("--window", args.window, 2), ("--top-k", args.top_k, 1),
+                             ("--dim", args.dim, 2), ("--segment", args.segment, 2),
+                             ("--segments-per-document", args.segments_per_document, 0),
+                             ("--exact-window", args.exact_window, 0)):
+        if value is not None:
+            check_int_range(value, flag, low, 1 << 30)
+    if not 0.0 < args.alpha < 1.0:
+        raise ValueError(f"--alpha must be in (0, 1), got {args.alpha}")
+    data = args.data or "gaussian"
+    if args.layers is not None and Path(data).is_file():
+        from kvstats.data.io import load_qkv
+
+        stored = load_qkv(data).layers
+        bad = [i for i in args.layers if i not in stored]
+        if bad or len(set(args.layers)) != len(args.layers):
+            raise ValueError(f"--layers must name stored layers of {data!r} ({stored}), each once, got {args.layers}")
+    if args.out is not None:
+        inputs = [data] if Path(data).is_file() else []
+        if args.model is not None:
+            from kvstats.data.real import model_files
+
+            inputs += model_files(args.model)
+        check_output_path(args.out, "--out", force=args.force, inputs=inputs)
 
 
 @subcommand(
@@ -351,6 +395,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         arg("--seed", type=_seed, default=0, help="the schemes' seed (default 0)"),
         arg("--rows", default=None, choices=["gaussian", "orthogonal", "srht"], help="sketch of every QJL stage"),
         arg("--no-check", action="store_true", help="skip the conformance checks (recorded in the results)"),
+        arg("--nonlinear", action="store_true", help="the K estimator is not linear in the code (see evaluate)"),
         arg("--out", default=None, help="write the results JSON here (checked before any work)"),
         arg("--figure", default=None, help="write the figure (PNG) here (default: beside --out, .png)"),
         arg("--force", action="store_true", help="replace existing --out / --figure files"),
@@ -365,20 +410,50 @@ def _sensitivity(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     from kvstats._files import check_output_path
+    from kvstats._validation import check_int_range
+    from kvstats.data.real import model_files
     from kvstats.run.sensitivity import sensitivity
 
+    check_int_range(args.documents, "--documents", 0, 1 << 20)
+    if args.documents == 1:
+        raise ValueError("--documents must be 0 (all) or at least 2 (a CI needs two documents), got 1")
+    check_int_range(args.segment, "--segment", 2, 1 << 20)
+    inputs = model_files(args.model)
+    if args.out is not None:
+        check_output_path(args.out, "--out", force=args.force, inputs=inputs)
     figure = args.figure or (str(Path(args.out).with_suffix(".png")) if args.out else None)
     if figure is not None:
-        check_output_path(figure, "--figure", force=args.force)
+        if args.out is not None and Path(figure).resolve() == Path(args.out).resolve():
+            raise ValueError(f"--figure {figure!r} is --out: give the figure its own path (.png)")
+        _check_figure_format(figure)
+        check_output_path(figure, "--figure", force=args.force, inputs=inputs)
     options = {"rows": args.rows} if args.rows else {}
     result = sensitivity(args.quantizer, bits=args.bits, model=args.model, documents_used=args.documents or None,
                          segment=args.segment, target=args.target, seed=args.seed, check=not args.no_check,
-                         out=args.out, force=args.force, progress=not args.no_progress, **options)
+                         linear=not args.nonlinear, out=args.out, force=args.force, progress=not args.no_progress,
+                         **options)
     if figure is not None:
-        result.figure(figure)
+        result.figure(figure, force=args.force)
         print(f"figure: {figure}", file=sys.stderr)
     print(result.to_json() if args.json else result.table())
     return 0
+
+
+def _check_figure_format(path: str) -> None:
+    """A figure path whose suffix matplotlib can write, refused before any work."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    formats = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in formats:
+        what = suffix or "a file without a suffix"
+        raise ValueError(f"--figure {path!r}: matplotlib writes {sorted(formats)}, not {what}")
 
 
 #: --dtype names of the capture command
@@ -414,8 +489,11 @@ def _capture(args: argparse.Namespace) -> int:
     from kvstats.data.io import check_output_path
 
     texts = args.text or []
-    # before the model loads: a bad --out costs nothing, and nothing is destroyed (kvstats._files)
-    check_output_path(args.out, "--out", force=args.force, inputs=texts)
+    from kvstats.data.real import model_files
+
+    # before the model loads: a bad --out costs nothing, and nothing is destroyed (kvstats._files); never one of the
+    # texts or of the model's own files
+    check_output_path(args.out, "--out", force=args.force, inputs=[*texts, *model_files(args.model)])
     for name in texts:
         text = Path(name)
         if text.is_dir():

@@ -22,8 +22,8 @@ exception raised inside the quantizer during a check is reported the same way, a
   with ``build``, the quantizer at its widest bit width (``max_bits``) reconstructs x with a relative
   squared error below 1/2.
 * ``determinism``   — encoding the same x twice gives identical codes, and so does a strided view of x (what
-  the cache passes); with ``factory`` or ``build``, a
-  quantizer rebuilt from the same seed gives identical codes and decodes the first one's code identically.
+  the cache passes); with ``factory`` or ``build``, a quantizer rebuilt from the same seed gives identical codes
+  and decodes the first one's code identically; with ``isolated``, so does one built in a fresh process.
 * ``nbytes``        — ``code.nbytes`` equals the bytes of every tensor the code holds, for every input dtype,
   and no tensor is a view into a larger buffer (which nbytes would undercount).
 * ``bits``          — at two token counts: for fp32 input 8·nbytes = bits_per_coordinate(n_tokens=n).total ·
@@ -59,7 +59,7 @@ import torch
 
 from kvstats.quantizers.base import Code, held_bytes
 
-__all__ = ["CHECKS", "check_quantizer"]
+__all__ = ["CHECKS", "check_quantizer", "decode_in_fresh_process"]
 
 #: The checks, in the order they run.
 CHECKS = ("protocol", "budget", "shapes", "input", "code fields", "dtypes", "nbytes", "reconstruction",
@@ -109,7 +109,7 @@ def _draw(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
 
 def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None,
                     build: Callable[..., object] | None = None, linear: bool = True, n_tokens: int = 24,
-                    heads: int | None = None, seed: int = 0) -> None:
+                    heads: int | None = None, seed: int = 0, isolated: bool = False) -> None:
     """Run the protocol checks (module docstring) on ``quantizer``; raise AssertionError naming the failed one.
 
     Args:
@@ -126,6 +126,10 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
             ``[2, 3, n, d]`` and ``[n, d]``); an int H: a quantizer of whole caches, checked on
             ``[2, H, n, d]`` alone, what a Scheme and the cache pass (e.g. one quantizer per KV head).
         seed: seed of the random test data.
+        isolated: also build the quantizer with ``build`` (picklable) in a freshly started Python process and check
+            that it decodes a code made here to the same x̂ (:func:`decode_in_fresh_process`): a decoder that reads
+            anything but the code and the seed — a module-level stash keyed by the code's content, a file — fails
+            there. Costs the start of a process (seconds).
     """
     check = _Check(quantizer)
     q = quantizer
@@ -142,6 +146,11 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
     if linear:
         _inner(check, query, x_hat, scores)
     _bad_input(check, q, x, query, seed, any_shape=heads is None)
+    if isolated:
+        if build is None:
+            check.fail("determinism", "isolated=True needs build(bits=, dim=, seed=) to rebuild the quantizer")
+        failure = decode_in_fresh_process([(build, _int_bits(q), q.dim, getattr(q, "seed", seed), q)], heads=h)
+        check.that(not failure, "determinism", failure)
 
 
 # ------------------------------------------------------------------------------------------------- checks
@@ -346,7 +355,7 @@ def _inner(check: _Check, query, x_hat, scores) -> None:
     tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
                                                           x_hat.double().norm(dim=-1).max()) + 1e-6
     check.that(gap <= tol, "inner", f"inner(q, code) differs from ⟨q, decode(code)⟩ by {gap:.3g} (> {tol:.3g}); "
-               "pass linear=False if the estimator has no such reconstruction")
+               "pass linear=False (kvstats evaluate --nonlinear) if the estimator has no such reconstruction")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -435,3 +444,58 @@ def _bad_input(check: _Check, q, x: torch.Tensor, query: torch.Tensor, seed: int
             check.fail("bad input", f"{what} raised {type(exc).__name__}: {exc} (expected ValueError or TypeError)")
         else:
             check.fail("bad input", f"{what} was accepted (expected ValueError or TypeError)")
+
+
+def _decode_in_this_process(payload: bytes) -> list[tuple]:
+    """The child's side of :func:`decode_in_fresh_process`: build each quantizer, decode and score each code."""
+    import pickle
+
+    results = []
+    for build, bits, dim, seed, code, query in pickle.loads(payload):
+        try:
+            q = build(bits=bits, dim=dim, seed=seed)
+            results.append(("ok", q.decode(code), q.inner(query, code)))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as the check's failure
+            results.append(("raised", f"{type(exc).__name__}: {exc}", None))
+    return results
+
+
+def decode_in_fresh_process(tasks, *, heads: int | None = None, timeout: float = 600.0) -> str:
+    """Encode test data with each quantizer here, decode the codes with the same quantizer built afresh in a new
+    Python process (``multiprocessing`` spawn: no module state of this one), and compare; "" when all agree, else
+    the failure in words.
+
+    ``tasks``: ``(build, bits, dim, seed, quantizer)``; ``build(bits=, dim=, seed=)`` must be picklable (a class or
+    module-level function, ``functools.partial`` of one). A decoder that keeps what it needs anywhere but the code —
+    a module-level dict keyed by the code's bytes, the instance, a global — decodes differently or fails there,
+    which the rate–distortion check cannot see when the stash is only partial.
+    """
+    import concurrent.futures
+    import multiprocessing
+    import pickle
+
+    sent, expected = [], []
+    for i, (build, bits, dim, seed, q) in enumerate(tasks):
+        x = _draw((BATCH, HEADS if heads is None else heads, 24, dim), 4242 + i)
+        query = _draw((BATCH, HEADS if heads is None else heads, 5, dim), 4343 + i)
+        code = q.encode(x)
+        sent.append((build, bits, dim, seed, code, query))
+        expected.append((q.decode(code), q.inner(query, code)))
+    try:
+        payload = pickle.dumps(sent)
+    except Exception as exc:  # noqa: BLE001
+        return f"the quantizer's factory or codes cannot be pickled for a fresh process ({type(exc).__name__}: {exc})"
+    context = multiprocessing.get_context("spawn")
+    try:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            results = pool.submit(_decode_in_this_process, payload).result(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - a child that cannot import the quantizer's module, a crash
+        return f"a fresh process could not rebuild the quantizer ({type(exc).__name__}: {exc})"
+    for (status, got, scores), (x_hat, want_scores), (_, bits, dim, seed, _) in zip(results, expected, tasks):
+        if status != "ok":
+            return (f"built in a fresh process (bits={bits}, dim={dim}, seed={seed}), the quantizer raised {got} while "
+                    "decoding a code made here: decode depends on state outside the code and the seed")
+        if not (_close(got, x_hat) and _close(scores, want_scores)):
+            return (f"built in a fresh process (bits={bits}, dim={dim}, seed={seed}), the quantizer decodes a code "
+                    "made here to another x̂: decode depends on state outside the code and the seed (a stash, a global)")
+    return ""

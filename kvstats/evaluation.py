@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from kvstats._random import MAX_SEED, check_seed
 from kvstats._validation import check_int_range
@@ -150,19 +151,25 @@ class Evaluation:
         return write_output(path, self.to_json().encode("utf-8"))
 
     def table(self) -> str:
-        """A plain-text table: each metric's mean and CI over units, and the paired comparison when present."""
+        """A plain-text table: each metric's mean and CI over units, and the paired comparison when present. The
+        two sides are A (the evaluated quantizer) and B (the compared one), named in full above the table."""
+        from kvstats.run.comparison import per_document, shift_text
+
         cfg = self.config
         first = next(iter(self.summary.values()))
         me, other = cfg["quantizer"], cfg["compare"]
+        by_document = str(cfg.get("inference_units", "")).startswith("documents")
+        units = per_document(self.units, METRICS) if by_document else self.units
         width = max(18, *(len(m) for m in self.summary))
-        head = f"{'metric':<{width}} {me[:12] + ' mean':>17} {f'{first.confidence_level:.0%} CI':>25}"
+        head = f"{'metric':<{width}} {'A mean':>11} {f'{first.confidence_level:.0%} CI of A':>25}"
         if other is not None:
-            head += f" {other[:12] + ' mean':>17} {'r':>7} {'p (Holm)':>9} {'detectable':>10}"
+            head += f" {'B mean':>11} {'r':>7} {'p (Holm)':>9} {'detectable':>10}"
         bits = self.bits
-        lines = [f"{me} at {cfg['bits']} bits on {cfg['data']} ({len(self.units)} units: {cfg['unit']})",
-                 _bits_line(me, bits["evaluated"])]
+        count = (f"{len(units)} documents, {len(self.units)} windows" if by_document else f"{len(self.units)} units")
+        lines = [f"A = {me} at {cfg['bits']} bits on {cfg['data']} ({count}: {cfg['unit']})",
+                 _bits_line("A", me, bits["evaluated"])]
         if other is not None:
-            lines.append(_bits_line(other, bits["compared"]))
+            lines.append(_bits_line("B", other, bits["compared"]))
             if not bits["matched"]:
                 lines += textwrap.wrap(
                     f"! the sides hold different bits per element ({bits['evaluated']['measured']:.4g} vs "
@@ -172,29 +179,29 @@ class Evaluation:
         lines += [head, "-" * len(head)]
         for m, r in self.summary.items():
             lo, hi = r.confidence_interval
-            row = f"{m:<{width}} {r.statistic:>17.4g} {f'[{lo:.4g}, {hi:.4g}]':>25}"
+            row = f"{m:<{width}} {r.statistic:>11.4g} {f'[{lo:.4g}, {hi:.4g}]':>25}"
             if other is not None:
-                row += f" {float(np.mean([u[f'other:{m}'] for u in self.units])):>17.4g}"
+                row += f" {float(np.mean([u[f'other:{m}'] for u in units])):>11.4g}"
                 if m in self.comparison:
-                    from kvstats.run.comparison import shift_text
-
                     c = self.comparison[m]
                     mark = "*" if c["significant"] else " "
                     row += (f" {c['test'].effect_size:>7.3f} {c['pvalue_holm']:>8.2g}{mark}"
                             f" {shift_text(c['detectable_shift']):>10}")
             lines.append(row)
         if other is not None:
-            lines += _footnotes(self, me, other)
+            lines += comparison_footnotes(self, "A", "B")
         return "\n".join(lines)
 
 
-def _bits_line(name: str, b: dict) -> str:
-    claim = "" if abs(b["claimed"] - b["measured"]) <= 1e-9 * max(1.0, b["measured"]) else \
-        f"; it claims {b['claimed']:.4g} (bits_per_coordinate)"
-    return f"  {name}: budget n = {b['budget']}, {b['measured']:.4g} bits per element held (measured){claim}"
+def _bits_line(letter: str, name: str, b: dict) -> str:
+    claimed = b.get("claimed")
+    claim = "" if claimed is None or abs(claimed - b["measured"]) <= 1e-9 * max(1.0, b["measured"]) else \
+        f"; it claims {claimed:.4g} (bits_per_coordinate)"
+    return f"  {letter} = {name}: budget n = {b['budget']}, {b['measured']:.4g} bits per element held (measured){claim}"
 
 
-def _footnotes(ev: Evaluation, me: str, other: str) -> list[str]:
+def comparison_footnotes(ev, me: str, other: str) -> list[str]:
+    """What the comparison columns mean (r's sign, p's correction, the detectable shift, what blank means)."""
     family = len(ev.comparison)
     notes = [f"r: matched-pairs rank-biserial of {me} − {other} over the units (−1: {me} lower in every unit, +1: "
              f"higher); p: paired Wilcoxon signed-rank, Holm-corrected over the {family} metric(s) tested, * below "
@@ -236,9 +243,13 @@ def _plan(main_checked: bool, n_units: int, alpha: float, source) -> Any:
 
     plan = plan_comparison(n_units, len(candidate_family(linear=main_checked)), alpha)
     if not plan.can_conclude:
-        more = (f"capture more tokens (kvstats capture --tokens) or use a smaller window ({plan.units_needed} windows "
-                "are needed)" if source.kind == "capture" else
-                f"pass units={plan.units_needed} (--units {plan.units_needed})")
+        if source.kind == "capture" and source.documents is not None and len(set(source.documents)) >= 2:
+            more = f"capture more documents ({plan.units_needed} are needed: the documents are the units)"
+        elif source.kind == "capture":
+            more = (f"capture more tokens (kvstats capture --tokens) or use a smaller window ({plan.units_needed} "
+                    "windows are needed)")
+        else:
+            more = f"pass units={plan.units_needed} (--units {plan.units_needed})"
         warnings.warn(InconclusiveWarning(f"{plan.message()}: {more}"), stacklevel=3)
     return plan
 
@@ -264,6 +275,7 @@ def evaluate(
     n_resamples: int | None = None,
     alpha: float = 0.05,
     check: bool = True,
+    linear: bool = True,
     out: str | os.PathLike | None = None,
     force: bool = False,
     store: str | os.PathLike | None = None,
@@ -274,6 +286,7 @@ def evaluate(
     segments_per_document: int | None = 1,
     full_precision_window: int = 0,
     documents: dict[str, str] | None = None,
+    dtype=None,
     **options,
 ):
     """Evaluate ``quantizer`` at ``bits`` on ``data`` over independent units (see the module doc).
@@ -297,7 +310,11 @@ def evaluate(
         confidence_level, n_resamples: the CIs (bootstrap resamples: default 9999, 1999 for the cluster bootstrap
             of a model evaluation).
         alpha: level of the comparison (Holm-corrected over its family).
-        check: run :func:`kvstats.testing.check_quantizer` on every quantizer first (refusing a failing one).
+        check: run :func:`kvstats.testing.check_quantizer` on every quantizer first (refusing a failing one), check
+            the bits at the units' own length, and decode in a fresh process (a user's picklable quantizer).
+        linear: whether the K estimators must be linear in the code (``inner(q, code) = ⟨q, decode(code)⟩``, every
+            kvstats quantizer); False (``--nonlinear``) checks a quantizer whose estimator is not, and keeps
+            ``6d_attention_kl`` (the decoded keys' KL) in the comparison's family.
         out: write the results JSON here (checked before any work; an existing file needs ``force``).
         force: replace an existing ``out``.
         store: folder of the resumable unit store (default ``<out>.units`` when ``out`` is given, else none).
@@ -308,8 +325,8 @@ def evaluate(
             :class:`~kvstats.run.model_evaluation.ModelEvaluation`
             (:func:`~kvstats.run.model_evaluation.evaluate_model`).
         segment, segments_per_document, full_precision_window, documents: the model evaluation's segments
-            (default 128 tokens, one per document), the cache's exact window, and ``{title: text}`` to use instead of
-            the shipped documents.
+            (default 128 tokens, one per document), the cache's exact window, ``{title: text}`` to use instead of
+            the shipped documents, and the model's dtype (default float32).
         **options: passed to the scheme / quantizer constructor (e.g. ``rows="srht"``).
     """
     if model is not None:
@@ -323,14 +340,16 @@ def evaluate(
                               segments_per_document=segments_per_document,
                               full_precision_window=full_precision_window, seed=seed, alpha=alpha,
                               confidence_level=confidence_level, n_resamples=n_resamples or 1999, check=check,
-                              out=out, force=force, store=store, progress=progress, documents=documents, **options)
-    if documents is not None:
-        raise ValueError("documents= is for a model evaluation (model=); synthetic data and captures have their own")
+                              linear=linear, out=out, force=force, store=store, progress=progress,
+                              documents=documents, dtype=torch.float32 if dtype is None else dtype, **options)
+    if documents is not None or dtype is not None:
+        raise ValueError("documents= and dtype= are for a model evaluation (model=); synthetic data and captures have "
+                         "their own")
     n_resamples = 9999 if n_resamples is None else n_resamples
     from kvstats import stats
     from kvstats._files import check_output_path, is_stream
     from kvstats.run import unit_store
-    from kvstats.run.comparison import compare_units
+    from kvstats.run.comparison import compare_units, per_document
     from kvstats.run.provenance import provenance
     from kvstats.run.units import unit_metrics
 
@@ -341,7 +360,12 @@ def evaluate(
     top_k = check_int_range(top_k, "top_k", 1, 1 << 30)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    fresh_seed = seed is None
     seed = check_seed(seed)
+    kv_heads = check_int_range(kv_heads, "kv_heads", 1, 1 << 16)
+    q_heads = check_int_range(q_heads, "q_heads", 1, 1 << 16)
+    if q_heads % kv_heads:
+        raise ValueError(f"q_heads must be a multiple of kv_heads={kv_heads} (grouped-query attention), got {q_heads}")
     shape = dict(kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
     source, n_units = _source(data, units, seed=seed, window=window, layers=layers, shape=shape,
                               data_params=data_params)
@@ -356,13 +380,19 @@ def evaluate(
     parts0 = source.unit(0)
     scheme0 = main.scheme(d, seed)
     heads = source.kv_heads
-    checks = {"quantizer": check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
+    opts = dict(linear=linear, parts=parts0)
+    checks = {"quantizer": check_side(main, scheme0, d, seed, heads, **opts) if check else "skipped (check=False)"}
     if other is not None:
         if match_bits:
             other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed, parts0)[0]
         other_scheme0 = other.scheme(d, seed)
-        checks["compare"] = check_side(other, other_scheme0, d, seed, heads) if check else "skipped (check=False)"
-    plan = None if other is None else _plan(check, n_units, alpha, source)
+        checks["compare"] = (check_side(other, other_scheme0, d, seed, heads, **opts) if check else
+                             "skipped (check=False)")
+    # documents, not their windows, are the independent units when a capture holds several
+    doc_ids = None if source.documents is None else source.documents[:n_units]
+    by_document = doc_ids is not None and len(set(doc_ids)) >= 2
+    n_inference = len(set(doc_ids)) if by_document else n_units
+    plan = None if other is None else _plan(check and linear, n_inference, alpha, source)
 
     identities = [main.identity()] + ([] if other is None else [other.identity()])
     key = None if None in identities else unit_store.store_key(
@@ -394,12 +424,14 @@ def evaluate(
     except KeyboardInterrupt:
         if store is not None:
             have = unit_store.stored_units(n_units, key, store)
-            print(f"interrupted: {have} of {n_units} units are stored in {store}; run the same command again to "
-                  "resume", file=sys.stderr)
+            again = (f"rerun with seed={seed} (--seed {seed}): the seed was drawn fresh" if fresh_seed else
+                     "run the same command again")
+            print(f"interrupted: {have} of {n_units} units are stored in {store}; {again} to resume", file=sys.stderr)
         raise
-    summary = {m: stats.mean_ci([r[m] for r in rows], confidence_level, n_resamples=n_resamples, seed=seed)
+    inference = per_document(rows, (*METRICS, "bits_claimed")) if by_document else rows
+    summary = {m: stats.mean_ci([r[m] for r in inference], confidence_level, n_resamples=n_resamples, seed=seed)
                for m in METRICS}
-    comparison = {} if other is None else compare_units(rows, alpha=alpha, confidence_level=confidence_level,
+    comparison = {} if other is None else compare_units(inference, alpha=alpha, confidence_level=confidence_level,
                                                         n_resamples=n_resamples, seed=seed)
     by_side = {"evaluated": ("", main)} | ({} if other is None else {"compared": ("other:", other)})
     bits_info = {name: {"budget": side.bits, "measured": float(np.mean([r[p + "bits_total"] for r in rows])),
@@ -412,7 +444,9 @@ def evaluate(
               "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
               "data": str(data), "units": len(rows), "unit": source.description, "seed": seed, "top_k": top_k,
               "softmax_scale": source.scale, "softcap": [r.softcap for r in source.rules],
-              "documents": None if source.documents is None else len(set(source.documents)),
+              "documents": None if doc_ids is None else len(set(doc_ids)),
+              "inference_units": "documents (per-document means of their windows)" if by_document else
+              ("windows of one text" if source.kind == "capture" else "independent draws"),
               "alpha": float(alpha), "confidence_level": confidence_level,
               "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
               "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),

@@ -221,7 +221,7 @@ def test_cli_capture_of_a_saved_model_folder(family, tmp_path, capsys):
                                                                                                        (40, 80)]
     assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--data", str(out), "--window", "16",
                  "--no-progress"]) == 0
-    assert "(4 units: disjoint windows of 16 tokens within 2 documents" in capsys.readouterr().out
+    assert "(2 documents, 4 windows: disjoint windows of 16 tokens within 2 documents" in capsys.readouterr().out
     assert main(["capture", "--model", str(folder), "--text", str(texts[0]), "--out", str(out), "--dtype", "bf16",
                  "--force", "--no-progress"]) == 0
     f = load_qkv(out)

@@ -159,7 +159,9 @@ def test_compare_is_paired_over_a_family_of_distinct_metrics_and_holm_corrected(
         assert c["test"].pvalue == pytest.approx(p, rel=1e-9)
         assert c["pvalue_holm"] == pytest.approx(h, rel=1e-9)
         assert c["significant"] == (h < 0.05)
-    assert "p (Holm)" in ev.table() and "qkqv mean" in ev.table() and "rank-biserial of kqv − qkqv" in ev.table()
+    table = ev.table()
+    assert "p (Holm)" in table and "B mean" in table and "rank-biserial of A − B" in table
+    assert "A = kqv at 3 bits" in table and "B = qkqv: budget n = 3" in table
     same = evaluate("kqv", bits=3, data="gaussian", units=3, compare="kqv", **SMALL)
     assert same.comparison == {}  # equal in every unit: nothing to test
 
@@ -280,7 +282,9 @@ class DuckInt4:
 
 def test_a_duck_typed_quantizer_is_evaluated():
     ev = evaluate(DuckInt4, bits=4, data="gaussian", units=2, **SMALL)
-    assert ev.config["checks"]["quantizer"] == {"K": "passed", "V": "passed"}
+    checks = ev.config["checks"]["quantizer"]
+    assert checks["K"] == checks["V"] == checks["fresh process"] == "passed"
+
     class NoInner(DuckInt4):
         inner = None
 
@@ -487,7 +491,8 @@ def test_a_calibrated_nova_scheme_is_checked_on_cache_shapes_and_evaluated():
     nova = NovaScheme.calibrate(q, k, v, bits=2, seed=0)
     ev = evaluate(nova, bits=2, data="low_rank", units=2, kv_heads=2, q_heads=4, dim=32, seq=48, n_q=8,
                   n_resamples=999)
-    assert ev.config["checks"]["quantizer"] == {"K": "passed", "V": "passed"}
+    checks = ev.config["checks"]["quantizer"]
+    assert checks["K"] == checks["V"] == "passed" and checks["fresh process"].startswith("not run: a ready Scheme")
     code = nova.encode(*generate("low_rank", 1, 2, 48, 32, 0, q_heads=4, n_q=8)[1:])
     assert ev.units[0]["bits_total"] == pytest.approx(8 * code.nbytes / (2 * 2 * 48 * 32), rel=1e-12)
 
@@ -507,5 +512,162 @@ def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
         with open(target, "w") as handle:
             subprocess.run(cmd, stdout=handle, stderr=subprocess.DEVNULL, check=True, timeout=300)
         text = target.read_text()
-    start = text.index("turbo_mse at 2 bits")
+    start = text.index("A = turbo_mse at 2 bits")
     assert _strict_json(text[:start])["config"]["units"] == 2
+
+
+# ------------------------------------------------------------------------- the review's hostile quantizers
+
+_PARTIAL_STASH: dict[bytes, torch.Tensor] = {}
+
+
+class PartialStash(Int4):
+    """Honest 4-bit codes, but decode returns x rounded to steps of 0.4 from a module-level stash keyed by the code's
+    bytes: far better than 4 bits allow, yet not lossless, so Shannon's bound (e^-2 slack) lets it pass."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        for row, value in zip(code.payload["codes"].reshape(-1, code.payload["codes"].shape[-1]),
+                              x.reshape(-1, x.shape[-1])):
+            _PARTIAL_STASH[row.numpy().tobytes()] = torch.round(value.double() * 2.5) / 2.5
+        return code
+
+    def _decode(self, code):
+        rows = code.payload["codes"].reshape(-1, code.payload["codes"].shape[-1])
+        return torch.stack([_PARTIAL_STASH[r.numpy().tobytes()] for r in rows]).reshape(code.shape).to(code.dtype)
+
+
+def test_a_partial_stash_passes_the_rate_bound_but_not_a_fresh_process():
+    from kvstats.testing import check_quantizer
+
+    check_quantizer(PartialStash(4, 32), build=PartialStash)  # in this process, the stash is there
+    with pytest.raises(AssertionError, match=r"check_quantizer\[determinism\].*fresh process.*raised KeyError"):
+        check_quantizer(PartialStash(4, 32), build=PartialStash, isolated=True)
+    with pytest.raises(QuantizerCheckError, match=r"built in a fresh process .* raised KeyError"):
+        evaluate(PartialStash, bits=4, data="gaussian", units=2, **SMALL)
+
+
+class GrowsBeyond64(Int4):
+    def _encode(self, x):
+        code = super()._encode(x)
+        if x.dim() >= 2 and x.shape[-2] > 64:
+            code.scalars["extra"] = torch.zeros(x.shape[:-1])
+        return code
+
+
+def test_bits_are_checked_at_the_evaluations_own_length():
+    from kvstats.testing import check_quantizer
+
+    check_quantizer(GrowsBeyond64(4, 32))  # 24 and 57 tokens: honest
+    with pytest.raises(QuantizerCheckError, match=r"at the evaluation's own 96 tokens: the codes hold 6 bits"):
+        evaluate(GrowsBeyond64, bits=4, data="gaussian", units=2, **{**SMALL, "seq": 96})
+    ev = evaluate(GrowsBeyond64, bits=4, data="gaussian", units=2, check=False, **{**SMALL, "seq": 96})
+    assert ev.bits["evaluated"]["measured"] == pytest.approx(6.0) and ev.bits["evaluated"]["claimed"] == 5.0
+
+
+class UnderstatesNbytes(Int4):
+    """A Code subclass whose nbytes leaves out the fp32 scales."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        return _ShortCode(code.shape, code.dtype, code.payload, code.scalars, code.parts, code.source)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=4.0)
+
+
+from kvstats.quantizers import Code as _Code  # noqa: E402
+
+
+class _ShortCode(_Code):
+    @property
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in self.payload.values())
+
+
+def test_measured_bits_come_from_the_tensors_held_not_from_nbytes():
+    ev = evaluate(UnderstatesNbytes, bits=4, data="gaussian", units=2, check=False, **SMALL)
+    assert ev.bits["evaluated"]["measured"] == pytest.approx(4 + 32 / 32)  # payload 4 + fp32 scale per vector
+
+
+class NonLinear(Int4):
+    """An estimator that is not decode-then-dot: 1.05 · ⟨q, x̂⟩."""
+
+    def _inner(self, query, code):
+        return 1.05 * super()._inner(query, code)
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+def test_a_nonlinear_estimator_is_checked_as_such_and_keeps_the_decoded_kl():
+    with pytest.raises(QuantizerCheckError, match=r"check_quantizer\[inner\].*--nonlinear"):
+        evaluate(NonLinear, bits=4, data="gaussian", units=2, **SMALL)
+    ev = evaluate(NonLinear, bits=4, data="gaussian", units=4, compare="kqv", linear=False, **SMALL)
+    assert "6d_attention_kl" in ev.comparison  # no longer a repeat of attention_kl
+    assert ev.plan.family_size == 8
+
+
+def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
+    gen = torch.Generator().manual_seed(5)
+    layer = tuple(torch.randn(1, h, 96, 16, generator=gen) for h in (2, 1, 1))
+    path = save_qkv(tmp_path / "docs.safetensors", [layer], {"model": "random", "documents": [
+        {"source": "a", "start": 0, "stop": 64}, {"source": "b", "start": 64, "stop": 96}]})
+    ev = evaluate("turbo_mse", bits=2, data=path, window=16, n_resamples=999)
+    assert [u["document"] for u in ev.units] == [0, 0, 0, 0, 1, 1]
+    assert ev.config["inference_units"].startswith("documents") and ev.summary["attention_kl"].n == 2
+    per_doc = [np.mean([u["attention_kl"] for u in ev.units if u["document"] == d]) for d in (0, 1)]
+    assert ev.summary["attention_kl"].statistic == pytest.approx(np.mean(per_doc), rel=1e-12)
+    assert "(2 documents, 6 windows" in ev.table()
+
+
+def test_repeated_layers_and_cli_values_are_refused_by_their_own_names(tmp_path, capsys):
+    from kvstats.cli import main
+
+    path, _ = _capture(tmp_path)
+    with pytest.raises(ValueError, match=r"layers must name each layer once"):
+        evaluate("turbo_mse", bits=2, data=path, window=16, layers=[0, 0, 1])
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--data", str(path), "--layers", "0", "0"]) == 2
+    assert "--layers must name stored layers" in capsys.readouterr().err
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--top-k", "0"]) == 2
+    assert "--top-k must be" in capsys.readouterr().err
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "4", "--data", str(path), "--out", str(path),
+                 "--force"]) == 2
+    assert "--out" in capsys.readouterr().err and path.is_file()
+
+
+def test_a_resumed_run_never_reuses_units_of_changed_code(tmp_path, monkeypatch):
+    """A factory whose module imports a helper from the user's folder: the helper changes between an interrupted
+    run and its rerun, and the stored units are not reused (every user file loaded is part of the key)."""
+    import importlib
+
+    import kvstats.run.units as units_module
+
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "stalehelper.py").write_text("OFFSET = 0\n")
+    (folder / "stalequant.py").write_text(textwrap.dedent('''
+        import kvstats
+        import stalehelper
+
+        def Q(bits, dim, seed):
+            return kvstats.quantizer("turbo_mse", bits=bits, dim=dim, seed=seed + stalehelper.OFFSET)
+    '''))
+    monkeypatch.syspath_prepend(str(folder))
+    out = tmp_path / "r.json"
+    real, calls = units_module.unit_metrics, {"n": 0}
+
+    def interrupt_at_the_third(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(units_module, "unit_metrics", interrupt_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate("stalequant:Q", bits=2, data="gaussian", units=4, out=out, check=False, **SMALL)
+    monkeypatch.setattr(units_module, "unit_metrics", real)
+    (folder / "stalehelper.py").write_text("OFFSET = 1000\n")  # a new version of the user's code
+    for name in ("stalequant", "stalehelper"):
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+    rerun = evaluate("stalequant:Q", bits=2, data="gaussian", units=4, out=out, check=False, **SMALL)
+    assert rerun.config["units_reused"] == 0

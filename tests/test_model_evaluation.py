@@ -152,3 +152,34 @@ def test_sensitivity_in_parts_equals_one_run(tiny_folder):
     assert joined.recommendation["keep_exact"] == whole.recommendation["keep_exact"]
     with pytest.raises(ValueError, match="configurations must name"):
         sensitivity("kqv", configurations=["only 7"], **args)
+
+
+def test_no_output_is_written_over_the_models_own_files(tiny_folder, tmp_path, capsys):
+    from kvstats.cli import main
+
+    weights = next(p for p in tiny_folder.iterdir() if p.suffix == ".safetensors")
+    before = weights.read_bytes()
+    with pytest.raises(ValueError, match="is the input"):
+        kvstats.evaluate("kqv", bits=4, model=tiny_folder, segment=32, documents=DOCS, out=weights, force=True)
+    assert main(["capture", "--model", str(tiny_folder), "--out", str(weights), "--force", "--no-progress"]) == 2
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out",
+                 str(weights), "--force", "--no-progress"]) == 2
+    assert weights.read_bytes() == before
+    out = tmp_path / "s.png"
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out", str(out),
+                 "--no-progress"]) == 2  # the default figure path would be --out itself
+    assert "its own path" in capsys.readouterr().err and not out.exists()
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out",
+                 str(tmp_path / "s.json"), "--figure", str(tmp_path / "f.json"), "--no-progress"]) == 2
+    assert "matplotlib writes" in capsys.readouterr().err and not (tmp_path / "s.json").exists()
+
+
+def test_a_half_precision_model_is_measured_against_the_lossless_kvstats_path(tiny_folder):
+    """bf16: the model's own sdpa rounds in bf16 where the kvstats path accumulates in fp32; the reference is then
+    the kvstats path with a lossless scheme, so a lossless scheme does no damage, and the floor is reported."""
+    ev = kvstats.evaluate(lambda bits, dim, seed: __import__("kvstats.cache", fromlist=["x"]).IdentityQuantizer(dim),
+                          bits=8, model=tiny_folder, segment=32, documents=DOCS, dtype=torch.bfloat16, check=False,
+                          n_resamples=99)
+    assert ev.config["reference"].startswith("the kvstats path with a lossless scheme")
+    assert ev.summary["evaluated"]["documents"]["out_kl"].statistic < 1e-9
+    assert ev.config["lossless_floor"] > 1e-7  # measured on the tiny model: ~1e-4

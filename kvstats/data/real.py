@@ -50,6 +50,7 @@ __all__ = [
     "capture_qkv",
     "capture",
     "check_model_files",
+    "model_files",
     "cache_dir",
     "default_capture_path",
     "load_default_capture",
@@ -163,6 +164,24 @@ def check_model_files(model: str | os.PathLike) -> None:
                 f.keys()
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
             raise ValueError(f"{weights}: truncated or corrupt safetensors file ({exc})") from None
+
+
+def model_files(model: str | os.PathLike) -> list[Path]:
+    """Every file a model is read from — the GGUF of ``"smollm2"`` and its cached conversion, a ``.gguf`` file, or
+    every file below a model folder — so that no output is ever written over one of them. Missing paths give []
+    (loading reports them)."""
+    if str(model) == SMOLLM2:
+        try:
+            gguf = smollm2_gguf_path()
+        except FileNotFoundError:
+            return []
+        stat = gguf.stat()
+        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+        return [gguf, *(sorted(p for p in converted.rglob("*") if p.is_file()) if converted.is_dir() else [])]
+    path = Path(model)
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
 
 
 def _diagnose_gguf(path: Path) -> str:
@@ -549,8 +568,8 @@ def capture(model: str | os.PathLike = SMOLLM2, text: str | Sequence[str] | None
         dtype: the model's dtype (float32, bfloat16 or float16); the captured tensors keep it.
     """
     files = [] if text_file is None else [text_file] if isinstance(text_file, (str, os.PathLike)) else list(text_file)
-    if out is not None:
-        check_output_path(out, "out", inputs=files)
+    if out is not None:  # never one of the texts or of the model's own files
+        check_output_path(out, "out", inputs=[*files, *model_files(model)])
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
     if text is not None and files:

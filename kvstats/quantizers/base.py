@@ -192,7 +192,8 @@ def held_bytes(code: Code) -> int:
     understate what it holds. What kvstats measures bits by (evaluate's ``bits_total``, the cache's memory)."""
     field = object.__getattribute__  # the instance's own fields, past any property a subclass defines
     tensors = (*field(code, "payload").values(), *field(code, "scalars").values())
-    return sum(t.numel() * t.element_size() for t in tensors) + sum(held_bytes(p) for p in field(code, "parts").values())
+    return (sum(t.numel() * t.element_size() for t in tensors)
+            + sum(held_bytes(part) for part in field(code, "parts").values()))
 
 
 def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
@@ -356,7 +357,9 @@ class _MissingField:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is KeyError:
+        # a field name is a str the code does not hold; any other KeyError is the quantizer's own and propagates
+        if exc_type is KeyError and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in {
+                *self.code.payload, *self.code.scalars, *self.code.parts}:
             have = sorted([*self.code.payload, *self.code.scalars, *self.code.parts])
             raise ValueError(f"code lacks the field {exc.args[0]!r} that {self.quantizer!r} needs (it holds "
                              f"{have}): it was not made by this quantizer") from None

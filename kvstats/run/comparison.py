@@ -26,7 +26,7 @@ import numpy as np
 
 from kvstats.run.units import METRICS
 
-__all__ = ["COMPARED_METRICS", "ComparisonPlan", "compare_units", "plan_comparison", "units_needed"]
+__all__ = ["COMPARED_METRICS", "ComparisonPlan", "compare_units", "per_document", "plan_comparison", "units_needed"]
 
 #: The metrics a comparison may test, in table order (``bits_total`` is reported, never tested).
 COMPARED_METRICS = tuple(m for m in METRICS if m != "bits_total")
@@ -142,6 +142,24 @@ def compare_units(rows: list[dict], *, alpha: float = 0.05, power: float = 0.8, 
                 shift = stats.detectable_shift(diffs, alpha=alpha / len(family), power=power)
             tests[m] = {"test": t, "pvalue_holm": float(p), "significant": significant, "detectable_shift": shift}
     return {"family": family, "excluded": excluded, "plan": plan, "tests": tests}
+
+
+def per_document(rows: list[dict], names) -> list[dict]:
+    """The rows of units that share a document merged into one row per document: ``document`` and the mean of each
+    of ``names`` (and of ``"other:" + name`` where the rows hold it) over its units. Documents, not their windows or
+    segments, are then the independent units a CI and a paired test see."""
+    docs: dict = {}
+    for r in rows:
+        docs.setdefault(r["document"], []).append(r)
+    out = []
+    for doc, members in docs.items():
+        row = {"document": doc, "windows": len(members)}
+        for name in names:
+            for key in (name, f"other:{name}"):
+                if key in members[0]:
+                    row[key] = float(np.mean([m[key] for m in members]))
+        out.append(row)
+    return out
 
 
 def shift_text(shift) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 __all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "model_source", "model_unit", "pooled_summary",
-           "unit_summary"]
+           "reference_logits", "unit_summary"]
 
 #: Tokens per segment by default: 24 of the 25 shipped documents hold at least this many (with SmolLM2's tokenizer).
 DEFAULT_SEGMENT = 128
@@ -115,22 +115,14 @@ def model_source(model: str | os.PathLike = "smollm2", *, segment: int = DEFAULT
     return ModelSource(lm, tokenizer, name, model_dims(lm.config), segments, skipped, identity)
 
 
-def _reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
+def _plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         return model(ids.to(next(model.parameters()).device)).logits.float().cpu()
 
 
-def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision_window: int = 0,
-               reference: torch.Tensor | None = None, record: bool = True) -> dict[str, Any]:
-    """The metrics of one segment ``ids`` [1, T] (module doc): the reference pass (the model's own attention, no
-    cache; or ``reference`` logits computed before) and the quantized pass through a KVStatsCache of ``scheme``
-    (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path. ``record=False``
-    skips the per-layer attention metrics (a third of the quantized pass's time; their lists are then empty)."""
-    from kvstats.baselines import output_metrics
+def _cache_logits(model, scheme, ids: torch.Tensor, full_precision_window: int, record: bool):
     from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
 
-    model = source.model
-    ref = _reference_logits(model, ids) if reference is None else reference
     previous = model.config._attn_implementation
     cache = KVStatsCache(scheme, full_precision_window, record_attention=record)
     try:
@@ -140,6 +132,35 @@ def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision
                            use_cache=True).logits.float().cpu()
     finally:
         model.set_attn_implementation(previous)
+    return logits, cache
+
+
+def reference_logits(source: ModelSource, ids: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    """The reference logits of a segment and the lossless floor: for an fp32 model, the model's own attention with
+    no cache (the kvstats path with a lossless scheme reproduces it to a next-token KL of ~1e-11, tested), floor
+    None; for an fp16/bf16 model, the kvstats path with a lossless scheme (it accumulates in fp32 where the model's
+    sdpa rounds in its dtype, a difference that is not the quantizer's), and the floor = the mean next-token KL
+    between the two, reported beside the results."""
+    from kvstats.baselines import output_metrics
+    from kvstats.cache import IdentityScheme
+
+    plain = _plain_logits(source.model, ids)
+    if next(source.model.parameters()).dtype in (torch.float32, torch.float64):
+        return plain, None
+    lossless, _ = _cache_logits(source.model, IdentityScheme(source.dims["head_dim"]), ids, 0, False)
+    return lossless, float(output_metrics(plain, lossless, ids)["out_kl"].mean())
+
+
+def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision_window: int = 0,
+               reference: torch.Tensor | None = None, record: bool = True) -> dict[str, Any]:
+    """The metrics of one segment ``ids`` [1, T] (module doc): the reference pass (:func:`reference_logits`, or
+    ``reference`` logits computed before) and the quantized pass through a KVStatsCache of ``scheme``
+    (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path. ``record=False``
+    skips the per-layer attention metrics (a third of the quantized pass's time; their lists are then empty)."""
+    from kvstats.baselines import output_metrics
+
+    ref = reference_logits(source, ids)[0] if reference is None else reference
+    logits, cache = _cache_logits(source.model, scheme, ids, full_precision_window, record)
     m = output_metrics(ref, logits, ids)
     kl, top1 = m["out_kl"][0], m["top1"][0]
     nll, nll_ref = m["nll"][0], m["nll_ref"][0]

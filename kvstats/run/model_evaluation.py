@@ -8,7 +8,6 @@ the plan, the unit store, the strict results file and the provenance block are t
 from __future__ import annotations
 
 import sys
-import textwrap
 import time
 import warnings
 from dataclasses import dataclass
@@ -55,15 +54,23 @@ class ModelEvaluation(Evaluation):
 
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
-        and the comparison when present."""
+        and the comparison when present (A: the evaluated quantizer, B: the compared one)."""
+        from kvstats.evaluation import comparison_footnotes
+        from kvstats.run.comparison import shift_text
+
         cfg, ev = self.config, self.summary["evaluated"]
         level = ev["documents"]["out_kl"].confidence_level
-        lines = [f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']} ({cfg['documents']} documents, "
+        lines = [f"A = {cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']} ({cfg['documents']} documents, "
                  f"{len(self.units)} segments of {cfg['segment']} tokens, teacher-forced through KVStatsCache on the "
-                 f"estimator path; exact window {cfg['full_precision_window']} tokens)",
-                 f"  {cfg['quantizer']}: {self.bits['evaluated']['measured']:.4g} bits per element held (measured)"]
+                 f"estimator path; exact window {cfg['full_precision_window']} tokens; reference: "
+                 f"{cfg['reference']})",
+                 f"  A = {cfg['quantizer']}: {self.bits['evaluated']['measured']:.4g} bits per element held (measured)"]
+        if cfg.get("lossless_floor") is not None:
+            lines.append(f"  the kvstats path with a lossless scheme differs from the model's own attention by a mean "
+                         f"next-token KL of {cfg['lossless_floor']:.3g} nats (the {cfg['dtype']} model): not counted "
+                         "against A")
         if cfg["compare"] is not None:
-            lines.append(f"  {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held"
+            lines.append(f"  B = {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held"
                          + ("" if self.bits["matched"] else "  ! not bit-matched"))
         how = ev["documents"]["out_kl"].ci_method
         lines.append(f"per document: mean over the {cfg['documents']} documents, {level:.0%} CI ({how})")
@@ -73,8 +80,10 @@ class ModelEvaluation(Evaluation):
                   f"{r.confidence_interval.high:.4g}]"
             if m in self.comparison:
                 c, o = self.comparison[m], self.summary["compared"]["documents"][m]
-                row += (f"   {cfg['compare']} {o.statistic:.4g}; r = {c['test'].effect_size:+.3f}, "
-                        f"p (Holm) = {c['pvalue_holm']:.2g}{'*' if c['significant'] else ''}")
+                shift = shift_text(c["detectable_shift"])
+                row += (f"   B {o.statistic:.4g}; r = {c['test'].effect_size:+.3f}, "
+                        f"p (Holm) = {c['pvalue_holm']:.2g}{'*' if c['significant'] else ''}"
+                        + (f", detectable {shift}" if shift else ""))
             lines.append(row)
         tok = ev["tokens"]
         n_tokens = sum(len(u["tokens_out_kl"]) for u in self.units)
@@ -94,31 +103,23 @@ class ModelEvaluation(Evaluation):
         worst = sorted(range(len(layers)), key=lambda i: -layers[i].statistic)[:5]
         lines.append("attention KL of the estimator's logits, the 5 worst layers: " + ", ".join(
             f"{i}: {layers[i].statistic:.3g}" for i in worst))
-        if self.family_plan is not None and not self.family_plan.can_conclude:
-            lines += textwrap.wrap("! " + self.family_plan.message() + ".", 110, subsequent_indent="  ")
+        if cfg["compare"] is not None:
+            lines += comparison_footnotes(self, "A", "B")
         return "\n".join(lines)
-
-
-def _document_rows(rows: list[dict], with_other: bool) -> list[dict]:
-    """Per-document means of the per-unit metrics (both sides): the units of the comparison."""
-    docs: dict[int, list[dict]] = {}
-    for r in rows:
-        docs.setdefault(r["document"], []).append(r)
-    names = [m for m in MODEL_METRICS] + ([f"other:{m}" for m in MODEL_METRICS] if with_other else [])
-    return [{"document": d, **{n: float(np.mean([r[n] for r in rs])) for n in names}} for d, rs in docs.items()]
 
 
 def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match_bits: bool = False,
                    segment: int = DEFAULT_SEGMENT, segments_per_document: int | None = 1,
                    full_precision_window: int = 0, seed: int | None = 0, alpha: float = 0.05,
-                   confidence_level: float = 0.95, n_resamples: int = 1999, check: bool = True, out=None,
+                   confidence_level: float = 0.95, n_resamples: int = 1999, check: bool = True,
+                   linear: bool = True, out=None,
                    force: bool = False, store=None, progress: bool = False, dtype: torch.dtype = torch.float32,
                    documents: dict[str, str] | None = None, **options) -> ModelEvaluation:
     """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.run.model_eval`).
 
     Args:
-        quantizer, bits, compare, match_bits, seed, alpha, confidence_level, check, out, force, store, progress,
-            **options: as :func:`kvstats.evaluate`.
+        quantizer, bits, compare, match_bits, seed, alpha, confidence_level, check, linear, out, force, store,
+            progress, **options: as :func:`kvstats.evaluate`.
         model: ``"smollm2"``, a local Hugging Face model folder or a .gguf file.
         segment: tokens per segment; segments_per_document: how many disjoint segments of each document (None:
             all).
@@ -132,8 +133,8 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     from kvstats._validation import check_int_range
     from kvstats.evaluation import InconclusiveWarning
     from kvstats.run import sides, unit_store
-    from kvstats.run.comparison import compare_units, plan_comparison
-    from kvstats.run.model_eval import _reference_logits, model_source, model_unit, pooled_summary, unit_summary
+    from kvstats.run.comparison import compare_units, per_document, plan_comparison
+    from kvstats.run.model_eval import model_source, model_unit, pooled_summary, reference_logits, unit_summary
     from kvstats.run.provenance import provenance
 
     started = time.time()
@@ -141,9 +142,12 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     full_precision_window = check_int_range(full_precision_window, "full_precision_window", 0, 1 << 30)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    fresh_seed = seed is None
     seed = check_seed(seed)
-    if out is not None:
-        out = check_output_path(out, "out", force=force)
+    from kvstats.data.real import model_files
+
+    if out is not None:  # before the model loads; never one of the model's own files
+        out = check_output_path(out, "out", force=force, inputs=model_files(model))
     source = model_source(model, segment=segment, segments_per_document=segments_per_document, documents=documents,
                           dtype=dtype)
     d, heads = source.dims["head_dim"], source.dims["kv_heads"]
@@ -152,11 +156,13 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     probe_gen = torch.Generator().manual_seed(0)
     probe = [(None, *(torch.randn(1, heads, segment, d, generator=probe_gen) for _ in range(2)))]
     scheme0 = main.scheme(d, seed)
-    checks = {"quantizer": sides.check_side(main, scheme0, d, seed, heads) if check else "skipped (check=False)"}
+    opts = dict(linear=linear, parts=probe)
+    checks = {"quantizer": sides.check_side(main, scheme0, d, seed, heads, **opts) if check else
+              "skipped (check=False)"}
     if other is not None:
         if match_bits:
             other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed, probe)[0]
-        checks["compare"] = (sides.check_side(other, other.scheme(d, seed), d, seed, heads) if check else
+        checks["compare"] = (sides.check_side(other, other.scheme(d, seed), d, seed, heads, **opts) if check else
                              "skipped (check=False)")
     n_docs = len({doc for doc, _, _ in source.segments})
     plan = None
@@ -175,8 +181,8 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
 
     def compute(i: int) -> dict:
         doc, title, ids = source.segments[i]
-        ref = _reference_logits(source.model, ids)
-        row = {"unit": i, "document": doc, "title": title,
+        ref, floor = reference_logits(source, ids)
+        row = {"unit": i, "document": doc, "title": title, "lossless_floor": floor,
                **model_unit(source, main.scheme(d, seed + i), ids, full_precision_window=full_precision_window,
                             reference=ref)}
         if other is not None:
@@ -191,8 +197,10 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     except KeyboardInterrupt:
         if store is not None:
             have = unit_store.stored_units(len(source.segments), key, store)
-            print(f"interrupted: {have} of {len(source.segments)} units are stored in {store}; run the same command "
-                  "again to resume", file=sys.stderr)
+            again = (f"rerun with seed={seed} (--seed {seed}): the seed was drawn fresh" if fresh_seed else
+                     "run the same command again")
+            print(f"interrupted: {have} of {len(source.segments)} units are stored in {store}; {again} to resume",
+                  file=sys.stderr)
         raise
     summaries = {"evaluated": {"documents": unit_summary(rows, confidence_level=confidence_level, seed=seed),
                                "tokens": pooled_summary(rows, confidence_level=confidence_level,
@@ -203,7 +211,7 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
             "documents": unit_summary(rows, prefix="other:", confidence_level=confidence_level, seed=seed),
             "tokens": pooled_summary(rows, prefix="other:", confidence_level=confidence_level,
                                      n_resamples=n_resamples, seed=seed)}
-        comparison = compare_units(_document_rows(rows, True), alpha=alpha, confidence_level=confidence_level,
+        comparison = compare_units(per_document(rows, MODEL_METRICS), alpha=alpha, confidence_level=confidence_level,
                                    seed=seed, metrics=MODEL_METRICS)
     bits_info = {"evaluated": {"budget": bits, "measured": float(np.mean([r["bits_total"] for r in rows]))}}
     if other is not None:
@@ -217,7 +225,11 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
               "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
               "full_precision_window": full_precision_window, "seed": seed, "alpha": float(alpha),
               "confidence_level": confidence_level, "options": {k: str(v) for k, v in options.items()},
-              "checks": checks, "units_reused": reused, "dtype": str(dtype).removeprefix("torch.")}
+              "checks": checks, "units_reused": reused, "dtype": str(dtype).removeprefix("torch."),
+              "reference": ("the model's own attention, no cache" if rows[0]["lossless_floor"] is None else
+                            "the kvstats path with a lossless scheme (the model is not fp32)"),
+              "lossless_floor": None if rows[0]["lossless_floor"] is None else
+              float(np.mean([r["lossless_floor"] for r in rows]))}
     ev = ModelEvaluation(config, rows, summaries, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
                          comparison.get("plan"), bits_info,
                          provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (the schemes)",

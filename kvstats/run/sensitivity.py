@@ -113,16 +113,21 @@ class Sensitivity:
                      + ("" if rec["reached"] else ", not reached") + ")")
         return "\n".join(lines)
 
-    def figure(self, path: str | os.PathLike) -> Path:
+    def figure(self, path: str | os.PathLike, *, force: bool = False) -> Path:
         """A PNG (:func:`sensitivity_figure`) of the per-layer damages, the full damage, the target and the
-        recommended layers."""
+        recommended layers, written without destroying anything (an existing file needs ``force``)."""
         self._complete()
         rows = [{"layer": i, **{f"{k}_{f}": v for k in ("only", "saved")
                                for f, v in _triple(self.damage[f"{k} {i}"]).items()}} for i in range(self.layers)]
         cfg = self.config
         title = f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']}: which layers matter"
-        return sensitivity_figure(rows, self.damage["all"].statistic, self.recommendation["target"],
-                                  self.recommendation["keep_exact"], title, path)
+        from kvstats._files import check_output_path, write_output
+
+        path = check_output_path(path, "path", force=force)
+        suffix = Path(path).suffix or ".png"
+        return write_output(path, lambda tmp: sensitivity_figure(
+            rows, self.damage["all"].statistic, self.recommendation["target"], self.recommendation["keep_exact"],
+            title, tmp.with_suffix(suffix)).replace(tmp))
 
 
 def _triple(r) -> dict[str, float]:
@@ -168,13 +173,14 @@ def _ci(r) -> str:
 
 def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | None = 8,
                 segment: int = DEFAULT_SEGMENT, target: float | None = None, seed: int | None = 0,
-                confidence_level: float = 0.95, check: bool = True, out=None, force: bool = False,
+                confidence_level: float = 0.95, check: bool = True, linear: bool = True, out=None,
+                force: bool = False,
                 progress: bool = False, documents: dict[str, str] | None = None,
                 dtype: torch.dtype = torch.float32, configurations=None, known=None, **options) -> Sensitivity:
     """Per-layer sensitivity of ``model`` to ``quantizer`` at ``bits`` (module doc).
 
     Args:
-        quantizer, bits, seed, check, out, force, progress, **options: as :func:`kvstats.evaluate`.
+        quantizer, bits, seed, check, linear, out, force, progress, **options: as :func:`kvstats.evaluate`.
         model: ``"smollm2"``, a Hugging Face model folder or a .gguf file.
         documents_used: how many of the shipped documents (the first ones holding a full segment; None: all).
         segment: tokens per document segment.
@@ -192,7 +198,7 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     from kvstats._validation import check_int_range
     from kvstats.cache import IdentityScheme
     from kvstats.run import sides
-    from kvstats.run.model_eval import _reference_logits, model_source, model_unit
+    from kvstats.run.model_eval import model_source, model_unit, reference_logits
     from kvstats.run.provenance import provenance
 
     started = time.time()
@@ -200,8 +206,10 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     seed = check_seed(seed)
     if target is not None and not (isinstance(target, (int, float)) and target >= 0):
         raise ValueError(f"target must be a non-negative number (a mean next-token KL in nats), got {target!r}")
-    if out is not None:
-        out = check_output_path(out, "out", force=force)
+    from kvstats.data.real import model_files
+
+    if out is not None:  # before the model loads; never one of the model's own files
+        out = check_output_path(out, "out", force=force, inputs=model_files(model))
     source = model_source(model, segment=segment, segments_per_document=1, documents=documents, dtype=dtype)
     if documents_used is not None:
         documents_used = check_int_range(documents_used, "documents_used", 2, 1 << 20)
@@ -209,9 +217,9 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     d, heads, n_layers = source.dims["head_dim"], source.dims["kv_heads"], source.dims["layers"]
     side = sides.Side("quantizer", quantizer, bits, dict(options))
     quantized = side.scheme(d, seed)
-    checks = sides.check_side(side, quantized, d, seed, heads) if check else "skipped (check=False)"
+    checks = sides.check_side(side, quantized, d, seed, heads, linear=linear) if check else "skipped (check=False)"
     exact = IdentityScheme(d)
-    references = [_reference_logits(source.model, ids) for _, _, ids in source.segments]
+    references = [reference_logits(source, ids)[0] for _, _, ids in source.segments]
 
     def damage(keep_exact: set[int], name: str) -> list[float]:
         def per_layer(i: int):

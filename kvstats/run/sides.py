@@ -133,8 +133,12 @@ class Side:
             prov = [q.provenance().fingerprint if callable(getattr(q, "provenance", None)) else repr(q)
                     for q in (self.spec.k, self.spec.v)]
             return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
+        from kvstats.quantizers import QUANTIZERS
+
         if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
             code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
+        elif isinstance(self.spec, str) and self.spec in QUANTIZERS:  # the registered class itself (kvstats' or not)
+            code = code_identity(QUANTIZERS[self.spec])
         else:
             code = code_identity(_factory(self.spec, self.role, self.options)[1])
         if code is None:
@@ -143,16 +147,53 @@ class Side:
                 "options": {k: repr(v) for k, v in sorted(self.options.items())}}
 
 
-def check_side(side: Side, scheme, dim: int, seed: int, heads: int) -> dict[str, str]:
+def _portable_builder(side: Side):
+    """A picklable ``build(bits=, dim=, seed=)`` of the side's quantizer for a fresh process, or (None, why)."""
+    import functools
+    import pickle
+
+    from kvstats.quantizers import QUANTIZERS
+    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
+
+    if isinstance(side.spec, Scheme):
+        return None, "a ready Scheme cannot be rebuilt in a fresh process"
+    if isinstance(side.spec, str) and side.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
+        return None, "a registered scheme"
+    if isinstance(side.spec, str) and side.spec in QUANTIZERS:
+        cls = QUANTIZERS[side.spec]
+        build = functools.partial(cls, **side.options)
+    else:
+        build = _factory(side.spec, side.role, side.options)[1]
+    module = getattr(getattr(build, "func", build), "__module__", "") or ""
+    if module == "kvstats" or module.startswith("kvstats."):
+        return None, "kvstats' own quantizer (tested by its suite)"
+    try:
+        pickle.dumps(build)
+    except Exception as exc:  # noqa: BLE001 - lambdas, closures, objects defined in __main__
+        return None, f"its factory cannot be pickled for a fresh process ({type(exc).__name__})"
+    return build, ""
+
+
+def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: bool = True,
+               parts=None, isolated: bool = True) -> dict[str, str]:
     """check_quantizer on the side's K and V quantizers, on caches of the data's ``heads`` KV heads (what the
-    scheme will be given); QuantizerCheckError naming the side and the check."""
-    from kvstats.conformance import check_quantizer
+    scheme will be given); then, with ``parts`` (the first unit's (q, k, v)), that the codes hold no more bits at the
+    evaluation's own length than the scheme claims there; then, with ``isolated``, that a quantizer built in a
+    fresh process decodes the codes to the same x̂ (a decoder that keeps anything outside the code fails).
+    QuantizerCheckError naming the side and the check."""
+    from kvstats.conformance import check_quantizer, decode_in_fresh_process
     from kvstats.schemes import SCHEMES, Scheme
 
     builder = None
     if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
         builder = _factory(side.spec, side.role, side.options)[1]
-    result = {}
+    result: dict[str, str] = {}
+
+    def refuse(what: str, message: str):
+        raise QuantizerCheckError(
+            f"{side.role} {side.label!r}: {what} fails the conformance checks: {message}. Fix it, or pass --no-check "
+            "(check=False) to measure it anyway (the results then record that the checks were skipped)") from None
+
     for part in ("k", "v"):
         q = getattr(scheme, part)
 
@@ -160,13 +201,33 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int) -> dict[str,
             return getattr(side.scheme(dim, seed), _part)
 
         try:
-            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder, heads=heads)
+            check_quantizer(q, factory=None if isinstance(side.spec, Scheme) else again, build=builder, heads=heads,
+                            linear=linear)
         except AssertionError as exc:
-            raise QuantizerCheckError(
-                f"{side.role} {side.label!r}: its {part.upper()} quantizer fails the conformance checks: {exc}. Fix "
-                "it, or pass --no-check (check=False) to measure it anyway (the results then record that the checks "
-                "were skipped)") from None
+            refuse(f"its {part.upper()} quantizer", str(exc))
         result[part.upper()] = "passed"
+    if parts is not None:
+        measured = measured_bits(scheme, parts)
+        n_tokens = parts[0][1].shape[-2]
+        claimed = float(scheme.bits_per_coordinate(n_tokens=n_tokens)["mean"].total)
+        if measured > claimed * (1 + 1e-9):
+            refuse("its scheme", f"check_quantizer[bits] at the evaluation's own {n_tokens} tokens: the codes hold "
+                                 f"{measured:.6g} bits per element, more than the {claimed:.6g} that "
+                                 f"bits_per_coordinate(n_tokens={n_tokens}) claims")
+        result["bits at the evaluation's length"] = "passed"
+    if isolated:
+        build, why = _portable_builder(side)
+        if build is None:
+            result["fresh process"] = f"not run: {why}"
+        else:
+            from kvstats._random import spawn_seeds
+
+            seeds = dict(zip("kv", spawn_seeds(seed, 2)))
+            failure = decode_in_fresh_process([(build, side.bits, dim, seeds[p], getattr(scheme, p)) for p in "kv"],
+                                              heads=heads)
+            if failure:
+                refuse("its quantizer", failure)
+            result["fresh process"] = "passed"
     return result
 
 

@@ -5,8 +5,9 @@ computes only the missing ones (the study runner's cell store, :class:`kvstats.s
 
 The key identifies everything a unit's numbers depend on: the evaluation's arguments, the data (a capture by
 its sha256), and the *code* of both quantizers — a class or factory by the sha256 of the source file that
-defines it, kvstats' own by the digest of kvstats' sources — so that a unit computed by an older version of a
-quantizer is never reused for a newer one. Where the source cannot be read (a class typed into a REPL),
+defines it, the values its closure or partial binds, every user file the process has loaded (what it imports),
+and kvstats' own sources — so that a unit computed by an older version of a quantizer is never reused for a
+newer one. Where the source cannot be read (a class typed into a REPL) or a bound value has no stable form,
 :func:`code_identity` returns None and the evaluation stores nothing (it says so).
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_units", "save_results",
-           "store_key"]
+           "store_key", "user_code_digest"]
 
 #: Part of every unit's key: bump when what a unit row means changes.
 STORE_VERSION = "2"
@@ -42,15 +43,61 @@ def kvstats_digest() -> str:
     return digest.hexdigest()[:24]
 
 
+def user_code_digest() -> str:
+    """sha256 of every Python file this process has loaded that is neither the standard library, nor an installed
+    package, nor kvstats: the user's own code (the module that defines a quantizer and everything it imports from
+    the user's folders), read from disk now."""
+    import sys
+    import sysconfig
+
+    skip = [Path(p).resolve() for key, p in sysconfig.get_paths().items()
+            if key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    skip.append(Path(__file__).resolve().parents[1])  # kvstats itself: kvstats_digest
+    files = set()
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if not isinstance(name, str) or not name.endswith(".py"):
+            continue
+        path = Path(name).resolve()
+        if path.is_file() and not any(path.is_relative_to(root) for root in skip):
+            files.add(path)
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(str(path).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def _stable_repr(value: Any) -> str | None:
+    """``repr(value)``, or None when it names a memory address (it would differ between runs: unidentifiable)."""
+    text = repr(value)
+    return None if " at 0x" in text else text
+
+
 def code_identity(obj: Any) -> dict | None:
-    """What identifies the code of ``obj`` (a class, a function, or an instance of a class) across runs:
-    its module and qualified name and the sha256 of its source file (kvstats' own: :func:`kvstats_digest`);
-    None when the source file cannot be found or read."""
+    """What identifies the code of ``obj`` (a class, a function, a ``functools.partial``, or an instance of a class)
+    across runs: its module and qualified name, the sha256 of its source file (kvstats' own: :func:`kvstats_digest`),
+    the values a closure or a partial binds, and :func:`user_code_digest` (every user file loaded: what the
+    quantizer imports). None when any of it cannot be read or has no stable form: the evaluation then stores
+    nothing rather than risk reusing units of other code."""
+    import functools
+
+    if isinstance(obj, functools.partial):
+        inner = code_identity(obj.func)
+        bound = _stable_repr((obj.args, sorted(obj.keywords.items())))
+        return None if inner is None or bound is None else {"partial": inner, "bound": bound}
     target = obj if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj) else type(obj)
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", repr(target))
+    bound = None
+    if inspect.isfunction(target):
+        cells = [c.cell_contents for c in (target.__closure__ or ()) if c.cell_contents is not None]
+        bound = _stable_repr((cells, target.__defaults__, target.__kwdefaults__))
+        if bound is None:
+            return None
     if module == "kvstats" or module.startswith("kvstats."):
-        return {"module": module, "name": name, "source": f"kvstats {kvstats_digest()}"}
+        return {"module": module, "name": name, "source": f"kvstats {kvstats_digest()}", "bound": bound,
+                "user_code": user_code_digest()}
     try:
         source = inspect.getsourcefile(target)
         text = Path(source).read_bytes() if source else None
@@ -58,7 +105,8 @@ def code_identity(obj: Any) -> dict | None:
         text = None
     if text is None:
         return None
-    return {"module": module, "name": name, "source": hashlib.sha256(text).hexdigest()[:24]}
+    return {"module": module, "name": name, "source": hashlib.sha256(text).hexdigest()[:24], "bound": bound,
+            "user_code": user_code_digest()}
 
 
 def store_key(fields: dict) -> str:

@@ -133,6 +133,12 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
     chosen = list(f.layers if layers is None else layers)
     if not chosen:
         raise ValueError(f"layers must name at least one stored layer of {str(path)!r} (stored: {f.layers}), got []")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"layers must name each layer once (a repeated layer would count twice in every unit's "
+                         f"mean), got {chosen}")
+    missing = [i for i in chosen if i not in f.layers]
+    if missing:
+        raise ValueError(f"layers must be stored layers of {str(path)!r} ({f.layers}), got {missing}")
     tensors = [f.layer(i) for i in chosen]
     if any(t.q is None for t in tensors):
         raise ValueError(f"data {str(path)!r} stores no queries: capture with queries to evaluate attention")
