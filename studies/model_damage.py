@@ -29,7 +29,7 @@ import pandas as pd
 from kvstats import plots, study, verdicts
 
 STUDY = "model_damage"
-VERSION = "1"
+VERSION = "2"  # 2: pooled statistics by cluster BCa (no interval for the max), studentized per-document CIs
 POSITION = 95  # place in figures/REPORT.md (kvstats.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
