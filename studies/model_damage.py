@@ -133,6 +133,8 @@ def claims(tails: dict[int, pd.DataFrame], sens: pd.DataFrame, cfg: dict, scale:
 
         def ci(name: str, scale_: float = 1.0, digits: str = ".3g", pooled=pooled) -> str:
             r = pooled.loc[name]
+            if not np.isfinite(r["value_low"]):  # the maximum: no bootstrap interval covers it
+                return f"{scale_ * r['value_mean']:{digits}} (no interval)"
             return (f"{scale_ * r['value_mean']:{digits}} [{scale_ * r['value_low']:{digits}}, "
                     f"{scale_ * r['value_high']:{digits}}]")
 
@@ -146,7 +148,8 @@ def claims(tails: dict[int, pd.DataFrame], sens: pd.DataFrame, cfg: dict, scale:
         "claim": "Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
                  "KL-divergence report: mean, median, p90-p99.9, max, same top p)",
         "source": "kvstats",
-        "measurement": "; ".join(parts) + ". 95% CIs: cluster bootstrap over documents.",
+        "measurement": "; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents (simulated coverage "
+                       "87.5-93.5% at 24 documents); the maximum has none.",
         "data": f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
                 f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
                 f"KVStatsCache on the estimator path ({scale} scale)",
