@@ -41,8 +41,8 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     import torch
     from transformers import DynamicCache
 
-    from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
-    from kvstats.data.real import default_text, load_model
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention
+    from kvstats.hf.capture import default_text, load_model
 
     torch.set_num_threads(threads)
     model, tok, name = load_model("smollm2")

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from kvstats import __version__, ops
+from kvstats import __version__
+from kvstats.quant import ops
 
 
 @dataclass
@@ -85,7 +86,7 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
     """The public calls on a [1, heads, seq, d] cache: q.encode(keys), q.decode(code) and q.inner(queries,
     code) for queries [1, heads, n_q, d], with the kernels and with the references; plus the dense fp32
     q·Kᵀ baseline on the unquantised keys."""
-    from kvstats.quantizers import quantizer
+    from kvstats.quant.quantizers import quantizer
 
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(1, heads, seq, d, generator=g).to(device=device, dtype=dtype)
@@ -124,7 +125,7 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
 # resets the peak (VmHWM) to the current resident set, so the peak of the input's creation is not counted.
 _MEMORY_PROBE = """
 import sys, torch
-from kvstats.quantizers import quantizer
+from kvstats.quant.quantizers import quantizer
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -154,7 +155,7 @@ def peak_extra_memory(device: str, n: int = 1 << 20) -> dict:
         out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(n)], capture_output=True, text=True, check=True)
         extra, output = (int(v) for v in out.stdout.split())
     else:
-        from kvstats.quantizers import quantizer
+        from kvstats.quant.quantizers import quantizer
 
         x = torch.randn(n, 128, device=device, dtype=torch.float16)
         qz = quantizer("turbo_prod", bits=4, dim=128, seed=0)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import scipy
 
-from kvstats import codebooks
+from kvstats.quant import codebooks
 
 OUT = Path(__file__).resolve().parents[1] / "kvstats" / "tables" / "codebooks.json"
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from kvstats import ops
+from kvstats.quant import ops
 from tests.op_suite import block_boundary_cases, sample_cases, width_cases
 
 for d in (2, 64, 128, 4096, 32768):

@@ -25,13 +25,14 @@ import scipy.stats
 import torch
 from statsmodels.stats.multitest import multipletests
 
-from kvstats import metrics, plots, study, verdicts
-from kvstats.quantizers import quantizer
-from kvstats.report import fmt_p
-from kvstats.rotations import make_rotation
-from kvstats.sphere import goodness_of_fit
-from kvstats.stats import mann_whitney
-from kvstats.sweep import cell_seed, grid, parallel_map
+from kvstats.measure import metrics, verdicts
+from kvstats.measure.stats import mann_whitney
+from kvstats.quant.quantizers import quantizer
+from kvstats.quant.rotations import make_rotation
+from kvstats.quant.sphere import goodness_of_fit
+from kvstats.run import plots, study
+from kvstats.run.report import fmt_p
+from kvstats.run.sweep import cell_seed, grid, parallel_map
 
 STUDY = "beta_figures"
 VERSION = "1"  # cells unchanged (verdicts and definitions only)

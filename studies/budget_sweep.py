@@ -37,13 +37,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import attention, metrics, plots, study
-from kvstats import verdicts as V
-from kvstats.error6d import ERROR6D_COMPONENTS, Error6DReference, distance_6d, energy_test, error6d
-from kvstats.report import fmt_p
-from kvstats.schemes import Scheme, scheme
-from kvstats.stats import compare, mann_whitney, ratio_ci
-from kvstats.sweep import cell_seed, grid
+from kvstats.measure import metrics
+from kvstats.measure import verdicts as V
+from kvstats.measure.error6d import ERROR6D_COMPONENTS, Error6DReference, distance_6d, energy_test, error6d
+from kvstats.measure.stats import compare, mann_whitney, ratio_ci
+from kvstats.quant import attention
+from kvstats.quant.schemes import Scheme, scheme
+from kvstats.run import plots, study
+from kvstats.run.report import fmt_p
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
 VERSION = "4"  # 4: srht sketch, sketch sensitivity cells, isotropic queries, disjoint real windows
@@ -102,7 +104,7 @@ CROSSOVER = {2: "qkqv", 3: "qkqv", 4: "kqv", 5: "qkqv", 6: "kqv"}
 
 def documents() -> list[tuple[str, str]]:
     """(title, text) of each document of the shipped text, split at the lines of DOCUMENT_TITLES."""
-    from kvstats.data.real import default_text
+    from kvstats.hf.capture import default_text
 
     lines = default_text().splitlines()
     starts = [i for i, line in enumerate(lines) if line.strip() in DOCUMENT_TITLES]
@@ -114,7 +116,7 @@ def documents() -> list[tuple[str, str]]:
 
 
 def document_path(text: str):
-    from kvstats.data.real import cache_dir
+    from kvstats.hf.capture import cache_dir
 
     return cache_dir() / STUDY / f"smollm2_{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}.safetensors"
 
@@ -122,7 +124,7 @@ def document_path(text: str):
 def capture_documents(verbose: bool = True) -> None:
     """Capture SmolLM2's Q/K/V over each document on its own (one forward pass each), cached; the model is
     loaded only when some document is not cached yet."""
-    from kvstats.data.real import SMOLLM2, capture_qkv, load_model
+    from kvstats.hf.capture import SMOLLM2, capture_qkv, load_model
 
     missing = [(t, x) for t, x in documents() if not document_path(x).is_file()]
     if not missing:

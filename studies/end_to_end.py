@@ -58,17 +58,18 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from kvstats import plots, study
 from kvstats._random import spawn_seeds
-from kvstats.baselines import output_metrics
-from kvstats.metrics import attention_kl_from_scores
-from kvstats.report import fmt_p
-from kvstats.stats import bootstrap_ci, ratio_ci, spearman, wilcoxon
-from kvstats.sweep import cell_seed, grid
-from kvstats.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
+from kvstats.hf.baselines import output_metrics
+from kvstats.measure.metrics import attention_kl_from_scores
+from kvstats.measure.stats import bootstrap_ci, ratio_ci, spearman, wilcoxon
+from kvstats.measure.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
+from kvstats.run import plots, study
+from kvstats.run.report import fmt_p
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
-#: the teacher-forced and paths sweeps' version: 5 since the output metrics come from kvstats.baselines.output_metrics
+#: the teacher-forced and paths sweeps' version: 5 since the output metrics come from
+#: kvstats.hf.baselines.output_metrics
 #: (fp64 log-softmax of both models' logits; before, the quantized model's log-probabilities were fp32)
 VERSION = "5"
 #: the stored NOVA-KV calibrations' version (their fits did not change with VERSION 5)
@@ -114,7 +115,7 @@ def _quiet():
 def _model(dtype: str = "float32"):
     """SmolLM2 (kvstats.data.real.load_model) in ``dtype`` and the tokenized text; once per process."""
     _quiet()
-    from kvstats.data.real import default_text, load_model
+    from kvstats.hf.capture import default_text, load_model
 
     model, tokenizer, name = load_model("smollm2")  # fp32 (cached conversion); fp64 is an exact upcast of it
     if dtype != "float32":
@@ -125,8 +126,8 @@ def _model(dtype: str = "float32"):
 
 def documents(text: str | None = None) -> dict[str, str]:
     """The shipped text cut at the title lines of :data:`DOCUMENTS`: {title: document text, title included}."""
-    from kvstats.data.real import default_text
     from kvstats.data.texts import split_titled
+    from kvstats.hf.capture import default_text
 
     return split_titled(default_text() if text is None else text, DOCUMENTS)
 
@@ -157,7 +158,7 @@ def _segments(size: int, count: int | None) -> tuple[torch.Tensor, tuple[tuple[s
 
 
 def _set_attention(model, name: str) -> None:
-    from kvstats.cache import register_attention
+    from kvstats.hf.cache import register_attention
 
     register_attention()
     if model.config._attn_implementation != name:
@@ -179,7 +180,7 @@ def _reference(size: int, count: int | None):
 @functools.lru_cache(maxsize=1)
 def _calibration_capture(tokens: int | None):
     """SmolLM2's Q/K/V over the calibration document (first ``tokens`` tokens; None: all of it)."""
-    from kvstats.data.real import capture_qkv
+    from kvstats.hf.capture import capture_qkv
 
     model, tokenizer, _ = _model()
     _set_attention(model, "sdpa")
@@ -188,7 +189,7 @@ def _calibration_capture(tokens: int | None):
 
 
 def _nova_cache_dir():
-    from kvstats.data.real import cache_dir
+    from kvstats.hf.capture import cache_dir
 
     return cache_dir()
 
@@ -203,7 +204,7 @@ def _nova_layers(n: int, seed: int, calibration_tokens: int | None) -> tuple:
     and reloaded (a damaged file is fitted again)."""
     import hashlib
 
-    from kvstats.schemes import NovaScheme
+    from kvstats.quant.schemes import NovaScheme
 
     key = hashlib.sha256(repr((CALIBRATION_VERSION, n, seed, calibration_tokens, documents()[DOCUMENTS[0]])).encode())
     path = _nova_cache_dir() / f"end_to_end_nova_{key.hexdigest()[:16]}.pt"
@@ -232,7 +233,7 @@ def build_scheme(name: str, n: int, seed: int):
     """One layer's scheme: kv/kqv/qkqv/minmax (kvstats.scheme), ``mse``: TurboQuant_mse on K and V (independent
     seeds), built as a :class:`kvstats.schemes.Scheme`."""
     from kvstats import quantizer
-    from kvstats.schemes import Scheme, scheme
+    from kvstats.quant.schemes import Scheme, scheme
 
     if name == "mse":
         ks, vs = spawn_seeds(seed, 2)
@@ -243,7 +244,7 @@ def build_scheme(name: str, n: int, seed: int):
 
 def _schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None):
     """One scheme per layer (independent seeds); ``nova``: calibrated per layer; ``identity``: lossless control."""
-    from kvstats.cache import IdentityScheme
+    from kvstats.hf.cache import IdentityScheme
 
     if name == "identity":
         s = IdentityScheme(64)
@@ -257,7 +258,7 @@ def _schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int 
 
 def _quantized_logits(ids, name, n, seed, window, path="kvstats", record=True, dtype="float32",
                       calibration_tokens=None):
-    from kvstats.cache import KVStatsCache, cache_kwargs
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs
 
     model, _, _ = _model(dtype)
     _set_attention(model, path)
@@ -406,7 +407,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[i
     them: a single-prompt decode step is bound by reading the weights). Besides the tokens before the first
     divergence (coarse: one flip changes all that follows), the exact model scores the quantized model's
     continuation (mean NLL per token): how plausible the text is."""
-    from kvstats.cache import KVStatsCache, cache_kwargs
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs
 
     _quiet()
     model, tokenizer, _ = _model()
@@ -955,7 +956,7 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
 def baseline_cell(backend: str, n: int, residual_length: int, segment_tokens: int, segments: int | None) -> list[dict]:
     """transformers' own quantized cache (quanto / HQQ, the optional [baselines] extra) over the same segments:
     token rows as cell() (no attention metrics), fed token by token (kvstats.baselines)."""
-    from kvstats.baselines import baseline_rows
+    from kvstats.hf.baselines import baseline_rows
 
     _quiet()
     ids, ref_logits, _ = _reference(segment_tokens, segments)
@@ -997,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
                      calibration_tokens=cfg["calibration_tokens"])
     gen = shell.sweep(generation_cell, gen_cells, version=GENERATION_VERSION, name=f"{STUDY}_generation")
     gen = gen.drop(columns="offsets")  # each row names its prompt (offset)
-    from kvstats.baselines import available_backends  # transformers' quantized caches, when installed
+    from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
 
     base = None
     if available_backends():

@@ -24,11 +24,12 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from kvstats import metrics, plots, study, verdicts
-from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
-from kvstats.schemes import scheme
-from kvstats.stats import wilcoxon
-from kvstats.sweep import cell_seed, grid
+from kvstats.measure import metrics, verdicts
+from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
+from kvstats.measure.stats import wilcoxon
+from kvstats.quant.schemes import scheme
+from kvstats.run import plots, study
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "jensen"
 VERSION = "2"

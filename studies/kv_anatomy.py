@@ -32,13 +32,14 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from kvstats import plots, study, verdicts  # noqa: E402
-from kvstats.data.real import load_default_capture  # noqa: E402
-from kvstats.paths import figure_path  # noqa: E402
-from kvstats.quantizers import quantizer  # noqa: E402
-from kvstats.rotations import fwht  # noqa: E402
-from kvstats.stats import wilcoxon  # noqa: E402
-from kvstats.sweep import grid  # noqa: E402
+from kvstats.hf.capture import load_default_capture  # noqa: E402
+from kvstats.measure import verdicts  # noqa: E402
+from kvstats.measure.stats import wilcoxon  # noqa: E402
+from kvstats.quant.quantizers import quantizer  # noqa: E402
+from kvstats.quant.rotations import fwht  # noqa: E402
+from kvstats.run import plots, study
+from kvstats.run.paths import figure_path  # noqa: E402
+from kvstats.run.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
 VERSION = "2"
@@ -60,7 +61,7 @@ OUTLIER_CHANNELS, ROWS_PER_OUTLIER, SIGN_BITS, QUERY_TOKENS = 4, 8, 2, 32
 def _sphere_ks(x: np.ndarray, d: int):
     """KS test of x against the sphere law f_d: kvstats.sphere.goodness_of_fit when present, else scipy."""
     try:
-        from kvstats.sphere import goodness_of_fit
+        from kvstats.quant.sphere import goodness_of_fit
     except ImportError:
         a = (d - 1) / 2
         res = stats.kstest(x, stats.beta(a, a, loc=-1, scale=2).cdf)

@@ -26,7 +26,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from kvstats import plots, study, verdicts
+from kvstats.measure import verdicts
+from kvstats.run import plots, study
 
 STUDY = "model_damage"
 VERSION = "2"  # 2: pooled statistics by cluster BCa (no interval for the max), studentized per-document CIs

@@ -55,8 +55,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvstats import attention, metrics, plots, study
-from kvstats.quantizers.nova import (
+from kvstats.measure import metrics
+from kvstats.measure.stats import mann_whitney, wilcoxon
+from kvstats.measure.verdicts import (
+    Verdict,
+    cell_direction,
+    direction,
+    identity,
+    measured,
+    not_testable,
+    printed_half_unit,
+)
+from kvstats.quant import attention
+from kvstats.quant.quantizers.nova import (
     DEFAULT_AMORTIZE_TOKENS,
     DEFAULT_RIDGE,
     NovaCalibration,
@@ -66,11 +77,10 @@ from kvstats.quantizers.nova import (
     kmeans_codebook,
     parseval_terms,
 )
-from kvstats.report import fmt_p
-from kvstats.schemes import NovaScheme, Scheme, scheme
-from kvstats.stats import mann_whitney, wilcoxon
-from kvstats.sweep import cell_seed, grid
-from kvstats.verdicts import Verdict, cell_direction, direction, identity, measured, not_testable, printed_half_unit
+from kvstats.quant.schemes import NovaScheme, Scheme, scheme
+from kvstats.run import plots, study
+from kvstats.run.report import fmt_p
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "nova"
 VERSION = "4"
@@ -113,7 +123,7 @@ def style(name: str) -> dict[str, str]:
 
 def texts() -> dict[str, str]:
     """The shipped text cut in two: the Declaration (calibration) and the rest (held out)."""
-    from kvstats.data.real import default_text
+    from kvstats.hf.capture import default_text
 
     full = default_text()
     i = full.index(SPLIT_AT)
@@ -121,7 +131,7 @@ def texts() -> dict[str, str]:
 
 
 def capture_path(name: str) -> Path:
-    from kvstats.data.real import cache_dir
+    from kvstats.hf.capture import cache_dir
 
     text = texts()[name]
     return cache_dir() / f"smollm2_{name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}.safetensors"
@@ -129,7 +139,7 @@ def capture_path(name: str) -> Path:
 
 def ensure_captures() -> None:
     """Capture SmolLM2's Q/K/V over both parts once (cached beside the default capture)."""
-    from kvstats.data.real import SMOLLM2, capture
+    from kvstats.hf.capture import SMOLLM2, capture
 
     for name in TEXTS:
         path = capture_path(name)
@@ -493,7 +503,7 @@ def bits_table() -> pd.DataFrame:
     rows = []
     for d in (64, 128):
         for n in BUDGETS:
-            from kvstats.quantizers.nova import NovaQuantizer
+            from kvstats.quant.quantizers.nova import NovaQuantizer
 
             nk = NovaQuantizer(n, d)
             for tokens in (1024, 8192, DEFAULT_AMORTIZE_TOKENS):

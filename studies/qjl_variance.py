@@ -35,14 +35,15 @@ import pandas as pd
 import scipy.stats
 import torch
 
-from kvstats import plots, study, verdicts
-from kvstats.codebooks import beta_codebook
-from kvstats.quantizers import quantizer
-from kvstats.report import fmt_p
-from kvstats.rotations import spherical_sign_scale
-from kvstats.sphere import sample_sphere
-from kvstats.stats import wilcoxon
-from kvstats.sweep import cell_seed, grid
+from kvstats.measure import verdicts
+from kvstats.measure.stats import wilcoxon
+from kvstats.quant.codebooks import beta_codebook
+from kvstats.quant.quantizers import quantizer
+from kvstats.quant.rotations import spherical_sign_scale
+from kvstats.quant.sphere import sample_sphere
+from kvstats.run import plots, study
+from kvstats.run.report import fmt_p
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "qjl_variance"
 VERSION = "2"

@@ -9,7 +9,7 @@ Writes (each figure's data beside it in figures/data/<name>.csv):
   figures/data/sphere_law_turboquant_dmse_table.csv  D_mse at d = 128: exact, Gaussian limit, TurboQuant's printed
 
 Everything here is closed-form or a cheap solve; the only sampling is the histograms. Each figure's numbers
-come from kvstats.sweep cells (per dimension, per bit width), run and stored like every study's.
+come from kvstats.run.sweep cells (per dimension, per bit width), run and stored like every study's.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from kvstats import plots, study, verdicts  # noqa: E402
-from kvstats.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
-from kvstats.paths import figure_path  # noqa: E402
-from kvstats.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere  # noqa: E402
-from kvstats.sweep import grid  # noqa: E402
+from kvstats.measure import verdicts  # noqa: E402
+from kvstats.quant.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
+from kvstats.quant.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere  # noqa: E402
+from kvstats.run import plots, study
+from kvstats.run.paths import figure_path  # noqa: E402
+from kvstats.run.sweep import grid  # noqa: E402
 
 STUDY = "sphere_law"
 VERSION = "2"

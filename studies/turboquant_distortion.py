@@ -37,13 +37,14 @@ import pandas as pd
 import scipy.stats
 import torch
 
-from kvstats import plots, study, verdicts
-from kvstats.codebooks import beta_codebook, gaussian_codebook
-from kvstats.inference import turbo_prod_distortion
-from kvstats.quantizers import quantizer
-from kvstats.sphere import sample_sphere
-from kvstats.stats import wilcoxon
-from kvstats.sweep import cell_seed, grid
+from kvstats.measure import verdicts
+from kvstats.measure.inference import turbo_prod_distortion
+from kvstats.measure.stats import wilcoxon
+from kvstats.quant.codebooks import beta_codebook, gaussian_codebook
+from kvstats.quant.quantizers import quantizer
+from kvstats.quant.sphere import sample_sphere
+from kvstats.run import plots, study
+from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "turboquant_distortion"
 VERSION = "2"

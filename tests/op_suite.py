@@ -11,7 +11,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from kvstats import ops
+from kvstats.quant import ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FWHT_DIMS = (2, 4, 8, 16, 64, 128, 256, 1024, 4096)
@@ -75,8 +75,8 @@ def check_fwht_opcheck(device: str) -> None:
 
 
 # ------------------------------------------------------------------------ quantizer ops (kernels)
-from kvstats.codebooks import beta_codebook  # noqa: E402
-from kvstats.rotations import RandomizedHadamard, gaussian_sketch  # noqa: E402
+from kvstats.quant.codebooks import beta_codebook  # noqa: E402
+from kvstats.quant.rotations import RandomizedHadamard, gaussian_sketch  # noqa: E402
 
 QUANT_DIMS = (64, 96, 128, 256, 33)
 

@@ -20,8 +20,9 @@ import pytest
 import scipy.special
 import torch
 
-from kvstats import attention, metrics
-from kvstats.schemes import Scheme
+from kvstats.measure import metrics
+from kvstats.quant import attention
+from kvstats.quant.schemes import Scheme
 
 RATIOS = (1, 2, 4, 7)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -56,7 +57,7 @@ def _close(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype) -> None:
 
 
 def _identity_scheme(d: int) -> Scheme:
-    from kvstats.cache import IdentityScheme
+    from kvstats.hf.cache import IdentityScheme
 
     return IdentityScheme(d)
 
@@ -151,7 +152,7 @@ def test_scheme_scores_and_attention_use_the_same_attention(ratio, dtype, causal
 @pytest.mark.parametrize("window", [0, 3, 9])
 def test_cache_attention_uses_the_same_attention(ratio, dtype, window):
     """KVStatsLayer.attend (codes, exact window, or both) and kvstats_attention: the causal reference."""
-    from kvstats.cache import KVStatsLayer, kvstats_attention
+    from kvstats.hf.cache import KVStatsLayer, kvstats_attention
 
     q, k, v = _data(ratio, dtype, seed=3)
     scale = 16 ** -0.5

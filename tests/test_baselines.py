@@ -18,7 +18,7 @@ from scipy.special import logsumexp, rel_entr, softmax
 
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
-from kvstats.baselines import (  # noqa: E402
+from kvstats.hf.baselines import (  # noqa: E402
     BACKENDS,
     available_backends,
     baseline_rows,

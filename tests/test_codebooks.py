@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from kvstats import codebooks
-from kvstats.codebooks import Codebook, beta_codebook, gaussian_codebook, lloyd_max
-from kvstats.sphere import coordinate_law, sample_sphere
+from kvstats.quant import codebooks
+from kvstats.quant.codebooks import Codebook, beta_codebook, gaussian_codebook, lloyd_max
+from kvstats.quant.sphere import coordinate_law, sample_sphere
 
 # Max (1960), N(0, 1), positive half (docs/references.md §2)
 MAX_TABLE = {

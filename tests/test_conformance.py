@@ -11,10 +11,10 @@ import torch
 
 import kvstats
 from kvstats.data.synthetic import generate
-from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quantizers import QUANTIZERS, BitBudget, Code, IdentityQuantizer, Quantizer
-from kvstats.schemes import SCHEMES
-from kvstats.testing import check_quantizer
+from kvstats.measure.testing import check_quantizer
+from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quant.quantizers import QUANTIZERS, BitBudget, Code, IdentityQuantizer, Quantizer
+from kvstats.quant.schemes import SCHEMES
 
 BUILT_IN = [
     ("lloyd", {}), ("lloyd", {"norm_dtype": torch.float16}), ("turbo_mse", {}), ("turbo_mse", {"rotation": "haar"}),

@@ -14,8 +14,8 @@ from kvstats.data.io import LayerQKV, load_qkv, save_qkv
 
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
-from kvstats.cli import main as cli_main  # noqa: E402
-from kvstats.data.real import capture, capture_qkv, default_text, load_model  # noqa: E402
+from kvstats.hf.capture import capture, capture_qkv, default_text, load_model  # noqa: E402
+from kvstats.run.cli import main as cli_main  # noqa: E402
 
 WORDS = "we the people of united states in order to form a more perfect union establish justice".split()
 
@@ -149,7 +149,7 @@ def test_io_round_trip_and_errors(tmp_path):
 
 
 def test_default_text_is_long_and_public_domain():
-    from kvstats.data.real import default_text_path
+    from kvstats.hf.capture import default_text_path
 
     assert "public domain" in default_text_path().read_text(encoding="utf-8").splitlines()[0].lower()
     assert len(default_text().split()) > 2500 and not default_text().startswith("#")

@@ -67,8 +67,8 @@ def python_blocks(page: Path) -> list[Block]:
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """A scratch directory, the global RNG and the registries restored afterwards (pages register classes)."""
-    import kvstats.quantizers as quantizers
-    import kvstats.schemes as schemes
+    import kvstats.quant.quantizers as quantizers
+    import kvstats.quant.schemes as schemes
 
     registries = [getattr(mod, name) for mod, names in ((quantizers, ("QUANTIZERS",)),
                                                           (schemes, ("SCHEMES", "CALIBRATED_SCHEMES")))

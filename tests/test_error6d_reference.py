@@ -5,7 +5,7 @@ import pytest
 import scipy.special
 import torch
 
-from kvstats import error6d as E
+from kvstats.measure import error6d as E
 
 
 def _trials(seed: int, *, n_trials=3, hq=4, hkv=2, nq=5, s=11, d=16, dtype=torch.float64):

@@ -15,9 +15,9 @@ import kvstats
 from kvstats._random import spawn_seeds
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
-from kvstats.evaluation import METRICS, InconclusiveWarning, QuantizerCheckError, evaluate, resolve_scheme
-from kvstats.quantizers import BitBudget
+from kvstats.quant.quantizers import BitBudget
 from kvstats.run.comparison import plan_comparison, units_needed
+from kvstats.run.evaluation import METRICS, InconclusiveWarning, QuantizerCheckError, evaluate, resolve_scheme
 from tests.test_conformance import Int4PerToken as Int4  # symmetric per-token int4: 4 + 32/d bits
 
 SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
@@ -421,7 +421,7 @@ def test_out_never_destroys_a_device_a_fifo_a_symlink_or_the_input(tmp_path):
 
 
 def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     out = tmp_path / "synthetic.json"
     assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--data", "gaussian", "--units", "3",
@@ -445,10 +445,10 @@ def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
 
 
 def test_cli_imports_module_class_from_the_current_folder(tmp_path, capsys, monkeypatch):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     (tmp_path / "myquant.py").write_text(textwrap.dedent('''
-        from kvstats.quantizers import quantizer
+        from kvstats.quant.quantizers import quantizer
 
         def Lloyd3(bits, dim, seed):
             return quantizer("lloyd", bits=bits, dim=dim, seed=seed)
@@ -461,7 +461,7 @@ def test_cli_imports_module_class_from_the_current_folder(tmp_path, capsys, monk
 
 
 def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     assert main(["evaluate", "--quantizer", "nope", "--bits", "3"]) == 2
     err = capsys.readouterr().err
@@ -485,7 +485,7 @@ def test_minmax_bits_are_those_its_codes_hold_at_a_window_that_is_not_a_multiple
 def test_a_calibrated_nova_scheme_is_checked_on_cache_shapes_and_evaluated():
     """NOVA-KV keeps one calibrated quantizer per KV head (x must be [B, H_kv, n, d]): the checks run on the
     data's cache shape, which is all a Scheme is ever given."""
-    from kvstats.schemes import NovaScheme
+    from kvstats.quant.schemes import NovaScheme
 
     q, k, v = generate("low_rank", 1, 2, 600, 32, 99, q_heads=4, n_q=64)  # calibration data, held out
     nova = NovaScheme.calibrate(q, k, v, bits=2, seed=0)
@@ -503,8 +503,8 @@ def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
     before the table, in one piece; nothing is replaced, nothing fails after the work."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "kvstats.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2", "--units", "2",
-           "--dim", "32", "--out", "/dev/stdout", "--no-progress"]
+    cmd = [sys.executable, "-m", "kvstats.run.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
+           "--units", "2", "--dim", "32", "--out", "/dev/stdout", "--no-progress"]
     if sink == "pipe":
         text = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     else:
@@ -538,7 +538,7 @@ class PartialStash(Int4):
 
 
 def test_a_partial_stash_passes_the_rate_bound_but_not_a_fresh_process():
-    from kvstats.testing import check_quantizer
+    from kvstats.measure.testing import check_quantizer
 
     check_quantizer(PartialStash(4, 32), build=PartialStash)  # in this process, the stash is there
     with pytest.raises(AssertionError, match=r"check_quantizer\[determinism\].*fresh process.*raised KeyError"):
@@ -556,7 +556,7 @@ class GrowsBeyond64(Int4):
 
 
 def test_bits_are_checked_at_the_evaluations_own_length():
-    from kvstats.testing import check_quantizer
+    from kvstats.measure.testing import check_quantizer
 
     check_quantizer(GrowsBeyond64(4, 32))  # 24 and 57 tokens: honest
     with pytest.raises(QuantizerCheckError, match=r"at the evaluation's own 96 tokens: the codes hold 6 bits"):
@@ -576,7 +576,7 @@ class UnderstatesNbytes(Int4):
         return BitBudget(payload=4.0)
 
 
-from kvstats.quantizers import Code as _Code  # noqa: E402
+from kvstats.quant.quantizers import Code as _Code  # noqa: E402
 
 
 class _ShortCode(_Code):
@@ -620,7 +620,7 @@ def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
 
 
 def test_repeated_layers_and_cli_values_are_refused_by_their_own_names(tmp_path, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     path, _ = _capture(tmp_path)
     with pytest.raises(ValueError, match=r"layers must name each layer once"):

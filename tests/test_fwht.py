@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstats import ops
-from kvstats.rotations import fwht
+from kvstats.quant import ops
+from kvstats.quant.rotations import fwht
 from tests.op_suite import DTYPES, check_fwht_correctness, check_fwht_opcheck, fwht_oracle
 
 needs_extension = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvstats.data.io import load_qkv, save_qkv
 from kvstats.data.synthetic import generate
-from kvstats.sweep import BadCellWarning, Sweep, check_cell, grid
+from kvstats.run.sweep import BadCellWarning, Sweep, check_cell, grid
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
                      derandomize=True)

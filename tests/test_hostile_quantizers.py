@@ -15,11 +15,11 @@ import scipy.linalg
 import torch
 
 import kvstats
-from kvstats import ops
 from kvstats.data.synthetic import KINDS, generate, outlier_channel_indices, synthetic_queries
-from kvstats.quantizers import QUANTIZERS, Code
-from kvstats.rotations import srht_sketch
-from kvstats.schemes import SCHEMES
+from kvstats.quant import ops
+from kvstats.quant.quantizers import QUANTIZERS, Code
+from kvstats.quant.rotations import srht_sketch
+from kvstats.quant.schemes import SCHEMES
 
 PATHS = {"kernel": contextlib.nullcontext, "reference": ops.use_reference}
 BAD_SEEDS = [(-1, ValueError), (2**70, ValueError), (2**63, ValueError), (True, TypeError), ("0", TypeError),
@@ -213,7 +213,7 @@ def test_minmax_near_the_fp16_limit_stays_finite_and_accurate(path):
 
 
 def test_identity_fp16_storage_refuses_values_above_65504():
-    from kvstats.quantizers import IdentityQuantizer
+    from kvstats.quant.quantizers import IdentityQuantizer
 
     with pytest.raises(ValueError, match=r"dtype=torch.float16 cannot hold"):
         IdentityQuantizer(8, dtype=torch.float16).encode(torch.full((2, 8), 1e5))

@@ -14,7 +14,7 @@ import scipy.special
 import scipy.stats
 import torch
 
-from kvstats import inference as I
+from kvstats.measure import inference as I
 
 LEVEL = 1 - 1e-7
 Z = 5.5

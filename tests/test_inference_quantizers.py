@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvstats.inference import check_unbiased, qjl_variance
-from kvstats.quantizers import quantizer
-from kvstats.testing import assert_unbiased
+from kvstats.measure.inference import check_unbiased, qjl_variance
+from kvstats.measure.testing import assert_unbiased
+from kvstats.quant.quantizers import quantizer
 
 D = 32
 

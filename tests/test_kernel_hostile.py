@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.quantizers import quantizer
 from tests.op_suite import _rotation_signs, _tables, as_tuple, assert_outputs_agree, block_boundary_cases
 
 pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
@@ -217,7 +217,7 @@ def test_minmax_range_wider_than_the_fp32_maximum(reference):
 
 _SCORE_MEMORY_PROBE = """
 import torch
-from kvstats import ops
+from kvstats.quant import ops
 from tests.op_suite import _tables
 
 def status(key):

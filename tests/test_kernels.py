@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.quantizers import quantizer
 from tests.op_suite import block_boundary_cases, check_ops_against_references, check_ops_opcheck
 
 pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")

@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
 import kvstats  # noqa: E402
-from kvstats.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
+from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
 from kvstats.run.model_eval import TAIL, model_source, model_unit  # noqa: E402
 from tests.test_data_real import WORDS  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_evaluate_on_a_model_pools_tokens_and_compares_over_documents(tiny_folde
 
 
 def test_cli_evaluate_model(tiny_folder, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     assert main(["evaluate", "--model", str(tiny_folder), "--quantizer", "turbo_mse", "--bits", "4", "--segment",
                  "32", "--no-progress"]) == 0
@@ -104,7 +104,7 @@ def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp
     """Oracles: quantizing no layer is exact (a lossless scheme on every layer gives KL 0); 'only L' and 'all but
     L' are the mean over documents of model_unit's KL under those per-layer schemes, recomputed here; the
     recommended set's damage is measured and at most the target when reached."""
-    from kvstats.cache import IdentityScheme
+    from kvstats.hf.cache import IdentityScheme
     from kvstats.run.sensitivity import sensitivity
 
     s = sensitivity("qkqv", bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS, target=1e-9)
@@ -125,7 +125,7 @@ def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp
 
 
 def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     out = tmp_path / "sens.json"
     assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--documents", "2",
@@ -155,7 +155,7 @@ def test_sensitivity_in_parts_equals_one_run(tiny_folder):
 
 
 def test_no_output_is_written_over_the_models_own_files(tiny_folder, tmp_path, capsys):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     weights = next(p for p in tiny_folder.iterdir() if p.suffix == ".safetensors")
     before = weights.read_bytes()
@@ -177,7 +177,7 @@ def test_no_output_is_written_over_the_models_own_files(tiny_folder, tmp_path, c
 def test_a_half_precision_model_is_measured_against_the_lossless_kvstats_path(tiny_folder):
     """bf16: the model's own sdpa rounds in bf16 where the kvstats path accumulates in fp32; the reference is then
     the kvstats path with a lossless scheme, so a lossless scheme does no damage, and the floor is reported."""
-    ev = kvstats.evaluate(lambda bits, dim, seed: __import__("kvstats.cache", fromlist=["x"]).IdentityQuantizer(dim),
+    ev = kvstats.evaluate(lambda bits, dim, seed: __import__("kvstats.hf.cache", fromlist=["x"]).IdentityQuantizer(dim),
                           bits=8, model=tiny_folder, segment=32, documents=DOCS, dtype=torch.bfloat16, check=False,
                           n_resamples=99)
     assert ev.config["reference"].startswith("the kvstats path with a lossless scheme")

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvstats.packing import packed_nbytes
-from kvstats.quantizers import QUANTIZERS, quantizer
-from kvstats.quantizers.nova import (
+from kvstats.quant.packing import packed_nbytes
+from kvstats.quant.quantizers import QUANTIZERS, quantizer
+from kvstats.quant.quantizers.nova import (
     NovaQuantizer,
     PerHeadQuantizer,
     RotatedMinMax,
@@ -27,7 +27,7 @@ from kvstats.quantizers.nova import (
     parseval_terms,
     stratified_ranks,
 )
-from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, NovaScheme, scheme
+from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, NovaScheme, scheme
 
 D = 16
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstats.packing import pack_bits, pack_signs, packed_nbytes, unpack_bits, unpack_signs
+from kvstats.quant.packing import pack_bits, pack_signs, packed_nbytes, unpack_bits, unpack_signs
 
 
 def numpy_pack(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstats.codebooks import beta_codebook
-from kvstats.packing import packed_nbytes
-from kvstats.quantizers import QUANTIZERS, quantizer
+from kvstats.quant.codebooks import beta_codebook
+from kvstats.quant.packing import packed_nbytes
+from kvstats.quant.quantizers import QUANTIZERS, quantizer
 
 Z = 5.5
 # Data-oblivious quantizers (the calibrated ones, e.g. nova, are tested in their own files).
@@ -117,7 +117,7 @@ def test_orthogonal_rows_with_gaussian_constant_would_be_biased():
     k = unit_vectors(1, d, seed=3)[0]
     est = estimates_over_seeds("qjl", k, k, n, m=d, rows="orthogonal")
     assert_mean_within(est, 1.0, "exact constant")
-    from kvstats.rotations import spherical_sign_scale
+    from kvstats.quant.rotations import spherical_sign_scale
     biased = est * math.sqrt(math.pi / 2) / spherical_sign_scale(d)
     se = biased.std(ddof=1) / math.sqrt(n)
     assert biased.mean() - 1.0 > Z * se  # √(π/2) is the larger constant: it over-estimates

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from kvstats.stats import mann_whitney
+from kvstats.measure.stats import mann_whitney
 from tests.test_docs import python_blocks
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -8,7 +8,7 @@ import scipy.integrate
 import scipy.stats
 import torch
 
-from kvstats.rotations import (
+from kvstats.quant.rotations import (
     HaarRotation,
     RandomizedHadamard,
     gaussian_sketch,

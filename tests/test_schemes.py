@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstats.schemes import SCHEMES, causal_mask, scheme
+from kvstats.quant.schemes import SCHEMES, causal_mask, scheme
 
 
 def reference_attention(q, k_hat, v_hat, causal=False):
@@ -117,8 +117,8 @@ def test_bad_cache_and_arguments():
 def test_minmax_scheme_equals_the_hand_built_kivi_pair(bits, seq):
     # What budget_sweep and studies/nova built by hand: K per channel in groups of d tokens, V per token,
     # fp16 lo/step. The registered scheme must give the same codes, scores and bit counts.
-    from kvstats.quantizers import MinMaxQuantizer
-    from kvstats.schemes import Scheme
+    from kvstats.quant.quantizers import MinMaxQuantizer
+    from kvstats.quant.schemes import Scheme
 
     d = 64
     gen = torch.Generator().manual_seed(bits + seq)

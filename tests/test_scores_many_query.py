@@ -12,9 +12,9 @@ changes a score by a whole term, far above it.
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quant.quantizers import quantizer
 
 pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")
 

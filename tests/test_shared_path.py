@@ -6,8 +6,8 @@ test_kernels.py; here every CPU op is forced onto the code the CUDA kernels run.
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.quantizers import quantizer
 from tests.op_suite import check_fwht_correctness, check_ops_against_references, sample_cases, width_cases
 
 pytestmark = pytest.mark.skipif(not ops.HAS_EXTENSION, reason="kvstats._C not built")

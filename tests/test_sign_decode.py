@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.packing import pack_signs, unpack_signs
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.packing import pack_signs, unpack_signs
+from kvstats.quant.quantizers import quantizer
 
 
 def _signs_case(n, m, d, dtype, seed):
@@ -212,7 +212,7 @@ def _oracle_decode(qz, code):
         return y
     mse = code.parts["mse"]
     levels = qz.mse.levels(torch.device("cpu"), torch.float64)
-    from kvstats.packing import unpack_bits
+    from kvstats.quant.packing import unpack_bits
     idx = unpack_bits(mse.payload["indices"], qz.mse.bits, qz.dim).long()
     y = y + levels[idx] * mse.scalars["norm"].double().unsqueeze(-1)
     return qz.mse.rotation.inverse(y)

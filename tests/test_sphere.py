@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import integrate, special, stats
 
-from kvstats.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere
+from kvstats.quant.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere
 
 
 @pytest.mark.parametrize("d", [2, 3, 4, 5, 8, 64, 1024])

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from statsmodels.stats.multitest import multipletests
 
-from kvstats import stats as S
+from kvstats.measure import stats as S
 from kvstats.results import TestResult
 
 
@@ -458,7 +458,7 @@ def test_wilcoxon_zero_methods_equal_scipy_and_rank_sums_add_up(zero_method):
 
 def test_seeds_follow_the_package_rule():
     """One seed rule (kvstats._random.check_seed) for the statistics too: refused seeds name `seed`."""
-    from kvstats import stats as S
+    from kvstats.measure import stats as S
 
     x = np.arange(10.0)
     for bad, exc in ((True, TypeError), ("0", TypeError), (1.5, TypeError), (-1, ValueError), (2**70, ValueError)):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvstats import verdicts as V
-from kvstats.report import (
+from kvstats.measure import verdicts as V
+from kvstats.run.report import (
     VERDICTS,
     build_report,
     fmt_p,
@@ -25,7 +25,7 @@ from kvstats.report import (
     write_claims,
     write_definitions,
 )
-from kvstats.sweep import Sweep, grid
+from kvstats.run.sweep import Sweep, grid
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
@@ -91,10 +91,10 @@ def test_budget_sweep_cell_equals_the_public_api(data, scheme_name):
     """Issue 14 "done when": a budget_sweep cell and the same quantities through kvstats.scheme, kvstats.metrics
     and kvstats.error6d give identical numbers (==, not approx), and the 6D columns bear the library's names."""
     import kvstats
-    from kvstats import metrics
     from kvstats.data.synthetic import generate
-    from kvstats.error6d import ERROR6D_COMPONENTS, error6d
-    from kvstats.sweep import cell_seed
+    from kvstats.measure import metrics
+    from kvstats.measure.error6d import ERROR6D_COMPONENTS, error6d
+    from kvstats.run.sweep import cell_seed
 
     bs = load_study("budget_sweep")
     assert bs.E6 == ERROR6D_COMPONENTS
@@ -268,7 +268,7 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
 
 def test_study_order_comes_from_the_studies(tmp_path):
     """Every study script declares POSITION; the order is theirs (report.py lists no study)."""
-    import kvstats.report as report
+    import kvstats.run.report as report
 
     assert not hasattr(report, "STUDY_ORDER")
     scripts = {p.stem: p for p in STUDIES.glob("*.py") if not p.name.startswith("_")}
@@ -313,7 +313,7 @@ def test_preamble_numbers_are_computed():
     """The conventions quote Mann–Whitney extremes at 70 vs 70; oracle: scipy on completely separated samples."""
     import scipy.stats
 
-    from kvstats.report import _mann_whitney_extremes
+    from kvstats.run.report import _mann_whitney_extremes
 
     r_max, p_exact, p_normal = _mann_whitney_extremes(70)
     exact = scipy.stats.mannwhitneyu(np.arange(70), np.arange(70, 140), method="exact").pvalue
@@ -324,7 +324,7 @@ def test_preamble_numbers_are_computed():
 
 
 def report_preamble() -> str:
-    from kvstats.report import DEFAULT_PREAMBLE
+    from kvstats.run.report import DEFAULT_PREAMBLE
 
     return DEFAULT_PREAMBLE
 
@@ -350,7 +350,7 @@ def test_fmt_p_and_verdicts():
 
 
 def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
-    from kvstats.cli import main
+    from kvstats.run.cli import main
 
     studies = tmp_path / "studies"
     studies.mkdir()
@@ -408,7 +408,7 @@ def test_sphere_law_runs_through_the_shell(tmp_path, monkeypatch):
         assert (figs / name).is_file(), name
     import pandas as pd
 
-    from kvstats.codebooks import beta_codebook
+    from kvstats.quant.codebooks import beta_codebook
 
     dmse = pd.read_csv(figs / "data" / "sphere_law_turboquant_dmse_table.csv").set_index("bits")
     assert dmse.loc[3, "exact_d_mse"] == pytest.approx(beta_codebook(128, 3).d_mse, rel=1e-5)  # CSV keeps 6 digits
@@ -452,7 +452,7 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
 
 
 def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_path, monkeypatch):
-    from kvstats.rotations import spherical_sign_scale
+    from kvstats.quant.rotations import spherical_sign_scale
 
     tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3,
             "spiky_sketches": 2}

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kvstats.report import read_claims, read_definitions
+from kvstats.run.report import read_claims, read_definitions
 from tests.test_studies import load_study
 
 
@@ -65,7 +65,7 @@ def test_nova_parseval_verdict_returns_each_verdict(nv):
 
 
 def _calibrated(nv, bits=2, seed=3):
-    from kvstats.schemes import NovaScheme
+    from kvstats.quant.schemes import NovaScheme
 
     g = torch.Generator().manual_seed(11)
     scales = torch.linspace(0.2, 3.0, 64)  # an anisotropic key spectrum: the eigen-ranks matter

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvstats.inference import jensen_simulation, kl_sigma4_coefficient
+from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
 from tests.test_studies import load_study, run_tiny
 
 # ------------------------------------------------------------------------------------------------ jensen
@@ -116,9 +116,9 @@ def test_turboquant_norm_errors_stated_in_the_docs():
     printed values, so the tolerances 0.006 and 0.015 leave margins of ≥ 7.8 SE: P < 1e-14 per check."""
     import torch
 
-    from kvstats.codebooks import beta_codebook
-    from kvstats.quantizers import quantizer
-    from kvstats.sphere import sample_sphere
+    from kvstats.quant.codebooks import beta_codebook
+    from kvstats.quant.quantizers import quantizer
+    from kvstats.quant.sphere import sample_sphere
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "metrics_error6d.md").read_text()
     x = sample_sphere(500, 128, seed=11).float()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvstats.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.run.sweep import Sweep, cell_seed, grid, study_args
 
 _FAIL_ON: set[int] = set()
 
@@ -96,7 +96,7 @@ def test_interrupted_run_resumes_where_it_stopped(sweep_env):
 
 _SCRIPT = """
 import functools, json, sys
-from kvstats.sweep import Sweep, grid, cell_seed
+from kvstats.run.sweep import Sweep, grid, cell_seed
 
 @functools.lru_cache(maxsize=None)          # module state: fine only if workers import the script
 def shared(x):
@@ -204,7 +204,7 @@ _BAD_CELLS = {
 
 @pytest.mark.parametrize("case", sorted(_BAD_CELLS))
 def test_bad_cell_file_is_reported_moved_aside_and_recomputed(case, sweep_env):
-    from kvstats.sweep import BadCellWarning
+    from kvstats.run.sweep import BadCellWarning
 
     sweep, root, log = sweep_env
     first = sweep.run(n_jobs=1, cache_dir=root, progress=False)
@@ -238,7 +238,7 @@ def test_check_cell_accepts_files_without_n_rows(sweep_env):
 
 _KILLED_DRIVER = """
 import os, sys, time
-from kvstats.sweep import Sweep, grid
+from kvstats.run.sweep import Sweep, grid
 
 def cell(x, log):
     with open(log, "a") as fh:
@@ -309,7 +309,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvstats.sweep import _ScriptFunction
+    from kvstats.run.sweep import _ScriptFunction
 
     script = tmp_path / "slowstudy_race.py"
     counter = tmp_path / "imports.txt"
@@ -333,7 +333,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
 def test_script_function_failed_import_leaves_no_half_module(tmp_path):
     import sys
 
-    from kvstats.sweep import _ScriptFunction
+    from kvstats.run.sweep import _ScriptFunction
 
     script = tmp_path / "brokenstudy_race.py"
     script.write_text("raise RuntimeError('broken at import')\n")
@@ -346,7 +346,7 @@ def test_script_function_failed_import_leaves_no_half_module(tmp_path):
 _MAP_SCRIPT = """
 import json, os, sys
 import torch
-from kvstats.sweep import parallel_map
+from kvstats.run.sweep import parallel_map
 
 def draw(seed, n):
     g = torch.Generator().manual_seed(seed)
@@ -386,7 +386,7 @@ def test_parallel_map_yields_in_order_from_workers_the_in_process_results(tmp_pa
 _HOLD_SCRIPT = """
 import json, os, time
 import numpy as np
-from kvstats.sweep import parallel_map
+from kvstats.run.sweep import parallel_map
 
 CALLS, HELD = [0], []
 
@@ -425,7 +425,7 @@ def test_workers_that_keep_what_they_load_are_not_restarted(tmp_path):
 
 
 def test_parallel_map_refuses_zero_jobs():
-    from kvstats.sweep import parallel_map
+    from kvstats.run.sweep import parallel_map
 
     with pytest.raises(ValueError, match="n_jobs must be a positive number of workers .* got 0"):
         list(parallel_map(dict, [{"a": 1}, {"a": 2}], n_jobs=0))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kvstats import inference, metrics
-from kvstats.testing import (
+from kvstats.measure import inference, metrics
+from kvstats.measure.testing import (
     HEAD_DIMS,
     assert_unbiased,
     assert_variance_matches,

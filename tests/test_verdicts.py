@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvstats import verdicts as V
+from kvstats.measure import verdicts as V
 
 
 def test_printed_half_unit():

@@ -1,4 +1,6 @@
-"""Running measurements for a user: the parts behind :func:`kvstats.evaluate` (units, comparison plan, resumable
-unit store, provenance). The tier of the target layout (docs/design_notes.md) that sits above the quantizers,
-the measurements and the Hugging Face side; the study runner and the report join it with the redesign.
+"""Running measurements for a user and for the studies: evaluate (synthetic data, captures, a model), per-layer
+sensitivity, the study runner (sweeps of resumable cells), the study shell, the report, figures, paths and the
+``kvstats`` command.
+
+The top tier of the tree (docs/design_notes.md): it may import every other tier, none imports it.
 """

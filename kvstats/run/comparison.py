@@ -71,7 +71,7 @@ class ComparisonPlan:
 
 def units_needed(family_size: int, alpha: float) -> int:
     """The fewest units n with ``family_size · p_min(n) < alpha`` (:func:`kvstats.stats.wilcoxon_min_pvalue`)."""
-    from kvstats.stats import wilcoxon_min_pvalue
+    from kvstats.measure.stats import wilcoxon_min_pvalue
 
     n = 2
     while family_size * wilcoxon_min_pvalue(n) >= alpha:
@@ -81,7 +81,7 @@ def units_needed(family_size: int, alpha: float) -> int:
 
 def plan_comparison(units: int, family_size: int, alpha: float) -> ComparisonPlan:
     """The :class:`ComparisonPlan` of ``family_size`` paired Wilcoxon tests over ``units`` units at level ``alpha``."""
-    from kvstats.stats import wilcoxon_min_pvalue
+    from kvstats.measure.stats import wilcoxon_min_pvalue
 
     smallest = min(1.0, family_size * wilcoxon_min_pvalue(units))
     return ComparisonPlan(units, family_size, float(alpha), smallest, units_needed(family_size, alpha))
@@ -124,7 +124,7 @@ def compare_units(rows: list[dict], *, alpha: float = 0.05, power: float = 0.8, 
     """
     from statsmodels.stats.multitest import multipletests
 
-    from kvstats import stats
+    from kvstats.measure import stats
 
     family, excluded = _family(rows, metrics)
     plan = plan_comparison(len(rows), max(1, len(family)), alpha)

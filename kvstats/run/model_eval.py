@@ -69,7 +69,7 @@ class ModelSource:
 
 
 def _model_identity(model: str | os.PathLike, loaded) -> dict:
-    from kvstats.data.real import SMOLLM2, smollm2_gguf_path
+    from kvstats.hf.capture import SMOLLM2, smollm2_gguf_path
 
     path = smollm2_gguf_path() if str(model) == SMOLLM2 else Path(model)
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
@@ -84,9 +84,9 @@ def model_source(model: str | os.PathLike = "smollm2", *, segment: int = DEFAULT
     """Load ``model`` and cut ``documents`` (default: the 25 shipped ones) into disjoint segments of ``segment``
     tokens: the first ``segments_per_document`` of each (None: all), documents shorter than one segment skipped."""
     from kvstats._validation import check_int_range
-    from kvstats.cache import model_dims
-    from kvstats.data.real import load_model
     from kvstats.data.texts import documents as shipped
+    from kvstats.hf.cache import model_dims
+    from kvstats.hf.capture import load_model
 
     segment = check_int_range(segment, "segment", 2, 1 << 20)
     if segments_per_document is not None:
@@ -121,7 +121,7 @@ def _plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _cache_logits(model, scheme, ids: torch.Tensor, full_precision_window: int, record: bool):
-    from kvstats.cache import KVStatsCache, cache_kwargs, use_estimator_attention
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention
 
     previous = model.config._attn_implementation
     cache = KVStatsCache(scheme, full_precision_window, record_attention=record)
@@ -141,8 +141,8 @@ def reference_logits(source: ModelSource, ids: torch.Tensor) -> tuple[torch.Tens
     None; for an fp16/bf16 model, the kvstats path with a lossless scheme (it accumulates in fp32 where the model's
     sdpa rounds in its dtype, a difference that is not the quantizer's), and the floor = the mean next-token KL
     between the two, reported beside the results."""
-    from kvstats.baselines import output_metrics
-    from kvstats.cache import IdentityScheme
+    from kvstats.hf.baselines import output_metrics
+    from kvstats.hf.cache import IdentityScheme
 
     plain = _plain_logits(source.model, ids)
     if next(source.model.parameters()).dtype in (torch.float32, torch.float64):
@@ -157,7 +157,7 @@ def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision
     ``reference`` logits computed before) and the quantized pass through a KVStatsCache of ``scheme``
     (one Scheme for every layer, or a callable ``layer -> Scheme``) on the estimator path. ``record=False``
     skips the per-layer attention metrics (a third of the quantized pass's time; their lists are then empty)."""
-    from kvstats.baselines import output_metrics
+    from kvstats.hf.baselines import output_metrics
 
     ref = reference_logits(source, ids)[0] if reference is None else reference
     logits, cache = _cache_logits(source.model, scheme, ids, full_precision_window, record)
@@ -186,7 +186,7 @@ def _by_document(rows: list[dict], key: str, prefix: str = "") -> np.ndarray:
 def unit_summary(rows: list[dict], *, prefix: str = "", confidence_level: float = 0.95, seed: int = 0) -> dict:
     """Each per-unit metric's mean over documents with its CI (:func:`kvstats.stats.mean_ci`), and each layer's
     attention KL and top-5 recall likewise."""
-    from kvstats import stats
+    from kvstats.measure import stats
 
     out = {m: stats.mean_ci(_by_document(rows, m, prefix), confidence_level, seed=seed)
            for m in (*MODEL_METRICS, "bits_total")}
@@ -210,7 +210,7 @@ def _quantile(q: float | None):
 
 def _without_interval(values: np.ndarray, level: float, clusters: int, units: int):
     """The maximum, without an interval: no bootstrap interval of a maximum covers (its resamples never exceed it)."""
-    from kvstats.stats import BootstrapResult
+    from kvstats.measure.stats import BootstrapResult
 
     return BootstrapResult(statistic=float(values.max()), pvalue=math.nan, method="maximum of the pooled values",
                            null_hypothesis="none (estimate)", n=(clusters, units), ci_of="max of the pooled values",
@@ -225,7 +225,7 @@ def pooled_summary(rows: list[dict], *, prefix: str = "", confidence_level: floa
     tail (:data:`TAIL`; the maximum without an interval: none covers), top-1 agreement and the perplexity ratio
     exp(mean NLL − mean NLL_exact). The intervals' coverage is that of a bootstrap over few clusters
     (:func:`kvstats.stats.cluster_bootstrap_ci`: 87.5–93.5% simulated at 24 documents for a nominal 95%)."""
-    from kvstats import stats
+    from kvstats.measure import stats
 
     docs = [r["document"] for r in rows]
     opts = dict(clusters=docs, confidence_level=confidence_level, n_resamples=n_resamples, seed=seed)

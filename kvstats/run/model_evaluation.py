@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstats.evaluation import Evaluation
+from kvstats.run.evaluation import Evaluation
 from kvstats.run.model_eval import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
 
 __all__ = ["MODEL_SCHEMA", "ModelEvaluation", "evaluate_model"]
@@ -55,8 +55,8 @@ class ModelEvaluation(Evaluation):
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
         and the comparison when present (A: the evaluated quantizer, B: the compared one)."""
-        from kvstats.evaluation import comparison_footnotes
         from kvstats.run.comparison import shift_text
+        from kvstats.run.evaluation import comparison_footnotes
 
         cfg, ev = self.config, self.summary["evaluated"]
         level = ev["documents"]["out_kl"].confidence_level
@@ -131,9 +131,9 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     from kvstats._files import check_output_path, is_stream
     from kvstats._random import check_seed
     from kvstats._validation import check_int_range
-    from kvstats.evaluation import InconclusiveWarning
     from kvstats.run import sides, unit_store
     from kvstats.run.comparison import compare_units, per_document, plan_comparison
+    from kvstats.run.evaluation import InconclusiveWarning
     from kvstats.run.model_eval import model_source, model_unit, pooled_summary, reference_logits, unit_summary
     from kvstats.run.provenance import provenance
 
@@ -144,7 +144,7 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     fresh_seed = seed is None
     seed = check_seed(seed)
-    from kvstats.data.real import model_files
+    from kvstats.hf.capture import model_files
 
     if out is not None:  # before the model loads; never one of the model's own files
         out = check_output_path(out, "out", force=force, inputs=model_files(model))

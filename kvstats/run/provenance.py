@@ -55,7 +55,7 @@ def _version(name: str) -> str | None:
 def _device() -> dict[str, Any]:
     import torch
 
-    from kvstats import ops
+    from kvstats.quant import ops
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = [torch.cuda.get_device_name(i) for i in range(count)]

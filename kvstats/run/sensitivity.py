@@ -192,11 +192,11 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         known: ``{configuration: per-document damages}`` measured before with the same arguments (the parts'
             ``per_document``): used instead of measuring them again.
     """
-    from kvstats import stats
     from kvstats._files import check_output_path
     from kvstats._random import check_seed
     from kvstats._validation import check_int_range
-    from kvstats.cache import IdentityScheme
+    from kvstats.hf.cache import IdentityScheme
+    from kvstats.measure import stats
     from kvstats.run import sides
     from kvstats.run.model_eval import model_source, model_unit, reference_logits
     from kvstats.run.provenance import provenance
@@ -206,7 +206,7 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     seed = check_seed(seed)
     if target is not None and not (isinstance(target, (int, float)) and target >= 0):
         raise ValueError(f"target must be a non-negative number (a mean next-token KL in nats), got {target!r}")
-    from kvstats.data.real import model_files
+    from kvstats.hf.capture import model_files
 
     if out is not None:  # before the model loads; never one of the model's own files
         out = check_output_path(out, "out", force=force, inputs=model_files(model))

@@ -39,7 +39,7 @@ def _import(spec: str, role: str):
 
 def _factory(spec, role: str, options: dict):
     """(label, factory(bits=, dim=, seed=) -> quantizer) for a quantizer name, 'module:Class' or a callable."""
-    from kvstats.quantizers import QUANTIZERS, quantizer
+    from kvstats.quant.quantizers import QUANTIZERS, quantizer
 
     if isinstance(spec, str) and spec in QUANTIZERS:
         cls = QUANTIZERS[spec]
@@ -56,7 +56,7 @@ def _factory(spec, role: str, options: dict):
         return spec, _import(spec, role)
     if callable(spec) and not isinstance(spec, str):
         return getattr(spec, "__name__", type(spec).__name__), spec
-    from kvstats.schemes import SCHEMES
+    from kvstats.quant.schemes import SCHEMES
 
     raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), "
                      f"'module:Class', a class/factory or a Scheme, got {spec!r}")
@@ -75,7 +75,7 @@ def _check_protocol(q, role: str, label: str, part: str) -> None:
 def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
     """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
     the ``role`` ("quantizer" or "compare") and the spec."""
-    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
+    from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
 
     if isinstance(spec, Scheme):
         if spec.dim != dim:
@@ -123,8 +123,8 @@ class Side:
         return label(self.spec)
 
     def identity(self) -> dict | None:
+        from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
         from kvstats.run.unit_store import code_identity
-        from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
 
         if isinstance(self.spec, Scheme):
             parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]
@@ -133,7 +133,7 @@ class Side:
             prov = [q.provenance().fingerprint if callable(getattr(q, "provenance", None)) else repr(q)
                     for q in (self.spec.k, self.spec.v)]
             return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
-        from kvstats.quantizers import QUANTIZERS
+        from kvstats.quant.quantizers import QUANTIZERS
 
         if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
             code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
@@ -152,8 +152,8 @@ def _portable_builder(side: Side):
     import functools
     import pickle
 
-    from kvstats.quantizers import QUANTIZERS
-    from kvstats.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
+    from kvstats.quant.quantizers import QUANTIZERS
+    from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
 
     if isinstance(side.spec, Scheme):
         return None, "a ready Scheme cannot be rebuilt in a fresh process"
@@ -181,8 +181,8 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: b
     evaluation's own length than the scheme claims there; then, with ``isolated``, that a quantizer built in a
     fresh process decodes the codes to the same x̂ (a decoder that keeps anything outside the code fails).
     QuantizerCheckError naming the side and the check."""
-    from kvstats.conformance import check_quantizer, decode_in_fresh_process
-    from kvstats.schemes import SCHEMES, Scheme
+    from kvstats.quant.conformance import check_quantizer, decode_in_fresh_process
+    from kvstats.quant.schemes import SCHEMES, Scheme
 
     builder = None
     if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
@@ -232,7 +232,7 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: b
 
 
 def measured_bits(scheme, parts) -> float:
-    from kvstats.quantizers.base import held_bytes
+    from kvstats.quant.quantizers.base import held_bytes
 
     held = elements = 0
     for _, k, v in parts:
@@ -244,7 +244,7 @@ def measured_bits(scheme, parts) -> float:
 def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[int, float]:
     """The comparator's budget: the largest n in 1..8 whose measured bits do not exceed ``target``, else the
     smallest n that builds. Returns (n, its measured bits)."""
-    from kvstats.schemes import Scheme
+    from kvstats.quant.schemes import Scheme
 
     if isinstance(side.spec, Scheme):
         raise ValueError("match_bits needs a compare spec that builds at any budget (a name, 'module:Class' or a "

@@ -116,7 +116,7 @@ def store_key(fields: dict) -> str:
 
 
 def _sweep(compute: Callable[[int], dict] | None, n: int, key: str):
-    from kvstats.sweep import Sweep
+    from kvstats.run.sweep import Sweep
 
     def cell(evaluation: str, unit: int) -> list[dict]:
         return [compute(unit)]

@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["METRICS", "PartRules", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
 
-#: The metrics of one unit, in table order. ``6d_*`` are the components of :func:`kvstats.metrics.error6d`;
+#: The metrics of one unit, in table order. ``6d_*`` are the components of :func:`kvstats.measure.error6d.error6d`;
 #: ``bits_total`` is measured from the bytes the unit's codes hold.
 METRICS = ("attention_kl", "topk_recall", "6d_k_direction", "6d_k_norm", "6d_v_direction", "6d_v_norm",
            "6d_attention_kl", "6d_output_error", "bits_total")
@@ -171,12 +171,12 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
 
     Logits of part ``p`` are ``softcap(scale · q·kᵀ)`` (its :class:`PartRules`): the estimator's
     ``softcap(scale · scheme.scores(q, code))`` against ``softcap(scale · q·kᵀ)`` in float64, and for the 6D
-    components (:func:`~kvstats.metrics.error6d`) the decoded keys' ``softcap(scale · q·k̂ᵀ)`` against the same
+    components (:func:`~kvstats.measure.error6d.error6d`) the decoded keys' ``softcap(scale · q·k̂ᵀ)`` against the same
     reference.
     """
-    from kvstats import metrics
-    from kvstats.attention import soft_cap
-    from kvstats.quantizers.base import held_bytes
+    from kvstats.measure import error6d, metrics
+    from kvstats.quant.attention import soft_cap
+    from kvstats.quant.quantizers.base import held_bytes
 
     per_part, held, elements = [], 0, 0
     for (q, k, v), rule in zip(parts, rules):
@@ -189,13 +189,13 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
         est = soft_cap(scheme.scores(q, code).to(torch.float64) * rule.scale, rule.softcap)
         opts = dict(causal=causal, query_offset=query_offset)
         if rule.softcap is None:
-            six = metrics.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]
+            six = error6d.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]
         else:
             decoded = soft_cap(metrics.attention_scores(q_scaled, k_hat, double=True), rule.softcap)
-            six = metrics.error6d(q_scaled, k, v, k_hat, v_hat, scores=ref, scores_hat=decoded, **opts)[0]
+            six = error6d.error6d(q_scaled, k, v, k_hat, v_hat, scores=ref, scores_hat=decoded, **opts)[0]
         row = {"attention_kl": float(metrics.attention_kl_from_scores(ref, est, **opts)),
                "topk_recall": float(metrics.topk_recall_from_scores(ref, est, top_k=top_k, **opts))}
-        row |= {f"6d_{name}": float(x) for name, x in zip(metrics.ERROR6D_COMPONENTS, six.tolist())}
+        row |= {f"6d_{name}": float(x) for name, x in zip(error6d.ERROR6D_COMPONENTS, six.tolist())}
         per_part.append(row)
     out = {m: float(sum(p[m] for p in per_part) / len(per_part)) for m in per_part[0]}
     out["bits_total"] = 8.0 * held / elements

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvstats import ops
+from kvstats.quant import ops
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,7 @@
 
 import torch
 
-from kvstats import ops
+from kvstats.quant import ops
 from tests.op_suite import check_fwht_correctness, check_fwht_opcheck
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvstats import ops
-from kvstats.quantizers import quantizer
+from kvstats.quant import ops
+from kvstats.quant.quantizers import quantizer
 from tests.op_suite import (
     as_tuple,
     assert_outputs_agree,

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from kvstats import ops
-from kvstats.codebooks import beta_codebook
-from kvstats.packing import packed_nbytes
-from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
-from kvstats.rotations import HaarRotation, RandomizedHadamard, Rotation, make_rotation
+from kvstats.quant import ops
+from kvstats.quant.codebooks import beta_codebook
+from kvstats.quant.packing import packed_nbytes
+from kvstats.quant.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.rotations import HaarRotation, RandomizedHadamard, Rotation, make_rotation
 
 __all__ = ["LloydQuantizer", "TurboMSE"]
 

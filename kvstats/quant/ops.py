@@ -373,7 +373,7 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
 
 def pack_bits_reference(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """codes uint8 [N, d] (< 2^bits) -> packed uint8 [N, ceil(d·bits/8)]."""
-    from kvstats.packing import pack_bits as pack
+    from kvstats.quant.packing import pack_bits as pack
 
     _check_pack(codes, bits)
     return pack(codes, bits)
@@ -381,7 +381,7 @@ def pack_bits_reference(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits_reference(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
     """packed uint8 [N, ceil(d·bits/8)] -> codes uint8 [N, d]."""
-    from kvstats.packing import unpack_bits as unpack
+    from kvstats.quant.packing import unpack_bits as unpack
 
     _check_unpack(packed, bits, d)
     return unpack(packed, bits, d).to(torch.uint8)

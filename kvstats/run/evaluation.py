@@ -28,7 +28,7 @@ attending causally within it, averaged over the stored layers, at each layer's o
 capture several texts into one file (its documents; windows stay inside them) to generalise beyond it.
 
 **Metrics per unit** (means over the unit's queries and vectors): ``attention_kl`` and ``topk_recall`` from the
-logits the scheme's own inner-product estimator gives, the six components of :func:`kvstats.metrics.error6d`
+logits the scheme's own inner-product estimator gives, the six components of :func:`kvstats.measure.error6d.error6d`
 (prefixed ``6d_``; its KL uses the decoded keys), and ``bits_total``: the bits per cache element the codes
 hold, measured from their bytes (the quantizer's claim, ``bits_per_coordinate``, is shown beside it where it
 differs). Each metric's mean over units gets a CI from :func:`kvstats.stats.mean_ci` (Student's t below 20
@@ -346,8 +346,8 @@ def evaluate(
         raise ValueError("documents= and dtype= are for a model evaluation (model=); synthetic data and captures have "
                          "their own")
     n_resamples = 9999 if n_resamples is None else n_resamples
-    from kvstats import stats
     from kvstats._files import check_output_path, is_stream
+    from kvstats.measure import stats
     from kvstats.run import unit_store
     from kvstats.run.comparison import compare_units, per_document
     from kvstats.run.provenance import provenance

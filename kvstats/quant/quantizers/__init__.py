@@ -10,14 +10,14 @@ Each class documents what it stores, its estimator and its bit count; see also d
 
 from __future__ import annotations
 
-from kvstats.quantizers.base import BitBudget, Code, CodeSource, Quantizer, held_bytes
-from kvstats.quantizers.identity import IdentityQuantizer
-from kvstats.quantizers.lloyd import LloydQuantizer, TurboMSE
-from kvstats.quantizers.minmax import MinMaxQuantizer, RotatedMinMax
-from kvstats.quantizers.nova import NovaQuantizer
-from kvstats.quantizers.per_head import PerHeadQuantizer
-from kvstats.quantizers.qjl import QJLQuantizer
-from kvstats.quantizers.turbo_prod import TurboProd
+from kvstats.quant.quantizers.base import BitBudget, Code, CodeSource, Quantizer, held_bytes
+from kvstats.quant.quantizers.identity import IdentityQuantizer
+from kvstats.quant.quantizers.lloyd import LloydQuantizer, TurboMSE
+from kvstats.quant.quantizers.minmax import MinMaxQuantizer, RotatedMinMax
+from kvstats.quant.quantizers.nova import NovaQuantizer
+from kvstats.quant.quantizers.per_head import PerHeadQuantizer
+from kvstats.quant.quantizers.qjl import QJLQuantizer
+from kvstats.quant.quantizers.turbo_prod import TurboProd
 
 __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "QUANTIZERS", "held_bytes", "quantizer", "register",
            "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "RotatedMinMax",

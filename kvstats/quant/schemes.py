@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstats import attention as _attention
 from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
-from kvstats.quantizers import BitBudget, Code, Quantizer, quantizer
-from kvstats.quantizers.qjl import ROWS
+from kvstats.quant import attention as _attention
+from kvstats.quant.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quant.quantizers.qjl import ROWS
 
 __all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "register_scheme",
            "causal_mask", "gqa_groups"]
@@ -164,7 +164,7 @@ def _minmax(bits, dim, seeds, *, k_axis: str = "channel", k_group_size: int | No
 
 
 def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, rows=None, **opts):
-    from kvstats.quantizers.nova import calibrate_cache
+    from kvstats.quant.quantizers.nova import calibrate_cache
 
     if queries is None or keys is None:
         raise ValueError("scheme 'nova' is calibrated: pass queries= [B, H_q, N, d] and keys= [B, H_kv, S, d]")

@@ -114,7 +114,8 @@ def _info(args: argparse.Namespace) -> int:
     import scipy
     import torch
 
-    from kvstats import __version__, ops
+    from kvstats import __version__
+    from kvstats.quant import ops
 
     payload = {
         "kvstats": __version__,
@@ -167,10 +168,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 0
     extra = ["--scale", args.scale] + (["--scheduler", args.scheduler] if args.scheduler else [])
     env = dict(os.environ, MPLBACKEND="Agg")
-    from kvstats.report import DEFAULT_PREAMBLE, build_report, study_order
+    from kvstats.run.report import DEFAULT_PREAMBLE, build_report, study_order
 
     if not args.isolate and not args.scheduler:
-        from kvstats.sweep import warm_workers
+        from kvstats.run.sweep import warm_workers
 
         warm_workers()  # the joblib pool starts while the first studies run
     by_name = {p.stem: p for p in scripts}
@@ -309,7 +310,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     if os.getcwd() not in sys.path and "" not in sys.path:  # module:Class from the current folder, as python -m
         sys.path.insert(0, os.getcwd())
-    from kvstats.evaluation import evaluate
+    from kvstats.run.evaluation import evaluate
 
     _check_evaluate_options(args)
     options = {"rows": args.rows} if args.rows else {}
@@ -373,7 +374,7 @@ def _check_evaluate_options(args: argparse.Namespace) -> None:
     if args.out is not None:
         inputs = [data] if Path(data).is_file() else []
         if args.model is not None:
-            from kvstats.data.real import model_files
+            from kvstats.hf.capture import model_files
 
             inputs += model_files(args.model)
         check_output_path(args.out, "--out", force=args.force, inputs=inputs)
@@ -411,7 +412,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     from kvstats._files import check_output_path
     from kvstats._validation import check_int_range
-    from kvstats.data.real import model_files
+    from kvstats.hf.capture import model_files
     from kvstats.run.sensitivity import sensitivity
 
     check_int_range(args.documents, "--documents", 0, 1 << 20)
@@ -489,7 +490,7 @@ def _capture(args: argparse.Namespace) -> int:
     from kvstats.data.io import check_output_path
 
     texts = args.text or []
-    from kvstats.data.real import model_files
+    from kvstats.hf.capture import model_files
 
     # before the model loads: a bad --out costs nothing, and nothing is destroyed (kvstats._files); never one of the
     # texts or of the model's own files
@@ -502,7 +503,7 @@ def _capture(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--text {name!r} does not exist")
     import torch
 
-    from kvstats.data.real import capture
+    from kvstats.hf.capture import capture
 
     t0 = time.perf_counter()
     tokens = CAPTURE_TOKENS if args.tokens is None else (None if args.tokens == "all" else args.tokens)
@@ -527,7 +528,7 @@ def _capture(args: argparse.Namespace) -> int:
     ],
 )
 def _codebook(args: argparse.Namespace) -> int:
-    from kvstats.codebooks import beta_codebook, gaussian_codebook
+    from kvstats.quant.codebooks import beta_codebook, gaussian_codebook
 
     if args.gaussian or args.dim == 0:
         cb = gaussian_codebook(args.bits)

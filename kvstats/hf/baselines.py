@@ -5,7 +5,7 @@ These are the caches users deploy today (``generate(cache_implementation="quanti
 group of ``q_group_size`` elements, the last ``residual_length`` − 1 tokens or fewer kept exact
 (transformers' ``QuantizedCache``; docs/end_to_end.md, "Baselines"). Optional: ``pip install 'kvstats[baselines]'``.
 
-    from kvstats.baselines import available_backends, output_metrics, teacher_forced_logits
+    from kvstats.hf.baselines import available_backends, output_metrics, teacher_forced_logits
     logits = teacher_forced_logits(model, ids, "quanto", nbits=4, residual_length=16)   # [B, T, V]
     m = output_metrics(reference_logits, logits, ids)     # per-token KL, NLL, top-1 vs the exact model
 
@@ -76,7 +76,7 @@ def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype != torch.long:
         raise ValueError(f"ids must be a [B, T] int64 tensor with T >= 1, got "
                          f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
-    from kvstats.cache import cache_kwargs  # transformers, like quantized_cache; output_metrics needs neither
+    from kvstats.hf.cache import cache_kwargs  # transformers, like quantized_cache; output_metrics needs neither
 
     cache = quantized_cache(model, backend, nbits, residual_length=residual_length, **cache_options)
     kw = cache_kwargs(model, cache)

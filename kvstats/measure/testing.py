@@ -3,7 +3,7 @@
 Example (an estimator vectorised over seeds)::
 
     import numpy as np
-    from kvstats.testing import assert_unbiased
+    from kvstats.measure.testing import assert_unbiased
 
     def my_estimator(q, k, seeds):  # <q, k> plus unit-variance noise: unbiased
         return q @ k + np.random.default_rng(int(seeds[0])).standard_normal(len(seeds))
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kvstats._validation import check_int_range
-from kvstats.inference import check_unbiased
+from kvstats.measure.inference import check_unbiased
 
 try:
     from hypothesis import strategies as st
@@ -268,4 +268,4 @@ def assert_variance_matches(estimator, q, k, variance: float, *, n_seeds: int = 
             f" kurtosis {r.kurtosis:.3g}, {r.n} draws)"
         )
 
-from kvstats.conformance import check_quantizer  # noqa: E402, F401  (re-exported: the conformance kit)
+from kvstats.quant.conformance import check_quantizer  # noqa: E402, F401  (re-exported: the conformance kit)

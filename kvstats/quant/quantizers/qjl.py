@@ -30,13 +30,13 @@ import math
 
 import torch
 
-from kvstats import ops
 from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_int_range
-from kvstats.packing import packed_nbytes
-from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
-from kvstats.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
+from kvstats.quant import ops
+from kvstats.quant.packing import packed_nbytes
+from kvstats.quant.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
 __all__ = ["ROWS", "SignSketch", "QJLQuantizer"]
 

@@ -22,7 +22,7 @@ when ``x = 0 ≠ x̂`` (a relative error with zero reference is unbounded; it is
 The same rule holds for the relative attention-output error when ``o = 0``.
 
 The 6D error built from these metrics, its distance and the energy tests on its clouds live in
-:mod:`kvstats.error6d` (docs/metrics_error6d.md); the names are still importable from here.
+:mod:`kvstats.measure.error6d` (docs/metrics_error6d.md), which builds on this module.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from kvstats import attention
 from kvstats._validation import as_tensor, check_float_tensor, check_int_range
+from kvstats.quant import attention
 
 __all__ = [
     "AttentionReference",
@@ -604,16 +604,3 @@ def _output_error(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, v_hat: torc
                   visible: torch.Tensor | None) -> torch.Tensor:
     o, o_hat = attention.attend(a, v, visible), attention.attend(b, v_hat, visible)
     return _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
-
-
-_MOVED_TO_ERROR6D = ("ERROR6D_COMPONENTS", "error6d", "distance_6d", "energy_distance", "energy_distance_6d",
-                     "energy_test")
-
-
-def __getattr__(name: str):
-    # the 6D error moved to kvstats.error6d (which imports this module): forward the old names lazily
-    if name in _MOVED_TO_ERROR6D:
-        from kvstats import error6d as _error6d
-
-        return getattr(_error6d, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

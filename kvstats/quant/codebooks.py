@@ -36,7 +36,7 @@ import numpy as np
 from scipy import integrate, linalg, special, stats
 
 from kvstats._validation import check_int_range
-from kvstats.sphere import MAX_DIM, coordinate_law
+from kvstats.quant.sphere import MAX_DIM, coordinate_law
 
 __all__ = [
     "MAX_BITS",

@@ -31,9 +31,9 @@ import math
 
 import torch
 
-from kvstats import ops
 from kvstats._random import make_generator
 from kvstats._validation import check_float_tensor, check_int_range, is_power_of_two
+from kvstats.quant import ops
 
 __all__ = [
     "MAX_DENSE_BYTES",

@@ -3,7 +3,7 @@
 A study declares its sweep — a list of *cells*, each a dict of parameters (scheme, budget n, distribution,
 dim, layer, seed, sizes, ...) — and a *cell function* ``cell(**params) -> list[dict]`` returning tidy rows::
 
-    from kvstats.sweep import Sweep, grid, cell_seed
+    from kvstats.run.sweep import Sweep, grid, cell_seed
 
     def cell(scheme, n, dist, trials):
         rng = cell_seed("data", dist, n)            # seeds come from the parameters: deterministic
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstats.paths import default_figures_dir  # the figures folder: one home, kvstats.paths
+from kvstats.run.paths import default_figures_dir  # the figures folder: one home, kvstats.paths
 
 __all__ = [
     "SCALES",
@@ -601,8 +601,9 @@ def _dask_results(sweep: Sweep, todo, scheduler, threads):
 
 
 _WARM_MODULES = ("torch", "numpy", "pandas", "scipy.stats", "statsmodels.stats.multitest", "matplotlib.pyplot",
-                 "kvstats.sweep", "kvstats.plots", "kvstats.report", "kvstats.stats", "kvstats.metrics",
-                 "kvstats.schemes", "kvstats.data.synthetic", "kvstats.inference")
+                 "kvstats.run.sweep", "kvstats.run.plots", "kvstats.run.report", "kvstats.measure.stats",
+                 "kvstats.measure.metrics", "kvstats.quant.schemes", "kvstats.data.synthetic",
+                 "kvstats.measure.inference")
 
 
 def _import_modules(names: tuple[str, ...], driver: int | None = None) -> int:

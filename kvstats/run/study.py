@@ -2,7 +2,7 @@
 
 A study script (``studies/<name>.py``) declares its name and its place in the report and runs like this::
 
-    from kvstats import study
+    from kvstats.run import study
 
     STUDY = "budget_sweep"
     POSITION = 70                                   # report order: smaller first (see kvstats.report)
@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvstats.report import write_claims, write_definitions
-from kvstats.sweep import Sweep, study_args
+from kvstats.run.report import write_claims, write_definitions
+from kvstats.run.sweep import Sweep, study_args
 
 __all__ = ["StudyRun", "start"]
 

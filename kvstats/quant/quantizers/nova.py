@@ -73,11 +73,11 @@ import torch
 
 from kvstats._random import spawn_seeds
 from kvstats._validation import all_finite, check_float_tensor, check_int_range
-from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
-from kvstats.quantizers.minmax import RotatedMinMax
-from kvstats.quantizers.per_head import PerHeadQuantizer
+from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quant.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers.minmax import RotatedMinMax
+from kvstats.quant.quantizers.per_head import PerHeadQuantizer
 
 __all__ = [
     "DEFAULT_AMORTIZE_TOKENS",

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from kvstats import ops
 from kvstats._random import spawn_seeds
-from kvstats.packing import packed_nbytes
-from kvstats.quantizers._common import check_norm_dtype, dtype_bits
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
-from kvstats.quantizers.lloyd import TurboMSE
-from kvstats.quantizers.qjl import SignSketch
-from kvstats.rotations import HaarRotation
+from kvstats.quant import ops
+from kvstats.quant.packing import packed_nbytes
+from kvstats.quant.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.lloyd import TurboMSE
+from kvstats.quant.quantizers.qjl import SignSketch
+from kvstats.quant.rotations import HaarRotation
 
 __all__ = ["TurboProd"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvstats.quantizers.base import BitBudget, Code, Quantizer
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 
 __all__ = ["IdentityQuantizer"]
 

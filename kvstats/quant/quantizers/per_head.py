@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvstats.quantizers.base import BitBudget, Code, Quantizer
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 
 __all__ = ["PerHeadQuantizer"]
 

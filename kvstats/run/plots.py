@@ -1,6 +1,6 @@
 """Figure helpers for the studies: one look for every figure, PNG + CSV side by side, no LaTeX.
 
-    from kvstats import plots
+    from kvstats.run import plots
     plots.setup()                                   # Agg backend, sizes, grid
     fig, axes = plots.panels(2, 3, "Title")         # a grid of axes with a suptitle
     ...
@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvstats.paths import data_path, figure_path  # noqa: E402
+from kvstats.run.paths import data_path, figure_path  # noqa: E402
 
 __all__ = ["DPI", "SCHEME_STYLE", "boxplot", "panels", "save", "setup", "sphere_histogram", "style", "write_csv"]
 
@@ -102,7 +102,7 @@ def boxplot(ax, groups: Mapping[str, Sequence[float]], *, colors: Sequence[str] 
 def sphere_histogram(ax, x, d: int, *, label: str, color: str = "#3182bd", bins: int = 60,
                      show_law: bool = True) -> None:
     """Density histogram of coordinates ``x`` with the sphere law f_d on top (range ±1, or ±5/√d for large d)."""
-    from kvstats.sphere import coordinate_law
+    from kvstats.quant.sphere import coordinate_law
 
     x = np.asarray(x, dtype=float).ravel()
     half = 1.0 if d <= 16 else min(1.0, 5.0 / math.sqrt(d))

@@ -1,6 +1,6 @@
 """A conformance kit for quantizers, in the spirit of scikit-learn's ``check_estimator``.
 
-    from kvstats.testing import check_quantizer
+    from kvstats.measure.testing import check_quantizer
     check_quantizer(MyQuantizer(bits=4, dim=64, seed=0), build=MyQuantizer)   # build(bits=, dim=, seed=)
 
 :func:`check_quantizer` runs the protocol checks of docs/quantizers.md on one quantizer and raises an
@@ -57,7 +57,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvstats.quantizers.base import Code, held_bytes
+from kvstats.quant.quantizers.base import Code, held_bytes
 
 __all__ = ["CHECKS", "check_quantizer", "decode_in_fresh_process"]
 

@@ -24,7 +24,7 @@ key            meaning
 
 Files written before ``position`` and ``discrepancy`` existed stay valid (the keys are optional).
 
-    from kvstats.report import write_claims
+    from kvstats.run.report import write_claims
     write_claims("budget_sweep", [{"id": ..., "claim": ..., "source": ..., "measurement": ..., "data": ...,
                                    "verdict": "reproduced", "figure": "budget_sweep_kl.png"}])
 
@@ -47,10 +47,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstats import verdicts as _verdicts
-from kvstats.paths import data_dir, default_figures_dir
+from kvstats.measure import verdicts as _verdicts
+from kvstats.run.paths import data_dir, default_figures_dir
 from kvstats.run.provenance import git_commit
-from kvstats.sweep import SCALES
+from kvstats.run.sweep import SCALES
 
 __all__ = [
     "CLAIM_KEYS",

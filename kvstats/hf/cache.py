@@ -1,7 +1,7 @@
 """A quantized KV cache for real generation with Hugging Face transformers.
 
-    from kvstats.cache import KVStatsCache, use_estimator_attention
-    from kvstats.schemes import scheme
+    from kvstats.hf.cache import KVStatsCache, use_estimator_attention
+    from kvstats.quant.schemes import scheme
 
     use_estimator_attention(model)                      # optional: attention through the scheme's estimator
     cache = KVStatsCache(scheme=scheme("kqv", bits=4, dim=64), full_precision_window=32)
@@ -66,11 +66,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvstats import attention as _attention
-from kvstats.metrics import attention_kl_from_scores, topk_recall_from_scores
-from kvstats.quantizers.base import acc_dtype, held_bytes
-from kvstats.quantizers.identity import IdentityQuantizer
-from kvstats.schemes import CacheCode, Scheme
+from kvstats.measure.metrics import attention_kl_from_scores, topk_recall_from_scores
+from kvstats.quant import attention as _attention
+from kvstats.quant.quantizers.base import acc_dtype, held_bytes
+from kvstats.quant.quantizers.identity import IdentityQuantizer
+from kvstats.quant.schemes import CacheCode, Scheme
 
 try:
     from transformers import AttentionInterface
@@ -699,7 +699,7 @@ class KVStatsCache(Cache):
             full_precision_window, **kwargs: as :class:`KVStatsCache` (``flush_size``, ``record_attention``,
                 ``rollback_tokens``).
         """
-        from kvstats.schemes import scheme as build_scheme
+        from kvstats.quant.schemes import scheme as build_scheme
 
         dims = model_dims(config)
         if isinstance(scheme, str):

@@ -22,12 +22,12 @@ import math
 
 import torch
 
-from kvstats import ops
 from kvstats._validation import check_int_range
-from kvstats.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quantizers._common import check_norm_dtype, dtype_bits
-from kvstats.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
-from kvstats.rotations import Rotation, make_rotation
+from kvstats.quant import ops
+from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quant.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.rotations import Rotation, make_rotation
 
 __all__ = ["MinMaxQuantizer", "RotatedMinMax"]
 

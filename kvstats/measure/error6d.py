@@ -17,9 +17,8 @@ import numpy as np
 import scipy.stats
 import torch
 
-from kvstats import attention
 from kvstats._validation import check_int_range
-from kvstats.metrics import (
+from kvstats.measure.metrics import (
     AttentionReference,
     _check_qk,
     _check_same_shape,
@@ -35,6 +34,7 @@ from kvstats.metrics import (
     direction_error,
     relative_norm_error,
 )
+from kvstats.quant import attention
 from kvstats.results import TestResult
 
 __all__ = [
