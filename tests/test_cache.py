@@ -585,7 +585,7 @@ def test_smollm2_assisted_decoding_through_the_cache():
 def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
     """attend() in blocks of 5 queries (32 tokens: 7 blocks, the last one short) equals one block: the same
     logits, the same attention records, and the same attention weights when output_attentions asks for them."""
-    import kvstats.hf.cache as cache_mod
+    import kvstats.hf.cache_layer as cache_mod
 
     s = scheme("qkqv", bits=3, dim=D, seed=4)
 
@@ -635,7 +635,7 @@ def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
     """attend() in blocks of 5 queries, forming only the key columns a block's mask can show (the causal case),
     equals attention computed from its definition over every column (float64 reference): with no mask, a
     boolean or an additive causal mask, left padding, and a mask that shows later keys (every column formed)."""
-    import kvstats.hf.cache as cache_mod
+    import kvstats.hf.cache_layer as cache_mod
 
     monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
     g = torch.Generator().manual_seed(11)

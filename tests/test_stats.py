@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.measure import stats as S
+from kvstats.measure.stats._correlation import _spearman_rho
+from kvstats.measure.stats._mann_whitney import _mwu_exact_cdf
 from kvstats.results import TestResult
 
 
@@ -61,7 +63,7 @@ def test_exact_null_against_rational_arithmetic():
     # (300, 300) is the worst case measured at the cutoff (n1 n2 = 90 000 <= EXACT_MAX_PAIRS), whole lower half;
     # (20, 4000) is long and thin (80 000 pairs), checked over its lower tail.
     for n1, n2, u_max in [(300, 300, 45_000), (20, 4000, 5000), (12, 9, 54)]:
-        ours = S._mwu_exact_cdf(n1, n2, u_max)
+        ours = _mwu_exact_cdf(n1, n2, u_max)
         ref = _exact_rational_cdf(n1, n2, u_max)
         np.testing.assert_allclose(ours, ref, rtol=2e-11, atol=0)
 
@@ -395,7 +397,7 @@ def test_spearman_bootstrap_with_ties_equals_scipys_per_resample_statistic():
     assert r.confidence_interval == pytest.approx(tuple(boot.confidence_interval), rel=1e-12)
     rows_x, rows_y = rng.integers(0, 3, size=(50, 8)), rng.integers(0, 3, size=(50, 8))
     with np.errstate(invalid="ignore"):
-        got = S._spearman_rho(rows_x, rows_y)
+        got = _spearman_rho(rows_x, rows_y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constant rows: spearmanr warns and returns nan
         want = np.array([scipy.stats.spearmanr(a, b).statistic for a, b in zip(rows_x, rows_y)])

@@ -344,7 +344,7 @@ def _recording_attention(module, query, key, value, attention_mask, scaling=None
     """The attention function of a capture: record what attention is given (queries after RoPE and any q/k norm,
     the keys and values of the forward, the scaling, soft cap, sliding window and sinks), then run the model's own
     eager attention on it (the forward continues exactly as with ``attn_implementation="eager"``)."""
-    from kvstats.hf.cache import logit_rules
+    from kvstats.hf.logit_rules import logit_rules
 
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if eager is None:

@@ -38,10 +38,11 @@ from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant import attention as _attention
 from kvstats.quant.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quant.quantizers.identity import IdentityQuantizer
 from kvstats.quant.quantizers.qjl import ROWS
 
-__all__ = ["CacheCode", "Scheme", "NovaScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme", "register_scheme",
-           "causal_mask", "gqa_groups"]
+__all__ = ["CacheCode", "Scheme", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme",
+           "register_scheme", "causal_mask", "gqa_groups"]
 
 
 @dataclass
@@ -197,6 +198,13 @@ class NovaScheme(Scheme):
         k, v = _nova(bits, keys.shape[-1], spawn_seeds(seed, 2), queries=queries, keys=keys, values=values,
                      **options)
         return cls("nova", bits, k, v, seed)
+
+
+def IdentityScheme(dim: int, *, dtype: torch.dtype | None = None) -> Scheme:  # noqa: N802 - a factory read as a type
+    """A lossless :class:`Scheme` ("identity"): K and V stored as given (or cast to ``dtype``); its bits are the
+    stored dtype's width. The reference of every model-level check (docs/cache.md)."""
+    return Scheme("identity", torch.finfo(dtype or torch.float32).bits,
+                  IdentityQuantizer(dim, dtype=dtype), IdentityQuantizer(dim, dtype=dtype))
 
 
 def register_scheme(name: str, factory: Callable, *, min_bits: int = 1, calibrated: bool = False,

@@ -1,0 +1,72 @@
+"""The ``"kvstats"`` attention function for transformers: with a :class:`~kvstats.hf.cache.KVStatsCache` its
+layer computes the attention from the codes (:meth:`~kvstats.hf.cache_layer.KVStatsLayer.attend`); with any
+other cache, exact eager attention under the same logit rules. Registered on import."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvstats.hf._transformers import AttentionInterface, AttentionMaskInterface, sdpa_mask
+from kvstats.hf.logit_rules import logit_rules
+from kvstats.quant import attention as _attention
+from kvstats.quant.quantizers.base import acc_dtype
+
+#: Name under which :func:`kvstats_attention` is registered in transformers' AttentionInterface.
+ATTN_IMPLEMENTATION = "kvstats"
+
+
+def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers attention function (registered as ``"kvstats"``): logits from the cache's codes.
+
+    With a :class:`KVStatsCache`, the key tensor it receives carries its cache layer, which computes the
+    attention (:meth:`KVStatsLayer.attend`). With any other cache (or none) it computes exact eager
+    attention, so a model set to ``"kvstats"`` behaves as the unquantized model there. Either way the model's
+    soft capping, sliding window and attention sinks are applied as its own eager attention applies them
+    (:class:`LogitRules`), and any other keyword that would change the attention is refused (:func:`logit_rules`).
+    """
+    scaling = module.scaling if scaling is None else scaling
+    rules = logit_rules(module, kwargs)
+    training = bool(getattr(module, "training", False))
+    layer = getattr(key, "_kvstats_layer", None)
+    if layer is not None:
+        return layer.attend(query, attention_mask, scaling, dropout, training, rules)
+    acc = acc_dtype(query.dtype)
+    logits = _attention.soft_cap(_attention.scores(query.to(acc), key.to(acc), scale=scaling), rules.softcap)
+    n, seq = logits.shape[-2:]
+    if attention_mask is None:
+        visible = (_attention.causal_visible(n, seq, device=query.device) if rules.sliding_window is None else
+                   _attention.window_visible(n, seq, rules.sliding_window, device=query.device))
+        attention_mask = visible
+    if attention_mask.dtype == torch.bool:
+        logits = _attention.mask_logits(logits, attention_mask[..., -seq:], torch.finfo(acc).min)
+    else:
+        logits = logits + attention_mask[..., -seq:].to(acc)
+    weights = _attention.softmax_with_sinks(logits, rules.sinks)
+    out = _attention.apply_weights(F.dropout(weights, p=dropout, training=training), value.to(acc))
+    return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+
+def _kvstats_mask(*args, **kwargs):
+    """Boolean causal/padding mask (True = attend), never skipped: sdpa's mask without the is_causal shortcut."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> str:
+    """Register :func:`kvstats_attention` (and its mask) with transformers as ``"kvstats"``; idempotent."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvstats_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _kvstats_mask)
+    return ATTN_IMPLEMENTATION
+
+
+def use_estimator_attention(model):
+    """Switch ``model`` to the estimator path (``attn_implementation="kvstats"``); returns the model."""
+    register_attention()
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+register_attention()

@@ -1,0 +1,377 @@
+"""One layer of the :class:`~kvstats.hf.cache.KVStatsCache`: codes for the tokens that left the full-precision
+window, exact states for the window, and attention computed from the codes (the estimator path).
+The module docstring of :mod:`kvstats.hf.cache` describes both attention paths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kvstats.hf._transformers import CacheLayerMixin
+from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
+from kvstats.hf.records import AttentionRecord
+from kvstats.measure.metrics import attention_kl_from_scores, topk_recall_from_scores
+from kvstats.quant import attention as _attention
+from kvstats.quant.quantizers.base import acc_dtype, held_bytes
+from kvstats.quant.schemes import CacheCode, Scheme
+
+#: k of the top-k recall recorded by ``record_attention`` (docs/references.md §5).
+RECORD_TOP_K = 5
+#: Queries per block of :meth:`KVStatsLayer.attend`: bounds its temporaries to O(QUERY_BLOCK × S) per head.
+QUERY_BLOCK = 64
+
+
+def _weights_requested() -> bool:
+    """Whether transformers is recording attention weights in this forward (``output_attentions=True``); True
+    when that cannot be told (an older or newer transformers), so weights are then always returned."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - depends on the transformers version
+        return True
+    try:
+        collected = _active_collector.get()
+    except Exception:  # noqa: BLE001 - a private API: any change means "cannot tell"
+        return True
+    return not isinstance(collected, dict) or "attentions" in collected
+
+
+class KVStatsLayer(CacheLayerMixin):
+    """One layer of a :class:`KVStatsCache`: codes of the quantized tokens + the exact window.
+
+    State: ``chunks`` (a list of :class:`~kvstats.schemes.CacheCode` covering cache positions
+    ``[0, n_quantized)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
+    separate), ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
+    """
+
+    is_compileable = False
+    is_croppable = True
+    is_sliding = False
+
+    def __init__(self, scheme: Scheme, window: int = 0, flush_size: int = 1, *, layer_idx: int = -1,
+                 record: bool = False, records: list | None = None, rollback: int = 128):
+        super().__init__()
+        self.scheme, self.window, self.flush_size, self.layer_idx = scheme, window, flush_size, layer_idx
+        self.rollback = rollback
+        # exact K/V of the most recently quantized tokens, positions [start, n_quantized): what crop() puts back
+        self._undo: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self.record, self.records = record, records if records is not None else []
+        self.chunks: list[CacheCode] = []
+        self.n_quantized = 0
+        self.cumulative_length = 0
+        self.estimator_attention = False
+        self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
+        self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------------------- Cache protocol
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.keys = key_states[..., :0, :].clone()
+        self.values = value_states[..., :0, :].clone()
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append N new tokens (``[B, H_kv, N, d]``); encode those leaving the window; return K/V for attention.
+
+        Returns dense (K̃, Ṽ) of all S tokens (decoded codes, then the exact window) for standard attention
+        functions; once :func:`kvstats_attention` has run on this layer, the exact states of this forward
+        instead (the estimator path reads the codes itself).
+        """
+        if key_states.shape[-1] != self.scheme.dim or value_states.shape[-1] != self.scheme.dim:
+            raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
+                             f"{key_states.shape[-1]} and {value_states.shape[-1]}")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        elif self._span is not None and not self.estimator_attention:
+            self.dense_attention = True  # the last forward did not call attend(): stop keeping its exact states
+        old = self.cumulative_length
+        span_start = old - self.keys.shape[-2]
+        span_k = torch.cat([self.keys, key_states], dim=-2)
+        span_v = torch.cat([self.values, value_states], dim=-2)
+        seq = old + key_states.shape[-2]
+        self.cumulative_length = seq
+        target = self.quantized_count(seq)
+        if target > self.n_quantized:
+            a, b = self.n_quantized - span_start, target - span_start
+            self._append(self.scheme.encode(span_k[..., a:b, :], span_v[..., a:b, :]))
+            self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
+            self.n_quantized = target
+        cut = self.n_quantized - span_start
+        self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
+        self.values = span_v[..., cut:, :].clone()
+        self._span = None if self.dense_attention else (span_start, span_k, span_v)
+        if self.estimator_attention:
+            keys, values = span_k, span_v
+        else:
+            k_hat, v_hat = self.decoded()
+            keys, values = torch.cat([k_hat, self.keys], dim=-2), torch.cat([v_hat, self.values], dim=-2)
+        keys._kvstats_layer = self  # how kvstats_attention finds the codes behind the tensors it is given
+        return keys, values
+
+    def quantized_count(self, seq):
+        """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
+        g = self.flush_size
+        if isinstance(seq, torch.Tensor):
+            return torch.div((seq - self.window).clamp_min(0), g, rounding_mode="floor") * g
+        return max(0, seq - self.window) // g * g
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
+        self._undo = None
+        self.estimator_attention = self.dense_attention = False
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    # ----------------------------------------------------------------------------------------- crop
+    def _remember(self, start: int, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:
+        """Keep the exact states of the last ``keep`` quantized tokens (k, v: those just quantized, from
+        position ``start``) for :meth:`crop`, in tensors of their own (never views of a forward's states)."""
+        n_new = k.shape[-2]
+        if keep <= 0:
+            self._undo = None
+            return
+        if n_new >= keep:  # a copy: a view would keep this forward's whole exact states alive
+            start, k, v = start + n_new - keep, k[..., n_new - keep:, :].clone(), v[..., n_new - keep:, :].clone()
+        elif self._undo is not None and self._undo[0] + self._undo[1].shape[-2] == start:  # cat copies
+            old_k, old_v = self._undo[1], self._undo[2]
+            take = min(keep - n_new, old_k.shape[-2])
+            k = torch.cat([old_k[..., old_k.shape[-2] - take:, :], k], dim=-2)
+            v = torch.cat([old_v[..., old_v.shape[-2] - take:, :], v], dim=-2)
+            start -= take
+        else:
+            k, v = k.clone(), v.clone()
+        self._undo = (start, k, v)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last tokens: ``tokens_to_remove`` ≤ 0 removes that many (transformers ≥ 4.56); a positive
+        value is the length to keep (transformers' older ``crop(max_length)``).
+
+        The result equals a cache that never saw the removed tokens: window tokens are cut, and tokens that
+        were quantized only because the removed ones pushed them out of the window are put back exact from
+        the layer's record of its last ``rollback`` quantized tokens (so any crop of at most ``rollback``
+        tokens is exact). ValueError when the crop reaches further back than that record.
+        """
+        seq = self.cumulative_length
+        keep = max(0, seq + tokens_to_remove) if tokens_to_remove <= 0 else min(tokens_to_remove, seq)
+        if keep >= seq or not self.is_initialized:
+            return
+        new_nq = self.quantized_count(keep)
+        if new_nq < self.n_quantized:
+            undo_start = self._undo[0] if self._undo is not None else self.n_quantized
+            if new_nq < undo_start:
+                raise ValueError(
+                    f"crop to {keep} of {seq} tokens must put back tokens {new_nq}..{self.n_quantized - 1} exact, but "
+                    f"only the exact states of tokens from {undo_start} on are kept; build the cache with a larger "
+                    f"rollback_tokens (now {self.rollback})")
+            self._truncate_codes(new_nq)
+            lo, hi = new_nq - undo_start, min(keep, self.n_quantized) - undo_start
+            back_k, back_v = self._undo[1][..., lo:hi, :], self._undo[2][..., lo:hi, :]
+            self._undo = None if lo == 0 else (undo_start, self._undo[1][..., :lo, :], self._undo[2][..., :lo, :])
+        else:
+            back_k, back_v = self.keys[..., :0, :], self.values[..., :0, :]
+        in_window = max(0, keep - self.n_quantized)
+        self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
+        self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
+        self.n_quantized, self.cumulative_length, self._span = new_nq, keep, None
+
+    def _truncate_codes(self, stop: int) -> None:
+        """Keep the codes of tokens [0, stop): whole chunks, then the first tokens of a per-vector chunk; a chunk
+        with groups across tokens is encoded again from the exact states of its kept tokens."""
+        kept, start = [], 0
+        for chunk in self.chunks:
+            n = chunk.k.shape[chunk.k.token_axis]
+            if start + n <= stop:
+                kept.append(chunk)
+            elif start < stop:
+                if chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                    kept.append(CacheCode(chunk.k.narrow(stop - start), chunk.v.narrow(stop - start)))
+                else:
+                    undo_start, k, v = self._undo if self._undo is not None else (self.n_quantized, None, None)
+                    if start < undo_start:
+                        raise ValueError(f"crop inside a code with groups across tokens (tokens {start}.."
+                                         f"{start + n - 1}) needs their exact states; build the cache with a larger "
+                                         "rollback_tokens")
+                    a, b = start - undo_start, stop - undo_start
+                    kept.append(self.scheme.encode(k[..., a:b, :], v[..., a:b, :]))
+            start += n
+        self.chunks = kept
+
+    def _batch_op(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if not self.is_initialized:
+            return
+        self.chunks = [CacheCode(c.k.map_batch(fn), c.v.map_batch(fn)) for c in self.chunks]
+        self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
+        if self._undo is not None:
+            self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._batch_op(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._batch_op(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._batch_op(lambda t: t[indices.to(t.device) if isinstance(indices, torch.Tensor) else indices, ...])
+
+    # ------------------------------------------------------------------------------------- storage
+    def _append(self, code: CacheCode) -> None:
+        last = self.chunks[-1] if self.chunks else None
+        if last is not None and all(c.is_per_vector() for c in (last.k, last.v, code.k, code.v)):
+            self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
+        else:
+            self.chunks.append(code)
+
+    def decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K̂, V̂) of the quantized tokens, ``[B, H_kv, n_quantized, d]``, in the model's dtype."""
+        if not self.chunks:
+            return self.keys[..., :0, :], self.values[..., :0, :]
+        parts = [self.scheme.decode(c) for c in self.chunks]
+        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-2)
+
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes of the codes, bytes of the exact window), K and V together."""
+        codes = sum(held_bytes(c.k) + held_bytes(c.v) for c in self.chunks)
+        window = 0 if self.keys is None else sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        return codes, window
+
+    # ----------------------------------------------------------------------------------- attention
+    def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+               dropout: float = 0.0, training: bool = False,
+               rules: LogitRules | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of ``query`` [B, H_q, N, d] (the N tokens of the last ``update``) through the codes.
+
+        ``rules``: what the model's attention does to the scaled logits besides the mask (soft capping, a
+        sliding window, attention sinks: :class:`LogitRules`), applied exactly as its eager attention does.
+        Returns (output [B, N, H_q, d], weights [B, H_q, N, S]), as transformers' attention functions do. The
+        queries are processed in blocks of :data:`QUERY_BLOCK` rows, so the [rows, S] logits, masks and weights
+        of a long prefill never exist at full size; the weights are assembled only when transformers records
+        them (``output_attentions=True``), else None is returned for them, as the sdpa implementation does.
+        """
+        if self._span is None:
+            raise RuntimeError("attend() must follow update() in the same forward (no exact states available"
+                               + ("; this cache was filled through another attention implementation: start a new "
+                                  "KVStatsCache after switching to 'kvstats')" if self.dense_attention else ")"))
+        rules = rules or LogitRules()
+        if self.record and rules.sinks is not None:
+            raise ValueError("record_attention with attention sinks (s_aux) is not supported: the recorded KL compares "
+                             "distributions without the sink; build the cache with record_attention=False")
+        self.estimator_attention = True
+        span = self._span
+        self._span = None
+        n, seq = query.shape[2], self.cumulative_length
+        if query.shape[1] % span[1].shape[1]:
+            raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
+        if n > seq - span[0]:
+            raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
+        acc = acc_dtype(query.dtype)
+        v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc) if self.chunks else None
+        keep_weights = _weights_requested() or n <= QUERY_BLOCK
+        first_record = len(self.records)
+        outs, weights = [], []
+        for r0 in range(0, n, QUERY_BLOCK):
+            r1 = min(n, r0 + QUERY_BLOCK)
+            mask = attention_mask
+            if mask is not None and mask.shape[-2] == n:
+                mask = mask[..., r0:r1, :]
+            out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
+                                       v_hat, rules)
+            outs.append(out)
+            if keep_weights:
+                weights.append(F.pad(w, (0, seq - w.shape[-1])))
+        if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
+            parts = self.records[first_record:]
+            del self.records[first_record:]
+            self.records.append(AttentionRecord(parts[0].layer, parts[0].query_offset,
+                                                torch.cat([r.kl for r in parts], dim=-1),
+                                                torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
+                     training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
+                     v_hat: torch.Tensor | None, rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
+
+        Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
+        causal case): a prefill block then costs O(N × (first + N)) rather than O(N × S). The weights returned
+        have ``width`` columns (:meth:`attend` pads them to S when they are asked for).
+        """
+        span_start, span_k, span_v = span
+        n = query.shape[2]
+        seq, nq = self.cumulative_length, self.n_quantized
+        acc = acc_dtype(query.dtype)
+        q = query.to(acc)
+        mask = None if attention_mask is None else attention_mask[..., -seq:]
+        width = first + n  # keys after the block's last query: hidden by the causal mask
+        if mask is not None and width < seq and _reveals(mask[..., width:]):
+            width = seq  # a mask that shows later keys (not a causal LM): form every column
+        pos_q = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
+        pos_k = torch.arange(width, device=q.device).unsqueeze(0)
+        # key j is read exactly by the query at position i iff it was not yet quantized when token i was
+        # decoded: j >= quantized_count(i + 1) (i − j < W when G = 1); those keys all lie in the span
+        use_exact = pos_k >= self.quantized_count(pos_q + 1)  # [N, width]
+        # exact logits only for the columns some query of the block reads exactly, j >= quantized_count(first + 1)
+        # (all of the span when recording: the reference logits), codes only for j < quantized_count(first + N)
+        read = max(span_start, int(self.quantized_count(first + 1)))
+        lo = span_start if self.record else read
+        hi = min(nq, int(self.quantized_count(first + n)))
+        exact = _attention.scores(q, span_k[..., lo - span_start:width - span_start, :].to(acc), scale=scaling)
+        if hi:  # codes' logits, then the columns [lo, width) where some query reads exactly
+            quant = self._code_scores(q, hi)[..., :width].to(acc)
+            logits = F.pad(quant, (0, width - quant.shape[-1])).mul_(scaling)
+            logits[..., lo:] = torch.where(use_exact[:, lo:], exact, logits[..., lo:])
+        else:
+            logits = F.pad(exact, (lo, 0))
+        logits = _attention.soft_cap(logits, rules.softcap)  # elementwise: the same before or after the merge
+        _mask_block(logits, mask, first, n, width, rules.sliding_window)
+        weights = _attention.softmax_with_sinks(logits, rules.sinks)
+        if self.record:  # the reference: exact logits of every column (lo = span_start = 0), capped and masked alike
+            exact = _attention.soft_cap(exact, rules.softcap)
+            _mask_block(exact, mask, first, n, width, rules.sliding_window)
+            self._record(exact, logits, span_start, seq, n, first)
+        used = F.dropout(weights, p=dropout, training=training)
+        # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
+        # codes (the other weights of each product are zero); before `read` every query reads the codes
+        out = _attention.apply_weights(used[..., read:] * use_exact[:, read:],
+                                       span_v[..., read - span_start:width - span_start, :].to(acc))
+        cut = min(read, hi)
+        if cut:
+            out += _attention.apply_weights(used[..., :cut], v_hat[..., :cut, :])
+        if hi > cut:
+            out += _attention.apply_weights(used[..., cut:hi] * ~use_exact[:, cut:hi], v_hat[..., cut:hi, :])
+        return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+    def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
+        """``scheme.scores`` of q against the codes of keys [0, ≥ stop): whole chunks, the last per-vector chunk
+        cut at ``stop`` (a view); at least one key so the result is never empty."""
+        parts, start = [], 0
+        for chunk in self.chunks:
+            if start >= max(stop, 1):
+                break
+            n = chunk.k.shape[chunk.k.token_axis]
+            code = chunk
+            if start + n > stop > start and chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                code = CacheCode(chunk.k.narrow(stop - start, copy=False), chunk.v.narrow(stop - start, copy=False))
+            parts.append(self.scheme.scores(q, code))
+            start += n
+        return torch.cat(parts, dim=-1)
+
+    def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
+                offset: int) -> None:
+        if span_start != 0:  # the exact keys of older tokens are gone: no reference to compare with
+            return
+        kl = attention_kl_from_scores(exact, logits, causal=True, query_offset=offset, reduction="none")
+        recall = topk_recall_from_scores(exact, logits, top_k=min(RECORD_TOP_K, seq), causal=True,
+                                         query_offset=offset, reduction="none")
+        self.records.append(AttentionRecord(self.layer_idx, offset, kl.to(torch.float64).cpu(),
+                                            recall.to(torch.float64).cpu(), min(RECORD_TOP_K, seq)))

@@ -1,0 +1,77 @@
+"""Statistics for comparing quantizers: Mann–Whitney and Wilcoxon with effect sizes, multiple testing, bootstrap
+CIs (means, ratios, Spearman ρ), power. See docs/statistics.md.
+
+One private module per family of tests (``_mann_whitney``, ``_wilcoxon``, ``_compare``, ``_bootstrap``,
+``_correlation``, ``_power``); the public names are the ones below.
+
+Conventions (docs/references.md §5):
+
+* ``U₁`` is the Mann–Whitney statistic of the *first* sample as scipy reports it,
+  ``U₁ = #{(i, j): aᵢ > bⱼ} + ½·#{(i, j): aᵢ = bⱼ}``.
+* The rank-biserial correlation is ``r = 2·U₁/(n₁n₂) − 1 = P(a > b) − P(a < b)``: **negative when the
+  first sample tends to be smaller** (e.g. ``mann_whitney(kl_kqv, kl_qkqv)`` gives ``r < 0`` when KQV has
+  the lower KL). The often quoted ``1 − 2U/(n₁n₂)`` is the same number when ``U`` is the *other*
+  sample's statistic (``U₂ = n₁n₂ − U₁``). |r| ≤ 1; ±1 means complete separation.
+* ``r_Z = Z/√N`` (``N = n₁ + n₂``, Z from the normal approximation with tie correction, no continuity
+  correction) has the same sign; it cannot reach ±1 (at 70 vs 70 its maximum is ≈ 0.86), which is why a
+  published ``r = −0.983`` at that size must be the rank-biserial one.
+* In the far tail the exact null distribution of U and its normal approximation differ by many orders of
+  magnitude (complete separation at 70 vs 70: exact p ≈ 2e−41, normal p ≈ 1e−23). Results always state
+  which p-value is reported (``pvalue_method``) and carry both when the exact one is computable.
+"""
+
+# The limits below are part of the documented behaviour (docs/statistics.md), so they stay reachable here.
+from kvstats.measure.stats._bootstrap import T_INTERVAL_BELOW as T_INTERVAL_BELOW
+from kvstats.measure.stats._bootstrap import (
+    BootstrapResult,
+    MeanResult,
+    bootstrap_ci,
+    cluster_bootstrap_ci,
+    mean_ci,
+    ratio_ci,
+)
+from kvstats.measure.stats._common import BOOTSTRAP_MAX_ELEMENTS as BOOTSTRAP_MAX_ELEMENTS
+from kvstats.measure.stats._common import EXACT_CI_MAX_PAIRS as EXACT_CI_MAX_PAIRS
+from kvstats.measure.stats._common import EXACT_MAX_PAIRS as EXACT_MAX_PAIRS
+from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
+from kvstats.measure.stats._compare import compare
+from kvstats.measure.stats._correlation import CorrelationResult, spearman
+from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
+from kvstats.measure.stats._power import (
+    PowerResult,
+    detectable_shift,
+    paired_t_power,
+    wilcoxon_min_pvalue,
+    wilcoxon_power,
+)
+from kvstats.measure.stats._wilcoxon import WILCOXON_EXACT_MAX_N as WILCOXON_EXACT_MAX_N
+from kvstats.measure.stats._wilcoxon import WILCOXON_PERMUTATION_MAX_N as WILCOXON_PERMUTATION_MAX_N
+from kvstats.measure.stats._wilcoxon import WilcoxonResult, wilcoxon
+
+__all__ = [
+    "BootstrapResult",
+    "CorrelationResult",
+    "MannWhitneyResult",
+    "PowerResult",
+    "WilcoxonResult",
+    "MeanResult",
+    "bootstrap_ci",
+    "cluster_bootstrap_ci",
+    "compare",
+    "detectable_shift",
+    "hodges_lehmann",
+    "mann_whitney",
+    "mean_ci",
+    "mwu_null_cdf",
+    "paired_t_power",
+    "ratio_ci",
+    "spearman",
+    "wilcoxon",
+    "wilcoxon_min_pvalue",
+    "wilcoxon_power",
+]
+
+# Users see (and pickle) these names as ``kvstats.measure.stats.<name>``, wherever their family module lives.
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

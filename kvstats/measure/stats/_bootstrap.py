@@ -1,0 +1,319 @@
+"""Bootstrap CIs: any statistic, ratios of means, the mean (t / studentized), clustered units."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+
+from kvstats._random import check_seed
+from kvstats._validation import check_int_range
+from kvstats.measure.stats._common import BOOTSTRAP_MAX_ELEMENTS, _check_level, _sample
+from kvstats.results import TestResult
+
+
+@dataclass(frozen=True)
+class BootstrapResult(TestResult):
+    """Result of :func:`bootstrap_ci` / :func:`ratio_ci`: ``statistic`` is the estimate on the data,
+    ``confidence_interval`` its bootstrap CI, ``standard_error`` the bootstrap standard error, ``ci_method``
+    the interval actually used ("BCa", "percentile" when BCa degenerates, "constant data" when every
+    resample equals the estimate); no test (``pvalue`` is nan)."""
+
+    standard_error: float = math.nan
+    n_resamples: int = 0
+    ci_method: str = ""
+    paired: bool = False
+
+    def summary(self) -> str:
+        return self.summary_with(("standard_error", "n_resamples", "ci_method", "paired"))
+
+
+def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, paired, vectorized=True):
+    """scipy.stats.bootstrap, falling back from BCa to percentile when BCa is not finite (degenerate
+    jackknife, e.g. a statistic that is constant on most resamples). Returns (low, high, se, method used)."""
+    tried = (method, "percentile") if method.lower() == "bca" else (method,)
+    size = max(int(sum(np.size(s) for s in samples)), 1)
+    # bound the resample array to ~BOOTSTRAP_MAX_ELEMENTS (scipy resamples all at once by default); below the
+    # bound no batching, so results stay those of a plain scipy.stats.bootstrap call with the same seed
+    batch = None if n_resamples * size <= BOOTSTRAP_MAX_ELEMENTS else max(1, BOOTSTRAP_MAX_ELEMENTS // size)
+    for how in tried:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy's DegenerateDataWarning: handled by the fallback
+            res = scipy.stats.bootstrap(samples, stat, confidence_level=level, n_resamples=n_resamples, method=how,
+                                        rng=np.random.default_rng(check_seed(seed)), vectorized=vectorized,
+                                        paired=paired,
+                                        batch=batch)
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(low) and math.isfinite(high):
+            break
+    return low, high, float(res.standard_error), how
+
+
+def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, paired=False) -> BootstrapResult:
+    seed = check_seed(seed)  # the package's seed rule; None: fresh entropy, recorded in extra["seed"]
+    estimate = float(stat(*samples, axis=-1))
+    if all(np.ptp(s) == 0 for s in samples):  # every resample is the data itself: the CI is the point
+        low, high, se, how = estimate, estimate, 0.0, "constant data"
+    else:
+        low, high, se, how = _bootstrap_interval(samples, stat, level, n_resamples, method, seed, paired=paired)
+    return BootstrapResult(
+        statistic=estimate,
+        pvalue=math.nan,
+        method=f"{'paired ' if paired else ''}bootstrap ({how}, {n_resamples} resamples) of {name}",
+        null_hypothesis="none (estimate with confidence interval)",
+        n=tuple(s.size for s in samples) if len(samples) > 1 else samples[0].size,
+        confidence_interval=(low, high),
+        ci_of=what,
+        confidence_level=level,
+        standard_error=se,
+        n_resamples=n_resamples,
+        ci_method=how,
+        paired=paired,
+        extra={"seed": seed},
+    )
+
+
+def _stat_name(statistic: Callable) -> str:
+    return getattr(statistic, "__name__", type(statistic).__name__)
+
+
+def bootstrap_ci(
+    data,
+    statistic: Callable = np.mean,
+    confidence_level: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    *,
+    method: str = "BCa",
+) -> BootstrapResult:
+    """Bootstrap CI of ``statistic(data)`` through ``scipy.stats.bootstrap`` (BCa by default).
+
+    ``statistic`` must accept ``axis`` (numpy reductions do: ``np.mean``, ``np.median``, ``np.std``).
+    Constant data gives the degenerate interval ``[statistic, statistic]`` (every resample equals the data);
+    a BCa interval that is not finite falls back to the percentile interval (``ci_method`` says which).
+    """
+    x = _sample(data, "data", min_size=2)
+    level = _check_level(confidence_level)
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    name = _stat_name(statistic)
+
+    def stat(s, axis=-1):
+        return statistic(s, axis=axis)
+
+    return _bootstrap((x,), stat, level, n_resamples, method, seed, name, name)
+
+
+def ratio_ci(
+    a,
+    b,
+    statistic: Callable = np.median,
+    confidence_level: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    *,
+    method: str = "BCa",
+    paired: bool = False,
+) -> BootstrapResult:
+    """Bootstrap CI of ``statistic(a) / statistic(b)`` (e.g. a ratio of medians or of means).
+
+    ``paired=False``: a and b are independent samples, each resampled on its own. ``paired=True``: ``a[i]``
+    and ``b[i]`` were measured on the same unit (same seed, token or query: the sweeps' design), so the
+    pairs are resampled together (``scipy.stats.bootstrap(paired=True)``); the CI then uses the positive
+    correlation of a and b and is narrower. If ``statistic(b)`` is 0 the ratio is undefined: refused for the
+    data itself; a resample where it is 0 gives inf and the interval falls back as in :func:`bootstrap_ci`.
+    """
+    xa, xb = _sample(a, "a", min_size=2), _sample(b, "b", min_size=2)
+    level = _check_level(confidence_level)
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    if paired and xa.size != xb.size:
+        raise ValueError(f"paired=True needs a and b of one length (a[i] pairs with b[i]), got {xa.size} and "
+                         f"{xb.size}")
+    if float(statistic(xb)) == 0.0:
+        raise ValueError(f"{_stat_name(statistic)}(b) is 0: the ratio is undefined")
+    name = f"{_stat_name(statistic)}(a) / {_stat_name(statistic)}(b)"
+
+    def stat(sa, sb, axis=-1):
+        return statistic(sa, axis=axis) / statistic(sb, axis=axis)
+
+    return _bootstrap((xa, xb), stat, level, n_resamples, method, seed, name, name, paired=paired)
+
+
+#: Below this many units :func:`mean_ci` uses Student's t interval (the studentized bootstrap needs a few distinct
+#: resamples of the standard error); from here on the studentized bootstrap.
+T_INTERVAL_BELOW = 5
+
+
+@dataclass(frozen=True)
+class MeanResult(TestResult):
+    """Result of :func:`mean_ci`: ``statistic`` the sample mean, ``confidence_interval`` its CI, ``ci_method``
+    the interval used ("Student t", "studentized bootstrap", "BCa", "percentile" when BCa is not finite, "constant
+    data"), ``standard_error`` its standard error s/√n; no test (``pvalue`` nan)."""
+
+    standard_error: float = math.nan
+    ci_method: str = ""
+    n_resamples: int = 0
+
+    def summary(self) -> str:
+        return self.summary_with(("standard_error", "ci_method", "n_resamples"))
+
+
+def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """The bootstrap-t interval of a mean (Efron & Tibshirani 1993, §12.5): resample, studentize each resampled mean
+    by its own standard error, ``[x̄ − t*₍₁₋α/₂₎·s/√n, x̄ − t*₍α/₂₎·s/√n]``. Resamples in batches of ~10⁶ values."""
+    rng = np.random.default_rng(seed)
+    n = x.size
+    mean, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(n))
+    ts = []
+    batch = max(1, 1_000_000 // n)
+    for start in range(0, n_resamples, batch):
+        xs = x[rng.integers(0, n, (min(batch, n_resamples - start), n))]
+        ses = xs.std(axis=1, ddof=1) / math.sqrt(n)
+        ok = ses > 0
+        ts.append((xs.mean(axis=1)[ok] - mean) / ses[ok])
+    t = np.concatenate(ts)
+    a = (1 - level) / 2
+    upper_t, lower_t = np.quantile(t, [1 - a, a])
+    return mean - float(upper_t) * se, mean - float(lower_t) * se
+
+
+def mean_ci(
+    data,
+    confidence_level: float = 0.95,
+    *,
+    method: str = "auto",
+    n_resamples: int = 9999,
+    seed: int = 0,
+) -> MeanResult:
+    """The mean of ``data`` (independent units) with a confidence interval that covers at few units.
+
+    ``method="auto"``: Student's t interval ``x̄ ± t_{1−α/2, n−1}·s/√n`` (``scipy.stats.ttest_1samp``'s
+    ``confidence_interval``) below :data:`T_INTERVAL_BELOW` units, the **studentized bootstrap** (bootstrap-t)
+    from there on; ``"t"``, ``"studentized"`` or ``"BCa"`` force one. Constant data give ``[x̄, x̄]``.
+
+    Why: BCa's coverage of a mean collapses at few units (normal data, 300 simulations each: 52% at 2 units, 83% at
+    5, 91% at 8, 92.5% at 20–24) and the t interval's, exact for normal data, falls to 86–88% for skewed data
+    (lognormal σ = 1, 20–40 units), as a metric averaged over units usually is; the studentized bootstrap kept
+    94–96% on normal data at 5–40 units and 90–93% on that lognormal (1000 simulations each, tests/test_stats.py).
+    ``n_resamples`` and ``seed`` are the bootstrap's (unused by the t interval).
+    """
+    x = _sample(data, "data", min_size=2)
+    level = _check_level(confidence_level)
+    if method not in ("auto", "t", "studentized", "BCa"):
+        raise ValueError(f"method must be 'auto', 't', 'studentized' or 'BCa', got {method!r}")
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    seed = check_seed(seed)
+    how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "studentized")
+    common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
+                  "interval)", n=x.size, ci_of="mean", confidence_level=level)
+    if np.ptp(x) == 0:
+        return MeanResult(method="mean (constant data)", confidence_interval=(common["statistic"],) * 2,
+                          standard_error=0.0, ci_method="constant data", **common)
+    se = float(scipy.stats.sem(x))
+    if how == "t":
+        ci = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(confidence_level=level)
+        return MeanResult(method=f"mean with Student's t interval ({x.size - 1} df)",
+                          confidence_interval=(float(ci.low), float(ci.high)), standard_error=se,
+                          ci_method="Student t", **common)
+    if how == "studentized":
+        low, high = _studentized_interval(x, level, n_resamples, seed)
+        return MeanResult(method=f"mean with the studentized bootstrap interval ({n_resamples} resamples)",
+                          confidence_interval=(low, high), standard_error=se, ci_method="studentized bootstrap",
+                          n_resamples=n_resamples, extra={"seed": seed}, **common)
+    boot = bootstrap_ci(x, np.mean, level, n_resamples, seed, method="BCa")
+    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval, standard_error=se,
+                      ci_method=boot.ci_method, n_resamples=n_resamples, extra={"seed": boot.extra["seed"]}, **common)
+
+
+def cluster_bootstrap_ci(
+    units: Sequence,
+    statistic: Callable[[np.ndarray], float] = np.mean,
+    *,
+    clusters: Sequence | None = None,
+    confidence_level: float = 0.95,
+    n_resamples: int = 4999,
+    seed: int = 0,
+    method: str = "BCa",
+) -> BootstrapResult:
+    """Two-stage (cluster, then unit) bootstrap CI of a statistic of pooled values: the tokens of segments that
+    share a document are not independent, documents are.
+
+    ``units[i]`` holds the values of unit ``i`` (a segment's per-token KL, say); ``clusters[i]`` its cluster (the
+    document; default: every unit its own cluster). The estimate is ``statistic(all values pooled)``. Each
+    resample draws the clusters with replacement, then within each drawn cluster its units with replacement,
+    and applies ``statistic`` to the values they pool (the hierarchical bootstrap of Davison & Hinkley 1997,
+    §3.8, "strategy 2"). ``method="BCa"`` (default) corrects the percentile interval for bias and skew, the
+    acceleration from the jackknife that leaves one cluster out; ``"percentile"`` is the plain percentile
+    interval. With one unit per cluster it is the ordinary bootstrap over units.
+
+    Coverage is that of a bootstrap over few clusters, below nominal: simulated with 24 clusters of 128 lognormal
+    values with a cluster effect (200 simulations), the 95% BCa interval covered 91% for the mean, 92–93.5% for
+    the median, p90 and p95, 87.5% for p99 and 89.5% for p99.9 (percentile: 78% at p99.9). A maximum has no
+    bootstrap interval (the resampled maxima never exceed the data's); callers should report it without one.
+    """
+    arrays = [np.asarray(u, dtype=np.float64).ravel() for u in units]
+    if len(arrays) < 2:
+        raise ValueError(f"units must hold at least 2 units, got {len(arrays)}")
+    for i, a in enumerate(arrays):
+        if a.size == 0 or not np.isfinite(a).all():
+            raise ValueError(f"units[{i}] must hold finite values, got {a.size} value(s)"
+                             + ("" if a.size == 0 else " with NaN or inf"))
+    labels = list(range(len(arrays))) if clusters is None else list(clusters)
+    if len(labels) != len(arrays):
+        raise ValueError(f"clusters must give one label per unit ({len(arrays)}), got {len(labels)}")
+    level = _check_level(confidence_level)
+    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**7)
+    seed = check_seed(seed)
+    members: dict = {}
+    for i, label in enumerate(labels):
+        members.setdefault(label, []).append(i)
+    groups = list(members.values())
+    order = np.array([i for g in groups for i in g])  # units sorted by cluster
+    sizes = np.array([len(g) for g in groups])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rng = np.random.default_rng(seed)
+    estimate = float(statistic(np.concatenate(arrays)))
+    same_length = len({a.size for a in arrays}) == 1
+    table = np.stack(arrays) if same_length else None
+    draws = np.empty(n_resamples)
+    for r in range(n_resamples):
+        chosen = rng.integers(0, len(groups), len(groups))  # clusters, with replacement
+        k = sizes[chosen]
+        within = np.floor(rng.random(int(k.sum())) * np.repeat(k, k)).astype(np.int64)  # units of each, likewise
+        picks = order[np.repeat(starts[chosen], k) + within]
+        draws[r] = statistic(table[picks].ravel() if same_length else np.concatenate([arrays[i] for i in picks]))
+    if method not in ("BCa", "percentile"):
+        raise ValueError(f"method must be 'BCa' or 'percentile', got {method!r}")
+    alpha = (1 - level) / 2
+    probabilities = np.array([alpha, 1 - alpha])
+    how = "percentile, clusters then units"
+    if method == "BCa" and np.ptp(draws) > 0 and len(groups) > 2:
+        frac = (np.sum(draws < estimate) + 0.5 * np.sum(draws == estimate)) / n_resamples
+        z0 = scipy.stats.norm.ppf(np.clip(frac, 1 / (n_resamples + 1), n_resamples / (n_resamples + 1)))
+        jack = np.array([statistic(np.concatenate([arrays[i] for g in groups[:c] + groups[c + 1:] for i in g]))
+                         for c in range(len(groups))])
+        dev = jack.mean() - jack
+        denominator = 6 * float((dev ** 2).sum()) ** 1.5
+        accel = float((dev ** 3).sum()) / denominator if denominator > 0 else 0.0
+        z = scipy.stats.norm.ppf(probabilities)
+        probabilities = scipy.stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
+        how = "BCa, clusters then units"
+    low, high = (float(x) for x in np.quantile(draws, probabilities))
+    return BootstrapResult(
+        statistic=estimate,
+        pvalue=math.nan,
+        method=f"cluster bootstrap ({len(groups)} clusters, then units within; {n_resamples} resamples; {how}) of "
+               f"{_stat_name(statistic)} of the pooled values",
+        null_hypothesis="none (estimate with confidence interval)",
+        n=(len(groups), len(arrays)),
+        confidence_interval=(min(low, estimate), max(high, estimate)) if np.ptp(draws) == 0 else (low, high),
+        ci_of=f"{_stat_name(statistic)} of the pooled values",
+        confidence_level=level,
+        standard_error=float(np.std(draws, ddof=1)) if n_resamples > 1 else math.nan,
+        n_resamples=n_resamples,
+        ci_method=how,
+        extra={"seed": seed, "clusters": len(groups), "units": len(arrays)},
+    )
