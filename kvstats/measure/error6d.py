@@ -18,21 +18,15 @@ import scipy.stats
 import torch
 
 from kvstats._validation import check_int_range
+from kvstats.measure._inputs import _check_qk, _check_same_shape, _prep, _relative, _scores, _work_dtype
+from kvstats.measure.geometric import direction_error, relative_norm_error
 from kvstats.measure.metrics import (
     AttentionReference,
-    _check_qk,
-    _check_same_shape,
-    _prep,
-    _relative,
-    _scores,
-    _work_dtype,
     attention_kl,
     attention_kl_from_scores,
     attention_output_error,
     attention_output_error_from_scores,
     attention_scores,
-    direction_error,
-    relative_norm_error,
 )
 from kvstats.quant import attention
 from kvstats.results import TestResult

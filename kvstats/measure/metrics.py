@@ -19,7 +19,8 @@ Zero vectors (geometric errors): the direction of a zero vector is undefined; we
 (angle 0) when both ``x`` and ``x̂`` are zero and ``1 − cos = 1`` (angle π/2, "no directional
 information") when exactly one is zero. The relative norm error is ``0`` when both are zero and ``+inf``
 when ``x = 0 ≠ x̂`` (a relative error with zero reference is unbounded; it is reported, not hidden).
-The same rule holds for the relative attention-output error when ``o = 0``.
+The same rule holds for the relative attention-output error when ``o = 0``. The geometric errors live in
+:mod:`kvstats.measure.geometric` and are importable from here.
 
 The 6D error built from these metrics, its distance and the energy tests on its clouds live in
 :mod:`kvstats.measure.error6d` (docs/metrics_error6d.md), which builds on this module.
@@ -27,12 +28,23 @@ The 6D error built from these metrics, its distance and the energy tests on its 
 
 from __future__ import annotations
 
-import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from kvstats._validation import as_tensor, check_float_tensor, check_int_range
+from kvstats._validation import check_int_range
+from kvstats.measure._inputs import (
+    Reduction,
+    _check_qk,
+    _check_reduction,
+    _check_same_shape,
+    _prep,
+    _reduce,
+    _relative,
+    _scores,
+    _work_dtype,
+)
+from kvstats.measure.geometric import direction_error, mse, relative_norm_error
 from kvstats.quant import attention
 
 __all__ = [
@@ -48,56 +60,6 @@ __all__ = [
     "topk_recall",
     "topk_recall_from_scores",
 ]
-
-Reduction = Literal["mean", "none"]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# argument handling
-
-
-def _prep(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
-    return check_float_tensor(as_tensor(x, name), name, min_dim=min_dim)
-
-
-def _work_dtype(double: bool, *tensors: torch.Tensor) -> torch.dtype:
-    if double or any(t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
-
-
-def _check_reduction(reduction: str) -> None:
-    if reduction not in ("mean", "none"):
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-
-
-def _reduce(x: torch.Tensor, reduction: str) -> float | torch.Tensor:
-    return float(x.mean().item()) if reduction == "mean" else x
-
-
-def _check_same_shape(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
-    if a.shape != b.shape:
-        raise ValueError(f"{b_name} must have the shape of {a_name} {tuple(a.shape)}, got {tuple(b.shape)}")
-
-
-def _check_qk(q: torch.Tensor, k: torch.Tensor, k_name: str = "k") -> int:
-    """Check q [B, Hq, Nq, d] against k [B, Hkv, S, d]; return the group size Hq // Hkv."""
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-D [batch, q_heads, n_q, d], got shape {tuple(q.shape)}")
-    if k.dim() != 4:
-        raise ValueError(f"{k_name} must be 4-D [batch, kv_heads, seq, d], got shape {tuple(k.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"{k_name}.shape[0] (batch) must equal q.shape[0] = {q.shape[0]}, got {k.shape[0]}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{k_name}.shape[-1] (head dim) must equal q.shape[-1] = {q.shape[-1]}, got {k.shape[-1]}")
-    if q.shape[-1] < 2:
-        raise ValueError(f"q.shape[-1] (head dim d) must be >= 2, got {q.shape[-1]}")
-    hq, hkv = q.shape[1], k.shape[1]
-    if hq % hkv != 0:
-        raise ValueError(
-            f"q.shape[1] (q_heads = {hq}) must be a multiple of {k_name}.shape[1] (kv_heads), got kv_heads = {hkv}"
-        )
-    return hq // hkv
 
 
 def attention_scores(q, k, *, double: bool = False) -> torch.Tensor:
@@ -115,25 +77,6 @@ def attention_scores(q, k, *, double: bool = False) -> torch.Tensor:
     q, k = _prep(q, "q"), _prep(k, "k")
     _check_qk(q, k)
     return _scores(q, k, _work_dtype(double, q, k))
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, k_name: str = "k") -> torch.Tensor:
-    """``q kᵀ/√d`` in ``dtype`` (kvstats.attention.scores); fp32 logits that overflow are recomputed in fp64.
-
-    Finite inputs can overflow fp32 in the product (|q|·|k| above ~1e38): the logits are then computed in
-    fp64; if even fp64 overflows, ValueError names the arguments (never a silent inf/NaN downstream).
-    """
-    s = attention.scores(q.to(dtype), k.to(dtype))
-    if bool(torch.isfinite(s).all()):
-        return s
-    if dtype != torch.float64:
-        s = attention.scores(q.double(), k.double())
-        if bool(torch.isfinite(s).all()):
-            return s
-    raise ValueError(
-        f"q·{k_name}ᵀ/√d overflows float64 (max |q| = {q.abs().max().item():.3g}, max |{k_name}| = "
-        f"{k.abs().max().item():.3g}); rescale the inputs"
-    )
 
 
 def _score_pair(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor,
@@ -432,95 +375,6 @@ class AttentionReference:
             k_eff = _k_eff(self.logits.shape, top_k, self.visible, self.logits.device)
             ref_top = self._top[top_k] = _top_membership(attention.mask_logits(self.logits, self.visible), k_eff)
         return _reduce(_recall(self.logits, b, top_k, self.visible, ref_top), reduction)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# geometric errors
-
-
-def _pair(x, x_hat, double: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    x, x_hat = _prep(x, "x"), _prep(x_hat, "x_hat")
-    _check_same_shape(x, "x", x_hat, "x_hat")
-    dtype = _work_dtype(double, x, x_hat)
-    return x.to(dtype), x_hat.to(dtype)
-
-
-def direction_error(
-    x,
-    x_hat,
-    *,
-    kind: Literal["cosine", "angle"] = "cosine",
-    reduction: Reduction = "none",
-    double: bool = False,
-) -> float | torch.Tensor:
-    """Directional error of reconstructions, per vector on the last axis.
-
-    ``kind="cosine"``: ``1 − cos θ = ½ ‖x/‖x‖ − x̂/‖x̂‖‖²`` (computed in this form: accurate for small θ).
-    ``kind="angle"``: ``θ = 2·atan2(‖u − û‖, ‖u + û‖)`` in radians, ``u = x/‖x‖`` (Kahan's stable angle).
-    Zero vectors: 0 when both are zero, ``1 − cos = 1`` / ``θ = π/2`` when exactly one is zero.
-
-    Args:
-        x, x_hat: ``[..., d]`` of the same shape.
-        reduction: ``"none"`` (tensor ``[...]``) or ``"mean"`` (float).
-    """
-    if kind not in ("cosine", "angle"):
-        raise ValueError(f"kind must be 'cosine' or 'angle', got {kind!r}")
-    _check_reduction(reduction)
-    x, x_hat = _pair(x, x_hat, double)
-    nx, nh = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x_hat, dim=-1)
-    u = x / torch.where(nx > 0, nx, 1.0).unsqueeze(-1)
-    uh = x_hat / torch.where(nh > 0, nh, 1.0).unsqueeze(-1)
-    diff = torch.linalg.vector_norm(u - uh, dim=-1)
-    if kind == "cosine":
-        err = 0.5 * diff.square()
-        one_zero = torch.ones_like(err)
-    else:
-        err = 2.0 * torch.atan2(diff, torch.linalg.vector_norm(u + uh, dim=-1))
-        one_zero = torch.full_like(err, math.pi / 2)
-    zx, zh = nx == 0, nh == 0
-    err = torch.where(zx ^ zh, one_zero, err)
-    err = torch.where(zx & zh, torch.zeros_like(err), err)
-    return _reduce(err, reduction)
-
-
-def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    out = num / torch.where(den > 0, den, 1.0)
-    inf = torch.full_like(out, float("inf"))
-    return torch.where(den > 0, out, torch.where(num > 0, inf, torch.zeros_like(out)))
-
-
-def relative_norm_error(x, x_hat, *, reduction: Reduction = "none", double: bool = False) -> float | torch.Tensor:
-    """``|‖x̂‖ − ‖x‖| / ‖x‖`` per vector on the last axis (0 if both zero, +inf if only ``x`` is zero).
-
-    Args:
-        x, x_hat: ``[..., d]`` of the same shape.
-        reduction: ``"none"`` (tensor ``[...]``) or ``"mean"`` (float).
-    """
-    _check_reduction(reduction)
-    x, x_hat = _pair(x, x_hat, double)
-    nx, nh = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x_hat, dim=-1)
-    return _reduce(_relative((nh - nx).abs(), nx), reduction)
-
-
-def mse(
-    x, x_hat, *, relative: bool = False, reduction: Reduction = "mean", double: bool = False
-) -> float | torch.Tensor:
-    """Squared reconstruction error per vector, ``‖x − x̂‖²`` (summed over the last axis, not averaged).
-
-    This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (docs/references.md §3) when averaged over unit vectors; divide by
-    ``d`` for a per-coordinate MSE. ``relative=True`` gives ``‖x − x̂‖² / ‖x‖²`` (zero ``x``: 0 if
-    ``x̂ = 0`` too, else +inf).
-
-    Args:
-        x, x_hat: ``[..., d]`` of the same shape.
-        reduction: ``"mean"`` (float, mean over vectors) or ``"none"`` (tensor ``[...]``).
-    """
-    _check_reduction(reduction)
-    x, x_hat = _pair(x, x_hat, double)
-    err = (x - x_hat).square().sum(-1)
-    if relative:
-        err = _relative(err, x.square().sum(-1))
-    return _reduce(err, reduction)
 
 
 # ----------------------------------------------------------------------------------------------------------
