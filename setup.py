@@ -19,7 +19,8 @@ if os.environ.get("KVSTATS_NO_EXTENSION", "0") != "1":
 
     here = os.path.dirname(os.path.abspath(__file__))
     csrc = os.path.join("cuda_ext", "csrc")
-    sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp")))
+    sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp"))
+                     + glob.glob(os.path.join(csrc, "shared", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join(csrc, "cuda", "*.cu")))
     use_cuda = (
         os.environ.get("KVSTATS_FORCE_CPU", "0") != "1"

@@ -67,11 +67,18 @@ def check_fwht_correctness(device: str) -> None:
             assert_close_to_oracle(kernel, ref_low, oracle)
 
 
+def compiled(name: str, device: str = "cpu"):
+    """The compiled op that serves ``device`` now: on CPU inside ``ops.shared_path()`` the kvstats_shared
+    backend's (the GPU's code), else the fast kernel's (torch.ops.kvstats)."""
+    shared = ops.using_shared_path() and torch.device(device).type == "cpu"
+    return getattr(torch.ops.kvstats_shared if shared else torch.ops.kvstats, name).default
+
+
 def check_fwht_opcheck(device: str) -> None:
     for x in fwht_sample_inputs(device):
-        torch.library.opcheck(torch.ops.kvstats.fwht.default, (x,))
+        torch.library.opcheck(compiled("fwht", device), (x,))
         if x.dtype == torch.float32:
-            torch.library.opcheck(torch.ops.kvstats.fwht.default, (x.double().requires_grad_(),))
+            torch.library.opcheck(compiled("fwht", device), (x.double().requires_grad_(),))
 
 
 # ------------------------------------------------------------------------ quantizer ops (kernels)
@@ -236,7 +243,7 @@ def assert_outputs_agree(name: str, args, got, want) -> None:
 def check_ops_against_references(device: str, cases=None) -> None:
     """Every quantizer op: kernel vs its pure-torch reference on the same inputs (default: sample_cases)."""
     for name, args in sample_cases(device) if cases is None else cases:
-        kernel = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        kernel = as_tuple(compiled(name, device)(*args))
         assert all(t.device.type == torch.device(device).type for t in kernel), name
         ref = getattr(ops, f"{name}_reference")(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
         assert_outputs_agree(name, args, kernel, ref)
@@ -244,7 +251,7 @@ def check_ops_against_references(device: str, cases=None) -> None:
 
 def check_ops_opcheck(device: str) -> None:
     for name, args in sample_cases(device)[:12]:
-        torch.library.opcheck(getattr(torch.ops.kvstats, name).default, args)
+        torch.library.opcheck(compiled(name, device), args)
 
 
 def width_cases(device: str, bits: int):

@@ -23,6 +23,52 @@ def test_switch_is_scoped_and_restored():
     assert not ops.using_shared_path()
 
 
+def test_switch_holds_in_its_own_thread_only():
+    import threading
+
+    seen = []
+    with ops.shared_path():
+        worker = threading.Thread(target=lambda: seen.append(ops.using_shared_path()))
+        worker.start()
+        worker.join()
+        assert ops.using_shared_path()
+    assert seen == [False]
+
+
+def test_shared_backend_is_a_second_namespace_with_the_same_schemas():
+    # One schema list (cuda_ext/csrc/schemas.h) declares both namespaces; every op has a kernel in each, and
+    # kvstats._C only loads the library (no Python methods).
+    import kvstats._C
+
+    for op in ops.OPS:
+        fast, shared = getattr(torch.ops.kvstats, op).default, getattr(torch.ops.kvstats_shared, op).default
+        assert str(fast._schema).split("::", 1)[1] == str(shared._schema).split("::", 1)[1], op
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"kvstats_shared::{op}", "CPU"), op
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"kvstats_shared::{op}", "CUDA"), op
+    assert [name for name in dir(kvstats._C) if not name.startswith("__")] == []
+
+
+def test_every_schema_has_a_python_contract_and_every_contract_a_schema():
+    # The schema list (C++) and the family modules' fakes (Python) name the same ops: a new op without its
+    # family module, or a fake without a schema, fails here.
+    registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("kvstats::") and not name.startswith("kvstats::_")}
+    assert registered == set(ops.OPS)
+    for op in ops.OPS:
+        assert callable(getattr(ops, op)) and callable(getattr(ops, f"{op}_reference")), op
+
+
+def test_wrappers_take_the_shared_kernel_inside_the_switch():
+    # Inside shared_path the wrappers get kvstats_shared's kernels for CPU tensors; use_reference wins over it.
+    from kvstats.quant.ops import _library
+
+    with ops.shared_path():
+        assert _library.kernel("fwht", torch.device("cpu")) is torch.ops.kvstats_shared.fwht.default
+        with ops.use_reference():
+            assert _library.kernel("fwht", torch.device("cpu")) is None
+    assert _library.kernel("fwht", torch.device("cpu")) is torch.ops.kvstats.fwht.default
+
+
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_every_op_on_the_shared_path(bits):
     with ops.shared_path():
@@ -46,8 +92,7 @@ def test_shared_and_fast_paths_agree():
 
     for name, args in width_cases("cpu", 4):
         fast = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
-        with ops.shared_path():
-            shared = as_tuple(getattr(torch.ops.kvstats, name).default(*args))
+        shared = as_tuple(getattr(torch.ops.kvstats_shared, name).default(*args))
         assert_outputs_agree(name, args, shared, fast)
 
 

@@ -26,10 +26,8 @@ def _paths():
     the pure-torch reference."""
     paths = [("reference", ops.sign_decode_reference)]
     if ops.HAS_EXTENSION:
-        def shared(*args):
-            with ops.shared_path():
-                return torch.ops.kvstats.sign_decode.default(*args)
-        paths += [("kernel", lambda *args: torch.ops.kvstats.sign_decode.default(*args)), ("shared", shared)]
+        paths += [("kernel", torch.ops.kvstats.sign_decode.default),
+                  ("shared", torch.ops.kvstats_shared.sign_decode.default)]
     return paths
 
 
@@ -61,9 +59,8 @@ def test_sign_decode_kernel_equals_the_reference_to_fp32_rounding(m, d):
     ref = ops.sign_decode_reference(packed, tables, weight, base)
     torch.testing.assert_close(torch.ops.kvstats.sign_decode.default(packed, tables, weight, base), ref,
                                rtol=1e-5, atol=1e-4)
-    with ops.shared_path():
-        torch.testing.assert_close(torch.ops.kvstats.sign_decode.default(packed, tables, weight, base), ref,
-                                   rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(torch.ops.kvstats_shared.sign_decode.default(packed, tables, weight, base), ref,
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_sign_decode_of_no_rows():
@@ -96,9 +93,7 @@ BLOCKED_ROWS = 2 * 4096
 
 
 def _takes_blocked_sum(n: int, d: int) -> bool:
-    from kvstats import _C
-
-    return _C._sign_decode_blocked(n, d, True)
+    return torch.ops.kvstats._sign_decode_blocked(n, d, True)
 
 
 @pytest.fixture
@@ -138,8 +133,7 @@ def test_blocked_sign_decode_is_bit_for_bit_the_direct_sum(n, m, d, two_threads)
         assert torch.equal(got, _split_calls(kernel, packed, tables, weight, with_base))
         with torch.inference_mode():  # the layout copy and the output are allocated under inference mode
             assert torch.equal(got, kernel(packed, tables, weight, with_base))
-        with ops.shared_path():
-            assert torch.equal(got, kernel(packed, tables, weight, with_base))
+        assert torch.equal(got, torch.ops.kvstats_shared.sign_decode.default(packed, tables, weight, with_base))
         expect = oracle if with_base is None else oracle + with_base.double()
         torch.testing.assert_close(got.double(), expect, rtol=1e-5, atol=2e-3)
 
@@ -191,7 +185,9 @@ def test_sign_decode_rejects_bad_inputs_naming_the_argument(tamper, error, messa
 
 def test_tables_too_large_fall_back_to_the_dense_product(monkeypatch):
     # Without byte tables (SIGN_TABLE_LIMIT exceeded) qjl decodes by unpacking the signs and a dense product.
-    monkeypatch.setattr(ops, "SIGN_TABLE_LIMIT", 0)
+    from kvstats.quant.ops import signs as sign_decode_ops
+
+    monkeypatch.setattr(sign_decode_ops, "SIGN_TABLE_LIMIT", 0)
     qz = quantizer("qjl", m=24, dim=16, seed=1)
     assert qz.sketch.tables(torch.device("cpu"), torch.float64) is None
     x = torch.randn(7, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)

@@ -32,6 +32,9 @@ def modules() -> dict[str, Path]:
     return out
 
 
+MODULES = set(modules())
+
+
 def imports(path: Path, *, top_level_only: bool = False) -> list[tuple[int, str]]:
     """(line, imported kvstats module) of every import statement (or only the module-level ones)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -45,8 +48,9 @@ def imports(path: Path, *, top_level_only: bool = False) -> list[tuple[int, str]
                     target = kvstats._FUNCTIONS.get(name) or kvstats.SHORT_NAMES.get(f"kvstats.{name}")
                     found.append((node.lineno, target or ("kvstats" if name.startswith("_") and name != "_C"
                                                           else f"kvstats.{name}")))
-            else:
-                found.append((node.lineno, node.module))
+            else:  # from pkg import submodule imports the submodule (the package is its parent, not its import)
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                found += [(node.lineno, sub) for sub in subs if sub in MODULES] or [(node.lineno, node.module)]
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "kvstats"]
     return found

@@ -207,44 +207,21 @@ inline void pack_sign_row(const acc_t* proj, int64_t m, uint8_t* out) {
 
 // out[r] = packed signs of S y_r for the k rows y of one block ([k, d] contiguous, sketch's dtype);
 // proj is the task's scratch [>= k, m]. Runs inside a parallel task (parallel_for_tls), so BLAS runs
-// single-threaded. shared: pack with the GPU's per-byte code (quant_math.h) instead of the SIMD twin.
+// single-threaded.
 template <typename acc_t>
-inline void sketch_signs_block(const at::Tensor& y, const at::Tensor& sketch, at::Tensor& proj, uint8_t* out,
-                               bool shared) {
+inline void sketch_signs_block(const at::Tensor& y, const at::Tensor& sketch, at::Tensor& proj, uint8_t* out) {
   const int64_t k = y.size(0), m = sketch.size(0), mb = packed_bytes(m, 1);
   at::Tensor p = proj.narrow(0, 0, k);
   at::mm_out(p, y, sketch.t());
   const acc_t* pp = p.const_data_ptr<acc_t>();
-  for (int64_t r = 0; r < k; ++r) {
-    const acc_t* row = pp + r * m;
-    if (shared) {
-      auto sign_at = [&](int64_t i) { return math::sign_bit(row[i]); };
-      math::pack_row(sign_at, m, 1, out + r * mb, math::SerialLanes{});
-    } else {
-      pack_sign_row(row, m, out + r * mb);
-    }
-  }
-}
-
-// Shared-path packing and unpacking of one row: the GPU's per-byte / per-code functions (bitpack.h).
-inline void pack_row_shared(const uint8_t* codes, int64_t d, int64_t bits, uint8_t* out) {
-  const uint32_t mask = (1u << bits) - 1u;
-  auto code_at = [&](int64_t i) { return static_cast<uint32_t>(codes[i]) & mask; };
-  math::pack_row(code_at, d, bits, out, math::SerialLanes{});
-}
-
-inline void unpack_row_shared(const uint8_t* in, int64_t d, int64_t bits, uint8_t* codes) {
-  const int64_t nb = packed_bytes(d, bits);
-  for (int64_t i = 0; i < d; ++i) codes[i] = static_cast<uint8_t>(unpack_code(in, nb, bits, i));
+  for (int64_t r = 0; r < k; ++r) pack_sign_row(pp + r * m, m, out + r * mb);
 }
 
 // x̂ = Πᵀ(norm · levels[codes]) of the packed rows [begin, end) into out (rows of d values): the CPU fast
-// path of lloyd_decode, or its shared path (math::decode_lloyd_row). codes: d bytes, buf: d values of
-// scratch. Instantiated for float and double (lloyd_cpu.cpp).
+// path of lloyd_decode. codes: d bytes of scratch. Instantiated for float and double (lloyd_cpu.cpp).
 template <typename scalar_t>
 void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar_t* levels, int64_t bits, int64_t d,
-                       const math::Rotation& rot, bool shared, scalar_t* out, int64_t begin, int64_t end,
-                       uint8_t* codes, scalar_t* buf);
+                       const math::Rotation& rot, scalar_t* out, int64_t begin, int64_t end, uint8_t* codes);
 
 }  // namespace cpu
 }  // namespace kvstats

@@ -5,10 +5,12 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <vector>
 
+#include "../checks/fwht.h"
 #include "../kernels.h"
 #include "wht.h"
 
@@ -19,16 +21,11 @@ template <typename scalar_t>
 void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t scale = math::wht_scale<acc_t>(d);
-  const bool shared = shared_path_enabled();
   // Grain: about 16K elements per task so small batches stay on one thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / d);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> buf(d);
     for (int64_t r = begin; r < end; ++r) {
-      if (shared) {
-        math::fwht_row(x + r * d, y + r * d, d, buf.data(), math::SerialLanes{});
-        continue;
-      }
       const scalar_t* xr = x + r * d;
       scalar_t* yr = y + r * d;
       for (int64_t j = 0; j < d; ++j) buf[j] = static_cast<acc_t>(xr[j]);
@@ -52,6 +49,10 @@ at::Tensor fwht_cpu(const at::Tensor& x) {
     fwht_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), rows, d);
   });
   return y;
+}
+
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("fwht", &fwht_cpu);
 }
 
 }  // namespace kvstats

@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include "../bitpack.h"
+#include "../checks/lloyd.h"
+#include "../checks/turbo_prod.h"
 #include "../kernels.h"
 #include "common_cpu.h"
 #include "score_codes.h"
@@ -20,8 +23,8 @@ namespace {
 
 // The CPU fast path. The per-row steps below are written as plain loops that vectorise; each has an fp32
 // twin compiled with KVSTATS_SIMD_CLONES (an AVX2 copy chosen at load time), and RowSteps<acc_t> picks
-// the twin. Their arithmetic is quant_math.h's; the shared path (kvstats.ops.shared_path()) calls the
-// row programs of quant_math.h directly, one serial lane, as the GPU does with a thread block.
+// the twin. Their arithmetic is quant_math.h's; the kvstats_shared backend (shared/) calls the row programs
+// of quant_math.h directly, one serial lane, as the GPU does with a thread block.
 
 // One encode row on buf = x in acc_t: scales buf by 2^-e (math::scale_exponent of its max |x|, so the
 // squares never overflow; *exponent = e) and returns the scaled norm |x| · 2^-e (unrounded); leaves
@@ -147,7 +150,6 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const a
   const at::Tensor xc = x.contiguous(), sg = signs.contiguous(), th = thresholds.contiguous();
   const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits);
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
-  const bool shared = shared_path_enabled();
   at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
   at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "lloyd_encode_cpu", [&] {
@@ -157,13 +159,9 @@ std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const a
       std::vector<acc_t> buf(d), u(d);
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
-        if (shared) {
-          math::encode_params_row(p, r, buf.data(), codes.data(), math::SerialLanes{});
-        } else {
-          p.norm[r] = encode_row(p.x + r * d, d, static_cast<const acc_t*>(p.rotation.signs), passes, block,
-                                 p.thresholds, bits, buf.data(), u.data(), codes.data(), p.packed + r * nb)
-                          .norm();
-        }
+        p.norm[r] = encode_row(p.x + r * d, d, static_cast<const acc_t*>(p.rotation.signs), passes, block,
+                               p.thresholds, bits, buf.data(), u.data(), codes.data(), p.packed + r * nb)
+                        .norm();
       }
     });
   });
@@ -174,12 +172,11 @@ namespace cpu {
 
 template <typename scalar_t>
 void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar_t* levels, int64_t bits, int64_t d,
-                       const math::Rotation& rot, bool shared, scalar_t* out, int64_t begin, int64_t end,
-                       uint8_t* codes, scalar_t* buf) {
+                       const math::Rotation& rot, scalar_t* out, int64_t begin, int64_t end, uint8_t* codes) {
   const int64_t nb = packed_bytes(d, bits);
   const scalar_t* sp = static_cast<const scalar_t*>(rot.signs);
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (!shared && bits <= 4 && d % 8 == 0) {
+    if (bits <= 4 && d % 8 == 0) {
       float levels16[16] = {};
       std::memcpy(levels16, levels, sizeof(float) << bits);
       for (int64_t r = begin; r < end; ++r)
@@ -188,19 +185,15 @@ void lloyd_decode_rows(const uint8_t* packed, const scalar_t* norm, const scalar
     }
   }
   for (int64_t r = begin; r < end; ++r) {
-    if (shared) {
-      math::decode_lloyd_row(packed + r * nb, norm[r], levels, bits, d, rot, buf, out + r * d, math::SerialLanes{});
-    } else {
-      unpack_row(packed + r * nb, d, bits, codes);
-      RowSteps<scalar_t>::decode(codes, norm[r], levels, sp, rot.passes, rot.block, d, out + r * d);
-    }
+    unpack_row(packed + r * nb, d, bits, codes);
+    RowSteps<scalar_t>::decode(codes, norm[r], levels, sp, rot.passes, rot.block, d, out + r * d);
   }
 }
 
 template void lloyd_decode_rows<float>(const uint8_t*, const float*, const float*, int64_t, int64_t,
-                                       const math::Rotation&, bool, float*, int64_t, int64_t, uint8_t*, float*);
+                                       const math::Rotation&, float*, int64_t, int64_t, uint8_t*);
 template void lloyd_decode_rows<double>(const uint8_t*, const double*, const double*, int64_t, int64_t,
-                                        const math::Rotation&, bool, double*, int64_t, int64_t, uint8_t*, double*);
+                                        const math::Rotation&, double*, int64_t, int64_t, uint8_t*);
 
 }  // namespace cpu
 
@@ -210,7 +203,6 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
   const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
   const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
   const int64_t n = pc.size(0);
-  const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, lv.options());
   AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "lloyd_decode_cpu", [&] {
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
@@ -220,8 +212,7 @@ at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, co
     const math::Rotation rot = rotation_of(sg);
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
-      std::vector<scalar_t> buf(d);
-      cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, shared, op, begin, end, codes.data(), buf.data());
+      cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, op, begin, end, codes.data());
     });
   });
   return out;
@@ -266,7 +257,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
   const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
   const at::ScalarType stored = storage_dtype(x, norm_dtype);
   const math::Stored stored_kind = stored_of(stored);
-  const bool shared = shared_path_enabled();
   at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
   at::Tensor sign_packed = empty_rows(n, mb, xc, at::kByte);
   at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
@@ -294,14 +284,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
         for (int64_t r = 0; r < k; ++r) {
           const int64_t row = r0 + r;
           acc_t* y = rp + r * d;
-          if (shared) {  // the two steps of math::encode_params_row, the residual into the block's buffer
-            const math::SerialLanes lanes;
-            const math::RowNorm<acc_t> rn = math::encode_lloyd_row(p.x + row * d, d, p.rotation, p.thresholds, bits,
-                                                                   u.data(), codes.data(), p.packed + row * nb, lanes);
-            p.norm[row] = rn.norm();
-            p.gamma[row] = math::residual_row(u.data(), codes.data(), p.levels, rn, stored_kind, d, y, lanes);
-            continue;
-          }
           // encode_row leaves y' = Pi x · 2^-e in the buffer; the residual is y' − |x|_stored · 2^-e ·
           // levels[codes], with the norm rounded as it is stored, so decode reproduces what it was taken from.
           const math::RowNorm<acc_t> rn = encode_row(p.x + row * d, d, sp, passes, block, p.thresholds, bits, y,
@@ -310,11 +292,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
           const acc_t w = math::round_to_stored(rn.norm(), stored_kind) * math::pow2<acc_t>(-rn.exponent);
           p.gamma[row] = RowSteps<acc_t>::subtract(y, codes.data(), p.levels, w, d) * math::pow2<acc_t>(rn.exponent);
         }
-        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), sk, proj, spk + r0 * mb, shared);
+        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), sk, proj, spk + r0 * mb);
       }
     });
   });
   return {packed, norm.to(stored), sign_packed, gamma.to(stored)};
+}
+
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("lloyd_encode", &lloyd_encode_cpu);
+  m.impl("lloyd_decode", &lloyd_decode_cpu);
+  m.impl("lloyd_scores", &lloyd_scores_cpu);
+  m.impl("turbo_prod_encode", &turbo_prod_encode_cpu);
+  m.impl("turbo_prod_scores", &turbo_prod_scores_cpu);
 }
 
 }  // namespace kvstats

@@ -2,11 +2,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <vector>
 
 #include "../bitpack.h"
+#include "../checks/minmax.h"
 #include "../kernels.h"
 #include "common_cpu.h"
 
@@ -29,7 +31,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tenso
     acc_t* lp = lo_t.mutable_data_ptr<acc_t>();
     acc_t* sp = scale_t.mutable_data_ptr<acc_t>();
     const math::Stored stored = stored_of(side);
-    const bool shared = shared_path_enabled();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
@@ -39,11 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tenso
           lp[r * ng + gi] = p.lo;
           sp[r * ng + gi] = p.step;
         }
-        if (shared) {
-          cpu::pack_row_shared(codes.data(), d, bits, pp + r * nb);
-        } else {
-          cpu::pack_row(codes.data(), d, bits, pp + r * nb);
-        }
+        cpu::pack_row(codes.data(), d, bits, pp + r * nb);
       }
     });
   });
@@ -62,15 +59,10 @@ at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, con
     const scalar_t* lp = lc.const_data_ptr<scalar_t>();
     const scalar_t* sp = sc.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    const bool shared = shared_path_enabled();
     at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
-        if (shared) {
-          cpu::unpack_row_shared(pp + r * nb, d, bits, codes.data());
-        } else {
-          cpu::unpack_row(pp + r * nb, d, bits, codes.data());
-        }
+        cpu::unpack_row(pp + r * nb, d, bits, codes.data());
         for (int64_t j = 0; j < d; ++j) {
           const int64_t gi = r * ng + j / group;
           op[r * d + j] = math::minmax_value(lp[gi], sp[gi], codes[j]);
@@ -79,6 +71,11 @@ at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, con
     });
   });
   return out;
+}
+
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("minmax_encode", &minmax_encode_cpu);
+  m.impl("minmax_decode", &minmax_decode_cpu);
 }
 
 }  // namespace kvstats

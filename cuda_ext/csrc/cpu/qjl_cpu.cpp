@@ -2,11 +2,13 @@
 // and scores straight from the packed signs (score_codes.h).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <vector>
 
 #include "../bitpack.h"
+#include "../checks/qjl.h"
 #include "../kernels.h"
 #include "common_cpu.h"
 #include "score_codes.h"
@@ -19,7 +21,6 @@ std::tuple<at::Tensor, at::Tensor> qjl_encode_cpu(const at::Tensor& x, const at:
   const at::Tensor sk = sketch.contiguous();
   const int64_t n = x.size(0), d = x.size(1), m = sk.size(0), mb = packed_bytes(m, 1);
   const int64_t blocks = (n + cpu::kSketchBlock - 1) / cpu::kSketchBlock;
-  const bool shared = shared_path_enabled();
   at::Tensor packed = at::empty({n, mb}, x.options().dtype(at::kByte));
   at::Tensor norm = at::empty({n}, sk.options());
   AT_DISPATCH_FLOATING_TYPES(sk.scalar_type(), "qjl_encode_cpu", [&] {
@@ -34,9 +35,9 @@ std::tuple<at::Tensor, at::Tensor> qjl_encode_cpu(const at::Tensor& x, const at:
         const int64_t r0 = b * cpu::kSketchBlock, k = std::min(cpu::kSketchBlock, n - r0);
         const at::Tensor y = x.narrow(0, r0, k).to(sk.scalar_type()).contiguous();
         const scalar_t* yp = y.const_data_ptr<scalar_t>();
-        // ‖x‖ without overflow (scaled by 2^-e before squaring): math::load_scaled, on both paths.
+        // ‖x‖ without overflow (scaled by 2^-e before squaring): math::load_scaled, as the GPU.
         for (int64_t r = 0; r < k; ++r) np[r0 + r] = math::load_scaled(yp + r * d, d, buf.data(), math::SerialLanes{}).norm();
-        cpu::sketch_signs_block<scalar_t>(y, sk, proj, pp + r0 * mb, shared);
+        cpu::sketch_signs_block<scalar_t>(y, sk, proj, pp + r0 * mb);
       }
     });
   });
@@ -54,6 +55,11 @@ at::Tensor qjl_scores_cpu(const at::Tensor& q_sketch, const at::Tensor& packed, 
     out = cpu::score_packed(keys, at::Tensor(), qc, qc.size(1), qc.options());
   });
   return out;
+}
+
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("qjl_encode", &qjl_encode_cpu);
+  m.impl("qjl_scores", &qjl_scores_cpu);
 }
 
 }  // namespace kvstats

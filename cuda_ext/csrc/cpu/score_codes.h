@@ -28,8 +28,8 @@
 // same load) qjl and turbo_prod came out at 0.8-1.0x the dense product: the machine's load, not the
 // kernel, dominated the spread.
 //
-// The shared path (kvstats.ops.shared_path()) scores each (query, key) pair with math::score_one, the
-// GPU's per-thread loop.
+// The kvstats_shared backend (shared/, kvstats.ops.shared_path()) scores each (query, key) pair with
+// math::score_one instead, the GPU's per-thread loop.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -42,6 +42,7 @@
 #include "../bitpack.h"
 #include "../kernels.h"
 #include "../quant_math.h"
+#include "../score_params.h"
 #include "common_cpu.h"
 #include "score_adc.h"
 #include "score_tables.h"
@@ -62,14 +63,7 @@ constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
 
 // The sign part's per-key weights w = scale · γ (or ‖k‖), in dtype: math::qjl_key_weight.
 inline at::Tensor qjl_weights(const at::Tensor& norm, at::ScalarType dtype, double scale) {
-  const at::Tensor nc = norm.to(dtype).contiguous();
-  at::Tensor w = at::empty_like(nc);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "qjl_weights", [&] {
-    const scalar_t* np = nc.const_data_ptr<scalar_t>();
-    scalar_t* wp = w.mutable_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < nc.numel(); ++i) wp[i] = math::qjl_key_weight(np[i], static_cast<scalar_t>(scale));
-  });
-  return w;
+  return qjl_weights_cpu(norm, dtype, scale);
 }
 
 // The packed keys of G groups of nk keys. codes: [G, nk, ceil(d·bits/8)] (nullptr: no MSE part);
@@ -286,34 +280,6 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
   });
 }
 
-// The shared path: every (query, key) pair with math::score_one, as one GPU thread does.
-template <typename acc_t>
-void score_packed_shared(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
-  math::ScoreParams<acc_t> p;
-  p.G = k.G;
-  p.nq = out.size(1);
-  p.nk = k.nk;
-  p.codes = k.codes;
-  p.mse_w = k.mse_w;
-  p.levels = k.levels;
-  p.bits = k.bits;
-  p.d = k.d;
-  p.q = k.codes ? q.const_data_ptr<acc_t>() : nullptr;
-  p.signs = k.signs;
-  p.qjl_w = k.qjl_w;
-  p.m = k.m;
-  p.qs = k.signs ? qs.const_data_ptr<acc_t>() : nullptr;
-  p.out = out.mutable_data_ptr<acc_t>();
-  at::parallel_for(0, p.G * p.nq, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t gi = begin; gi < end; ++gi) {
-      const int64_t g = gi / p.nq;
-      const acc_t* qr = p.q ? p.q + gi * p.d : nullptr;
-      const acc_t* qsr = p.qs ? p.qs + gi * p.m : nullptr;
-      for (int64_t j = 0; j < p.nk; ++j) p.out[gi * p.nk + j] = math::score_one(p, qr, qsr, g, j);
-    }
-  });
-}
-
 // Bytes the per-query lookup tables of score_packed_tables would take.
 template <typename acc_t>
 int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
@@ -323,16 +289,13 @@ int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
 }
 
 // out [G, nq, nk] from the packed keys; picks per-query tables, queries-innermost tables or GEMM by the
-// number of queries, the code width and the tables' size (see the top of this file), or the shared path
-// when it is switched on.
+// number of queries, the code width and the tables' size (see the top of this file).
 template <typename acc_t>
 at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
                         const at::TensorOptions& opts) {
   at::Tensor out = at::empty({k.G, nq, k.nk}, opts);
   if (out.numel() == 0) return out;
-  if (shared_path_enabled()) {
-    score_packed_shared(k, q, qs, out);
-  } else if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
+  if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
              adc_table_bytes(k) <= kMaxAdcTableBytes) {
     score_packed_adc(k, q, qs, out);
   } else if (nq >= kGemmQueries || table_bytes(k, nq) > kMaxTableBytes) {

@@ -12,11 +12,14 @@
 // next row's table rows were not faster).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
+#include "../checks/sign_decode.h"
+#include "../checks/turbo_prod.h"
 #include "../kernels.h"
 #include "common_cpu.h"
 
@@ -215,6 +218,11 @@ bool sign_decode_takes_blocked_sum(at::ScalarType dtype, int64_t n, int64_t d) {
   return dtype == at::kFloat && d % kSliceCols == 0 && n >= kBlockRows * std::max<int64_t>(2, at::get_num_threads());
 }
 
+// The rule above as a probe for the tests (that they exercise the blocked sum): not an op of the contract.
+bool sign_decode_blocked_probe(int64_t rows, int64_t d, bool fp32) {
+  return sign_decode_takes_blocked_sum(fp32 ? at::kFloat : at::kDouble, rows, d);
+}
+
 at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
                            const std::optional<at::Tensor>& base) {
   check_sign_decode_input(packed, tables, weight, base);
@@ -222,9 +230,8 @@ at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, c
   const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
   const at::Tensor bc = base.has_value() ? base->contiguous() : at::Tensor();
   const int64_t n = pc.size(0), mb = pc.size(1), d = tc.size(1);
-  const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, tc.options());
-  if (!shared && sign_decode_takes_blocked_sum(tc.scalar_type(), n, d)) {
+  if (sign_decode_takes_blocked_sum(tc.scalar_type(), n, d)) {
     const at::Tensor slices = slice_tables(tc, mb, d);
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const float* sp = slices.const_data_ptr<float>();
@@ -244,13 +251,7 @@ at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, c
     const scalar_t* bp = bc.defined() ? bc.const_data_ptr<scalar_t>() : nullptr;
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
-      if (!shared) {
-        sign_decode_range(pp, mb, tp, d, wp, bp, op, begin, end);
-        return;
-      }
-      for (int64_t r = begin; r < end; ++r)
-        math::sign_decode_row(pp + r * mb, mb, tp, d, wp[r], bp == nullptr ? nullptr : bp + r * d, op + r * d,
-                              math::SerialLanes{});
+      sign_decode_range(pp, mb, tp, d, wp, bp, op, begin, end);
     });
   });
   return out;
@@ -271,10 +272,9 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
   const at::Tensor spc = signs_packed.contiguous(), tc = tables.contiguous();
   const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
   const int64_t n = pc.size(0), mb = spc.size(1);
-  const bool shared = shared_path_enabled();
   at::Tensor out = cpu::empty_output(n, d, lv.options());
   const math::Rotation rot = rotation_of(sg);
-  if (!shared && sign_decode_takes_blocked_sum(lv.scalar_type(), n, d)) {
+  if (sign_decode_takes_blocked_sum(lv.scalar_type(), n, d)) {
     const at::Tensor slices = slice_tables(tc, mb, d);
     const uint8_t* pp = pc.const_data_ptr<uint8_t>();
     const float* np = nc.const_data_ptr<float>();
@@ -285,10 +285,10 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
     float* op = out.mutable_data_ptr<float>();
     at::parallel_for(0, n, kBlockRows, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
-      std::vector<float> buf(d), scratch(kTurboProdBlockRows * kSliceCols);  // blocks of kTurboProdBlockRows rows
+      std::vector<float> scratch(kTurboProdBlockRows * kSliceCols);  // blocks of kTurboProdBlockRows rows
       for (int64_t r0 = begin; r0 < end; r0 += kTurboProdBlockRows) {
         const int64_t r1 = std::min(end, r0 + kTurboProdBlockRows);
-        cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, false, op, r0, r1, codes.data(), buf.data());
+        cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, op, r0, r1, codes.data());
         sign_decode_blocked_f32(spp, mb, slp, d, wp, op, op, scratch.data(), r0, r1);
       }
     });
@@ -305,20 +305,25 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
     constexpr int64_t kBlock = 64;  // rows decoded, then summed with their signs, while in L1/L2
     at::parallel_for(0, n, std::max<int64_t>(kBlock, 4096 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
-      std::vector<scalar_t> buf(d);
       for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
         const int64_t r1 = std::min(end, r0 + kBlock);
-        cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, shared, op, r0, r1, codes.data(), buf.data());
-        if (!shared) {
-          sign_decode_range(spp, mb, tp, d, wp, static_cast<const scalar_t*>(op), op, r0, r1);
-          continue;
-        }
-        for (int64_t r = r0; r < r1; ++r)
-          math::sign_decode_row(spp + r * mb, mb, tp, d, wp[r], op + r * d, op + r * d, math::SerialLanes{});
+        cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, op, r0, r1, codes.data());
+        sign_decode_range(spp, mb, tp, d, wp, static_cast<const scalar_t*>(op), op, r0, r1);
       }
     });
   });
   return out;
+}
+
+TORCH_LIBRARY_IMPL(kvstats, CPU, m) {
+  m.impl("sign_decode", &sign_decode_cpu);
+  m.impl("turbo_prod_decode", &turbo_prod_decode_cpu);
+}
+
+// torch.ops.kvstats._sign_decode_blocked(rows, d, fp32): whether the CPU sign decode of those rows takes the
+// blocked sum at the current torch thread count (a probe for the tests, outside the schema list).
+TORCH_LIBRARY_FRAGMENT(kvstats, m) {
+  m.def("_sign_decode_blocked(int rows, int d, bool fp32) -> bool", &sign_decode_blocked_probe);
 }
 
 }  // namespace kvstats

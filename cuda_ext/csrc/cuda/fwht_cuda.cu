@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "../checks/fwht.h"
 #include "../kernels.h"
 #include "../quant_math.h"
 #include "device_utils.cuh"

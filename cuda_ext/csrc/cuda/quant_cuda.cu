@@ -1,5 +1,6 @@
 // CUDA kernels of the quantizer ops, registered under the same names as the CPU kernels. The
-// arithmetic is quant_math.h's (shared with the CPU, whose suite runs it under kvstats.ops.shared_path());
+// arithmetic is quant_math.h's (shared with the CPU's kvstats_shared backend, which the CPU suite runs under
+// kvstats.ops.shared_path());
 // this file maps it to the GPU: one block per row for the row programs (BlockLanes, shared memory), one
 // thread per key for scores, per group for min-max, per byte for packing. Each op checks its inputs with
 // the shared check_* functions, runs under a device guard on the current stream, and allocates its
@@ -12,8 +13,16 @@
 #include <torch/library.h>
 
 #include "../bitpack.h"
+#include "../checks/fwht.h"
+#include "../checks/lloyd.h"
+#include "../checks/minmax.h"
+#include "../checks/pack.h"
+#include "../checks/qjl.h"
+#include "../checks/sign_decode.h"
+#include "../checks/turbo_prod.h"
 #include "../kernels.h"
 #include "../quant_math.h"
+#include "../score_params.h"
 #include "device_utils.cuh"
 
 namespace kvstats {
@@ -205,39 +214,6 @@ at::Tensor qjl_weights(const at::Tensor& norm, at::ScalarType dtype, double scal
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return w;
-}
-
-// ScoreParams over out [G, nq, nk] with no part yet; with_code_part adds the code part (lloyd, turbo_mse, the
-// MSE part of turbo_prod: queries q [G, nq, d], codes [G, nk, nb], per-key weight, levels), with_sign_part
-// the sign part (qjl, the QJL part of turbo_prod: projected queries [G, nq, m], packed signs, per-key weight).
-template <typename scalar_t>
-math::ScoreParams<scalar_t> score_params(const at::Tensor& out) {
-  math::ScoreParams<scalar_t> p;
-  p.G = out.size(0);
-  p.nq = out.size(1);
-  p.nk = out.size(2);
-  p.out = out.mutable_data_ptr<scalar_t>();
-  return p;
-}
-
-template <typename scalar_t>
-void with_code_part(math::ScoreParams<scalar_t>& p, const at::Tensor& q, const at::Tensor& codes,
-                    const at::Tensor& weight, const at::Tensor& levels, int64_t bits) {
-  p.q = q.const_data_ptr<scalar_t>();
-  p.codes = codes.const_data_ptr<uint8_t>();
-  p.mse_w = weight.const_data_ptr<scalar_t>();
-  p.levels = levels.const_data_ptr<scalar_t>();
-  p.bits = bits;
-  p.d = q.size(2);
-}
-
-template <typename scalar_t>
-void with_sign_part(math::ScoreParams<scalar_t>& p, const at::Tensor& q_sketch, const at::Tensor& signs,
-                    const at::Tensor& weight) {
-  p.qs = q_sketch.const_data_ptr<scalar_t>();
-  p.signs = signs.const_data_ptr<uint8_t>();
-  p.qjl_w = weight.const_data_ptr<scalar_t>();
-  p.m = q_sketch.size(2);
 }
 
 at::Tensor lloyd_scores_cuda(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,

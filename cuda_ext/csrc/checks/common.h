@@ -1,0 +1,72 @@
+// The rules every op's checks share: code widths, devices, float dtypes, rotations, tables and packed rows.
+// Each check raises as torch's TORCH_CHECK_VALUE (ValueError) or TORCH_CHECK_TYPE (TypeError), naming the op
+// and the argument; every backend (cpu/, shared/, cuda/) runs its op's checks before touching memory.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "../bitpack.h"
+
+namespace kvstats {
+
+// Largest head dimension the Walsh–Hadamard kernels accept (2^15).
+constexpr int64_t kMaxFwhtDim = 32768;
+
+inline bool is_float_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+inline at::ScalarType acc_dtype_of(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_bits(int64_t bits, const char* op) {
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, op, ": bits must be in [1, 8], got ", bits);
+}
+
+inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name, " must be on ", a.device(), ", got ", b.device());
+}
+
+// signs: [passes, block] of the accumulation dtype `acc`, on `ref`'s device, for vectors of length d.
+inline void check_rotation_signs(const at::Tensor& ref, const at::Tensor& signs, int64_t d, at::ScalarType acc,
+                                 const char* op) {
+  check_same_device(ref, signs, op, "signs");
+  TORCH_CHECK_VALUE(signs.dim() == 2, op, ": signs must be [passes, block], got ", signs.sizes());
+  TORCH_CHECK_TYPE(signs.scalar_type() == acc, op, ": signs must be ", acc, ", got ", signs.scalar_type());
+  const int64_t passes = signs.size(0), block = signs.size(1);
+  TORCH_CHECK_VALUE(passes == 0 || passes == 1 || passes == 3, op, ": signs must have 0, 1 or 3 passes, got ", passes);
+  if (passes > 0) {
+    TORCH_CHECK_VALUE(block >= 1 && block <= kMaxFwhtDim && (block & (block - 1)) == 0 && block <= d &&
+                    (passes == 3 || block == d) && 2 * block > d,
+                op, ": rotation block ", block, " does not fit d = ", d, " with ", passes, " pass(es)");
+  }
+}
+
+inline void check_table(const at::Tensor& ref, const at::Tensor& table, int64_t expected, const char* op,
+                        const char* name) {
+  check_same_device(ref, table, op, name);
+  TORCH_CHECK_VALUE(table.dim() == 1 && table.size(0) == expected, op, ": ", name, " must be 1-D of length ", expected,
+              ", got ", table.sizes());
+  TORCH_CHECK_TYPE(table.scalar_type() == acc_dtype_of(ref), op, ": ", name, " must be ", acc_dtype_of(ref), ", got ",
+              table.scalar_type());
+}
+
+inline void check_packed(const at::Tensor& packed, int64_t rows_dim, int64_t bits, int64_t d, const char* op) {
+  TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, op, ": packed must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK_VALUE(packed.dim() == rows_dim, op, ": packed must have ", rows_dim, " dimensions, got ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.size(-1) == packed_bytes(d, bits), op, ": packed.size(-1) must be ceil(", d, "*", bits,
+              "/8) = ", packed_bytes(d, bits), ", got ", packed.size(-1));
+}
+
+// The dtype a stored scalar (a norm, a min-max offset) is kept in: the requested one, fp64 for fp64 input.
+inline at::ScalarType storage_dtype(const at::Tensor& x, at::ScalarType requested) {
+  TORCH_CHECK_TYPE(requested == at::kFloat || requested == at::kHalf || requested == at::kBFloat16 ||
+                  requested == at::kDouble,
+              "norm/side dtype must be float16, bfloat16, float32 or float64, got ", requested);
+  return x.scalar_type() == at::kDouble ? at::kDouble : requested;
+}
+
+}  // namespace kvstats

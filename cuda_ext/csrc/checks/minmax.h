@@ -1,0 +1,33 @@
+// Input checks of the ops of KIVI-style min-max, shared by every backend (checks/common.h).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "common.h"
+
+namespace kvstats {
+
+inline void check_minmax_encode_input(const at::Tensor& x, int64_t group, int64_t bits) {
+  check_bits(bits, "minmax_encode");
+  TORCH_CHECK_VALUE(x.dim() == 2, "minmax_encode: x must be [N, d], got ", x.sizes());
+  TORCH_CHECK_TYPE(is_float_dtype(x.scalar_type()), "minmax_encode: x must be a float tensor, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(group >= 1 && x.size(1) % group == 0, "minmax_encode: group must divide d = ", x.size(1), ", got ",
+              group);
+}
+
+inline void check_minmax_decode_input(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
+                                      int64_t group, int64_t bits, int64_t d) {
+  check_bits(bits, "minmax_decode");
+  TORCH_CHECK_VALUE(group >= 1 && d % group == 0, "minmax_decode: group must divide d = ", d, ", got ", group);
+  check_packed(packed, 2, bits, d, "minmax_decode");
+  for (const at::Tensor* t : {&lo, &scale}) {
+    check_same_device(packed, *t, "minmax_decode", "lo/scale");
+    TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == packed.size(0) && t->size(1) == d / group,
+                "minmax_decode: lo and scale must be [", packed.size(0), ", ", d / group, "], got ", t->sizes());
+    TORCH_CHECK_TYPE(is_float_dtype(t->scalar_type()), "minmax_decode: lo and scale must be float tensors, got ", t->scalar_type());
+  }
+}
+
+}  // namespace kvstats

@@ -1,0 +1,50 @@
+// The op library's schemas, declared once: both namespaces that implement them include this list —
+// `kvstats` (the CPU fast kernels, cpu/, and the CUDA kernels, cuda/) and `kvstats_shared` (the GPU's row
+// programs run on the CPU, shared/). Shapes are fixed and small in number: vectors [N, d]; score ops take
+// queries [G, n_q, ·] against keys [G, n_k, ·] (G = batch × heads, flattened by kvstats/quant/ops).
+// Adding an op: its schema here, its kernels (each registers itself with TORCH_LIBRARY_IMPL), its family
+// module in kvstats/quant/ops (docs/kernels.md).
+#pragma once
+
+#include <torch/library.h>
+
+namespace kvstats {
+
+inline void define_ops(torch::Library& m) {
+  // Orthonormal Walsh–Hadamard transform along the last axis: y = x · H_d / sqrt(d).
+  m.def("fwht(Tensor x) -> Tensor");
+  // Dense bit packing of codes [N, d] (uint8 < 2^bits) into [N, ceil(d*bits/8)], and back.
+  m.def("pack_bits(Tensor codes, int bits) -> Tensor");
+  m.def("unpack_bits(Tensor packed, int bits, int d) -> Tensor");
+  // Rotation + Lloyd–Max: (packed cell indices of (Pi x)/|x|, |x| in norm_dtype).
+  m.def("lloyd_encode(Tensor x, Tensor signs, Tensor thresholds, int bits, ScalarType norm_dtype) -> (Tensor, Tensor)");
+  // x_hat = Pi^T (|x| * levels[idx]), in the accumulation dtype.
+  m.def("lloyd_decode(Tensor packed, Tensor norm, Tensor signs, Tensor levels, int bits, int d) -> Tensor");
+  // scores[g, i, j] = norm[g, j] * sum_t q[g, i, t] * levels[idx[g, j, t]]   (q already rotated).
+  m.def("lloyd_scores(Tensor q, Tensor packed, Tensor norm, Tensor levels, int bits) -> Tensor");
+  // QJL: (packed sign(S x), |x| in norm_dtype).
+  m.def("qjl_encode(Tensor x, Tensor sketch, ScalarType norm_dtype) -> (Tensor, Tensor)");
+  // scores[g, i, j] = scale * norm[g, j] * <q_sketch[g, i], b[g, j]>, b = +-1 signs.
+  m.def("qjl_scores(Tensor q_sketch, Tensor packed, Tensor norm, float scale) -> Tensor");
+  // TurboQuant_prod: (packed (bits)-bit MSE indices, |x|, packed sign(S r), gamma = |r|), r the rotated residual.
+  m.def(
+      "turbo_prod_encode(Tensor x, Tensor signs, Tensor thresholds, Tensor levels, int bits, Tensor sketch, "
+      "ScalarType norm_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
+  // lloyd_scores(q, ...) + qjl_scores(q_sketch, ...) in one pass over the keys.
+  m.def(
+      "turbo_prod_scores(Tensor q, Tensor q_sketch, Tensor packed, Tensor norm, Tensor levels, int bits, "
+      "Tensor signs_packed, Tensor gamma, float scale) -> Tensor");
+  // Sign decode from byte tables: out[n] = base[n] + weight[n] * sum_p tables[256 p + packed[n, p]]
+  // (base absent: 0); B^T b of QJL signs with tables = kvstats.ops.sign_tables(B).
+  m.def("sign_decode(Tensor packed, Tensor tables, Tensor weight, Tensor? base) -> Tensor");
+  // TurboQuant_prod decode in one pass: sign_decode(signs_packed, tables, weight, lloyd_decode(packed, ...)),
+  // tables of S·Pi, so that the sum is Pi^T(|x|·levels[idx] + weight·S^T b).
+  m.def(
+      "turbo_prod_decode(Tensor packed, Tensor norm, Tensor signs, Tensor levels, int bits, int d, "
+      "Tensor signs_packed, Tensor tables, Tensor weight) -> Tensor");
+  // Min-max: (packed codes, lo [N, d/group], scale [N, d/group]) in side_dtype.
+  m.def("minmax_encode(Tensor x, int group, int bits, ScalarType side_dtype) -> (Tensor, Tensor, Tensor)");
+  m.def("minmax_decode(Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
+}
+
+}  // namespace kvstats
