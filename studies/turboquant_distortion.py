@@ -90,10 +90,10 @@ def cell(method: str, bits: int, d: int, vectors: int, rep: int) -> list[dict]:
            "bias_ip": float(ip_err.mean())}
     if method == "turbo_prod":
         # the residual of the MSE stage along x: A = E⟨r, x⟩² enters D_prod for y ∥ x
-        if q.mse is None:
+        if q.stage is None:
             r_par2 = 1.0
         else:
-            mse_hat = q.mse.decode(code.parts["mse"]).double()
+            mse_hat = q.decode_mse(code).double()
             r_par2 = float((x64 * (x64 - mse_hat)).sum(-1).pow(2).mean())
         row["residual_parallel2"] = r_par2
     return [row]

@@ -62,7 +62,7 @@ def test_budgets_follow_the_design():
     for s in (kv, kqv, qkqv):
         budget = s.bits_per_coordinate()
         assert budget["k"].payload == budget["v"].payload == 4.0  # the same nominal n for K and V
-    assert qkqv.k.mse.bits == 3 and kqv.k.bits == 4
+    assert qkqv.k.stage.bits == 3 and kqv.k.bits == 4
 
 
 def test_k_and_v_get_independent_seeds():

@@ -204,14 +204,14 @@ def _oracle_decode(qz, code):
     s = qz.sketch.matrix(torch.device("cpu"), torch.float64)
     b = unpack_signs(code.payload["signs"], qz.dim, torch.float64)
     y = (b @ s) * (qz.sketch.scale / qz.dim) * code.scalars["gamma"].double().unsqueeze(-1)
-    if qz.mse is None:
+    if qz.stage is None:
         return y
     mse = code.parts["mse"]
-    levels = qz.mse.levels(torch.device("cpu"), torch.float64)
+    levels = qz.stage.levels(torch.device("cpu"), torch.float64)
     from kvstats.quant.packing import unpack_bits
-    idx = unpack_bits(mse.payload["indices"], qz.mse.bits, qz.dim).long()
+    idx = unpack_bits(mse.payload["indices"], qz.stage.bits, qz.dim).long()
     y = y + levels[idx] * mse.scalars["norm"].double().unsqueeze(-1)
-    return qz.mse.rotation.inverse(y)
+    return qz.stage.rotation.inverse(y)
 
 
 @pytest.mark.parametrize("name, opts", [

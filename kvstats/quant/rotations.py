@@ -44,6 +44,7 @@ __all__ = [
     "Rotation",
     "RandomizedHadamard",
     "HaarRotation",
+    "NoRotation",
     "make_rotation",
     "gaussian_sketch",
     "orthogonal_sketch",
@@ -93,8 +94,21 @@ def _random_signs(n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2, (n,), generator=gen, dtype=torch.int64).to(torch.float64) * 2 - 1
 
 
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
 class Rotation:
-    """An orthogonal map Π on R^d: ``forward(x) = Π x`` and ``inverse(y) = Πᵀ y`` along the last axis."""
+    """An orthogonal map Π on R^d: ``forward(x) = Π x`` and ``inverse(y) = Πᵀ y`` along the last axis.
+
+    The fused kernels (kvstats.ops) apply a randomized Hadamard rotation themselves, from its signs; any other
+    rotation is applied around them. A rotation says which part is which, so that no quantizer asks what
+    type of rotation it holds: Π = outer ∘ in-kernel, with
+
+    * ``kernel_signs(device, dtype)`` — the [passes, block] signs the kernels apply ([0, 0]: none);
+    * ``outer_forward(x)`` / ``outer_inverse(y)`` — the rest, applied before encoding / after decoding
+      (identity when the kernels do it all; in the accumulation dtype otherwise).
+    """
 
     dim: int
 
@@ -103,6 +117,20 @@ class Rotation:
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @property
+    def in_kernel(self) -> bool:
+        """True when the kernels apply all of Π (outer_forward and outer_inverse are the identity)."""
+        return False
+
+    def kernel_signs(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(0, 0, device=device, dtype=dtype)
+
+    def outer_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(_acc(x))
+
+    def outer_inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return self.inverse(y)
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Π as a dense [d, d] matrix: ``forward(x) == x @ matrix().T``."""
@@ -140,6 +168,19 @@ class RandomizedHadamard(Rotation):
         if key not in self._cache:
             self._cache[key] = torch.stack(self._signs).to(device=device, dtype=dtype)
         return self._cache[key]
+
+    @property
+    def in_kernel(self) -> bool:
+        return True
+
+    def kernel_signs(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return self.signs_matrix(device, dtype)
+
+    def outer_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # the kernels read any float dtype and rotate
+
+    def outer_inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return y
 
     def _span(self, k: int) -> slice:
         return slice(self.dim - self.block, self.dim) if k == 1 else slice(0, self.block)
@@ -195,6 +236,26 @@ class HaarRotation(Rotation):
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return self._q.to(dtype)
+
+
+class NoRotation(Rotation):
+    """Π = I (the ``lloyd`` quantizer: the codebook on the raw coordinates)."""
+
+    def __init__(self, dim: int):
+        self.dim = check_int_range(dim, "dim", 2, 1 << 20)
+
+    @property
+    def in_kernel(self) -> bool:
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    def outer_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 def make_rotation(kind: str, dim: int, seed: int | torch.Generator) -> Rotation:

@@ -38,11 +38,28 @@ from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant import attention as _attention
 from kvstats.quant.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quant.quantizers.config import ROWS, QuantizerConfig
 from kvstats.quant.quantizers.identity import IdentityQuantizer
-from kvstats.quant.quantizers.qjl import ROWS
 
-__all__ = ["CacheCode", "Scheme", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES", "scheme",
-           "register_scheme", "causal_mask", "gqa_groups"]
+__all__ = ["CacheCode", "Scheme", "SchemeConfig", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES",
+           "scheme", "register_scheme", "causal_mask", "gqa_groups"]
+
+
+@dataclass(frozen=True)
+class SchemeConfig:
+    """A scheme as a pair of configs: its name, budget n, seed, and the K and V quantizers' configs
+    (:mod:`kvstats.quantizers.config`; None for a quantizer that is not a kvstats Quantizer)."""
+
+    name: str
+    bits: int
+    seed: int | None
+    k: QuantizerConfig | None
+    v: QuantizerConfig | None
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as results files record it."""
+        return {"scheme": self.name, "bits": self.bits, "seed": self.seed,
+                "k": None if self.k is None else self.k.to_dict(), "v": None if self.v is None else self.v.to_dict()}
 
 
 @dataclass
@@ -81,6 +98,12 @@ class Scheme:
         self.name, self.bits, self.k, self.v, self.dim = name, bits, k, v, k.dim
         #: the seed the scheme was built from (None when built by hand from two quantizers)
         self.seed = seed
+
+    @property
+    def config(self) -> SchemeConfig:
+        """The scheme's :class:`SchemeConfig` (the K and V quantizers' frozen configs)."""
+        return SchemeConfig(self.name, self.bits, self.seed, getattr(self.k, "config", None),
+                            getattr(self.v, "config", None))
 
     def _check_cache(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         for name, t in (("keys", keys), ("values", values)):

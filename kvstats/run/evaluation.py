@@ -382,10 +382,12 @@ def evaluate(
     heads = source.kv_heads
     opts = dict(linear=linear, parts=parts0)
     checks = {"quantizer": check_side(main, scheme0, d, seed, heads, **opts) if check else "skipped (check=False)"}
+    records = {"evaluated": sides.scheme_record(scheme0)}
     if other is not None:
         if match_bits:
             other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed, parts0)[0]
         other_scheme0 = other.scheme(d, seed)
+        records["compared"] = sides.scheme_record(other_scheme0)
         checks["compare"] = (check_side(other, other_scheme0, d, seed, heads, **opts) if check else
                              "skipped (check=False)")
     # documents, not their windows, are the independent units when a capture holds several
@@ -450,7 +452,8 @@ def evaluate(
               "alpha": float(alpha), "confidence_level": confidence_level,
               "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
               "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
-              "checks": checks, "inputs": list(source.inputs), "units_reused": reused}
+              "checks": checks, "inputs": list(source.inputs), "units_reused": reused,
+              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from seed + i"}}
     ev = Evaluation(config, rows, summary, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
                     comparison.get("plan"), bits_info,
                     provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (data and schemes)",

@@ -159,10 +159,13 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     opts = dict(linear=linear, parts=probe)
     checks = {"quantizer": sides.check_side(main, scheme0, d, seed, heads, **opts) if check else
               "skipped (check=False)"}
+    records = {"evaluated": sides.scheme_record(scheme0)}
     if other is not None:
         if match_bits:
             other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed, probe)[0]
-        checks["compare"] = (sides.check_side(other, other.scheme(d, seed), d, seed, heads, **opts) if check else
+        other_scheme0 = other.scheme(d, seed)
+        records["compared"] = sides.scheme_record(other_scheme0)
+        checks["compare"] = (sides.check_side(other, other_scheme0, d, seed, heads, **opts) if check else
                              "skipped (check=False)")
     n_docs = len({doc for doc, _, _ in source.segments})
     plan = None
@@ -225,7 +228,8 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
               "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
               "full_precision_window": full_precision_window, "seed": seed, "alpha": float(alpha),
               "confidence_level": confidence_level, "options": {k: str(v) for k, v in options.items()},
-              "checks": checks, "units_reused": reused, "dtype": str(dtype).removeprefix("torch."),
+              "checks": checks, "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from seed + i"},
+              "units_reused": reused, "dtype": str(dtype).removeprefix("torch."),
               "reference": ("the model's own attention, no cache" if rows[0]["lossless_floor"] is None else
                             "the kvstats path with a lossless scheme (the model is not fp32)"),
               "lossless_floor": None if rows[0]["lossless_floor"] is None else

@@ -231,6 +231,18 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: b
     return result
 
 
+def scheme_record(scheme) -> dict:
+    """What results files record of a side's scheme: :meth:`kvstats.schemes.Scheme.config` as a dict, each
+    quantizer's config with its class and registry name (``{"repr": ...}`` for one that is not a kvstats
+    Quantizer and so has no config)."""
+    record = scheme.config.to_dict()
+    for role in ("k", "v"):
+        q = getattr(scheme, role)
+        where = {"class": f"{type(q).__module__}.{type(q).__qualname__}", "name": getattr(q, "name", "")}
+        record[role] = where | ({"repr": repr(q)} if record[role] is None else record[role])
+    return record
+
+
 def measured_bits(scheme, parts) -> float:
     from kvstats.quant.quantizers.base import held_bytes
 

@@ -32,7 +32,10 @@ import pandas as pd
 from kvstats.run.report import write_claims, write_definitions
 from kvstats.run.sweep import Sweep, study_args
 
-__all__ = ["StudyRun", "start"]
+__all__ = ["Study", "StudyRun", "Sweeps", "start"]
+
+#: name -> (cell function, cells): the sweeps a study declares (:meth:`Study.cells`)
+Sweeps = Mapping[str, tuple[Callable[..., list[dict]], Sequence[Mapping[str, Any]]]]
 
 
 @dataclass
@@ -83,3 +86,50 @@ def start(name: str, description: str | None = None, argv: Sequence[str] | None 
           position: int | None = None) -> StudyRun:
     """Parse the study's command line and start its clock."""
     return StudyRun(name, study_args(description, argv), position)
+
+
+class Study:
+    """A study on the typed protocol: it declares its sweeps, its analysis, its figures and its claims; the
+    runner does the rest (command line, sweeps with the run's options, CSVs, claims, definitions, timing).
+
+    Subclasses set ``name`` (``STUDY``), ``version`` (``VERSION``, the cells' cache version), ``position``
+    (report order) and implement:
+
+    * ``cells(scale)`` -> :data:`Sweeps`, ``{sweep name: (cell function, cells)}``, run in that order;
+    * ``analyse(tables, scale)`` -> the study's analysis (any object; typically a frozen dataclass) from the
+      sweeps' tables;
+    * ``figures(tables, analysis)`` — write figures and CSVs (kvstats.plots);
+    * ``claims(analysis)`` -> a list of :class:`kvstats.claims.Claim`;
+    * ``definitions(analysis)`` -> ``{term: definition}`` or None (default).
+
+    ``main(argv)`` is the script's entry point: ``sys.exit(MyStudy().main())``.
+    """
+
+    name: str = ""
+    version: str = ""
+    position: int | None = None
+    description: str | None = None
+
+    def cells(self, scale: str) -> Sweeps:
+        raise NotImplementedError
+
+    def analyse(self, tables: Mapping[str, pd.DataFrame], scale: str) -> Any:
+        raise NotImplementedError
+
+    def figures(self, tables: Mapping[str, pd.DataFrame], analysis: Any) -> None:
+        raise NotImplementedError
+
+    def claims(self, analysis: Any) -> list:
+        raise NotImplementedError
+
+    def definitions(self, analysis: Any) -> Mapping[str, str] | None:
+        return None
+
+    def main(self, argv: Sequence[str] | None = None, *, echo: bool = False) -> int:
+        run = start(self.name, self.description, argv, position=self.position)
+        tables = {name: run.sweep(cell, cells, version=self.version, name=name)
+                  for name, (cell, cells) in self.cells(run.scale).items()}
+        analysis = self.analyse(tables, run.scale)
+        self.figures(tables, analysis)
+        return run.finish(self.claims(analysis), definitions=self.definitions(analysis), echo=echo)
+

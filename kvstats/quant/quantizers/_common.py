@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import torch
 
-NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from kvstats.quant.quantizers.config import NORM_DTYPES, check_norm_dtype
 
-
-def check_norm_dtype(dtype: torch.dtype, name: str = "norm_dtype") -> torch.dtype:
-    if dtype not in NORM_DTYPES:
-        raise ValueError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
-    return dtype
+__all__ = ["NORM_DTYPES", "check_norm_dtype", "dtype_bits", "store_scalar", "DeviceCache"]
 
 
 def dtype_bits(dtype: torch.dtype) -> int:

@@ -19,13 +19,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvstats._random import check_seed
-from kvstats._validation import all_finite, check_float_tensor, check_int_range, check_not_meta
+from kvstats._validation import all_finite, check_float_tensor, check_not_meta
+from kvstats.quant.quantizers.config import QuantizerConfig
 
 __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_bytes"]
 
 #: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
 ACC_DTYPES = {torch.float64: torch.float64}
+
+
+#: marks a constructor argument left to the config's default
+_GIVEN_BY_CONFIG = object()
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -214,7 +218,14 @@ def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims:
 
 class Quantizer:
     """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
-    estimator is not decode-then-dot) and bits_per_coordinate."""
+    estimator is not decode-then-dot) and bits_per_coordinate.
+
+    Configuration: a quantizer is built from a frozen, validated ``config`` (an instance of its class's
+    ``Config``, :mod:`kvstats.quantizers.config`), checked once when it is made. The constructor's keywords are
+    the config's fields; :meth:`from_config` builds from a config; the options read as attributes
+    (``q.norm_dtype`` is ``q.config.norm_dtype``). A subclass without a ``Config`` of its own gets one whose bit
+    range is its ``min_bits`` / ``max_bits``; derived state is set up in :meth:`_build`.
+    """
 
     name: str = ""
     #: True for quantizers fitted to data (calibrate before encode); False for data-oblivious ones.
@@ -223,12 +234,46 @@ class Quantizer:
     max_bits: int = 8
     #: stored scalar name -> the constructor option that sets its dtype (named in overflow errors)
     storage_options: dict[str, str] = {}
+    Config: type[QuantizerConfig] = QuantizerConfig
+    config: QuantizerConfig
 
-    def __init__(self, bits: int, dim: int, seed: int | None = 0):
-        self.bits = check_int_range(bits, "bits", self.min_bits, self.max_bits)
-        self.dim = check_int_range(dim, "dim", 2, 1 << 15)
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        base = cls.Config
+        if "Config" not in cls.__dict__ and (base.min_bits, base.max_bits) != (cls.min_bits, cls.max_bits):
+            cls.Config = dataclass(frozen=True)(type(f"{cls.__name__}Config", (base,), {
+                "__module__": cls.__module__, "min_bits": cls.min_bits, "max_bits": cls.max_bits}))
+
+    def __init__(self, bits=_GIVEN_BY_CONFIG, dim=_GIVEN_BY_CONFIG, seed=_GIVEN_BY_CONFIG, *,
+                 config: QuantizerConfig | None = None, **options):
+        if config is None:
+            given = {k: v for k, v in (("bits", bits), ("dim", dim), ("seed", seed)) if v is not _GIVEN_BY_CONFIG}
+            config = self.Config.build(type(self).__name__, given, options)
+        elif not isinstance(config, self.Config):
+            raise TypeError(f"config must be a {self.Config.__name__} for {type(self).__name__}, "
+                            f"got {type(config).__name__}")
+        self.config = config
+        self.bits, self.dim = config.bits, config.dim
         #: the seed used (for seed=None, the fresh one drawn: rebuild with it to reproduce the object)
-        self.seed = check_seed(seed)
+        self.seed = config.seed
+        self._build()
+
+    @classmethod
+    def from_config(cls, config: QuantizerConfig) -> Quantizer:
+        """The quantizer of ``config`` (an instance of ``cls.Config``)."""
+        return cls(config=config)
+
+    def _build(self) -> None:
+        """Set up the state derived from ``self.config`` (codebooks, rotations, sketches); subclasses."""
+
+    def __getattr__(self, name: str):
+        # options read as attributes; only reached when normal lookup fails (never for config itself)
+        if name.startswith("_") or name == "config" or "config" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        options = self.__dict__["config"].options()
+        if name in options:
+            return options[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------------------------ public API
     def encode(self, x: torch.Tensor) -> Code:
@@ -279,8 +324,9 @@ class Quantizer:
 
     # ------------------------------------------------------------------------------------- provenance
     def options(self) -> dict:
-        """The constructor options that change the codes (beyond bits, dim and seed), for the fingerprint."""
-        return {}
+        """The constructor options that change the codes (beyond bits, dim and seed), for the fingerprint:
+        the config's options."""
+        return self.config.options()
 
     def provenance(self) -> CodeSource:
         """The :class:`CodeSource` this quantizer stamps on its codes."""

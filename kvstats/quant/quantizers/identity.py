@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
+from kvstats.quant.quantizers.config import IdentityConfig
 
 __all__ = ["IdentityQuantizer"]
 
@@ -25,15 +26,18 @@ class IdentityQuantizer(Quantizer):
 
     name = "identity"
     min_bits, max_bits = 8, 64
+    Config = IdentityConfig
 
     def __init__(self, dim: int, seed: int | None = 0, *, dtype: torch.dtype | None = None):
-        if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(f"dtype must be None or a float dtype, got {dtype}")
-        self.store_dtype = dtype
-        super().__init__(torch.finfo(dtype or torch.float32).bits, dim, seed)
+        super().__init__(config=IdentityConfig(dim=dim, seed=seed, dtype=dtype))
 
-    def options(self) -> dict:
-        return {"dtype": str(self.store_dtype)}
+    @property
+    def store_dtype(self) -> torch.dtype | None:
+        return self.config.dtype
+
+    @classmethod
+    def from_config(cls, config: IdentityConfig) -> IdentityQuantizer:
+        return cls(config.dim, config.seed, dtype=config.dtype)
 
     def _encode(self, x: torch.Tensor) -> Code:
         if self.store_dtype is not None and self.store_dtype != x.dtype:

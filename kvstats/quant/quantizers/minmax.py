@@ -22,11 +22,11 @@ import math
 
 import torch
 
-from kvstats._validation import check_int_range
 from kvstats.quant import ops
 from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quant.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers._common import dtype_bits
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers.config import MinMaxConfig, RotatedMinMaxConfig
 from kvstats.quant.rotations import Rotation, make_rotation
 
 __all__ = ["MinMaxQuantizer", "RotatedMinMax"]
@@ -46,17 +46,7 @@ class MinMaxQuantizer(Quantizer):
     name = "minmax"
     storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
-    def __init__(self, bits: int, dim: int, seed: int = 0, *, axis: str = "token", group_size: int | None = None,
-                 side_dtype: torch.dtype = torch.float16):
-        super().__init__(bits, dim, seed)
-        if axis not in ("token", "channel"):
-            raise ValueError(f"axis must be 'token' or 'channel', got {axis!r}")
-        self.axis = axis
-        default = self.dim if axis == "token" else 32
-        self.group_size = check_int_range(default if group_size is None else group_size, "group_size", 1, 1 << 20)
-        if axis == "token" and self.dim % self.group_size:
-            raise ValueError(f"group_size must divide dim={self.dim} for axis='token', got {self.group_size}")
-        self.side_dtype = check_norm_dtype(side_dtype, "side_dtype")
+    Config = MinMaxConfig
 
     def _grouped(self, x: torch.Tensor) -> torch.Tensor:
         """View x as [..., groups, group_size] (channel axis: groups over tokens, padded by replication)."""
@@ -117,9 +107,6 @@ class MinMaxQuantizer(Quantizer):
         x_hat = code.scalars["min"].to(acc).unsqueeze(-1) + code.scalars["scale"].to(acc).unsqueeze(-1) * grouped
         return self._ungrouped(x_hat, code.shape).to(code.dtype)
 
-    def options(self) -> dict:
-        return {"axis": self.axis, "group_size": self.group_size, "side_dtype": self.side_dtype}
-
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per coordinate; for ``axis="channel"`` pass n_tokens to count a partial last group."""
         per_group = 2 * dtype_bits(self.side_dtype)
@@ -145,12 +132,15 @@ class RotatedMinMax(Quantizer):
     name = "rotated_minmax"
     storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
-    def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht",
-                 side_dtype: torch.dtype = torch.float16):
-        super().__init__(bits, dim, seed)
-        self.rotation_kind = rotation
-        self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed)
-        self.minmax = MinMaxQuantizer(self.bits, self.dim, axis="token", side_dtype=side_dtype)
+    Config = RotatedMinMaxConfig
+
+    def _build(self) -> None:
+        self.rotation: Rotation = make_rotation(self.config.rotation, self.dim, self.seed)
+        self.minmax = MinMaxQuantizer(config=self.config.minmax_stage())
+
+    @property
+    def rotation_kind(self) -> str:
+        return self.config.rotation
 
     def _encode(self, x: torch.Tensor) -> Code:
         inner = self.minmax.encode(self.rotation.forward(x.to(acc_dtype(x.dtype))))
@@ -163,9 +153,6 @@ class RotatedMinMax(Quantizer):
         acc = acc_dtype(query.dtype)
         y_hat = self.minmax.decode(code.parts["minmax"]).to(acc)
         return self.rotation.forward(query.to(acc)) @ y_hat.transpose(-1, -2)
-
-    def options(self) -> dict:
-        return {"rotation": self.rotation_kind, **self.minmax.options()}
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return self.minmax.bits_per_coordinate()

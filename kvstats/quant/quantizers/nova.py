@@ -71,10 +71,13 @@ import torch
 from kvstats._random import spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
-from kvstats.quant.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits, store_scalar
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers._common import DeviceCache, dtype_bits, store_scalar
+from kvstats.quant.quantizers.base import _GIVEN_BY_CONFIG, BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers.config import NovaConfig
 from kvstats.quant.quantizers.minmax import RotatedMinMax
 from kvstats.quant.quantizers.nova_calibration import (
+    DEFAULT_AMORTIZE_TOKENS,
+    DEFAULT_RIDGE,
     NovaCalibration,
     as_stored,
     attention_transform,
@@ -105,11 +108,6 @@ __all__ = [
     "stratified_ranks",
 ]
 
-#: Relative ridge ρ: Σ_Q + ρ·(tr Σ_Q / d)·I.
-DEFAULT_RIDGE = 1e-3
-#: Tokens the calibration data are amortised over by default (the paper's 128K context).
-DEFAULT_AMORTIZE_TOKENS = 131072
-SIDE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # ------------------------------------------------------------------------------------- the quantizer
@@ -141,32 +139,20 @@ class NovaQuantizer(Quantizer):
     needs_calibration = True
     storage_options = {"scale": "scale_dtype"}
 
-    def __init__(self, bits: int = 2, dim: int = 128, seed: int = 0, *, group_dim: int | None = None,
-                 ridge: float = DEFAULT_RIDGE, kmeans_iters: int = 20, scale_dtype: torch.dtype = torch.float16,
-                 side_dtype: torch.dtype = torch.float16, amortize_tokens: int = DEFAULT_AMORTIZE_TOKENS,
-                 calibration: NovaCalibration | None = None):
-        super().__init__(bits, dim, seed)
-        g = default_group_dim(self.bits, self.dim) if group_dim is None else group_dim
-        self.group_dim = check_int_range(g, "group_dim", 1, self.dim)
-        if self.dim % self.group_dim or self.group_dim * self.bits > 8:
-            raise ValueError(f"group_dim must divide dim={self.dim} and satisfy group_dim*bits <= 8 "
-                             f"(bits={self.bits}), got {self.group_dim}")
-        self.groups = self.dim // self.group_dim
-        self.index_bits = self.group_dim * self.bits
-        self.codebook_size = 1 << self.index_bits
-        if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (ridge >= 0 and math.isfinite(ridge)):
-            raise ValueError(f"ridge must be a finite float >= 0, got {ridge!r}")
-        self.ridge = float(ridge)
-        self.kmeans_iters = check_int_range(kmeans_iters, "kmeans_iters", 1, 10_000)
-        self.scale_dtype = check_norm_dtype(scale_dtype, "scale_dtype")
-        if side_dtype not in SIDE_DTYPES:
-            raise ValueError(f"side_dtype must be one of {SIDE_DTYPES}, got {side_dtype}")
-        self.side_dtype = side_dtype
-        self.amortize_tokens = check_int_range(amortize_tokens, "amortize_tokens", 1, 1 << 40)
+    Config = NovaConfig
+
+    def __init__(self, bits=_GIVEN_BY_CONFIG, dim=_GIVEN_BY_CONFIG, seed=_GIVEN_BY_CONFIG, *,
+                 calibration: NovaCalibration | None = None, config: NovaConfig | None = None, **options):
+        super().__init__(bits, dim, seed, config=config, **options)
         self.calibration: NovaCalibration | None = None  # the isotropic prior is built on first use
         self._calibration_digest = "isotropic prior"
         if calibration is not None:
             self._set_calibration(calibration)
+
+    def _build(self) -> None:
+        self.groups = self.dim // self.group_dim
+        self.index_bits = self.group_dim * self.bits
+        self.codebook_size = 1 << self.index_bits
 
     @property
     def min_calibration_keys(self) -> int:
@@ -307,9 +293,9 @@ class NovaQuantizer(Quantizer):
         return super().provenance()
 
     def options(self) -> dict:
-        return {"group_dim": self.group_dim, "ridge": self.ridge, "kmeans_iters": self.kmeans_iters,
-                "scale_dtype": self.scale_dtype, "side_dtype": self.side_dtype,
-                "calibration": self._calibration_digest}
+        options = self.config.options()
+        options.pop("amortize_tokens")  # the bit count's amortisation, not the codes
+        return {**options, "calibration": self._calibration_digest}
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per key element; calibration data amortised over n_tokens (default ``amortize_tokens``)."""

@@ -20,6 +20,12 @@ __all__ = ["NovaCalibration", "as_stored", "attention_transform", "calibration_r
            "isotropic_calibration", "kmeans_codebook", "kmeans_plusplus", "stratified_ranks"]
 
 
+#: Relative ridge ρ: Σ_Q + ρ·(tr Σ_Q / d)·I.
+DEFAULT_RIDGE = 1e-3
+#: Tokens the calibration data are amortised over by default (the paper's 128K context).
+DEFAULT_AMORTIZE_TOKENS = 131072
+SIDE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 def default_group_dim(bits: int, dim: int) -> int:
     """Coefficients per VQ group: the largest g ≤ 8 // bits (at least 1) that divides dim."""
     g = max(1, 8 // bits)

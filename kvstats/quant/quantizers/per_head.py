@@ -26,7 +26,7 @@ class PerHeadQuantizer(Quantizer):
         first = heads[0]
         if any(h.dim != first.dim or h.bits != first.bits or type(h) is not type(first) for h in heads):
             raise ValueError("heads must all be quantizers of the same type, bits and dim")
-        super().__init__(first.bits, first.dim, first.seed)
+        super().__init__(config=first.config)
         self.heads = heads
         self.name = first.name
 

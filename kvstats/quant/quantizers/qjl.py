@@ -30,18 +30,15 @@ import math
 
 import torch
 
-from kvstats._random import check_seed, spawn_seeds
-from kvstats._validation import check_int_range
+from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
-from kvstats.quant.quantizers._common import DeviceCache, check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.config import ROWS, QJLConfig
 from kvstats.quant.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
 __all__ = ["ROWS", "SignSketch", "QJLQuantizer"]
-
-#: The sketch kinds of every QJL stage (qjl, turbo_prod's residual).
-ROWS = ("gaussian", "orthogonal", "srht")
 
 
 class SignSketch:
@@ -81,16 +78,15 @@ class SignSketch:
                     base: torch.Tensor | None = None) -> torch.Tensor:
         """base + (c/m)·‖x‖·Bᵀ b: [..., d'], with B = S (default) or ``basis`` = (B [m, d'], its byte tables from
         :func:`kvstats.ops.sign_tables`), e.g. B = S·Π to de-rotate in the same pass; ``base`` ([..., d'] in
-        ``dtype``) or None (0). Outside :func:`kvstats.ops.use_reference`, Bᵀ b is summed from the byte tables
-        by the compiled :func:`kvstats.ops.sign_decode` (the dense product up to fp32 rounding); without tables
-        (larger than :data:`kvstats.ops.SIGN_TABLE_LIMIT`) the signs are unpacked and multiplied densely."""
+        ``dtype``) or None (0). Bᵀ b is summed from the byte tables by :func:`kvstats.ops.sign_decode` (the dense
+        product up to fp32 rounding); without tables (larger than :data:`kvstats.ops.SIGN_TABLE_LIMIT`) the signs
+        are unpacked and multiplied densely."""
         if basis is None:
-            s = self.matrix(packed.device, dtype)
-            tables = None if ops.using_reference() else self.tables(packed.device, dtype)
+            s, tables = self.matrix(packed.device, dtype), self.tables(packed.device, dtype)
         else:
             s, tables = basis
         weight = self.weights(norm, dtype)
-        if ops.using_reference() or tables is None:
+        if tables is None:
             flat_signs = ops.unpack_bits(packed.reshape(-1, packed.shape[-1]), 1, self.m)
             signs = flat_signs.view(*packed.shape[:-1], self.m).to(dtype).mul_(2).sub_(1)
             part = (signs @ s) * weight.unsqueeze(-1)
@@ -128,37 +124,24 @@ class QJLQuantizer(Quantizer):
     name = "qjl"
     storage_options = {"norm": "norm_dtype", "norm_outlier": "norm_dtype", "value_outlier": "norm_dtype"}
 
-    def __init__(self, bits: int | None = None, dim: int = 128, seed: int = 0, *, m: int | None = None,
-                 rows: str = "orthogonal", outliers=None, outlier_m: int | None = None,
-                 norm_dtype: torch.dtype = torch.float32):
-        self.dim = check_int_range(dim, "dim", 2, 1 << 15)
-        if m is None:
-            m = check_int_range(1 if bits is None else bits, "bits", 1, 8) * self.dim
-        elif bits is not None and bits * self.dim != m:
-            raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
-        self.m = check_int_range(m, "m", 1, 1 << 16)
-        self.bits = self.m / self.dim
-        self.seed = check_seed(seed)
-        self.rows = rows
-        self.norm_dtype = check_norm_dtype(norm_dtype)
+    Config = QJLConfig
+
+    def _build(self) -> None:
+        cfg = self.config
         seeds = spawn_seeds(self.seed, 2)
-        if outliers is None or len(outliers) == 0:
+        if cfg.outliers is None:
             self.outliers = None
-            self.sketch = SignSketch(self.m, self.dim, rows, seeds[0])
+            self.sketch = SignSketch(cfg.m, self.dim, cfg.rows, seeds[0])
             self.outlier_sketch = None
-        else:
-            idx = sorted({int(i) for i in outliers})
-            if idx[0] < 0 or idx[-1] >= self.dim or len(idx) >= self.dim - 1:
-                raise ValueError(f"outliers must be distinct channel indices in [0, {self.dim}) leaving at least "
-                                 f"2 inlier channels, got {list(outliers)}")
-            self.outliers = torch.tensor(idx)
-            mask = torch.ones(self.dim, dtype=torch.bool)
-            mask[self.outliers] = False
-            self.inliers = torch.nonzero(mask).flatten()
-            self.outlier_m = check_int_range(self.m if outlier_m is None else outlier_m, "outlier_m", 1, 1 << 16)
-            self.sketch = SignSketch(self.m, len(self.inliers), rows, seeds[0])
-            # one channel: stored exactly (no sketch; see the module docstring)
-            self.outlier_sketch = SignSketch(self.outlier_m, len(idx), rows, seeds[1]) if len(idx) > 1 else None
+            return
+        self.outliers = torch.tensor(cfg.outliers)
+        mask = torch.ones(self.dim, dtype=torch.bool)
+        mask[self.outliers] = False
+        self.inliers = torch.nonzero(mask).flatten()
+        self.sketch = SignSketch(cfg.m, len(self.inliers), cfg.rows, seeds[0])
+        # one channel: stored exactly (no sketch; see the module docstring)
+        self.outlier_sketch = SignSketch(cfg.outlier_m, len(cfg.outliers), cfg.rows, seeds[1]) \
+            if len(cfg.outliers) > 1 else None
 
     @property
     def exact_outlier(self) -> bool:
@@ -209,11 +192,6 @@ class QJLQuantizer(Quantizer):
             out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
                 code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
         return out.to(code.dtype)
-
-    def options(self) -> dict:
-        return {"m": self.m, "rows": self.rows, "norm_dtype": self.norm_dtype,
-                "outliers": None if self.outliers is None else self.outliers.tolist(),
-                "outlier_m": getattr(self, "outlier_m", None)}
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         norm_bits = dtype_bits(self.norm_dtype)

@@ -21,11 +21,12 @@ import torch
 from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
-from kvstats.quant.quantizers._common import check_norm_dtype, dtype_bits
+from kvstats.quant.quantizers._common import dtype_bits
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
-from kvstats.quant.quantizers.lloyd import TurboMSE
+from kvstats.quant.quantizers.config import TurboProdConfig
+from kvstats.quant.quantizers.lloyd import LloydStage
 from kvstats.quant.quantizers.qjl import SignSketch
-from kvstats.quant.rotations import HaarRotation
+from kvstats.quant.rotations import make_rotation
 
 __all__ = ["TurboProd"]
 
@@ -33,7 +34,7 @@ __all__ = ["TurboProd"]
 class TurboProd(Quantizer):
     """TurboQuant_prod at b bits per coordinate: (b−1)-bit TurboQuant_mse + 1-bit QJL on the residual.
 
-    Args:
+    Args (:class:`~kvstats.quantizers.config.TurboProdConfig`):
         bits: b in [1, 8] (b − 1 bits of MSE codes + 1 sign bit per coordinate).
         dim: d ≥ 2. seed: fixes the rotation and the sketch (independent child seeds).
         rotation: ``"wht"`` (default) or ``"haar"`` for the MSE stage.
@@ -45,56 +46,62 @@ class TurboProd(Quantizer):
 
     name = "turbo_prod"
     storage_options = {"norm": "norm_dtype", "gamma": "norm_dtype"}
+    Config = TurboProdConfig
 
-    def __init__(self, bits: int, dim: int, seed: int = 0, *, rotation: str = "wht", rows: str = "gaussian",
-                 norm_dtype: torch.dtype = torch.float32):
-        super().__init__(bits, dim, seed)
-        self.norm_dtype = check_norm_dtype(norm_dtype)
+    def _build(self) -> None:
+        cfg = self.config
         seed_mse, seed_qjl = spawn_seeds(self.seed, 2)
-        self.rotation_kind, self.rows = rotation, rows
-        self.mse = TurboMSE(self.bits - 1, self.dim, seed_mse, rotation=rotation, norm_dtype=norm_dtype) \
-            if self.bits > 1 else None
-        self.sketch = SignSketch(self.dim, self.dim, rows, seed_qjl)
+        #: stage 1, TurboQuant_mse at b − 1 bits (None at b = 1: the quantizer is QJL on x)
+        self.stage = LloydStage(self.bits - 1, self.dim, make_rotation(cfg.rotation, self.dim, seed_mse),
+                                cfg.norm_dtype) if self.bits > 1 else None
+        self.sketch = SignSketch(self.dim, self.dim, cfg.rows, seed_qjl)
+
+    @property
+    def rotation_kind(self) -> str:
+        return self.config.rotation
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.mse is None else self.mse.rotate(x)
+        return x if self.stage is None else self.stage.rotation.forward(x)
 
     def _encode(self, x: torch.Tensor) -> Code:
-        if self.mse is None:
+        if self.stage is None:
             signs, gamma = self.sketch.encode(x, self.norm_dtype)
             return Code(x.shape, x.dtype, payload={"signs": signs}, scalars={"gamma": gamma})
-        acc, dev, lead = acc_dtype(x.dtype), x.device, x.shape[:-1]
-        mse = self.mse
+        acc, lead = acc_dtype(x.dtype), x.shape[:-1]
+        stage = self.stage.inputs(x.device, acc)
         idx, norm, signs, gamma = ops.turbo_prod_encode(
-            mse.outer_rotate(x.reshape(-1, self.dim)), mse.kernel_signs(dev, acc), mse.thresholds(dev, acc),
-            mse.levels(dev, acc), mse.bits, self.sketch.matrix(dev, acc), self.norm_dtype)
+            self.stage.rotation.outer_forward(x.reshape(-1, self.dim)), stage.signs, stage.thresholds, stage.levels,
+            stage.bits, self.sketch.matrix(x.device, acc), self.norm_dtype)
         mse_code = Code(x.shape, x.dtype, payload={"indices": idx.reshape(*lead, -1)},
                         scalars={"norm": norm.reshape(lead)})
         return Code(x.shape, x.dtype, payload={"signs": signs.reshape(*lead, -1)},
                     scalars={"gamma": gamma.reshape(lead)}, parts={"mse": mse_code})
 
+    def decode_mse(self, code: Code) -> torch.Tensor:
+        """x̂_mse = Πᵀ(‖x‖·c[idx]), stage 1's reconstruction alone, [..., d] in the code's dtype."""
+        self.check_code(code)
+        if self.stage is None:
+            raise ValueError(f"{self!r} has no MSE stage at bits=1")
+        return self.stage.decode_unrotated(code.parts["mse"], acc_dtype(code.dtype)).to(code.dtype)
+
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
-        if self.mse is None:
+        if self.stage is None:
             return self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc).to(code.dtype)
-        if ops.using_reference():  # the definition: Πᵀ(ŷ + (c_S/d)·γ·Sᵀ b)
-            y_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc)
-            y_hat = y_hat + self.mse.decode_rotated(code.parts["mse"], acc)
-            return self.mse.rotation.inverse(y_hat).to(code.dtype)
-        # Πᵀ is linear: Πᵀŷ comes de-rotated from the fused lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b from the
-        # byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
+        # x̂ = Πᵀ(ŷ + (c_S/d)·γ·Sᵀ b). Πᵀ is linear: Πᵀŷ comes de-rotated from lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b
+        # from the byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
         s_pi, tables = self._derotated_sketch(code.device, acc)
         mse = code.parts["mse"]
-        if tables is not None and not isinstance(self.mse.rotation, HaarRotation):
+        if tables is not None and self.stage.rotation.in_kernel:
             # One kernel: each row's MSE part decoded and its sign part added while in cache.
             packed, signs = mse.payload["indices"], code.payload["signs"]
+            stage = self.stage.inputs(code.device, acc)
             weight = self.sketch.weights(code.scalars["gamma"], acc)
             x_hat = ops.turbo_prod_decode(
-                packed.reshape(-1, packed.shape[-1]), mse.scalars["norm"].reshape(-1),
-                self.mse.kernel_signs(code.device, acc), self.mse.levels(code.device, acc), self.mse.bits, self.dim,
-                signs.reshape(-1, signs.shape[-1]), tables, weight.reshape(-1))
+                packed.reshape(-1, packed.shape[-1]), mse.scalars["norm"].reshape(-1), stage.signs, stage.levels,
+                stage.bits, self.dim, signs.reshape(-1, signs.shape[-1]), tables, weight.reshape(-1))
             return x_hat.view(code.shape).to(code.dtype)
-        x_hat = self.mse.decode_unrotated(mse, acc)
+        x_hat = self.stage.decode_unrotated(mse, acc)
         x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc, basis=(s_pi, tables),
                                         base=x_hat)
         return x_hat.to(code.dtype)
@@ -104,30 +111,27 @@ class TurboProd(Quantizer):
         cache = self.__dict__.setdefault("_derotated_cache", {})
         key = (torch.device(device), acc)
         if key not in cache:
-            s_pi = self.mse.rotation.inverse(self.sketch.matrix(device, acc)).contiguous()
+            s_pi = self.stage.rotation.inverse(self.sketch.matrix(device, acc)).contiguous()
             cache[key] = (s_pi, ops.sign_tables(s_pi))
         return cache[key]
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         q = self._rotate(query.to(acc_dtype(query.dtype)))
-        if self.mse is None:
+        if self.stage is None:
             return self.sketch.estimate(q, code.payload["signs"], code.scalars["gamma"])
         mse = code.parts["mse"]
         lead, q3, (idx, norm, signs, gamma) = broadcast_groups(
             q, mse.payload["indices"], mse.scalars["norm"], code.payload["signs"], code.scalars["gamma"],
             key_dims=(1, 0, 1, 0))
         q_sketch = q3 @ self.sketch.matrix(q.device, q.dtype).T
-        scores = ops.turbo_prod_scores(q3, q_sketch, idx, norm, self.mse.levels(q.device, q.dtype), self.mse.bits,
+        scores = ops.turbo_prod_scores(q3, q_sketch, idx, norm, self.stage.levels(q.device, q.dtype), self.stage.bits,
                                        signs, gamma, self.sketch.scale / self.sketch.m)
         return scores.reshape(*lead, *scores.shape[-2:])
-
-    def options(self) -> dict:
-        return {"rotation": self.rotation_kind, "rows": self.rows, "norm_dtype": self.norm_dtype}
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,
                               norms=dtype_bits(self.norm_dtype) / self.dim)
-        return sign_bits if self.mse is None else sign_bits + self.mse.bits_per_coordinate()
+        return sign_bits if self.stage is None else sign_bits + self.stage.budget()
 
     def __repr__(self) -> str:
         return (f"TurboProd(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r}, "

@@ -1,0 +1,303 @@
+"""Frozen, validated quantizer configurations: what a quantizer is built from, checked once.
+
+    cfg = TurboProdConfig(bits=4, dim=128, seed=0, rows="srht")    # validated here, immutable after
+    q = TurboProd.from_config(cfg)                                  # == TurboProd(bits=4, dim=128, rows="srht")
+    q.config.to_dict()   # {"method": "turbo_prod", "bits": 4, "dim": 128, "seed": 0, "rotation": "wht", ...}
+
+Every registered quantizer declares its ``Config`` (a subclass of :class:`QuantizerConfig`); its constructor's
+keywords are the config's fields, so ``quantizer(name, **kwargs)`` and ``from_config`` build the same object.
+The config is what the fingerprint of a code hashes (:meth:`kvstats.quantizers.Quantizer.provenance`) and what
+results files record. Ranges are checked here and nowhere later on the way to the kernels (the ops check only
+their own tensor contract).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from kvstats._random import check_seed
+from kvstats._validation import check_int_range
+from kvstats.quant.quantizers.nova_calibration import (
+    DEFAULT_AMORTIZE_TOKENS,
+    DEFAULT_RIDGE,
+    SIDE_DTYPES,
+    default_group_dim,
+)
+
+__all__ = ["QuantizerConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig", "MinMaxConfig",
+           "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
+           "check_norm_dtype"]
+
+NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The rotations of the rotated quantizers (kvstats.rotations.make_rotation).
+ROTATIONS = ("wht", "haar")
+#: The sketch kinds of every QJL stage (qjl, turbo_prod's residual).
+ROWS = ("gaussian", "orthogonal", "srht")
+_BASE_FIELDS = ("bits", "dim", "seed")
+
+
+def check_norm_dtype(dtype: torch.dtype, name: str = "norm_dtype") -> torch.dtype:
+    if dtype not in NORM_DTYPES:
+        raise ValueError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
+    return dtype
+
+
+def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    """bits ∈ [min_bits, max_bits] (an int), dim ∈ [2, 32768], seed under the package's seed rule (None draws
+    a fresh one, which the config then holds). Subclasses add their options as fields with defaults and check
+    them in :meth:`validate`; derived values are set there with :meth:`_set`."""
+
+    bits: int
+    dim: int
+    seed: int | None = 0
+    #: the registry name of the quantizer the config builds ("" for the base)
+    method: ClassVar[str] = ""
+    min_bits: ClassVar[int] = 1
+    max_bits: ClassVar[int] = 8
+
+    def __post_init__(self):
+        self._set("bits", self.check_bits(self.bits))
+        self._set("dim", check_int_range(self.dim, "dim", 2, 1 << 15))
+        self._set("seed", check_seed(self.seed))
+        self.validate()
+
+    def check_bits(self, bits):
+        return check_int_range(bits, "bits", self.min_bits, self.max_bits)
+
+    def validate(self) -> None:
+        """Check the options (subclasses); raise ValueError/TypeError naming the field and the value."""
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+
+    def options(self) -> dict[str, Any]:
+        """The fields beyond bits, dim and seed (the options that change the codes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _BASE_FIELDS}
+
+    def kwargs(self) -> dict[str, Any]:
+        """The constructor keywords that rebuild the quantizer: ``type(q)(**q.config.kwargs())``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: method, bits, dim, seed and the options (dtypes as their names, tuples as lists)."""
+        return {"method": self.method, "bits": self.bits, "dim": self.dim, "seed": self.seed,
+                **{k: _jsonable(v) for k, v in self.options().items()}}
+
+    def replace(self, **changes) -> QuantizerConfig:
+        """A copy with ``changes``, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def build(cls, owner: str, given: dict, options: dict) -> QuantizerConfig:
+        """The config from constructor arguments (``given``: those of bits, dim and seed passed); an unknown
+        option or a missing required argument is a TypeError naming ``owner``."""
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise TypeError(f"{owner} got unexpected option(s) {unknown}; its options are "
+                            f"{sorted(set(fields) - set(_BASE_FIELDS))}")
+        missing = [n for n in _BASE_FIELDS if n in fields and n not in given
+                   and fields[n].default is dataclasses.MISSING and fields[n].default_factory is dataclasses.MISSING]
+        if missing:
+            raise TypeError(f"{owner} needs {', '.join(missing)}")
+        return cls(**{k: v for k, v in given.items() if k in fields}, **options)
+
+
+@dataclass(frozen=True)
+class LloydConfig(QuantizerConfig):
+    """``lloyd``: norm_dtype, the precision ‖x‖ is stored in (fp32 default)."""
+
+    norm_dtype: torch.dtype = torch.float32
+    method: ClassVar[str] = "lloyd"
+
+    def validate(self) -> None:
+        check_norm_dtype(self.norm_dtype)
+
+
+@dataclass(frozen=True)
+class TurboMSEConfig(LloydConfig):
+    """``turbo_mse``: rotation ("wht" default, or "haar") and norm_dtype."""
+
+    rotation: str = "wht"
+    method: ClassVar[str] = "turbo_mse"
+
+    def validate(self) -> None:
+        super().validate()
+        _check_choice(self.rotation, "rotation", ROTATIONS)
+
+
+@dataclass(frozen=True)
+class TurboProdConfig(QuantizerConfig):
+    """``turbo_prod``: rotation of the MSE stage, rows of the residual sketch, norm_dtype of ‖x‖ and γ."""
+
+    rotation: str = "wht"
+    rows: str = "gaussian"
+    norm_dtype: torch.dtype = torch.float32
+    method: ClassVar[str] = "turbo_prod"
+
+    def validate(self) -> None:
+        _check_choice(self.rotation, "rotation", ROTATIONS)
+        _check_choice(self.rows, "rows", ROWS)
+        check_norm_dtype(self.norm_dtype)
+
+    def mse_stage(self, seed: int) -> TurboMSEConfig:
+        """The configuration of stage 1 (b − 1 bits; None at b = 1 has no stage: callers check bits > 1)."""
+        return TurboMSEConfig(bits=self.bits - 1, dim=self.dim, seed=seed, rotation=self.rotation,
+                              norm_dtype=self.norm_dtype)
+
+
+@dataclass(frozen=True)
+class QJLConfig(QuantizerConfig):
+    """``qjl``: m sketch rows (default bits·dim, bits default 1; bits is then m/dim, a float), rows, outlier
+    channels (a sorted tuple, leaving ≥ 2 inliers), outlier_m (default m) and norm_dtype."""
+
+    bits: float | None = None
+    dim: int = 128
+    m: int | None = None
+    rows: str = "orthogonal"
+    outliers: tuple[int, ...] | None = None
+    outlier_m: int | None = None
+    norm_dtype: torch.dtype = torch.float32
+    method: ClassVar[str] = "qjl"
+
+    def check_bits(self, bits):
+        return bits  # bits and m are checked together in validate (bits = m / dim)
+
+    def validate(self) -> None:
+        m, bits = self.m, self.bits
+        if m is None:
+            m = check_int_range(1 if bits is None else bits, "bits", 1, 8) * self.dim
+        elif bits is not None and bits * self.dim != m:
+            raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
+        self._set("m", check_int_range(m, "m", 1, 1 << 16))
+        self._set("bits", self.m / self.dim)
+        _check_choice(self.rows, "rows", ROWS)
+        check_norm_dtype(self.norm_dtype)
+        if self.outliers is None or len(self.outliers) == 0:
+            self._set("outliers", None)
+            self._set("outlier_m", None)
+            return
+        idx = sorted({int(i) for i in self.outliers})
+        if idx[0] < 0 or idx[-1] >= self.dim or len(idx) >= self.dim - 1:
+            raise ValueError(f"outliers must be distinct channel indices in [0, {self.dim}) leaving at least "
+                             f"2 inlier channels, got {list(self.outliers)}")
+        self._set("outliers", tuple(idx))
+        self._set("outlier_m", check_int_range(self.m if self.outlier_m is None else self.outlier_m, "outlier_m",
+                                               1, 1 << 16))
+
+    def kwargs(self) -> dict[str, Any]:
+        # bits is derived from m: pass m alone so that a fractional bits never reaches the int check
+        kw = super().kwargs()
+        kw.pop("bits")
+        return kw
+
+
+@dataclass(frozen=True)
+class MinMaxConfig(QuantizerConfig):
+    """``minmax``: axis ("token": groups of coordinates; "channel": groups of tokens), group_size (default d
+    per token, 32 per channel; must divide d per token), side_dtype of lo and step (fp16 default)."""
+
+    axis: str = "token"
+    group_size: int | None = None
+    side_dtype: torch.dtype = torch.float16
+    method: ClassVar[str] = "minmax"
+
+    def validate(self) -> None:
+        if self.axis not in ("token", "channel"):
+            raise ValueError(f"axis must be 'token' or 'channel', got {self.axis!r}")
+        default = self.dim if self.axis == "token" else 32
+        size = check_int_range(default if self.group_size is None else self.group_size, "group_size", 1, 1 << 20)
+        if self.axis == "token" and self.dim % size:
+            raise ValueError(f"group_size must divide dim={self.dim} for axis='token', got {size}")
+        self._set("group_size", size)
+        check_norm_dtype(self.side_dtype, "side_dtype")
+
+
+@dataclass(frozen=True)
+class RotatedMinMaxConfig(QuantizerConfig):
+    """``rotated_minmax``: rotation ("wht" or "haar"), then per-token min-max with side_dtype."""
+
+    rotation: str = "wht"
+    side_dtype: torch.dtype = torch.float16
+    method: ClassVar[str] = "rotated_minmax"
+
+    def validate(self) -> None:
+        _check_choice(self.rotation, "rotation", ROTATIONS)
+        check_norm_dtype(self.side_dtype, "side_dtype")
+
+    def minmax_stage(self) -> MinMaxConfig:
+        return MinMaxConfig(bits=self.bits, dim=self.dim, seed=0, axis="token", side_dtype=self.side_dtype)
+
+
+@dataclass(frozen=True)
+class NovaConfig(QuantizerConfig):
+    """``nova``: group_dim (default from bits and d; divides d, group_dim·bits ≤ 8), ridge ≥ 0, kmeans_iters,
+    scale_dtype, side_dtype of the calibration data, amortize_tokens (the n its side bits are spread over)."""
+
+    bits: int = 2
+    dim: int = 128
+    group_dim: int | None = None
+    ridge: float = DEFAULT_RIDGE
+    kmeans_iters: int = 20
+    scale_dtype: torch.dtype = torch.float16
+    side_dtype: torch.dtype = torch.float16
+    amortize_tokens: int = DEFAULT_AMORTIZE_TOKENS
+    method: ClassVar[str] = "nova"
+
+    def validate(self) -> None:
+        g = default_group_dim(self.bits, self.dim) if self.group_dim is None else self.group_dim
+        g = check_int_range(g, "group_dim", 1, self.dim)
+        if self.dim % g or g * self.bits > 8:
+            raise ValueError(f"group_dim must divide dim={self.dim} and satisfy group_dim*bits <= 8 "
+                             f"(bits={self.bits}), got {g}")
+        self._set("group_dim", g)
+        ridge = self.ridge
+        if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (ridge >= 0 and math.isfinite(ridge)):
+            raise ValueError(f"ridge must be a finite float >= 0, got {ridge!r}")
+        self._set("ridge", float(ridge))
+        check_int_range(self.kmeans_iters, "kmeans_iters", 1, 10_000)
+        check_norm_dtype(self.scale_dtype, "scale_dtype")
+        if self.side_dtype not in SIDE_DTYPES:
+            raise ValueError(f"side_dtype must be one of {SIDE_DTYPES}, got {self.side_dtype}")
+        check_int_range(self.amortize_tokens, "amortize_tokens", 1, 1 << 40)
+
+
+@dataclass(frozen=True)
+class IdentityConfig(QuantizerConfig):
+    """The lossless quantizer: dtype None (store as given) or a float dtype; bits is that dtype's width."""
+
+    bits: int = field(default=32, init=False)
+    dim: int = 128
+    dtype: torch.dtype | None = None
+    method: ClassVar[str] = "identity"
+    min_bits: ClassVar[int] = 8
+    max_bits: ClassVar[int] = 64
+
+    def check_bits(self, bits):
+        return bits
+
+    def validate(self) -> None:
+        if self.dtype is not None and self.dtype not in (torch.float16, torch.bfloat16, torch.float32,
+                                                         torch.float64):
+            raise ValueError(f"dtype must be None or a float dtype, got {self.dtype}")
+        self._set("bits", torch.finfo(self.dtype or torch.float32).bits)

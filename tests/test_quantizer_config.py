@@ -1,0 +1,143 @@
+"""Frozen, validated quantizer configurations: built once, checked once, recorded, and enough to rebuild."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from kvstats.quantizers import QUANTIZERS, IdentityQuantizer, Quantizer, quantizer
+from kvstats.quantizers import config as C
+
+import kvstats
+
+REGISTERED = [("lloyd", {}), ("turbo_mse", {"rotation": "haar"}), ("turbo_prod", {"rows": "srht"}),
+              ("qjl", {"outliers": [3, 1]}), ("minmax", {"axis": "channel", "group_size": 8}),
+              ("rotated_minmax", {}), ("nova", {})]
+
+
+@pytest.mark.parametrize("name, opts", REGISTERED)
+def test_a_quantizer_rebuilt_from_its_config_is_the_same_quantizer(name, opts):
+    q = quantizer(name, bits=2, dim=16, seed=5, **opts)
+    assert isinstance(q.config, QUANTIZERS[name].Config) and q.config.method == name
+    again = type(q).from_config(q.config)
+    assert again.provenance() == q.provenance()
+    x = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(0))
+    assert q.encode(x).equal(again.encode(x))
+    # the constructor's keywords are the config's fields
+    assert type(q)(**q.config.kwargs()).provenance() == q.provenance()
+
+
+@pytest.mark.parametrize("name, opts", REGISTERED)
+def test_a_config_is_frozen_and_json_ready(name, opts):
+    q = quantizer(name, bits=2, dim=16, seed=5, **opts)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.config.bits = 3
+    record = json.loads(json.dumps(q.config.to_dict(), allow_nan=False))
+    assert record["method"] == name and record["dim"] == 16 and record["seed"] == 5
+    for key, value in q.config.options().items():  # every option is recorded, dtypes by their names
+        assert record[key] == (str(value) if isinstance(value, torch.dtype) else
+                               list(value) if isinstance(value, tuple) else value)
+
+
+def test_options_read_through_the_config():
+    q = quantizer("turbo_prod", bits=3, dim=32, rows="orthogonal", norm_dtype=torch.float16)
+    assert (q.rows, q.norm_dtype, q.rotation_kind) == ("orthogonal", torch.float16, "wht")
+    assert q.options() == q.config.options()
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        q.nonsense  # noqa: B018
+
+
+def test_a_fresh_seed_is_held_by_the_config_and_reproduces_the_codes():
+    q = quantizer("turbo_mse", bits=3, dim=32, seed=None)
+    assert isinstance(q.config.seed, int) and q.seed == q.config.seed
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(1))
+    assert type(q).from_config(q.config).encode(x).equal(q.encode(x))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(name="turbo_mse", bits=3, dim=32, nope=1), TypeError,
+     r"TurboMSE got unexpected option\(s\) \['nope'\]; its options are \['norm_dtype', 'rotation'\]"),
+    (dict(name="turbo_mse", bits=9, dim=32), ValueError, r"bits must be in \[1, 8\], got 9"),
+    (dict(name="turbo_prod", bits=3, dim=32, rows="dense"), ValueError, "rows must be one of"),
+    (dict(name="turbo_prod", bits=3, dim=32, rotation="dct"), ValueError, "rotation must be one of"),
+    (dict(name="lloyd", bits=3, dim=32, norm_dtype=torch.int8), ValueError, "norm_dtype must be"),
+    (dict(name="minmax", bits=3, dim=32, group_size=5), ValueError, "group_size must divide dim=32"),
+    (dict(name="qjl", bits=2, dim=32, m=10), ValueError, "bits=2 and m=10 disagree"),
+    (dict(name="nova", bits=4, dim=32, group_dim=4), ValueError, "group_dim must divide dim=32 and satisfy"),
+    (dict(name="lloyd", dim=32), TypeError, "LloydQuantizer needs bits"),
+])
+def test_bad_configs_are_refused_naming_the_field(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        quantizer(**kwargs)
+
+
+def test_each_config_is_validated_once(monkeypatch):
+    # TurboProd's stage 1 is a LloydStage, not a second quantizer checking its config again.
+    calls = []
+    for cls in (C.TurboProdConfig, C.TurboMSEConfig, C.LloydConfig):
+        original = cls.validate
+        monkeypatch.setattr(cls, "validate", lambda self, _o=original, _c=cls: (calls.append(_c.__name__), _o(self)))
+    quantizer("turbo_prod", bits=4, dim=32)
+    assert calls == ["TurboProdConfig"]
+    calls.clear()
+    kvstats.scheme("kqv", bits=4, dim=32)
+    assert sorted(calls) == ["LloydConfig", "TurboMSEConfig", "TurboProdConfig"]  # TurboMSEConfig calls its base's
+
+
+def test_a_config_of_another_quantizer_is_refused():
+    with pytest.raises(TypeError, match="config must be a TurboProdConfig for TurboProd, got LloydConfig"):
+        QUANTIZERS["turbo_prod"].from_config(C.LloydConfig(bits=2, dim=16))
+
+
+def test_a_subclass_with_its_own_bit_range_gets_a_config_with_that_range():
+    class Int4(Quantizer):
+        name = "int4_cfg"
+        min_bits = max_bits = 4
+
+    assert Int4.Config.min_bits == Int4.Config.max_bits == 4 and issubclass(Int4.Config, C.QuantizerConfig)
+    assert Int4(4, 16).config.bits == 4
+    with pytest.raises(ValueError, match=r"bits must be in \[4, 4\], got 3"):
+        Int4(3, 16)
+
+
+def test_identity_config_holds_its_storage_dtype_and_width():
+    q = IdentityQuantizer(16, dtype=torch.float16)
+    assert (q.config.dtype, q.config.bits, q.bits, q.store_dtype) == (torch.float16, 16, 16, torch.float16)
+    assert IdentityQuantizer.from_config(q.config).provenance() == q.provenance()
+
+
+def test_a_scheme_is_a_pair_of_configs():
+    s = kvstats.scheme("kqv", bits=3, dim=32, seed=2, rows="srht")
+    cfg = s.config
+    assert (cfg.name, cfg.bits, cfg.seed) == ("kqv", 3, 2)
+    assert cfg.k == s.k.config and cfg.v == s.v.config and cfg.v.rows == "srht"
+    record = json.loads(json.dumps(cfg.to_dict()))
+    assert record["k"]["method"] == "turbo_mse" and record["v"]["method"] == "turbo_prod"
+    assert record["k"]["seed"] != record["v"]["seed"]  # independent child seeds
+
+
+def test_the_fingerprint_follows_the_config():
+    a = quantizer("turbo_prod", bits=3, dim=32, seed=1)
+    assert a.provenance() == quantizer("turbo_prod", bits=3, dim=32, seed=1, rows="gaussian").provenance()
+    for change in ({"rows": "srht"}, {"rotation": "haar"}, {"norm_dtype": torch.float16}, {"seed": 2}):
+        other = type(a).from_config(a.config.replace(**change))
+        assert other.provenance().fingerprint != a.provenance().fingerprint, change
+
+
+def test_evaluate_records_the_configs_of_both_sides(tmp_path):
+    from kvstats.run.evaluation import evaluate
+
+    out = tmp_path / "ev.json"
+    with pytest.warns(UserWarning, match="cannot conclude"):  # 2 units: only the record is checked here
+        ev = evaluate("kqv", bits=3, data="gaussian", units=2, seed=5, compare="minmax", out=out, dim=16,
+                      kv_heads=1, q_heads=2, seq=32, n_q=4, n_resamples=99)
+    schemes = json.loads(out.read_text())["config"]["schemes"]
+    assert schemes == json.loads(json.dumps(ev.config["schemes"]))
+    k, v = schemes["evaluated"]["k"], schemes["evaluated"]["v"]
+    assert (k["method"], v["method"], v["rows"], k["class"]) == ("turbo_mse", "turbo_prod", "gaussian",
+                                                                  "kvstats.quant.quantizers.lloyd.TurboMSE")
+    assert k == kvstats.scheme("kqv", bits=3, dim=16, seed=5).config.to_dict()["k"] | {"class": k["class"],
+                                                                                          "name": "turbo_mse"}
+    assert schemes["compared"]["k"]["axis"] == "channel" and schemes["compared"]["v"]["axis"] == "token"
