@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -29,6 +30,7 @@ from kvstats.measure import verdicts  # noqa: E402
 from kvstats.quant.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
 from kvstats.quant.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere  # noqa: E402
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim, listing  # noqa: E402
 from kvstats.run.paths import figure_path  # noqa: E402
 from kvstats.run.sweep import grid  # noqa: E402
 
@@ -201,92 +203,124 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
     }
 
 
-def claims(dist_dims: list[int], dmse_rows: list[dict], scale: str, ks: dict | None = None, n: int = 0,
-           conv_dims: list[int] | None = None) -> list[dict]:
-    """The claims this study checks (figures/data/sphere_law_claims.json)."""
-    dist = [gaussian_limit_distance(d) for d in (dist_dims[0], 1024, dist_dims[-1])]
+@dataclass(frozen=True)
+class Analysis:
+    """What the claims read: the scale's configuration, the dimensions swept, the D_mse rows at d = 128 and
+    the KS distance of each histogram."""
+
+    cfg: dict
+    scale: str
+    dist_dims: list[int]
+    conv_dims: list[int]
+    dmse_rows: list[dict]
+    ks: dict[int, float]
+
+
+def gaussian_limit_claim(a: Analysis) -> Claim:
+    dist = [gaussian_limit_distance(d) for d in (a.dist_dims[0], 1024, a.dist_dims[-1])]
+    n = a.cfg["n_vectors"]
+    return Claim(
+        id="sphere-law-gaussian-limit",
+        claim="A coordinate of a uniform point on S^{d−1} has density f_d (Beta((d−1)/2, (d−1)/2) on [−1, 1]): "
+              "arcsine at d = 2, uniform at d = 3, → N(0, 1/d) as d grows.",
+        source="D'Alberto, arXiv 2605.08114, §1 eq. (1); docs/references.md §1",
+        measurement=("KS distance of the histogram samples to f_d: " + listing(a.ks.items(), "d = {}: {:.4f}")
+                     + f" (critical {ks_critical(n, len(a.ks)):.4f} at family-wise level {ALPHA}, n = {n}); "
+                     f"total variation to N(0, 1/d): {dist[0].total_variation:.3f} at d = {dist[0].d}, "
+                     f"{dist[1].total_variation:.2e} at d = 1024, {dist[2].total_variation:.1e} at d = {dist[2].d} "
+                     "(≈ 0.350/d); KL ≈ 3/(4d²)."),
+        data=f"closed-form densities (quadrature); histograms of sampled coordinates ({a.scale} scale)",
+        verdict=sphere_law_verdict(a.ks, n, dist[2].d, dist[2].total_variation),
+        figure="sphere_law_gaussian_distance.png")
+
+
+def lloyd_max_claim(a: Analysis) -> Claim:
     gauss = {b: gaussian_codebook(b).d_mse for b in MAX_1960_MSE}
     worst = max(abs(gauss[b] / MAX_1960_MSE[b] - 1) for b in MAX_1960_MSE)
+    return Claim(
+        id="lloyd-max-gaussian-table",
+        claim="Max (1960): the b-bit Lloyd–Max quantizer of N(0, 1) has MSE 0.3634, 0.1175, 0.03454, 0.009497 "
+              "at b = 1..4 (a correct solver agrees to about 3 significant digits).",
+        source="Max 1960, IRE Trans. Inform. Theory IT-6, table I; docs/references.md §2",
+        measurement=("exact solver: " + listing(gauss.items(), "b={}: {:.6f}")
+                     + f"; largest relative difference {100 * worst:.2f}%."),
+        data="Newton-solved Lloyd–Max codebooks (kvstats.codebooks.gaussian_codebook)",
+        verdict=verdicts.identity([gauss[b] for b in MAX_1960_MSE], [MAX_1960_MSE[b] for b in MAX_1960_MSE],
+                                  rtol=RTOL_MAX, what="bit widths"))
+
+
+def codebook_claim(a: Analysis) -> Claim:
     conv = {d: math.sqrt(d) * beta_codebook(d, 2).levels[-1] for d in (SMALL_D, 128, 1024)}
-    d_big = max(conv_dims or [1024])
+    d_big = max(a.conv_dims or [1024])
     large = [math.sqrt(d_big) * v for b in (2, 3) for v in beta_codebook(d_big, b).levels]
     glev = [v for b in (2, 3) for v in gaussian_codebook(b).levels]
     gap = conv[SMALL_D] / gaussian_codebook(2).levels[-1] - 1
-    ks = ks or {}
-    return [
-        {
-            "id": "sphere-law-gaussian-limit",
-            "claim": "A coordinate of a uniform point on S^{d−1} has density f_d (Beta((d−1)/2, (d−1)/2) on [−1, 1]): "
-                     "arcsine at d = 2, uniform at d = 3, → N(0, 1/d) as d grows.",
-            "source": "D'Alberto, arXiv 2605.08114, §1 eq. (1); docs/references.md §1",
-            "measurement": ("KS distance of the histogram samples to f_d: "
-                            + ", ".join(f"d = {d}: {v:.4f}" for d, v in ks.items())
-                            + f" (critical {ks_critical(n, len(ks)):.4f} at family-wise level {ALPHA}, n = {n}); "
-                            f"total variation to N(0, 1/d): "
-                            f"{dist[0].total_variation:.3f} at d = {dist[0].d}, {dist[1].total_variation:.2e} at "
-                            f"d = 1024, {dist[2].total_variation:.1e} at d = {dist[2].d} (≈ 0.350/d); "
-                            f"KL ≈ 3/(4d²)."),
-            "data": f"closed-form densities (quadrature); histograms of sampled coordinates ({scale} scale)",
-            "verdict": sphere_law_verdict(ks, n, dist[2].d, dist[2].total_variation),
-            "figure": "sphere_law_gaussian_distance.png",
-            "details": None,
-        },
-        {
-            "id": "lloyd-max-gaussian-table",
-            "claim": "Max (1960): the b-bit Lloyd–Max quantizer of N(0, 1) has MSE 0.3634, 0.1175, 0.03454, 0.009497 "
-                     "at b = 1..4 (a correct solver agrees to about 3 significant digits).",
-            "source": "Max 1960, IRE Trans. Inform. Theory IT-6, table I; docs/references.md §2",
-            "measurement": ("exact solver: " + ", ".join(f"b={b}: {gauss[b]:.6f}" for b in gauss) +
-                            f"; largest relative difference {100 * worst:.2f}%."),
-            "data": "Newton-solved Lloyd–Max codebooks (kvstats.codebooks.gaussian_codebook)",
-            "verdict": verdicts.identity([gauss[b] for b in MAX_1960_MSE], [MAX_1960_MSE[b] for b in MAX_1960_MSE],
-                                         rtol=RTOL_MAX, what="bit widths"),
-            "figure": None,
-            "details": None,
-        },
-        {
-            "id": "codebook-gaussian-limit",
-            "claim": "The exact codebook of f_d approaches the Gaussian codebook scaled by 1/√d at large d, and must "
-                     "be solved on f_d itself at small d.",
-            "source": "TurboQuant, arXiv 2504.19874, §3.1 (codebook of the Beta law); docs/references.md §2",
-            "measurement": ("√d × the outer 2-bit level: " + ", ".join(f"d={d}: {v:.4f}" for d, v in conv.items()) +
-                            f" vs Gaussian {gaussian_codebook(2).levels[-1]:.4f}; D_mse at d = 128 vs the Gaussian "
-                            f"limit: {100 * dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
-            "data": f"exact codebooks, d = 2..{d_big}",
-            "verdict": codebook_verdict(large, glev, gap),
-            "figure": f"{STUDY}_codebook_convergence.png",
-            "details": None,
-        },
-    ]
+    return Claim(
+        id="codebook-gaussian-limit",
+        claim="The exact codebook of f_d approaches the Gaussian codebook scaled by 1/√d at large d, and must "
+              "be solved on f_d itself at small d.",
+        source="TurboQuant, arXiv 2504.19874, §3.1 (codebook of the Beta law); docs/references.md §2",
+        measurement=("√d × the outer 2-bit level: " + listing(conv.items(), "d={}: {:.4f}")
+                     + f" vs Gaussian {gaussian_codebook(2).levels[-1]:.4f}; D_mse at d = 128 vs the Gaussian "
+                     f"limit: {100 * a.dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
+        data=f"exact codebooks, d = 2..{d_big}",
+        verdict=codebook_verdict(large, glev, gap),
+        figure=f"{STUDY}_codebook_convergence.png")
+
+
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class SphereLaw(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): four sweeps, their figures and three claims."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        return {f"{STUDY}_density": (density_cell, grid(d=list(DENSITY_DIMS), n_vectors=cfg["n_vectors"])),
+                f"{STUDY}_gaussian_distance": (distance_cell, grid(d=distance_dims(cfg))),
+                "codebook_convergence": (codebook_cell, grid(bits=[2, 3], d=codebook_dims(cfg))),
+                f"{STUDY}_dmse": (dmse_cell, grid(bits=[1, 2, 3, 4], d=128))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        cfg = SCALE[scale]
+        ks = {int(d): float(g["ks"].iloc[0]) for d, g in tables[f"{STUDY}_density"].groupby("d")}
+        rows = tables[f"{STUDY}_dmse"].sort_values("bits").to_dict("records")
+        return Analysis(cfg, scale, distance_dims(cfg), codebook_dims(cfg), rows, ks)
+
+    def figures(self, tables, a: Analysis) -> None:
+        density, dist, conv = (tables[f"{STUDY}_density"], tables[f"{STUDY}_gaussian_distance"],
+                               tables["codebook_convergence"])
+        plots.write_csv(f"{STUDY}_density", density)
+        density_figure(density)
+        plots.write_csv(f"{STUDY}_gaussian_distance", dist)
+        distance_figure(dist)
+        plots.write_csv(f"{STUDY}_codebook_convergence", conv)
+        convergence_figure(conv)
+        plots.write_csv(f"{STUDY}_turboquant_dmse_table", tables[f"{STUDY}_dmse"])
+        print(f"D_mse at d = 128 (exact / Gaussian limit / printed){' — quick scale' if a.scale == 'quick' else ''}:")
+        for r in a.dmse_rows:
+            print(f"   b={r['bits']}: {r['exact_d_mse']:.5f} / {r['gaussian_limit_d_mse']:.5f} / {r['printed_d_mse']}"
+                  f"  (printed vs exact {100 * r['rel_diff_printed_vs_exact']:+.1f}%)")
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [gaussian_limit_claim(a), lloyd_max_claim(a), codebook_claim(a)]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+
+def distance_dims(cfg: dict) -> list[int]:
+    return sorted({int(round(v)) for v in np.geomspace(2, cfg["max_dim"], cfg["n_dims"])})
+
+
+def codebook_dims(cfg: dict) -> list[int]:
+    return [d for d in CODEBOOK_DIMS if d <= cfg["max_codebook_dim"]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    quick = shell.scale == "quick"
-    cfg = SCALE[shell.scale]
-    dist_dims = sorted({int(round(v)) for v in np.geomspace(2, cfg["max_dim"], cfg["n_dims"])})
-    conv_dims = [d for d in CODEBOOK_DIMS if d <= cfg["max_codebook_dim"]]
-
-    density = shell.sweep(density_cell, grid(d=list(DENSITY_DIMS), n_vectors=cfg["n_vectors"]), version=VERSION,
-                          name=f"{STUDY}_density")
-    plots.write_csv(f"{STUDY}_density", density)
-    density_figure(density)
-    dist = shell.sweep(distance_cell, grid(d=dist_dims), version=VERSION, name=f"{STUDY}_gaussian_distance")
-    plots.write_csv(f"{STUDY}_gaussian_distance", dist)
-    distance_figure(dist)
-    conv = shell.sweep(codebook_cell, grid(bits=[2, 3], d=conv_dims), version=VERSION, name="codebook_convergence")
-    plots.write_csv(f"{STUDY}_codebook_convergence", conv)
-    convergence_figure(conv)
-    dmse = shell.sweep(dmse_cell, grid(bits=[1, 2, 3, 4], d=128), version=VERSION, name=f"{STUDY}_dmse")
-    plots.write_csv(f"{STUDY}_turboquant_dmse_table", dmse)
-    rows = dmse.sort_values("bits").to_dict("records")
-    print(f"D_mse at d = 128 (exact / Gaussian limit / printed){' — quick scale' if quick else ''}:")
-    for r in rows:
-        print(f"   b={r['bits']}: {r['exact_d_mse']:.5f} / {r['gaussian_limit_d_mse']:.5f} / {r['printed_d_mse']}"
-              f"  (printed vs exact {100 * r['rel_diff_printed_vs_exact']:+.1f}%)")
-    ks = {int(d): float(g["ks"].iloc[0]) for d, g in density.groupby("d")}
-    return shell.finish(claims(dist_dims, rows, shell.scale, ks, cfg["n_vectors"], conv_dims), echo=False,
-                        definitions=definitions(cfg, shell.scale))
+    return SphereLaw().main(argv)
 
 
 if __name__ == "__main__":

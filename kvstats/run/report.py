@@ -130,7 +130,8 @@ def _check_position(position: Any, where: str) -> None:
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
                  position: int | None = None, figures_dir: str | os.PathLike | None = None,
                  echo: bool = False) -> Path:
-    """Validate ``claims`` and write them to ``figures/data/<study>_claims.json`` (atomically); return the path.
+    """Validate ``claims`` (:class:`kvstats.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write them to
+    ``figures/data/<study>_claims.json`` (atomically); return the path.
 
     Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
     a report assembled from studies run at different scales says which ran at which; ``position`` (the
@@ -141,11 +142,14 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
     if not isinstance(study, str) or not study or "/" in study:
         raise ValueError(f"study must be a study name like 'budget_sweep', got {study!r}")
     if isinstance(claims, (str, bytes, Mapping)) or not isinstance(claims, Iterable):
-        raise TypeError(f"claims must be a list of dicts, got {type(claims).__name__}")
+        raise TypeError(f"claims must be a list of Claims (or dicts), got {type(claims).__name__}")
     if scale is not None and scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
     _check_position(position, "position")
-    checked = [validate_claim(c, f"claims[{i}]", strict=True) for i, c in enumerate(claims)]
+    from kvstats.run.claims import Claim
+
+    checked = [validate_claim(c.to_dict() if isinstance(c, Claim) else c, f"claims[{i}]", strict=True)
+               for i, c in enumerate(claims)]
     if scale is not None:
         checked = [c | {"scale": scale} for c in checked]
     if position is not None:
