@@ -20,6 +20,11 @@ bound               the claim states a bound ("≤ 1 ± 3ε", "at most D"). repr
                     significant violation); partly: some estimate lies outside but not significantly.
 identity            the claim states an exact value or identity (a closed form). reproduced: every value
                     within ``atol + rtol·|expected|``; not reproduced: none; partly: some.
+equivalence         the claim states "no worse than δ" / "quality-neutral" (an equivalence, with a declared
+                    margin δ). Each cell's (1 − 2α) CI of the difference (the TOST interval,
+                    :func:`kvstats.stats.equivalence`): *equivalent* when it lies inside (−δ, δ),
+                    *different* when it lies wholly outside, *inconclusive* otherwise. reproduced: every
+                    cell equivalent; not reproduced: some cell different; partly: otherwise.
 ==================  =====================================================================================
 
 Two further outcomes are not rules but labels, each with its reason: ``measured`` (our own measurement,
@@ -46,6 +51,7 @@ __all__ = [
     "cell_direction",
     "combine",
     "direction",
+    "equivalence",
     "identity",
     "measured",
     "not_testable",
@@ -56,7 +62,7 @@ __all__ = [
 #: Every verdict the report knows, in the order of its summary line.
 VERDICTS = ("reproduced", "partly", "not reproduced", "measured", "not testable here")
 #: The claim kinds that have a rule.
-KINDS = ("direction", "number", "bound", "identity")
+KINDS = ("direction", "number", "bound", "identity", "equivalence")
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,30 @@ def identity(values: Sequence[float], expected: Sequence[float] | float, *, atol
     if k == 0:
         return Verdict("not reproduced", "identity", reason)
     return Verdict("partly", "identity", reason)
+
+
+def equivalence(cis: Sequence, margin: float, *, what: str = "cells") -> Verdict:
+    """The equivalence rule: each cell's (1 − 2α) CI of the difference (a − b) against the margin (−δ, δ).
+
+    ``cis[i]`` is the TOST interval of cell i (:func:`kvstats.stats.equivalence`'s ``confidence_interval``):
+    inside (−δ, δ) is TOST's rejection at α (equivalent within δ); wholly outside is a difference larger than
+    δ at that level."""
+    cis = [_interval(c, f"cis[{i}]") for i, c in enumerate(cis)]
+    if not cis:
+        raise ValueError("cis must hold at least one interval")
+    delta = _finite(margin, "margin")
+    if delta <= 0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    inside = [i for i, (lo, hi) in enumerate(cis) if -delta < lo and hi < delta]
+    outside = [i for i, (lo, hi) in enumerate(cis) if hi <= -delta or lo >= delta]
+    n = len(cis)
+    reason = (f"{_of_total(len(inside), n, what)} equivalent within ±{delta:g} (CI inside the margin)"
+              + (f"; {len(outside)} different by more than the margin" if outside else ""))
+    if len(inside) == n:
+        return Verdict("reproduced", "equivalence", reason)
+    if outside:
+        return Verdict("not reproduced", "equivalence", reason)
+    return Verdict("partly", "equivalence", reason)
 
 
 def combine(parts: Sequence[Verdict]) -> Verdict:

@@ -1,8 +1,9 @@
 """Statistics for comparing quantizers: Mann–Whitney and Wilcoxon with effect sizes, multiple testing, bootstrap
-CIs (means, ratios, Spearman ρ), power. See docs/statistics.md.
+CIs (means, ratios, Spearman ρ), power, binary outcomes (Wilson / Clopper–Pearson, exact McNemar) and
+equivalence (TOST, non-inferiority). See docs/statistics.md.
 
 One private module per family of tests (``_mann_whitney``, ``_wilcoxon``, ``_compare``, ``_bootstrap``,
-``_correlation``, ``_power``); the public names are the ones below.
+``_correlation``, ``_power``, ``_binary``, ``_equivalence``); the public names are the ones below.
 
 Conventions (docs/references.md §5):
 
@@ -21,6 +22,7 @@ Conventions (docs/references.md §5):
 """
 
 # The limits below are part of the documented behaviour (docs/statistics.md), so they stay reachable here.
+from kvstats.measure.stats._binary import McNemarResult, ProportionResult, mcnemar, proportion_ci
 from kvstats.measure.stats._bootstrap import T_INTERVAL_BELOW as T_INTERVAL_BELOW
 from kvstats.measure.stats._bootstrap import (
     BootstrapResult,
@@ -36,6 +38,7 @@ from kvstats.measure.stats._common import EXACT_MAX_PAIRS as EXACT_MAX_PAIRS
 from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
 from kvstats.measure.stats._compare import compare
 from kvstats.measure.stats._correlation import CorrelationResult, spearman
+from kvstats.measure.stats._equivalence import EquivalenceResult, equivalence, noninferiority
 from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
 from kvstats.measure.stats._power import (
     PowerResult,
@@ -51,6 +54,9 @@ from kvstats.measure.stats._wilcoxon import WilcoxonResult, wilcoxon
 __all__ = [
     "BootstrapResult",
     "CorrelationResult",
+    "EquivalenceResult",
+    "McNemarResult",
+    "ProportionResult",
     "MannWhitneyResult",
     "PowerResult",
     "WilcoxonResult",
@@ -59,11 +65,15 @@ __all__ = [
     "cluster_bootstrap_ci",
     "compare",
     "detectable_shift",
+    "equivalence",
     "hodges_lehmann",
     "mann_whitney",
+    "mcnemar",
     "mean_ci",
     "mwu_null_cdf",
+    "noninferiority",
     "paired_t_power",
+    "proportion_ci",
     "ratio_ci",
     "spearman",
     "wilcoxon",
