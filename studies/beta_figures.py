@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,7 @@ from kvstats.quant.quantizers import quantizer
 from kvstats.quant.rotations import make_rotation
 from kvstats.quant.sphere import goodness_of_fit
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim
 from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed, grid, parallel_map
 
@@ -121,118 +123,203 @@ def definitions(cfg: dict, scale: str, seq: dict) -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    args = shell.args
-    cfg = SCALE[args.scale]
-    # d = 1024 costs ~d² per key (the QJL sketch): half the keys there at quick scale
-    seq = {d: cfg["seq"] if d < 1024 or args.scale == "paper" else cfg["seq"] // 2 for d in DIMS}
-    cells = [c for d in DIMS for c in grid(d=d, kind=list(KINDS), bits=BITS, seq=seq[d], n_q=cfg["n_q"],
-                                           trials=cfg["trials"])]
-    table = shell.sweep(cell, cells, version=VERSION)
-    plots.write_csv(f"{STUDY}_kl", table)
+def sequence_lengths(cfg: dict, scale: str) -> dict[int, int]:
+    """Keys per trial at each d: d = 1024 costs ~d² per key (the QJL sketch), half the keys there at quick scale."""
+    return {d: cfg["seq"] if d < 1024 or scale == "paper" else cfg["seq"] // 2 for d in DIMS}
 
+
+def kl_samples(table: pd.DataFrame, d: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The per-trial KLs of the (d, data) cell: MSE n bits, then MSE (n−1) + QJL 1."""
+    sub = table[(table["d"] == d) & (table["kind"] == kind)]
+    return (sub[sub["method"] == "turbo_mse"]["kl"].to_numpy(), sub[sub["method"] == "turbo_prod"]["kl"].to_numpy())
+
+
+def mann_whitney_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (d, data) cell, in the panels' order: median KLs, their ratio, the exact Mann–Whitney test (MSE
+    first) and its Holm-adjusted p over the cells."""
+    rows = []
+    for d in DIMS:
+        for kind in KINDS:
+            a, b = kl_samples(table, d, kind)
+            res = mann_whitney(a, b)
+            rows.append({"d": d, "kind": kind, "median_kl_mse": np.median(a), "median_kl_mse_qjl": np.median(b),
+                         "ratio_qjl_over_mse": np.median(b) / np.median(a), "rank_biserial": res.rank_biserial,
+                         "r_z": res.r_z, "p": res.pvalue, "p_method": res.pvalue_method,
+                         "p_asymptotic": res.p_asymptotic})
+    mw = pd.DataFrame(rows)
+    mw["p_holm"] = multipletests(mw["p"], method="holm")[1]
+    return mw
+
+
+# --------------------------------------------------------------------------------------------- the figures
+
+
+def histogram_panel(ax, x: np.ndarray, d: int, kind: str) -> dict:
+    """The rotated coordinates against f_d; the KS row of one coordinate per vector (independent draws)."""
+    one = x[np.arange(len(x)), np.arange(len(x)) % d]
+    gof = goodness_of_fit(one, d, method="ks")
+    plots.sphere_histogram(ax, x, d, label=f"{kind} after WHT (KS {gof.statistic:.3f})")
+    ax.set_title(f"{kind}{' (rank 1)' if kind == 'low_rank' else ''}, d = {d}")
+    ax.legend(loc="upper center", fontsize=7)
+    if d == 2:
+        ax.set_ylim(0, 3.5)
+    else:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+    return {"d": d, "kind": kind, "n": len(one), "ks": gof.statistic, "p": gof.pvalue}
+
+
+def box_panel(ax, a: np.ndarray, b: np.ndarray, kind: str, test) -> None:
+    """Boxes of the two methods' KLs over trials, titled with the cell's test (a row of mann_whitney_table)."""
+    plots.boxplot(ax, {f"MSE {BITS} bits": a, f"MSE {BITS - 1} + QJL 1": b},
+                  colors=[plots.style("turbo_mse")["color"], plots.style("turbo_prod")["color"]],
+                  ylabel="attention KL [nats]", log=True)
+    ax.set_title(f"{kind}: r = {test.rank_biserial:+.2f}, {fmt_p(test.p)}")
+
+
+def draw_figures(table: pd.DataFrame, mw: pd.DataFrame, cfg: dict, n_jobs: int) -> pd.DataFrame:
+    """One figure per d (histograms on top, KL boxes below); the histograms' KS rows."""
     plots.setup()
-    ks_rows, mw_rows = [], []
+    ks_rows, tests = [], {(r.d, r.kind): r for r in mw.itertuples()}
     # the histograms' draws (d = 1024: 32768 Student-t key vectors, keys only, ~7 s each) in the workers, in
     # the order of the panels below (the same seeds: the same coordinates as drawn here one by one)
     coordinates = parallel_map(rotated_coordinates, [{"kind": kind, "d": d, "n_vectors": cfg["hist_vectors"]}
-                                                     for d in DIMS for kind in KINDS], n_jobs=args.n_jobs)
+                                                     for d in DIMS for kind in KINDS], n_jobs=n_jobs)
     for d in DIMS:
         fig, axes = plots.panels(2, 3, f"d = {d}: rotated coordinates vs the sphere law f_d (top); attention KL at "
                                  f"n = {BITS} bits, {cfg['trials']} trials per box (bottom)", width=4.2, height=3.3)
         for j, kind in enumerate(KINDS):
-            x = next(coordinates)
-            one = x[np.arange(len(x)), np.arange(len(x)) % d]  # one coordinate per vector: independent draws
-            gof = goodness_of_fit(one, d, method="ks")
-            ks_rows.append({"d": d, "kind": kind, "n": len(one), "ks": gof.statistic, "p": gof.pvalue})
-            ax = axes[0, j]
-            plots.sphere_histogram(ax, x, d, label=f"{kind} after WHT (KS {gof.statistic:.3f})")
-            ax.set_title(f"{kind}{' (rank 1)' if kind == 'low_rank' else ''}, d = {d}")
-            ax.legend(loc="upper center", fontsize=7)
-            if d == 2:
-                ax.set_ylim(0, 3.5)
-            else:
-                ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
-            sub = table[(table["d"] == d) & (table["kind"] == kind)]
-            a = sub[sub["method"] == "turbo_mse"]["kl"].to_numpy()
-            b = sub[sub["method"] == "turbo_prod"]["kl"].to_numpy()
-            res = mann_whitney(a, b)
-            mw_rows.append({"d": d, "kind": kind, "median_kl_mse": np.median(a), "median_kl_mse_qjl": np.median(b),
-                            "ratio_qjl_over_mse": np.median(b) / np.median(a), "rank_biserial": res.rank_biserial,
-                            "r_z": res.r_z, "p": res.pvalue, "p_method": res.pvalue_method,
-                            "p_asymptotic": res.p_asymptotic})
-            ax = axes[1, j]
-            plots.boxplot(ax, {f"MSE {BITS} bits": a, f"MSE {BITS - 1} + QJL 1": b},
-                          colors=[plots.style("turbo_mse")["color"], plots.style("turbo_prod")["color"]],
-                          ylabel="attention KL [nats]", log=True)
-            ax.set_title(f"{kind}: r = {res.rank_biserial:+.2f}, {fmt_p(res.pvalue)}")
+            ks_rows.append(histogram_panel(axes[0, j], next(coordinates), d, kind))
+            box_panel(axes[1, j], *kl_samples(table, d, kind), kind, tests[d, kind])
         plots.save(fig, f"{STUDY}_d{d}")
-    ks, mw = pd.DataFrame(ks_rows), pd.DataFrame(mw_rows)
-    mw["p_holm"] = multipletests(mw["p"], method="holm")[1]
-    plots.write_csv(f"{STUDY}_ks", ks)
-    plots.write_csv(f"{STUDY}_mannwhitney", mw)
+    return pd.DataFrame(ks_rows)
 
-    data_txt = (f"synthetic gaussian, heavy_tail (df 3), low_rank (rank 1); d = 2, 4, 8, 1024; seq "
-                f"{', '.join(f'{s_} (d = {d_})' for d_, s_ in seq.items())}, "
-                f"{cfg['n_q']} queries; {cfg['trials']} trials per box; histograms over {cfg['hist_vectors']} "
-                f"vectors ({args.scale} scale)")
-    wins = mw[(mw["rank_biserial"] < 0) & (mw["p_holm"] < 0.05)]
+
+# --------------------------------------------------------------------------------------------- the claims
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the claims read: the scale's configuration, the keys per trial at each d, the Mann–Whitney table
+    (mann_whitney_table) and the KS rows of the histograms."""
+
+    cfg: dict
+    scale: str
+    seq: dict[int, int]
+    mw: pd.DataFrame
+    ks: pd.DataFrame
+
+    @property
+    def wins(self) -> pd.DataFrame:
+        """The cells where MSE n bits has significantly lower KL."""
+        return self.mw[(self.mw["rank_biserial"] < 0) & (self.mw["p_holm"] < 0.05)]
+
+
+def data_text(a: Analysis) -> str:
+    return (f"synthetic gaussian, heavy_tail (df 3), low_rank (rank 1); d = 2, 4, 8, 1024; seq "
+            f"{', '.join(f'{s_} (d = {d_})' for d_, s_ in a.seq.items())}, "
+            f"{a.cfg['n_q']} queries; {a.cfg['trials']} trials per box; histograms over {a.cfg['hist_vectors']} "
+            f"vectors ({a.scale} scale)")
+
+
+def mse_wins_claim(a: Analysis) -> Claim:
+    mw = a.mw
     table_md = ("| d | data | median KL, MSE 4 | median KL, MSE 3 + QJL 1 | ratio | rank-biserial r | Z/√N | p "
                 "(exact) | Holm p |\n|---|---|---|---|---|---|---|---|---|\n" +
                 "\n".join(f"| {r.d} | {r.kind} | {r.median_kl_mse:.3g} | {r.median_kl_mse_qjl:.3g} | "
                           f"{r.ratio_qjl_over_mse:.2f} | {r.rank_biserial:+.3f} | {r.r_z:+.3f} | {r.p:.2g} | "
                           f"{r.p_holm:.2g} |" for r in mw.itertuples()))
+    return Claim(
+        id="dalberto-beta-figures-mse-wins",
+        claim="At equal budget, \"MSE n bits\" has lower attention KL than \"MSE (n−1) bits + QJL 1 bit\" for "
+              "every distribution, at d = 2, 4, 8 and 1024 (figures 1, 2, 4, 7; n = 4).",
+        source="D'Alberto, arXiv 2605.08114, figures 1, 2, 4, 7 (captions: \"MSE wins in all distributions\")",
+        measurement=(f"MSE n bits significantly lower KL (Holm p < 0.05) in {len(a.wins)}/{len(mw)} (d, data) "
+                     f"cells; median ratio (MSE+QJL)/MSE {mw['ratio_qjl_over_mse'].min():.2f}–"
+                     f"{mw['ratio_qjl_over_mse'].max():.2f}; rank-biserial r (MSE first) "
+                     f"{mw['rank_biserial'].min():+.2f} to {mw['rank_biserial'].max():+.2f}."),
+        data=data_text(a),
+        verdict=mse_wins_verdict(mw),
+        figure=f"{STUDY}_d8.png",
+        details=table_md + "\n\nr = 2U₁/(n₁n₂) − 1 with the MSE sample first (negative: MSE lower); p exact "
+                           "Mann–Whitney (two-sided), Holm over the 12 cells.")
+
+
+def sphere_law_claim(a: Analysis) -> Claim:
+    ks = a.ks
     g = ks[ks["kind"] == "gaussian"]
     lr8 = ks[(ks["kind"] == "low_rank") & (ks["d"] == 8)].iloc[0]
-    ks_md = ("| d | data | KS distance to f_d | p |\n|---|---|---|---|\n" +
-             "\n".join(f"| {r.d} | {r.kind} | {r.ks:.3f} | {r.p:.2g} |" for r in ks.itertuples()))
-    claims = [
-        {
-            "id": "dalberto-beta-figures-mse-wins",
-            "claim": "At equal budget, \"MSE n bits\" has lower attention KL than \"MSE (n−1) bits + QJL 1 bit\" for "
-                     "every distribution, at d = 2, 4, 8 and 1024 (figures 1, 2, 4, 7; n = 4).",
-            "source": "D'Alberto, arXiv 2605.08114, figures 1, 2, 4, 7 (captions: \"MSE wins in all distributions\")",
-            "measurement": (f"MSE n bits significantly lower KL (Holm p < 0.05) in {len(wins)}/{len(mw)} (d, data) "
-                            f"cells; median ratio (MSE+QJL)/MSE {mw['ratio_qjl_over_mse'].min():.2f}–"
-                            f"{mw['ratio_qjl_over_mse'].max():.2f}; rank-biserial r (MSE first) "
-                            f"{mw['rank_biserial'].min():+.2f} to {mw['rank_biserial'].max():+.2f}."),
-            "data": data_txt,
-            "verdict": mse_wins_verdict(mw),
-            "figure": f"{STUDY}_d8.png",
-            "details": table_md + "\n\nr = 2U₁/(n₁n₂) − 1 with the MSE sample first (negative: MSE lower); p exact "
-                                  "Mann–Whitney (two-sided), Holm over the 12 cells.",
-        },
-        {
-            "id": "dalberto-beta-figures-sphere-law",
-            "claim": "After the random rotation, coordinates of Gaussian data follow the Beta law f_d (U-shaped at "
-                     "d = 2, near-Gaussian at d = 1024); rank-1 data at d = 8 gives a visibly non-Beta histogram "
-                     "(the marginal looks Beta only when the joint structure is not degenerate).",
-            "source": "D'Alberto, arXiv 2605.08114, §1 and figure 2; docs/references.md §1",
-            "measurement": (f"KS distance to f_d (one coordinate per vector): gaussian {g['ks'].min():.3f}–"
-                            f"{g['ks'].max():.3f} (p ≥ {g['p'].min():.2g}); low_rank rank 1 at d = 8: "
-                            f"{lr8['ks']:.3f} ({fmt_p(lr8['p'])})."),
-            "data": data_txt,
-            "verdict": sphere_law_verdict(ks),
-            "figure": f"{STUDY}_d8.png",
-            "details": ks_md,
-        },
-        {
-            "id": "dalberto-per-instance-bias",
-            "claim": "The per-instance bias bᵢ = ⟨q, rᵢ⟩ of the MSE stage (eq. 5) is key-specific and does not "
-                     "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion "
-                     "than the bias it removes: at equal budget MSE-only has lower attention KL.",
-            "source": "D'Alberto, arXiv 2605.08114, §3.3, eqs. (5)–(6)",
-            "measurement": (f"the conclusion, on the same cells as above: MSE n bits lower KL than MSE (n−1) + QJL 1 "
-                            f"(Holm p < {ALPHA}) in {len(wins)}/{len(mw)} (d, data) cells. The premise (a key-specific "
-                            "bᵢ does not cancel in eq. 6, a constant one does) is algebra, not measured."),
-            "data": data_txt,
-            "verdict": mse_wins_verdict(mw),
-            "figure": f"{STUDY}_d8.png",
-            "details": None,
-        },
-    ]
-    return shell.finish(claims, definitions=definitions(cfg, args.scale, seq))
+    return Claim(
+        id="dalberto-beta-figures-sphere-law",
+        claim="After the random rotation, coordinates of Gaussian data follow the Beta law f_d (U-shaped at "
+              "d = 2, near-Gaussian at d = 1024); rank-1 data at d = 8 gives a visibly non-Beta histogram "
+              "(the marginal looks Beta only when the joint structure is not degenerate).",
+        source="D'Alberto, arXiv 2605.08114, §1 and figure 2; docs/references.md §1",
+        measurement=(f"KS distance to f_d (one coordinate per vector): gaussian {g['ks'].min():.3f}–"
+                     f"{g['ks'].max():.3f} (p ≥ {g['p'].min():.2g}); low_rank rank 1 at d = 8: "
+                     f"{lr8['ks']:.3f} ({fmt_p(lr8['p'])})."),
+        data=data_text(a),
+        verdict=sphere_law_verdict(ks),
+        figure=f"{STUDY}_d8.png",
+        details=("| d | data | KS distance to f_d | p |\n|---|---|---|---|\n" +
+                 "\n".join(f"| {r.d} | {r.kind} | {r.ks:.3f} | {r.p:.2g} |" for r in ks.itertuples())))
+
+
+def per_instance_bias_claim(a: Analysis) -> Claim:
+    return Claim(
+        id="dalberto-per-instance-bias",
+        claim="The per-instance bias bᵢ = ⟨q, rᵢ⟩ of the MSE stage (eq. 5) is key-specific and does not "
+              "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion "
+              "than the bias it removes: at equal budget MSE-only has lower attention KL.",
+        source="D'Alberto, arXiv 2605.08114, §3.3, eqs. (5)–(6)",
+        measurement=(f"the conclusion, on the same cells as above: MSE n bits lower KL than MSE (n−1) + QJL 1 "
+                     f"(Holm p < {ALPHA}) in {len(a.wins)}/{len(a.mw)} (d, data) cells. The premise (a key-specific "
+                     "bᵢ does not cancel in eq. 6, a constant one does) is algebra, not measured."),
+        data=data_text(a),
+        verdict=mse_wins_verdict(a.mw),
+        figure=f"{STUDY}_d8.png",
+        details=None)
+
+
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class BetaFigures(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): one sweep (KL per trial and method), the
+    Mann–Whitney analysis, four figures and three claims.
+
+    ``main`` is Study.main's order with one step more: the histograms' draws are no sweep (they run through
+    parallel_map with the run's workers, streamed into the figures: at most a few [n, 1024] arrays in memory),
+    and their KS distances, measured while the figures are drawn, complete the analysis."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg, seq = SCALE[scale], sequence_lengths(SCALE[scale], scale)
+        return {STUDY: (cell, [c for d in DIMS for c in grid(d=d, kind=list(KINDS), bits=BITS, seq=seq[d],
+                                                              n_q=cfg["n_q"], trials=cfg["trials"])])}
+
+    def main(self, argv: list[str] | None = None, *, echo: bool = True) -> int:
+        run = study.start(self.name, self.description, argv, position=self.position)
+        cfg = SCALE[run.scale]
+        cell_fn, cells = self.cells(run.scale)[STUDY]
+        table = run.sweep(cell_fn, cells, version=self.version, name=STUDY)
+        plots.write_csv(f"{STUDY}_kl", table)
+        mw = mann_whitney_table(table)
+        ks = draw_figures(table, mw, cfg, run.args.n_jobs)
+        plots.write_csv(f"{STUDY}_ks", ks)
+        plots.write_csv(f"{STUDY}_mannwhitney", mw)
+        a = Analysis(cfg, run.scale, sequence_lengths(cfg, run.scale), mw, ks)
+        return run.finish(self.claims(a), definitions=self.definitions(a), echo=echo)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [mse_wins_claim(a), sphere_law_claim(a), per_instance_bias_claim(a)]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale, a.seq)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return BetaFigures().main(argv, echo=True)  # the claims echoed, as the study always printed them
 
 
 if __name__ == "__main__":

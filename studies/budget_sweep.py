@@ -32,6 +32,7 @@ import hashlib
 import math
 import re
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,7 @@ from kvstats.measure.stats import compare, mann_whitney, ratio_ci
 from kvstats.quant import attention
 from kvstats.quant.schemes import Scheme, scheme
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim, measurement
 from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed, grid
 
@@ -401,104 +403,6 @@ def paired_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross: pd.DataFrame, n_trials: int) -> None:
-    """The figures of the primary configuration (srht sketch); ``table`` is its view."""
-    plots.setup()
-    cols = 4
-    rows = math.ceil(len(labels) / cols)
-    for metric, ylabel, log, name in (("attention_kl", "attention_kl: KL(p_ref ‖ p_quant) [nats]", True, "kl"),
-                                      ("top5", "top-5 recall", False, "top5")):
-        fig, axes = plots.panels(rows, cols, f"{ylabel} vs budget n: median and IQR over {n_trials} trials per point",
-                                 width=3.6, height=2.9)
-        for ax, label in zip(axes.flat, labels):
-            sub = table[table["label"] == label]
-            for sch in SCHEMES:
-                g = sub[sub["scheme"] == sch].groupby("n")[metric]
-                st = plots.style(sch)
-                med, lo, hi = g.median(), g.quantile(0.25), g.quantile(0.75)
-                ax.errorbar(med.index, med, yerr=[med - lo, hi - med], color=st["color"], marker=st["marker"],
-                            ms=4, capsize=2, lw=1.2, label=st["label"])
-            ax.set_title(label)
-            ax.set_xlabel("budget n [bits per element]")
-            ax.set_ylabel(ylabel if metric == "top5" else "attention_kl [nats]")
-            ax.set_xticks(BUDGETS)
-            if log:
-                ax.set_yscale("log")
-        for ax in axes.flat[len(labels):]:
-            ax.set_visible(False)
-        handles, leg = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, leg, loc="outside lower center", ncol=4)
-        plots.save(fig, f"{STUDY}_{name}")
-
-    fig, axes = plots.panels(1, 2, "Geometric K error of QKQV relative to KQV: the crossover test", width=6.0,
-                             height=4.0)
-    for metric, ax, what in (("k_direction", axes[0, 0], "k_direction: mean 1 − cos(k, k̂)"),
-                             ("k_rel_mse", axes[0, 1], "mean ‖k − k̂‖² / ‖k‖²")):
-        for i, label in enumerate(labels):
-            c = cross[(cross["label"] == label) & (cross["metric"] == metric)]
-            ax.plot(c["n"], c["ratio"], marker="o", ms=3.5, lw=1.1, color=plt_color(i), label=label)
-        ax.axhline(1.0, color="black", lw=1)
-        ax.axhspan(0, 1.0, color="#d62728", alpha=0.07)
-        ax.text(0.02, 0.02, "below 1: QKQV better (paper: at n = 2, 3, 5)", transform=ax.transAxes, fontsize=7,
-                va="bottom")
-        ax.set_xticks(BUDGETS)
-        ax.set_ylim(0, cross[cross["metric"] == metric]["ratio"].max() * 1.1)
-        ax.set_xlabel("budget n [bits per element]")
-        ax.set_ylabel(f"median QKQV / median KQV of {what}")
-        ax.set_title(f"K error: {what}")
-    axes[0, 1].legend(fontsize=7, ncol=2)
-    plots.save(fig, f"{STUDY}_crossover")
-
-    fig, axes = plots.panels(1, 1, f"KL ratio QKQV / KQV vs n, {SKETCH} sketch (ratio of medians, 95% paired "
-                             "bootstrap CI)", width=7.5, height=4.5)
-    ax = axes[0, 0]
-    offsets = np.linspace(-0.25, 0.25, len(labels))
-    for i, label in enumerate(labels):
-        r = ratios[(ratios["label"] == label) & (ratios["sketch"] == SKETCH)]
-        ax.errorbar(r["n"] + offsets[i], r["ratio"], yerr=[r["ratio"] - r["ci_low"], r["ci_high"] - r["ratio"]],
-                    marker="o", ms=3.5, lw=1, capsize=2, color=plt_color(i), label=label)
-    ax.plot([4], [float(PAPER_RATIO)], marker="*", ms=14, color="black", ls="none",
-            label=f"D'Alberto: QKQV {PAPER_RATIO}× higher at n = 4")
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(BUDGETS)
-    ax.set_xlabel("budget n [bits per element]")
-    ax.set_ylabel("median KL(QKQV) / median KL(KQV)")
-    ax.legend(fontsize=6, ncol=2, loc="best")
-    plots.save(fig, f"{STUDY}_kl_ratio")
-
-    n4 = table[table["n"] == 4]
-    fig, axes = plots.panels(2, 2, f"All schemes at n = 4 ({n_trials} trials per box)", width=7.0, height=3.6)
-    for ax, (metric, ylabel, log) in zip(axes.flat, (("attention_kl", "attention_kl [nats]", True),
-                                                     ("top5", "top-5 recall", False),
-                                                     ("k_direction", "k_direction: mean 1 − cos(k, k̂)", True),
-                                                     ("distance_6d", "distance_6d (median-scaled norm)", True))):
-        width = 0.8 / len(SCHEMES)
-        for j, sch in enumerate(SCHEMES):
-            data = [n4[(n4["label"] == lab) & (n4["scheme"] == sch)][metric].to_numpy() for lab in labels]
-            pos = np.arange(len(labels)) + (j - (len(SCHEMES) - 1) / 2) * width
-            st = plots.style(sch)
-            bp = ax.boxplot(data, positions=pos, widths=width * 0.85, patch_artist=True,
-                            flierprops={"marker": "o", "markerfacecolor": "none", "markersize": 3})
-            for patch in bp["boxes"]:
-                patch.set_facecolor(st["color"])
-                patch.set_alpha(0.55)
-            for med in bp["medians"]:
-                med.set_color("black")
-            ax.plot([], [], color=st["color"], lw=6, alpha=0.55, label=st["label"])
-        ax.set_xticks(np.arange(len(labels)), labels, rotation=25, ha="right", fontsize=7)
-        ax.set_ylabel(ylabel)
-        if log:
-            ax.set_yscale("log")
-    axes[0, 0].legend(fontsize=7, loc="best")
-    plots.save(fig, f"{STUDY}_n4")
-
-
-def plt_color(i: int) -> str:
-    return ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-            "#17becf", "#393b79", "#637939"][i % 12]
-
-
 def ratio_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
     """Median KL(QKQV)/median KL(KQV) per sketch, data label and n, with its 95% paired bootstrap CI (trials
     matched), and the Mann–Whitney test of the same two samples (the paper's test)."""
@@ -536,29 +440,191 @@ def crossover_table(table: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def analyse(table: pd.DataFrame, scale: str, cfg: dict, n_windows: int) -> tuple[list[dict], dict]:
-    primary = view(table, SKETCH)
-    labels = list(dict.fromkeys(primary["label"]))
-    pairs = paired_table(table, cfg["paired_resamples"])  # resamples of each paired rank-biserial CI
-    plots.write_csv(f"{STUDY}_wilcoxon", pairs)
-    ratios = ratio_table(table, cfg["resamples"])
-    plots.write_csv(f"{STUDY}_kl_ratio", ratios)
-    plots.write_csv(f"{STUDY}_mannwhitney", ratios[ratios["n"] == 4][
-        ["sketch", "label", "n", "n_trials", "mw_rank_biserial", "mw_r_z", "mw_p", "mw_p_method", "mw_p_asymptotic"]])
-    cross = crossover_table(table, pairs)
-    plots.write_csv(f"{STUDY}_crossover", cross)
-    # 6D clouds at n = 4 under the paper's sketch: energy test KQV vs QKQV
+def energy_table(primary: pd.DataFrame, labels: list[str], resamples: int) -> pd.DataFrame:
+    """The 6D clouds at n = 4 under the paper's sketch: energy-distance permutation test KQV vs QKQV per label."""
     comps, energy = list(E6), []
     for label in labels:
         sub = primary[(primary["label"] == label) & (primary["n"] == 4)]
         e = energy_test(sub[sub["scheme"] == "kqv"][comps].to_numpy(), sub[sub["scheme"] == "qkqv"][comps].to_numpy(),
-                        n_resamples=cfg["resamples"], seed=1)
+                        n_resamples=resamples, seed=1)
         energy.append({"label": label, "energy_distance": e.statistic, "p": e.pvalue})
-    energy = pd.DataFrame(energy)
-    plots.write_csv(f"{STUDY}_energy", energy)
-    trials_txt = f"{cfg['trials']} trials (synthetic), {n_windows} windows (real)"
-    figures(primary, labels, ratios, cross, trials_txt)
-    return claims(pairs, ratios, cross, energy, labels, scale, cfg, n_windows), definitions(cfg, n_windows)
+    return pd.DataFrame(energy)
+
+
+def trial_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's rows as the analysis reads them: column ``scheme``, the data ``label`` and ``distance_6d``."""
+    table = raw.rename(columns={"scheme_name": "scheme"})
+    table["label"] = table.apply(data_label, axis=1)
+    return add_d6(table)
+
+
+def window_count(cfg: dict, *, capture: bool = False) -> int:
+    """The real trials at this scale: the disjoint windows of the documents (0 without real layers). With
+    ``capture``, first capture the documents (cached): once in the main process, never in parallel workers."""
+    if not cfg["layers"]:
+        return 0
+    if capture:
+        capture_documents()
+    return len(real_windows(cfg["window"]))
+
+
+@dataclass(frozen=True, eq=False)
+class Analysis:
+    """What the figures and the claims read: the scale's configuration, the real windows, every trial
+    (:func:`trial_table`), its primary view (srht sketch) and data labels, and the test tables."""
+
+    cfg: dict
+    scale: str
+    n_windows: int
+    table: pd.DataFrame
+    primary: pd.DataFrame
+    labels: list[str]
+    pairs: pd.DataFrame  # paired_table
+    ratios: pd.DataFrame  # ratio_table
+    cross: pd.DataFrame  # crossover_table
+    energy: pd.DataFrame  # energy_table
+
+
+def analyse(table: pd.DataFrame, scale: str, n_windows: int) -> Analysis:
+    """The tests of the trial table (:func:`trial_table`) at ``scale``."""
+    cfg = SCALE[scale]
+    primary = view(table, SKETCH)
+    labels = list(dict.fromkeys(primary["label"]))
+    pairs = paired_table(table, cfg["paired_resamples"])  # resamples of each paired rank-biserial CI
+    ratios = ratio_table(table, cfg["resamples"])
+    cross = crossover_table(table, pairs)
+    energy = energy_table(primary, labels, cfg["resamples"])
+    return Analysis(cfg, scale, n_windows, table, primary, labels, pairs, ratios, cross, energy)
+
+
+def write_tables(a: Analysis) -> None:
+    """The CSVs of figures/data/: every trial, the paired tests, the KL ratios, the paper's Mann–Whitney rows,
+    the crossover and the energy tests."""
+    plots.write_csv(f"{STUDY}_trials", a.table)
+    plots.write_csv(f"{STUDY}_wilcoxon", a.pairs)
+    plots.write_csv(f"{STUDY}_kl_ratio", a.ratios)
+    plots.write_csv(f"{STUDY}_mannwhitney", a.ratios[a.ratios["n"] == 4][
+        ["sketch", "label", "n", "n_trials", "mw_rank_biserial", "mw_r_z", "mw_p", "mw_p_method", "mw_p_asymptotic"]])
+    plots.write_csv(f"{STUDY}_crossover", a.cross)
+    plots.write_csv(f"{STUDY}_energy", a.energy)
+
+
+# -------------------------------------------------------------------------------------------- figures
+
+
+def figures(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, cross: pd.DataFrame, n_trials: str) -> None:
+    """The figures of the primary configuration (srht sketch); ``table`` is its view."""
+    plots.setup()
+    budget_figure(table, labels, "attention_kl", "attention_kl: KL(p_ref ‖ p_quant) [nats]", "kl", n_trials, log=True)
+    budget_figure(table, labels, "top5", "top-5 recall", "top5", n_trials, log=False)
+    crossover_figure(labels, cross)
+    kl_ratio_figure(labels, ratios)
+    n4_figure(table, labels, n_trials)
+
+
+def budget_figure(table: pd.DataFrame, labels: list[str], metric: str, ylabel: str, name: str, n_trials: str, *,
+                  log: bool) -> None:
+    """``metric`` against the budget n per data label: median and IQR of each scheme."""
+    cols = 4
+    rows = math.ceil(len(labels) / cols)
+    fig, axes = plots.panels(rows, cols, f"{ylabel} vs budget n: median and IQR over {n_trials} trials per point",
+                             width=3.6, height=2.9)
+    for ax, label in zip(axes.flat, labels):
+        sub = table[table["label"] == label]
+        for sch in SCHEMES:
+            g = sub[sub["scheme"] == sch].groupby("n")[metric]
+            st = plots.style(sch)
+            med, lo, hi = g.median(), g.quantile(0.25), g.quantile(0.75)
+            ax.errorbar(med.index, med, yerr=[med - lo, hi - med], color=st["color"], marker=st["marker"],
+                        ms=4, capsize=2, lw=1.2, label=st["label"])
+        ax.set_title(label)
+        ax.set_xlabel("budget n [bits per element]")
+        ax.set_ylabel(ylabel if metric == "top5" else "attention_kl [nats]")
+        ax.set_xticks(BUDGETS)
+        if log:
+            ax.set_yscale("log")
+    for ax in axes.flat[len(labels):]:
+        ax.set_visible(False)
+    handles, leg = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, leg, loc="outside lower center", ncol=4)
+    plots.save(fig, f"{STUDY}_{name}")
+
+
+def crossover_figure(labels: list[str], cross: pd.DataFrame) -> None:
+    """Median QKQV / median KQV of the two K errors against n, per data label."""
+    fig, axes = plots.panels(1, 2, "Geometric K error of QKQV relative to KQV: the crossover test", width=6.0,
+                             height=4.0)
+    for metric, ax, what in (("k_direction", axes[0, 0], "k_direction: mean 1 − cos(k, k̂)"),
+                             ("k_rel_mse", axes[0, 1], "mean ‖k − k̂‖² / ‖k‖²")):
+        for i, label in enumerate(labels):
+            c = cross[(cross["label"] == label) & (cross["metric"] == metric)]
+            ax.plot(c["n"], c["ratio"], marker="o", ms=3.5, lw=1.1, color=plt_color(i), label=label)
+        ax.axhline(1.0, color="black", lw=1)
+        ax.axhspan(0, 1.0, color="#d62728", alpha=0.07)
+        ax.text(0.02, 0.02, "below 1: QKQV better (paper: at n = 2, 3, 5)", transform=ax.transAxes, fontsize=7,
+                va="bottom")
+        ax.set_xticks(BUDGETS)
+        ax.set_ylim(0, cross[cross["metric"] == metric]["ratio"].max() * 1.1)
+        ax.set_xlabel("budget n [bits per element]")
+        ax.set_ylabel(f"median QKQV / median KQV of {what}")
+        ax.set_title(f"K error: {what}")
+    axes[0, 1].legend(fontsize=7, ncol=2)
+    plots.save(fig, f"{STUDY}_crossover")
+
+
+def kl_ratio_figure(labels: list[str], ratios: pd.DataFrame) -> None:
+    """The KL ratio QKQV / KQV (srht sketch) against n with its CI, per data label, and the paper's 2.25×."""
+    fig, axes = plots.panels(1, 1, f"KL ratio QKQV / KQV vs n, {SKETCH} sketch (ratio of medians, 95% paired "
+                             "bootstrap CI)", width=7.5, height=4.5)
+    ax = axes[0, 0]
+    offsets = np.linspace(-0.25, 0.25, len(labels))
+    for i, label in enumerate(labels):
+        r = ratios[(ratios["label"] == label) & (ratios["sketch"] == SKETCH)]
+        ax.errorbar(r["n"] + offsets[i], r["ratio"], yerr=[r["ratio"] - r["ci_low"], r["ci_high"] - r["ratio"]],
+                    marker="o", ms=3.5, lw=1, capsize=2, color=plt_color(i), label=label)
+    ax.plot([4], [float(PAPER_RATIO)], marker="*", ms=14, color="black", ls="none",
+            label=f"D'Alberto: QKQV {PAPER_RATIO}× higher at n = 4")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(BUDGETS)
+    ax.set_xlabel("budget n [bits per element]")
+    ax.set_ylabel("median KL(QKQV) / median KL(KQV)")
+    ax.legend(fontsize=6, ncol=2, loc="best")
+    plots.save(fig, f"{STUDY}_kl_ratio")
+
+
+def n4_figure(table: pd.DataFrame, labels: list[str], n_trials: str) -> None:
+    """Boxes of every scheme at n = 4, per data label, for KL, top-5 recall, K direction and 6D distance."""
+    n4 = table[table["n"] == 4]
+    fig, axes = plots.panels(2, 2, f"All schemes at n = 4 ({n_trials} trials per box)", width=7.0, height=3.6)
+    for ax, (metric, ylabel, log) in zip(axes.flat, (("attention_kl", "attention_kl [nats]", True),
+                                                     ("top5", "top-5 recall", False),
+                                                     ("k_direction", "k_direction: mean 1 − cos(k, k̂)", True),
+                                                     ("distance_6d", "distance_6d (median-scaled norm)", True))):
+        width = 0.8 / len(SCHEMES)
+        for j, sch in enumerate(SCHEMES):
+            data = [n4[(n4["label"] == lab) & (n4["scheme"] == sch)][metric].to_numpy() for lab in labels]
+            pos = np.arange(len(labels)) + (j - (len(SCHEMES) - 1) / 2) * width
+            st = plots.style(sch)
+            bp = ax.boxplot(data, positions=pos, widths=width * 0.85, patch_artist=True,
+                            flierprops={"marker": "o", "markerfacecolor": "none", "markersize": 3})
+            for patch in bp["boxes"]:
+                patch.set_facecolor(st["color"])
+                patch.set_alpha(0.55)
+            for med in bp["medians"]:
+                med.set_color("black")
+            ax.plot([], [], color=st["color"], lw=6, alpha=0.55, label=st["label"])
+        ax.set_xticks(np.arange(len(labels)), labels, rotation=25, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+    axes[0, 0].legend(fontsize=7, loc="best")
+    plots.save(fig, f"{STUDY}_n4")
+
+
+def plt_color(i: int) -> str:
+    return ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf", "#393b79", "#637939"][i % 12]
 
 
 # --------------------------------------------------------------------------------------------- claims
@@ -594,180 +660,233 @@ def sketch_txt(sketch: str) -> str:
             "orthogonal": "orthogonal-rows sketch"}[sketch]
 
 
-def claims(pairs, ratios, cross, energy, labels, scale, cfg, n_windows) -> list[dict]:
-    peaked, iso, real = _split(labels)
-    data_txt = (f"synthetic {', '.join(peaked)} (d = {cfg['d']}, seq {cfg['seq']}, {SYNTHETIC_HEADS[0]} KV / "
-                f"{SYNTHETIC_HEADS[1]} query heads, {cfg['n_q']} queries per head, {cfg['trials']} trials), each "
-                f"with peaked and with isotropic queries; SmolLM2-135M layers {', '.join(r.split()[-1] for r in real)} "
-                f"(d = {REAL_D}, 3 KV / 9 query heads, {n_windows} disjoint windows of {cfg['window']} tokens over "
-                f"{len(DOCUMENT_TITLES)} documents, last {cfg['n_q'] // 2} queries per head, causal); {scale} scale")
-    conv = (f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
+def _suffix(sketch: str) -> str:
+    """The id suffix of a sensitivity row ("" for the paper's sketch)."""
+    return "" if sketch == SKETCH else f"-sketch-{sketch}"
+
+
+def _sensitivity(sketch: str, where: str = "") -> str:
+    """The claim text's note on a sensitivity row ("" for the paper's sketch)."""
+    return "" if sketch == SKETCH else f" (sensitivity{where}: {sketch_txt(sketch)})"
+
+
+def data_text(a: Analysis) -> str:
+    """The claims' data sentence."""
+    peaked, _, real = _split(a.labels)
+    cfg = a.cfg
+    return (f"synthetic {', '.join(peaked)} (d = {cfg['d']}, seq {cfg['seq']}, {SYNTHETIC_HEADS[0]} KV / "
+            f"{SYNTHETIC_HEADS[1]} query heads, {cfg['n_q']} queries per head, {cfg['trials']} trials), each "
+            f"with peaked and with isotropic queries; SmolLM2-135M layers {', '.join(r.split()[-1] for r in real)} "
+            f"(d = {REAL_D}, 3 KV / 9 query heads, {a.n_windows} disjoint windows of {cfg['window']} tokens over "
+            f"{len(DOCUMENT_TITLES)} documents, last {cfg['n_q'] // 2} queries per head, causal); {a.scale} scale")
+
+
+def conventions(a: Analysis) -> str:
+    """The paired tests' conventions, the start of the direction claims' details."""
+    return (f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
             f"matched-pairs rank-biserial r of KQV − other (negative: KQV lower); a cell counts for the claim when "
-            f"Holm p < {ALPHA} over all {len(pairs)} tests of figures/data/{STUDY}_wilcoxon.csv.")
+            f"Holm p < {ALPHA} over all {len(a.pairs)} tests of figures/data/{STUDY}_wilcoxon.csv.")
 
-    def per_model(metric, other, sign, sketch=SKETCH, n=None):
-        return "; ".join(f"{name}: {_count(_cells(pairs, metric, other, sketch, n, labs), sign)}"
-                         for name, labs in (("peaked q", peaked), ("isotropic q", iso), ("SmolLM2", real)) if labs)
 
-    out = []
-    # finding 1, per sketch
-    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
-        cells = [c for m in FINDING1_METRICS for other in ("qkqv", "kv")
-                 for c in _pr(_cells(pairs, m, other, sketch, 4))]
-        parts = ", ".join(f"{m} vs {o.upper()} {per_model(m, o, -1, sketch, 4)}"
-                          for m in FINDING1_METRICS for o in ("qkqv", "kv"))
-        out.append({
-            "id": "dalberto-finding1-n4-kqv-wins" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
-            "claim": "At n = 4, KQV wins on KL, geometric K error and 6D distance for every distribution and rank "
-                     "tested." + ("" if sketch == SKETCH else f" (sensitivity: {sketch_txt(sketch)})"),
-            "source": "D'Alberto, arXiv 2605.08114, abstract, finding (1)",
-            "measurement": f"{sketch_txt(sketch)}, n = 4, KQV significantly lower (cells for / cells): {parts}.",
-            "data": data_txt,
-            "verdict": kqv_lower(cells),
-            "figure": f"{STUDY}_n4.png",
-            "details": conv + " distance_6d: per trial ‖e/m‖ over the six 6D components (docs/metrics_error6d.md).",
-        })
-    # finding 2: every budget under srht; sensitivity at n = 4
-    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
-        sel = _cells(pairs, "attention_kl", "qkqv", sketch)
-        r = ratios[ratios["sketch"] == sketch]
-        out.append({
-            "id": "dalberto-finding2-qkqv-worse-kl" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
-            "claim": "QKQV is worse than KQV in KL at every budget and distribution (the K–V asymmetry is absolute)."
-                     + ("" if sketch == SKETCH else f" (sensitivity at n = 4: {sketch_txt(sketch)})"),
-            "source": "D'Alberto, arXiv 2605.08114, abstract, finding (2)",
-            "measurement": (f"{sketch_txt(sketch)}, n ∈ {sorted(set(sel['n']))}: KQV's KL significantly lower in "
-                            f"{per_model('attention_kl', 'qkqv', -1, sketch)} (data, n) cells; median KL ratio "
-                            f"QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×."),
-            "data": data_txt,
-            "verdict": kqv_lower(_pr(sel)),
-            "figure": f"{STUDY}_kl.png",
-            "details": conv,
-        })
-    # finding 3: crossover of the K geometry (srht)
-    kd = cross[cross["metric"] == "k_direction"]
+def per_model(a: Analysis, metric: str, other: str, sign: int, sketch: str = SKETCH, n: int | None = None) -> str:
+    """Cells for the claim / cells, per query model: "peaked q: k/m; isotropic q: ...; SmolLM2: ..."."""
+    peaked, iso, real = _split(a.labels)
+    return "; ".join(f"{name}: {_count(_cells(a.pairs, metric, other, sketch, n, labs), sign)}"
+                     for name, labs in (("peaked q", peaked), ("isotropic q", iso), ("SmolLM2", real)) if labs)
+
+
+def finding1_claim(a: Analysis, sketch: str) -> Claim:
+    cells = [c for m in FINDING1_METRICS for other in ("qkqv", "kv")
+             for c in _pr(_cells(a.pairs, m, other, sketch, 4))]
+    parts = ", ".join(f"{m} vs {o.upper()} {per_model(a, m, o, -1, sketch, 4)}"
+                      for m in FINDING1_METRICS for o in ("qkqv", "kv"))
+    return Claim(
+        id="dalberto-finding1-n4-kqv-wins" + _suffix(sketch),
+        claim="At n = 4, KQV wins on KL, geometric K error and 6D distance for every distribution and rank "
+              "tested." + _sensitivity(sketch),
+        source="D'Alberto, arXiv 2605.08114, abstract, finding (1)",
+        measurement=measurement(f"{sketch_txt(sketch)}, n = 4, KQV significantly lower (cells for / cells): {parts}"),
+        data=data_text(a),
+        verdict=kqv_lower(cells),
+        figure=f"{STUDY}_n4.png",
+        details=conventions(a) + " distance_6d: per trial ‖e/m‖ over the six 6D components (docs/metrics_error6d.md).")
+
+
+def finding2_claim(a: Analysis, sketch: str) -> Claim:
+    """Every budget under srht; the sensitivity rows at n = 4."""
+    sel = _cells(a.pairs, "attention_kl", "qkqv", sketch)
+    r = a.ratios[a.ratios["sketch"] == sketch]
+    return Claim(
+        id="dalberto-finding2-qkqv-worse-kl" + _suffix(sketch),
+        claim="QKQV is worse than KQV in KL at every budget and distribution (the K–V asymmetry is absolute)."
+              + _sensitivity(sketch, " at n = 4"),
+        source="D'Alberto, arXiv 2605.08114, abstract, finding (2)",
+        measurement=measurement(f"{sketch_txt(sketch)}, n ∈ {sorted(set(sel['n']))}: KQV's KL significantly lower "
+                                f"in {per_model(a, 'attention_kl', 'qkqv', -1, sketch)} (data, n) cells",
+                                f"median KL ratio QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×"),
+        data=data_text(a),
+        verdict=kqv_lower(_pr(sel)),
+        figure=f"{STUDY}_kl.png",
+        details=conventions(a))
+
+
+def crossover_markdown(kd: pd.DataFrame, better_q: dict[int, int]) -> str:
+    """Finding 3's table: per budget, the paper's better scheme beside what the data show."""
+    return ("| n | paper: better K geometry | data sets where QKQV has lower median 1 − cos | median ratio "
+            "QKQV/KQV (range over data) |\n|---|---|---|---|\n" +
+            "\n".join(f"| {n} | {CROSSOVER[n].upper()} | {better_q[n]}/{int((kd['n'] == n).sum())} | "
+                      f"{kd[kd['n'] == n]['ratio'].min():.2f}–{kd[kd['n'] == n]['ratio'].max():.2f} |"
+                      for n in BUDGETS))
+
+
+def finding3_claim(a: Analysis) -> Claim:
+    """The crossover of the K geometry (srht)."""
+    kd = a.cross[a.cross["metric"] == "k_direction"]
     cells = list(zip(kd["n"], kd["p_holm_k_direction"], kd["rank_biserial_kqv_minus_qkqv"]))
     better_q = {n: int((kd[kd["n"] == n]["better"] == "qkqv").sum()) for n in BUDGETS}
-    table_md = ("| n | paper: better K geometry | data sets where QKQV has lower median 1 − cos | median ratio "
-                "QKQV/KQV (range over data) |\n|---|---|---|---|\n" +
-                "\n".join(f"| {n} | {CROSSOVER[n].upper()} | {better_q[n]}/{int((kd['n'] == n).sum())} | "
-                          f"{kd[kd['n'] == n]['ratio'].min():.2f}–{kd[kd['n'] == n]['ratio'].max():.2f} |"
-                          for n in BUDGETS))
-    out.append({
-        "id": "dalberto-finding3-crossover",
-        "claim": "Crossover: QKQV has better geometric K reconstruction at n ∈ {2, 3, 5}, KQV at n ∈ {4, 6}, "
-                 "independent of rank and tail weight.",
-        "source": "D'Alberto, arXiv 2605.08114, abstract, finding (3)",
-        "measurement": (f"{sketch_txt(SKETCH)}; k_direction = mean 1 − cos(k, k̂) (independent of the query "
-                        f"model): QKQV's median lower in {sum(better_q.values())}/{len(kd)} (data, n) cells, median "
-                        f"ratio QKQV/KQV {kd['ratio'].min():.2f}–{kd['ratio'].max():.2f}."),
-        "data": data_txt,
-        "verdict": crossover_verdict(cells),
-        "figure": f"{STUDY}_crossover.png",
-        "details": table_md + "\n\nEach (data, n) cell counts for the claim when the paired test of k_direction "
-                   f"(Holm p < {ALPHA}) points to the paper's better scheme at that n. Same picture with "
-                   "‖k − k̂‖²/‖k‖² in figures/data/budget_sweep_crossover.csv.",
-    })
-    # the 2.25x ratio: gaussian data, each query model, each sketch
+    return Claim(
+        id="dalberto-finding3-crossover",
+        claim="Crossover: QKQV has better geometric K reconstruction at n ∈ {2, 3, 5}, KQV at n ∈ {4, 6}, "
+              "independent of rank and tail weight.",
+        source="D'Alberto, arXiv 2605.08114, abstract, finding (3)",
+        measurement=measurement(sketch_txt(SKETCH),
+                                "k_direction = mean 1 − cos(k, k̂) (independent of the query model): QKQV's median "
+                                f"lower in {sum(better_q.values())}/{len(kd)} (data, n) cells, median ratio "
+                                f"QKQV/KQV {kd['ratio'].min():.2f}–{kd['ratio'].max():.2f}"),
+        data=data_text(a),
+        verdict=crossover_verdict(cells),
+        figure=f"{STUDY}_crossover.png",
+        details=crossover_markdown(kd, better_q) + "\n\nEach (data, n) cell counts for the claim when the paired "
+                f"test of k_direction (Holm p < {ALPHA}) points to the paper's better scheme at that n. Same picture "
+                "with ‖k − k̂‖²/‖k‖² in figures/data/budget_sweep_crossover.csv.")
+
+
+def _gaussian_ratios(a: Analysis, r4: pd.DataFrame) -> tuple[list[V.Verdict], list[str]]:
+    """The number verdict and the measurement text of each gaussian query model's KL ratio at n = 4."""
+    parts, texts = [], []
+    for lab in [lab for lab in a.labels if lab.split(" (")[0] == "gaussian"]:
+        row = r4.loc[lab]
+        parts.append(ratio_verdict((row["ci_low"], row["ci_high"]), row["ratio"]))
+        texts.append(f"{lab}{'' if lab.endswith(')') else ' (peaked q)'}: QKQV/KQV = {row['ratio']:.2f}× "
+                     f"[95% CI {row['ci_low']:.2f}, {row['ci_high']:.2f}], Mann–Whitney r = "
+                     f"{row['mw_rank_biserial']:+.3f}, {fmt_p(row['mw_p'])} ({row['mw_p_method']})")
+    return parts, texts
+
+
+def _ratio_details(r4: pd.DataFrame) -> str:
+    """The 2.25× claim's details: every data set's ratio and Mann–Whitney test, and the attainable p."""
     exact_n, normal_n = min_n_for_p(PAPER_P, exact=True), min_n_for_p(PAPER_P, exact=False)
-    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
-        r4 = ratios[(ratios["sketch"] == sketch) & (ratios["n"] == 4)].set_index("label")
-        parts, texts = [], []
-        for lab in [lab for lab in labels if lab.split(" (")[0] == "gaussian"]:
-            row = r4.loc[lab]
-            parts.append(ratio_verdict((row["ci_low"], row["ci_high"]), row["ratio"]))
-            texts.append(f"{lab}{'' if lab.endswith(')') else ' (peaked q)'}: QKQV/KQV = {row['ratio']:.2f}× "
-                         f"[95% CI {row['ci_low']:.2f}, {row['ci_high']:.2f}], Mann–Whitney r = "
-                         f"{row['mw_rank_biserial']:+.3f}, {fmt_p(row['mw_p'])} ({row['mw_p_method']})")
-        lines = "\n".join(f"| {lab} | {r.ratio:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] | {r.mw_rank_biserial:+.3f} | "
-                          f"{r.mw_r_z:+.3f} | {r.mw_p:.2g} ({r.mw_p_method}) | {r.mw_p_asymptotic:.2g} |"
-                          for lab, r in r4.iterrows())
-        n_tr = int(r4.loc["gaussian", "n_trials"]) if "gaussian" in r4.index else int(r4["n_trials"].iloc[0])
-        out.append({
-            "id": "dalberto-kl-ratio-2.25" + ("" if sketch == SKETCH else f"-sketch-{sketch}"),
-            "claim": "At n = 4, KQV's KL is 2.25× lower than QKQV's (Mann–Whitney r = −0.983, p < 1e−23)."
-                     + ("" if sketch == SKETCH else f" (sensitivity: {sketch_txt(sketch)})"),
-            "source": "D'Alberto, arXiv 2605.08114, abstract",
-            "measurement": f"{sketch_txt(sketch)}, gaussian data: " + "; ".join(texts) + ".",
-            "data": data_txt,
-            "verdict": V.combine(parts) if len(parts) > 1 else parts[0],
-            "figure": f"{STUDY}_kl_ratio.png",
-            "details": ("Number rule on the ratio of medians with its 95% paired bootstrap CI (trials matched), per "
-                        "query model, combined. Every data set at n = 4:\n\n| data | QKQV/KQV [95% CI] | Mann–Whitney "
-                        "rank-biserial r | Z/√N | p | normal-approx. p |\n|---|---|---|---|---|---|\n" + lines +
-                        f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
-                        f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
-                        f"group with the exact p (2/C(2n, n) at complete separation), from {normal_n} with the "
-                        "normal approximation."),
-        })
-    # 6D energy test (srht)
-    out.append({
-        "id": "dalberto-6d-discriminates-n4",
-        "claim": "The 6D error framework discriminates the schemes' error distributions beyond scalar metrics "
-                 "(KQV vs QKQV at n = 4).",
-        "source": "D'Alberto, arXiv 2605.08114, abstract (6D error framework); test: energy distance, "
-                  "docs/metrics_error6d.md",
-        "measurement": (f"{sketch_txt(SKETCH)}: " + "; ".join(f"{r.label}: ℰ = {r.energy_distance:.3g}, p = {r.p:.2g}"
-                                                              for r in energy.itertuples())
-                        + f" ({cfg['resamples']} permutations; smallest attainable p = "
-                          f"{1 / (cfg['resamples'] + 1):.0e})."),
-        "data": data_txt,
-        "verdict": energy_verdict(list(zip(energy["p"], energy["energy_distance"]))),
-        "figure": f"{STUDY}_n4.png",
-        "details": "A data set counts for the claim when the energy-distance permutation test of the two 6D "
-                   f"clouds rejects at p < {ALPHA}.",
-    })
-    # QJL on V: KQV vs KV (same K quantizer) on the attention output error
-    sel = _cells(pairs, "output_error", "kv")
-    vsel = _cells(pairs, "v_rel_mse", "kv")
-    out.append({
-        "id": "dalberto-qjl-on-v-useful",
-        "claim": "QJL's unbiased correction is genuinely useful on V (KQV's attention output beats KV's at the "
-                 "same budget).",
-        "source": "D'Alberto, arXiv 2605.08114, §3.3 (effect on V)",
-        "measurement": (f"{sketch_txt(SKETCH)}: KQV's output error significantly lower than KV's in "
-                        f"{per_model('output_error', 'kv', -1)} (data, n) cells, higher in "
-                        f"{per_model('output_error', 'kv', +1)}; V's own error ‖v − v̂‖²/‖v‖² lower for KQV in "
-                        f"{per_model('v_rel_mse', 'kv', -1)}."),
-        "data": data_txt,
-        "verdict": kqv_lower(_pr(sel)),
-        "figure": f"{STUDY}_n4.png",
-        "details": conv + f" The verdict uses output_error over {len(sel)} cells; V's error is shown beside it "
-                   f"({len(vsel)} cells).",
-    })
-    # top-5 routing
-    sel = _cells(pairs, "top5", "qkqv")
-    out.append({
-        "id": "dalberto-top5-routing",
-        "claim": "KL inflation has routing consequences: QKQV recovers fewer of the reference top-5 tokens "
-                 "than KQV.",
-        "source": "D'Alberto, arXiv 2605.08114, §3.4",
-        "measurement": (f"{sketch_txt(SKETCH)}: KQV's top-5 recall significantly higher in "
-                        f"{per_model('top5', 'qkqv', +1)} (data, n) cells; median difference of top-5 recall "
-                        f"KQV − QKQV {sel['median_difference'].min():+.3f} to {sel['median_difference'].max():+.3f}."),
-        "data": data_txt,
-        "verdict": kqv_higher(_pr(sel)),
-        "figure": f"{STUDY}_top5.png",
-        "details": conv + " top-5 recall: share of the reference top-5 keys (ties broken by index) among the "
-                          "scheme's top 5 (kvstats.metrics.topk_recall_from_scores).",
-    })
-    # the min-max baseline
-    mm = _cells(pairs, "attention_kl", "minmax")
-    out.append({
-        "id": "kvstats-minmax-baseline",
-        "claim": "KIVI-style min-max (K per channel, V per token, fp16 min/scale in groups of d) as a baseline "
-                 "at the same nominal budget (docs/references.md §7; not in D'Alberto's comparison).",
-        "source": "kvstats",
-        "measurement": (f"KL: KQV significantly lower than min-max in {_count(mm, -1)} (data, n) cells, min-max "
-                        f"lower in {_count(mm, +1)}. Side information: 32/d bits per element, equal to the fp32 "
-                        "norm of the other schemes."),
-        "data": data_txt,
-        "verdict": V.measured(f"paired KL tests of KQV vs min-max: KQV lower in {_count(mm, -1)}, min-max lower "
-                              f"in {_count(mm, +1)}"),
-        "figure": f"{STUDY}_kl.png",
-        "details": None,
-    })
-    return out
+    lines = "\n".join(f"| {lab} | {r.ratio:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] | {r.mw_rank_biserial:+.3f} | "
+                      f"{r.mw_r_z:+.3f} | {r.mw_p:.2g} ({r.mw_p_method}) | {r.mw_p_asymptotic:.2g} |"
+                      for lab, r in r4.iterrows())
+    n_tr = int(r4.loc["gaussian", "n_trials"]) if "gaussian" in r4.index else int(r4["n_trials"].iloc[0])
+    return ("Number rule on the ratio of medians with its 95% paired bootstrap CI (trials matched), per "
+            "query model, combined. Every data set at n = 4:\n\n| data | QKQV/KQV [95% CI] | Mann–Whitney "
+            "rank-biserial r | Z/√N | p | normal-approx. p |\n|---|---|---|---|---|---|\n" + lines +
+            f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
+            f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
+            f"group with the exact p (2/C(2n, n) at complete separation), from {normal_n} with the "
+            "normal approximation.")
+
+
+def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
+    """The 2.25× ratio: gaussian data, each query model."""
+    r4 = a.ratios[(a.ratios["sketch"] == sketch) & (a.ratios["n"] == 4)].set_index("label")
+    parts, texts = _gaussian_ratios(a, r4)
+    return Claim(
+        id="dalberto-kl-ratio-2.25" + _suffix(sketch),
+        claim="At n = 4, KQV's KL is 2.25× lower than QKQV's (Mann–Whitney r = −0.983, p < 1e−23)."
+              + _sensitivity(sketch),
+        source="D'Alberto, arXiv 2605.08114, abstract",
+        measurement=measurement(f"{sketch_txt(sketch)}, gaussian data: " + "; ".join(texts)),
+        data=data_text(a),
+        verdict=V.combine(parts) if len(parts) > 1 else parts[0],
+        figure=f"{STUDY}_kl_ratio.png",
+        details=_ratio_details(r4))
+
+
+def energy_claim(a: Analysis) -> Claim:
+    """The 6D energy test (srht)."""
+    resamples = a.cfg["resamples"]
+    return Claim(
+        id="dalberto-6d-discriminates-n4",
+        claim="The 6D error framework discriminates the schemes' error distributions beyond scalar metrics "
+              "(KQV vs QKQV at n = 4).",
+        source="D'Alberto, arXiv 2605.08114, abstract (6D error framework); test: energy distance, "
+               "docs/metrics_error6d.md",
+        measurement=(f"{sketch_txt(SKETCH)}: " + "; ".join(f"{r.label}: ℰ = {r.energy_distance:.3g}, p = {r.p:.2g}"
+                                                           for r in a.energy.itertuples())
+                     + f" ({resamples} permutations; smallest attainable p = {1 / (resamples + 1):.0e})."),
+        data=data_text(a),
+        verdict=energy_verdict(list(zip(a.energy["p"], a.energy["energy_distance"]))),
+        figure=f"{STUDY}_n4.png",
+        details="A data set counts for the claim when the energy-distance permutation test of the two 6D "
+                f"clouds rejects at p < {ALPHA}.")
+
+
+def qjl_on_v_claim(a: Analysis) -> Claim:
+    """QJL on V: KQV vs KV (same K quantizer) on the attention output error."""
+    sel = _cells(a.pairs, "output_error", "kv")
+    vsel = _cells(a.pairs, "v_rel_mse", "kv")
+    return Claim(
+        id="dalberto-qjl-on-v-useful",
+        claim="QJL's unbiased correction is genuinely useful on V (KQV's attention output beats KV's at the "
+              "same budget).",
+        source="D'Alberto, arXiv 2605.08114, §3.3 (effect on V)",
+        measurement=measurement(f"{sketch_txt(SKETCH)}: KQV's output error significantly lower than KV's in "
+                                f"{per_model(a, 'output_error', 'kv', -1)} (data, n) cells, higher in "
+                                f"{per_model(a, 'output_error', 'kv', +1)}",
+                                f"V's own error ‖v − v̂‖²/‖v‖² lower for KQV in {per_model(a, 'v_rel_mse', 'kv', -1)}"),
+        data=data_text(a),
+        verdict=kqv_lower(_pr(sel)),
+        figure=f"{STUDY}_n4.png",
+        details=conventions(a) + f" The verdict uses output_error over {len(sel)} cells; V's error is shown beside "
+                f"it ({len(vsel)} cells).")
+
+
+def top5_claim(a: Analysis) -> Claim:
+    """Top-5 routing: KQV vs QKQV."""
+    sel = _cells(a.pairs, "top5", "qkqv")
+    return Claim(
+        id="dalberto-top5-routing",
+        claim="KL inflation has routing consequences: QKQV recovers fewer of the reference top-5 tokens "
+              "than KQV.",
+        source="D'Alberto, arXiv 2605.08114, §3.4",
+        measurement=measurement(f"{sketch_txt(SKETCH)}: KQV's top-5 recall significantly higher in "
+                                f"{per_model(a, 'top5', 'qkqv', +1)} (data, n) cells",
+                                f"median difference of top-5 recall KQV − QKQV {sel['median_difference'].min():+.3f} "
+                                f"to {sel['median_difference'].max():+.3f}"),
+        data=data_text(a),
+        verdict=kqv_higher(_pr(sel)),
+        figure=f"{STUDY}_top5.png",
+        details=conventions(a) + " top-5 recall: share of the reference top-5 keys (ties broken by index) among "
+                "the scheme's top 5 (kvstats.metrics.topk_recall_from_scores).")
+
+
+def minmax_claim(a: Analysis) -> Claim:
+    """The KIVI-style min-max baseline (our own measurement)."""
+    mm = _cells(a.pairs, "attention_kl", "minmax")
+    return Claim(
+        id="kvstats-minmax-baseline",
+        claim="KIVI-style min-max (K per channel, V per token, fp16 min/scale in groups of d) as a baseline "
+              "at the same nominal budget (docs/references.md §7; not in D'Alberto's comparison).",
+        source="kvstats",
+        measurement=(f"KL: KQV significantly lower than min-max in {_count(mm, -1)} (data, n) cells, min-max "
+                     f"lower in {_count(mm, +1)}. Side information: 32/d bits per element, equal to the fp32 "
+                     "norm of the other schemes."),
+        data=data_text(a),
+        verdict=V.measured(f"paired KL tests of KQV vs min-max: KQV lower in {_count(mm, -1)}, min-max lower "
+                           f"in {_count(mm, +1)}"),
+        figure=f"{STUDY}_kl.png")
+
+
+def claims(a: Analysis) -> list[Claim]:
+    """Every claim, in the report's order: D'Alberto's findings (1)–(3) and his 2.25× (each under the paper's
+    sketch, then the sensitivity sketches where it has them), the 6D test, QJL on V, top-5, min-max."""
+    sketches = (SKETCH, *SENSITIVITY_SKETCHES)
+    return ([finding1_claim(a, s) for s in sketches] + [finding2_claim(a, s) for s in sketches]
+            + [finding3_claim(a)] + [kl_ratio_claim(a, s) for s in sketches]
+            + [energy_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a)])
 
 
 def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
@@ -811,20 +930,35 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
     }
 
 
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class BudgetSweep(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): one sweep (data × scheme × sketch × n), its tests,
+    figures, claims and definitions."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        return {STUDY: (cell, sweep_cells(scale, window_count(SCALE[scale], capture=True)))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        return analyse(trial_table(tables[STUDY]), scale, window_count(SCALE[scale]))
+
+    def figures(self, tables, a: Analysis) -> None:
+        write_tables(a)
+        figures(a.primary, a.labels, a.ratios, a.cross,
+                f"{a.cfg['trials']} trials (synthetic), {a.n_windows} windows (real)")
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return claims(a)
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.n_windows)
+
+
 def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    cfg = SCALE[shell.args.scale]
-    n_windows = 0
-    if cfg["layers"]:
-        capture_documents()  # once here (cached), never in parallel workers
-        n_windows = len(real_windows(cfg["window"]))
-    table = shell.sweep(cell, sweep_cells(shell.args.scale, n_windows), version=VERSION)
-    table = table.rename(columns={"scheme_name": "scheme"})
-    table["label"] = table.apply(data_label, axis=1)
-    table = add_d6(table)
-    plots.write_csv(f"{STUDY}_trials", table)
-    out, defs = analyse(table, shell.args.scale, cfg, n_windows)
-    return shell.finish(out, definitions=defs)
+    return BudgetSweep().main(argv, echo=True)
 
 
 if __name__ == "__main__":

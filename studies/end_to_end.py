@@ -51,6 +51,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 
 import matplotlib.ticker
 import numpy as np
@@ -64,6 +65,7 @@ from kvstats.measure.metrics import attention_kl_from_scores
 from kvstats.measure.stats import bootstrap_ci, ratio_ci, spearman, wilcoxon
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim
 from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed, grid
 
@@ -556,6 +558,83 @@ def paired_ratio(segs: pd.DataFrame, col: str, n: int, window: int, resamples: i
     return r.statistic, *r.confidence_interval
 
 
+# -------------------------------------------------------------------------------------------- analysis
+
+
+@dataclass(frozen=True, eq=False)
+class Analysis:
+    """What the figures and claims read: the scale's configuration, the sweeps' tables and what they make
+    (per-segment means, the per-cell summary, the correlations), the generation, paths and baseline tables."""
+
+    cfg: dict
+    scale: str
+    summary: pd.DataFrame
+    segs: pd.DataFrame
+    tokens: pd.DataFrame
+    layers: pd.DataFrame
+    corr: pd.DataFrame
+    gen: pd.DataFrame
+    agree: pd.DataFrame
+    base: pd.DataFrame | None = None
+
+    @functools.cached_property
+    def budgets(self) -> list[int]:
+        """The budgets of the quantized cells (the lossless control left out)."""
+        return sorted(int(n) for n in self.summary.loc[self.summary["scheme"] != "identity", "n"].unique())
+
+    @property
+    def n_mid(self) -> int:
+        """The budget the per-layer and per-token panels show: 4 where measured, else the largest."""
+        return 4 if 4 in self.budgets else self.budgets[-1]
+
+    @property
+    def n_seg(self) -> int:
+        return int(self.segs["segment"].nunique())
+
+    @property
+    def seg_len(self) -> int:
+        return int(self.summary["segment_tokens"].dropna().iloc[0])
+
+    @property
+    def tokens_n(self) -> int:
+        """Teacher-forced tokens per cell."""
+        return self.n_seg * self.cfg["segment_tokens"]
+
+    @functools.cached_property
+    def mean(self) -> pd.DataFrame:
+        """Means over seeds per (scheme, n) of the quantized cells without a window."""
+        main = self.summary[(self.summary["window"] == 0) & (self.summary["scheme"] != "identity")]
+        return main.groupby(["scheme", "n"]).mean(numeric_only=True)
+
+    @property
+    def data(self) -> str:
+        return (f"SmolLM2-135M-Instruct (fp32, 30 layers, 9 q / 3 KV heads, d = 64), teacher-forced over {self.n_seg} "
+                f"disjoint segments of {self.seg_len} tokens from the held-out documents of kvstats' public-domain "
+                f"text (NOVA-KV calibrated on '{DOCUMENTS[0]}'); budgets {self.budgets}; seeds "
+                f"{list(self.cfg['seeds'])} ({self.scale})")
+
+    @property
+    def unit(self) -> str:
+        return (f"One unit = one segment of {self.seg_len} tokens (metrics averaged over its tokens); every scheme "
+                "sees the same segments, so tests are paired Wilcoxon signed-rank over segments (exact p where there "
+                "are no ties), r = matched-pairs rank-biserial of a − b.")
+
+
+def analyse(tables, scale: str) -> Analysis:
+    """The sweeps' tables (teacher-forced, paths, generation, baselines when run) -> :class:`Analysis`."""
+    cfg = SCALE[scale]
+    table = tables[STUDY]
+    tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",
+                                                     "top5"]]
+    layers = table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]]
+    segs = segment_means(tokens)
+    summary = summary_table(segs, table[table["kind"] == "cell"], cfg["resamples"])
+    corr = correlations(summary, tokens, cfg["resamples"])
+    gen = tables[f"{STUDY}_generation"].drop(columns="offsets")  # each row names its prompt (offset)
+    return Analysis(cfg, scale, summary, segs, tokens, layers, corr, gen, tables[f"{STUDY}_paths"],
+                    tables.get(f"{STUDY}_baselines"))
+
+
 # --------------------------------------------------------------------------------------------- figures
 
 
@@ -570,28 +649,9 @@ def _errorbar(ax, x, mid, lo, hi, name, offset=0.0, label=None):
                 color=st["color"], marker=st["marker"], ms=5, capsize=3, lw=1.4, label=label or st["label"])
 
 
-def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, corr: pd.DataFrame,
-            gen: pd.DataFrame, scale: str, tokens_n: int) -> None:
-    plots.setup()
-    budgets = sorted(int(n) for n in summary.loc[summary["scheme"] != "identity", "n"].unique())
-    n_mid = 4 if 4 in budgets else budgets[-1]
-    window = 0
-    control = summary[summary["scheme"] == "identity"]
-    # ---- output damage
-    fig, axes = plots.panels(1, 4, f"SmolLM2-135M with a quantized KV cache: output damage "
-                                   f"(teacher-forced, {tokens_n} tokens, {scale} scale; 95% CIs over segments)",
-                             width=4.0, height=3.4)
-    for k, name in enumerate(SCHEMES):
-        g = _by_n(summary, name, window)
-        off = (k - 2.5) * 0.05
-        _errorbar(axes[0, 0], g["n"], g["out_kl"], g["out_kl_lo"], g["out_kl_hi"], name, off)
-        _errorbar(axes[0, 1], g["n"], g["ppl_ratio"], g["ppl_ratio_lo"], g["ppl_ratio_hi"], name, off)
-        _errorbar(axes[0, 2], g["n"], g["top1"], g["top1_lo"], g["top1_hi"], name, off)
-        gg = gen[(gen["scheme"] == name) & (gen["window"] == window)].groupby("n")["fp_nll"]
-        st = style(name)
-        axes[0, 3].plot(gg.mean().index + off, gg.mean().values, color=st["color"], marker=st["marker"], lw=1.4,
-                        label=st["label"])
-    for wv in sorted(set(summary["window"]) - {window}):  # paper scale: the fp window, dashed
+def _window_lines(axes, summary: pd.DataFrame, window: int) -> None:
+    """The output panels' non-zero full-precision windows (paper scale), dashed."""
+    for wv in sorted(set(summary["window"]) - {window}):
         for name in SCHEMES:
             g = _by_n(summary, name, wv)
             st = style(name)
@@ -601,6 +661,12 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
                             mfc="none")
             axes[0, 2].plot(g["n"], g["top1"], color=st["color"], ls="--", lw=1, marker=st["marker"], ms=3,
                             mfc="none")
+
+
+def _output_axes(axes, a: Analysis) -> None:
+    """The output panels' control note, scales, labels, titles, reference lines, legends and ticks."""
+    summary, gen = a.summary, a.gen
+    control = summary[summary["scheme"] == "identity"]
     if len(control):
         axes[0, 0].text(0.98, 0.97, f"lossless control: {float(control['out_kl'].mean()):.0e} nats",
                         transform=axes[0, 0].transAxes, ha="right", va="top", fontsize=7)
@@ -619,10 +685,33 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
                          f"{gen['offset'].nunique() if len(gen) else 0} prompt(s))")
     axes[0, 0].legend(loc="lower left", fontsize=7)
     for ax in axes[0]:
-        ax.set_xticks(budgets)
+        ax.set_xticks(a.budgets)
+
+
+def output_figure(a: Analysis) -> None:
+    """Output damage: next-token KL, perplexity ratio, top-1 agreement and greedy generation's NLL against n."""
+    summary, gen, window = a.summary, a.gen, 0
+    fig, axes = plots.panels(1, 4, f"SmolLM2-135M with a quantized KV cache: output damage "
+                                   f"(teacher-forced, {a.tokens_n} tokens, {a.scale} scale; 95% CIs over segments)",
+                             width=4.0, height=3.4)
+    for k, name in enumerate(SCHEMES):
+        g = _by_n(summary, name, window)
+        off = (k - 2.5) * 0.05
+        _errorbar(axes[0, 0], g["n"], g["out_kl"], g["out_kl_lo"], g["out_kl_hi"], name, off)
+        _errorbar(axes[0, 1], g["n"], g["ppl_ratio"], g["ppl_ratio_lo"], g["ppl_ratio_hi"], name, off)
+        _errorbar(axes[0, 2], g["n"], g["top1"], g["top1_lo"], g["top1_hi"], name, off)
+        gg = gen[(gen["scheme"] == name) & (gen["window"] == window)].groupby("n")["fp_nll"]
+        st = style(name)
+        axes[0, 3].plot(gg.mean().index + off, gg.mean().values, color=st["color"], marker=st["marker"], lw=1.4,
+                        label=st["label"])
+    _window_lines(axes, summary, window)
+    _output_axes(axes, a)
     plots.save(fig, f"{STUDY}_output")
 
-    # ---- attention damage
+
+def attention_figure(a: Analysis) -> None:
+    """Attention damage in the same forward: attention KL and top-5 recall against n, attention KL by layer."""
+    summary, layers, n_mid, window = a.summary, a.layers, a.n_mid, 0
     fig, axes = plots.panels(1, 3, "Attention damage in the same forward (mean over 30 layers × 9 heads × tokens)",
                              width=4.2, height=3.4)
     for k, name in enumerate(SCHEMES):
@@ -640,13 +729,12 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
                    title=f"attention KL by layer, n = {n_mid}")
     axes[0, 0].legend(loc="lower left", fontsize=7)
     for ax in axes[0, :2]:
-        ax.set_xticks(budgets)
+        ax.set_xticks(a.budgets)
     plots.save(fig, f"{STUDY}_attention")
 
-    # ---- predictivity
-    fig, axes = plots.panels(1, 3, "Does attention KL predict output damage? (Spearman ρ, bootstrap 95% CI)",
-                             width=4.3, height=3.6)
-    ax = axes[0, 0]
+
+def _cells_panel(ax, summary: pd.DataFrame, corr: pd.DataFrame) -> None:
+    """Attention KL against next-token KL, one point per cell, with ρ across cells."""
     q = summary[summary["scheme"] != "identity"]
     for name in SCHEMES:
         g = q[q["scheme"] == name]
@@ -659,7 +747,10 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
     ax.set(xscale="log", yscale="log", xlabel="attention KL (mean)", ylabel="next-token KL (mean)",
            title=f"across cells: ρ = {c['rho']:.2f} [{c['rho_lo']:.2f}, {c['rho_hi']:.2f}], {int(c['points'])} cells")
     ax.legend(fontsize=7, loc="upper left")
-    ax = axes[0, 1]
+
+
+def _tokens_panel(ax, tokens: pd.DataFrame, corr: pd.DataFrame, n_mid: int, window: int) -> None:
+    """KQV at n_mid, one point per token, with ρ over tokens."""
     sel = tokens[(tokens["scheme"] == "kqv") & (tokens["n"] == n_mid) & (tokens["seed"] == tokens["seed"].min())
                  & (tokens["window"] == window) & (tokens["t"] > 0)]
     ct = corr[(corr["level"] == "tokens") & (corr["scheme"] == "kqv") & (corr["n"] == n_mid)
@@ -668,6 +759,15 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set(xscale="log", yscale="log", xlabel="attention KL at token t", ylabel="next-token KL at token t",
            title=f"KQV n = {n_mid}, per token: ρ = {ct['rho']:.2f} [{ct['rho_lo']:.2f}, {ct['rho_hi']:.2f}]")
+
+
+def predictivity_figure(a: Analysis) -> None:
+    """Does attention KL predict output damage: across cells, per token at n_mid, per-token ρ against n."""
+    corr, window = a.corr, 0
+    fig, axes = plots.panels(1, 3, "Does attention KL predict output damage? (Spearman ρ, bootstrap 95% CI)",
+                             width=4.3, height=3.6)
+    _cells_panel(axes[0, 0], a.summary, corr)
+    _tokens_panel(axes[0, 1], a.tokens, corr, a.n_mid, window)
     ax = axes[0, 2]
     ctok = corr[(corr["level"] == "tokens") & (corr["window"] == window)]
     for k, name in enumerate(SCHEMES):
@@ -676,9 +776,26 @@ def figures(summary: pd.DataFrame, tokens: pd.DataFrame, layers: pd.DataFrame, c
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xlabel="budget n", ylabel="Spearman ρ over tokens", title="per-token ρ(attention KL, next-token KL)",
            ylim=(-0.2, 1.0))
-    ax.set_xticks(budgets)
+    ax.set_xticks(a.budgets)
     ax.legend(fontsize=7, loc="lower right")
     plots.save(fig, f"{STUDY}_predictivity")
+
+
+def figures(a: Analysis) -> None:
+    """The data CSVs and the three figures."""
+    if a.base is not None:
+        plots.write_csv(f"{STUDY}_baselines", a.base)
+    plots.write_csv(STUDY, a.summary)
+    plots.write_csv(f"{STUDY}_segments", a.segs)
+    plots.write_csv(f"{STUDY}_tokens", a.tokens)
+    plots.write_csv(f"{STUDY}_layers", a.layers)
+    plots.write_csv(f"{STUDY}_correlation", a.corr)
+    plots.write_csv(f"{STUDY}_generation", a.gen)
+    plots.write_csv(f"{STUDY}_paths", a.agree)
+    plots.setup()
+    output_figure(a)
+    attention_figure(a)
+    predictivity_figure(a)
 
 
 # ---------------------------------------------------------------------------------------------- claims
@@ -697,196 +814,223 @@ TEST_HEADER = ("| n | a − b | metric | mean a | mean b | Wilcoxon r | p | a lo
                "|---|---|---|---|---|---|---|---|\n")
 
 
-def claims(summary: pd.DataFrame, segs: pd.DataFrame, tokens: pd.DataFrame, corr: pd.DataFrame, gen: pd.DataFrame,
-           agree: pd.DataFrame, cfg: dict, scale: str) -> list[dict]:
-    n_seg = int(segs["segment"].nunique())
-    seg_len = int(summary["segment_tokens"].dropna().iloc[0])
-    budgets = sorted(int(n) for n in summary.loc[summary["scheme"] != "identity", "n"].unique())
-    data = (f"SmolLM2-135M-Instruct (fp32, 30 layers, 9 q / 3 KV heads, d = 64), teacher-forced over {n_seg} "
-            f"disjoint segments of {seg_len} tokens from the held-out documents of kvstats' public-domain text "
-            f"(NOVA-KV calibrated on '{DOCUMENTS[0]}'); budgets {budgets}; seeds {list(cfg['seeds'])} ({scale})")
-    unit = (f"One unit = one segment of {seg_len} tokens (metrics averaged over its tokens); every scheme sees the "
-            "same segments, so tests are paired Wilcoxon signed-rank over segments (exact p where there are no "
-            "ties), r = matched-pairs rank-biserial of a − b.")
-    out = []
-    w = 0
-    main = summary[(summary["window"] == w) & (summary["scheme"] != "identity")]
-    mean = main.groupby(["scheme", "n"]).mean(numeric_only=True)
-    ctrl = summary[summary["scheme"] == "identity"]
-    if len(ctrl):
-        r = ctrl.iloc[0]
-        out.append({
-            "id": "e2e-lossless-control", "claim": "A KVStatsCache with a lossless scheme leaves the model unchanged.",
-            "source": "kvstats", "data": data, "figure": f"{STUDY}_output.png",
-            "verdict": measured("the pipeline's floor, our own measurement"),
-            "measurement": (f"identity scheme through the cache on the estimator path: mean next-token KL "
-                            f"{r['out_kl']:.1e} nats, max |Δlogit| {r['max_abs_dlogit']:.1e}, top-1 agreement "
-                            f"{r['top1']:.3f}, perplexity {r['ppl']:.4f} vs {r['ppl_ref']:.4f}"),
-            "details": "The floor of the pipeline: fp32 re-association between sdpa and kvstats_attention."})
-    if len(agree):
-        f64, f32 = agree[agree["dtype"] == "float64"], agree[agree["dtype"] == "float32"]
-        rows_ag = "\n".join(f"| {r['scheme']} | {r['n']} | {r['dtype']} | {r['max_abs_diff']:.1e} | "
-                            f"{r['kl_paths']:.1e} | {r['kl_fp_estimator']:.3f} | {r['kl_fp_dense']:.3f} | "
-                            f"{r['top1_paths']:.3f} |"
-                            for _, r in agree.iterrows())
-        out.append({
-            "id": "e2e-estimator-equals-decode", "source": "kvstats", "figure": None,
-            "verdict": measured("our own check of the two attention paths"),
-            "data": f"SmolLM2-135M-Instruct in fp32 and fp64, first {int(agree['tokens'].iloc[0])} tokens of the text",
-            "claim": "For kvstats' built-in K estimators (all linear in the code) attention through the estimator "
-                     "equals decode-then-dot.",
-            "measurement": (f"same cache read by kvstats_attention (estimator) and by the model's sdpa (decoded K̂): in "
-                            f"fp64 {_at_most(f64['max_abs_diff'].max(), 'max |Δlogit|')} and "
-                            f"{_at_most(f64['kl_paths'].max(), 'KL between the paths')}; in fp32 the paths drift "
-                            f"apart (KL ≤ {f32['kl_paths'].max():.2g}, vs KL to fp {f32['kl_fp_estimator'].min():.2g} "
-                            f"to {f32['kl_fp_estimator'].max():.2g})"),
-            "details": ("| scheme | n | dtype | max abs Δlogit | KL(est ‖ dense) | KL fp→est | KL fp→dense | top-1 "
-                        "equal |\n|---|---|---|---|---|---|---|---|\n" + rows_ag + "\n\nEach attention call agrees "
-                        "to rounding. In fp32 a ~1e-7 difference in one layer's output can move a later layer's key "
-                        "across a codebook threshold; the flipped code changes that layer's attention by a full "
-                        "quantization step and the two runs become two different quantized models. An fp64 model "
-                        "still rounds to fp32 inside transformers' LlamaRMSNorm, so rare flips remain possible in "
-                        "fp64 too (docs/end_to_end.md).")})
-    # D'Alberto: QKQV worse than KQV at every budget, carried to the output
+def lossless_claim(a: Analysis) -> Claim | None:
+    ctrl = a.summary[a.summary["scheme"] == "identity"]
+    if not len(ctrl):
+        return None
+    r = ctrl.iloc[0]
+    return Claim(
+        id="e2e-lossless-control", claim="A KVStatsCache with a lossless scheme leaves the model unchanged.",
+        source="kvstats", data=a.data, figure=f"{STUDY}_output.png",
+        verdict=measured("the pipeline's floor, our own measurement"),
+        measurement=(f"identity scheme through the cache on the estimator path: mean next-token KL "
+                     f"{r['out_kl']:.1e} nats, max |Δlogit| {r['max_abs_dlogit']:.1e}, top-1 agreement "
+                     f"{r['top1']:.3f}, perplexity {r['ppl']:.4f} vs {r['ppl_ref']:.4f}"),
+        details="The floor of the pipeline: fp32 re-association between sdpa and kvstats_attention.")
+
+
+def paths_claim(a: Analysis) -> Claim | None:
+    agree = a.agree
+    if not len(agree):
+        return None
+    f64, f32 = agree[agree["dtype"] == "float64"], agree[agree["dtype"] == "float32"]
+    rows_ag = "\n".join(f"| {r['scheme']} | {r['n']} | {r['dtype']} | {r['max_abs_diff']:.1e} | "
+                        f"{r['kl_paths']:.1e} | {r['kl_fp_estimator']:.3f} | {r['kl_fp_dense']:.3f} | "
+                        f"{r['top1_paths']:.3f} |"
+                        for _, r in agree.iterrows())
+    return Claim(
+        id="e2e-estimator-equals-decode", source="kvstats", figure=None,
+        verdict=measured("our own check of the two attention paths"),
+        data=f"SmolLM2-135M-Instruct in fp32 and fp64, first {int(agree['tokens'].iloc[0])} tokens of the text",
+        claim="For kvstats' built-in K estimators (all linear in the code) attention through the estimator "
+              "equals decode-then-dot.",
+        measurement=(f"same cache read by kvstats_attention (estimator) and by the model's sdpa (decoded K̂): in "
+                     f"fp64 {_at_most(f64['max_abs_diff'].max(), 'max |Δlogit|')} and "
+                     f"{_at_most(f64['kl_paths'].max(), 'KL between the paths')}; in fp32 the paths drift "
+                     f"apart (KL ≤ {f32['kl_paths'].max():.2g}, vs KL to fp {f32['kl_fp_estimator'].min():.2g} "
+                     f"to {f32['kl_fp_estimator'].max():.2g})"),
+        details=("| scheme | n | dtype | max abs Δlogit | KL(est ‖ dense) | KL fp→est | KL fp→dense | top-1 "
+                 "equal |\n|---|---|---|---|---|---|---|---|\n" + rows_ag + "\n\nEach attention call agrees "
+                 "to rounding. In fp32 a ~1e-7 difference in one layer's output can move a later layer's key "
+                 "across a codebook threshold; the flipped code changes that layer's attention by a full "
+                 "quantization step and the two runs become two different quantized models. An fp64 model "
+                 "still rounds to fp32 inside transformers' LlamaRMSNorm, so rare flips remain possible in "
+                 "fp64 too (docs/end_to_end.md)."))
+
+
+def qkqv_claim(a: Analysis) -> Claim:
+    """D'Alberto: QKQV worse than KQV at every budget, carried to the output."""
+    w, segs, resamples = 0, a.segs, a.cfg["resamples"]
     dq = paired_tests(segs, [("qkqv", "kqv")], metrics=("out_kl", "attn_kl"), window=w,
-                      resamples=min(cfg["resamples"], 999))
+                      resamples=min(resamples, 999))
     v_dq = direction_verdict(dq.to_dict("records"), +1, "(n, metric) cells")
     rows = []
-    for n in budgets:
-        r_out = paired_ratio(segs, "out_kl", n, w, cfg["resamples"])
-        r_att = paired_ratio(segs, "attn_kl", n, w, cfg["resamples"])
+    for n in a.budgets:
+        r_out = paired_ratio(segs, "out_kl", n, w, resamples)
+        r_att = paired_ratio(segs, "attn_kl", n, w, resamples)
         rows.append(f"| {n} | {r_att[0]:.2f} [{r_att[1]:.2f}, {r_att[2]:.2f}] | {r_out[0]:.2f} [{r_out[1]:.2f}, "
-                    f"{r_out[2]:.2f}] | {mean.loc[('kqv', n), 'ppl']:.2f} | {mean.loc[('qkqv', n), 'ppl']:.2f} |")
+                    f"{r_out[2]:.2f}] | {a.mean.loc[('kqv', n), 'ppl']:.2f} | {a.mean.loc[('qkqv', n), 'ppl']:.2f} |")
     table = ("| n | attention KL QKQV/KQV [95% CI] | next-token KL QKQV/KQV [95% CI] | ppl KQV | ppl QKQV |\n"
              "|---|---|---|---|---|\n" + "\n".join(rows))
-    out.append({
-        "id": "e2e-qkqv-worse-than-kqv", "figure": f"{STUDY}_output.png", "data": data,
-        "claim": "QKQV is worse than KQV in KL at every budget (D'Alberto), here carried from attention KL to the "
-                 "model's next-token distribution.",
-        "source": "D'Alberto, arXiv 2605.08114, abstract (finding 2); end-to-end test by kvstats",
-        "measurement": f"QKQV − KQV per segment, next-token KL and attention KL at n = {budgets}: {v_dq.reason}.",
-        "verdict": v_dq,
-        "details": (table + "\n\nRatios of means over segments, paired BCa bootstrap over segments.\n\n"
-                    + TEST_HEADER + _test_lines(dq) + "\n\n" + unit
-                    + " At equal n QKQV also stores more (its K keeps γ = ‖r‖ beside ‖k‖).")})
-    if 4 in budgets:
-        r4 = paired_ratio(segs, "attn_kl", 4, w, cfg["resamples"])
-        v4 = ratio_verdict(*r4)
-        out.append({
-            "id": "e2e-ratio-n4", "figure": f"{STUDY}_attention.png", "data": data,
-            "claim": f"At n = 4, KQV's KL is {PAPER_RATIO_N4}× lower than QKQV's.",
-            "source": "D'Alberto, arXiv 2605.08114, abstract (finding 4)",
-            "measurement": (f"on SmolLM2's own attention inside the model, mean attention KL QKQV/KQV at n = 4 = "
-                            f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired BCa over {n_seg} segments)"),
-            "verdict": v4,
-            "discrepancy": (None if v4.verdict == "reproduced" else
-                            f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on SmolLM2's "
-                            f"attention, against the published {PAPER_RATIO_N4} on the paper's data."),
-            "details": None})
-    # NOVA-KV at 2 bits against every scalar method, on the model's output
-    if NOVA_BITS in budgets and "nova" in set(segs["scheme"]):
-        others = [x for x in SCHEMES if x != "nova"]
-        nt = paired_tests(segs[segs["n"] == NOVA_BITS], [("nova", x) for x in others], metrics=("out_kl", "d_nll"),
-                          window=w, resamples=min(cfg["resamples"], 999))
-        v_nova = direction_verdict(nt.to_dict("records"), -1, "(baseline, metric) comparisons")
-        best = nt[nt["metric"] == "out_kl"].sort_values("mean_b").iloc[0]
-        out.append({
-            "id": "e2e-nova-2bit-output", "figure": f"{STUDY}_output.png", "data": data,
-            "claim": (f"At {NOVA_BITS} bits per element NOVA-KV recovers most of the accuracy scalar methods lose: "
-                      "here, the model's next-token KL to the exact model and its NLL increase are lower with "
-                      f"NOVA-KV than with each of {', '.join(others)} at n = {NOVA_BITS}."),
-            "source": "NOVA-KV, arXiv 2608.04074, abstract; end-to-end test by kvstats",
-            "measurement": (f"best baseline on next-token KL: {best['b']} ({best['mean_b']:.3g} vs NOVA-KV's "
-                            f"{best['mean_a']:.3g} nats, r = {best['r']:+.2f}, {fmt_p(best['p'])}); {v_nova.reason}."),
-            "verdict": v_nova,
-            "details": TEST_HEADER + _test_lines(nt) + "\n\n" + unit + " d_nll: mean NLL of the true next token "
-                       "minus the exact model's."})
-    # the practical choices side by side
+    return Claim(
+        id="e2e-qkqv-worse-than-kqv", figure=f"{STUDY}_output.png", data=a.data,
+        claim="QKQV is worse than KQV in KL at every budget (D'Alberto), here carried from attention KL to the "
+              "model's next-token distribution.",
+        source="D'Alberto, arXiv 2605.08114, abstract (finding 2); end-to-end test by kvstats",
+        measurement=f"QKQV − KQV per segment, next-token KL and attention KL at n = {a.budgets}: {v_dq.reason}.",
+        verdict=v_dq,
+        details=(table + "\n\nRatios of means over segments, paired BCa bootstrap over segments.\n\n"
+                 + TEST_HEADER + _test_lines(dq) + "\n\n" + a.unit
+                 + " At equal n QKQV also stores more (its K keeps γ = ‖r‖ beside ‖k‖)."))
+
+
+def ratio_claim(a: Analysis) -> Claim | None:
+    if 4 not in a.budgets:
+        return None
+    r4 = paired_ratio(a.segs, "attn_kl", 4, 0, a.cfg["resamples"])
+    v4 = ratio_verdict(*r4)
+    return Claim(
+        id="e2e-ratio-n4", figure=f"{STUDY}_attention.png", data=a.data,
+        claim=f"At n = 4, KQV's KL is {PAPER_RATIO_N4}× lower than QKQV's.",
+        source="D'Alberto, arXiv 2605.08114, abstract (finding 4)",
+        measurement=(f"on SmolLM2's own attention inside the model, mean attention KL QKQV/KQV at n = 4 = "
+                     f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired BCa over {a.n_seg} segments)"),
+        verdict=v4,
+        discrepancy=(None if v4.verdict == "reproduced" else
+                     f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on SmolLM2's "
+                     f"attention, against the published {PAPER_RATIO_N4} on the paper's data."),
+        details=None)
+
+
+def nova_claim(a: Analysis) -> Claim | None:
+    """NOVA-KV at 2 bits against every scalar method, on the model's output."""
+    segs = a.segs
+    if NOVA_BITS not in a.budgets or "nova" not in set(segs["scheme"]):
+        return None
+    others = [x for x in SCHEMES if x != "nova"]
+    nt = paired_tests(segs[segs["n"] == NOVA_BITS], [("nova", x) for x in others], metrics=("out_kl", "d_nll"),
+                      window=0, resamples=min(a.cfg["resamples"], 999))
+    v_nova = direction_verdict(nt.to_dict("records"), -1, "(baseline, metric) comparisons")
+    best = nt[nt["metric"] == "out_kl"].sort_values("mean_b").iloc[0]
+    return Claim(
+        id="e2e-nova-2bit-output", figure=f"{STUDY}_output.png", data=a.data,
+        claim=(f"At {NOVA_BITS} bits per element NOVA-KV recovers most of the accuracy scalar methods lose: "
+               "here, the model's next-token KL to the exact model and its NLL increase are lower with "
+               f"NOVA-KV than with each of {', '.join(others)} at n = {NOVA_BITS}."),
+        source="NOVA-KV, arXiv 2608.04074, abstract; end-to-end test by kvstats",
+        measurement=(f"best baseline on next-token KL: {best['b']} ({best['mean_b']:.3g} vs NOVA-KV's "
+                     f"{best['mean_a']:.3g} nats, r = {best['r']:+.2f}, {fmt_p(best['p'])}); {v_nova.reason}."),
+        verdict=v_nova,
+        details=TEST_HEADER + _test_lines(nt) + "\n\n" + a.unit + " d_nll: mean NLL of the true next token "
+                "minus the exact model's.")
+
+
+def _side_by_side(a: Analysis) -> str:
+    """The perplexity claim's table rows: next-token KL / perplexity / bits per element per scheme and budget."""
     def cell_txt(x, n):
-        if (x, n) not in mean.index:
+        if (x, n) not in a.mean.index:
             return "not run"
-        m = mean.loc[(x, n)]
+        m = a.mean.loc[(x, n)]
         return f"{m['out_kl']:.3g} / {m['ppl']:.2f} / {m['bits_per_element']:.2f}"
 
-    side = "\n".join(f"| {x} | " + " | ".join(cell_txt(x, n) for n in budgets) + " |" for x in SCHEMES)
-    ppl_ref = float(summary["ppl_ref"].iloc[0])
+    return "\n".join(f"| {x} | " + " | ".join(cell_txt(x, n) for n in a.budgets) + " |" for x in SCHEMES)
+
+
+def perplexity_claim(a: Analysis) -> Claim:
+    """The practical choices side by side."""
+    mean, budgets = a.mean, a.budgets
+    ppl_ref = float(a.summary["ppl_ref"].iloc[0])
     best_n = {x: next((n for n in budgets if (x, n) in mean.index and mean.loc[(x, n), "ppl"] <= 1.05 * ppl_ref),
                       None) for x in SCHEMES}
-    out.append({
-        "id": "e2e-perplexity", "figure": f"{STUDY}_output.png", "data": data, "source": "kvstats",
-        "verdict": measured("our own measurement of each scheme's output damage"),
-        "claim": (f"Next-token KL, perplexity and bits per element of SmolLM2 with each scheme's cache at "
-                  f"n = {budgets}."),
-        "measurement": (f"fp perplexity {ppl_ref:.2f}; smallest n within 5% of it: "
-                        + ", ".join(f"{x} {best_n[x] if best_n[x] else f'> {max(n for y, n in mean.index if y == x)}'}"
-                                   for x in SCHEMES)
-                        + f"; at n = {budgets[0]}: " + ", ".join(f"{x} {mean.loc[(x, budgets[0]), 'ppl']:.2f}"
-                                                              for x in SCHEMES)),
-        "details": ("next-token KL (nats) / perplexity / bits per element, mean over segments:\n\n| scheme | "
-                    + " | ".join(f"n = {n}" for n in budgets) + " |\n|---|" + "---|" * len(budgets) + "\n" + side
-                    + "\n\nmse: TurboQuant_mse on K and V (what vLLM-style deployments run); minmax: KIVI-style "
-                      "(K per channel in groups of d tokens, V per token, fp16 ranges); nova: calibrated on "
-                      f"'{DOCUMENTS[0]}', bits with its calibration amortised over the cached tokens.")})
+    return Claim(
+        id="e2e-perplexity", figure=f"{STUDY}_output.png", data=a.data, source="kvstats",
+        verdict=measured("our own measurement of each scheme's output damage"),
+        claim=(f"Next-token KL, perplexity and bits per element of SmolLM2 with each scheme's cache at "
+               f"n = {budgets}."),
+        measurement=(f"fp perplexity {ppl_ref:.2f}; smallest n within 5% of it: "
+                     + ", ".join(f"{x} {best_n[x] if best_n[x] else f'> {max(n for y, n in mean.index if y == x)}'}"
+                                 for x in SCHEMES)
+                     + f"; at n = {budgets[0]}: " + ", ".join(f"{x} {mean.loc[(x, budgets[0]), 'ppl']:.2f}"
+                                                           for x in SCHEMES)),
+        details=("next-token KL (nats) / perplexity / bits per element, mean over segments:\n\n| scheme | "
+                 + " | ".join(f"n = {n}" for n in budgets) + " |\n|---|" + "---|" * len(budgets) + "\n"
+                 + _side_by_side(a)
+                 + "\n\nmse: TurboQuant_mse on K and V (what vLLM-style deployments run); minmax: KIVI-style "
+                   "(K per channel in groups of d tokens, V per token, fp16 ranges); nova: calibrated on "
+                   f"'{DOCUMENTS[0]}', bits with its calibration amortised over the cached tokens."))
+
+
+def predictivity_claim(a: Analysis) -> Claim:
+    corr = a.corr
     c = corr[(corr["level"] == "cells") & (corr["x"] == "attn_kl") & (corr["y"] == "out_kl")].iloc[0]
     other = corr[corr["level"] == "cells"]
     lines = "\n".join(f"| {r['x']} | {r['y']} | {r['rho']:.3f} [{r['rho_lo']:.3f}, {r['rho_hi']:.3f}] | "
                       f"{fmt_p(r['p'])} |" for _, r in other.iterrows())
-    ct = corr[(corr["level"] == "tokens") & (corr["window"] == w)]
-    out.append({
-        "id": "e2e-attention-kl-predicts-output", "figure": f"{STUDY}_predictivity.png", "data": data,
-        "source": "kvstats", "verdict": measured("our own measurement of how attention KL ranks output damage"),
-        "claim": "Attention KL (a K-only, per-layer metric) ranks cache configurations as their damage to the "
-                 "model's next-token distribution.",
-        "measurement": (f"Spearman ρ(attention KL, next-token KL) across {int(c['points'])} cells = {c['rho']:.3f}, "
-                        f"95% CI [{c['rho_lo']:.3f}, {c['rho_hi']:.3f}] ({c['ci_method']} bootstrap over cells), "
-                        f"{fmt_p(c['p'])}; per token within a cell the median ρ is {ct['rho'].median():.2f} (range "
-                        f"{ct['rho'].min():.2f} to {ct['rho'].max():.2f})"),
-        "details": ("| x | y | ρ [95% CI] across cells | p |\n|---|---|---|---|\n" + lines
-                    + "\n\nAttention KL sees K only; the schemes' value quantizers differ, so the output damage "
-                      "at equal attention KL differs by scheme.")})
-    windows = sorted(set(summary["window"]) - {w})
-    if windows:
-        wv, nw = windows[-1], cfg["window_budget"]
-        rows_w = []
-        for x in SCHEMES:
-            if (x, nw) not in mean.index:
-                continue
-            base = mean.loc[(x, nw), "out_kl"]
-            with_w = summary[(summary["scheme"] == x) & (summary["n"] == nw) & (summary["window"] == wv)]
-            rows_w.append((x, base, float(with_w["out_kl"].mean())))
-        out.append({
-            "id": "e2e-window", "figure": f"{STUDY}_output.png", "data": data, "source": "kvstats",
-            "verdict": measured("our own measurement of the full-precision window"),
-            "claim": f"Keeping the last {wv} tokens exact (KIVI/QJL-style window) reduces the output damage.",
-            "measurement": (f"mean next-token KL with W = 0 / with W = {wv} at n = {nw}: "
-                            + ", ".join(f"{a} {b / c:.1f}×" for a, b, c in rows_w)),
-            "details": (f"| scheme | KL, W = 0 | KL, W = {wv} |\n|---|---|---|\n"
-                        + "\n".join(f"| {a} | {b:.3f} | {c:.3f} |" for a, b, c in rows_w))})
-    if len(gen):
-        gw = gen[gen["window"] == w]
-        nll = gw.groupby(["scheme", "n"])["fp_nll"].mean().unstack("n")
-        div = gw.groupby(["scheme", "n"])["tokens_before_divergence"].mean().unstack("n")
-        ref_nll = gw.drop_duplicates("offset")["fp_nll_reference"].mean()
-        table = ("| scheme | " + " | ".join(f"n = {n}" for n in nll.columns) + " |\n|---|" + "---|" * len(nll.columns)
-                 + "\n" + "\n".join(f"| {x} | " + " | ".join(f"{nll.loc[x, n]:.2f} ({div.loc[x, n]:.0f})"
-                                                           for n in nll.columns) + " |" for x in nll.index))
-        n0 = int(nll.columns[0])
-        out.append({
-            "id": "e2e-generation", "figure": f"{STUDY}_output.png", "data": data, "source": "kvstats",
-            "verdict": measured("our own measurement of greedy generation"),
-            "claim": "Greedy generation through the quantized cache (model.generate with a KVStatsCache) stays "
-                     "plausible to the fp model.",
-            "measurement": (f"fp-model NLL of the greedy continuation ({int(gen['new'].max())} tokens, "
-                            f"{gen['offset'].nunique()} prompt(s) of {cfg['prompt_len']} tokens from the held-out "
-                            f"documents): fp's own {ref_nll:.2f} nats/token; at n = {n0}: "
-                            + ", ".join(f"{x} {nll.loc[x, n0]:.2f}" for x in SCHEMES if x in nll.index)),
-            "details": ("fp-model NLL of the continuation (tokens equal to fp's greedy continuation before the "
-                        "first divergence):\n\n" + table + "\n\nThe divergence point is coarse: greedy decoding "
-                        "flips at the first near-tie, after which the texts differ although both may be fine.")})
-    return out
+    ct = corr[(corr["level"] == "tokens") & (corr["window"] == 0)]
+    return Claim(
+        id="e2e-attention-kl-predicts-output", figure=f"{STUDY}_predictivity.png", data=a.data,
+        source="kvstats", verdict=measured("our own measurement of how attention KL ranks output damage"),
+        claim="Attention KL (a K-only, per-layer metric) ranks cache configurations as their damage to the "
+              "model's next-token distribution.",
+        measurement=(f"Spearman ρ(attention KL, next-token KL) across {int(c['points'])} cells = {c['rho']:.3f}, "
+                     f"95% CI [{c['rho_lo']:.3f}, {c['rho_hi']:.3f}] ({c['ci_method']} bootstrap over cells), "
+                     f"{fmt_p(c['p'])}; per token within a cell the median ρ is {ct['rho'].median():.2f} (range "
+                     f"{ct['rho'].min():.2f} to {ct['rho'].max():.2f})"),
+        details=("| x | y | ρ [95% CI] across cells | p |\n|---|---|---|---|\n" + lines
+                 + "\n\nAttention KL sees K only; the schemes' value quantizers differ, so the output damage "
+                   "at equal attention KL differs by scheme."))
 
 
-def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> dict:
+def window_claim(a: Analysis) -> Claim | None:
+    summary = a.summary
+    windows = sorted(set(summary["window"]) - {0})
+    if not windows:
+        return None
+    wv, nw = windows[-1], a.cfg["window_budget"]
+    rows_w = []
+    for x in SCHEMES:
+        if (x, nw) not in a.mean.index:
+            continue
+        base = a.mean.loc[(x, nw), "out_kl"]
+        with_w = summary[(summary["scheme"] == x) & (summary["n"] == nw) & (summary["window"] == wv)]
+        rows_w.append((x, base, float(with_w["out_kl"].mean())))
+    return Claim(
+        id="e2e-window", figure=f"{STUDY}_output.png", data=a.data, source="kvstats",
+        verdict=measured("our own measurement of the full-precision window"),
+        claim=f"Keeping the last {wv} tokens exact (KIVI/QJL-style window) reduces the output damage.",
+        measurement=(f"mean next-token KL with W = 0 / with W = {wv} at n = {nw}: "
+                     + ", ".join(f"{x} {b / c:.1f}×" for x, b, c in rows_w)),
+        details=(f"| scheme | KL, W = 0 | KL, W = {wv} |\n|---|---|---|\n"
+                 + "\n".join(f"| {x} | {b:.3f} | {c:.3f} |" for x, b, c in rows_w)))
+
+
+def generation_claim(a: Analysis) -> Claim | None:
+    gen = a.gen
+    if not len(gen):
+        return None
+    gw = gen[gen["window"] == 0]
+    nll = gw.groupby(["scheme", "n"])["fp_nll"].mean().unstack("n")
+    div = gw.groupby(["scheme", "n"])["tokens_before_divergence"].mean().unstack("n")
+    ref_nll = gw.drop_duplicates("offset")["fp_nll_reference"].mean()
+    table = ("| scheme | " + " | ".join(f"n = {n}" for n in nll.columns) + " |\n|---|" + "---|" * len(nll.columns)
+             + "\n" + "\n".join(f"| {x} | " + " | ".join(f"{nll.loc[x, n]:.2f} ({div.loc[x, n]:.0f})"
+                                                       for n in nll.columns) + " |" for x in nll.index))
+    n0 = int(nll.columns[0])
+    return Claim(
+        id="e2e-generation", figure=f"{STUDY}_output.png", data=a.data, source="kvstats",
+        verdict=measured("our own measurement of greedy generation"),
+        claim="Greedy generation through the quantized cache (model.generate with a KVStatsCache) stays "
+              "plausible to the fp model.",
+        measurement=(f"fp-model NLL of the greedy continuation ({int(gen['new'].max())} tokens, "
+                     f"{gen['offset'].nunique()} prompt(s) of {a.cfg['prompt_len']} tokens from the held-out "
+                     f"documents): fp's own {ref_nll:.2f} nats/token; at n = {n0}: "
+                     + ", ".join(f"{x} {nll.loc[x, n0]:.2f}" for x in SCHEMES if x in nll.index)),
+        details=("fp-model NLL of the continuation (tokens equal to fp's greedy continuation before the "
+                 "first divergence):\n\n" + table + "\n\nThe divergence point is coarse: greedy decoding "
+                 "flips at the first near-tie, after which the texts differ although both may be fine."))
+
+
+def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> Claim:
     """transformers' own quantized caches (the [baselines] extra) beside kvstats' schemes at the same budgets, on
     the same segments: per segment the mean next-token KL, NLL increase and top-1 agreement, then the mean over
     segments with a BCa bootstrap CI over segments (_ci: kvstats.stats.bootstrap_ci)."""
@@ -904,21 +1048,39 @@ def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> dict:
         lines.append(f"| kvstats {scheme}, W = 0 | {int(n)} | {g['out_kl'].mean():.4f} | {g['d_nll'].mean():+.4f} | "
                      f"{g['top1'].mean():.3f} |")
     first = per_seg.groupby(["backend", "n", "residual_length"])["out_kl"].mean()
-    return {
-        "id": "e2e-transformers-baselines", "figure": None, "source": "kvstats",
-        "verdict": measured("our own measurement of the quantized caches transformers ships"),
-        "data": (f"SmolLM2-135M-Instruct, the same {per_seg['segment'].nunique()} segments of "
-                 f"{int(base.loc[base['kind'] == 'cell', 'segment_tokens'].iloc[0])} tokens as the other claims, fed "
-                 "token by token through transformers' QuantizedCache (kvstats.baselines)"),
-        "claim": ("transformers' own quantized KV caches (optimum-quanto / HQQ: per-group round-to-nearest with a "
-                  "scale and zero point, an exact residual window) measured with the same output metrics as "
-                  "kvstats' schemes."),
-        "measurement": "mean next-token KL: " + ", ".join(
+    return Claim(
+        id="e2e-transformers-baselines", figure=None, source="kvstats",
+        verdict=measured("our own measurement of the quantized caches transformers ships"),
+        data=(f"SmolLM2-135M-Instruct, the same {per_seg['segment'].nunique()} segments of "
+              f"{int(base.loc[base['kind'] == 'cell', 'segment_tokens'].iloc[0])} tokens as the other claims, fed "
+              "token by token through transformers' QuantizedCache (kvstats.baselines)"),
+        claim=("transformers' own quantized KV caches (optimum-quanto / HQQ: per-group round-to-nearest with a "
+               "scale and zero point, an exact residual window) measured with the same output metrics as "
+               "kvstats' schemes."),
+        measurement="mean next-token KL: " + ", ".join(
             f"{b} n = {int(n)} residual {int(r)}: {v:.3g}" for (b, n, r), v in first.items()),
-        "details": ("| cache | n | next-token KL [95% CI over segments] | NLL increase | top-1 agreement |\n"
-                    "|---|---|---|---|---|\n" + "\n".join(lines) + "\n\nThe residual window keeps the last "
-                    "residual − 1 tokens or fewer exact (transformers re-quantizes the whole cache when it fills); "
-                    "kvstats' rows keep no window (W = 0). Attention metrics are not available for these caches.")}
+        details=("| cache | n | next-token KL [95% CI over segments] | NLL increase | top-1 agreement |\n"
+                 "|---|---|---|---|---|\n" + "\n".join(lines) + "\n\nThe residual window keeps the last "
+                 "residual − 1 tokens or fewer exact (transformers re-quantizes the whole cache when it fills); "
+                 "kvstats' rows keep no window (W = 0). Attention metrics are not available for these caches."))
+
+
+def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> dict:
+    """:func:`baseline_record` as the dict :func:`kvstats.report.validate_claim` reads (its verdict a Verdict)."""
+    return baseline_record(base, segs, cfg).to_dict()
+
+
+def baselines_claim(a: Analysis) -> Claim | None:
+    return None if a.base is None else baseline_record(a.base, a.segs, a.cfg)
+
+
+#: the claims in the order the report lists them; each returns None where its cells were not run
+CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, perplexity_claim, predictivity_claim,
+          window_claim, generation_claim, baselines_claim)
+
+
+def claims(a: Analysis) -> list[Claim]:
+    return [c for c in (make(a) for make in CLAIMS) if c is not None]
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
@@ -965,9 +1127,6 @@ def baseline_cell(backend: str, n: int, residual_length: int, segment_tokens: in
     return baseline_rows(model, ids, ref_logits, backend, n, residual_length=residual_length)
 
 
-# ------------------------------------------------------------------------------------------------ main
-
-
 def cell_grid(cfg: dict) -> list[dict]:
     """The teacher-forced cells: every scheme at every budget (W = 0), every scheme with each non-zero window at
     ``window_budget``, and the lossless control."""
@@ -983,55 +1142,79 @@ def cell_grid(cfg: dict) -> list[dict]:
     return cells
 
 
-def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    args = shell.args
-    _quiet()
-    cfg = SCALE[args.scale]
-    # one torch thread per cell (the sweep's default): several threads per process spin badly on a shared
-    # machine (10-100× slower measured here under load)
-    table = shell.sweep(cell, cell_grid(cfg), version=VERSION)
-    agree = shell.sweep(agreement_cell, grid(scheme=list(DALBERTO), n=4, dtype=["float32", "float64"],
-                                             tokens=cfg["agree_tokens"]), version=VERSION, name=f"{STUDY}_paths")
-    gen_cells = grid(scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,
-                     offsets=[list(cfg["prompts"])], prompt_len=cfg["prompt_len"], new=cfg["new"],
-                     calibration_tokens=cfg["calibration_tokens"])
-    gen = shell.sweep(generation_cell, gen_cells, version=GENERATION_VERSION, name=f"{STUDY}_generation")
-    gen = gen.drop(columns="offsets")  # each row names its prompt (offset)
-    from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
+# ------------------------------------------------------------------------------------------- the study
 
-    base = None
-    if available_backends():
-        base = shell.sweep(baseline_cell, grid(
-            backend=available_backends(), n=[2, 4], residual_length=[1, 16],
-            segment_tokens=cfg["segment_tokens"], segments=cfg["segments"]), version=VERSION,
-            name=f"{STUDY}_baselines")
-        plots.write_csv(f"{STUDY}_baselines", base)
-    t_cells = shell.elapsed()
 
-    tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",
-                                                     "top5"]]
-    layers = table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]]
-    cell_rows = table[table["kind"] == "cell"]
-    segs = segment_means(tokens)
-    summary = summary_table(segs, cell_rows, cfg["resamples"])
-    corr = correlations(summary, tokens, cfg["resamples"])
-    plots.write_csv(STUDY, summary)
-    plots.write_csv(f"{STUDY}_segments", segs)
-    plots.write_csv(f"{STUDY}_tokens", tokens)
-    plots.write_csv(f"{STUDY}_layers", layers)
-    plots.write_csv(f"{STUDY}_correlation", corr)
-    plots.write_csv(f"{STUDY}_generation", gen)
-    plots.write_csv(f"{STUDY}_paths", agree)
-    figures(summary, tokens, layers, corr, gen, args.scale, int(segs["segment"].nunique()) * cfg["segment_tokens"])
-    out = claims(summary, segs, tokens, corr, gen, agree, cfg, args.scale)
-    if base is not None:
-        out.append(baseline_claim(base, segs, cfg))
+def print_summary(summary: pd.DataFrame) -> None:
+    """The cells without a window, means over seeds per (scheme, n)."""
     cols = ["scheme", "n", "out_kl", "ppl", "top1", "attn_kl", "top5", "bits_per_element", "seconds"]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[summary["window"] == 0][cols].groupby(["scheme", "n"]).mean().round(4).to_string())
-    print(f"(cells {t_cells:.1f} s)")
-    return shell.finish(out, definitions=definitions(cfg, args.scale))
+
+
+class EndToEnd(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): the teacher-forced, paths, generation and (when
+    transformers' quantized caches are installed) baselines sweeps, three figures and up to ten claims.
+
+    ``main`` is the protocol's with two differences the study needs: the generation sweep has its own cache
+    version (:data:`VERSIONS`), and after the claims it prints the summary table and the cells' wall time
+    before writing the claims (echoed) and the definitions."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
+
+        cfg = SCALE[scale]
+        sweeps = {
+            STUDY: (cell, cell_grid(cfg)),
+            f"{STUDY}_paths": (agreement_cell, grid(scheme=list(DALBERTO), n=4, dtype=["float32", "float64"],
+                                                    tokens=cfg["agree_tokens"])),
+            f"{STUDY}_generation": (generation_cell, grid(
+                scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,
+                offsets=[list(cfg["prompts"])], prompt_len=cfg["prompt_len"], new=cfg["new"],
+                calibration_tokens=cfg["calibration_tokens"]))}
+        backends = available_backends()
+        if backends:
+            sweeps[f"{STUDY}_baselines"] = (baseline_cell, grid(
+                backend=backends, n=[2, 4], residual_length=[1, 16], segment_tokens=cfg["segment_tokens"],
+                segments=cfg["segments"]))
+        return sweeps
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        return analyse(tables, scale)
+
+    def figures(self, tables, a: Analysis) -> None:
+        figures(a)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return claims(a)
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+    def main(self, argv=None, *, echo: bool = True) -> int:
+        run = study.start(self.name, self.description, argv, position=self.position)
+        _quiet()
+        # one torch thread per cell (the sweep's default): several threads per process spin badly on a shared
+        # machine (10-100× slower measured here under load)
+        tables = {name: run.sweep(fn, grid_, version=VERSIONS.get(name, self.version), name=name)
+                  for name, (fn, grid_) in self.cells(run.scale).items()}
+        t_cells = run.elapsed()
+        analysis = self.analyse(tables, run.scale)
+        self.figures(tables, analysis)
+        out = self.claims(analysis)
+        print_summary(analysis.summary)
+        print(f"(cells {t_cells:.1f} s)")
+        return run.finish(out, definitions=self.definitions(analysis), echo=echo)
+
+
+#: the sweeps whose cache version is not :data:`VERSION`
+VERSIONS = {f"{STUDY}_generation": GENERATION_VERSION}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return EndToEnd().main(argv)
 
 
 if __name__ == "__main__":

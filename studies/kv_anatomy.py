@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -38,6 +39,7 @@ from kvstats.measure.stats import wilcoxon  # noqa: E402
 from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.rotations import fwht  # noqa: E402
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim  # noqa: E402
 from kvstats.run.paths import figure_path  # noqa: E402
 from kvstats.run.sweep import grid  # noqa: E402
 
@@ -139,8 +141,27 @@ def channel_profiles(table) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def channels_figure(k: np.ndarray, v: np.ndarray) -> list[dict]:
-    rows, outlier_rows = [], []
+def outlier_rows(k: np.ndarray, v: np.ndarray) -> list[dict]:
+    """Per layer and tensor: the six channels of largest mean |x| and the max/median ratio (kv_anatomy_outliers.csv)."""
+    rows = []
+    for name, prof in (("keys", k), ("values", v)):
+        ratio = prof / np.median(prof, axis=1, keepdims=True)
+        for layer in range(prof.shape[0]):
+            top = np.argsort(prof[layer])[::-1][:6]
+            rows.append({"layer": layer, "tensor": name, "top_channels": " ".join(str(int(c)) for c in top),
+                         "max_over_median": f"{ratio[layer].max():.3f}"})
+    return rows
+
+
+def ks_rows(table) -> list[dict]:
+    """The KS distances of raw and rotated unit-key coordinates per layer (kv_anatomy_ks.csv)."""
+    ks = table[table["kind"] == "ks"].sort_values("layer")
+    return [{"layer": int(r.layer), "n": int(r.n), "ks_raw": r.ks_raw, "p_raw": r.p_raw, "ks_wht": r.ks_wht,
+             "p_wht": r.p_wht} for r in ks.itertuples()]
+
+
+def channels_figure(k: np.ndarray, v: np.ndarray) -> None:
+    rows = []
     fig, axes = plt.subplots(1, 2, figsize=(14, 6), constrained_layout=True)
     for ax, name, prof in ((axes[0], "keys", k), (axes[1], "values", v)):
         ratio = prof / np.median(prof, axis=1, keepdims=True)
@@ -150,19 +171,12 @@ def channels_figure(k: np.ndarray, v: np.ndarray) -> list[dict]:
         ax.set_ylabel("layer")
         ax.set_xticks(range(0, prof.shape[1], 8))
         fig.colorbar(im, ax=ax, label="mean |x| / median over channels")
-        for layer in range(prof.shape[0]):
-            for c in range(prof.shape[1]):
-                rows.append({"layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
-                             "ratio_to_median": f"{ratio[layer, c]:.4f}"})
-            top = np.argsort(prof[layer])[::-1][:6]
-            outlier_rows.append({"layer": layer, "tensor": name,
-                                 "top_channels": " ".join(str(int(c)) for c in top),
-                                 "max_over_median": f"{ratio[layer].max():.3f}"})
+        rows += [{"layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
+                  "ratio_to_median": f"{ratio[layer, c]:.4f}"}
+                 for layer in range(prof.shape[0]) for c in range(prof.shape[1])]
     fig.savefig(figure_path("kv_anatomy_channels"), dpi=120)
     plt.close(fig)
     plots.write_csv("kv_anatomy_channels", rows)
-    plots.write_csv("kv_anatomy_outliers", outlier_rows)
-    return outlier_rows
 
 
 def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
@@ -181,13 +195,8 @@ def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
     plt.close(fig)
 
 
-def wht_figure(table, d: int) -> list[dict]:
-    a = (d - 1) / 2
-    law = stats.beta(a, a, loc=-1, scale=2)
-    ks = table[table["kind"] == "ks"].sort_values("layer")
-    rows = [{"layer": int(r.layer), "n": int(r.n), "ks_raw": r.ks_raw, "p_raw": r.p_raw, "ks_wht": r.ks_wht,
-             "p_wht": r.p_wht} for r in ks.itertuples()]
-    plots.write_csv("kv_anatomy_ks", rows)
+def _histograms(table, rows: list[dict]) -> dict[int, tuple]:
+    """HIST_LAYERS' stored histograms: layer -> (raw densities, rotated densities, KS raw, KS rotated)."""
     by_layer = {r["layer"]: r for r in rows}
     hists = table[table["kind"] == "hist"]
     hist = {}
@@ -196,7 +205,13 @@ def wht_figure(table, d: int) -> list[dict]:
         if len(h):
             hist[layer] = tuple(h[h["tensor"] == w].sort_values("bin")["density"].to_numpy() for w in ("raw", "wht")) \
                 + (by_layer[layer]["ks_raw"], by_layer[layer]["ks_wht"])
+    return hist
 
+
+def wht_figure(table, rows: list[dict], d: int) -> None:
+    a = (d - 1) / 2
+    law = stats.beta(a, a, loc=-1, scale=2)
+    hist = _histograms(table, rows)
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
     t = np.linspace(-0.6, 0.6, 400)
     for ax, layer in zip(axes.flat, [layer for layer in HIST_LAYERS if layer in hist]):
@@ -214,6 +229,8 @@ def wht_figure(table, d: int) -> list[dict]:
     fig.savefig(figure_path("kv_anatomy_wht"), dpi=120)
     plt.close(fig)
 
+
+def ks_figure(rows: list[dict]) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
     ax.plot([r["layer"] for r in rows], [float(r["ks_raw"]) for r in rows], "o-", color="#777777", label="raw")
     ax.plot([r["layer"] for r in rows], [float(r["ks_wht"]) for r in rows], "o-", color="#3182bd",
@@ -225,7 +242,6 @@ def wht_figure(table, d: int) -> list[dict]:
     ax.grid(alpha=0.3)
     fig.savefig(figure_path("kv_anatomy_ks"), dpi=120)
     plt.close(fig)
-    return rows
 
 
 def range_verdict(kr: np.ndarray, vr: np.ndarray, top1_in: list[bool]) -> verdicts.Verdict:
@@ -276,110 +292,169 @@ def definitions(scale: str, d: int | None = None) -> dict[str, str]:
     }
 
 
-def claims(outliers: list[dict], kr: np.ndarray, vr: np.ndarray, ks: list[dict], scale: str,
-           qjl: pd.DataFrame | None = None) -> list[dict]:
-    """The claims this study checks (figures/data/kv_anatomy_claims.json)."""
-    expected = set(EXPECTED_CHANNELS)
-    keys = [r for r in outliers if r["tensor"] == "keys"]
-    top1 = sum(int(r["top_channels"].split()[0]) in expected for r in keys)
+@dataclass(frozen=True)
+class Analysis:
+    """What the figures and claims read: the scale, the head dim, the channel profiles [layers, d] of keys and
+    values, the outlier rows (kv_anatomy_outliers.csv), the KS rows (kv_anatomy_ks.csv) and the QJL sketch
+    errors per layer."""
+
+    scale: str
+    d: int
+    k: np.ndarray
+    v: np.ndarray
+    outliers: list[dict]
+    ks: list[dict]
+    qjl: pd.DataFrame
+
+    @property
+    def kr(self) -> np.ndarray:
+        """Keys' max/median channel magnitude per layer."""
+        return self.k.max(1) / np.median(self.k, 1)
+
+    @property
+    def vr(self) -> np.ndarray:
+        """Values' max/median channel magnitude per layer."""
+        return self.v.max(1) / np.median(self.v, 1)
+
+    @property
+    def keys(self) -> list[dict]:
+        """The outlier rows of the keys."""
+        return [r for r in self.outliers if r["tensor"] == "keys"]
+
+    @property
+    def data(self) -> str:
+        return (f"SmolLM2-135M-Instruct over the shipped public-domain text, {SCALE[self.scale]['tokens']} tokens, "
+                f"{len(self.kr)} layers ({self.scale})")
+
+
+def key_outliers_claim(a: Analysis) -> Claim:
+    kr, vr, keys, expected = a.kr, a.vr, a.keys, set(EXPECTED_CHANNELS)
+    top1_in = [int(r["top_channels"].split()[0]) in expected for r in keys]
     top3 = sum(bool(expected & {int(c) for c in r["top_channels"].split()[:3]}) for r in keys)
     in_range = int(((kr >= KEY_RANGE[0]) & (kr <= KEY_RANGE[1])).sum())
     outside = ", ".join(f"{i} ({kr[i]:.1f})" for i in np.flatnonzero((kr < 3) | (kr > 5.6)))
-    ks_raw = np.array([float(r["ks_raw"]) for r in ks])
-    ks_wht = np.array([float(r["ks_wht"]) for r in ks])
-    ks_n = np.array([int(r["n"]) for r in ks])
-    top1_in = [int(r["top_channels"].split()[0]) in expected for r in keys]
-    data = (f"SmolLM2-135M-Instruct over the shipped public-domain text, {SCALE[scale]['tokens']} tokens, "
-            f"{len(kr)} layers ({scale})")
-    return [
-        {
-            "id": "smollm2-key-outliers",
-            "claim": "SmolLM2-135M keys have outlier channels in every layer: max/median channel magnitude 3–5.6, "
-                     "always head-dim indices 22–24 and 54–56; values 1.7–3.8.",
-            "source": "kvstats (an earlier measurement, quoted in docs/references.md §8)",
-            "measurement": (f"keys max/median {kr.min():.1f}–{kr.max():.1f} ({in_range}/{len(kr)} layers inside "
-                            f"3–5.6); the largest channel is one of 22–24, 54–56 in {top1}/{len(keys)} layers, one of "
-                            f"the top three in {top3}/{len(keys)}; values {vr.min():.1f}–{vr.max():.1f}."),
-            "data": data,
-            "verdict": range_verdict(kr, vr, top1_in),
-            "figure": "kv_anatomy_outliers.png",
-            "details": f"Layers outside 3–5.6: {outside} (figures/data/kv_anatomy_outliers.csv).",
-            "discrepancy": (f"Real SmolLM2 key outlier ratios (max/median channel magnitude) range {kr.min():.1f}–"
-                            f"{kr.max():.1f} over the layers, wider than the quoted 3–5.6 ({len(kr) - in_range}/"
-                            f"{len(kr)} layers outside; figures/data/kv_anatomy_outliers.csv)."
-                            if in_range < len(kr) else None),
-        },
-        {
-            "id": "qjl-outlier-channels",
-            "claim": "Key embeddings of deeper layers have a few (≈ 4) fixed outlier channels that persist over "
-                     "tokens; the first layers have none.",
-            "source": "Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 and figure 2 (Llama-2)",
-            "measurement": (f"SmolLM2: layers 0–{FIRST_LAYERS - 1} have max/median "
-                            + ", ".join(f"{v:.1f}" for v in kr[:FIRST_LAYERS]) + "; deeper layers "
-                            f"{kr[FIRST_LAYERS:].min():.1f}–{kr[FIRST_LAYERS:].max():.1f}; the largest key channel "
-                            "takes "
-                            f"{len({r['top_channels'].split()[0] for r in keys})} distinct indices over {len(keys)} "
-                            "layers (heatmap)."),
-            "data": data,
-            "verdict": qjl_outliers_verdict(kr),
-            "figure": "kv_anatomy_channels.png",
-            "details": (f"Outlier threshold: max/median > {OUTLIER_RATIO}. SmolLM2 is a different model from the "
-                        "paper's Llama-2."),
-        },
-        {
-            "id": "smollm2-wht-sphere-law",
-            "claim": "After a random-sign Walsh–Hadamard rotation, coordinates of unit keys follow the sphere law "
-                     "f_d marginally (the premise of TurboQuant's codebook).",
-            "source": "TurboQuant, arXiv 2504.19874; D'Alberto, arXiv 2605.08114, §2.1",
-            "measurement": (f"KS distance to f_64 (one coordinate per vector): raw {ks_raw.min():.3f}–"
-                            f"{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}."),
-            "data": data,
-            "verdict": wht_verdict(ks_wht, ks_n),
-            "figure": "kv_anatomy_wht.png",
-            "details": None,
-        },
-    ] + ([] if qjl is None or not len(qjl) else [
-        {
-            "id": "qjl-outlier-sketch-smollm2",
-            "claim": "Sketching the outlier channels separately (their own sketch and norm) lowers the inner-product "
-                     "error of QJL on real keys.",
-            "source": "Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (outliers)",
-            "measurement": (f"mean squared error of Prod(q, k) split / single sketch per layer: "
-                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).min():.3f}–"
-                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).max():.3f} (median "
-                            f"{(qjl['qjl_mse_split'] / qjl['qjl_mse_single']).median():.3f}) over {len(qjl)} layers; "
-                            f"{SIGN_BITS} sign bits per coordinate in both, the split adds one norm per key."),
-            "data": data + f"; the last {QUERY_TOKENS} queries of every head",
-            "verdict": qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy()),
-            "figure": None,
-            "details": f"{OUTLIER_CHANNELS} outlier channels (largest mean |k| of the layer), {ROWS_PER_OUTLIER} "
-                       "sketch rows each, Gaussian rows.",
-        },
-    ])
+    return Claim(
+        id="smollm2-key-outliers",
+        claim="SmolLM2-135M keys have outlier channels in every layer: max/median channel magnitude 3–5.6, "
+              "always head-dim indices 22–24 and 54–56; values 1.7–3.8.",
+        source="kvstats (an earlier measurement, quoted in docs/references.md §8)",
+        measurement=(f"keys max/median {kr.min():.1f}–{kr.max():.1f} ({in_range}/{len(kr)} layers inside "
+                     f"3–5.6); the largest channel is one of 22–24, 54–56 in {sum(top1_in)}/{len(keys)} layers, one "
+                     f"of the top three in {top3}/{len(keys)}; values {vr.min():.1f}–{vr.max():.1f}."),
+        data=a.data,
+        verdict=range_verdict(kr, vr, top1_in),
+        figure="kv_anatomy_outliers.png",
+        details=f"Layers outside 3–5.6: {outside} (figures/data/kv_anatomy_outliers.csv).",
+        discrepancy=(f"Real SmolLM2 key outlier ratios (max/median channel magnitude) range {kr.min():.1f}–"
+                     f"{kr.max():.1f} over the layers, wider than the quoted 3–5.6 ({len(kr) - in_range}/"
+                     f"{len(kr)} layers outside; figures/data/kv_anatomy_outliers.csv)."
+                     if in_range < len(kr) else None))
+
+
+def qjl_channels_claim(a: Analysis) -> Claim:
+    kr, keys = a.kr, a.keys
+    return Claim(
+        id="qjl-outlier-channels",
+        claim="Key embeddings of deeper layers have a few (≈ 4) fixed outlier channels that persist over "
+              "tokens; the first layers have none.",
+        source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 and figure 2 (Llama-2)",
+        measurement=(f"SmolLM2: layers 0–{FIRST_LAYERS - 1} have max/median "
+                     + ", ".join(f"{v:.1f}" for v in kr[:FIRST_LAYERS]) + "; deeper layers "
+                     f"{kr[FIRST_LAYERS:].min():.1f}–{kr[FIRST_LAYERS:].max():.1f}; the largest key channel takes "
+                     f"{len({r['top_channels'].split()[0] for r in keys})} distinct indices over {len(keys)} "
+                     "layers (heatmap)."),
+        data=a.data,
+        verdict=qjl_outliers_verdict(kr),
+        figure="kv_anatomy_channels.png",
+        details=(f"Outlier threshold: max/median > {OUTLIER_RATIO}. SmolLM2 is a different model from the "
+                 "paper's Llama-2."))
+
+
+def wht_claim(a: Analysis) -> Claim:
+    ks_raw = np.array([float(r["ks_raw"]) for r in a.ks])
+    ks_wht = np.array([float(r["ks_wht"]) for r in a.ks])
+    return Claim(
+        id="smollm2-wht-sphere-law",
+        claim="After a random-sign Walsh–Hadamard rotation, coordinates of unit keys follow the sphere law "
+              "f_d marginally (the premise of TurboQuant's codebook).",
+        source="TurboQuant, arXiv 2504.19874; D'Alberto, arXiv 2605.08114, §2.1",
+        measurement=(f"KS distance to f_64 (one coordinate per vector): raw {ks_raw.min():.3f}–"
+                     f"{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}."),
+        data=a.data,
+        verdict=wht_verdict(ks_wht, np.array([int(r["n"]) for r in a.ks])),
+        figure="kv_anatomy_wht.png")
+
+
+def qjl_sketch_claim(a: Analysis) -> Claim:
+    qjl = a.qjl
+    ratio = qjl["qjl_mse_split"] / qjl["qjl_mse_single"]
+    return Claim(
+        id="qjl-outlier-sketch-smollm2",
+        claim="Sketching the outlier channels separately (their own sketch and norm) lowers the inner-product "
+              "error of QJL on real keys.",
+        source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (outliers)",
+        measurement=(f"mean squared error of Prod(q, k) split / single sketch per layer: {ratio.min():.3f}–"
+                     f"{ratio.max():.3f} (median {ratio.median():.3f}) over {len(qjl)} layers; "
+                     f"{SIGN_BITS} sign bits per coordinate in both, the split adds one norm per key."),
+        data=a.data + f"; the last {QUERY_TOKENS} queries of every head",
+        verdict=qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy()),
+        details=f"{OUTLIER_CHANNELS} outlier channels (largest mean |k| of the layer), {ROWS_PER_OUTLIER} "
+                "sketch rows each, Gaussian rows.")
+
+
+def print_summary(a: Analysis) -> None:
+    """The per-layer key outliers, the outlier ratios and the KS distances, as the study prints them."""
+    for row in a.keys:
+        print(f"layer {row['layer']:2d} keys: top channels {row['top_channels']}, "
+              f"max/median {row['max_over_median']}")
+    kr, vr = a.kr, a.vr
+    print(f"keys max/median: {kr.min():.2f}–{kr.max():.2f}; values: {vr.min():.2f}–{vr.max():.2f}")
+    ks_raw = [float(r["ks_raw"]) for r in a.ks]
+    ks_wht = [float(r["ks_wht"]) for r in a.ks]
+    print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
+
+
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class KVAnatomy(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): one sweep over the capture's layers, four figures
+    and up to four claims."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        tokens = SCALE[scale]["tokens"]
+        cap = _capture(tokens)  # capture once here (cached on disk), never in parallel workers
+        print(f"capture: {cap}", flush=True)
+        return {STUDY: (layer_cell, grid(layer=list(cap.layers), tokens=tokens, seed=0))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        table = tables[STUDY]
+        k, v = channel_profiles(table)
+        d = int(_capture(SCALE[scale]["tokens"]).metadata["head_dim"])
+        qjl = table[table["kind"] == "qjl_outliers"].sort_values("layer")
+        return Analysis(scale, d, k, v, outlier_rows(k, v), ks_rows(table), qjl)
+
+    def figures(self, tables, a: Analysis) -> None:
+        channels_figure(a.k, a.v)
+        plots.write_csv("kv_anatomy_outliers", a.outliers)
+        outliers_figure(a.k, a.v)
+        plots.write_csv("kv_anatomy_ks", a.ks)
+        wht_figure(tables[STUDY], a.ks, a.d)
+        ks_figure(a.ks)
+        print_summary(a)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        sketch = [] if a.qjl is None or not len(a.qjl) else [qjl_sketch_claim(a)]
+        return [key_outliers_claim(a), qjl_channels_claim(a), wht_claim(a)] + sketch
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.scale)
 
 
 def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    tokens = SCALE[shell.scale]["tokens"]
-    cap = _capture(tokens)  # capture once here (cached on disk), never in parallel workers
-    print(f"capture: {cap}", flush=True)
-    table = shell.sweep(layer_cell, grid(layer=list(cap.layers), tokens=tokens, seed=0), version=VERSION)
-    k, v = channel_profiles(table)
-    outliers = channels_figure(k, v)
-    outliers_figure(k, v)
-    ks = wht_figure(table, int(cap.metadata["head_dim"]))
-    for row in outliers:
-        if row["tensor"] == "keys":
-            print(f"layer {row['layer']:2d} keys: top channels {row['top_channels']}, "
-                  f"max/median {row['max_over_median']}")
-    kr, vr = k.max(1) / np.median(k, 1), v.max(1) / np.median(v, 1)
-    print(f"keys max/median: {kr.min():.2f}–{kr.max():.2f}; values: {vr.min():.2f}–{vr.max():.2f}")
-    ks_raw = [float(r["ks_raw"]) for r in ks]
-    ks_wht = [float(r["ks_wht"]) for r in ks]
-    print(f"KS to f_d: raw {min(ks_raw):.3f}–{max(ks_raw):.3f}, after WHT {min(ks_wht):.3f}–{max(ks_wht):.3f}")
-    qjl = table[table["kind"] == "qjl_outliers"].sort_values("layer")
-    return shell.finish(claims(outliers, kr, vr, ks, shell.scale, qjl), echo=False,
-                        definitions=definitions(shell.scale))
+    return KVAnatomy().main(argv, echo=False)
 
 
 if __name__ == "__main__":

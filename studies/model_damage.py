@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from kvstats.measure import verdicts
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim
 
 STUDY = "model_damage"
 VERSION = "2"  # 2: pooled statistics by cluster BCa (no interval for the max), studentized per-document CIs
@@ -125,67 +127,101 @@ def tail_figure(tables: dict[int, pd.DataFrame]) -> None:
     plt.close(fig)
 
 
-def claims(tails: dict[int, pd.DataFrame], sens: pd.DataFrame, cfg: dict, scale: str) -> list[dict]:
-    out = []
-    parts, ratios = [], []
-    for bits, table in sorted(tails.items()):
-        pooled = table[table["kind"] == "pooled"].set_index("statistic")
-        meta = table[table["kind"] == "meta"].iloc[0]
+def sensitivity_cells(cfg: dict, first: pd.DataFrame) -> list[dict]:
+    """The join cell: the sensitivity from the parts' per-document damages in the first sweep's table."""
+    damages = first[first["kind"] == "damage"]
+    known = {r["configuration"]: list(r["per_document"]) for _, r in damages.iterrows()}
+    return [{"task": "join", **_sens_args(cfg), "known": json.dumps(known, sort_keys=True)}]
 
-        def ci(name: str, scale_: float = 1.0, digits: str = ".3g", pooled=pooled) -> str:
-            r = pooled.loc[name]
-            if not np.isfinite(r["value_low"]):  # the maximum: no bootstrap interval covers it
-                return f"{scale_ * r['value_mean']:{digits}} (no interval)"
-            return (f"{scale_ * r['value_mean']:{digits}} [{scale_ * r['value_low']:{digits}}, "
-                    f"{scale_ * r['value_high']:{digits}}]")
 
-        ratios.append(pooled.loc["kl_p99", "value_mean"] / pooled.loc["kl_mean", "value_mean"])
-        parts.append(f"n = {bits} ({meta['bits_total']:.3g} bits per element held, {int(meta['documents'])} documents, "
-                     f"{int(meta['tokens'])} tokens): KL mean {ci('kl_mean')}, median {ci('kl_median')}, p99 "
-                     f"{ci('kl_p99')}, p99.9 {ci('kl_p99.9')}, max {ci('kl_max')} nats; same top p "
-                     f"{ci('same_top1', 100, '.1f')}%; perplexity ratio {ci('ppl_ratio', 1, '.4g')}")
-    out.append({
-        "id": "model-kl-tail",
-        "claim": "Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
-                 "KL-divergence report: mean, median, p90-p99.9, max, same top p)",
-        "source": "kvstats",
-        "measurement": "; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents (simulated coverage "
-                       "87.5-93.5% at 24 documents); the maximum has none.",
-        "data": f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
-                f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
-                f"KVStatsCache on the estimator path ({scale} scale)",
-        "verdict": verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
-        "figure": f"{STUDY}_kl_tail.png",
-        "details": None,
-        "discrepancy": None,
-    })
-    summary = sens[sens["kind"] == "summary"].iloc[0]
-    layers = sens[sens["kind"] == "layer"].sort_values("only_mean", ascending=False)
-    top = ", ".join(f"{int(r['layer'])} ({r['only_mean']:.3g})" for _, r in layers.head(3).iterrows())
-    best_saved = sens[sens["kind"] == "layer"].sort_values("saved_mean", ascending=False).iloc[0]
-    kept = [k for k in str(summary["keep_exact"]).split(",") if k]
-    out.append({
-        "id": "model-layer-sensitivity",
-        "claim": "Which layers to keep in higher precision (an open request in vLLM's KV-quantization tracker)",
-        "source": "kvstats",
-        "measurement": (f"{SCHEME.upper()} at n = {cfg['sens_bits']} ({summary['bits_total']:.3g} bits per element "
-                        f"held) on all {int(summary['layers'])} layers: mean next-token KL {summary['all_mean']:.3g} "
-                        f"[{summary['all_low']:.3g}, {summary['all_high']:.3g}]; quantized alone, layers {top} do the "
-                        f"most damage; kept exact alone, no layer saves more than {best_saved['saved_mean']:.3g} "
-                        f"[{best_saved['saved_low']:.3g}, {best_saved['saved_high']:.3g}] (layer "
-                        f"{int(best_saved['layer'])}); keeping the {len(kept)} most damaging layers exact "
-                        f"({', '.join(kept) or 'none'}) gives {summary['kept_mean']:.3g} [{summary['kept_low']:.3g}, "
-                        f"{summary['kept_high']:.3g}] (target half of the full damage, "
-                        f"{'reached' if summary['reached'] else 'not reached'}; measured). 95% CIs over documents."),
-        "data": f"SmolLM2-135M-Instruct, {int(summary['documents'])} shipped documents, {cfg['sens_segment']} tokens "
-                f"each, teacher-forced ({scale} scale)",
-        "verdict": verdicts.measured(f"the damage is spread over the layers: {len(kept)} of "
-                                     f"{int(summary['layers'])} must stay exact to halve it"),
-        "figure": f"{STUDY}_sensitivity.png",
-        "details": None,
-        "discrepancy": None,
-    })
-    return out
+def _sens_args(cfg: dict) -> dict:
+    return {"bits": cfg["sens_bits"], "documents": cfg["sens_documents"], "segment": cfg["sens_segment"]}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the figures and claims read: the scale and its configuration, the tail cells' rows per budget and
+    the sensitivity's rows (per layer, and its summary)."""
+
+    cfg: dict
+    scale: str
+    tails: dict[int, pd.DataFrame]
+    sens: pd.DataFrame
+
+    @property
+    def summary(self) -> pd.Series:
+        return self.sens[self.sens["kind"] == "summary"].iloc[0]
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return self.sens[self.sens["kind"] == "layer"]
+
+    @property
+    def keep_exact(self) -> list[str]:
+        return [k for k in str(self.summary["keep_exact"]).split(",") if k]
+
+
+def _ci(pooled: pd.DataFrame, name: str, scale_: float = 1.0, digits: str = ".3g") -> str:
+    """A pooled statistic and its CI as printed: ``m [low, high]``, or ``m (no interval)`` for the maximum."""
+    r = pooled.loc[name]
+    if not np.isfinite(r["value_low"]):  # the maximum: no bootstrap interval covers it
+        return f"{scale_ * r['value_mean']:{digits}} (no interval)"
+    return (f"{scale_ * r['value_mean']:{digits}} [{scale_ * r['value_low']:{digits}}, "
+            f"{scale_ * r['value_high']:{digits}}]")
+
+
+def _tail_part(bits: int, table: pd.DataFrame) -> tuple[str, float]:
+    """One budget's part of the KL-tail measurement, and its p99 / mean ratio."""
+    pooled = table[table["kind"] == "pooled"].set_index("statistic")
+    meta = table[table["kind"] == "meta"].iloc[0]
+    ratio = pooled.loc["kl_p99", "value_mean"] / pooled.loc["kl_mean", "value_mean"]
+    return (f"n = {bits} ({meta['bits_total']:.3g} bits per element held, {int(meta['documents'])} documents, "
+            f"{int(meta['tokens'])} tokens): KL mean {_ci(pooled, 'kl_mean')}, median {_ci(pooled, 'kl_median')}, "
+            f"p99 {_ci(pooled, 'kl_p99')}, p99.9 {_ci(pooled, 'kl_p99.9')}, max {_ci(pooled, 'kl_max')} nats; same "
+            f"top p {_ci(pooled, 'same_top1', 100, '.1f')}%; perplexity ratio {_ci(pooled, 'ppl_ratio', 1, '.4g')}",
+            ratio)
+
+
+def kl_tail_claim(a: Analysis) -> Claim:
+    parts, ratios = zip(*(_tail_part(bits, table) for bits, table in sorted(a.tails.items())))
+    cfg = a.cfg
+    return Claim(
+        id="model-kl-tail",
+        claim="Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
+              "KL-divergence report: mean, median, p90-p99.9, max, same top p)",
+        source="kvstats",
+        measurement="; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents (simulated coverage "
+                    "87.5-93.5% at 24 documents); the maximum has none.",
+        data=f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
+             f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
+             f"KVStatsCache on the estimator path ({a.scale} scale)",
+        verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
+        figure=f"{STUDY}_kl_tail.png")
+
+
+def sensitivity_claim(a: Analysis) -> Claim:
+    summary, kept, layers = a.summary, a.keep_exact, a.layers
+    top = ", ".join(f"{int(r['layer'])} ({r['only_mean']:.3g})"
+                    for _, r in layers.sort_values("only_mean", ascending=False).head(3).iterrows())
+    best = layers.sort_values("saved_mean", ascending=False).iloc[0]
+    return Claim(
+        id="model-layer-sensitivity",
+        claim="Which layers to keep in higher precision (an open request in vLLM's KV-quantization tracker)",
+        source="kvstats",
+        measurement=(f"{SCHEME.upper()} at n = {a.cfg['sens_bits']} ({summary['bits_total']:.3g} bits per element "
+                     f"held) on all {int(summary['layers'])} layers: mean next-token KL {summary['all_mean']:.3g} "
+                     f"[{summary['all_low']:.3g}, {summary['all_high']:.3g}]; quantized alone, layers {top} do the "
+                     f"most damage; kept exact alone, no layer saves more than {best['saved_mean']:.3g} "
+                     f"[{best['saved_low']:.3g}, {best['saved_high']:.3g}] (layer {int(best['layer'])}); keeping "
+                     f"the {len(kept)} most damaging layers exact ({', '.join(kept) or 'none'}) gives "
+                     f"{summary['kept_mean']:.3g} [{summary['kept_low']:.3g}, {summary['kept_high']:.3g}] (target "
+                     f"half of the full damage, {'reached' if summary['reached'] else 'not reached'}; measured). "
+                     "95% CIs over documents."),
+        data=f"SmolLM2-135M-Instruct, {int(summary['documents'])} shipped documents, {a.cfg['sens_segment']} tokens "
+             f"each, teacher-forced ({a.scale} scale)",
+        verdict=verdicts.measured(f"the damage is spread over the layers: {len(kept)} of "
+                                  f"{int(summary['layers'])} must stay exact to halve it"),
+        figure=f"{STUDY}_sensitivity.png")
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
@@ -208,37 +244,64 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
     }
 
 
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class ModelDamage(study.Study):
+    """The study on the protocol (kvstats.run.study.Study), with a second sweep: the tail cells and the parts of
+    the sensitivity, then the sensitivity's join from the parts' damages (its cell depends on the first sweep's
+    results, so :meth:`main` runs it between the sweeps and the analysis)."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        cells = [{"task": "tail", "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
+                  "resamples": cfg["resamples"]} for b in cfg["bits"]]
+        cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
+        return {STUDY: (cell, cells)}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        first = tables[STUDY]
+        tails = {b: first[(first["task"] == "tail") & (first["bits"] == b)] for b in SCALE[scale]["bits"]}
+        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"])
+
+    def figures(self, tables, a: Analysis) -> None:
+        for bits, table in a.tails.items():
+            for kind in ("pooled", "document", "layer"):
+                part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
+                plots.write_csv(f"{STUDY}_{kind}_n{bits}", part.dropna(axis=1, how="all"))
+        plots.write_csv(f"{STUDY}_sensitivity", a.sens.drop(columns=["known"]).dropna(axis=1, how="all"))
+        tail_figure(a.tails)
+        from kvstats.run.sensitivity import sensitivity_figure
+
+        sensitivity_figure(a.layers.to_dict(orient="records"), a.summary["all_mean"], a.summary["target"],
+                           [int(k) for k in a.keep_exact],
+                           f"{SCHEME.upper()} at n = {a.cfg['sens_bits']} on SmolLM2-135M: which layers matter",
+                           plots.figure_path(f"{STUDY}_sensitivity"))
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [kl_tail_claim(a), sensitivity_claim(a)]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+    def main(self, argv: list[str] | None = None, *, echo: bool = True) -> int:
+        run = study.start(self.name, self.description, argv, position=self.position)
+        import warnings
+
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        tables = {name: run.sweep(cell_, cells, version=self.version, name=name)
+                  for name, (cell_, cells) in self.cells(run.scale).items()}
+        tables[f"{STUDY}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[STUDY]),
+                                                   version=self.version, name=f"{STUDY}_sensitivity")
+        analysis = self.analyse(tables, run.scale)
+        self.figures(tables, analysis)
+        return run.finish(self.claims(analysis), definitions=self.definitions(analysis), echo=echo)
+
+
 def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    cfg = SCALE[shell.args.scale]
-    import warnings
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    sens_args = {"bits": cfg["sens_bits"], "documents": cfg["sens_documents"], "segment": cfg["sens_segment"]}
-    cells = [{"task": "tail", "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
-              "resamples": cfg["resamples"]} for b in cfg["bits"]]
-    cells += [{"task": "part", "part": part, **sens_args} for part in PARTS]  # all four run in parallel
-    first = shell.sweep(cell, cells, version=VERSION)
-    tails = {b: first[(first["task"] == "tail") & (first["bits"] == b)] for b in cfg["bits"]}
-    damages = first[first["kind"] == "damage"]
-    known = {r["configuration"]: list(r["per_document"]) for _, r in damages.iterrows()}
-    sens = shell.sweep(cell, [{"task": "join", **sens_args, "known": json.dumps(known, sort_keys=True)}],
-                       version=VERSION, name=f"{STUDY}_sensitivity")
-    for bits, table in tails.items():
-        for kind in ("pooled", "document", "layer"):
-            part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
-            plots.write_csv(f"{STUDY}_{kind}_n{bits}", part.dropna(axis=1, how="all"))
-    plots.write_csv(f"{STUDY}_sensitivity", sens.drop(columns=["known"]).dropna(axis=1, how="all"))
-    tail_figure(tails)
-    from kvstats.run.sensitivity import sensitivity_figure
-
-    layer_rows = sens[sens["kind"] == "layer"].to_dict(orient="records")
-    summary = sens[sens["kind"] == "summary"].iloc[0]
-    kept = [int(k) for k in str(summary["keep_exact"]).split(",") if k]
-    sensitivity_figure(layer_rows, summary["all_mean"], summary["target"], kept,
-                       f"{SCHEME.upper()} at n = {cfg['sens_bits']} on SmolLM2-135M: which layers matter",
-                       plots.figure_path(f"{STUDY}_sensitivity"))
-    return shell.finish(claims(tails, sens, cfg, shell.args.scale), definitions=definitions(cfg, shell.args.scale))
+    return ModelDamage().main(argv)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ import hashlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,7 @@ from kvstats.quant.quantizers.nova import (
 )
 from kvstats.quant.schemes import NovaScheme, Scheme, scheme
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim, measurement
 from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed, grid
 
@@ -429,8 +431,11 @@ def parseval_verdict(coef_mse, sigma_form, rtol: float = PARSEVAL_RTOL) -> Verdi
     return identity(list(sigma_form), list(coef_mse), rtol=rtol, what="(layer, KV head) cells")
 
 
-def figures(units: pd.DataFrame, tst: pd.DataFrame, pars: pd.DataFrame, schemes: list[str], scale: str) -> None:
-    plots.setup()
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def attention_figure(units: pd.DataFrame, tst: pd.DataFrame, schemes: list[str], scale: str) -> None:
+    """Boxes per scheme of KL, top-5 recall and KL with the sink exact, per budget (nova_attention.png)."""
     n_units = units[(units["scheme"] == "nova") & (units["n"] == 2)].shape[0]
     fig, axes = plots.panels(3, 2, f"Held-out SmolLM2 attention: NOVA-KV vs data-oblivious schemes "
                                    f"({n_units} (layer, query head) units per box, {scale} scale)\n"
@@ -450,6 +455,9 @@ def figures(units: pd.DataFrame, tst: pd.DataFrame, pars: pd.DataFrame, schemes:
                            for sch in schemes])
     plots.save(fig, f"{STUDY}_attention")
 
+
+def layers_figure(units: pd.DataFrame, schemes: list[str]) -> None:
+    """Median KL and top-5 recall over query heads per layer, per scheme and budget (nova_layers.png)."""
     fig, axes = plots.panels(2, 2, "Per layer: median over query heads", width=5.2, height=3.4)
     for col, n in enumerate(BUDGETS):
         for row, metric in enumerate(("kl", "top5")):
@@ -469,6 +477,10 @@ def figures(units: pd.DataFrame, tst: pd.DataFrame, pars: pd.DataFrame, schemes:
     fig.legend(handles, labels, loc="outside lower center", ncol=3)
     plots.save(fig, f"{STUDY}_layers")
 
+
+def parseval_figure(pars: pd.DataFrame) -> None:
+    """‖y − ŷ‖² against the squared logit error per (layer, KV head), and their ratio per layer
+    (nova_parseval.png)."""
     fig, axes = plots.panels(1, 2, "Generalized Parseval on real keys (NOVA-KV, n = 2, held-out keys; one point "
                                    "per layer and KV head)", width=5.2, height=4.2)
     ax = axes[0, 0]
@@ -536,207 +548,252 @@ CONVENTIONS = ("Tests: Wilcoxon signed-rank of nova − other over (layer, KV he
                "either: read the effect sizes beside the p-values.")
 
 
-def claims(tst: pd.DataFrame, units: pd.DataFrame, pars: pd.DataFrame, bits: pd.DataFrame, cfg: dict,
-           scale: str, grp: pd.DataFrame | None = None) -> list[dict]:
-    data_txt = _data_text(units, cfg, scale)
-    out = []
-    for n in BUDGETS:
-        t = tst[(tst["n"] == n) & tst["nova_vs"].isin(OBLIVIOUS)]
-        cmp = t[t["metric"].isin(list(CLAIM_METRICS))]
-        verdict = beats_verdict(cmp.to_dict("records"))
-        lines = []
-        for other in OBLIVIOUS:
-            cells = []
-            for metric in (*CLAIM_METRICS, "kl_sink_exact"):
-                r = t[(t["nova_vs"] == other) & (t["metric"] == metric)].iloc[0]
-                cells.append(f"{r['median_nova']:.3g} vs {r['median_other']:.3g}, r = {r['w_r']:+.2f}, Holm "
-                             f"{fmt_p(r['w_p_holm'])}, better in {100 * r['nova_better_fraction']:.0f}% of "
-                             "query-head units")
-            lines.append(f"| {other} | " + " | ".join(cells) + " |")
-        kl = t[t["metric"] == "kl"]
-        best = kl.loc[kl["median_other"].idxmin()]
-        rec = t[(t["metric"] == "top5") & (t["nova_vs"] == best["nova_vs"])].iloc[0]
-        nb = bits[(bits["scheme"] == "nova") & (bits["d"] == 64) & (bits["n"] == n)]
-        out.append({
-            "id": f"nova-beats-scalar-n{n}",
-            "claim": ("A transform derived from calibration statistics (non-orthogonal, attention-aware) with MSE-"
-                      "optimal group VQ beats the scalar methods at low rates (the paper: at 2 bits per element "
-                      "NOVA-KV recovers most of the long-context retrieval accuracy lost by scalar methods). Here at "
-                      f"n = {n}: lower attention KL and higher top-5 recall than each of "
-                      f"{', '.join(OBLIVIOUS)}."),
-            "source": "NOVA-KV, arXiv 2608.04074, abstract; docs/references.md §6",
-            "measurement": (f"n = {n}: the baseline with the lowest median KL is {best['nova_vs']} "
-                            f"({best['median_other']:.3g} vs nova's {best['median_nova']:.3g}, "
-                            f"{_times(best['median_ratio'])} for nova, Wilcoxon r = {best['w_r']:+.2f}, Holm "
-                            f"{fmt_p(best['w_p_holm'])}); top-5 recall {rec['median_nova']:.3f} vs "
-                            f"{rec['median_other']:.3f} (r = {rec['w_r']:+.2f}). {verdict.reason}."),
-            "data": data_txt,
-            "verdict": verdict,
-            "figure": f"{STUDY}_attention.png",
-            "details": ("| nova vs | KL: medians, effect | top-5 recall: medians, effect | KL with token 0 exact "
-                        "(not in the verdict) |\n|---|---|---|---|\n"
-                        + "\n".join(lines) + "\n\n" + CONVENTIONS + f" Bits per element at d = 64: nova K "
-                        f"{nb[nb['tokens'] == DEFAULT_AMORTIZE_TOKENS]['k_total'].iloc[0]:.3f} (calibration "
-                        f"amortised over 128K tokens; {nb[nb['tokens'] == 1024]['k_total'].iloc[0]:.2f} over 1024), "
-                        "kqv/kv K n + 0.5 with fp32 norms, min-max K n + 0.5 (figures/data/nova_bits.csv). The paper "
-                        "measures RULER retrieval on Qwen3-8B; attention KL and top-5 recall of a 135M model are "
-                        "proxies."),
-        })
-    mm_lines = []
+# ------------------------------------------------------------------------------------------------ claims
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the figures and claims read: the scale's configuration, the per-(query head) units, nova's tests
+    against every other scheme, the Parseval rows per (layer, KV head), the bit counts, the grouping tests, the
+    schemes shown and the claims' data sentence."""
+
+    cfg: dict
+    scale: str
+    units: pd.DataFrame
+    tst: pd.DataFrame
+    pars: pd.DataFrame
+    bits: pd.DataFrame
+    grp: pd.DataFrame
+    schemes: list[str]
+    data: str
+
+
+def _beats_cell(r) -> str:
+    return (f"{r['median_nova']:.3g} vs {r['median_other']:.3g}, r = {r['w_r']:+.2f}, Holm "
+            f"{fmt_p(r['w_p_holm'])}, better in {100 * r['nova_better_fraction']:.0f}% of query-head units")
+
+
+def _beats_details(t: pd.DataFrame, nb: pd.DataFrame) -> str:
+    """The beats claim's table (one row per baseline) and its notes; ``nb``: nova's bit counts at d = 64."""
+    lines = []
+    for other in OBLIVIOUS:
+        cells = [_beats_cell(t[(t["nova_vs"] == other) & (t["metric"] == metric)].iloc[0])
+                 for metric in (*CLAIM_METRICS, "kl_sink_exact")]
+        lines.append(f"| {other} | " + " | ".join(cells) + " |")
+    return ("| nova vs | KL: medians, effect | top-5 recall: medians, effect | KL with token 0 exact "
+            "(not in the verdict) |\n|---|---|---|---|\n"
+            + "\n".join(lines) + "\n\n" + CONVENTIONS + f" Bits per element at d = 64: nova K "
+            f"{nb[nb['tokens'] == DEFAULT_AMORTIZE_TOKENS]['k_total'].iloc[0]:.3f} (calibration "
+            f"amortised over 128K tokens; {nb[nb['tokens'] == 1024]['k_total'].iloc[0]:.2f} over 1024), "
+            "kqv/kv K n + 0.5 with fp32 norms, min-max K n + 0.5 (figures/data/nova_bits.csv). The paper "
+            "measures RULER retrieval on Qwen3-8B; attention KL and top-5 recall of a 135M model are "
+            "proxies.")
+
+
+def beats_claim(a: Analysis, n: int) -> Claim:
+    t = a.tst[(a.tst["n"] == n) & a.tst["nova_vs"].isin(OBLIVIOUS)]
+    verdict = beats_verdict(t[t["metric"].isin(list(CLAIM_METRICS))].to_dict("records"))
+    kl = t[t["metric"] == "kl"]
+    best = kl.loc[kl["median_other"].idxmin()]
+    rec = t[(t["metric"] == "top5") & (t["nova_vs"] == best["nova_vs"])].iloc[0]
+    nb = a.bits[(a.bits["scheme"] == "nova") & (a.bits["d"] == 64) & (a.bits["n"] == n)]
+    return Claim(
+        id=f"nova-beats-scalar-n{n}",
+        claim=("A transform derived from calibration statistics (non-orthogonal, attention-aware) with MSE-"
+               "optimal group VQ beats the scalar methods at low rates (the paper: at 2 bits per element "
+               "NOVA-KV recovers most of the long-context retrieval accuracy lost by scalar methods). Here at "
+               f"n = {n}: lower attention KL and higher top-5 recall than each of "
+               f"{', '.join(OBLIVIOUS)}."),
+        source="NOVA-KV, arXiv 2608.04074, abstract; docs/references.md §6",
+        measurement=(f"n = {n}: the baseline with the lowest median KL is {best['nova_vs']} "
+                     f"({best['median_other']:.3g} vs nova's {best['median_nova']:.3g}, "
+                     f"{_times(best['median_ratio'])} for nova, Wilcoxon r = {best['w_r']:+.2f}, Holm "
+                     f"{fmt_p(best['w_p_holm'])}); top-5 recall {rec['median_nova']:.3f} vs "
+                     f"{rec['median_other']:.3f} (r = {rec['w_r']:+.2f}). {verdict.reason}."),
+        data=a.data,
+        verdict=verdict,
+        figure=f"{STUDY}_attention.png",
+        details=_beats_details(t, nb))
+
+
+def minmax_claim(a: Analysis) -> Claim:
+    tst, lines = a.tst, []
     for n in BUDGETS:
         for metric in ("kl", "top5", "kl_sink_exact", "top5_sink_exact"):
             r = tst[(tst["n"] == n) & (tst["metric"] == metric) & (tst["nova_vs"] == "minmax")].iloc[0]
-            mm_lines.append(f"| {n} | {METRICS[metric][0]} | {r['median_nova']:.3g} | {r['median_other']:.3g} | "
-                            f"{r['w_r']:+.3f} | {fmt_p(r['w_p_holm'])} | {100 * r['nova_better_fraction']:.0f}% |")
+            lines.append(f"| {n} | {METRICS[metric][0]} | {r['median_nova']:.3g} | {r['median_other']:.3g} | "
+                         f"{r['w_r']:+.3f} | {fmt_p(r['w_p_holm'])} | {100 * r['nova_better_fraction']:.0f}% |")
     mm = {n: tst[(tst["n"] == n) & (tst["metric"] == "kl") & (tst["nova_vs"] == "minmax")].iloc[0] for n in BUDGETS}
-    out.append({
-        "id": "nova-vs-kivi-minmax",
-        "claim": ("NOVA-KV against a KIVI-style min-max cache (K per channel in groups of d tokens, V per token; "
-                  "baseline of docs/references.md §7), metric by metric."),
-        "source": "kvstats",
-        "measurement": "; ".join(f"n = {n}: median KL {r['median_nova']:.3g} (nova) vs {r['median_other']:.3g} "
-                                 f"(min-max), {_times(r['median_ratio'])}, Wilcoxon r = {r['w_r']:+.3f} "
-                                 f"(Holm {fmt_p(r['w_p_holm'])})" for n, r in mm.items())
-        + ". Min-max K spends 32/d = 0.5 side bits per element on per-channel ranges (nova 0.25 on its scale).",
-        "data": data_txt,
-        "verdict": measured("our comparison with a baseline the paper does not report; the table gives the numbers"),
-        "figure": f"{STUDY}_attention.png",
-        "details": ("| n | metric | nova | min-max | Wilcoxon r | Holm p | nova better in (query-head units) |\n"
-                    "|---|---|---|---|---|---|---|\n" + "\n".join(mm_lines) + "\n\n" + CONVENTIONS),
-    })
-    sink_lines = []
+    return Claim(
+        id="nova-vs-kivi-minmax",
+        claim=("NOVA-KV against a KIVI-style min-max cache (K per channel in groups of d tokens, V per token; "
+               "baseline of docs/references.md §7), metric by metric."),
+        source="kvstats",
+        measurement=measurement(*(f"n = {n}: median KL {r['median_nova']:.3g} (nova) vs {r['median_other']:.3g} "
+                                  f"(min-max), {_times(r['median_ratio'])}, Wilcoxon r = {r['w_r']:+.3f} "
+                                  f"(Holm {fmt_p(r['w_p_holm'])})" for n, r in mm.items()))
+        + " Min-max K spends 32/d = 0.5 side bits per element on per-channel ranges (nova 0.25 on its scale).",
+        data=a.data,
+        verdict=measured("our comparison with a baseline the paper does not report; the table gives the numbers"),
+        figure=f"{STUDY}_attention.png",
+        details=("| n | metric | nova | min-max | Wilcoxon r | Holm p | nova better in (query-head units) |\n"
+                 "|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n" + CONVENTIONS))
+
+
+def _sink_table(tst: pd.DataFrame) -> str:
+    """Per n: nova's median KL (all tokens, and token 0 exact) beside the best baseline's."""
+    lines = []
     for n in BUDGETS:
         t = tst[(tst["n"] == n) & tst["nova_vs"].isin(OBLIVIOUS)]
         for metric in ("kl", "kl_sink_exact"):
             tm = t[t["metric"] == metric]
             best = tm.loc[tm["median_other"].idxmin()]
-            sink_lines.append(f"| {n} | {METRICS[metric][0]} | {best['median_nova']:.3g} | {best['nova_vs']} "
-                              f"{best['median_other']:.3g} | {best['w_r']:+.3f} | "
-                              f"{100 * best['nova_better_fraction']:.0f}% |")
+            lines.append(f"| {n} | {METRICS[metric][0]} | {best['median_nova']:.3g} | {best['nova_vs']} "
+                         f"{best['median_other']:.3g} | {best['w_r']:+.3f} | "
+                         f"{100 * best['nova_better_fraction']:.0f}% |")
+    return "\n".join(lines)
+
+
+def sink_claim(a: Analysis) -> Claim:
+    units = a.units
     mass = units[(units["scheme"] == "nova") & (units["n"] == 2)]["sink_mass"]
     err = units.groupby(["scheme", "n"])[["abs_logit_err_sink", "abs_logit_err_rest"]].median()
     err_txt = "; ".join(f"{sch} {err.loc[(sch, n), 'abs_logit_err_sink']:.2f} vs "
                         f"{err.loc[(sch, n), 'abs_logit_err_rest']:.2f}" for n in BUDGETS for sch in ("nova", "minmax"))
-    out.append({
-        "id": "nova-attention-sink",
-        "claim": "Where NOVA-KV's errors land: the attention sink (token 0) against the rest of the cache.",
-        "source": "kvstats",
-        "measurement": (f"Token 0 draws {100 * mass.median():.0f}% of the attention mass in the median (layer, "
-                        f"head) unit (up to {100 * mass.max():.0f}%). Median |logit error| on token 0 vs on the "
-                        f"other tokens (n = 2 then 3): {err_txt}. Keeping token 0 in full precision (as 2-bit "
-                        "deployments usually do) changes the comparison as in the table."),
-        "data": data_txt,
-        "verdict": measured("where the errors fall, our own measurement"),
-        "figure": f"{STUDY}_attention.png",
-        "details": ("| n | metric | nova median | best baseline (median) | Wilcoxon r | nova better in |\n"
-                    "|---|---|---|---|---|---|\n" + "\n".join(sink_lines)),
-    })
+    return Claim(
+        id="nova-attention-sink",
+        claim="Where NOVA-KV's errors land: the attention sink (token 0) against the rest of the cache.",
+        source="kvstats",
+        measurement=(f"Token 0 draws {100 * mass.median():.0f}% of the attention mass in the median (layer, "
+                     f"head) unit (up to {100 * mass.max():.0f}%). Median |logit error| on token 0 vs on the "
+                     f"other tokens (n = 2 then 3): {err_txt}. Keeping token 0 in full precision (as 2-bit "
+                     "deployments usually do) changes the comparison as in the table."),
+        data=a.data,
+        verdict=measured("where the errors fall, our own measurement"),
+        figure=f"{STUDY}_attention.png",
+        details=("| n | metric | nova median | best baseline (median) | Wilcoxon r | nova better in |\n"
+                 "|---|---|---|---|---|---|\n" + _sink_table(a.tst)))
+
+
+def bits_claim(a: Analysis) -> Claim:
+    bits = a.bits
     nb2 = bits[(bits["scheme"] == "nova") & (bits["n"] == 2) & (bits["tokens"] == DEFAULT_AMORTIZE_TOKENS)]
     b128 = nb2[nb2["d"] == 128].iloc[0]
     b64 = nb2[nb2["d"] == 64].iloc[0]
     bv = bits_verdict(float(b128["mean_total"]))
     gap = float(b128["mean_total"]) - float(PUBLISHED_BITS)
-    out.append({
-        "id": "nova-bits-per-element",
-        "claim": f"NOVA-KV stores {PUBLISHED_BITS} bits per element at its 2-bit setting.",
-        "source": "NOVA-KV, arXiv 2608.04074; docs/references.md §6",
-        "measurement": (f"Our count at d = 128 (Qwen3-8B's head dim), 128K cached tokens: K {b128['k_total']:.4f} "
-                        f"(2 payload + 16/128 scale + {b128['k_side']:.4f} calibration), V {b128['v_total']:.4f} "
-                        f"(2 + 32/128 min-max lo/step), mean {b128['mean_total']:.4f}. At SmolLM2's d = 64: "
-                        f"{b64['mean_total']:.4f}."),
-        "data": "bit accounting (kvstats.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
-        "verdict": bv,
-        "discrepancy": (None if bv.verdict == "reproduced" else
-                        f"our accounting gives {b128['mean_total']:.4f} bits per element, {gap:+.4f} from the "
-                        f"published {PUBLISHED_BITS} (tolerance ±{printed_half_unit(PUBLISHED_BITS):g}); the paper "
-                        "does not state its accounting of side information."),
-        "figure": None,
-        "details": ("Our accounting: transform T, μ_K and the G codebooks of 2^{g·b} centroids in fp16, amortised "
-                    "over 128K tokens; fp16 per-token scale; per-token fp16 min-max values. Calibration side "
-                    "information is 16·(d² + d + 256·d)/d bits per cached token per head: negligible at 128K tokens, "
-                    "dominant at 1K."),
-    })
-    pv = parseval_verdict(pars["coef_mse"].to_numpy(), pars["sigma_form"].to_numpy())
+    return Claim(
+        id="nova-bits-per-element",
+        claim=f"NOVA-KV stores {PUBLISHED_BITS} bits per element at its 2-bit setting.",
+        source="NOVA-KV, arXiv 2608.04074; docs/references.md §6",
+        measurement=(f"Our count at d = 128 (Qwen3-8B's head dim), 128K cached tokens: K {b128['k_total']:.4f} "
+                     f"(2 payload + 16/128 scale + {b128['k_side']:.4f} calibration), V {b128['v_total']:.4f} "
+                     f"(2 + 32/128 min-max lo/step), mean {b128['mean_total']:.4f}. At SmolLM2's d = 64: "
+                     f"{b64['mean_total']:.4f}."),
+        data="bit accounting (kvstats.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
+        verdict=bv,
+        discrepancy=(None if bv.verdict == "reproduced" else
+                     f"our accounting gives {b128['mean_total']:.4f} bits per element, {gap:+.4f} from the "
+                     f"published {PUBLISHED_BITS} (tolerance ±{printed_half_unit(PUBLISHED_BITS):g}); the paper "
+                     "does not state its accounting of side information."),
+        details=("Our accounting: transform T, μ_K and the G codebooks of 2^{g·b} centroids in fp16, amortised "
+                 "over 128K tokens; fp16 per-token scale; per-token fp16 min-max values. Calibration side "
+                 "information is 16·(d² + d + 256·d)/d bits per cached token per head: negligible at 128K tokens, "
+                 "dominant at 1K."))
+
+
+def _held_ratio(pars: pd.DataFrame) -> pd.Series:
+    """E_q over the held-out queries / ‖y − ŷ‖², per (layer, KV head)."""
+    return pars["logit_mse_heldout_q"] / pars["coef_mse"]
+
+
+def parseval_claim(a: Analysis) -> Claim:
+    pars = a.pars
     gap_rel = ((pars["sigma_form"] - pars["coef_mse"]).abs() / pars["coef_mse"]).max()
     cal_ratio = pars["logit_mse_calib_q"].sum() / pars["coef_mse"].sum()
-    held_ratio = pars["logit_mse_heldout_q"] / pars["coef_mse"]
-    out.append({
-        "id": "nova-generalized-parseval",
-        "claim": ("The optimal key transform satisfies a generalized Parseval relation: MSE in the transform domain "
-                  "equals the attention-aware distortion (k − k̂)ᵀ Σ_Q (k − k̂) = E_q[(qᵀ(k − k̂))²]."),
-        "source": "NOVA-KV, arXiv 2608.04074, abstract; derivation in docs/nova.md",
-        "measurement": (f"On real held-out keys, per (layer, KV head): ‖y − ŷ‖² against (k − k̂)ᵀ Σ_Q (k − k̂) with the "
-                        f"calibration's Σ_Q (ridge ρ = {DEFAULT_RIDGE:g}, fp16 T): largest relative gap "
-                        f"{gap_rel:.2g} over {len(pars)} cells (tolerance {PARSEVAL_RTOL:g}). E_q over the "
-                        f"calibration queries / ‖y − ŷ‖² = {cal_ratio:.4f} in total (the ridge takes the rest); over "
-                        f"the held-out queries {held_ratio.median():.2f} (median, range "
-                        f"{held_ratio.min():.2f}–{held_ratio.max():.2f}). Exact to float64 round-off at ρ = 0 in "
-                        "tests/test_nova.py."),
-        "data": data_txt + "; nova at n = 2",
-        "verdict": pv,
-        "figure": f"{STUDY}_parseval.png",
-        "details": None,
-    })
-    if grp is not None and len(grp):
-        gv = grouping_verdict(grp.to_dict("records"))
-        lines = "\n".join(f"| {r.n} | {r.metric} | {r.median_stratified:.4g} | {r.median_contiguous:.4g} | "
-                          f"{r.w_r:+.2f} | {fmt_p(r.w_p)} | {100 * r.stratified_lower_fraction:.0f}% |"
-                          for r in grp.itertuples())
-        g0 = grp.iloc[0]
-        out.append({
-            "id": "nova-equal-volume-grouping",
-            "claim": ("Grouping the key coefficients into equal-volume partitions makes equal-size codebooks attain "
-                      "the variable-rate optimum (high-resolution model); NOVA-KV groups eigen-rank r into group "
-                      "r mod G. Tested: stratified groups give lower held-out coefficient MSE (= attention-aware "
-                      "distortion) and lower attention KL than contiguous groups (ranks j·g … j·g + g − 1) at the "
-                      "same transform, codebook size and k-means fit."),
-            "source": "NOVA-KV, arXiv 2608.04074, abstract; docs/nova.md",
-            "measurement": (f"{gv.reason}; median spread of the groups' log-volumes ½Σ log λ: stratified "
-                            f"{g0['logvol_spread_stratified']:.2f} nats, contiguous "
-                            f"{g0['logvol_spread_contiguous']:.2f}. The optimum itself (variable-rate codebooks) is "
-                            "not built; this tests the direction the theorem implies."),
-            "data": data_txt + f"; n ∈ {list(GROUPING_BUDGETS)}",
-            "verdict": gv,
-            "figure": None,
-            "details": ("| n | metric | stratified (median) | contiguous (median) | Wilcoxon r | p | stratified "
-                        "lower in |\n|---|---|---|---|---|---|---|\n" + lines
-                        + "\n\nWilcoxon signed-rank over (layer, KV head) units, r of stratified − contiguous."),
-        })
-    out.append({
-        "id": "nova-ruler-longbench",
-        "claim": ("On Qwen3-8B at 128K context NOVA-KV scores 75.4 on RULER needle retrieval vs 25.3 for the best "
-                  "scalar 2-bit method (RULER and LongBench results)."),
-        "source": "NOVA-KV, arXiv 2608.04074; docs/references.md §6",
-        "measurement": ("not run: this study measures attention KL and top-5 recall of SmolLM2-135M's real "
-                        "attention on held-out text (nova-beats-scalar-n2) and the end_to_end study the next-token "
-                        "KL of the model's output at 2 bits."),
-        "data": "none",
-        "verdict": not_testable("needs Qwen3-8B (or another 8B model with a 128K context) and the RULER and "
-                                "LongBench benchmarks, which this project does not have offline, and a 128K-token "
-                                "forward pass, beyond a 2-core CPU"),
-        "figure": None,
-        "details": None,
-    })
-    if "nova_insample" in set(units["scheme"]):
-        t = tst[(tst["metric"] == "kl") & (tst["nova_vs"] == "nova_insample")]
-        lm = units.groupby(["scheme", "n"])["logit_mse"].median()
-        txt = "; ".join(f"n = {r.n}: median KL {r.median_nova:.3g} (calibrated on the other text) vs "
+    held_ratio = _held_ratio(pars)
+    return Claim(
+        id="nova-generalized-parseval",
+        claim=("The optimal key transform satisfies a generalized Parseval relation: MSE in the transform domain "
+               "equals the attention-aware distortion (k − k̂)ᵀ Σ_Q (k − k̂) = E_q[(qᵀ(k − k̂))²]."),
+        source="NOVA-KV, arXiv 2608.04074, abstract; derivation in docs/nova.md",
+        measurement=(f"On real held-out keys, per (layer, KV head): ‖y − ŷ‖² against (k − k̂)ᵀ Σ_Q (k − k̂) with the "
+                     f"calibration's Σ_Q (ridge ρ = {DEFAULT_RIDGE:g}, fp16 T): largest relative gap "
+                     f"{gap_rel:.2g} over {len(pars)} cells (tolerance {PARSEVAL_RTOL:g}). E_q over the "
+                     f"calibration queries / ‖y − ŷ‖² = {cal_ratio:.4f} in total (the ridge takes the rest); over "
+                     f"the held-out queries {held_ratio.median():.2f} (median, range "
+                     f"{held_ratio.min():.2f}–{held_ratio.max():.2f}). Exact to float64 round-off at ρ = 0 in "
+                     "tests/test_nova.py."),
+        data=a.data + "; nova at n = 2",
+        verdict=parseval_verdict(pars["coef_mse"].to_numpy(), pars["sigma_form"].to_numpy()),
+        figure=f"{STUDY}_parseval.png")
+
+
+def grouping_claim(a: Analysis) -> Claim | None:
+    """Stratified against contiguous groups; None when no grouping rows were computed."""
+    grp = a.grp
+    if not len(grp):
+        return None
+    gv = grouping_verdict(grp.to_dict("records"))
+    lines = "\n".join(f"| {r.n} | {r.metric} | {r.median_stratified:.4g} | {r.median_contiguous:.4g} | "
+                      f"{r.w_r:+.2f} | {fmt_p(r.w_p)} | {100 * r.stratified_lower_fraction:.0f}% |"
+                      for r in grp.itertuples())
+    g0 = grp.iloc[0]
+    return Claim(
+        id="nova-equal-volume-grouping",
+        claim=("Grouping the key coefficients into equal-volume partitions makes equal-size codebooks attain "
+               "the variable-rate optimum (high-resolution model); NOVA-KV groups eigen-rank r into group "
+               "r mod G. Tested: stratified groups give lower held-out coefficient MSE (= attention-aware "
+               "distortion) and lower attention KL than contiguous groups (ranks j·g … j·g + g − 1) at the "
+               "same transform, codebook size and k-means fit."),
+        source="NOVA-KV, arXiv 2608.04074, abstract; docs/nova.md",
+        measurement=(f"{gv.reason}; median spread of the groups' log-volumes ½Σ log λ: stratified "
+                     f"{g0['logvol_spread_stratified']:.2f} nats, contiguous "
+                     f"{g0['logvol_spread_contiguous']:.2f}. The optimum itself (variable-rate codebooks) is "
+                     "not built; this tests the direction the theorem implies."),
+        data=a.data + f"; n ∈ {list(GROUPING_BUDGETS)}",
+        verdict=gv,
+        details=("| n | metric | stratified (median) | contiguous (median) | Wilcoxon r | p | stratified "
+                 "lower in |\n|---|---|---|---|---|---|---|\n" + lines
+                 + "\n\nWilcoxon signed-rank over (layer, KV head) units, r of stratified − contiguous."))
+
+
+def ruler_claim() -> Claim:
+    return Claim(
+        id="nova-ruler-longbench",
+        claim=("On Qwen3-8B at 128K context NOVA-KV scores 75.4 on RULER needle retrieval vs 25.3 for the best "
+               "scalar 2-bit method (RULER and LongBench results)."),
+        source="NOVA-KV, arXiv 2608.04074; docs/references.md §6",
+        measurement=("not run: this study measures attention KL and top-5 recall of SmolLM2-135M's real "
+                     "attention on held-out text (nova-beats-scalar-n2) and the end_to_end study the next-token "
+                     "KL of the model's output at 2 bits."),
+        data="none",
+        verdict=not_testable("needs Qwen3-8B (or another 8B model with a 128K context) and the RULER and "
+                             "LongBench benchmarks, which this project does not have offline, and a 128K-token "
+                             "forward pass, beyond a 2-core CPU"))
+
+
+def heldout_claim(a: Analysis) -> Claim | None:
+    """Held-out against in-sample calibration; None unless nova_insample ran (paper scale)."""
+    units, tst = a.units, a.tst
+    if "nova_insample" not in set(units["scheme"]):
+        return None
+    t = tst[(tst["metric"] == "kl") & (tst["nova_vs"] == "nova_insample")]
+    lm = units.groupby(["scheme", "n"])["logit_mse"].median()
+    txt = measurement(*(f"n = {r.n}: median KL {r.median_nova:.3g} (calibrated on the other text) vs "
                         f"{r.median_other:.3g} (in-sample), ×{r.median_ratio:.2f}, r = {r.w_r:+.3f}; "
                         f"squared logit error ×{lm[('nova', r.n)] / lm[('nova_insample', r.n)]:.2f}"
-                        for r in t.itertuples())
-        txt += (f". The query metric carries over (held-out E_q / ‖y − ŷ‖² median {held_ratio.median():.2f}), so "
-                "the penalty comes from the keys: codebooks of 2^(g·b) centroids fitted on one short text.")
-        out.append({
-            "id": "nova-heldout-penalty",
-            "claim": "Calibrating on other text than the one measured costs NOVA-KV some accuracy.",
-            "source": "kvstats",
-            "measurement": txt,
-            "data": data_txt,
-            "verdict": measured("our own comparison of held-out and in-sample calibration"),
-            "figure": f"{STUDY}_attention.png",
-            "details": None,
-        })
-    return out
+                        for r in t.itertuples()))
+    txt += (f" The query metric carries over (held-out E_q / ‖y − ŷ‖² median {_held_ratio(a.pars).median():.2f}), "
+            "so the penalty comes from the keys: codebooks of 2^(g·b) centroids fitted on one short text.")
+    return Claim(
+        id="nova-heldout-penalty",
+        claim="Calibrating on other text than the one measured costs NOVA-KV some accuracy.",
+        source="kvstats",
+        measurement=txt,
+        data=a.data,
+        verdict=measured("our own comparison of held-out and in-sample calibration"),
+        figure=f"{STUDY}_attention.png")
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
@@ -776,30 +833,57 @@ def _times(ratio: float) -> str:
     return f"{1 / ratio:.1f}× lower" if ratio <= 1 else f"{ratio:.1f}× higher"
 
 
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class Nova(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): one sweep over layers and seeds, its tables, three
+    figures and up to nine claims."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        ensure_captures()  # once here (cached), never in parallel workers
+        return {STUDY: (cell, grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"],
+                                   insample=cfg["insample"]))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        cfg, table = SCALE[scale], tables[STUDY]
+        pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
+        pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
+        units = unit_table(table)
+        tst = tests(units)
+        bits = bits_table()
+        grp = table[table["kind"] == "grouping"].dropna(axis=1, how="all")
+        grp = grp.groupby(["n", "layer", "kv_head"], as_index=False).mean(numeric_only=True)
+        gtst = grouping_tests(grp)
+        schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
+        return Analysis(cfg, scale, units, tst, pars, bits, gtst, schemes, _data_text(units, cfg, scale))
+
+    def figures(self, tables, a: Analysis) -> None:
+        table = tables[STUDY]
+        plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
+        plots.write_csv(f"{STUDY}_parseval", a.pars)
+        plots.write_csv(f"{STUDY}_tests", a.tst)
+        plots.write_csv(f"{STUDY}_bits", a.bits)
+        plots.write_csv(f"{STUDY}_grouping", a.grp)
+        plots.setup()
+        attention_figure(a.units, a.tst, a.schemes, a.scale)
+        layers_figure(a.units, a.schemes)
+        parseval_figure(a.pars)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        out = [*(beats_claim(a, n) for n in BUDGETS), minmax_claim(a), sink_claim(a), bits_claim(a),
+               parseval_claim(a), grouping_claim(a), ruler_claim(), heldout_claim(a)]
+        return [c for c in out if c is not None]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+
 def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    args = shell.args
-    cfg = SCALE[args.scale]
-    ensure_captures()  # once here (cached), never in parallel workers
-    cells = grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"], insample=cfg["insample"])
-    table = shell.sweep(cell, cells, version=VERSION)
-    plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
-    pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
-    pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
-    plots.write_csv(f"{STUDY}_parseval", pars)
-    units = unit_table(table)
-    tst = tests(units)
-    plots.write_csv(f"{STUDY}_tests", tst)
-    bits = bits_table()
-    plots.write_csv(f"{STUDY}_bits", bits)
-    grp = table[table["kind"] == "grouping"].dropna(axis=1, how="all")
-    grp = grp.groupby(["n", "layer", "kv_head"], as_index=False).mean(numeric_only=True)
-    gtst = grouping_tests(grp)
-    plots.write_csv(f"{STUDY}_grouping", gtst)
-    schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
-    figures(units, tst, pars, schemes, args.scale)
-    out = claims(tst, units, pars, bits, cfg, args.scale, gtst)
-    return shell.finish(out, definitions=definitions(cfg, args.scale))
+    return Nova().main(argv, echo=True)
 
 
 if __name__ == "__main__":

@@ -320,7 +320,7 @@ def codebook_dims(cfg: dict) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return SphereLaw().main(argv)
+    return SphereLaw().main(argv, echo=False)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,7 @@ from kvstats.quant.codebooks import beta_codebook, gaussian_codebook
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.sphere import sample_sphere
 from kvstats.run import plots, study
+from kvstats.run.claims import Claim, listing, measurement
 from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "turboquant_distortion"
@@ -220,48 +222,76 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    shell = study.start(STUDY, __doc__, argv, position=POSITION)
-    args = shell.args
-    cfg = SCALE[args.scale]
-    table = shell.sweep(cell, grid(method=["turbo_mse", "turbo_prod"], bits=list(BITS), d=D, vectors=cfg["vectors"],
-                                   rep=list(range(cfg["reps"]))), version=VERSION)
-    worst = shell.sweep(worst_cell, grid(rotation=["wht", "haar"], vector=["e1", "uniform"], bits=2, d=D,
-                                         rep=list(range(cfg["worst_reps"]))), version=VERSION, name=f"{STUDY}_worst")
-    outl = shell.sweep(outlier_cell, grid(config=["split", "uniform2", "uniform3"],
-                                          rep=list(range(cfg["outlier_reps"]))), version=VERSION,
-                       name=f"{STUDY}_outliers")
-    plots.write_csv(STUDY, table)
-    plots.write_csv(f"{STUDY}_worst_case", worst)
-    plots.write_csv(f"{STUDY}_outliers", outl)
+# ---------------------------------------------------------------------------------------------- the analysis
 
-    def summary(method, column):
-        g = table[table["method"] == method].groupby("bits")[column]
-        n = g.count()
-        mean, sd = g.mean(), g.std()
-        t = scipy.stats.t.ppf(0.975, n - 1)
-        return mean, mean - t * sd / np.sqrt(n), mean + t * sd / np.sqrt(n)
 
-    rows = []
-    for b in BITS:
-        r = {"bits": b, "d": D, "exact_d_mse": exact_dmse(D, b), "gaussian_limit_d_mse": gaussian_codebook(b).d_mse,
-             "exact_d_prod_x_d": D * exact_dprod(D, b), "printed_d_mse": PRINTED_DMSE.get(b, math.nan),
-             "printed_d_prod_x_d": PRINTED_DPROD_TIMES_D.get(b, math.nan),
-             "lower_d_mse": 4.0**-b, "upper_d_mse": math.sqrt(3) * math.pi / 2 * 4.0**-b,
-             "lower_d_prod_x_d": 4.0**-b, "upper_d_prod_x_d": math.sqrt(3) * math.pi**2 * 4.0**-b}
-        for method in ("turbo_mse", "turbo_prod"):
-            for col in ("d_mse", "d_prod_x_d", "d_prod_parallel_x_d"):
-                m, lo, hi = (s[b] for s in summary(method, col))
-                r[f"{method}_{col}"], r[f"{method}_{col}_lo"], r[f"{method}_{col}_hi"] = m, lo, hi
-        prod = table[(table["method"] == "turbo_prod") & (table["bits"] == b)]
-        a = float(prod["residual_parallel2"].mean())
-        r["exact_d_prod_parallel_x_d"] = D * turbo_prod_distortion(exact_dmse(D, b - 1), D, cos2=1.0,
-                                                                   residual_parallel2=min(a, exact_dmse(D, b - 1)))
-        rows.append(r)
-    tab = pd.DataFrame(rows)
-    plots.write_csv(f"{STUDY}_table", tab)
+def summary(table: pd.DataFrame, method: str, column: str) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Mean of ``column`` per bit width for ``method`` with its 95% t-interval over replicates."""
+    g = table[table["method"] == method].groupby("bits")[column]
+    n = g.count()
+    mean, sd = g.mean(), g.std()
+    t = scipy.stats.t.ppf(0.975, n - 1)
+    return mean, mean - t * sd / np.sqrt(n), mean + t * sd / np.sqrt(n)
 
-    plots.setup()
+
+def bits_row(table: pd.DataFrame, b: int) -> dict:
+    """One row of the summary table: exact, printed and bound values at b, the measured means and CIs."""
+    r = {"bits": b, "d": D, "exact_d_mse": exact_dmse(D, b), "gaussian_limit_d_mse": gaussian_codebook(b).d_mse,
+         "exact_d_prod_x_d": D * exact_dprod(D, b), "printed_d_mse": PRINTED_DMSE.get(b, math.nan),
+         "printed_d_prod_x_d": PRINTED_DPROD_TIMES_D.get(b, math.nan),
+         "lower_d_mse": 4.0**-b, "upper_d_mse": math.sqrt(3) * math.pi / 2 * 4.0**-b,
+         "lower_d_prod_x_d": 4.0**-b, "upper_d_prod_x_d": math.sqrt(3) * math.pi**2 * 4.0**-b}
+    for method in ("turbo_mse", "turbo_prod"):
+        for col in ("d_mse", "d_prod_x_d", "d_prod_parallel_x_d"):
+            m, lo, hi = (s[b] for s in summary(table, method, col))
+            r[f"{method}_{col}"], r[f"{method}_{col}_lo"], r[f"{method}_{col}_hi"] = m, lo, hi
+    prod = table[(table["method"] == "turbo_prod") & (table["bits"] == b)]
+    a = float(prod["residual_parallel2"].mean())
+    r["exact_d_prod_parallel_x_d"] = D * turbo_prod_distortion(exact_dmse(D, b - 1), D, cos2=1.0,
+                                                               residual_parallel2=min(a, exact_dmse(D, b - 1)))
+    return r
+
+
+def paired_ratios(table: pd.DataFrame) -> dict[int, tuple[float, float, float]]:
+    """turbo_prod / turbo_mse d·D_prod per b ≥ 2, paired by replicate (:func:`log_ratio_ci`)."""
+    ratios = {}
+    for b_ in BITS[1:]:
+        sub = table[table["bits"] == b_].pivot(index="rep", columns="method", values="d_prod_x_d")
+        ratios[b_] = log_ratio_ci(sub["turbo_prod"].to_numpy(), sub["turbo_mse"].to_numpy())
+    return ratios
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the figures and claims read: the scale's configuration, the summary table (one row per b), the
+    worst-case errors' mean and sd per (rotation, vector), the paired 2π ratios, the split configuration's bits
+    per coordinate per norm dtype and the outlier errors per configuration (by replicate)."""
+
+    cfg: dict
+    scale: str
+    tab: pd.DataFrame
+    worst_mean: pd.Series
+    worst_sd: pd.Series
+    ratios: dict[int, tuple[float, float, float]]
+    split_cost: dict[str, dict[str, float]]
+    outlier_errors: dict[str, np.ndarray]
+
+    @property
+    def t4(self) -> pd.DataFrame:
+        """The rows TurboQuant prints (b ≤ 4)."""
+        return self.tab[self.tab["bits"] <= 4]
+
+    @property
+    def data_text(self) -> str:
+        return (f"unit vectors uniform on S^{D - 1}, d = {D}, {self.cfg['reps']} replicates (fresh rotation/sketch "
+                f"seeds) × {self.cfg['vectors']} vectors per bit width ({self.scale} scale)")
+
+
+# --------------------------------------------------------------------------------------------- the figures
+
+
+def distortion_figure(tab: pd.DataFrame, cfg: dict) -> None:
+    """d·D_prod and D_mse against b: measured (with CIs), exact, bounds and TurboQuant's printed values."""
     fig, axes = plots.panels(1, 2, f"TurboQuant distortion vs bits at d = {D} (Monte Carlo: mean and 95% CI over "
                              f"{cfg['reps']} × {cfg['vectors']} vectors)", width=5.6, height=4.3)
     b = np.array(BITS)
@@ -292,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     axes[0, 1].set_title("MSE distortion")
     plots.save(fig, STUDY)
 
+
+def worst_case_figure(worst: pd.DataFrame, cfg: dict) -> None:
+    """Box plots of turbo_mse(2)'s squared error on e_1 and on uniform vectors, WHT vs Haar rotation."""
     fig, axes = plots.panels(1, 1, f"turbo_mse, b = 2, d = {D}: squared error of one vector over "
                              f"{cfg['worst_reps']} rotation seeds", width=7.0, height=4.0)
     ax = axes[0, 0]
@@ -302,194 +335,269 @@ def main(argv: list[str] | None = None) -> int:
     ax.legend()
     plots.save(fig, f"{STUDY}_worst_case")
 
-    t4 = tab[tab["bits"] <= 4]
-    mse_md = ("| b | measured D_mse [95% CI] | exact (codebook, d = 128) | printed | printed vs exact | "
-              "Gaussian limit |\n|---|---|---|---|---|---|\n" +
-              "\n".join(f"| {r.bits} | {r.turbo_mse_d_mse:.5f} [{r.turbo_mse_d_mse_lo:.5f}, {r.turbo_mse_d_mse_hi:.5f}]"
-                        f" | {r.exact_d_mse:.6f} | {r.printed_d_mse} | "
-                        f"{100 * (r.printed_d_mse - r.exact_d_mse) / r.exact_d_mse:+.1f}% | "
-                        f"{r.gaussian_limit_d_mse:.5f} |" for r in t4.itertuples()))
-    prod_md = ("| b | measured d·D_prod [95% CI] | exact (π/2 − 1/d)·D_mse(b−1) | printed | printed vs exact | "
-               "Gaussian limit (π/2)·D_mse(b−1) |\n|---|---|---|---|---|---|\n" +
-               "\n".join(f"| {r.bits} | {r.turbo_prod_d_prod_x_d:.4f} [{r.turbo_prod_d_prod_x_d_lo:.4f}, "
-                         f"{r.turbo_prod_d_prod_x_d_hi:.4f}] | {r.exact_d_prod_x_d:.4f} | {r.printed_d_prod_x_d} | "
-                         f"{100 * (r.printed_d_prod_x_d - r.exact_d_prod_x_d) / r.exact_d_prod_x_d:+.1f}% | "
-                         f"{math.pi / 2 * (1.0 if r.bits == 1 else gaussian_codebook(r.bits - 1).d_mse):.4f} |"
-                         for r in t4.itertuples()))
-    mse_inside = sum(r.turbo_mse_d_mse_lo <= r.exact_d_mse <= r.turbo_mse_d_mse_hi for r in tab.itertuples())
-    prod_in = all(r.turbo_prod_d_prod_x_d_lo <= r.exact_d_prod_x_d <= r.turbo_prod_d_prod_x_d_hi
-                  for r in tab.itertuples())
-    off_mse = [(r.bits, 100 * (r.printed_d_mse - r.exact_d_mse) / r.exact_d_mse) for r in t4.itertuples()]
-    off_prod = [(r.bits, 100 * (r.printed_d_prod_x_d - r.exact_d_prod_x_d) / r.exact_d_prod_x_d)
-                for r in t4.itertuples()]
-    bounds_ok = all(r.lower_d_mse <= r.turbo_mse_d_mse <= r.upper_d_mse and
-                    r.lower_d_prod_x_d <= r.turbo_prod_d_prod_x_d <= r.upper_d_prod_x_d for r in tab.itertuples())
-    data_txt = (f"unit vectors uniform on S^{D - 1}, d = {D}, {cfg['reps']} replicates (fresh rotation/sketch seeds) "
-                f"× {cfg['vectors']} vectors per bit width ({args.scale} scale)")
-    b2 = tab[tab["bits"] == 2].iloc[0]
-    # published numbers more than 10% off the exact values: stated under "Known discrepancies" in REPORT.md
+
+# ---------------------------------------------------------------------------------------------- the claims
+
+
+def pct_off(printed: float, exact: float) -> float:
+    """How far a printed value is from the exact one, in percent of the exact one."""
+    return 100 * (printed - exact) / exact
+
+
+def mse_table_md(t4: pd.DataFrame) -> str:
+    return ("| b | measured D_mse [95% CI] | exact (codebook, d = 128) | printed | printed vs exact | "
+            "Gaussian limit |\n|---|---|---|---|---|---|\n" +
+            "\n".join(f"| {r.bits} | {r.turbo_mse_d_mse:.5f} [{r.turbo_mse_d_mse_lo:.5f}, {r.turbo_mse_d_mse_hi:.5f}]"
+                      f" | {r.exact_d_mse:.6f} | {r.printed_d_mse} | "
+                      f"{pct_off(r.printed_d_mse, r.exact_d_mse):+.1f}% | "
+                      f"{r.gaussian_limit_d_mse:.5f} |" for r in t4.itertuples()))
+
+
+def prod_table_md(t4: pd.DataFrame) -> str:
+    return ("| b | measured d·D_prod [95% CI] | exact (π/2 − 1/d)·D_mse(b−1) | printed | printed vs exact | "
+            "Gaussian limit (π/2)·D_mse(b−1) |\n|---|---|---|---|---|---|\n" +
+            "\n".join(f"| {r.bits} | {r.turbo_prod_d_prod_x_d:.4f} [{r.turbo_prod_d_prod_x_d_lo:.4f}, "
+                      f"{r.turbo_prod_d_prod_x_d_hi:.4f}] | {r.exact_d_prod_x_d:.4f} | {r.printed_d_prod_x_d} | "
+                      f"{pct_off(r.printed_d_prod_x_d, r.exact_d_prod_x_d):+.1f}% | "
+                      f"{math.pi / 2 * (1.0 if r.bits == 1 else gaussian_codebook(r.bits - 1).d_mse):.4f} |"
+                      for r in t4.itertuples()))
+
+
+def big_gaps(t4: pd.DataFrame) -> tuple[list, dict]:
+    """The printed D_mse rows and the printed d·D_prod rows (by b) more than 10% off the exact values: stated
+    under "Known discrepancies" in REPORT.md."""
     big_mse = [r for r in t4.itertuples() if abs(r.printed_d_mse - r.exact_d_mse) > 0.1 * r.exact_d_mse]
     big_prod = {r.bits: r for r in t4.itertuples()
                 if abs(r.printed_d_prod_x_d - r.exact_d_prod_x_d) > 0.1 * r.exact_d_prod_x_d}
+    return big_mse, big_prod
 
-    def off_text(r) -> str:
-        pct = 100 * (r.printed_d_mse - r.exact_d_mse) / r.exact_d_mse
-        return (f"TurboQuant's printed D_mse at b = {r.bits} ({r.printed_d_mse:g}) is {abs(pct):.1f}% "
-                f"{'below' if pct < 0 else 'above'} the exact value {r.exact_d_mse:.6f} at d = {D}")
 
-    mse_gap = "; ".join(off_text(r) + (f"; its printed D_prod at b = {r.bits + 1} "
-                                       f"({big_prod[r.bits + 1].printed_d_prod_x_d:g}/d) inherits the rounding"
-                                       if r.bits + 1 in big_prod else "") for r in big_mse)
+def off_text(r) -> str:
+    pct = pct_off(r.printed_d_mse, r.exact_d_mse)
+    return (f"TurboQuant's printed D_mse at b = {r.bits} ({r.printed_d_mse:g}) is {abs(pct):.1f}% "
+            f"{'below' if pct < 0 else 'above'} the exact value {r.exact_d_mse:.6f} at d = {D}")
+
+
+def mse_gap_text(big_mse: list, big_prod: dict) -> str:
+    """Each printed D_mse far off the exact value, and the printed D_prod one bit up that inherits it."""
+    return "; ".join(off_text(r) + (f"; its printed D_prod at b = {r.bits + 1} "
+                                    f"({big_prod[r.bits + 1].printed_d_prod_x_d:g}/d) inherits the rounding"
+                                    if r.bits + 1 in big_prod else "") for r in big_mse)
+
+
+def dmse_values_claim(a: Analysis) -> Claim:
+    t4, tab = a.t4, a.tab
+    big_mse, big_prod = big_gaps(t4)
+    mse_gap = mse_gap_text(big_mse, big_prod)
+    inside = sum(r.turbo_mse_d_mse_lo <= r.exact_d_mse <= r.turbo_mse_d_mse_hi for r in tab.itertuples())
+    off = [(r.bits, pct_off(r.printed_d_mse, r.exact_d_mse)) for r in t4.itertuples()]
+    return Claim(
+        id="turboquant-dmse-values",
+        claim="TurboQuant_mse: D_mse ≈ 0.36, 0.117, 0.03, 0.009 at b = 1, 2, 3, 4 (unit vectors).",
+        source="Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 1 / table of D_mse; docs/references.md §3",
+        measurement=measurement("measured D_mse (Monte Carlo through turbo_mse) "
+                                + ", ".join(f"{r.turbo_mse_d_mse:.4f}" for r in t4.itertuples()) + " at b = 1..4",
+                                f"the exact codebook value lies inside the 95% CI at {inside}/{len(tab)} bit widths",
+                                "printed vs exact: " + listing(off, "b={}: {:+.1f}%"))
+                    + (f" {mse_gap} (figures/data/{STUDY}_table.csv)." if mse_gap else ""),
+        data=a.data_text,
+        verdict=value_verdict(PRINTED_DMSE, {r.bits: (r.turbo_mse_d_mse, r.turbo_mse_d_mse_lo, r.turbo_mse_d_mse_hi)
+                                             for r in t4.itertuples()}),
+        figure=f"{STUDY}.png",
+        details=mse_table_md(t4) + "\n\nThe printed values are rounded Gaussian-limit values"
+                + (f"; the rounding at b = {', '.join(str(r.bits) for r in big_mse)} misses by more than 10%."
+                   if big_mse else "."),
+        discrepancy=f"{mse_gap} (figures/data/{STUDY}_table.csv)." if mse_gap else None)
+
+
+def dprod_values_claim(a: Analysis) -> Claim:
+    t4, tab = a.t4, a.tab
+    _, big_prod = big_gaps(t4)
+    prod_in = all(r.turbo_prod_d_prod_x_d_lo <= r.exact_d_prod_x_d <= r.turbo_prod_d_prod_x_d_hi
+                  for r in tab.itertuples())
+    off = [(r.bits, pct_off(r.printed_d_prod_x_d, r.exact_d_prod_x_d)) for r in t4.itertuples()]
+    values = ", ".join(f"{r.turbo_prod_d_prod_x_d:.3f}" for r in t4.itertuples())
+    return Claim(
+        id="turboquant-dprod-values",
+        claim="TurboQuant_prod: D_prod ≈ 1.57/d, 0.56/d, 0.18/d, 0.047/d at b = 1, 2, 3, 4 (unit x and y); "
+              "exact at finite d (derived): (π/2 − 1/d)·D_mse(b−1)/d.",
+        source="Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 2; docs/references.md §3",
+        measurement=measurement(f"measured d·D_prod {values}"
+                                f" at b = 1..4 (exact formula {'inside every' if prod_in else 'outside some'} 95% CI)",
+                                "printed vs exact: " + listing(off, "b={}: {:+.1f}%")),
+        data=a.data_text + "; y independent of x",
+        verdict=value_verdict(PRINTED_DPROD_TIMES_D, {
+            r.bits: (r.turbo_prod_d_prod_x_d, r.turbo_prod_d_prod_x_d_lo, r.turbo_prod_d_prod_x_d_hi)
+            for r in t4.itertuples()}),
+        figure=f"{STUDY}.png",
+        details=prod_table_md(t4) + "".join(
+            f"\n\nThe printed b = {b_} value {r.printed_d_prod_x_d:g} ≈ (π/2)·{PRINTED_DMSE[b_ - 1]:g} inherits "
+            f"the rounding of the printed D_mse({b_ - 1}) = {PRINTED_DMSE[b_ - 1]:g} (exact "
+            f"{exact_dmse(D, b_ - 1):.4f}), hence its "
+            f"{pct_off(r.printed_d_prod_x_d, r.exact_d_prod_x_d):+.0f}% gap."
+            for b_, r in big_prod.items() if b_ - 1 in PRINTED_DMSE))
+
+
+def bounds_claim(a: Analysis) -> Claim:
+    tab = a.tab
+    bounds_ok = all(r.lower_d_mse <= r.turbo_mse_d_mse <= r.upper_d_mse and
+                    r.lower_d_prod_x_d <= r.turbo_prod_d_prod_x_d <= r.upper_d_prod_x_d for r in tab.itertuples())
+    return Claim(
+        id="turboquant-bounds",
+        claim="4^−b ≤ D_mse ≤ (√3π/2)·4^−b and 4^−b/d ≤ D_prod ≤ (√3π²/d)·4^−b (TurboQuant's figure 3).",
+        source="Zandieh et al., TurboQuant, arXiv 2504.19874, Theorems 1–3, figure 3",
+        measurement=("every measured D_mse and D_prod at b = 1..6 lies between the bounds" if bounds_ok else
+                     "some measured values lie outside the bounds") +
+                    f" (e.g. b = 6: D_mse {tab.iloc[-1].turbo_mse_d_mse:.2e} in "
+                    f"[{tab.iloc[-1].lower_d_mse:.2e}, {tab.iloc[-1].upper_d_mse:.2e}]).",
+        data=a.data_text,
+        verdict=bounds_verdict(tab),
+        figure=f"{STUDY}.png",
+        details="The D_prod upper bound √3π²/d·4^−b is TurboQuant's Theorem 2 as stated in the paper "
+                "(docs/references.md §3 lists only the lower bound).")
+
+
+def any_y_verdict(tab: pd.DataFrame) -> verdicts.Verdict:
+    """The averaged formula against the y = x measurement: the number rule per b ≥ 2, combined."""
+    return verdicts.combine([verdicts.number(r.exact_d_prod_x_d, (r.turbo_prod_d_prod_parallel_x_d_lo,
+                                                                  r.turbo_prod_d_prod_parallel_x_d_hi),
+                                             null=0.0, expected_sign=1, estimate=r.turbo_prod_d_prod_parallel_x_d)
+                             for r in tab.itertuples() if r.bits >= 2])
+
+
+def dprod_any_y_claim(a: Analysis) -> Claim:
+    b2 = a.tab[a.tab["bits"] == 2].iloc[0]
     par, avg = b2["turbo_prod_d_prod_parallel_x_d"], b2["exact_d_prod_x_d"]
     par_outside = not (b2["turbo_prod_d_prod_parallel_x_d_lo"] <= avg <= b2["turbo_prod_d_prod_parallel_x_d_hi"])
     par_pct = 100 * (b2["exact_d_prod_parallel_x_d"] / avg - 1)
-    w = worst.groupby(["rotation", "vector"])["sq_error"]
-    wm, ws = w.mean(), w.std()
+    return Claim(
+        id="turboquant-dprod-any-y",
+        claim="D_prod = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d holds \"for any y\".",
+        source="Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 2 (\"for any y\"); finite-d form derived "
+               "in docs/references.md §3",
+        measurement=(f"for y = x at b = 2: measured d·D_prod {par:.4f} "
+                     f"[{b2['turbo_prod_d_prod_parallel_x_d_lo']:.4f}, {b2['turbo_prod_d_prod_parallel_x_d_hi']:.4f}]"
+                     f" vs the y∥x formula ((π/2)D_mse − E⟨r,x⟩²) = {b2['exact_d_prod_parallel_x_d']:.4f} and "
+                     f"the averaged formula {avg:.4f} ({100 * (par / avg - 1):+.0f}%); for "
+                     f"independent y: {b2['turbo_prod_d_prod_x_d']:.4f}."),
+        data=a.data_text,
+        verdict=any_y_verdict(a.tab),
+        details="The residual r = x − x̂_mse has a component along x (E⟨r, x⟩ = D_mse), so E⟨r, y⟩² depends on "
+                "the angle between x and y; the formula holds averaged over y's direction "
+                "(kvstats.inference.turbo_prod_distortion gives both).",
+        discrepancy=(f"D_prod = (π/2 − 1/d)·D_mse(b−1)/d \"for any y\" holds only averaged over y's direction: "
+                     f"for y ∥ x it is ((π/2)·D_mse − E⟨r,x⟩²)/d (kvstats.inference.turbo_prod_distortion), "
+                     f"{abs(par_pct):.0f}% {'lower' if par_pct < 0 else 'higher'} at b = 2 (measured d·D_prod "
+                     f"{par:.4f} vs {avg:.4f})." if par_outside else None))
+
+
+def wht_worst_case_claim(a: Analysis) -> Claim:
+    wm, ws = a.worst_mean, a.worst_sd
     w_e1, w_haar, d_mse2 = wm[("wht", "e1")], wm[("haar", "e1")], exact_dmse(D, 2)
-    ratios = {}
-    for b_ in BITS[1:]:
-        sub = table[table["bits"] == b_].pivot(index="rep", columns="method", values="d_prod_x_d")
-        ratios[b_] = log_ratio_ci(sub["turbo_prod"].to_numpy(), sub["turbo_mse"].to_numpy())
-    split_cost = {name: split_bits(dt) for name, dt in NORM_DTYPES.items()}
-    ov = {c_: g.sort_values("rep")["rel_error"].to_numpy() for c_, g in outl.groupby("config")}
+    return Claim(
+        id="kvstats-wht-worst-case",
+        claim="TurboQuant's D_mse guarantee assumes a random rotation; with a randomized Walsh–Hadamard "
+              "rotation the 1-hot vector e_1 maps to ±1/√d in every coordinate, its worst case.",
+        source="kvstats",
+        measurement=(f"b = 2, d = {D}: ‖e_1 − ê_1‖² = {w_e1:.3f} (sd {ws[('wht', 'e1')]:.1e} over "
+                     f"{a.cfg['worst_reps']} seeds) with the WHT vs {w_haar:.3f} ± "
+                     f"{ws[('haar', 'e1')]:.3f} with a Haar rotation; D_mse = {d_mse2:.3f}."),
+        data=f"e_1 and uniform unit vectors, d = {D}, b = 2, {a.cfg['worst_reps']} rotation seeds",
+        verdict=verdicts.measured(f"squared error of e_1 with the WHT {w_e1:.3f} vs {w_haar:.3f} with a Haar "
+                                  f"rotation, D_mse {d_mse2:.3f} (TurboQuant's analysis assumes a random "
+                                  f"orthogonal rotation; the WHT is a structured one)"),
+        figure=f"{STUDY}_worst_case.png",
+        discrepancy=(f"The randomized Walsh–Hadamard rotation maps the 1-hot vector e₁ to ±1/√d in every "
+                     f"coordinate, its worst case: squared error {w_e1:.3f} vs D_mse {d_mse2:.3f} at d = {D}, "
+                     f"b = 2 (a Haar rotation gives {w_haar:.3f})." if w_e1 > 1.5 * d_mse2 else None))
+
+
+def two_pi_claim(a: Analysis) -> Claim:
+    ratios = a.ratios
+    return Claim(
+        id="dalberto-2pi-variance",
+        claim="Swapping an MSE bit for QJL's unbiased correction costs a 2π-fold increase in the "
+              "inner-product variance.",
+        source="D'Alberto, arXiv 2605.08114, §3.3 (and §4)",
+        measurement=("d·D_prod ratio turbo_prod / turbo_mse at equal b (geometric mean [95% CI] over "
+                     "replicates): " + "; ".join(f"b = {b_}: {e:.2f} [{lo:.2f}, {hi:.2f}]"
+                                                 for b_, (e, lo, hi) in ratios.items())
+                     + "; closed form (π/2 − 1/d)·D_mse(b−1)/D_mse(b): "
+                     + ", ".join(f"{(math.pi / 2 - 1 / D) * exact_dmse(D, b_ - 1) / exact_dmse(D, b_):.2f}"
+                                 for b_ in ratios)
+                     + f" (→ 2π = {2 * math.pi:.3f} as b grows: D_mse(b−1)/D_mse(b) → 4)."),
+        data=a.data_text + "; y independent of x",
+        verdict=two_pi_verdict(ratios),
+        figure=f"{STUDY}.png")
+
+
+def outlier_claim(a: Analysis) -> Claim:
+    cost, ov = a.split_cost, a.outlier_errors
     om = {c_: float(v.mean()) for c_, v in ov.items()}
-    claims = [
-        {
-            "id": "turboquant-dmse-values",
-            "claim": "TurboQuant_mse: D_mse ≈ 0.36, 0.117, 0.03, 0.009 at b = 1, 2, 3, 4 (unit vectors).",
-            "source": "Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 1 / table of D_mse; docs/references.md §3",
-            "measurement": ("measured D_mse (Monte Carlo through turbo_mse) "
-                            + ", ".join(f"{r.turbo_mse_d_mse:.4f}" for r in t4.itertuples()) + " at b = 1..4; the "
-                            f"exact codebook value lies inside the 95% CI at {mse_inside}/{len(tab)} bit widths; "
-                            "printed vs exact: " + ", ".join(f"b={b_}: {o:+.1f}%" for b_, o in off_mse) + "."
-                            + (f" {mse_gap} (figures/data/{STUDY}_table.csv)." if mse_gap else "")),
-            "data": data_txt,
-            "verdict": value_verdict(PRINTED_DMSE, {r.bits: (r.turbo_mse_d_mse, r.turbo_mse_d_mse_lo,
-                                                             r.turbo_mse_d_mse_hi) for r in t4.itertuples()}),
-            "figure": f"{STUDY}.png",
-            "details": mse_md + "\n\nThe printed values are rounded Gaussian-limit values"
-                       + (f"; the rounding at b = {', '.join(str(r.bits) for r in big_mse)} misses by more than 10%."
-                          if big_mse else "."),
-            "discrepancy": f"{mse_gap} (figures/data/{STUDY}_table.csv)." if mse_gap else None,
-        },
-        {
-            "id": "turboquant-dprod-values",
-            "claim": "TurboQuant_prod: D_prod ≈ 1.57/d, 0.56/d, 0.18/d, 0.047/d at b = 1, 2, 3, 4 (unit x and y); "
-                     "exact at finite d (derived): (π/2 − 1/d)·D_mse(b−1)/d.",
-            "source": "Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 2; docs/references.md §3",
-            "measurement": (f"measured d·D_prod {', '.join(f'{r.turbo_prod_d_prod_x_d:.3f}' for r in t4.itertuples())}"
-                            f" at b = 1..4 (exact formula {'inside every' if prod_in else 'outside some'} 95% CI); "
-                            "printed vs exact: " + ", ".join(f"b={b_}: {o:+.1f}%" for b_, o in off_prod) + "."),
-            "data": data_txt + "; y independent of x",
-            "verdict": value_verdict(PRINTED_DPROD_TIMES_D, {
-                r.bits: (r.turbo_prod_d_prod_x_d, r.turbo_prod_d_prod_x_d_lo, r.turbo_prod_d_prod_x_d_hi)
-                for r in t4.itertuples()}),
-            "figure": f"{STUDY}.png",
-            "details": prod_md + "".join(
-                f"\n\nThe printed b = {b_} value {r.printed_d_prod_x_d:g} ≈ (π/2)·{PRINTED_DMSE[b_ - 1]:g} inherits "
-                f"the rounding of the printed D_mse({b_ - 1}) = {PRINTED_DMSE[b_ - 1]:g} (exact "
-                f"{exact_dmse(D, b_ - 1):.4f}), hence its "
-                f"{100 * (r.printed_d_prod_x_d - r.exact_d_prod_x_d) / r.exact_d_prod_x_d:+.0f}% gap."
-                for b_, r in big_prod.items() if b_ - 1 in PRINTED_DMSE),
-        },
-        {
-            "id": "turboquant-bounds",
-            "claim": "4^−b ≤ D_mse ≤ (√3π/2)·4^−b and 4^−b/d ≤ D_prod ≤ (√3π²/d)·4^−b (TurboQuant's figure 3).",
-            "source": "Zandieh et al., TurboQuant, arXiv 2504.19874, Theorems 1–3, figure 3",
-            "measurement": ("every measured D_mse and D_prod at b = 1..6 lies between the bounds" if bounds_ok else
-                            "some measured values lie outside the bounds") +
-                           f" (e.g. b = 6: D_mse {tab.iloc[-1].turbo_mse_d_mse:.2e} in "
-                           f"[{tab.iloc[-1].lower_d_mse:.2e}, {tab.iloc[-1].upper_d_mse:.2e}]).",
-            "data": data_txt,
-            "verdict": bounds_verdict(tab),
-            "figure": f"{STUDY}.png",
-            "details": "The D_prod upper bound √3π²/d·4^−b is TurboQuant's Theorem 2 as stated in the paper "
-                       "(docs/references.md §3 lists only the lower bound).",
-        },
-        {
-            "id": "turboquant-dprod-any-y",
-            "claim": "D_prod = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d holds \"for any y\".",
-            "source": "Zandieh et al., TurboQuant, arXiv 2504.19874, Theorem 2 (\"for any y\"); finite-d form derived "
-                      "in docs/references.md §3",
-            "measurement": (f"for y = x at b = 2: measured d·D_prod {b2['turbo_prod_d_prod_parallel_x_d']:.4f} "
-                            f"[{b2['turbo_prod_d_prod_parallel_x_d_lo']:.4f}, "
-                            f"{b2['turbo_prod_d_prod_parallel_x_d_hi']:.4f}]"
-                            f" vs the y∥x formula ((π/2)D_mse − E⟨r,x⟩²) = {b2['exact_d_prod_parallel_x_d']:.4f} and "
-                            f"the averaged formula {b2['exact_d_prod_x_d']:.4f} "
-                            f"({100 * (b2['turbo_prod_d_prod_parallel_x_d'] / b2['exact_d_prod_x_d'] - 1):+.0f}%); for "
-                            f"independent y: {b2['turbo_prod_d_prod_x_d']:.4f}."),
-            "data": data_txt,
-            "verdict": verdicts.combine([verdicts.number(r.exact_d_prod_x_d, (r.turbo_prod_d_prod_parallel_x_d_lo,
-                                                                          r.turbo_prod_d_prod_parallel_x_d_hi),
-                                                         null=0.0, expected_sign=1,
-                                                         estimate=r.turbo_prod_d_prod_parallel_x_d)
-                                         for r in tab.itertuples() if r.bits >= 2]),
-            "figure": None,
-            "details": "The residual r = x − x̂_mse has a component along x (E⟨r, x⟩ = D_mse), so E⟨r, y⟩² depends on "
-                       "the angle between x and y; the formula holds averaged over y's direction "
-                       "(kvstats.inference.turbo_prod_distortion gives both).",
-            "discrepancy": (f"D_prod = (π/2 − 1/d)·D_mse(b−1)/d \"for any y\" holds only averaged over y's direction: "
-                            f"for y ∥ x it is ((π/2)·D_mse − E⟨r,x⟩²)/d (kvstats.inference.turbo_prod_distortion), "
-                            f"{abs(par_pct):.0f}% {'lower' if par_pct < 0 else 'higher'} at b = 2 (measured d·D_prod "
-                            f"{par:.4f} vs {avg:.4f})." if par_outside else None),
-        },
-        {
-            "id": "kvstats-wht-worst-case",
-            "claim": "TurboQuant's D_mse guarantee assumes a random rotation; with a randomized Walsh–Hadamard "
-                     "rotation the 1-hot vector e_1 maps to ±1/√d in every coordinate, its worst case.",
-            "source": "kvstats",
-            "measurement": (f"b = 2, d = {D}: ‖e_1 − ê_1‖² = {wm[('wht', 'e1')]:.3f} (sd {ws[('wht', 'e1')]:.1e} over "
-                            f"{cfg['worst_reps']} seeds) with the WHT vs {wm[('haar', 'e1')]:.3f} ± "
-                            f"{ws[('haar', 'e1')]:.3f} with a Haar rotation; D_mse = {exact_dmse(D, 2):.3f}."),
-            "data": f"e_1 and uniform unit vectors, d = {D}, b = 2, {cfg['worst_reps']} rotation seeds",
-            "verdict": verdicts.measured(f"squared error of e_1 with the WHT {w_e1:.3f} vs {w_haar:.3f} with a Haar "
-                                         f"rotation, D_mse {d_mse2:.3f} (TurboQuant's analysis assumes a random "
-                                         f"orthogonal rotation; the WHT is a structured one)"),
-            "figure": f"{STUDY}_worst_case.png",
-            "details": None,
-            "discrepancy": (f"The randomized Walsh–Hadamard rotation maps the 1-hot vector e₁ to ±1/√d in every "
-                            f"coordinate, its worst case: squared error {w_e1:.3f} vs D_mse {d_mse2:.3f} at d = {D}, "
-                            f"b = 2 (a Haar rotation gives {w_haar:.3f})." if w_e1 > 1.5 * d_mse2 else None),
-        },
-        {
-            "id": "dalberto-2pi-variance",
-            "claim": "Swapping an MSE bit for QJL's unbiased correction costs a 2π-fold increase in the "
-                     "inner-product variance.",
-            "source": "D'Alberto, arXiv 2605.08114, §3.3 (and §4)",
-            "measurement": ("d·D_prod ratio turbo_prod / turbo_mse at equal b (geometric mean [95% CI] over "
-                            "replicates): " + "; ".join(f"b = {b_}: {e:.2f} [{lo:.2f}, {hi:.2f}]"
-                                                        for b_, (e, lo, hi) in ratios.items())
-                            + "; closed form (π/2 − 1/d)·D_mse(b−1)/D_mse(b): "
-                            + ", ".join(f"{(math.pi / 2 - 1 / D) * exact_dmse(D, b_ - 1) / exact_dmse(D, b_):.2f}"
-                                        for b_ in ratios)
-                            + f" (→ 2π = {2 * math.pi:.3f} as b grows: D_mse(b−1)/D_mse(b) → 4)."),
-            "data": data_txt + "; y independent of x",
-            "verdict": two_pi_verdict(ratios),
-            "figure": f"{STUDY}.png",
-            "details": None,
-        },
-        {
-            "id": "turboquant-2.5-bit-outliers",
-            "claim": "TurboQuant's 2.5-bit configuration: 32 outlier channels at 3 bits and 96 at 2 bits (d = 128), "
-                     "two "
-                     "independent instances, spends its bits where the outliers are.",
-            "source": "Zandieh et al., TurboQuant, arXiv 2504.19874, §4 (outlier treatment); docs/references.md §3",
-            "measurement": (f"bits per coordinate (kvstats BitBudget): payload (32·3 + 96·2)/128 = "
-                            f"{split_cost['float16']['payload']:.3f}; with the two norms in float16 "
-                            f"{split_cost['float16']['total']:.3f}, in float32 (kvstats' default) "
-                            f"{split_cost['float32']['total']:.3f} — the \"2.5\" is the payload plus two fp16 norms. "
-                            f"Relative error ‖x − x̂‖²/‖x‖² on keys with outlier channels (mean over replicates): "
-                            f"split {om['split']:.4f}, uniform 2-bit {om['uniform2']:.4f}, uniform 3-bit "
-                            f"{om['uniform3']:.4f}."),
-            "data": f"synthetic keys with {OUTLIER_DATA['outlier_channels']} outlier channels ×"
-                    f"{OUTLIER_DATA['outlier_scale']:g}, d = {D}, {OUTLIER_VECTORS} keys × {cfg['outlier_reps']} "
-                    f"replicates ({args.scale} scale)",
-            "verdict": outlier_verdict(split_cost, ov["split"], ov["uniform2"]),
-            "figure": None,
-            "details": None,
-        },
-    ]
-    return shell.finish(claims, definitions=definitions(cfg, args.scale))
+    return Claim(
+        id="turboquant-2.5-bit-outliers",
+        claim="TurboQuant's 2.5-bit configuration: 32 outlier channels at 3 bits and 96 at 2 bits (d = 128), "
+              "two independent instances, spends its bits where the outliers are.",
+        source="Zandieh et al., TurboQuant, arXiv 2504.19874, §4 (outlier treatment); docs/references.md §3",
+        measurement=(f"bits per coordinate (kvstats BitBudget): payload (32·3 + 96·2)/128 = "
+                     f"{cost['float16']['payload']:.3f}; with the two norms in float16 "
+                     f"{cost['float16']['total']:.3f}, in float32 (kvstats' default) "
+                     f"{cost['float32']['total']:.3f} — the \"2.5\" is the payload plus two fp16 norms. "
+                     f"Relative error ‖x − x̂‖²/‖x‖² on keys with outlier channels (mean over replicates): "
+                     f"split {om['split']:.4f}, uniform 2-bit {om['uniform2']:.4f}, uniform 3-bit "
+                     f"{om['uniform3']:.4f}."),
+        data=f"synthetic keys with {OUTLIER_DATA['outlier_channels']} outlier channels ×"
+             f"{OUTLIER_DATA['outlier_scale']:g}, d = {D}, {OUTLIER_VECTORS} keys × {a.cfg['outlier_reps']} "
+             f"replicates ({a.scale} scale)",
+        verdict=outlier_verdict(cost, ov["split"], ov["uniform2"]))
+
+
+# ------------------------------------------------------------------------------------------------- the study
+
+
+class TurboQuantDistortion(study.Study):
+    """The study on the protocol (kvstats.run.study.Study): three sweeps (distortions, worst case, outlier
+    configuration), two figures and seven claims."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        return {STUDY: (cell, grid(method=["turbo_mse", "turbo_prod"], bits=list(BITS), d=D, vectors=cfg["vectors"],
+                                   rep=list(range(cfg["reps"])))),
+                f"{STUDY}_worst": (worst_cell, grid(rotation=["wht", "haar"], vector=["e1", "uniform"], bits=2, d=D,
+                                                    rep=list(range(cfg["worst_reps"])))),
+                f"{STUDY}_outliers": (outlier_cell, grid(config=["split", "uniform2", "uniform3"],
+                                                         rep=list(range(cfg["outlier_reps"]))))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        table, worst, outl = tables[STUDY], tables[f"{STUDY}_worst"], tables[f"{STUDY}_outliers"]
+        w = worst.groupby(["rotation", "vector"])["sq_error"]
+        return Analysis(cfg=SCALE[scale], scale=scale, tab=pd.DataFrame([bits_row(table, b) for b in BITS]),
+                        worst_mean=w.mean(), worst_sd=w.std(), ratios=paired_ratios(table),
+                        split_cost={name: split_bits(dt) for name, dt in NORM_DTYPES.items()},
+                        outlier_errors={c_: g.sort_values("rep")["rel_error"].to_numpy()
+                                        for c_, g in outl.groupby("config")})
+
+    def figures(self, tables, a: Analysis) -> None:
+        plots.write_csv(STUDY, tables[STUDY])
+        plots.write_csv(f"{STUDY}_worst_case", tables[f"{STUDY}_worst"])
+        plots.write_csv(f"{STUDY}_outliers", tables[f"{STUDY}_outliers"])
+        plots.write_csv(f"{STUDY}_table", a.tab)
+        plots.setup()
+        distortion_figure(a.tab, a.cfg)
+        worst_case_figure(tables[f"{STUDY}_worst"], a.cfg)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [dmse_values_claim(a), dprod_values_claim(a), bounds_claim(a), dprod_any_y_claim(a),
+                wht_worst_case_claim(a), two_pi_claim(a), outlier_claim(a)]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return TurboQuantDistortion().main(argv, echo=True)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def _check_position(position: Any, where: str) -> None:
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
                  position: int | None = None, figures_dir: str | os.PathLike | None = None,
                  echo: bool = False) -> Path:
-    """Validate ``claims`` (:class:`kvstats.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write them to
+    """Validate ``claims`` (:class:`kvstats.run.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write them to
     ``figures/data/<study>_claims.json`` (atomically); return the path.
 
     Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so

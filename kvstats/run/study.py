@@ -99,10 +99,11 @@ class Study:
     * ``analyse(tables, scale)`` -> the study's analysis (any object; typically a frozen dataclass) from the
       sweeps' tables;
     * ``figures(tables, analysis)`` — write figures and CSVs (kvstats.plots);
-    * ``claims(analysis)`` -> a list of :class:`kvstats.claims.Claim`;
+    * ``claims(analysis)`` -> a list of :class:`kvstats.run.claims.Claim`;
     * ``definitions(analysis)`` -> ``{term: definition}`` or None (default).
 
-    ``main(argv)`` is the script's entry point: ``sys.exit(MyStudy().main())``.
+    ``main(argv)`` is the script's entry point: ``sys.exit(MyStudy().main())``; ``echo`` prints each claim's verdict
+    line (as :meth:`StudyRun.finish`).
     """
 
     name: str = ""
@@ -125,7 +126,7 @@ class Study:
     def definitions(self, analysis: Any) -> Mapping[str, str] | None:
         return None
 
-    def main(self, argv: Sequence[str] | None = None, *, echo: bool = False) -> int:
+    def main(self, argv: Sequence[str] | None = None, *, echo: bool = True) -> int:
         run = start(self.name, self.description, argv, position=self.position)
         tables = {name: run.sweep(cell, cells, version=self.version, name=name)
                   for name, (cell, cells) in self.cells(run.scale).items()}
