@@ -54,6 +54,14 @@ def make_generator(seed: int | torch.Generator | None, name: str = "seed") -> to
     return torch.Generator(device="cpu").manual_seed(check_seed(seed, name))
 
 
+def unit_seed(seed: int, i: int) -> int:
+    """The seed of unit ``i`` of a run seeded ``seed``: child ``i`` of ``numpy.random.SeedSequence(seed)`` (what
+    ``spawn_seeds(seed, n)[i]`` gives for any n > i), so units of one run never share a stream, and a run with
+    seed 1 shares no unit with the run with seed 0 (as ``seed + i`` did: unit 1 of one was unit 0 of the other)."""
+    child = np.random.SeedSequence(check_seed(seed), spawn_key=(int(i),))
+    return int(child.generate_state(1, dtype=np.uint32)[0])
+
+
 def spawn_seeds(seed: int | None, count: int, name: str = "seed") -> list[int]:
     """`count` independent child seeds of `seed` (numpy SeedSequence), e.g. for the K and V quantizers."""
     return [int(s.generate_state(1, dtype=np.uint32)[0])

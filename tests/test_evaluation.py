@@ -12,7 +12,7 @@ import scipy.stats
 import torch
 
 import kvstats
-from kvstats._random import spawn_seeds
+from kvstats._random import spawn_seeds, unit_seed
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
 from kvstats.quant.quantizers import BitBudget
@@ -53,8 +53,8 @@ def test_unit_metrics_match_fp64_oracle():
     ev = evaluate("turbo_prod", bits=3, data="gaussian", units=3, seed=5, **SMALL)
     assert [u["unit"] for u in ev.units] == [0, 1, 2]
     for i in range(3):
-        q, k, v = generate("gaussian", 1, 1, 48, 32, 5 + i, q_heads=2, n_q=8)
-        k_seed, _ = spawn_seeds(5 + i, 2)
+        q, k, v = generate("gaussian", 1, 1, 48, 32, unit_seed(5, i), q_heads=2, n_q=8)  # spawned unit seeds
+        k_seed, _ = spawn_seeds(unit_seed(5, i), 2)
         kq = kvstats.quantizer("turbo_prod", bits=3, dim=32, seed=k_seed)
         s_hat = kq.inner(q.reshape(1, 1, 16, 32), kq.encode(k)).reshape(1, 2, 8, 48) / math.sqrt(32)
         kl, recall = _kl_and_recall_fp64(q, k, s_hat, top_k=5)
@@ -105,7 +105,7 @@ def test_capture_file_units_are_disjoint_windows(tmp_path):
     ev = evaluate("turbo_mse", bits=3, data=path, units=None, window=16, out=out, n_resamples=999)
     assert len(ev.units) == 4  # 64 tokens / 16
     # unit 1 = tokens 16..31 of both layers, causal within the window, mean over layers
-    scheme = resolve_scheme("turbo_mse", bits=3, dim=16, seed=1)
+    scheme = resolve_scheme("turbo_mse", bits=3, dim=16, seed=unit_seed(0, 1))  # unit 1's spawned seed
     kls = []
     for q, k, v in layers:
         sl = slice(16, 32)
@@ -126,7 +126,7 @@ def test_capture_softmax_scale_is_the_models(tmp_path):
     path, layers = _capture(tmp_path, attn_scaling=0.6)
     ev = evaluate("turbo_mse", bits=2, data=path, window=32, n_resamples=999)
     assert ev.config["softmax_scale"] == 0.6
-    scheme = resolve_scheme("turbo_mse", bits=2, dim=16, seed=0)
+    scheme = resolve_scheme("turbo_mse", bits=2, dim=16, seed=unit_seed(0, 0))
     kls = []
     for q, k, v in layers:
         sl = slice(0, 32)

@@ -21,10 +21,11 @@ failing one is refused with the check's message (:class:`QuantizerCheckError`); 
 anyway and the results record that the checks were skipped. A quantizer that needs calibration (``nova``) is
 refused uncalibrated: pass a calibrated Scheme.
 
-**Units** (:mod:`kvstats.run.units`): synthetic unit ``i`` is a fresh draw with seed ``seed + i`` and a scheme
-seeded ``seed + i``; a capture's unit ``i`` is its ``i``-th disjoint window of ``window`` tokens, queries
-attending causally within it, averaged over the stored layers, at each layer's own softmax scale and soft cap
-(the capture's ``attention`` metadata). Windows of one text are disjoint but not independent of the text:
+**Units** (:mod:`kvstats.run.units`): synthetic unit ``i`` is a fresh draw with the unit seed
+``unit_seed(seed, i)`` (child i of ``numpy.random.SeedSequence(seed)``) and a scheme built from that seed; a
+capture's unit ``i`` is its ``i``-th disjoint window of ``window`` tokens, queries attending causally within it,
+averaged over the stored layers, at each layer's own softmax scale and soft cap (the capture's ``attention``
+metadata). Windows of one text are disjoint but not independent of the text:
 capture several texts into one file (its documents; windows stay inside them) to generalise beyond it.
 
 **Metrics per unit** (means over the unit's queries and vectors): ``attention_kl`` and ``topk_recall`` from the
@@ -65,7 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstats._random import MAX_SEED, check_seed
+from kvstats._random import check_seed, unit_seed
 from kvstats._validation import check_int_range
 from kvstats.run import sides
 from kvstats.run.sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
@@ -297,8 +298,8 @@ def evaluate(
         data: a synthetic kind (``"gaussian"``, ``"heavy_tail"``, ``"low_rank"``) or a capture file path.
         units: independent units (synthetic draws, default :data:`DEFAULT_SYNTHETIC_UNITS`; a capture's
             disjoint windows, default all); at least 2.
-        seed: unit ``i`` uses seed ``seed + i`` for its data (synthetic) and its schemes; None draws a fresh
-            seed (recorded in the results).
+        seed: unit ``i`` uses the unit seed ``unit_seed(seed, i)`` (spawned: child i of ``SeedSequence(seed)``) for
+            its data (synthetic) and its schemes; None draws a fresh seed (recorded in the results).
         compare: a second ``quantizer`` spec, evaluated on the same units and compared pairwise.
         match_bits: run ``compare`` at the largest budget whose measured bits per element do not exceed the
             evaluated quantizer's (default: the same budget ``bits``).
@@ -369,26 +370,24 @@ def evaluate(
     shape = dict(kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
     source, n_units = _source(data, units, seed=seed, window=window, layers=layers, shape=shape,
                               data_params=data_params)
-    if seed > MAX_SEED - n_units:
-        raise ValueError(f"seed must leave room for seed + i over {n_units} units (at most {MAX_SEED - n_units}), "
-                         f"got {seed}")
     if out is not None:
         out = check_output_path(out, "out", force=force, inputs=source.inputs)
     d = source.dim
     main = Side("quantizer", quantizer, bits, dict(options))
     other = None if compare is None else Side("compare", compare, bits, dict(options))
     parts0 = source.unit(0)
-    scheme0 = main.scheme(d, seed)
+    seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
+    scheme0 = main.scheme(d, seed0)
     heads = source.kv_heads
     opts = dict(linear=linear, parts=parts0)
-    checks = {"quantizer": check_side(main, scheme0, d, seed, heads, **opts) if check else "skipped (check=False)"}
+    checks = {"quantizer": check_side(main, scheme0, d, seed0, heads, **opts) if check else "skipped (check=False)"}
     records = {"evaluated": sides.scheme_record(scheme0)}
     if other is not None:
         if match_bits:
-            other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed, parts0)[0]
-        other_scheme0 = other.scheme(d, seed)
+            other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed0, parts0)[0]
+        other_scheme0 = other.scheme(d, seed0)
         records["compared"] = sides.scheme_record(other_scheme0)
-        checks["compare"] = (check_side(other, other_scheme0, d, seed, heads, **opts) if check else
+        checks["compare"] = (check_side(other, other_scheme0, d, seed0, heads, **opts) if check else
                              "skipped (check=False)")
     # documents, not their windows, are the independent units when a capture holds several
     doc_ids = None if source.documents is None else source.documents[:n_units]
@@ -415,9 +414,10 @@ def evaluate(
         parts = parts0 if i == 0 else source.unit(i)
         opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, rules=source.rules)
         row = {"unit": i, **({} if source.documents is None else {"document": source.documents[i]}),
-               **unit_metrics(main.scheme(d, seed + i), parts, **opts)}
+               **unit_metrics(main.scheme(d, unit_seed(seed, i)), parts, **opts)}
         if other is not None:
-            row |= {f"other:{m}": x for m, x in unit_metrics(other.scheme(d, seed + i), parts, **opts).items()}
+            row |= {f"other:{m}": x for m, x in unit_metrics(other.scheme(d, unit_seed(seed, i)), parts,
+                                                             **opts).items()}
         return row
 
     try:
@@ -453,9 +453,11 @@ def evaluate(
               "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
               "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
               "checks": checks, "inputs": list(source.inputs), "units_reused": reused,
-              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from seed + i"}}
+              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"}}
     ev = Evaluation(config, rows, summary, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
                     comparison.get("plan"), bits_info,
-                    provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (data and schemes)",
+                    provenance(started=started, seeds={"seed": seed,
+                                                       "unit i": "unit_seed(seed, i) = child i of SeedSequence(seed) "
+                                                                 "(data and schemes)",
                                                        "bootstrap": seed}))
     return unit_store.save_results(ev, out, force=force, store=store, n=n_units, key=key)

@@ -129,7 +129,7 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
         documents: ``{title: text}`` instead of the shipped documents.
     """
     from kvstats._files import check_output_path, is_stream
-    from kvstats._random import check_seed
+    from kvstats._random import check_seed, unit_seed
     from kvstats._validation import check_int_range
     from kvstats.run import sides, unit_store
     from kvstats.run.comparison import compare_units, per_document, plan_comparison
@@ -155,17 +155,18 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     other = None if compare is None else sides.Side("compare", compare, bits, dict(options))
     probe_gen = torch.Generator().manual_seed(0)
     probe = [(None, *(torch.randn(1, heads, segment, d, generator=probe_gen) for _ in range(2)))]
-    scheme0 = main.scheme(d, seed)
+    seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
+    scheme0 = main.scheme(d, seed0)
     opts = dict(linear=linear, parts=probe)
-    checks = {"quantizer": sides.check_side(main, scheme0, d, seed, heads, **opts) if check else
+    checks = {"quantizer": sides.check_side(main, scheme0, d, seed0, heads, **opts) if check else
               "skipped (check=False)"}
     records = {"evaluated": sides.scheme_record(scheme0)}
     if other is not None:
         if match_bits:
-            other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed, probe)[0]
-        other_scheme0 = other.scheme(d, seed)
+            other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed0, probe)[0]
+        other_scheme0 = other.scheme(d, seed0)
         records["compared"] = sides.scheme_record(other_scheme0)
-        checks["compare"] = (sides.check_side(other, other_scheme0, d, seed, heads, **opts) if check else
+        checks["compare"] = (sides.check_side(other, other_scheme0, d, seed0, heads, **opts) if check else
                              "skipped (check=False)")
     n_docs = len({doc for doc, _, _ in source.segments})
     plan = None
@@ -186,10 +187,10 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
         doc, title, ids = source.segments[i]
         ref, floor = reference_logits(source, ids)
         row = {"unit": i, "document": doc, "title": title, "lossless_floor": floor,
-               **model_unit(source, main.scheme(d, seed + i), ids, full_precision_window=full_precision_window,
-                            reference=ref)}
+               **model_unit(source, main.scheme(d, unit_seed(seed, i)), ids,
+                            full_precision_window=full_precision_window, reference=ref)}
         if other is not None:
-            row |= {f"other:{k}": v for k, v in model_unit(source, other.scheme(d, seed + i), ids,
+            row |= {f"other:{k}": v for k, v in model_unit(source, other.scheme(d, unit_seed(seed, i)), ids,
                                                               full_precision_window=full_precision_window,
                                                               reference=ref).items()}
         return row
@@ -228,7 +229,8 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
               "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
               "full_precision_window": full_precision_window, "seed": seed, "alpha": float(alpha),
               "confidence_level": confidence_level, "options": {k: str(v) for k, v in options.items()},
-              "checks": checks, "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from seed + i"},
+              "checks": checks,
+              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"},
               "units_reused": reused, "dtype": str(dtype).removeprefix("torch."),
               "reference": ("the model's own attention, no cache" if rows[0]["lossless_floor"] is None else
                             "the kvstats path with a lossless scheme (the model is not fp32)"),
@@ -236,6 +238,6 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
               float(np.mean([r["lossless_floor"] for r in rows]))}
     ev = ModelEvaluation(config, rows, summaries, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
                          comparison.get("plan"), bits_info,
-                         provenance(started=started, seeds={"seed": seed, "unit i": "seed + i (the schemes)",
+                         provenance(started=started, seeds={"seed": seed, "unit i": "unit_seed(seed, i) (the schemes)",
                                                             "bootstrap": seed}))
     return unit_store.save_results(ev, out, force=force, store=store, n=len(source.segments), key=key)

@@ -6,7 +6,8 @@
     row = unit_metrics(scheme, parts, top_k=5, causal=source.causal, query_offset=source.query_offset,
                        scale=source.scale)
 
-A unit never shares randomness with another: synthetic unit ``i`` is a fresh draw with seed ``seed + i``; a
+A unit never shares randomness with another: synthetic unit ``i`` is a fresh draw with the unit seed
+``kvstats._random.unit_seed(seed, i)`` (child i of ``SeedSequence(seed)``); a
 capture's unit ``i`` is its ``i``-th disjoint window of tokens (disjoint, but from one text).
 """
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from kvstats._random import unit_seed
 
 __all__ = ["METRICS", "PartRules", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
 
@@ -77,19 +80,20 @@ class UnitSource:
 
 def synthetic_units(kind: str, *, seed: int, dim: int, kv_heads: int, q_heads: int, seq: int, n_q: int,
                     params: dict | None = None) -> UnitSource:
-    """Unit ``i``: a fresh draw of :func:`kvstats.data.synthetic.generate` with seed ``seed + i``, cache
+    """Unit ``i``: a fresh draw of :func:`kvstats.data.synthetic.generate` with seed ``unit_seed(seed, i)``, cache
     ``[1, kv_heads, seq, dim]``, ``n_q`` queries per query head from the generator's query model, non-causal."""
     from kvstats.data.synthetic import generate
 
     params = dict(params or {})
 
     def unit(i: int):
-        q, k, v = generate(kind, 1, kv_heads, seq, dim, seed + i, q_heads=q_heads, n_q=n_q, **params)
+        q, k, v = generate(kind, 1, kv_heads, seq, dim, unit_seed(seed, i), q_heads=q_heads, n_q=n_q, **params)
         return [(q, k, v)]
 
     shape = {"kv_heads": kv_heads, "q_heads": q_heads, "seq": seq, "dim": dim, "n_q": n_q}
-    return UnitSource("synthetic", f"independent draws (seed + i), cache [1, {kv_heads}, {seq}, {dim}], {n_q} "
-                      "queries per head", dim, kv_heads, None, False, None, (PartRules(1 / math.sqrt(dim)),),
+    return UnitSource("synthetic", f"independent draws (unit seeds spawned from the seed), cache [1, {kv_heads}, "
+                      f"{seq}, {dim}], {n_q} queries per head", dim, kv_heads, None, False, None,
+                      (PartRules(1 / math.sqrt(dim)),),
                       {"kind": kind, "params": {k: repr(v) for k, v in sorted(params.items())}, "shape": shape}, unit)
 
 

@@ -141,11 +141,14 @@ class MannWhitneyResult(TestResult):
     ``median_ratio = median_a / median_b`` (nan when ``median_b`` is 0); ``p_exact`` (nan when not
     computed: ties, or ``n₁n₂ > EXACT_MAX_PAIRS``), ``p_asymptotic`` (scipy's normal
     approximation with tie and continuity correction); ``pvalue_method`` ("exact" or "asymptotic": which
-    one ``pvalue`` is); ``alternative``.
+    one ``pvalue`` is); ``alternative``; ``prob_less`` = P(a < b) + ½·P(a = b) over all (i, j) pairs
+    = 1 − U₁/(n₁n₂) = (1 − r)/2, the probability that a unit of a is below one of b (the probability of
+    improvement for a metric where lower is better), beside r.
     """
 
     u1: float = math.nan
     rank_biserial: float = math.nan
+    prob_less: float = math.nan
     z: float = math.nan
     r_z: float = math.nan
     hl_shift: float = math.nan
@@ -157,8 +160,8 @@ class MannWhitneyResult(TestResult):
     pvalue_method: str = ""
     alternative: str = "two-sided"
 
-    _FIELDS = ("rank_biserial", "r_z", "z", "hl_shift", "median_a", "median_b", "median_ratio", "p_exact",
-               "p_asymptotic", "pvalue_method", "alternative")
+    _FIELDS = ("rank_biserial", "prob_less", "r_z", "z", "hl_shift", "median_a", "median_b", "median_ratio",
+               "p_exact", "p_asymptotic", "pvalue_method", "alternative")
 
     def summary(self) -> str:
         return self.summary_with(self._FIELDS)
@@ -233,6 +236,7 @@ def mann_whitney(
         confidence_level=level,
         u1=u1,
         rank_biserial=rb,
+        prob_less=1.0 - u1 / (n1 * n2),
         z=z,
         r_z=z / math.sqrt(n1 + n2),
         hl_shift=shift,

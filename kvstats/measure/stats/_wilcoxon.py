@@ -54,12 +54,14 @@ class WilcoxonResult(TestResult):
     Extra fields: ``w_plus``, ``w_minus`` (rank sums of the positive / negative differences a − b),
     ``n_pairs``, ``n_zero`` (pairs with a = b), ``median_difference`` (median of a − b), ``median_a``,
     ``median_b``, ``median_ratio``, ``pvalue_method`` ("exact", "exact permutation" or "asymptotic"),
-    ``zero_method``, ``alternative``.
+    ``zero_method``, ``alternative``; ``prob_less`` = (#{aᵢ < bᵢ} + ½·#{aᵢ = bᵢ})/n, the share of pairs in which
+    a is below b (the probability of improvement for a metric where lower is better), beside r.
     """
 
     w_plus: float = math.nan
     w_minus: float = math.nan
     rank_biserial: float = math.nan
+    prob_less: float = math.nan
     n_pairs: int = 0
     n_zero: int = 0
     median_difference: float = math.nan
@@ -70,8 +72,8 @@ class WilcoxonResult(TestResult):
     zero_method: str = "wilcox"
     alternative: str = "two-sided"
 
-    _FIELDS = ("w_plus", "w_minus", "n_zero", "median_difference", "median_a", "median_b", "median_ratio",
-               "pvalue_method", "zero_method", "alternative")
+    _FIELDS = ("w_plus", "w_minus", "prob_less", "n_zero", "median_difference", "median_a", "median_b",
+               "median_ratio", "pvalue_method", "zero_method", "alternative")
 
     def summary(self) -> str:
         return self.summary_with(self._FIELDS)
@@ -172,6 +174,7 @@ def wilcoxon(
         w_plus=float(w_plus),
         w_minus=float(w_minus),
         rank_biserial=rb,
+        prob_less=float(((d < 0).sum() + 0.5 * (d == 0).sum()) / d.size),
         n_pairs=d.size,
         n_zero=n_zero,
         median_difference=float(np.median(d)),
