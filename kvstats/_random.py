@@ -55,11 +55,15 @@ def make_generator(seed: int | torch.Generator | None, name: str = "seed") -> to
 
 
 def unit_seed(seed: int, i: int) -> int:
-    """The seed of unit ``i`` of a run seeded ``seed``: child ``i`` of ``numpy.random.SeedSequence(seed)`` (what
-    ``spawn_seeds(seed, n)[i]`` gives for any n > i), so units of one run never share a stream, and a run with
-    seed 1 shares no unit with the run with seed 0 (as ``seed + i`` did: unit 1 of one was unit 0 of the other)."""
+    """The seed of unit ``i`` of a run seeded ``seed``: 63 bits of child ``i`` of ``numpy.random.SeedSequence(seed)``
+    (the child ``SeedSequence(seed).spawn(n)[i]`` for any n > i), so a run with seed 1 shares no unit with the run
+    with seed 0 (with ``seed + i``, unit 1 of one was unit 0 of the other), and two units of a run share a seed with
+    probability about n²/2⁶⁴. ``seed`` must be an int (the run's seed, drawn once when it was None)."""
+    if seed is None:
+        raise TypeError("seed must be the run's int seed (draw a fresh one once with check_seed(None)), got None")
     child = np.random.SeedSequence(check_seed(seed), spawn_key=(int(i),))
-    return int(child.generate_state(1, dtype=np.uint32)[0])
+    hi, lo = (int(w) for w in child.generate_state(2, dtype=np.uint32))
+    return ((hi << 32) | lo) & MAX_SEED
 
 
 def spawn_seeds(seed: int | None, count: int, name: str = "seed") -> list[int]:

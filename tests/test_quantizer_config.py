@@ -138,6 +138,85 @@ def test_evaluate_records_the_configs_of_both_sides(tmp_path):
     k, v = schemes["evaluated"]["k"], schemes["evaluated"]["v"]
     assert (k["method"], v["method"], v["rows"], k["class"]) == ("turbo_mse", "turbo_prod", "gaussian",
                                                                   "kvstats.quant.quantizers.lloyd.TurboMSE")
-    assert k == kvstats.scheme("kqv", bits=3, dim=16, seed=5).config.to_dict()["k"] | {"class": k["class"],
-                                                                                          "name": "turbo_mse"}
+    from kvstats._random import unit_seed
+
+    unit0 = kvstats.scheme("kqv", bits=3, dim=16, seed=unit_seed(5, 0))  # unit 0's scheme
+    assert k == unit0.config.to_dict()["k"] | {"class": k["class"], "name": "turbo_mse"}
     assert schemes["compared"]["k"]["axis"] == "channel" and schemes["compared"]["v"]["axis"] == "token"
+
+
+class Round(Quantizer):
+    """A user's quantizer with its own bit range (so its Config is generated) — module level: picklable."""
+
+    name = "round_cfg"
+    min_bits, max_bits = 2, 16
+
+    def _encode(self, x):
+        return kvstats.quantizers.Code(x.shape, x.dtype, payload={"x": x.to(torch.float16)})
+
+    def _decode(self, code):
+        return code.payload["x"].to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return kvstats.quantizers.BitBudget(payload=16.0)
+
+
+def test_a_generated_config_pickles_with_its_quantizer():
+    import pickle
+
+    q = Round(4, 16, seed=3)
+    assert Round.Config.__qualname__ == "Round.Config" and Round.Config.method == "round_cfg"
+    again = pickle.loads(pickle.dumps(q))
+    assert again.config == q.config and again.provenance() == q.provenance()
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(again.decode(q.encode(x)), q.decode(q.encode(x)))
+
+
+def test_a_subclass_keeping_its_own_config_attribute_still_fingerprints_its_configuration():
+    class WithConfig(Round):
+        def __init__(self, bits, dim, seed=0, scale=2.0):
+            super().__init__(bits, dim, seed)
+            self.config = {"scale": scale}  # the user's own settings, under the natural name
+
+    q = WithConfig(4, 16)
+    code = q.encode(torch.randn(2, 16))
+    assert q.decode(code).shape == (2, 16) and q.provenance().fingerprint
+    s = kvstats.schemes.Scheme("mine", 4, q, q)
+    assert s.config.k == q._qconfig  # the quantizer's configuration, not the user's dict
+
+
+def test_config_and_arguments_together_are_refused_and_the_type_must_be_exact():
+    cfg = C.TurboProdConfig(bits=2, dim=64)
+    with pytest.raises(TypeError, match=r"give config= or the arguments \['bits', 'dim', 'rows'\], not both"):
+        QUANTIZERS["turbo_prod"](4, 128, config=cfg, rows="srht")
+    with pytest.raises(TypeError, match="config must be a LloydConfig for LloydQuantizer, got TurboMSEConfig"):
+        QUANTIZERS["lloyd"].from_config(C.TurboMSEConfig(bits=3, dim=64, rotation="haar"))
+
+
+@pytest.mark.parametrize("config, change, field, expected", [
+    (C.MinMaxConfig(bits=3, dim=64), {"dim": 128}, "group_size", 128),
+    (C.MinMaxConfig(bits=3, dim=64, axis="channel"), {"axis": "token"}, "group_size", 64),
+    (C.MinMaxConfig(bits=3, dim=64, group_size=16), {"dim": 128}, "group_size", 16),  # given: kept
+    (C.NovaConfig(bits=2, dim=64), {"bits": 1}, "group_dim", C.NovaConfig(bits=1, dim=64).group_dim),
+    (C.QJLConfig(bits=1, dim=64), {"bits": 2}, "m", 128),
+    (C.QJLConfig(bits=1, dim=64), {"dim": 128}, "m", 128),
+    (C.QJLConfig(bits=1, dim=64), {"m": 256}, "bits", 4.0),
+    (C.QJLConfig(dim=64, outliers=(1, 2)), {"m": 32}, "outlier_m", 32),
+])
+def test_replace_derives_again_what_was_derived(config, change, field, expected):
+    assert getattr(config.replace(**change), field) == expected
+
+
+def test_a_per_head_quantizer_records_every_heads_config():
+    from kvstats.quantizers import PerHeadQuantizer
+
+    heads = [quantizer("turbo_mse", bits=3, dim=16, seed=s) for s in (0, 1)]
+    q = PerHeadQuantizer(heads)
+    assert isinstance(q.config, C.PerHeadConfig) and q.config.heads == tuple(h.config for h in heads)
+    record = kvstats.schemes.Scheme("x", 3, q, q).config.to_dict()
+    assert [h["seed"] for h in record["k"]["heads"]] == [0, 1]
+
+
+def test_a_haar_rotation_beyond_its_dense_limit_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="dim must be at most 16384 for rotation='haar'"):
+        C.TurboMSEConfig(bits=3, dim=20000, rotation="haar")

@@ -32,12 +32,16 @@ def test_wilcoxon_prob_less_is_the_share_of_pairs_in_which_a_is_below_b():
 
 
 def test_unit_seeds_are_spawned_children_and_runs_with_neighbouring_seeds_share_no_unit():
-    from kvstats._random import spawn_seeds, unit_seed
+    from kvstats._random import unit_seed
 
-    assert [unit_seed(7, i) for i in range(5)] == spawn_seeds(7, 5) == spawn_seeds(7, 9)[:5]
+    children = np.random.SeedSequence(7).spawn(9)
+    words = [c.generate_state(2, dtype=np.uint32) for c in children[:5]]
+    assert [unit_seed(7, i) for i in range(5)] == [((int(h) << 32) | int(lo)) & (2**63 - 1) for h, lo in words]
     run0 = {unit_seed(0, i) for i in range(64)}
     run1 = {unit_seed(1, i) for i in range(64)}
     assert not run0 & run1  # with seed + i, 63 of the 64 units were shared
+    with pytest.raises(TypeError, match="seed must be the run's int seed"):
+        unit_seed(None, 0)
 
 
 def test_evaluate_units_use_the_spawned_seeds():

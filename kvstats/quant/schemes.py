@@ -102,8 +102,11 @@ class Scheme:
     @property
     def config(self) -> SchemeConfig:
         """The scheme's :class:`SchemeConfig` (the K and V quantizers' frozen configs)."""
-        return SchemeConfig(self.name, self.bits, self.seed, getattr(self.k, "config", None),
-                            getattr(self.v, "config", None))
+        def config_of(q):
+            config = getattr(q, "_qconfig", None)
+            return config if isinstance(config, QuantizerConfig) else None
+
+        return SchemeConfig(self.name, self.bits, self.seed, config_of(self.k), config_of(self.v))
 
     def _check_cache(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         for name, t in (("keys", keys), ("values", values)):

@@ -33,7 +33,7 @@ def binary_outcomes(x, name: str) -> np.ndarray:
     if arr.dtype == bool:
         return arr
     if not np.issubdtype(arr.dtype, np.number) or not np.isin(arr, (0, 1)).all():
-        bad = arr[~np.isin(arr, (0, 1))][0] if np.issubdtype(arr.dtype, np.number) else arr.dtype
+        bad = arr[~np.isin(arr, (0, 1))][0].item() if np.issubdtype(arr.dtype, np.number) else arr.dtype
         raise ValueError(f"{name} must hold binary outcomes (bool, or 0/1), got {bad!r}")
     return arr.astype(bool)
 
@@ -73,6 +73,7 @@ def proportion_ci(x, n: int | None = None, *, confidence_level: float = 0.95,
         n = check_int_range(n, "n", 1, 1 << 62)
         k = check_int_range(x, "x (successes)", 0, n)
     low, high = proportion.proportion_confint(k, n, alpha=1 - level, method=_PROPORTION_METHODS[method])
+    low, high = (0.0 if k == 0 else float(low)), (1.0 if k == n else float(high))  # exact ends, not 1 − 1e-16
     return ProportionResult(statistic=k / n, pvalue=float("nan"), method=f"proportion ({method} interval)",
                             null_hypothesis="none (an estimate)", n=n, confidence_interval=(low, high),
                             ci_of="proportion of successes", confidence_level=level, successes=k, ci_method=method)
@@ -93,13 +94,17 @@ class McNemarResult(TestResult):
 
 
 def _paired_difference_ci(n11: int, n10: int, n01: int, n00: int, level: float) -> tuple[float, float]:
-    """Newcombe's method 10: Wilson intervals of both margins, combined with the correlation φ of the pairs."""
+    """Newcombe's method 10: Wilson intervals of both margins, combined with the correlation of the pairs,
+    φ = C/√(margins) where A = n₁₁n₀₀ − n₁₀n₀₁ and C = A − n/2 if A > n/2, 0 if 0 ≤ A ≤ n/2, A if A < 0
+    (Newcombe 1998's adjusted estimate of φ)."""
     n = n11 + n10 + n01 + n00
     p1, p2 = (n11 + n10) / n, (n11 + n01) / n
     l1, u1 = proportion.proportion_confint(n11 + n10, n, alpha=1 - level, method="wilson")
     l2, u2 = proportion.proportion_confint(n11 + n01, n, alpha=1 - level, method="wilson")
     margins = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
-    phi = 0.0 if margins == 0 else (n11 * n00 - n10 * n01) / math.sqrt(margins)
+    a = n11 * n00 - n10 * n01
+    adjusted = a - n / 2 if a > n / 2 else (a if a < 0 else 0.0)
+    phi = 0.0 if margins == 0 else adjusted / math.sqrt(margins)
     delta = math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
     eps = math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
     d = p1 - p2

@@ -32,9 +32,9 @@ __all__ = ["EquivalenceResult", "equivalence", "noninferiority"]
 @dataclass(frozen=True)
 class EquivalenceResult(TestResult):
     """Result of :func:`equivalence` / :func:`noninferiority`: ``statistic`` is the t of the deciding one-sided
-    test, ``pvalue`` its p, ``effect_size`` the mean difference μ_a − μ_b with its (1 − 2α) (TOST) or
-    (1 − α) one-sided-matching CI; ``margin`` δ; ``alpha``; ``conclusion`` True when H0 is rejected at
-    ``alpha`` (equivalent within δ / not inferior by δ)."""
+    test, ``pvalue`` its p, ``effect_size`` the mean difference μ_a − μ_b with its (1 − 2α) CI (the TOST
+    interval; its relevant end is the one-sided (1 − α) bound of a non-inferiority test); ``margin`` δ;
+    ``alpha``; ``conclusion`` True when H0 is rejected at ``alpha`` (equivalent within δ / not inferior by δ)."""
 
     margin: float = float("nan")
     alpha: float = 0.05
@@ -52,7 +52,7 @@ def _margin(margin) -> float:
 
 
 def _alpha(alpha) -> float:
-    if not 0.0 < float(alpha) < 0.5:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < float(alpha) < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
     return float(alpha)
 

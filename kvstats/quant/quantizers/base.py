@@ -220,11 +220,13 @@ class Quantizer:
     """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
     estimator is not decode-then-dot) and bits_per_coordinate.
 
-    Configuration: a quantizer is built from a frozen, validated ``config`` (an instance of its class's
+    Configuration: a quantizer is built from a frozen, validated ``config`` (an instance of exactly its class's
     ``Config``, :mod:`kvstats.quantizers.config`), checked once when it is made. The constructor's keywords are
     the config's fields; :meth:`from_config` builds from a config; the options read as attributes
     (``q.norm_dtype`` is ``q.config.norm_dtype``). A subclass without a ``Config`` of its own gets one whose bit
-    range is its ``min_bits`` / ``max_bits``; derived state is set up in :meth:`_build`.
+    range is its ``min_bits`` / ``max_bits``; derived state is set up in :meth:`_setup_from_config`. kvstats
+    reads the config from ``_qconfig`` (``config`` is the same object), so a subclass that keeps settings of its
+    own under ``self.config`` does not change what is fingerprinted.
     """
 
     name: str = ""
@@ -240,40 +242,50 @@ class Quantizer:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         base = cls.Config
+        if not (isinstance(base, type) and issubclass(base, QuantizerConfig)):
+            raise TypeError(f"{cls.__name__}.Config must be a subclass of kvstats.quantizers.config.QuantizerConfig "
+                            f"(Config is the quantizer's configuration class), got {base!r}")
         if "Config" not in cls.__dict__ and (base.min_bits, base.max_bits) != (cls.min_bits, cls.max_bits):
-            cls.Config = dataclass(frozen=True)(type(f"{cls.__name__}Config", (base,), {
-                "__module__": cls.__module__, "min_bits": cls.min_bits, "max_bits": cls.max_bits}))
+            # named <class>.Config, so pickle finds it as an attribute of the quantizer class
+            cls.Config = dataclass(frozen=True)(type("Config", (base,), {
+                "__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}.Config",
+                "min_bits": cls.min_bits, "max_bits": cls.max_bits, "method": cls.name or base.method}))
 
     def __init__(self, bits=_GIVEN_BY_CONFIG, dim=_GIVEN_BY_CONFIG, seed=_GIVEN_BY_CONFIG, *,
                  config: QuantizerConfig | None = None, **options):
+        given = {k: v for k, v in (("bits", bits), ("dim", dim), ("seed", seed)) if v is not _GIVEN_BY_CONFIG}
         if config is None:
-            given = {k: v for k, v in (("bits", bits), ("dim", dim), ("seed", seed)) if v is not _GIVEN_BY_CONFIG}
             config = self.Config.build(type(self).__name__, given, options)
-        elif not isinstance(config, self.Config):
+        elif given or options:
+            raise TypeError(f"{type(self).__name__}: give config= or the arguments {sorted([*given, *options])}, "
+                            "not both (use config.replace(...) to change a config)")
+        elif type(config) is not self.Config and not self._any_config:
             raise TypeError(f"config must be a {self.Config.__name__} for {type(self).__name__}, "
                             f"got {type(config).__name__}")
-        self.config = config
+        self._qconfig = self.config = config
         self.bits, self.dim = config.bits, config.dim
         #: the seed used (for seed=None, the fresh one drawn: rebuild with it to reproduce the object)
         self.seed = config.seed
-        self._build()
+        self._setup_from_config()
+
+    #: True for a wrapper that takes the config of the quantizers it wraps (PerHeadQuantizer)
+    _any_config = False
 
     @classmethod
     def from_config(cls, config: QuantizerConfig) -> Quantizer:
-        """The quantizer of ``config`` (an instance of ``cls.Config``)."""
+        """The quantizer of ``config`` (an instance of exactly ``cls.Config``)."""
         return cls(config=config)
 
-    def _build(self) -> None:
-        """Set up the state derived from ``self.config`` (codebooks, rotations, sketches); subclasses."""
+    def _setup_from_config(self) -> None:
+        """Set up the state derived from ``self._qconfig`` (codebooks, rotations, sketches); subclasses."""
 
     def __getattr__(self, name: str):
-        # options read as attributes; only reached when normal lookup fails (never for config itself)
-        if name.startswith("_") or name == "config" or "config" not in self.__dict__:
+        # options read as attributes; only reached when normal lookup fails (never for the config itself)
+        config = self.__dict__.get("_qconfig")
+        if config is None or name.startswith("_") or name not in config.__dataclass_fields__ \
+                or name in ("bits", "dim", "seed"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        options = self.__dict__["config"].options()
-        if name in options:
-            return options[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(config, name)
 
     # ------------------------------------------------------------------------------------ public API
     def encode(self, x: torch.Tensor) -> Code:
@@ -326,7 +338,7 @@ class Quantizer:
     def options(self) -> dict:
         """The constructor options that change the codes (beyond bits, dim and seed), for the fingerprint:
         the config's options."""
-        return self.config.options()
+        return self._qconfig.options()
 
     def provenance(self) -> CodeSource:
         """The :class:`CodeSource` this quantizer stamps on its codes."""

@@ -29,9 +29,9 @@ from kvstats.quant.quantizers.nova_calibration import (
     default_group_dim,
 )
 
-__all__ = ["QuantizerConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig", "MinMaxConfig",
-           "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
-           "check_norm_dtype"]
+__all__ = ["QuantizerConfig", "PerHeadConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig",
+           "MinMaxConfig", "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
+           "MAX_HAAR_DIM", "check_norm_dtype"]
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The rotations of the rotated quantizers (kvstats.rotations.make_rotation).
@@ -53,9 +53,23 @@ def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+#: Largest dim of a Haar rotation (a dense d × d matrix; kvstats.rotations.HaarRotation)
+MAX_HAAR_DIM = 1 << 14
+
+
+def _check_rotation(rotation, dim: int) -> str:
+    _check_choice(rotation, "rotation", ROTATIONS)
+    if rotation == "haar" and dim > MAX_HAAR_DIM:
+        raise ValueError(f"dim must be at most {MAX_HAAR_DIM} for rotation='haar' (a dense d × d matrix), got {dim}; "
+                         "use rotation='wht'")
+    return rotation
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.dtype):
         return str(value)
+    if isinstance(value, QuantizerConfig):
+        return value.to_dict()
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     return value
@@ -65,11 +79,14 @@ def _jsonable(value: Any) -> Any:
 class QuantizerConfig:
     """bits ∈ [min_bits, max_bits] (an int), dim ∈ [2, 32768], seed under the package's seed rule (None draws
     a fresh one, which the config then holds). Subclasses add their options as fields with defaults and check
-    them in :meth:`validate`; derived values are set there with :meth:`_set`."""
+    them in :meth:`validate`; a value derived from the others (a default that depends on dim, say) is set there
+    with :meth:`_derive`, which marks it, so that :meth:`replace` derives it again instead of carrying it over."""
 
     bits: int
     dim: int
     seed: int | None = 0
+    #: the fields whose values were derived (left to their default), not given
+    _derived: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
     #: the registry name of the quantizer the config builds ("" for the base)
     method: ClassVar[str] = ""
     min_bits: ClassVar[int] = 1
@@ -90,13 +107,21 @@ class QuantizerConfig:
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
 
+    def _derive(self, name: str, value) -> None:
+        """Set a field left to its default to the value derived for it."""
+        self._set(name, value)
+        self._set("_derived", self._derived | {name})
+
     def options(self) -> dict[str, Any]:
         """The fields beyond bits, dim and seed (the options that change the codes)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _BASE_FIELDS}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in _BASE_FIELDS and not f.name.startswith("_")}
 
     def kwargs(self) -> dict[str, Any]:
-        """The constructor keywords that rebuild the quantizer: ``type(q)(**q.config.kwargs())``."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        """The constructor keywords that rebuild the quantizer: ``type(q)(**q.config.kwargs())`` (derived values
+        left out: they are derived again)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and f.name not in self._derived}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: method, bits, dim, seed and the options (dtypes as their names, tuples as lists)."""
@@ -104,8 +129,13 @@ class QuantizerConfig:
                 **{k: _jsonable(v) for k, v in self.options().items()}}
 
     def replace(self, **changes) -> QuantizerConfig:
-        """A copy with ``changes``, validated again."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``, validated again; values that were derived are derived again for it
+        (``MinMaxConfig(bits=3, dim=64).replace(dim=128).group_size`` is 128)."""
+        kept = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in self._derived - set(changes):
+            kept[name] = defaults[name]
+        return type(self)(**(kept | changes))
 
     @classmethod
     def build(cls, owner: str, given: dict, options: dict) -> QuantizerConfig:
@@ -143,7 +173,7 @@ class TurboMSEConfig(LloydConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_choice(self.rotation, "rotation", ROTATIONS)
+        _check_rotation(self.rotation, self.dim)
 
 
 @dataclass(frozen=True)
@@ -156,14 +186,9 @@ class TurboProdConfig(QuantizerConfig):
     method: ClassVar[str] = "turbo_prod"
 
     def validate(self) -> None:
-        _check_choice(self.rotation, "rotation", ROTATIONS)
+        _check_rotation(self.rotation, self.dim)
         _check_choice(self.rows, "rows", ROWS)
         check_norm_dtype(self.norm_dtype)
-
-    def mse_stage(self, seed: int) -> TurboMSEConfig:
-        """The configuration of stage 1 (b − 1 bits; None at b = 1 has no stage: callers check bits > 1)."""
-        return TurboMSEConfig(bits=self.bits - 1, dim=self.dim, seed=seed, rotation=self.rotation,
-                              norm_dtype=self.norm_dtype)
 
 
 @dataclass(frozen=True)
@@ -180,17 +205,31 @@ class QJLConfig(QuantizerConfig):
     norm_dtype: torch.dtype = torch.float32
     method: ClassVar[str] = "qjl"
 
+    def kwargs(self) -> dict[str, Any]:
+        # m determines bits (= m/dim, possibly fractional): rebuild from m alone
+        return {k: v for k, v in {**super().kwargs(), "m": self.m}.items() if k != "bits"}
+
+    def replace(self, **changes) -> QJLConfig:
+        # bits and m are two spellings of one choice: changing one re-derives the other
+        for one, other in (("bits", "m"), ("m", "bits")):
+            if one in changes and other not in changes:
+                changes[other] = None
+        if "bits" not in changes and "bits" not in self._derived:
+            changes["bits"] = int(self.bits)  # given as an int in [1, 8], held as m/dim
+        return super().replace(**changes)
+
     def check_bits(self, bits):
         return bits  # bits and m are checked together in validate (bits = m / dim)
 
     def validate(self) -> None:
         m, bits = self.m, self.bits
         if m is None:
-            m = check_int_range(1 if bits is None else bits, "bits", 1, 8) * self.dim
+            self._derive("m", check_int_range(1 if bits is None else bits, "bits", 1, 8) * self.dim)
         elif bits is not None and bits * self.dim != m:
             raise ValueError(f"bits={bits} and m={m} disagree for dim={self.dim} (m = bits·dim); give one")
-        self._set("m", check_int_range(m, "m", 1, 1 << 16))
-        self._set("bits", self.m / self.dim)
+        else:
+            self._set("m", check_int_range(m, "m", 1, 1 << 16))
+        (self._derive if bits is None else self._set)("bits", self.m / self.dim)
         _check_choice(self.rows, "rows", ROWS)
         check_norm_dtype(self.norm_dtype)
         if self.outliers is None or len(self.outliers) == 0:
@@ -202,14 +241,10 @@ class QJLConfig(QuantizerConfig):
             raise ValueError(f"outliers must be distinct channel indices in [0, {self.dim}) leaving at least "
                              f"2 inlier channels, got {list(self.outliers)}")
         self._set("outliers", tuple(idx))
-        self._set("outlier_m", check_int_range(self.m if self.outlier_m is None else self.outlier_m, "outlier_m",
-                                               1, 1 << 16))
-
-    def kwargs(self) -> dict[str, Any]:
-        # bits is derived from m: pass m alone so that a fractional bits never reaches the int check
-        kw = super().kwargs()
-        kw.pop("bits")
-        return kw
+        if self.outlier_m is None:
+            self._derive("outlier_m", self.m)
+        else:
+            self._set("outlier_m", check_int_range(self.outlier_m, "outlier_m", 1, 1 << 16))
 
 
 @dataclass(frozen=True)
@@ -229,7 +264,7 @@ class MinMaxConfig(QuantizerConfig):
         size = check_int_range(default if self.group_size is None else self.group_size, "group_size", 1, 1 << 20)
         if self.axis == "token" and self.dim % size:
             raise ValueError(f"group_size must divide dim={self.dim} for axis='token', got {size}")
-        self._set("group_size", size)
+        (self._derive if self.group_size is None else self._set)("group_size", size)
         check_norm_dtype(self.side_dtype, "side_dtype")
 
 
@@ -242,7 +277,7 @@ class RotatedMinMaxConfig(QuantizerConfig):
     method: ClassVar[str] = "rotated_minmax"
 
     def validate(self) -> None:
-        _check_choice(self.rotation, "rotation", ROTATIONS)
+        _check_rotation(self.rotation, self.dim)
         check_norm_dtype(self.side_dtype, "side_dtype")
 
     def minmax_stage(self) -> MinMaxConfig:
@@ -270,7 +305,7 @@ class NovaConfig(QuantizerConfig):
         if self.dim % g or g * self.bits > 8:
             raise ValueError(f"group_dim must divide dim={self.dim} and satisfy group_dim*bits <= 8 "
                              f"(bits={self.bits}), got {g}")
-        self._set("group_dim", g)
+        (self._derive if self.group_dim is None else self._set)("group_dim", g)
         ridge = self.ridge
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (ridge >= 0 and math.isfinite(ridge)):
             raise ValueError(f"ridge must be a finite float >= 0, got {ridge!r}")
@@ -301,3 +336,21 @@ class IdentityConfig(QuantizerConfig):
                                                          torch.float64):
             raise ValueError(f"dtype must be None or a float dtype, got {self.dtype}")
         self._set("bits", torch.finfo(self.dtype or torch.float32).bits)
+
+
+@dataclass(frozen=True)
+class PerHeadConfig(QuantizerConfig):
+    """:class:`~kvstats.quantizers.PerHeadQuantizer`: the configs of its heads (one per KV head, of one method,
+    bits and dim); bits, dim and seed are head 0's."""
+
+    heads: tuple = ()
+    method: ClassVar[str] = "per_head"
+
+    def check_bits(self, bits):
+        return bits  # the heads' configs checked theirs
+
+    def validate(self) -> None:
+        if not self.heads or not all(isinstance(h, QuantizerConfig) for h in self.heads):
+            raise TypeError(f"heads must be a non-empty tuple of QuantizerConfig, got {self.heads!r}")
+        self._set("heads", tuple(self.heads))
+

@@ -33,7 +33,7 @@ class IdentityQuantizer(Quantizer):
 
     @property
     def store_dtype(self) -> torch.dtype | None:
-        return self.config.dtype
+        return self._qconfig.dtype
 
     @classmethod
     def from_config(cls, config: IdentityConfig) -> IdentityQuantizer:

@@ -111,9 +111,9 @@ class LloydQuantizer(Quantizer):
     storage_options = {"norm": "norm_dtype"}
     Config = LloydConfig
 
-    def _build(self) -> None:
+    def _setup_from_config(self) -> None:
         self.rotation = self._rotation()
-        self.stage = LloydStage(self.bits, self.dim, self.rotation, self.config.norm_dtype)
+        self.stage = LloydStage(self.bits, self.dim, self.rotation, self._qconfig.norm_dtype)
         self.codebook = self.stage.codebook
 
     def _rotation(self) -> Rotation:
@@ -152,11 +152,11 @@ class TurboMSE(LloydQuantizer):
     Config = TurboMSEConfig
 
     def _rotation(self) -> Rotation:
-        return make_rotation(self.config.rotation, self.dim, self.seed)
+        return make_rotation(self._qconfig.rotation, self.dim, self.seed)
 
     @property
     def rotation_kind(self) -> str:
-        return self.config.rotation
+        return self._qconfig.rotation
 
     def __repr__(self) -> str:
         return f"TurboMSE(bits={self.bits}, dim={self.dim}, seed={self.seed}, rotation={self.rotation_kind!r})"

@@ -134,13 +134,13 @@ class RotatedMinMax(Quantizer):
 
     Config = RotatedMinMaxConfig
 
-    def _build(self) -> None:
-        self.rotation: Rotation = make_rotation(self.config.rotation, self.dim, self.seed)
-        self.minmax = MinMaxQuantizer(config=self.config.minmax_stage())
+    def _setup_from_config(self) -> None:
+        self.rotation: Rotation = make_rotation(self._qconfig.rotation, self.dim, self.seed)
+        self.minmax = MinMaxQuantizer(config=self._qconfig.minmax_stage())
 
     @property
     def rotation_kind(self) -> str:
-        return self.config.rotation
+        return self._qconfig.rotation
 
     def _encode(self, x: torch.Tensor) -> Code:
         inner = self.minmax.encode(self.rotation.forward(x.to(acc_dtype(x.dtype))))

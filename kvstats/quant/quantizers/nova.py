@@ -149,7 +149,7 @@ class NovaQuantizer(Quantizer):
         if calibration is not None:
             self._set_calibration(calibration)
 
-    def _build(self) -> None:
+    def _setup_from_config(self) -> None:
         self.groups = self.dim // self.group_dim
         self.index_bits = self.group_dim * self.bits
         self.codebook_size = 1 << self.index_bits
@@ -293,7 +293,7 @@ class NovaQuantizer(Quantizer):
         return super().provenance()
 
     def options(self) -> dict:
-        options = self.config.options()
+        options = self._qconfig.options()
         options.pop("amortize_tokens")  # the bit count's amortisation, not the codes
         return {**options, "calibration": self._calibration_digest}
 

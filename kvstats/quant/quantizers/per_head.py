@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
+from kvstats.quant.quantizers.config import PerHeadConfig
 
 __all__ = ["PerHeadQuantizer"]
 
@@ -26,9 +27,12 @@ class PerHeadQuantizer(Quantizer):
         first = heads[0]
         if any(h.dim != first.dim or h.bits != first.bits or type(h) is not type(first) for h in heads):
             raise ValueError("heads must all be quantizers of the same type, bits and dim")
-        super().__init__(config=first.config)
+        super().__init__(config=PerHeadConfig(bits=first.bits, dim=first.dim, seed=first.seed,
+                                              heads=tuple(h._qconfig for h in heads)))
         self.heads = heads
         self.name = first.name
+
+    Config = PerHeadConfig
 
     def _check_heads(self, x: torch.Tensor, name: str) -> None:
         if x.dim() < 3 or x.shape[-3] != len(self.heads):

@@ -126,8 +126,8 @@ class QJLQuantizer(Quantizer):
 
     Config = QJLConfig
 
-    def _build(self) -> None:
-        cfg = self.config
+    def _setup_from_config(self) -> None:
+        cfg = self._qconfig
         seeds = spawn_seeds(self.seed, 2)
         if cfg.outliers is None:
             self.outliers = None

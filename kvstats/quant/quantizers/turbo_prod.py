@@ -48,8 +48,8 @@ class TurboProd(Quantizer):
     storage_options = {"norm": "norm_dtype", "gamma": "norm_dtype"}
     Config = TurboProdConfig
 
-    def _build(self) -> None:
-        cfg = self.config
+    def _setup_from_config(self) -> None:
+        cfg = self._qconfig
         seed_mse, seed_qjl = spawn_seeds(self.seed, 2)
         #: stage 1, TurboQuant_mse at b − 1 bits (None at b = 1: the quantizer is QJL on x)
         self.stage = LloydStage(self.bits - 1, self.dim, make_rotation(cfg.rotation, self.dim, seed_mse),
@@ -58,7 +58,7 @@ class TurboProd(Quantizer):
 
     @property
     def rotation_kind(self) -> str:
-        return self.config.rotation
+        return self._qconfig.rotation
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.stage is None else self.stage.rotation.forward(x)
