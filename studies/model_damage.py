@@ -32,7 +32,9 @@ from kvstats.run import plots, study
 from kvstats.run.claims import Claim
 
 STUDY = "model_damage"
-VERSION = "2"  # 2: pooled statistics by cluster BCa (no interval for the max), studentized per-document CIs
+# 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
+# the max), studentized per-document CIs
+VERSION = "3"
 POSITION = 95  # place in figures/REPORT.md (kvstats.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
