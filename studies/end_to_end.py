@@ -1156,11 +1156,12 @@ class EndToEnd(study.Study):
     """The study on the protocol (kvstats.run.study.Study): the teacher-forced, paths, generation and (when
     transformers' quantized caches are installed) baselines sweeps, three figures and up to ten claims.
 
-    ``main`` is the protocol's with two differences the study needs: the generation sweep has its own cache
-    version (:data:`VERSIONS`), and after the claims it prints the summary table and the cells' wall time
-    before writing the claims (echoed) and the definitions."""
+    The generation sweep has its own cache version (``versions``); ``main`` is the protocol's but for what it
+    prints after the claims: the summary table and the cells' wall time, before writing the claims (echoed) and
+    the definitions."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    versions = {f"{STUDY}_generation": GENERATION_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
@@ -1198,8 +1199,7 @@ class EndToEnd(study.Study):
         _quiet()
         # one torch thread per cell (the sweep's default): several threads per process spin badly on a shared
         # machine (10-100× slower measured here under load)
-        tables = {name: run.sweep(fn, grid_, version=VERSIONS.get(name, self.version), name=name)
-                  for name, (fn, grid_) in self.cells(run.scale).items()}
+        tables = self.run_sweeps(run)
         t_cells = run.elapsed()
         analysis = self.analyse(tables, run.scale)
         self.figures(tables, analysis)
@@ -1207,10 +1207,6 @@ class EndToEnd(study.Study):
         print_summary(analysis.summary)
         print(f"(cells {t_cells:.1f} s)")
         return run.finish(out, definitions=self.definitions(analysis), echo=echo)
-
-
-#: the sweeps whose cache version is not :data:`VERSION`
-VERSIONS = {f"{STUDY}_generation": GENERATION_VERSION}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -288,18 +288,15 @@ class ModelDamage(study.Study):
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)
 
-    def main(self, argv: list[str] | None = None, *, echo: bool = True) -> int:
-        run = study.start(self.name, self.description, argv, position=self.position)
+    def run_sweeps(self, run: study.StudyRun) -> dict:
+        """The declared sweep, then the join cell, built from its results."""
         import warnings
 
         warnings.filterwarnings("ignore", category=FutureWarning)
-        tables = {name: run.sweep(cell_, cells, version=self.version, name=name)
-                  for name, (cell_, cells) in self.cells(run.scale).items()}
+        tables = super().run_sweeps(run)
         tables[f"{STUDY}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[STUDY]),
                                                    version=self.version, name=f"{STUDY}_sensitivity")
-        analysis = self.analyse(tables, run.scale)
-        self.figures(tables, analysis)
-        return run.finish(self.claims(analysis), definitions=self.definitions(analysis), echo=echo)
+        return tables
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,6 +108,8 @@ class Study:
 
     name: str = ""
     version: str = ""
+    #: sweep name -> its cache version, for a sweep whose cells changed apart from the others' (default ``version``)
+    versions: Mapping[str, str] = {}
     position: int | None = None
     description: str | None = None
 
@@ -126,10 +128,15 @@ class Study:
     def definitions(self, analysis: Any) -> Mapping[str, str] | None:
         return None
 
+    def run_sweeps(self, run: StudyRun) -> dict[str, pd.DataFrame]:
+        """Run the declared sweeps with the run's options: ``{sweep name: table}``. A study with a sweep built from
+        another's results overrides this (and calls it for the declared ones)."""
+        return {name: run.sweep(cell, cells, version=self.versions.get(name, self.version), name=name)
+                for name, (cell, cells) in self.cells(run.scale).items()}
+
     def main(self, argv: Sequence[str] | None = None, *, echo: bool = True) -> int:
         run = start(self.name, self.description, argv, position=self.position)
-        tables = {name: run.sweep(cell, cells, version=self.version, name=name)
-                  for name, (cell, cells) in self.cells(run.scale).items()}
+        tables = self.run_sweeps(run)
         analysis = self.analyse(tables, run.scale)
         self.figures(tables, analysis)
         return run.finish(self.claims(analysis), definitions=self.definitions(analysis), echo=echo)

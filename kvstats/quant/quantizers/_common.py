@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvstats.quant.quantizers.config import NORM_DTYPES, check_norm_dtype
-
-__all__ = ["NORM_DTYPES", "check_norm_dtype", "dtype_bits", "store_scalar", "DeviceCache"]
+__all__ = ["dtype_bits", "store_scalar", "DeviceCache"]
 
 
 def dtype_bits(dtype: torch.dtype) -> int:
