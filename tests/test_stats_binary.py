@@ -206,6 +206,12 @@ def test_bad_equivalence_arguments_are_refused(kwargs, message):
         stats.equivalence(A, B, **kwargs)
     with pytest.raises(ValueError, match="paired samples must have one length"):
         stats.equivalence(A, B[:-1], margin=0.1)
+    # constant differences: no t statistic (p would be 0, 1 or NaN from a division by zero)
+    for test in (stats.equivalence, stats.noninferiority):
+        with pytest.raises(ValueError, match="paired differences a − b have no spread"):
+            test([1.0, 2, 3, 4], [0.5, 1.5, 2.5, 3.5], margin=0.5)
+        with pytest.raises(ValueError, match="a and b are both constant"):
+            test([1.0, 1.0], [2.0, 2.0], margin=0.5, paired=False)
 
 
 def test_the_equivalence_rule():

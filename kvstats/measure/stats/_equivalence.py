@@ -61,6 +61,13 @@ def _samples(a, b, paired: bool) -> tuple[np.ndarray, np.ndarray]:
     x, y = _sample(a, "a", min_size=2), _sample(b, "b", min_size=2)
     if paired and x.size != y.size:
         raise ValueError(f"paired samples must have one length, got {x.size} and {y.size}")
+    # no spread, no t statistic: its p would be 0, 1 or NaN by the sign of a division by zero
+    if paired and np.ptp(x - y) == 0:
+        raise ValueError(f"the paired differences a − b have no spread (all {float(x[0] - y[0])!r}): the t tests are "
+                         "undefined; compare the constant difference with the margin directly")
+    if not paired and np.ptp(x) == 0 and np.ptp(y) == 0:
+        raise ValueError("a and b are both constant (no spread): the t tests are undefined; compare "
+                         f"{float(x[0])!r} − {float(y[0])!r} with the margin directly")
     return x, y
 
 
