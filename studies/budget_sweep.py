@@ -41,7 +41,7 @@ import torch
 from kvstats.measure import metrics
 from kvstats.measure import verdicts as V
 from kvstats.measure.error6d import ERROR6D_COMPONENTS, Error6DReference, distance_6d, energy_test, error6d
-from kvstats.measure.stats import compare, mann_whitney, ratio_ci
+from kvstats.measure.stats import cluster_bootstrap_ci, compare, mann_whitney, ratio_ci
 from kvstats.quant import attention
 from kvstats.quant.schemes import Scheme, scheme
 from kvstats.run import plots, study
@@ -403,19 +403,39 @@ def paired_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _ratio_of_medians(pairs: np.ndarray) -> float:
+    """median of column 0 / median of column 1 of ``pairs`` [trials, 2]."""
+    return float(np.median(pairs[:, 0]) / np.median(pairs[:, 1]))
+
+
+def _ratio_interval(b: np.ndarray, a: np.ndarray, trials: np.ndarray, g: pd.DataFrame, resamples: int, n: int):
+    """median(b)/median(a) with its 95% paired CI: trials matched; on real data a cluster BCa bootstrap (the
+    documents, then their windows: windows of one document are not independent), else the paired BCa bootstrap."""
+    if (g["data"] == "smollm2").all():
+        windows = real_windows(int(g["seq"].iloc[0]))
+        pairs = np.stack([b, a], axis=1)
+        return cluster_bootstrap_ci([row[None, :] for row in pairs], _ratio_of_medians,
+                                    clusters=[windows[int(t)][0] for t in trials], n_resamples=resamples, seed=n)
+    return ratio_ci(b, a, n_resamples=resamples, seed=n, paired=True)
+
+
 def ratio_table(table: pd.DataFrame, resamples: int) -> pd.DataFrame:
     """Median KL(QKQV)/median KL(KQV) per sketch, data label and n, with its 95% paired bootstrap CI (trials
-    matched), and the Mann–Whitney test of the same two samples (the paper's test)."""
+    matched; clusters of windows by document on real data), and the Mann–Whitney test of the same two samples
+    (the paper's test)."""
     rows = []
     for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
         sub = table[table["sketch"] == sketch]
         for (label, n), g in sub.groupby(["label", "n"], sort=False):
-            a = g[g["scheme"] == "kqv"].sort_values("trial")["attention_kl"].to_numpy()
-            b = g[g["scheme"] == "qkqv"].sort_values("trial")["attention_kl"].to_numpy()
-            rc = ratio_ci(b, a, n_resamples=resamples, seed=int(n), paired=True)
+            ga, gb = g[g["scheme"] == "kqv"].sort_values("trial"), g[g["scheme"] == "qkqv"].sort_values("trial")
+            if not np.array_equal(ga["trial"].to_numpy(), gb["trial"].to_numpy()):
+                raise ValueError(f"{label}, n = {n}, sketch {sketch}: KQV and QKQV were not run on the same trials")
+            a, b = ga["attention_kl"].to_numpy(), gb["attention_kl"].to_numpy()
+            rc = _ratio_interval(b, a, ga["trial"].to_numpy(), g, resamples, int(n))
             mw = mann_whitney(a, b)
             rows.append({"sketch": sketch, "label": label, "n": n, "ratio": rc.statistic,
                          "ci_low": rc.confidence_interval[0], "ci_high": rc.confidence_interval[1],
+                         "ci_method": rc.method,
                          "median_kl_kqv": float(np.median(a)), "median_kl_qkqv": float(np.median(b)),
                          "mw_rank_biserial": mw.rank_biserial, "mw_r_z": mw.r_z, "mw_p": mw.pvalue,
                          "mw_p_method": mw.pvalue_method, "mw_p_asymptotic": mw.p_asymptotic, "n_trials": len(a)})
@@ -924,7 +944,9 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
                  f"trials, {2 / 2 ** max(n_windows, 1):.1g} over the real windows",
         "aggregation": "per trial: mean over heads and queries of each metric; across trials: medians, paired "
                        f"Wilcoxon over trials, Holm over the whole test table at alpha = {ALPHA}; ratios are ratios "
-                       "of medians with a paired BCa bootstrap CI",
+                       "of medians with a paired BCa bootstrap CI (on the real windows a cluster BCa bootstrap: "
+                       "the documents, then their windows; windows of one document are not independent, and the "
+                       "real windows' Wilcoxon p-values describe these documents' windows)",
         "top-k": "top-5 recall: share of the reference top-5 keys among the estimate's top 5, ties broken by index "
                  "(kvstats.metrics.topk_recall_from_scores); causal rows see only visible keys",
     }

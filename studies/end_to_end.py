@@ -8,7 +8,9 @@ Units. The shipped public-domain text holds separate documents (:data:`DOCUMENTS
 layer on the first (the Declaration of Independence); the others are cut into disjoint segments of
 ``segment_tokens`` tokens, each inside one document, taken round-robin over the documents. One unit = one
 segment, fed to the model on its own; every scheme sees the same segments, so comparisons are paired
-(Wilcoxon signed-rank over segments, :func:`kvstats.stats.wilcoxon`) and CIs are bootstrapped over segments.
+(Wilcoxon signed-rank over segments, :func:`kvstats.stats.wilcoxon`). Segments of one document are not
+independent: CIs are cluster bootstraps (:func:`kvstats.stats.cluster_bootstrap_ci`: documents, then the segments
+within them), and the p-values describe these documents' segments.
 
 Teacher-forced. All segments go through the model in one batched forward with the exact cache (sdpa; computed
 once per process and shared by every cell) and once per cell with a :class:`kvstats.cache.KVStatsCache` on the
@@ -20,7 +22,7 @@ runs a lossless scheme through the same cache. Non-zero full-precision windows r
 
 Verdicts (kvstats.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
 cells; "KQV's KL is 2.25× lower at n = 4": the number rule on the QKQV/KQV ratio of mean attention KL (paired
-bootstrap over segments); NOVA-KV's "recovers most of what scalar methods lose at 2 bits": the direction rule
+cluster bootstrap); NOVA-KV's "recovers most of what scalar methods lose at 2 bits": the direction rule
 over (baseline, metric) comparisons at n = 2, next-token KL and NLL increase against every other scheme.
 
 Generation. Greedy continuations (``model.generate(..., cache=KVStatsCache(...))``) of prompts cut from the
@@ -58,12 +60,14 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from kvstats._random import spawn_seeds
 from kvstats.hf.baselines import output_metrics
 from kvstats.measure.metrics import attention_kl_from_scores
-from kvstats.measure.stats import bootstrap_ci, ratio_ci, spearman, wilcoxon
+from kvstats.measure.stats import cluster_bootstrap_ci, equivalence, mcnemar, proportion_ci, spearman, wilcoxon
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
+from kvstats.measure.verdicts import equivalence as equivalence_rule
 from kvstats.run import plots, study
 from kvstats.run.claims import Claim
 from kvstats.run.report import fmt_p
@@ -244,7 +248,7 @@ def build_scheme(name: str, n: int, seed: int):
     return scheme(name, bits=n, dim=64, seed=seed, rows=QJL_ROWS)
 
 
-def _schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None):
+def layer_schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None):
     """One scheme per layer (independent seeds); ``nova``: calibrated per layer; ``identity``: lossless control."""
     from kvstats.hf.cache import IdentityScheme
 
@@ -264,7 +268,7 @@ def _quantized_logits(ids, name, n, seed, window, path="kvstats", record=True, d
 
     model, _, _ = _model(dtype)
     _set_attention(model, path)
-    cache = KVStatsCache(_schemes(name, n, seed, model.config.num_hidden_layers, calibration_tokens),
+    cache = KVStatsCache(layer_schemes(name, n, seed, model.config.num_hidden_layers, calibration_tokens),
                          full_precision_window=window, record_attention=record)
     with torch.inference_mode():
         logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits
@@ -281,7 +285,7 @@ def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segme
     _quiet()
     ids, ref_logits, _ = _reference(segment_tokens, segments)
     t0 = time.perf_counter()
-    _schemes(scheme, n, seed, 30, calibration_tokens)  # NOVA-KV's calibration (cached per process), timed apart
+    layer_schemes(scheme, n, seed, 30, calibration_tokens)  # NOVA-KV's calibration (cached per process), timed apart
     calibration_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     logits, cache = _quantized_logits(ids, scheme, n, seed, window, calibration_tokens=calibration_tokens)
@@ -416,7 +420,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[i
     offsets = tuple(int(o) for o in offsets)
     ref, ref_nll = _reference_generation(offsets, prompt_len, new)
     prompts = _prompts(offsets, prompt_len)
-    layers = _schemes(scheme, n, seed, model.config.num_hidden_layers, calibration_tokens)
+    layers = layer_schemes(scheme, n, seed, model.config.num_hidden_layers, calibration_tokens)
     _set_attention(model, "kvstats")
     cache = KVStatsCache(layers, full_precision_window=window)
     t0 = time.perf_counter()
@@ -450,25 +454,36 @@ def segment_means(tokens: pd.DataFrame) -> pd.DataFrame:
                                                              "nll_ref"]].mean()
 
 
-def _ci(x, resamples: int, seed: int) -> tuple[float, float, float]:
-    x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
+def segment_documents(size: int, count: int | None) -> dict[int, str]:
+    """segment index -> the title of the document it was cut from (the clusters of the CIs)."""
+    return {u: title for u, (title, _) in enumerate(_segments(size, count)[1])}
+
+
+def _ci(x, resamples: int, seed: int, clusters) -> tuple[float, float, float]:
+    """The mean of per-segment values with a cluster BCa bootstrap CI: documents, then segments within them
+    (segments of one document are not independent; kvstats.stats.cluster_bootstrap_ci). ``clusters[i]``: the
+    document of ``x[i]``."""
+    x, clusters = np.asarray(x, dtype=float), np.asarray(clusters, dtype=object)
+    keep = np.isfinite(x)
+    x, clusters = x[keep], clusters[keep]
     if len(x) < 2 or np.ptp(x) == 0:
         m = float(np.mean(x))
         return m, m, m
-    r = bootstrap_ci(x, np.mean, n_resamples=resamples, seed=seed)
+    r = cluster_bootstrap_ci(x[:, None], np.mean, clusters=list(clusters), n_resamples=resamples, seed=seed)
     return r.statistic, *r.confidence_interval
 
 
-def summary_table(segs: pd.DataFrame, cells: pd.DataFrame, resamples: int) -> pd.DataFrame:
-    """One row per cell: means over segments with bootstrap CIs over segments (the units); perplexities."""
+def summary_table(segs: pd.DataFrame, cells: pd.DataFrame, resamples: int, docs: dict[int, str]) -> pd.DataFrame:
+    """One row per cell: means over segments with cluster bootstrap CIs (documents, then segments; ``docs``:
+    segment -> document); perplexities."""
     rows = []
     for key, g in segs.groupby(KEYS, sort=False):
         s = cell_seed(STUDY, "ci", *key)
         row = dict(zip(KEYS, key))
+        where = g["segment"].map(docs).to_numpy()
         for col in ("out_kl", "top1", "attn_kl", "top5"):
-            row[col], row[f"{col}_lo"], row[f"{col}_hi"] = _ci(g[col], resamples, s)
-        m, lo, hi = _ci(g["d_nll"], resamples, s)
+            row[col], row[f"{col}_lo"], row[f"{col}_hi"] = _ci(g[col], resamples, s, where)
+        m, lo, hi = _ci(g["d_nll"], resamples, s, where)
         row.update({"ppl_ref": math.exp(g["nll_ref"].mean()), "ppl": math.exp(g["nll"].mean()),
                     "ppl_ratio": math.exp(m), "ppl_ratio_lo": math.exp(lo), "ppl_ratio_hi": math.exp(hi),
                     "segments": len(g)})
@@ -546,15 +561,21 @@ def correlations(summary: pd.DataFrame, tokens: pd.DataFrame, resamples: int) ->
     return pd.DataFrame(rows)
 
 
-def paired_ratio(segs: pd.DataFrame, col: str, n: int, window: int, resamples: int):
-    """mean(QKQV)/mean(KQV) of a per-segment metric at budget n (seeds averaged), paired bootstrap CI over
-    segments."""
+def _ratio_of_means(pairs: np.ndarray) -> float:
+    """mean of column 0 / mean of column 1 of ``pairs`` [units, 2]."""
+    return float(pairs[:, 0].mean() / pairs[:, 1].mean())
+
+
+def paired_ratio(segs: pd.DataFrame, col: str, n: int, window: int, resamples: int, docs: dict[int, str]):
+    """mean(QKQV)/mean(KQV) of a per-segment metric at budget n (seeds averaged), paired cluster BCa bootstrap CI
+    (documents, then segments; a segment's two values resampled together)."""
     sel = segs[(segs["n"] == n) & (segs["window"] == window)]
     a = sel[sel["scheme"] == "qkqv"].groupby("segment")[col].mean()
     b = sel[sel["scheme"] == "kqv"].groupby("segment")[col].mean()
     a, b = a.align(b, join="inner")
-    r = ratio_ci(a.to_numpy(), b.to_numpy(), np.mean, n_resamples=resamples, paired=True,
-                 seed=cell_seed(STUDY, "ratio", col, n, window))
+    pairs = np.stack([a.to_numpy(), b.to_numpy()], axis=1)
+    r = cluster_bootstrap_ci([row[None, :] for row in pairs], _ratio_of_means, clusters=[docs[u] for u in a.index],
+                             n_resamples=resamples, seed=cell_seed(STUDY, "ratio", col, n, window))
     return r.statistic, *r.confidence_interval
 
 
@@ -575,6 +596,7 @@ class Analysis:
     corr: pd.DataFrame
     gen: pd.DataFrame
     agree: pd.DataFrame
+    docs: dict[int, str]
     base: pd.DataFrame | None = None
 
     @functools.cached_property
@@ -590,6 +612,11 @@ class Analysis:
     @property
     def n_seg(self) -> int:
         return int(self.segs["segment"].nunique())
+
+    @property
+    def n_docs(self) -> int:
+        """The documents the segments come from (the clusters of the CIs)."""
+        return len(set(self.docs[u] for u in self.segs["segment"].unique()))
 
     @property
     def seg_len(self) -> int:
@@ -628,10 +655,11 @@ def analyse(tables, scale: str) -> Analysis:
                                                      "top5"]]
     layers = table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]]
     segs = segment_means(tokens)
-    summary = summary_table(segs, table[table["kind"] == "cell"], cfg["resamples"])
+    docs = segment_documents(cfg["segment_tokens"], cfg["segments"])
+    summary = summary_table(segs, table[table["kind"] == "cell"], cfg["resamples"], docs)
     corr = correlations(summary, tokens, cfg["resamples"])
     gen = tables[f"{STUDY}_generation"].drop(columns="offsets")  # each row names its prompt (offset)
-    return Analysis(cfg, scale, summary, segs, tokens, layers, corr, gen, tables[f"{STUDY}_paths"],
+    return Analysis(cfg, scale, summary, segs, tokens, layers, corr, gen, tables[f"{STUDY}_paths"], docs,
                     tables.get(f"{STUDY}_baselines"))
 
 
@@ -692,7 +720,8 @@ def output_figure(a: Analysis) -> None:
     """Output damage: next-token KL, perplexity ratio, top-1 agreement and greedy generation's NLL against n."""
     summary, gen, window = a.summary, a.gen, 0
     fig, axes = plots.panels(1, 4, f"SmolLM2-135M with a quantized KV cache: output damage "
-                                   f"(teacher-forced, {a.tokens_n} tokens, {a.scale} scale; 95% CIs over segments)",
+                                   f"(teacher-forced, {a.tokens_n} tokens, {a.scale} scale; 95% CIs: documents, "
+                                   "then segments)",
                              width=4.0, height=3.4)
     for k, name in enumerate(SCHEMES):
         g = _by_n(summary, name, window)
@@ -866,8 +895,8 @@ def qkqv_claim(a: Analysis) -> Claim:
     v_dq = direction_verdict(dq.to_dict("records"), +1, "(n, metric) cells")
     rows = []
     for n in a.budgets:
-        r_out = paired_ratio(segs, "out_kl", n, w, resamples)
-        r_att = paired_ratio(segs, "attn_kl", n, w, resamples)
+        r_out = paired_ratio(segs, "out_kl", n, w, resamples, a.docs)
+        r_att = paired_ratio(segs, "attn_kl", n, w, resamples, a.docs)
         rows.append(f"| {n} | {r_att[0]:.2f} [{r_att[1]:.2f}, {r_att[2]:.2f}] | {r_out[0]:.2f} [{r_out[1]:.2f}, "
                     f"{r_out[2]:.2f}] | {a.mean.loc[('kqv', n), 'ppl']:.2f} | {a.mean.loc[('qkqv', n), 'ppl']:.2f} |")
     table = ("| n | attention KL QKQV/KQV [95% CI] | next-token KL QKQV/KQV [95% CI] | ppl KQV | ppl QKQV |\n"
@@ -879,7 +908,8 @@ def qkqv_claim(a: Analysis) -> Claim:
         source="D'Alberto, arXiv 2605.08114, abstract (finding 2); end-to-end test by kvstats",
         measurement=f"QKQV − KQV per segment, next-token KL and attention KL at n = {a.budgets}: {v_dq.reason}.",
         verdict=v_dq,
-        details=(table + "\n\nRatios of means over segments, paired BCa bootstrap over segments.\n\n"
+        details=(table + "\n\nRatios of means over segments, paired cluster BCa bootstrap (documents, then "
+                 "segments).\n\n"
                  + TEST_HEADER + _test_lines(dq) + "\n\n" + a.unit
                  + " At equal n QKQV also stores more (its K keeps γ = ‖r‖ beside ‖k‖)."))
 
@@ -887,14 +917,15 @@ def qkqv_claim(a: Analysis) -> Claim:
 def ratio_claim(a: Analysis) -> Claim | None:
     if 4 not in a.budgets:
         return None
-    r4 = paired_ratio(a.segs, "attn_kl", 4, 0, a.cfg["resamples"])
+    r4 = paired_ratio(a.segs, "attn_kl", 4, 0, a.cfg["resamples"], a.docs)
     v4 = ratio_verdict(*r4)
     return Claim(
         id="e2e-ratio-n4", figure=f"{STUDY}_attention.png", data=a.data,
         claim=f"At n = 4, KQV's KL is {PAPER_RATIO_N4}× lower than QKQV's.",
         source="D'Alberto, arXiv 2605.08114, abstract (finding 4)",
         measurement=(f"on SmolLM2's own attention inside the model, mean attention KL QKQV/KQV at n = 4 = "
-                     f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired BCa over {a.n_seg} segments)"),
+                     f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired cluster BCa over {a.n_docs} documents, "
+                     f"then their {a.n_seg} segments)"),
         verdict=v4,
         discrepancy=(None if v4.verdict == "reproduced" else
                      f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on SmolLM2's "
@@ -958,6 +989,75 @@ def perplexity_claim(a: Analysis) -> Claim:
                  + "\n\nmse: TurboQuant_mse on K and V (what vLLM-style deployments run); minmax: KIVI-style "
                    "(K per channel in groups of d tokens, V per token, fp16 ranges); nova: calibrated on "
                    f"'{DOCUMENTS[0]}', bits with its calibration amortised over the cached tokens."))
+
+
+#: δ of the "quality-neutral at 4 bits" claim: a mean NLL increase of 0.01 nats per token (perplexity × 1.01)
+NEUTRAL_MARGIN = 0.01
+
+
+def _per_segment(segs: pd.DataFrame, scheme: str, n: int | None, col: str) -> pd.Series:
+    sel = segs[(segs["scheme"] == scheme) & (segs["window"] == 0) & ((segs["n"] == n) if n is not None else True)]
+    return sel.groupby("segment")[col].mean()
+
+
+def neutral_claim(a: Analysis) -> Claim | None:
+    """'KQV at 4 bits is quality-neutral' as an equivalence claim: TOST on the per-segment NLL increase against
+    the lossless control, margin δ stated."""
+    if 4 not in a.budgets or "identity" not in set(a.segs["scheme"]):
+        return None
+    x, y = _per_segment(a.segs, "kqv", 4, "d_nll").align(_per_segment(a.segs, "identity", None, "d_nll"),
+                                                         join="inner")
+    r = equivalence(x.to_numpy(), y.to_numpy(), margin=NEUTRAL_MARGIN, paired=True)
+    v = equivalence_rule([r.confidence_interval], NEUTRAL_MARGIN, what="comparisons")
+    return Claim(
+        id="e2e-kqv4-neutral", figure=None, data=a.data, source="kvstats",
+        claim=(f"KQV at 4 bits is quality-neutral: the model's NLL per token rises by less than δ = "
+               f"{NEUTRAL_MARGIN:g} nats (perplexity × {math.exp(NEUTRAL_MARGIN):.3f})."),
+        measurement=(f"NLL increase KQV n = 4 − lossless control, paired over {r.n} segments: "
+                     f"{r.effect_size:+.4f} nats/token, 90% CI [{r.confidence_interval.low:+.4f}, "
+                     f"{r.confidence_interval.high:+.4f}] (TOST, α = 0.05 each side: {fmt_p(r.pvalue)}). Segments "
+                     f"share {a.n_docs} documents: the t interval treats them as independent."),
+        verdict=v)
+
+
+def top1_claim(a: Analysis) -> Claim | None:
+    """Top-1 agreement with the exact model per token: Wilson intervals and exact McNemar between schemes at n = 4
+    on the same tokens (Holm), beside the cluster bootstrap CI over documents."""
+    n = 4 if 4 in a.budgets else a.budgets[-1]
+    tok = a.tokens[(a.tokens["window"] == 0) & (a.tokens["n"] == n) & (a.tokens["scheme"] != "identity")]
+    outcomes = {x: g.groupby(["segment", "t"])["top1"].mean() >= 0.5 for x, g in tok.groupby("scheme")}
+    names = [x for x in SCHEMES if x in outcomes]
+    if "kqv" not in outcomes or len(names) < 2:
+        return None
+    rows, tests = [], []
+    for x in names:
+        w = proportion_ci(outcomes[x].to_numpy())
+        c = a.summary[(a.summary["scheme"] == x) & (a.summary["n"] == n) & (a.summary["window"] == 0)].iloc[0]
+        rows.append(f"| {x} | {100 * w.statistic:.1f}% | [{100 * w.confidence_interval.low:.1f}, "
+                    f"{100 * w.confidence_interval.high:.1f}] | [{100 * c['top1_lo']:.1f}, {100 * c['top1_hi']:.1f}] |")
+    for x in names:
+        if x != "kqv":
+            p, q = outcomes["kqv"].align(outcomes[x], join="inner")
+            tests.append((x, mcnemar(p.to_numpy(), q.to_numpy())))
+    holm = multipletests([t.pvalue for _, t in tests], method="holm")[1]
+    lines = [f"| kqv − {x} | {100 * t.effect_size:+.2f} pts [{100 * t.confidence_interval.low:+.2f}, "
+             f"{100 * t.confidence_interval.high:+.2f}] | {t.table[0][1]} / {t.table[1][0]} | {fmt_p(h)} |"
+             for (x, t), h in zip(tests, holm)]
+    worse = [x for (x, t), h in zip(tests, holm) if h < ALPHA and t.effect_size < 0]
+    better = [x for (x, t), h in zip(tests, holm) if h < ALPHA and t.effect_size > 0]
+    return Claim(
+        id="e2e-top1-agreement", figure=None, data=a.data, source="kvstats",
+        claim=f"Top-1 agreement with the exact model at n = {n}, per token, with exact paired tests between schemes.",
+        measurement=(f"KQV agrees on {100 * outcomes['kqv'].mean():.1f}% of {outcomes['kqv'].size} tokens; "
+                     f"exact McNemar on the same tokens (Holm over {len(tests)}): KQV agrees significantly more often "
+                     f"than {', '.join(better) or 'none'}, less often than {', '.join(worse) or 'none'}."),
+        verdict=measured("our own measurement of top-1 agreement"),
+        details=("| scheme | top-1 agreement | Wilson 95% CI (tokens) | 95% CI, documents then segments |\n"
+                 "|---|---|---|---|\n" + "\n".join(rows)
+                 + "\n\n| comparison | difference [Newcombe 95% CI] | tokens only KQV / only the other agrees | "
+                   "Holm p (exact McNemar) |\n|---|---|---|---|\n" + "\n".join(lines)
+                 + "\n\nTokens of one segment are not independent trials: the Wilson interval and McNemar's p "
+                   "describe these tokens; the cluster bootstrap interval resamples documents, then segments."))
 
 
 def predictivity_claim(a: Analysis) -> Claim:
@@ -1030,16 +1130,16 @@ def generation_claim(a: Analysis) -> Claim | None:
                  "flips at the first near-tie, after which the texts differ although both may be fine."))
 
 
-def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> Claim:
+def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict, docs: dict[int, str]) -> Claim:
     """transformers' own quantized caches (the [baselines] extra) beside kvstats' schemes at the same budgets, on
     the same segments: per segment the mean next-token KL, NLL increase and top-1 agreement, then the mean over
-    segments with a BCa bootstrap CI over segments (_ci: kvstats.stats.bootstrap_ci)."""
+    segments with a cluster BCa bootstrap CI over documents, then segments (_ci)."""
     tok = base[base["kind"] == "token"].assign(d_nll=lambda t: t["nll"] - t["nll_ref"])
     per_seg = tok.groupby(["backend", "n", "residual_length", "segment"], as_index=False)[
         ["out_kl", "d_nll", "top1"]].mean()
     lines = []
     for (backend, n, res), g in per_seg.groupby(["backend", "n", "residual_length"]):
-        _, lo, hi = _ci(g["out_kl"].to_numpy(), cfg["resamples"], int(n))
+        _, lo, hi = _ci(g["out_kl"].to_numpy(), cfg["resamples"], int(n), g["segment"].map(docs).to_numpy())
         lines.append(f"| transformers {backend}, residual {int(res)} | {int(n)} | {g['out_kl'].mean():.4f} "
                      f"[{lo:.4f}, {hi:.4f}] | "
                      f"{g['d_nll'].mean():+.4f} | {g['top1'].mean():.3f} |")
@@ -1059,24 +1159,24 @@ def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> Claim:
                "kvstats' schemes."),
         measurement="mean next-token KL: " + ", ".join(
             f"{b} n = {int(n)} residual {int(r)}: {v:.3g}" for (b, n, r), v in first.items()),
-        details=("| cache | n | next-token KL [95% CI over segments] | NLL increase | top-1 agreement |\n"
+        details=("| cache | n | next-token KL [95% CI: documents, then segments] | NLL increase | top-1 agreement |\n"
                  "|---|---|---|---|---|\n" + "\n".join(lines) + "\n\nThe residual window keeps the last "
                  "residual − 1 tokens or fewer exact (transformers re-quantizes the whole cache when it fills); "
                  "kvstats' rows keep no window (W = 0). Attention metrics are not available for these caches."))
 
 
-def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict) -> dict:
+def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict, docs: dict[int, str]) -> dict:
     """:func:`baseline_record` as the dict :func:`kvstats.report.validate_claim` reads (its verdict a Verdict)."""
-    return baseline_record(base, segs, cfg).to_dict()
+    return baseline_record(base, segs, cfg, docs).to_dict()
 
 
 def baselines_claim(a: Analysis) -> Claim | None:
-    return None if a.base is None else baseline_record(a.base, a.segs, a.cfg)
+    return None if a.base is None else baseline_record(a.base, a.segs, a.cfg, a.docs)
 
 
 #: the claims in the order the report lists them; each returns None where its cells were not run
-CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, perplexity_claim, predictivity_claim,
-          window_claim, generation_claim, baselines_claim)
+CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, perplexity_claim, neutral_claim,
+          top1_claim, predictivity_claim, window_claim, generation_claim, baselines_claim)
 
 
 def claims(a: Analysis) -> list[Claim]:
@@ -1096,9 +1196,13 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                     f"{cfg['segments'] or 'all'} of them; each is fed to the model on its own (batched)"),
            "aggregation": ("per segment, the mean over its tokens of next-token KL(p_fp ‖ p_quant), top-1 agreement, "
                            "NLL increase and of the attention KL / top-5 recall over 30 layers × 9 heads; cell "
-                           "values are means over segments with BCa bootstrap CIs over segments"),
+                           "values are means over segments with cluster BCa bootstrap CIs (kvstats.stats."
+                           "cluster_bootstrap_ci: the documents resampled, then the segments within each; segments "
+                           "of one document are not independent, and with 4 documents the interval is itself "
+                           "below nominal)"),
            "tests": (f"paired Wilcoxon signed-rank over segments, α = {ALPHA:g}; direction rule over the cells "
-                     "listed in each claim"),
+                     "listed in each claim. Segments share 4 documents, so the p-values describe these documents' "
+                     "segments, not text in general; the CIs resample documents"),
            "seeds": f"{list(cfg['seeds'])}; each layer gets its own child seed of the cell seed",
            "NOVA-KV calibration": (f"per layer on '{DOCUMENTS[0]}' "
                                    f"({cfg['calibration_tokens'] or 'all'} tokens), never on a measured segment"),

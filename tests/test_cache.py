@@ -386,6 +386,68 @@ def test_bad_inputs():
     assert cache.get_seq_length() == 0
 
 
+# --------------------------------------------------------------------------------------------- prefill
+
+
+def _exact_past(model, ids):
+    with torch.inference_mode():
+        return model(ids, use_cache=True).past_key_values
+
+
+@pytest.mark.parametrize("name", ["kqv", "minmax"])
+def test_prefill_then_a_chunk_reads_the_context_through_the_codes(name, dense, est, ids):
+    """prefill(K/V of an exact forward) then a chunk on the estimator path = the same K/V stored by update() and the
+    chunk through decode-then-dot (the dense path); the lossless scheme gives the model's own full forward."""
+    ctx, chunk = ids[:, :20], ids[:, 20:]
+    past = _exact_past(dense, ctx)
+    exact = _logits(dense, ids)[:, 20:]
+    lossless = KVStatsCache(IdentityScheme(D)).prefill(past)
+    torch.testing.assert_close(_logits(est, chunk, lossless), exact, rtol=0, atol=2e-5)
+    s = scheme(name, bits=2, dim=D, seed=4)
+    a = _logits(est, chunk, KVStatsCache(s).prefill(past))
+    filled = KVStatsCache(s)
+    for i, layer in enumerate(past.layers):
+        filled.update(layer.keys, layer.values, i)
+    b = _logits(dense, chunk, filled)
+    assert float((a - exact).abs().max()) > 0.05  # the codes do change the chunk's logits ...
+    torch.testing.assert_close(a, b, rtol=0, atol=5e-5)  # ... as the same codes through decode-then-dot do
+    assert past.layers[0].keys.shape[2] == 20  # the exact cache handed over is left as it was
+
+
+def test_prefill_records_against_the_exact_context():
+    """With record_attention, the chunk's records compare with the exact keys of the prefilled context too: layer 0's
+    K/V and queries do not depend on the cache, so its record equals the chunk rows of a full forward's record."""
+    model = use_estimator_attention(_tiny("sdpa"))
+    ids = torch.randint(1, 100, (1, T), generator=torch.Generator().manual_seed(2))
+    s = scheme("kv", bits=2, dim=D, seed=3)  # per-vector codes: the same whether encoded in one block or two
+    full = KVStatsCache(s, record_attention=True)
+    _logits(model, ids, full)
+    model.set_attn_implementation("sdpa")
+    past = _exact_past(model, ids[:, :20])
+    use_estimator_attention(model)
+    cache = KVStatsCache(s, record_attention=True).prefill(past)
+    _logits(model, ids[:, 20:], cache)
+    first = [r for r in cache.attention_records if r.layer == 0]
+    assert len(first) == 1 and first[0].query_offset == 20
+    torch.testing.assert_close(first[0].kl, full.attention_records[0].kl[..., 20:], rtol=1e-6, atol=1e-9)
+    assert float(first[0].kl.mean()) > 1e-3
+
+
+def test_prefill_refuses_what_it_cannot_hold(dense, ids):
+    past = _exact_past(dense, ids[:, :8])
+    cache = KVStatsCache(scheme("kqv", bits=2, dim=D)).prefill(past)
+    with pytest.raises(ValueError, match="prefill needs a new cache"):
+        cache.prefill(past)
+    with pytest.raises(ValueError, match="at least one layer"):
+        KVStatsCache(IdentityScheme(D)).prefill([])
+    with pytest.raises(TypeError, match=r"past\[0\] must be a \(keys, values\) pair"):
+        KVStatsCache(IdentityScheme(D)).prefill([torch.zeros(1, HKV, 3, D)])
+    with pytest.raises(ValueError, match="num_key_value_heads=2"):
+        KVStatsCache.from_config(dense.config, "kqv", 2).prefill([(torch.zeros(1, 3, 4, D),) * 2])
+    with pytest.raises(ValueError, match="one shape"):
+        KVStatsCache(IdentityScheme(D)).prefill([(torch.zeros(1, HKV, 3, D), torch.zeros(1, HKV, 4, D))])
+
+
 # ------------------------------------------------------------------------------------------------ crop
 
 

@@ -239,8 +239,9 @@ def test_e2e_generation_cell_batches_prompts_each_row_its_own(e2e, smollm2):
 
 
 def test_e2e_baseline_claim_tabulates_per_segment_means(e2e):
-    """The baselines claim averages tokens within a segment, then segments (the units), with a bootstrap CI
-    over segments that contains that mean; kvstats' own schemes at the same budgets stand beside them."""
+    """The baselines claim averages tokens within a segment, then segments (the units), with a cluster bootstrap
+    CI (documents, then segments) that contains that mean; kvstats' own schemes at the same budgets stand beside
+    them."""
     rng = np.random.default_rng(0)
     rows = []
     for seg in range(4):
@@ -252,7 +253,7 @@ def test_e2e_baseline_claim_tabulates_per_segment_means(e2e):
     segs = pd.DataFrame({"scheme": ["kqv"] * 4 + ["kqv"] * 4, "n": [2] * 4 + [4] * 4, "seed": 0,
                          "window": 0, "segment": list(range(4)) * 2,
                          "out_kl": rng.random(8), "d_nll": rng.random(8), "top1": rng.random(8)})
-    claim = e2e.baseline_claim(base, segs, {"resamples": 999})
+    claim = e2e.baseline_claim(base, segs, {"resamples": 999}, {0: "a", 1: "a", 2: "b", 3: "c"})
     # segment means of out_kl: seg + 1 -> mean over segments 2.5; d_nll: seg -> 1.5; top1: 1/3
     assert "quanto n = 2 residual 16: 2.5" in claim["measurement"]
     line = next(x for x in claim["details"].splitlines() if x.startswith("| transformers quanto"))

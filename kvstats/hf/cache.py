@@ -159,6 +159,43 @@ class KVStatsCache(Cache):
                                             rollback=self.rollback_tokens))
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
+    def prefill(self, past) -> KVStatsCache:
+        """Hold the K/V of a context whose forward ran in full precision elsewhere: ``past`` is a transformers
+        cache of that forward (a ``DynamicCache``: ``model(ids, use_cache=True).past_key_values``) or a sequence of
+        ``(keys, values)`` per layer, ``[B, H_kv, S, d]`` each. Every layer stores them as its forward would have
+        (codes outside the full-precision window), so the next forward — a question, a decode step — reads the
+        context through the codes: the protocol of servers that prefill in full precision and keep the cache
+        quantized (transformers' ``QuantizedCache`` attends its first forward exactly, too). Only on an empty
+        cache; returns the cache. With ``record_attention`` the exact states are kept as the records' reference.
+
+            past = model(context_ids, use_cache=True).past_key_values      # exact prefill
+            cache = kvstats_cache(model, "kqv", nbits=4).prefill(past)
+            logits = model(question_ids, **cache_kwargs(model, cache)).logits
+        """
+        if self.layers:
+            raise ValueError(f"prefill needs a new cache; this one has {len(self.layers)} layers and holds "
+                             f"{self.get_seq_length()} tokens")
+        layers = getattr(past, "layers", None)
+        pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else list(past)
+        if not pairs:
+            raise ValueError("past must hold the keys and values of at least one layer, got none")
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(t, torch.Tensor)
+                                                                                for t in pair):
+                raise TypeError(f"past[{i}] must be a (keys, values) pair of tensors, got {type(pair).__name__}")
+            if self.model_dims is not None and self.model_dims["layers"] is not None and i >= self.model_dims["layers"]:
+                raise ValueError(f"past holds {len(pairs)} layers, beyond the config's num_hidden_layers "
+                                 f"{self.model_dims['layers']}")
+            if self.model_dims is not None and (pair[0].dim() != 4 or pair[0].shape[1] != self.model_dims["kv_heads"]):
+                raise ValueError(f"past[{i}] keys {tuple(pair[0].shape)} do not have the config's "
+                                 f"num_key_value_heads={self.model_dims['kv_heads']} heads (dim 1)")
+        for i, (keys, values) in enumerate(pairs):
+            self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
+                                            record=self.record_attention, records=self.attention_records,
+                                            rollback=self.rollback_tokens))
+            self.layers[i].prefill(keys, values)
+        return self
+
     def crop(self, max_length: int) -> None:
         """Drop the last tokens of every layer, as if they had never been added (see :meth:`KVStatsLayer.crop`):
         ``max_length`` < 0 removes that many (what transformers ≥ 4.56 passes; 0 removes none), > 0 keeps the

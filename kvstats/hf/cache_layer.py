@@ -63,6 +63,7 @@ class KVStatsLayer(CacheLayerMixin):
         self.estimator_attention = False
         self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
         self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._reference: tuple[torch.Tensor, torch.Tensor] | None = None  # see prefill()
 
     # ------------------------------------------------------------------------------- Cache protocol
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -78,6 +79,20 @@ class KVStatsLayer(CacheLayerMixin):
         functions; once :func:`kvstats_attention` has run on this layer, the exact states of this forward
         instead (the estimator path reads the codes itself).
         """
+        span_start, span_k, span_v = self._store(key_states, value_states)
+        self._span = None if self.dense_attention else (span_start, span_k, span_v)
+        if self.estimator_attention:
+            keys, values = span_k, span_v
+        else:
+            k_hat, v_hat = self.decoded()
+            keys, values = torch.cat([k_hat, self.keys], dim=-2), torch.cat([v_hat, self.values], dim=-2)
+        keys._kvstats_layer = self  # how kvstats_attention finds the codes behind the tensors it is given
+        return keys, values
+
+    def _store(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Append N new tokens: encode those leaving the window, keep the window exact. Returns the span of exact
+        states this forward can read, ``(first position, K, V)``: the window before the update and the new tokens
+        (from position 0 when the layer keeps a reference of every exact state, see :meth:`prefill`)."""
         if key_states.shape[-1] != self.scheme.dim or value_states.shape[-1] != self.scheme.dim:
             raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
                              f"{key_states.shape[-1]} and {value_states.shape[-1]}")
@@ -100,14 +115,29 @@ class KVStatsLayer(CacheLayerMixin):
         cut = self.n_quantized - span_start
         self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
         self.values = span_v[..., cut:, :].clone()
-        self._span = None if self.dense_attention else (span_start, span_k, span_v)
-        if self.estimator_attention:
-            keys, values = span_k, span_v
-        else:
-            k_hat, v_hat = self.decoded()
-            keys, values = torch.cat([k_hat, self.keys], dim=-2), torch.cat([v_hat, self.values], dim=-2)
-        keys._kvstats_layer = self  # how kvstats_attention finds the codes behind the tensors it is given
-        return keys, values
+        if self._reference is not None:  # every exact state from position 0: the records' reference
+            span_k = torch.cat([self._reference[0], span_k], dim=-2)
+            span_v = torch.cat([self._reference[1], span_v], dim=-2)
+            span_start = 0
+            self._reference = (span_k[..., :self.n_quantized, :], span_v[..., :self.n_quantized, :])
+        return span_start, span_k, span_v
+
+    def prefill(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Hold the K/V ``[B, H_kv, S, d]`` of a context whose forward ran elsewhere (a full-precision prefill):
+        store them as :meth:`update` does (codes outside the window, the window exact) with no attention in this
+        layer, so the next forward's queries read them through the codes — what a server that prefills in full
+        precision and keeps the cache as codes does. Only on an empty layer. With recording on, the layer keeps
+        every exact state from here on (not counted by :meth:`nbytes`): the reference the records compare with."""
+        if self.cumulative_length:
+            raise ValueError(f"prefill needs an empty layer; layer {self.layer_idx} holds {self.cumulative_length} "
+                             "tokens")
+        if key_states.dim() != 4 or key_states.shape != value_states.shape:
+            raise ValueError(f"prefill needs key and value states of one shape [B, H_kv, S, d], got "
+                             f"{tuple(key_states.shape)} and {tuple(value_states.shape)}")
+        if self.record:
+            self._reference = (key_states[..., :0, :], value_states[..., :0, :])
+        self._store(key_states, value_states)
+        self._span = None
 
     def quantized_count(self, seq):
         """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
@@ -127,7 +157,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
-        self._undo = None
+        self._undo = self._reference = None
         self.estimator_attention = self.dense_attention = False
         self.keys = self.values = None
         self.is_initialized = False
@@ -183,6 +213,8 @@ class KVStatsLayer(CacheLayerMixin):
         self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
         self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
         self.n_quantized, self.cumulative_length, self._span = new_nq, keep, None
+        if self._reference is not None:
+            self._reference = (self._reference[0][..., :new_nq, :], self._reference[1][..., :new_nq, :])
 
     def _truncate_codes(self, stop: int) -> None:
         """Keep the codes of tokens [0, stop): whole chunks, then the first tokens of a per-vector chunk; a chunk
@@ -213,6 +245,8 @@ class KVStatsLayer(CacheLayerMixin):
         self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
         if self._undo is not None:
             self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
+        if self._reference is not None:
+            self._reference = (fn(self._reference[0]), fn(self._reference[1]))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._batch_op(lambda t: t.index_select(0, beam_idx.to(t.device)))

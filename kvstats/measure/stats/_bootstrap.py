@@ -241,8 +241,10 @@ def cluster_bootstrap_ci(
     """Two-stage (cluster, then unit) bootstrap CI of a statistic of pooled values: the tokens of segments that
     share a document are not independent, documents are.
 
-    ``units[i]`` holds the values of unit ``i`` (a segment's per-token KL, say); ``clusters[i]`` its cluster (the
-    document; default: every unit its own cluster). The estimate is ``statistic(all values pooled)``. Each
+    ``units[i]`` holds the values of unit ``i`` (a segment's per-token KL, say), 1-D, or 2-D ``[values, columns]``
+    for paired measurements (one row per value, e.g. the two schemes' KL of one window: ``statistic`` then gets
+    the pooled ``[values, columns]`` rows, as a ratio of two columns' medians needs); ``clusters[i]`` its cluster
+    (the document; default: every unit its own cluster). The estimate is ``statistic(all values pooled)``. Each
     resample draws the clusters with replacement, then within each drawn cluster its units with replacement,
     and applies ``statistic`` to the values they pool (the hierarchical bootstrap of Davison & Hinkley 1997,
     §3.8, "strategy 2"). ``method="BCa"`` (default) corrects the percentile interval for bias and skew, the
@@ -254,10 +256,15 @@ def cluster_bootstrap_ci(
     the median, p90 and p95, 87.5% for p99 and 89.5% for p99.9 (percentile: 78% at p99.9). A maximum has no
     bootstrap interval (the resampled maxima never exceed the data's); callers should report it without one.
     """
-    arrays = [np.asarray(u, dtype=np.float64).ravel() for u in units]
+    arrays = [np.asarray(u, dtype=np.float64) for u in units]
     if len(arrays) < 2:
         raise ValueError(f"units must hold at least 2 units, got {len(arrays)}")
+    columns = arrays[0].shape[1:] if arrays[0].ndim == 2 else ()
+    arrays = [a if columns else a.ravel() for a in arrays]
     for i, a in enumerate(arrays):
+        if a.shape[1:] != columns:
+            raise ValueError(f"units must all be 1-D or all 2-D with {columns[0] if columns else 0} columns; "
+                             f"units[{i}] has shape {a.shape}")
         if a.size == 0 or not np.isfinite(a).all():
             raise ValueError(f"units[{i}] must hold finite values, got {a.size} value(s)"
                              + ("" if a.size == 0 else " with NaN or inf"))
@@ -284,7 +291,8 @@ def cluster_bootstrap_ci(
         k = sizes[chosen]
         within = np.floor(rng.random(int(k.sum())) * np.repeat(k, k)).astype(np.int64)  # units of each, likewise
         picks = order[np.repeat(starts[chosen], k) + within]
-        draws[r] = statistic(table[picks].ravel() if same_length else np.concatenate([arrays[i] for i in picks]))
+        draws[r] = statistic(table[picks].reshape(-1, *columns) if same_length
+                             else np.concatenate([arrays[i] for i in picks]))
     if method not in ("BCa", "percentile"):
         raise ValueError(f"method must be 'BCa' or 'percentile', got {method!r}")
     alpha = (1 - level) / 2
