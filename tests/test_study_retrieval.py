@@ -101,3 +101,17 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
     claims = {c["id"]: c for c in read_claims(data / "retrieval_claims.json")}
     assert set(claims) == {"retrieval-fp", "retrieval-schemes"}  # no NOVA-KV and no n = 4: those claims are absent
     assert (tmp_path / "figures" / "retrieval_heatmap.png").is_file()
+
+
+def test_recovered_fraction_and_its_interval(rt):
+    """fp passes all 40 trials (8 prompts × 5 needles), the scalar method none, NOVA-KV 3 of each prompt's 5: it
+    recovers 60% of what the scalar method loses. The interval (prompts, then needles within them) holds it and
+    is about that of a proportion of 40 needles (± 2·√(0.24/40) ≈ ± 0.15): resampled needles vary, prompts do not."""
+    rows = []
+    for prompt in range(8):
+        for needle in range(5):
+            for scheme, ok in (("fp", True), ("minmax", False), ("nova", needle < 3)):
+                rows.append({"task": "lookup", "length": 256, "prompt": prompt, "needle": needle, "scheme": scheme,
+                             "n": 16 if scheme == "fp" else 2, "success": ok})
+    estimate, (low, high) = rt.recovered_fraction(pd.DataFrame(rows), "minmax")
+    assert estimate == pytest.approx(0.6) and 0.35 < low < 0.6 < high < 0.85
