@@ -65,7 +65,15 @@ from statsmodels.stats.multitest import multipletests
 from kvstats._random import spawn_seeds
 from kvstats.hf.baselines import output_metrics
 from kvstats.measure.metrics import attention_kl_from_scores
-from kvstats.measure.stats import cluster_bootstrap_ci, equivalence, mcnemar, proportion_ci, spearman, wilcoxon
+from kvstats.measure.stats import (
+    cluster_bootstrap_ci,
+    detectable_shift,
+    equivalence,
+    mcnemar,
+    proportion_ci,
+    spearman,
+    wilcoxon,
+)
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, measured, number, printed_half_unit
 from kvstats.measure.verdicts import equivalence as equivalence_rule
 from kvstats.run import plots, study
@@ -511,9 +519,11 @@ def paired_tests(segs: pd.DataFrame, pairs, metrics=("out_kl", "d_nll", "attn_kl
                 x, y = ga[m].mean().align(gb[m].mean(), join="inner")
                 w = wilcoxon(x.to_numpy(), y.to_numpy(), n_resamples=resamples,
                              seed=cell_seed(STUDY, "wilcoxon", n, a, b, m))
+                diffs = x.to_numpy() - y.to_numpy()
+                mde = detectable_shift(diffs, alpha=ALPHA).extra["shift"] if np.ptp(diffs) > 0 else math.inf
                 rows.append({"n": int(n), "a": a, "b": b, "metric": m, "segments": len(x), "mean_a": float(x.mean()),
                              "mean_b": float(y.mean()), "r": w.rank_biserial, "p": w.pvalue,
-                             "p_method": w.pvalue_method, "a_lower_fraction": float((x < y).mean())})
+                             "p_method": w.pvalue_method, "a_lower_fraction": float((x < y).mean()), "mde": mde})
     return pd.DataFrame(rows)
 
 
@@ -834,13 +844,21 @@ def _at_most(x: float, what: str) -> str:
     return f"{what} = 0 (identical logits)" if x == 0 else f"{what} ≤ {x:.1e}"
 
 
+def _mde(r) -> str:
+    """The detectable mean difference beside a non-significant test ("—" beside a significant one)."""
+    if r.p < ALPHA:
+        return "—"
+    return "none" if not math.isfinite(r.mde) else f"{r.mde:.3g}"
+
+
 def _test_lines(tst: pd.DataFrame) -> str:
     return "\n".join(f"| {r.n} | {r.a} − {r.b} | {r.metric} | {r.mean_a:.4g} | {r.mean_b:.4g} | {r.r:+.2f} | "
-                     f"{fmt_p(r.p)} ({r.p_method}) | {100 * r.a_lower_fraction:.0f}% |" for r in tst.itertuples())
+                     f"{fmt_p(r.p)} ({r.p_method}) | {100 * r.a_lower_fraction:.0f}% | {_mde(r)} |"
+                     for r in tst.itertuples())
 
 
-TEST_HEADER = ("| n | a − b | metric | mean a | mean b | Wilcoxon r | p | a lower in |\n"
-               "|---|---|---|---|---|---|---|---|\n")
+TEST_HEADER = ("| n | a − b | metric | mean a | mean b | Wilcoxon r | p | a lower in | detectable shift (80%, "
+               f"α = {ALPHA:g}) |\n|---|---|---|---|---|---|---|---|---|\n")
 
 
 def lossless_claim(a: Analysis) -> Claim | None:
