@@ -33,7 +33,8 @@ length) family and, pooled over lengths, within each task; the needles of one pr
 independent trials: the p-values describe these prompts). "Within δ" is tested on the paired difference's
 Newcombe interval at 90% (TOST at α = 0.05) with δ = 0.05.
 
-quick: passkey at 256 tokens (5 prompts), induction at 256 and 1,024 and lookup at 256 (2 prompts each), n ∈ {2, 4};
+quick: passkey at 256 tokens (4 prompts), induction at 256 (2) and 1,024 (1), lookup at 256 (2), n ∈ {2, 4}
+(NOVA-KV at 2);
 paper: passkey at 256, 512 and 1,024 (10 prompts each), induction at 256–8,192, lookup at 256–2,048, n ∈ {2, 3, 4}.
 Writes figures/retrieval_heatmap.png, figures/retrieval_accuracy_vs_kl.png, figures/data/retrieval_*.csv and the
 claims file. Needs the [models] extra (and [baselines] for transformers' quantized caches).
@@ -76,8 +77,8 @@ ALPHA = 0.05
 MARGIN = 0.05  # δ of the "within δ" claim: five percentage points of accuracy
 NOVA_BITS = 2
 SCALE = {
-    "quick": {"tasks": {"passkey": {256: 5}, "induction": {256: 2, 1024: 2}, "lookup": {256: 2}},
-              "bits": (2, 4), "calibration_tokens": 1024},
+    "quick": {"tasks": {"passkey": {256: 4}, "induction": {256: 2, 1024: 1}, "lookup": {256: 2}},
+              "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,)},
     "paper": {"tasks": {"passkey": {256: 10, 512: 10, 1024: 10}, "induction": {256: 6, 1024: 6, 4096: 4, 8192: 3},
                         "lookup": {256: 6, 1024: 6, 2048: 6}},
               "bits": (2, 3, 4), "calibration_tokens": None},
@@ -221,9 +222,11 @@ def _chunk_logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
     return model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[0].float()
 
 
-def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: int | None) -> list[dict]:
+def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: int | None,
+         nova_bits: tuple | None = None) -> list[dict]:
     """One prompt: the exact prefill once, then the questions through the fp cache, every kvstats scheme at every n
-    and transformers' quantized cache: one row per (scheme, n, needle)."""
+    (NOVA-KV at ``nova_bits``, default every n: its calibration is the quick scale's largest cost) and
+    transformers' quantized cache: one row per (scheme, n, needle)."""
     import copy
 
     from kvstats.studies.end_to_end import _model, _set_attention, layer_schemes
@@ -254,7 +257,7 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
                 add(BASELINE, n, passed(_chunk_logits(model, chunk, q), p))
         _set_attention(model, "kvstats")
         for name in SCHEMES:
-            for n in bits:
+            for n in (bits if name != "nova" or nova_bits is None else nova_bits):
                 seed = cell_seed(STUDY, "scheme", task, length, prompt) if name != "nova" else 0
                 cache = KVStatsCache(layer_schemes(name, n, seed, layers, calibration_tokens), record_attention=True)
                 logits = _chunk_logits(model, chunk, cache.prefill(past))
@@ -513,7 +516,9 @@ def definitions(a: Analysis) -> dict[str, str]:
                  "random start; every prompt its own spawned seed",
         "schemes": "as end_to_end (kv, kqv, qkqv with D'Alberto's Hadamard sketch, minmax KIVI-style, mse = "
                    "TurboQuant_mse on K and V, nova calibrated per layer on the Declaration); each prompt draws "
-                   "fresh scheme seeds; quanto at nbits 2 and 4 only (its backend's choice)",
+                   "fresh scheme seeds; transformers' QuantizedCache with the quanto backend at nbits 2 and 4 only "
+                   "(its backend's choice)" + ("" if "hqq" in set(a.trials["scheme"]) else
+                                               "; its hqq backend did not run (the hqq package was not installed)"),
         "tests": "Wilson 95% intervals (kvstats.stats.proportion_ci); exact McNemar on the same trials "
                  "(kvstats.stats.mcnemar) with the paired difference's Newcombe interval, Holm within each (task, "
                  "length, family); the five needles of a prompt share its text, so trials are not independent: "
@@ -592,8 +597,9 @@ class Retrieval(study.Study):
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]
+        nova = {"nova_bits": list(cfg["nova_bits"])} if "nova_bits" in cfg else {}
         cells = [{"task": task, "length": length, "prompt": i, "bits": list(cfg["bits"]),
-                  "calibration_tokens": cfg["calibration_tokens"]}
+                  "calibration_tokens": cfg["calibration_tokens"], **nova}
                  for task, lengths in cfg["tasks"].items() for length, prompts in lengths.items()
                  for i in range(prompts)]
         return {STUDY: (cell, sorted(cells, key=lambda c: -c["length"]))}  # the longest first: they bound the wall
