@@ -801,7 +801,8 @@ def _ratio_details(r4: pd.DataFrame) -> str:
                       for lab, r in r4.iterrows())
     n_tr = int(r4.loc["gaussian", "n_trials"]) if "gaussian" in r4.index else int(r4["n_trials"].iloc[0])
     return ("Number rule on the ratio of medians with its 95% paired bootstrap CI (trials matched), per "
-            "query model, combined. Every data set at n = 4:\n\n| data | QKQV/KQV [95% CI] | Mann–Whitney "
+            "query model, combined. SmolLM2 rows: a cluster BCa bootstrap (the documents, then their windows), "
+            "shown, not in the verdict. Every data set at n = 4:\n\n| data | QKQV/KQV [95% CI] | Mann–Whitney "
             "rank-biserial r | Z/√N | p | normal-approx. p |\n|---|---|---|---|---|---|\n" + lines +
             f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
             f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
