@@ -36,8 +36,9 @@ Newcombe interval at 90% (TOST at α = 0.05) with δ = 0.05.
 quick: passkey at 256 tokens (4 prompts), induction at 256 (2) and 1,024 (1), lookup at 256 (2), n ∈ {2, 4}
 (NOVA-KV at 2);
 paper: passkey at 256, 512 and 1,024 (10 prompts each), induction at 256–8,192, lookup at 256–2,048, n ∈ {2, 3, 4}.
-Writes figures/retrieval_heatmap.png, figures/retrieval_accuracy_vs_kl.png, figures/data/retrieval_*.csv and the
-claims file. Needs the [models] extra (and [baselines] for transformers' quantized caches).
+Writes figures/retrieval_heatmap_n2.png (and _n4), figures/retrieval_accuracy_vs_kl.png,
+figures/data/retrieval_*.csv and the claims file. Needs the [models] extra (and [baselines] for transformers'
+quantized caches).
 """
 
 from __future__ import annotations
@@ -404,7 +405,7 @@ def fp_claim(a: Analysis) -> Claim:
         measurement="SmolLM2-135M-Instruct fp32 accuracy (Wilson 95% CI): " + "; ".join(parts) + ".",
         data=_data(a),
         verdict=measured("the fp accuracies every scheme is compared with"),
-        figure=f"{STUDY}_heatmap.png")
+        figure=f"{STUDY}_heatmap_n4.png" if 4 in a.cfg["bits"] else f"{STUDY}_heatmap_n{NOVA_BITS}.png")
 
 
 def schemes_claim(a: Analysis) -> Claim:
@@ -472,7 +473,7 @@ def nova_claim(a: Analysis) -> Claim | None:
                      + ". A 135M model at ≤ 8,192 tokens, not Qwen3-8B at 128K (nova-ruler-longbench)."),
         data=_data(a),
         verdict=v,
-        figure=f"{STUDY}_heatmap.png")
+        figure=f"{STUDY}_heatmap_n{NOVA_BITS}.png")
 
 
 def neutral_claim(a: Analysis) -> Claim | None:
@@ -558,7 +559,7 @@ def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
             if i == len(tasks) - 1:
                 ax.set_xlabel("needle depth", fontsize=7)
     fig.colorbar(im, ax=axes, shrink=0.6, label="accuracy")
-    plots.save(fig, f"{STUDY}_heatmap")
+    plots.save(fig, f"{STUDY}_heatmap_n{n}")
     plt.close(fig)
 
 
@@ -612,7 +613,8 @@ class Retrieval(study.Study):
         plots.write_csv(f"{STUDY}_accuracy", a.accuracy)
         plots.write_csv(f"{STUDY}_depth", a.grid)
         plots.write_csv(f"{STUDY}_tests", a.tests)
-        heatmap(a)
+        for n in sorted({NOVA_BITS, 4} & set(a.cfg["bits"])):
+            heatmap(a, n)
         accuracy_vs_kl(a)
 
     def claims(self, a: Analysis) -> list[Claim]:

@@ -100,7 +100,7 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
     assert trials.loc[trials["scheme"] == "kqv", "attn_kl"].min() > 1e-3
     claims = {c["id"]: c for c in read_claims(data / "retrieval_claims.json")}
     assert set(claims) == {"retrieval-fp", "retrieval-schemes"}  # no NOVA-KV and no n = 4: those claims are absent
-    assert (tmp_path / "figures" / "retrieval_heatmap.png").is_file()
+    assert (tmp_path / "figures" / "retrieval_heatmap_n2.png").is_file()
 
 
 def test_recovered_fraction_and_its_interval(rt):
