@@ -1201,7 +1201,7 @@ def claims(a: Analysis) -> list[Claim]:
     return [c for c in (make(a) for make in CLAIMS) if c is not None]
 
 
-def definitions(cfg: dict, scale: str) -> dict[str, str]:
+def definitions(cfg: dict, scale: str, n_docs: int | None = None) -> dict[str, str]:
     """What the study's terms mean, generated from its configuration constants and the schemes it builds."""
     def quant(qz) -> str:
         opts = ", ".join(f"{k} {str(v).replace('torch.', '')}" for k, v in qz.options().items()
@@ -1216,11 +1216,11 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                            "NLL increase and of the attention KL / top-5 recall over 30 layers × 9 heads; cell "
                            "values are means over segments with cluster BCa bootstrap CIs (kvstats.stats."
                            "cluster_bootstrap_ci: the documents resampled, then the segments within each; segments "
-                           "of one document are not independent, and with 4 documents the interval is itself "
-                           "below nominal)"),
+                           f"of one document are not independent, and with {n_docs or 'a few'} documents the "
+                           "interval is itself below nominal)"),
            "tests": (f"paired Wilcoxon signed-rank over segments, α = {ALPHA:g}; direction rule over the cells "
-                     "listed in each claim. Segments share 4 documents, so the p-values describe these documents' "
-                     "segments, not text in general; the CIs resample documents"),
+                     f"listed in each claim. Segments share {n_docs or 'a few'} documents, so the p-values "
+                     "describe these documents' segments, not text in general; the CIs resample documents"),
            "seeds": f"{list(cfg['seeds'])}; each layer gets its own child seed of the cell seed",
            "NOVA-KV calibration": (f"per layer on '{DOCUMENTS[0]}' "
                                    f"({cfg['calibration_tokens'] or 'all'} tokens), never on a measured segment"),
@@ -1314,7 +1314,7 @@ class EndToEnd(study.Study):
         return claims(a)
 
     def definitions(self, a: Analysis) -> dict[str, str]:
-        return definitions(a.cfg, a.scale)
+        return definitions(a.cfg, a.scale, a.n_docs)
 
     def main(self, argv=None, *, echo: bool = True) -> int:
         run = study.start(self.name, self.description, argv, position=self.position)
