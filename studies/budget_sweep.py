@@ -944,7 +944,9 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
                  f"{2 / 2 ** cfg['trials']:.1g} over the synthetic "
                  f"trials, {2 / 2 ** max(n_windows, 1):.1g} over the real windows",
         "aggregation": "per trial: mean over heads and queries of each metric; across trials: medians, paired "
-                       f"Wilcoxon over trials, Holm over the whole test table at alpha = {ALPHA}; ratios are ratios "
+                       f"Wilcoxon over trials, Holm over the whole test table at alpha = {ALPHA} (beside each test "
+                       "its minimum detectable mean difference, column detectable_shift: 80% power at alpha/m, m the "
+                       "tests of its sketch and scheme pair); ratios are ratios "
                        "of medians with a paired BCa bootstrap CI (on the real windows a cluster BCa bootstrap: "
                        "the documents, then their windows; windows of one document are not independent, and the "
                        "real windows' Wilcoxon p-values describe these documents' windows)",

@@ -57,7 +57,7 @@ import pandas as pd
 import torch
 
 from kvstats.measure import metrics
-from kvstats.measure.stats import mann_whitney, wilcoxon
+from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
 from kvstats.measure.verdicts import (
     Verdict,
     cell_direction,
@@ -372,11 +372,21 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
                              "median_ratio": float(a.median() / b.median()) if b.median() else math.nan,
                              "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
                              "p_method": res.pvalue_method, "nova_better_fraction": float(win.mean()),
-                             "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method})
+                             "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
+                             "_diffs": ka.to_numpy() - kb.to_numpy()})
     out = pd.DataFrame(rows)
     out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
     out["w_p_holm"] = multipletests(out["w_p"].to_numpy(), method="holm")[1]
+    out["w_detectable_shift"] = [_detectable(d, len(out)) for d in out.pop("_diffs")]
     return out
+
+
+def _detectable(differences: np.ndarray, family: int) -> float:
+    """The mean difference the Wilcoxon test on these units detects with 80% power at α/family (the minimum
+    detectable effect beside a non-significant row; inf where none can be detected)."""
+    if differences.size < 2 or np.ptp(differences) == 0:
+        return math.inf
+    return detectable_shift(differences, alpha=ALPHA / family).extra["shift"]
 
 
 def grouping_tests(grp: pd.DataFrame) -> pd.DataFrame:
@@ -390,6 +400,7 @@ def grouping_tests(grp: pd.DataFrame) -> pd.DataFrame:
             rows.append({"n": int(n), "metric": metric, "units": len(a), "median_stratified": float(np.median(a)),
                          "median_contiguous": float(np.median(b)), "stratified_lower_fraction": float((a < b).mean()),
                          "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
+                         "w_detectable_shift": _detectable(a - b, 1),
                          "logvol_spread_stratified": float(g["logvol_spread_stratified"].median()),
                          "logvol_spread_contiguous": float(g["logvol_spread_contiguous"].median())})
     return pd.DataFrame(rows)
@@ -544,8 +555,9 @@ def _data_text(units: pd.DataFrame, cfg: dict, scale: str) -> str:
 CONVENTIONS = ("Tests: Wilcoxon signed-rank of nova − other over (layer, KV head) units (metrics averaged over the "
                "KV head's query heads; every scheme sees the same keys and queries), matched-pairs rank-biserial r "
                "(negative: nova lower), Holm over all tests in figures/data/nova_tests.csv; a comparison counts for "
-               f"the claim when Holm p < {ALPHA:g} in the better direction. Layers of one text are not independent "
-               "either: read the effect sizes beside the p-values.")
+               f"the claim when Holm p < {ALPHA:g} in the better direction; beside each test its minimum detectable "
+               f"mean difference (80% power at {ALPHA:g}/m, column w_detectable_shift). Layers of one text are not "
+               "independent either: read the effect sizes beside the p-values.")
 
 
 # ------------------------------------------------------------------------------------------------ claims

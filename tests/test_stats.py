@@ -306,6 +306,9 @@ def test_compare_paired_matches_units_and_uses_wilcoxon():
         assert row.n_pairs == len(pair) == (24 if "qkqv" in (row.level_a, row.level_b) else 25)
         assert row.p == pytest.approx(ref.pvalue, rel=1e-12) and row.p_method == "exact"
         assert row.median_difference == pytest.approx(np.median(pair[row.level_a] - pair[row.level_b]))
+        # the minimum detectable effect at α/m, m = the 3 tests of the family
+        mde = S.detectable_shift((pair[row.level_a] - pair[row.level_b]).to_numpy(), alpha=0.05 / 3)
+        assert row.detectable_shift == pytest.approx(mde.extra["shift"], rel=1e-12)
     np.testing.assert_allclose(out["p_holm"], multipletests(out["p"], method="holm")[1], rtol=1e-12)
     with pytest.raises(ValueError, match=r"paired_by \['seed'\] does not identify a unit: level 'kqv' has 1 repeated"):
         S.compare(pd.concat([table, table[table["scheme"] == "kqv"].head(1)]), "kl", "scheme", paired_by="seed")
@@ -557,6 +560,18 @@ def test_detectable_shift_is_detected_with_the_stated_power(n, family):
     assert r.extra["shift"] == pytest.approx(r.effect_size * np.std(d, ddof=1), rel=1e-12)
     sim = S.wilcoxon_power(r.effect_size, n, alpha=0.05 / family, n_simulations=20_000, seed=1)
     assert abs(sim.power - 0.8) < 0.05
+
+
+def test_paired_t_power_where_statsmodels_answers_an_array():
+    """At n·3/π = 47.7 pairs and α = 0.05/80, statsmodels' solve_power falls back to fsolve and answers a 1-element
+    array; the solved d_z must still give the stated power (TTestPower.power recomputes it)."""
+    from statsmodels.stats.power import TTestPower
+
+    r = S.paired_t_power(n=50 * 3 / math.pi, power=0.8, alpha=0.05 / 80)
+    achieved = TTestPower().power(effect_size=r.effect_size, nobs=50 * 3 / math.pi, alpha=0.05 / 80)
+    assert achieved == pytest.approx(0.8, abs=1e-6)
+    d = np.random.default_rng(5).normal(size=50)
+    assert math.isfinite(S.detectable_shift(d, alpha=0.05 / 80).extra["shift"])
 
 
 def test_detectable_shift_is_infinite_where_no_p_can_reach_alpha():

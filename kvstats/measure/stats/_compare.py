@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.measure.stats._mann_whitney import mann_whitney
+from kvstats.measure.stats._power import detectable_shift
 from kvstats.measure.stats._wilcoxon import wilcoxon
 
 
@@ -33,7 +35,7 @@ _UNPAIRED_COLUMNS = ["level_a", "level_b", "n_a", "n_b", "u1", "p", "p_method", 
                      "median_b", "median_ratio"]
 _PAIRED_COLUMNS = ["level_a", "level_b", "n_pairs", "n_zero", "w_plus", "w_minus", "p", "p_method", "p_holm", "p_bh",
                    "p_adj", "rank_biserial", "rb_ci_low", "rb_ci_high", "median_difference", "median_a", "median_b",
-                   "median_ratio"]
+                   "median_ratio", "detectable_shift"]
 
 
 def _paired_levels(cell: pd.DataFrame, by: str, levels, metrics: list[str], pair: list[str]) -> dict:
@@ -70,6 +72,7 @@ def compare(
     paired_by: str | Sequence[str] | None = None,
     n_resamples: int = 1999,
     seed: int = 0,
+    detectable_alpha: float = 0.05,
 ) -> pd.DataFrame:
     """All pairwise comparisons of the levels of ``by``, per metric, within each cell of ``within``.
 
@@ -97,7 +100,10 @@ def compare(
         ``median_a``, ``median_b``, ``median_ratio``; paired: ``level_a``, ``level_b``, ``n_pairs``,
         ``n_zero``, ``w_plus``, ``w_minus``, ``p``, ``p_method``, ``p_holm``, ``p_bh``, ``p_adj``,
         ``rank_biserial`` (matched pairs, positive when A is larger), ``rb_ci_low``, ``rb_ci_high``,
-        ``median_difference`` (of A − B), ``median_a``, ``median_b``, ``median_ratio``.
+        ``median_difference`` (of A − B), ``median_a``, ``median_b``, ``median_ratio``, ``detectable_shift``:
+        the mean difference A − B the Wilcoxon test on these pairs detects with 80% power at
+        ``detectable_alpha / m`` (m the size of the row's correction family; :func:`kvstats.stats.detectable_shift`,
+        inf where no p can reach that level), the minimum detectable effect to read beside a non-significant row.
     """
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"table must be a pandas.DataFrame, got {type(table).__name__}")
@@ -114,11 +120,14 @@ def compare(
             raise ValueError(f"{name} column {col!r} is not in table (columns: {list(table.columns)})")
     if family not in ("all", "metric", "cell"):
         raise ValueError(f"family must be 'all', 'metric' or 'cell', got {family!r}")
+    if isinstance(detectable_alpha, bool) or not isinstance(detectable_alpha, (int, float)) \
+            or not 0.0 < float(detectable_alpha) < 0.5:
+        raise ValueError(f"detectable_alpha must be in (0, 0.5), got {detectable_alpha!r}")
     if levels is None:
         levels = sorted(table[by].dropna().unique().tolist())
     levels = list(levels)
     columns = within + ["metric"] + (_PAIRED_COLUMNS if pair else _UNPAIRED_COLUMNS)
-    rows = []
+    rows, differences = [], []
     cells = list(table.groupby(within, sort=True, dropna=False)) if within else [((), table)]
     cells = [(k if isinstance(k, tuple) else (k,), c) for k, c in cells]
     split = {k: _paired_levels(c, by, levels, metrics, pair) for k, c in cells} if pair else {}
@@ -138,6 +147,7 @@ def compare(
                         "rb_ci_low": w.confidence_interval[0], "rb_ci_high": w.confidence_interval[1],
                         "median_difference": w.median_difference, "median_a": w.median_a, "median_b": w.median_b,
                         "median_ratio": w.median_ratio})
+                    differences.append(xa - xb)
                     continue
                 xa = cell.loc[cell[by] == la, m].to_numpy(dtype=np.float64)
                 xb = cell.loc[cell[by] == lb, m].to_numpy(dtype=np.float64)
@@ -163,4 +173,12 @@ def compare(
         for idx in groups:
             adjusted[idx] = multipletests(out["p"].to_numpy()[idx], method=how)[1]
         out[col] = adjusted
+    if pair:
+        shift = np.empty(len(out))
+        for idx in groups:
+            for i in idx:
+                d = differences[i]
+                shift[i] = math.inf if d.size < 2 or np.ptp(d) == 0 else \
+                    detectable_shift(d, alpha=detectable_alpha / len(idx)).extra["shift"]
+        out["detectable_shift"] = shift
     return out[columns]

@@ -73,8 +73,13 @@ def paired_t_power(
         raise ValueError(f"power must be in (alpha, 1) = ({alpha}, 1), got {power}")
     if effect_size is not None and (not math.isfinite(float(effect_size)) or float(effect_size) == 0):
         raise ValueError(f"effect_size must be finite and non-zero, got {effect_size}")
-    solved = float(TTestPower().solve_power(effect_size=effect_size, nobs=n, alpha=alpha, power=power,
-                                            alternative=_SM_ALTERNATIVE[alternative]))
+    raw = TTestPower().solve_power(effect_size=effect_size, nobs=n, alpha=alpha, power=power,
+                                   alternative=_SM_ALTERNATIVE[alternative])
+    # statsmodels answers a float, or a 1-element array when its bracketing root finder falls back to fsolve
+    solved = np.asarray(raw, dtype=np.float64).reshape(-1)
+    if solved.size != 1 or not math.isfinite(solved[0]):
+        raise ValueError(f"statsmodels' TTestPower did not solve for {missing[0]} (got {raw!r}) from {given}")
+    solved = float(solved[0])
     values = {"effect_size": effect_size, "n": n, "power": power} | {missing[0]: solved}
     n_pairs = float(values["n"])
     return PowerResult(
