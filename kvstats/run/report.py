@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstats.measure import verdicts as _verdicts
+from kvstats.measure.stats._common import EXACT_MAX_PAIRS
 from kvstats.run.paths import data_dir, default_figures_dir
 from kvstats.run.provenance import git_commit
 from kvstats.run.sweep import SCALES
@@ -307,11 +308,13 @@ def _preamble() -> str:
   |r| = 1 is complete separation. We also give **Z/√N** (normal approximation, tie-corrected, N = n₁ + n₂),
   which cannot reach ±1 (at 70 vs 70 its maximum is ≈ {r_max:.2f}): a published r = −0.983 at that size must be
   the rank-biserial one.
-- **Which p.** Unless stated otherwise p is the **exact** two-sided Mann–Whitney p (no ties, n ≤ 1000); the
+- **Which p.** Unless stated otherwise p is the **exact** two-sided Mann–Whitney p (no ties and
+  n₁n₂ ≤ {EXACT_MAX_PAIRS:,}, e.g. 316 vs 316; beyond that the normal approximation, named as such); the
   normal-approximation p is given beside it where it matters — in the far tail they differ by many orders of
   magnitude (complete separation at 70 vs 70: exact p ≈ {p_exact:.0e}, normal p ≈ {p_normal:.0e}). Multiple
   comparisons are Holm-corrected over the family named in each claim. Ratio CIs are BCa bootstrap CIs of a
-  ratio of medians.
+  ratio of medians (of means where a claim says so), paired where the units are, and cluster bootstraps (the
+  documents, then their segments or windows) where units share a document.
 """
 
 
