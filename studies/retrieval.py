@@ -43,6 +43,7 @@ quantized caches).
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ POSITION = 97  # place in figures/REPORT.md: after model_damage
 SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse", "nova")
 BASELINE = "quanto"  # transformers' QuantizedCache (optimum-quanto backend: nbits 2 or 4)
 FP = "fp"
+FP_BITS = 16  # the n recorded for the fp model's rows (its cache holds fp32 values; the column needs a number)
 #: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a
 #: Lloyd codebook per coordinate and TurboQuant_mse (a codebook per coordinate after a rotation)
 SCALAR = ("minmax", BASELINE, "kv", "mse")
@@ -107,14 +109,21 @@ def _encode(text: str) -> list[int]:
     return _tokenizer()(text, add_special_tokens=False).input_ids
 
 
-def filler_tokens() -> list[int]:
+@functools.lru_cache(maxsize=1)
+def filler_tokens() -> tuple[int, ...]:
     """The haystack: the shipped documents except the Declaration of Independence (NOVA-KV's calibration text),
-    concatenated and tokenized."""
+    concatenated and tokenized (once per process)."""
     from kvstats.studies.end_to_end import DOCUMENTS
 
     from kvstats.data.texts import documents
 
-    return _encode("\n\n".join(text for title, text in documents().items() if title != DOCUMENTS[0]))
+    return tuple(_encode("\n\n".join(text for title, text in documents().items() if title != DOCUMENTS[0])))
+
+
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> tuple[int, ...]:
+    """The distinct token ids of the haystack, sorted: what induction needles are drawn from."""
+    return tuple(sorted(set(filler_tokens())))
 
 
 def _split(question: str, answer: str) -> tuple[list[int], tuple[int, ...]]:
@@ -150,7 +159,7 @@ class Prompt:
 
 def _induction(length: int, rng: np.random.Generator) -> Prompt:
     hay, nl = _haystack(length, rng), _encode("\n")
-    vocab = sorted(set(filler_tokens()))
+    vocab = _vocabulary()
     context, last, chunk, answers = [], 0, [], []
     for d in DEPTHS:
         span = [int(t) for t in rng.choice(vocab, INDUCTION_CUE + INDUCTION_ANSWER)]
@@ -228,8 +237,6 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
     """One prompt: the exact prefill once, then the questions through the fp cache, every kvstats scheme at every n
     (NOVA-KV at ``nova_bits``, default every n: its calibration is the quick scale's largest cost) and
     transformers' quantized cache: one row per (scheme, n, needle)."""
-    import copy
-
     from kvstats.studies.end_to_end import _model, _set_attention, layer_schemes
 
     from kvstats.hf.baselines import available_backends, quantized_cache
@@ -248,7 +255,6 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
     with torch.inference_mode():
         _set_attention(model, "sdpa")
         past = model(context, use_cache=True).past_key_values
-        add(FP, 16, passed(_chunk_logits(model, chunk, copy.deepcopy(past)), p))
         layers = len(past.layers)
         if BASELINE in available_backends():
             for n in (b for b in bits if b in (2, 4)):  # quanto's nbits
@@ -264,7 +270,10 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
                 logits = _chunk_logits(model, chunk, cache.prefill(past))
                 kl = float(np.mean([r.kl.mean().item() for r in cache.attention_records]))
                 add(name, n, passed(logits, p), kl, cache.memory().bits_per_element)
-    return rows
+        _set_attention(model, "sdpa")
+        quantized = len(rows)
+        add(FP, FP_BITS, passed(_chunk_logits(model, chunk, past), p))  # last: this forward extends past itself
+    return rows[quantized:] + rows[:quantized]  # the fp rows first
 
 
 # -------------------------------------------------------------------------------------------- statistics
@@ -285,7 +294,7 @@ TRIAL = ["task", "length", "prompt", "needle"]
 
 
 def _outcomes(trials: pd.DataFrame, scheme: str, n: int) -> pd.Series:
-    sel = trials[(trials["scheme"] == scheme) & (trials["n"] == (16 if scheme == FP else n))]
+    sel = trials[(trials["scheme"] == scheme) & (trials["n"] == (FP_BITS if scheme == FP else n))]
     return sel.set_index(TRIAL)["success"]
 
 
@@ -420,7 +429,7 @@ def schemes_claim(a: Analysis) -> Claim:
                 cells.append(f"{s} n = {n} {100 * row['accuracy']:.0f}% [{100 * row['ci_low']:.0f}, "
                              f"{100 * row['ci_high']:.0f}] (Δ {100 * t['difference']:+.0f} pts, Holm "
                              f"{fmt_p(t['p_holm'])})")
-        fp = _pooled_row(a, task, FP, 16)
+        fp = _pooled_row(a, task, FP, FP_BITS)
         parts.append(f"{task} (fp {100 * fp['accuracy']:.0f}%, {fp['trials']} trials): " + "; ".join(cells))
     lost = a.tests[(a.tests["family"] == "vs fp") & (a.tests["length"] == "all")]
     worse = lost[(lost["p_holm"] < ALPHA) & (lost["difference"] < 0)]
@@ -446,7 +455,7 @@ def nova_claim(a: Analysis) -> Claim | None:
         return None
     best = max(scalar, key=lambda s: pooled.loc[(s, NOVA_BITS), "accuracy"])
     t = _mcnemar_row(trials, "nova", best, NOVA_BITS)
-    fp = pooled.loc[(FP, 16), "accuracy"]
+    fp = pooled.loc[(FP, FP_BITS), "accuracy"]
     nova, base = pooled.loc[("nova", NOVA_BITS), "accuracy"], pooled.loc[(best, NOVA_BITS), "accuracy"]
     lost = fp - base
     recovered, ci = recovered_fraction(trials, best)
@@ -537,7 +546,7 @@ def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(a.cfg["tasks"])
-    cols = [(FP, 16)] + [(s, n) for s in ("kqv", "minmax", "mse", "nova", BASELINE)
+    cols = [(FP, FP_BITS)] + [(s, n) for s in ("kqv", "minmax", "mse", "nova", BASELINE)
                          if ((a.grid["scheme"] == s) & (a.grid["n"] == n)).any()]
     fig, axes = plots.panels(len(tasks), len(cols), f"Retrieval accuracy over context length × needle depth "
                              f"(SmolLM2-135M; quantized caches at n = {n})", width=2.1, height=1.9)

@@ -144,19 +144,30 @@ class KVStatsCache(Cache):
             raise TypeError(f"scheme({layer_idx}) must return a kvstats Scheme, got {type(s).__name__}")
         return s
 
+    def _check_dims(self, layer_idx: int, key_states: torch.Tensor, name: str) -> None:
+        """A new layer's index and its keys' KV heads against the config (when built by :meth:`from_config`)."""
+        dims = self.model_dims
+        if dims is None:
+            return
+        if dims["layers"] is not None and layer_idx >= dims["layers"]:
+            raise ValueError(f"layer_idx {layer_idx} is beyond the config's num_hidden_layers {dims['layers']}")
+        if key_states.dim() != 4 or key_states.shape[1] != dims["kv_heads"]:
+            raise ValueError(f"{name} {tuple(key_states.shape)} do not have the config's "
+                             f"num_key_value_heads={dims['kv_heads']} heads (dim 1)")
+
+    def _add_layer(self) -> KVStatsLayer:
+        """Append the next layer (its scheme from :meth:`_scheme_for`) and return it."""
+        i = len(self.layers)
+        self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
+                                        record=self.record_attention, records=self.attention_records,
+                                        rollback=self.rollback_tokens))
+        return self.layers[i]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if self.model_dims is not None and len(self.layers) <= layer_idx:
-            dims = self.model_dims
-            if dims["layers"] is not None and layer_idx >= dims["layers"]:
-                raise ValueError(f"layer_idx {layer_idx} is beyond the config's num_hidden_layers {dims['layers']}")
-            if key_states.dim() != 4 or key_states.shape[1] != dims["kv_heads"]:
-                raise ValueError(f"key_states {tuple(key_states.shape)} do not have the config's "
-                                 f"num_key_value_heads={dims['kv_heads']} heads (dim 1)")
+        if len(self.layers) <= layer_idx:
+            self._check_dims(layer_idx, key_states, "key_states")
         while len(self.layers) <= layer_idx:
-            i = len(self.layers)
-            self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
-                                            record=self.record_attention, records=self.attention_records,
-                                            rollback=self.rollback_tokens))
+            self._add_layer()
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
     def prefill(self, past) -> KVStatsCache:
@@ -183,17 +194,9 @@ class KVStatsCache(Cache):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(t, torch.Tensor)
                                                                                 for t in pair):
                 raise TypeError(f"past[{i}] must be a (keys, values) pair of tensors, got {type(pair).__name__}")
-            if self.model_dims is not None and self.model_dims["layers"] is not None and i >= self.model_dims["layers"]:
-                raise ValueError(f"past holds {len(pairs)} layers, beyond the config's num_hidden_layers "
-                                 f"{self.model_dims['layers']}")
-            if self.model_dims is not None and (pair[0].dim() != 4 or pair[0].shape[1] != self.model_dims["kv_heads"]):
-                raise ValueError(f"past[{i}] keys {tuple(pair[0].shape)} do not have the config's "
-                                 f"num_key_value_heads={self.model_dims['kv_heads']} heads (dim 1)")
-        for i, (keys, values) in enumerate(pairs):
-            self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
-                                            record=self.record_attention, records=self.attention_records,
-                                            rollback=self.rollback_tokens))
-            self.layers[i].prefill(keys, values)
+            self._check_dims(i, pair[0], f"past[{i}] keys")
+        for keys, values in pairs:
+            self._add_layer().prefill(keys, values)
         return self
 
     def crop(self, max_length: int) -> None:

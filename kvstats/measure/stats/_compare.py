@@ -177,8 +177,8 @@ def compare(
         shift = np.empty(len(out))
         for idx in groups:
             for i in idx:
-                d = differences[i]
-                shift[i] = math.inf if d.size < 2 or np.ptp(d) == 0 else \
+                d = differences[i]  # no spread: detectable_shift says inf itself; one pair: no test to size
+                shift[i] = math.inf if d.size < 2 else \
                     detectable_shift(d, alpha=detectable_alpha / len(idx)).extra["shift"]
         out["detectable_shift"] = shift
     return out[columns]
