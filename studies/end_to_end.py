@@ -519,7 +519,8 @@ def paired_tests(segs: pd.DataFrame, pairs, metrics=("out_kl", "d_nll", "attn_kl
                 x, y = ga[m].mean().align(gb[m].mean(), join="inner")
                 w = wilcoxon(x.to_numpy(), y.to_numpy(), n_resamples=resamples,
                              seed=cell_seed(STUDY, "wilcoxon", n, a, b, m))
-                mde = detectable_shift(x.to_numpy() - y.to_numpy(), alpha=ALPHA).extra["shift"]  # inf: none
+                diffs = x.to_numpy() - y.to_numpy()
+                mde = detectable_shift(diffs, alpha=ALPHA).extra["shift"] if np.ptp(diffs) > 0 else math.inf
                 rows.append({"n": int(n), "a": a, "b": b, "metric": m, "segments": len(x), "mean_a": float(x.mean()),
                              "mean_b": float(y.mean()), "r": w.rank_biserial, "p": w.pvalue,
                              "p_method": w.pvalue_method, "a_lower_fraction": float((x < y).mean()), "mde": mde})
