@@ -46,16 +46,48 @@ def test_direction_rule_refuses_bad_cells():
         V.direction([True, 2])
 
 
-@pytest.mark.parametrize("published, ci, verdict", [
-    (2.25, (2.0, 2.5), "reproduced"),
-    (2.25, (2.255, 2.6), "reproduced"),  # within half a unit of the last printed digit (0.005)
-    (2.25, (4.05, 4.33), "partly"),      # direction holds (ratio > 1), number does not
-    (2.25, (0.8, 1.3), "not reproduced"),  # CI meets 1: the direction is not established
+@pytest.mark.parametrize("published, ci, rtol, verdict", [
+    (2.25, (2.0, 2.5), 0.0, "reproduced"),
+    (2.25, (2.255, 2.6), 0.0, "partly"),     # the printed digits give no slack: 2.25 is outside [2.255, 2.6]
+    (2.25, (2.255, 2.6), 0.01, "reproduced"),  # a declared 1% tolerance (0.0225) covers the 0.005 gap
+    (2.25, (4.05, 4.33), 0.0, "partly"),     # direction holds (ratio > 1), number does not
+    (2.25, (0.8, 1.3), 0.0, "not reproduced"),  # CI meets 1: the direction is not established
 ])
-def test_number_rule(published, ci, verdict):
-    v = V.number(published, ci, null=1.0, expected_sign=1, half_unit=0.005, estimate=sum(ci) / 2)
+def test_number_rule(published, ci, rtol, verdict):
+    v = V.number(published, ci, null=1.0, expected_sign=1, rtol=rtol, estimate=sum(ci) / 2)
     assert v.verdict == verdict and v.rule == "number"
     assert ("inside" in v.reason) == (verdict == "reproduced")
+
+
+def test_number_rule_severity_is_monotone_in_the_gap():
+    """TurboQuant's printed D_mse against the exact values at d = 128 (issue 28, item 4): with one relative
+    tolerance the coarsely printed 0.03 (−11.7%) fails while 0.117 (+0.5%) passes — half a unit of the printed
+    digit would have done the opposite."""
+    exact = {2: 0.116405, 3: 0.033966}
+    rule = {b: V.number(p, (exact[b], exact[b]), null=0.0, expected_sign=1, rtol=0.05).verdict
+            for b, p in ((2, 0.117), (3, 0.03))}
+    assert rule == {2: "reproduced", 3: "partly"}
+    with pytest.raises(ValueError, match="rtol"):
+        V.number(1.0, (1.0, 1.0), null=0.0, expected_sign=1, rtol=-0.1)
+
+
+def test_rounding_is_stated_separately():
+    assert V.rounding("0.03", 0.033966) == "0.03 is 0.033966 rounded to 2 decimals (printed -11.7% off)"
+    assert V.rounding("0.117", 0.116405).startswith("0.117 is not 0.1164 rounded to 3 decimals (that is 0.116;")
+    assert V.rounding("2", 2.4).startswith("2 is 2.4 rounded to 0 decimals")
+    with pytest.raises(ValueError, match="printed"):
+        V.rounding("two", 2.0)
+
+
+def test_implementation_check_labels_what_cannot_fail():
+    ok = V.implementation_check(V.identity([1.0], 1.0, atol=1e-9), "construction of the transform")
+    assert ok.verdict == "implementation check" and "construction of the transform" in ok.reason
+    bad = V.implementation_check(V.identity([1.5], 1.0, atol=1e-9), "Jensen's inequality")
+    assert bad.verdict == "check failed"
+    with pytest.raises(TypeError, match="check"):
+        V.implementation_check(V.measured("x"), "a theorem")
+    with pytest.raises(ValueError, match="combine"):
+        V.combine([ok])
 
 
 def test_number_rule_below_null():

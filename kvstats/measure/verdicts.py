@@ -11,10 +11,14 @@ direction           the claim states a direction and no number ("A's KL is lower
                     direction at level ``alpha``, *against* when it rejects it in the other direction,
                     *inconclusive* otherwise. reproduced: for in every cell; not reproduced: for in none;
                     partly: for in some.
-number              the claim states a number ("2.25× lower"). reproduced: the published value, widened by
-                    half a unit of its last printed digit, meets our CI; partly: it does not, but the
-                    direction holds (the CI excludes the null value on the claimed side); not reproduced:
-                    the direction fails too.
+number              the claim states a number ("2.25× lower"). reproduced: the published value lies in our
+                    CI, or within a declared relative tolerance ``rtol``·|published| of it (the same for
+                    every entry of a table, so a coarsely printed number gains no slack: the printed
+                    digits are never the tolerance); partly: it does not, but the direction holds (the
+                    CI excludes the null value on the claimed side); not reproduced: the direction fails
+                    too. Where the quantity has an exact value, the CI is that value ((v, v)), and whether
+                    the printed number is the exact value rounded to its printed digits is stated
+                    separately (:func:`rounding`).
 bound               the claim states a bound ("≤ 1 ± 3ε", "at most D"). reproduced: every cell's estimate
                     is within the bound; not reproduced: some cell's CI lies wholly outside it (a
                     significant violation); partly: some estimate lies outside but not significantly.
@@ -27,10 +31,14 @@ equivalence         the claim states "no worse than δ" / "quality-neutral" (an 
                     cell equivalent; not reproduced: some cell different; partly: otherwise.
 ==================  =====================================================================================
 
-Two further outcomes are not rules but labels, each with its reason: ``measured`` (our own measurement,
-allowed only for claims whose source is kvstats) and ``not testable here`` (e.g. a benchmark that needs
-a model or data set this project cannot obtain). :func:`combine` merges the verdicts of a claim's parts:
-all reproduced gives reproduced, all not reproduced gives not reproduced, anything else partly.
+Further outcomes are not rules but labels, each with its reason: ``measured`` (our own measurement,
+allowed only for claims whose source is kvstats), ``not testable here`` (e.g. a benchmark that needs
+a model or data set this project cannot obtain) and ``implementation check`` (a published statement that
+holds by a theorem or by construction, e.g. Jensen's inequality or an identity of the transform: no data
+can contradict it, so agreeing with it is evidence for kvstats' code, not for the paper;
+:func:`implementation_check` wraps the rule that checked it and reads ``check failed`` when it did not hold).
+:func:`combine` merges the verdicts of a claim's parts: all reproduced gives reproduced, all not reproduced
+gives not reproduced, anything else partly.
 
 Each rule returns a :class:`Verdict` whose ``reason`` is generated from the numbers it was given, so the
 report's text can never say more than the rule checked.
@@ -53,14 +61,17 @@ __all__ = [
     "direction",
     "equivalence",
     "identity",
+    "implementation_check",
     "measured",
     "not_testable",
     "number",
     "printed_half_unit",
+    "rounding",
 ]
 
 #: Every verdict the report knows, in the order of its summary line.
-VERDICTS = ("reproduced", "partly", "not reproduced", "measured", "not testable here")
+VERDICTS = ("reproduced", "partly", "not reproduced", "measured", "not testable here", "implementation check",
+            "check failed")
 #: The claim kinds that have a rule.
 KINDS = ("direction", "number", "bound", "identity", "equivalence")
 
@@ -168,29 +179,34 @@ def direction(cells: Sequence[int], *, what: str = "cells") -> Verdict:
     return Verdict("partly", "direction", reason)
 
 
-def number(published: float, ci, *, null: float, expected_sign: int, half_unit: float = 0.0,
+def number(published: float, ci, *, null: float, expected_sign: int, rtol: float = 0.0,
            estimate: float | None = None) -> Verdict:
     """The number rule: does the published value meet our CI, and does the direction hold?
 
     Args:
         published: the paper's number (e.g. a ratio 2.25).
-        ci: our (low, high) confidence interval for the same quantity.
+        ci: our (low, high) confidence interval for the same quantity ((v, v) for an exact value v).
         null: the value meaning "no effect" (1 for a ratio, 0 for a difference).
         expected_sign: +1 when the claim says the quantity exceeds ``null``, -1 when below.
-        half_unit: rounding tolerance of the printed number (see :func:`printed_half_unit`).
+        rtol: declared relative tolerance: the published value meets the CI when its distance to it is at
+            most ``rtol·|published|`` (0: it must lie inside). Never derived from the printed digits.
         estimate: our point estimate, quoted in the reason when given.
     """
     published = _finite(published, "published")
     lo, hi = _interval(ci, "ci")
     null = _finite(null, "null")
     _check_sign(expected_sign)
-    half_unit = _finite(half_unit, "half_unit")
-    if half_unit < 0:
-        raise ValueError(f"half_unit must be >= 0, got {half_unit!r}")
+    rtol = _finite(rtol, "rtol")
+    if not 0.0 <= rtol < 1.0:
+        raise ValueError(f"rtol must be in [0, 1), got {rtol!r}")
     est = "" if estimate is None else f"{_finite(estimate, 'estimate'):.4g} "
-    inside = lo - half_unit <= published <= hi + half_unit
+    gap = max(lo - published, published - hi, 0.0)
+    inside = gap <= rtol * abs(published)
     direction_holds = lo > null if expected_sign > 0 else hi < null
-    where = f"published {published:g} {'inside' if inside else 'outside'} our {est}[{lo:.4g}, {hi:.4g}]"
+    ours = f"{est}[{lo:.4g}, {hi:.4g}]" if lo < hi else f"{lo:.5g}"
+    where = (f"published {published:g} {'inside' if inside else 'outside'} our {ours}"
+             + (f" (tolerance {rtol:.0%} of the published value; off by {gap / abs(published):.1%})"
+                if rtol and published else ""))
     side = "above" if expected_sign > 0 else "below"
     holds = f"the CI {'lies' if direction_holds else 'does not lie'} wholly {side} {null:g}"
     if inside and direction_holds:
@@ -198,6 +214,24 @@ def number(published: float, ci, *, null: float, expected_sign: int, half_unit: 
     if direction_holds:
         return Verdict("partly", "number", f"{where}; direction holds ({holds})")
     return Verdict("not reproduced", "number", f"{where}; {holds}")
+
+
+def rounding(printed: str, exact: float) -> str:
+    """Whether a printed number is ``exact`` rounded to its printed digits, as one phrase for a report.
+
+    ``rounding("0.03", 0.033966)`` -> "0.03 is 0.033966 rounded to 2 decimals (printed -11.7% off)";
+    ``rounding("0.117", 0.11640)`` -> "0.117 is not 0.1164 rounded to 3 decimals (that is 0.116; +0.5% off)".
+    """
+    exact = _finite(exact, "exact")
+    half = printed_half_unit(printed)
+    value = float(printed)
+    decimals = max(0, -round(math.log10(2 * half)))
+    rounded = Decimal(repr(exact)).quantize(Decimal(1).scaleb(-decimals)) if decimals else round(exact)
+    off = f"{100 * (value - exact) / exact:+.1f}% off" if exact else "exact value 0"
+    where = f"{decimals} decimal{'s' if decimals != 1 else ''}"
+    if abs(float(rounded) - value) < half / 10:
+        return f"{printed} is {exact:.5g} rounded to {where} (printed {off})"
+    return f"{printed} is not {exact:.5g} rounded to {where} (that is {rounded}; printed {off})"
 
 
 def bound(estimates: Sequence[float], cis: Sequence, limit: float, *, upper: bool = True,
@@ -276,8 +310,9 @@ def combine(parts: Sequence[Verdict]) -> Verdict:
     parts = list(parts)
     if not parts or not all(isinstance(p, Verdict) for p in parts):
         raise TypeError("parts must be a non-empty list of Verdict")
-    if any(p.verdict in ("measured", "not testable here") for p in parts):
-        raise ValueError("combine takes rule verdicts only, not 'measured' or 'not testable here'")
+    if any(p.verdict in ("measured", "not testable here", "implementation check", "check failed") for p in parts):
+        raise ValueError("combine takes rule verdicts only, not 'measured', 'not testable here' or an "
+                         "implementation check")
     kinds = [p.verdict for p in parts]
     reason = "; ".join(f"{p.rule}: {p.verdict} ({p.reason})" for p in parts)
     if all(k == "reproduced" for k in kinds):
@@ -285,6 +320,26 @@ def combine(parts: Sequence[Verdict]) -> Verdict:
     if all(k == "not reproduced" for k in kinds):
         return Verdict("not reproduced", "combine", reason)
     return Verdict("partly", "combine", reason)
+
+
+def implementation_check(check: Verdict, why: str) -> Verdict:
+    """A statement no data can contradict (a theorem, an identity of a construction), checked by a rule.
+
+    Args:
+        check: the rule's verdict on the statement (e.g. :func:`identity` or :func:`bound`).
+        why: why the statement cannot fail (e.g. "Jensen's inequality", "the transform is built to satisfy it").
+
+    Returns ``implementation check`` when the rule reproduced it (evidence that kvstats computes it right, not
+    for the paper), ``check failed`` otherwise (a defect of kvstats or of its sampling, never a refutation).
+    """
+    if not isinstance(check, Verdict) or check.verdict in ("measured", "not testable here", "implementation check",
+                                                           "check failed"):
+        raise TypeError(f"check must be a rule's Verdict (identity, bound, ...), got {check!r}")
+    if not isinstance(why, str) or not why.strip():
+        raise ValueError(f"why must be a non-empty string, got {why!r}")
+    label = "implementation check" if check.verdict == "reproduced" else "check failed"
+    return Verdict(label, "implementation check",
+                   f"holds by {why.strip()}: {check.rule} {check.verdict} ({check.reason})")
 
 
 def measured(reason: str) -> Verdict:

@@ -302,7 +302,12 @@ def _preamble() -> str:
 - **Verdicts.** *reproduced*: our measurement agrees with the published claim (direction, and the number
   within our CI where a number is claimed); *partly*: the direction or part of the claim holds, a number or
   part does not; *not reproduced*: our data contradict it; *measured*: our own measurement, with no published
-  number to hold it to. Each claim names its data and scale; quick-scale verdicts rest on small samples.
+  number to hold it to; *implementation check*: the statement holds by a theorem or by construction, so
+  agreeing with it shows that kvstats computes it right, not that the paper is right (*check failed*: it did
+  not hold, a defect of kvstats). Each claim names its data and scale; quick-scale verdicts rest on small
+  samples. A number is reproduced when it lies in our CI (exact values: equals them) up to a relative
+  tolerance the claim declares; the printed digits never widen it, and whether a printed value is the exact
+  one correctly rounded is stated beside it.
 - **Mann–Whitney effect sizes.** r is the **rank-biserial correlation r = 2U₁/(n₁n₂) − 1**, U₁ the statistic
   of the *first* sample (as scipy reports it), so r < 0 when the first sample (e.g. KQV) tends to be smaller;
   |r| = 1 is complete separation. We also give **Z/√N** (normal approximation, tie-corrected, N = n₁ + n₂),
@@ -339,7 +344,8 @@ def _anchor(claim: dict[str, Any]) -> str:
 
 
 _VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
-                 "measured": "· measured", "not testable here": "⊘ not testable here"}
+                 "measured": "· measured", "not testable here": "⊘ not testable here",
+                 "implementation check": "☑ implementation check", "check failed": "⚠ check failed"}
 
 
 def _cell(text: str | None) -> str:
