@@ -329,3 +329,36 @@ def test_same_seed_same_codes():
         a = quantizer(name, bits=3, dim=96, seed=5).encode(x)
         b = quantizer(name, bits=3, dim=96, seed=5).encode(x)
         assert all(torch.equal(a.payload[key], b.payload[key]) for key in a.payload)
+
+
+def test_turbo_prod_sketch_domain_original_sketches_the_derotated_residual():
+    """sketch_domain='original' stores sign(S Πᵀ r) for the residual r of the rotated domain: its sketch is
+    S·Πᵀ (rows Π sᵢ), the estimator stays the decode-then-dot of its own reconstruction, and the codes differ
+    from the rotated domain's (same seed) while the MSE stage is shared."""
+    from kvstats._random import spawn_seeds
+    from kvstats.quant.rotations import srht_sketch
+    from kvstats.quant.schemes import scheme
+
+    d, seed = 64, 5
+    rot = quantizer("turbo_prod", bits=3, dim=d, seed=seed, rows="srht")
+    orig = quantizer("turbo_prod", bits=3, dim=d, seed=seed, rows="srht", sketch_domain="original")
+    s = srht_sketch(d, d, spawn_seeds(seed, 2)[1])
+    assert torch.equal(rot.sketch.matrix(torch.device("cpu"), torch.float64), s)
+    expected = orig.stage.rotation.forward(s)  # S·Πᵀ: row i is (Π sᵢ)ᵀ
+    torch.testing.assert_close(orig.sketch.matrix(torch.device("cpu"), torch.float64), expected, rtol=0, atol=1e-12)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(200, d, generator=g, dtype=torch.float64), torch.randn(3, d, generator=g, dtype=torch.float64)
+    c_rot, c_orig = rot.encode(x), orig.encode(x)
+    assert torch.equal(c_rot.parts["mse"].payload["indices"], c_orig.parts["mse"].payload["indices"])
+    assert not torch.equal(c_rot.payload["signs"], c_orig.payload["signs"])
+    torch.testing.assert_close(orig.inner(y, c_orig), y @ orig.decode(c_orig).T, rtol=1e-10, atol=1e-10)
+    # the residual's signs are sign(S Πᵀ r) with r = Π x − ŷ taken in the rotated domain
+    r = orig.stage.rotation.forward(x) - orig.stage.rotation.forward(orig.decode_mse(c_orig))
+    from kvstats.quant import ops
+
+    signs = ops.unpack_bits(c_orig.payload["signs"], 1, d).bool()
+    assert torch.equal(signs, (r @ expected.T) > 0)
+    assert scheme("kqv", bits=4, dim=d, seed=0, rows="srht", sketch_domain="original").v.config.sketch_domain \
+        == "original"
+    with pytest.raises(ValueError, match="sketch_domain"):
+        quantizer("turbo_prod", bits=3, dim=d, seed=0, sketch_domain="residual")

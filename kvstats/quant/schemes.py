@@ -168,14 +168,19 @@ def _kv(bits, dim, seeds, *, rows=None, **opts):  # no QJL stage: rows is accept
         quantizer("lloyd", bits=bits, dim=dim, seed=seeds[1], **opts)
 
 
-def _kqv(bits, dim, seeds, *, rows=None, **opts):
-    sketch = {} if rows is None else {"rows": rows}
+def _sketch_options(rows, sketch_domain) -> dict:
+    """The QJL stages' sketch options that were given (each quantizer's defaults otherwise)."""
+    return {k: v for k, v in (("rows", rows), ("sketch_domain", sketch_domain)) if v is not None}
+
+
+def _kqv(bits, dim, seeds, *, rows=None, sketch_domain=None, **opts):
+    sketch = _sketch_options(rows, sketch_domain)
     return quantizer("turbo_mse", bits=bits, dim=dim, seed=seeds[0], **opts), \
         quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **sketch, **opts)
 
 
-def _qkqv(bits, dim, seeds, *, rows=None, **opts):
-    sketch = {} if rows is None else {"rows": rows}
+def _qkqv(bits, dim, seeds, *, rows=None, sketch_domain=None, **opts):
+    sketch = _sketch_options(rows, sketch_domain)
     return quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[0], **sketch, **opts), \
         quantizer("turbo_prod", bits=bits, dim=dim, seed=seeds[1], **sketch, **opts)
 
@@ -270,8 +275,10 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     (e.g. ``norm_dtype=torch.float16``); ``nova`` needs ``queries=`` and ``keys=`` (its calibration data).
     ``rows=`` ("gaussian", "orthogonal", "srht") sets the sketch of every QJL stage of the scheme (the V of
     ``kqv``, K and V of ``qkqv``); schemes without a QJL stage (``kv``, ``minmax``, ``nova``) accept and
-    ignore it. ``minmax`` options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"),
-    ``v_group_size`` (d), ``side_dtype`` (fp16).
+    ignore it. ``sketch_domain=`` ("rotated", the default, or "original") sets where the QJL stages of
+    ``kqv``/``qkqv`` sketch their residual (:class:`~kvstats.quantizers.config.TurboProdConfig`). ``minmax``
+    options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"), ``v_group_size`` (d),
+    ``side_dtype`` (fp16).
     """
     known = {**SCHEMES, **CALIBRATED_SCHEMES}
     if name not in known:

@@ -31,13 +31,15 @@ from kvstats.quant.quantizers.nova_calibration import (
 
 __all__ = ["QuantizerConfig", "PerHeadConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig",
            "MinMaxConfig", "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
-           "MAX_HAAR_DIM", "check_norm_dtype"]
+           "SKETCH_DOMAINS", "MAX_HAAR_DIM", "check_norm_dtype"]
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The rotations of the rotated quantizers (kvstats.rotations.make_rotation).
 ROTATIONS = ("wht", "haar")
 #: The sketch kinds of every QJL stage (qjl, turbo_prod's residual).
 ROWS = ("gaussian", "orthogonal", "srht")
+#: where turbo_prod sketches its residual (TurboProdConfig.sketch_domain)
+SKETCH_DOMAINS = ("rotated", "original")
 _BASE_FIELDS = ("bits", "dim", "seed")
 
 
@@ -178,16 +180,20 @@ class TurboMSEConfig(LloydConfig):
 
 @dataclass(frozen=True)
 class TurboProdConfig(QuantizerConfig):
-    """``turbo_prod``: rotation of the MSE stage, rows of the residual sketch, norm_dtype of ‖x‖ and γ."""
+    """``turbo_prod``: rotation of the MSE stage, rows of the residual sketch and the domain it sketches in
+    (``"rotated"``: S r with r in the MSE stage's rotated domain, D'Alberto §2.2 literally; ``"original"``:
+    S Πᵀ r, the residual in the data's own coordinates), norm_dtype of ‖x‖ and γ."""
 
     rotation: str = "wht"
     rows: str = "gaussian"
+    sketch_domain: str = "rotated"
     norm_dtype: torch.dtype = torch.float32
     method: ClassVar[str] = "turbo_prod"
 
     def validate(self) -> None:
         _check_rotation(self.rotation, self.dim)
         _check_choice(self.rows, "rows", ROWS)
+        _check_choice(self.sketch_domain, "sketch_domain", SKETCH_DOMAINS)
         check_norm_dtype(self.norm_dtype)
 
 

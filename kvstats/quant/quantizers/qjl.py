@@ -44,7 +44,9 @@ __all__ = ["ROWS", "SignSketch", "QJLQuantizer"]
 class SignSketch:
     """One QJL sketch S [m, d] with its unbiasing constant c; the building block of qjl and turbo_prod."""
 
-    def __init__(self, m: int, d: int, rows: str, seed: int):
+    def __init__(self, m: int, d: int, rows: str, seed: int, rotation=None):
+        """``rotation`` (a :class:`~kvstats.rotations.Rotation` Π, optional): sketch Πᵀ x instead of x, i.e. use
+        S·Πᵀ (rows Π sᵢ) on inputs given in Π's domain (turbo_prod's residual sketched in the original domain)."""
         if rows not in ROWS:
             raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
         self.m, self.d, self.rows = m, d, rows
@@ -54,6 +56,8 @@ class SignSketch:
             s, self.scale = srht_sketch(m, d, seed), math.sqrt(math.pi / 2)
         else:
             s, self.scale = orthogonal_sketch(m, d, seed), spherical_sign_scale(d)
+        if rotation is not None:
+            s = rotation.forward(s)  # row i of S·Πᵀ is (Π sᵢ)ᵀ
         self._s = DeviceCache(s)
 
     def matrix(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -5,9 +5,10 @@
     decode:   x̂ = Πᵀ (ŷ + (c_S/d)·γ·Sᵀ sign(S r))
     inner:    ⟨q, x̂⟩ = ⟨Πq, ŷ⟩ + (c_S/d)·γ·⟨S Πq, sign(S r)⟩   — unbiased for ⟨q, x⟩
 
-The residual is sketched in the rotated domain (equivalent in law for Gaussian S, and it spares a
-de-rotation); ŷ uses ‖x‖ rounded to its stored precision, so decode rebuilds exactly the point the
-residual was taken from. For unit x and y of uniformly random direction:
+The residual is sketched in the rotated domain by default (equivalent in law for Gaussian S, and it spares a
+de-rotation; ``sketch_domain="original"`` sketches Πᵀ r instead, which differs for the Hadamard sketch); ŷ uses
+‖x‖ rounded to its stored precision, so decode rebuilds exactly the point the residual was taken from. For unit
+x and y of uniformly random direction:
 D_prod = E|⟨y,x⟩ − ⟨y,x̂⟩|² = (π/2 − 1/d)·D_mse(b−1)·‖y‖²/d with Gaussian rows (docs/references.md §3, derived;
 for y ∥ x it is smaller, see :func:`kvstats.inference.turbo_prod_distortion`). At b = 1 there is no
 MSE stage: the quantizer is QJL on x with m = d. Encode and scores run in the fused kernels
@@ -41,6 +42,10 @@ class TurboProd(Quantizer):
         rows: ``"gaussian"`` (default, as in the paper), ``"orthogonal"`` or ``"srht"`` (D'Alberto's randomized
             Hadamard sketch, arXiv 2605.08114 §2.2 eq. 3; d a power of two) for the residual sketch
             (see :mod:`kvstats.quantizers.qjl`).
+        sketch_domain: ``"rotated"`` (default: S r, r the residual in the rotated domain, as D'Alberto §2.2 and
+            TurboQuant's algorithm) or ``"original"`` (S Πᵀ r: the residual de-rotated first). Equal in law for
+            Gaussian rows (S Πᵀ is Gaussian too), not for the Hadamard sketch, whose sign-sum bias depends on the
+            residual's coordinates.
         norm_dtype: precision of ‖x‖ and γ (fp32 default).
     """
 
@@ -54,7 +59,10 @@ class TurboProd(Quantizer):
         #: stage 1, TurboQuant_mse at b − 1 bits (None at b = 1: the quantizer is QJL on x)
         self.stage = LloydStage(self.bits - 1, self.dim, make_rotation(cfg.rotation, self.dim, seed_mse),
                                 cfg.norm_dtype) if self.bits > 1 else None
-        self.sketch = SignSketch(self.dim, self.dim, cfg.rows, seed_qjl)
+        # the residual lives in the MSE stage's rotated domain; "original" sketches Πᵀ r (S·Πᵀ on r)
+        self.sketch = SignSketch(self.dim, self.dim, cfg.rows, seed_qjl,
+                                 rotation=self.stage.rotation if cfg.sketch_domain == "original" and self.stage
+                                 else None)
 
     @property
     def rotation_kind(self) -> str:
