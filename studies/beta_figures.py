@@ -10,6 +10,9 @@ D'Alberto's figures 1, 2, 4 and 7:
   vector (the pooled coordinates of one vector are dependent);
 * bottom row: attention KL at equal budget n = 4 of the keys quantized by "MSE n bits" (turbo_mse(n)) and
   by "MSE (n−1) bits + QJL 1 bit" (turbo_prod(n)); boxes over trials, outliers beyond 1.5 IQR as circles.
+  The QJL bit is D'Alberto's own: the randomized Hadamard sketch of his eq. 3 (rows="srht", S = H·diag(s′),
+  m = d), which decides the verdicts; TurboQuant's dense Gaussian rows (rows="gaussian") are measured beside
+  it on the same data as a sensitivity row, with the same test.
 
 Writes figures/beta_figures_d{2,4,8,1024}.png, figures/data/beta_figures_{kl,ks}.csv and the claims file.
 """
@@ -37,12 +40,22 @@ from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed, grid, parallel_map
 
 STUDY = "beta_figures"
-VERSION = "1"  # cells unchanged (verdicts and definitions only)
+VERSION = "2"  # 2: the QJL bit with D'Alberto's Hadamard sketch (eq. 3); Gaussian rows as a sensitivity method
 ALPHA = 0.05
 POSITION = 30  # place in figures/REPORT.md (kvstats.report.study_order)
 DIMS = (2, 4, 8, 1024)
 KINDS = {"gaussian": {}, "heavy_tail": {"df": 3.0}, "low_rank": {"rank": 1, "noise": 0.01}}
 METHODS = {"turbo_mse": "MSE n bits", "turbo_prod": "MSE (n−1) bits + QJL 1 bit"}
+#: the QJL bit's sketch: D'Alberto's eq. 3 decides the verdicts; the others are sensitivity rows
+SKETCH = "srht"
+SENSITIVITY_SKETCHES = ("gaussian",)
+SKETCH_NAMES = {"srht": "Hadamard sketch (D'Alberto eq. 3)", "gaussian": "dense Gaussian rows (TurboQuant/QJL)"}
+
+
+def method_specs() -> dict[str, tuple[str, dict]]:
+    """The quantizers of one cell: ``{label: (quantizer name, options)}``, turbo_mse and turbo_prod per sketch."""
+    return {"turbo_mse": ("turbo_mse", {}),
+            **{f"turbo_prod:{rows}": ("turbo_prod", {"rows": rows}) for rows in (SKETCH, *SENSITIVITY_SKETCHES)}}
 BITS = 4
 SCALE = {"quick": {"trials": 16, "seq": 256, "n_q": 16, "hist_vectors": 4096},
          "paper": {"trials": 80, "seq": 512, "n_q": 32, "hist_vectors": 32768}}
@@ -60,10 +73,11 @@ def cell(d: int, kind: str, bits: int, seq: int, n_q: int, trials: int) -> list[
     for t in range(trials):
         q, k, _ = data(kind, d, seq, n_q, t)
         ref = metrics.attention_scores(q, k)
-        for method in METHODS:
-            quant = quantizer(method, bits=bits, dim=d, seed=cell_seed(STUDY, "quant", method, d, t))
+        for label, (name, options) in method_specs().items():
+            quant = quantizer(name, bits=bits, dim=d, seed=cell_seed(STUDY, "quant", label, d, t), **options)
             est = quant.inner(q, quant.encode(k)) / math.sqrt(d)
-            rows.append({"trial": t, "method": method, "kl": metrics.attention_kl_from_scores(ref, est)})
+            rows.append({"trial": t, "method": name, "sketch": options.get("rows", "none"),
+                         "kl": metrics.attention_kl_from_scores(ref, est)})
     return rows
 
 
@@ -78,11 +92,11 @@ def rotated_coordinates(kind: str, d: int, n_vectors: int) -> np.ndarray:
     return make_rotation("wht", d, cell_seed(STUDY, "rotation", d)).forward(u).numpy()
 
 
-def mse_wins_verdict(mw: pd.DataFrame) -> verdicts.Verdict:
-    """Direction rule over the (d, data) cells: MSE n bits lower KL (rank-biserial r < 0, MSE first) at Holm-adjusted
-    Mann–Whitney p < ALPHA (the paper's test)."""
+def mse_wins_verdict(mw: pd.DataFrame, sketch: str = SKETCH) -> verdicts.Verdict:
+    """Direction rule over the (d, data) cells of one sketch: MSE n bits lower KL (rank-biserial r < 0, MSE first)
+    at Holm-adjusted Mann–Whitney p < ALPHA (the paper's test)."""
     return verdicts.direction([verdicts.cell_direction(r.p_holm, r.rank_biserial, expected_sign=-1, alpha=ALPHA)
-                               for r in mw.itertuples()], what="(d, data) cells")
+                               for r in mw[mw["sketch"] == sketch].itertuples()], what="(d, data) cells")
 
 
 def ks_critical(n: int, tests: int) -> float:
@@ -115,11 +129,14 @@ def definitions(cfg: dict, scale: str, seq: dict) -> dict[str, str]:
                 + ", ".join(f"{s_} (d = {d_})" for d_, s_ in seq.items()) + f"; one trial = one fresh draw ({scale})",
         "schemes": f"keys only: {METHODS['turbo_mse']} = turbo_mse({BITS}) (randomized WHT, exact Lloyd–Max codebook "
                    f"of f_d, float32 norm); {METHODS['turbo_prod']} = turbo_prod({BITS}) (turbo_mse({BITS - 1}) + "
-                   "1-bit QJL residual, Gaussian rows, m = d); a fresh quantizer seed per trial",
+                   "1-bit QJL residual, m = d, sketched in the rotated domain); a fresh quantizer seed per trial",
+        "sketch": f"the QJL bit: rows='{SKETCH}' ({SKETCH_NAMES[SKETCH]}: S = H·diag(s′), m = d) for every verdict; "
+                  + ", ".join(f"rows='{s_}' ({SKETCH_NAMES[s_]})" for s_ in SENSITIVITY_SKETCHES)
+                  + " as a sensitivity row on the same data",
         "KL": "KL(softmax(q kᵀ/√d) ‖ softmax(estimated logits)) averaged over the query rows of a trial",
         "tests": f"two-sided exact Mann–Whitney over {cfg['trials']} trials per method (as the paper), Holm over the "
-                 f"{len(DIMS) * len(KINDS)} cells, level {ALPHA}; KS of one rotated coordinate per vector against f_d "
-                 f"({cfg['hist_vectors']} vectors), Bonferroni over the dimensions",
+                 f"{len(DIMS) * len(KINDS)} cells of each sketch, level {ALPHA}; KS of one rotated coordinate per "
+                 f"vector against f_d ({cfg['hist_vectors']} vectors), Bonferroni over the dimensions",
     }
 
 
@@ -128,26 +145,29 @@ def sequence_lengths(cfg: dict, scale: str) -> dict[int, int]:
     return {d: cfg["seq"] if d < 1024 or scale == "paper" else cfg["seq"] // 2 for d in DIMS}
 
 
-def kl_samples(table: pd.DataFrame, d: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """The per-trial KLs of the (d, data) cell: MSE n bits, then MSE (n−1) + QJL 1."""
+def kl_samples(table: pd.DataFrame, d: int, kind: str, sketch: str = SKETCH) -> tuple[np.ndarray, np.ndarray]:
+    """The per-trial KLs of the (d, data) cell: MSE n bits, then MSE (n−1) + QJL 1 with ``sketch``."""
     sub = table[(table["d"] == d) & (table["kind"] == kind)]
-    return (sub[sub["method"] == "turbo_mse"]["kl"].to_numpy(), sub[sub["method"] == "turbo_prod"]["kl"].to_numpy())
+    return (sub[sub["method"] == "turbo_mse"].sort_values("trial")["kl"].to_numpy(),
+            sub[(sub["method"] == "turbo_prod") & (sub["sketch"] == sketch)].sort_values("trial")["kl"].to_numpy())
 
 
 def mann_whitney_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (d, data) cell, in the panels' order: median KLs, their ratio, the exact Mann–Whitney test (MSE
-    first) and its Holm-adjusted p over the cells."""
+    """Per sketch and (d, data) cell, in the panels' order: median KLs, their ratio, the exact Mann–Whitney
+    test (MSE first) and its Holm-adjusted p over the sketch's cells (one family per sketch: the primary
+    sketch's family is the paper's 12 cells, unchanged by the sensitivity rows)."""
     rows = []
-    for d in DIMS:
-        for kind in KINDS:
-            a, b = kl_samples(table, d, kind)
-            res = mann_whitney(a, b)
-            rows.append({"d": d, "kind": kind, "median_kl_mse": np.median(a), "median_kl_mse_qjl": np.median(b),
-                         "ratio_qjl_over_mse": np.median(b) / np.median(a), "rank_biserial": res.rank_biserial,
-                         "r_z": res.r_z, "p": res.pvalue, "p_method": res.pvalue_method,
-                         "p_asymptotic": res.p_asymptotic})
+    for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
+        for d in DIMS:
+            for kind in KINDS:
+                a, b = kl_samples(table, d, kind, sketch)
+                res = mann_whitney(a, b)
+                rows.append({"sketch": sketch, "d": d, "kind": kind, "median_kl_mse": np.median(a),
+                             "median_kl_mse_qjl": np.median(b), "ratio_qjl_over_mse": np.median(b) / np.median(a),
+                             "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
+                             "p_method": res.pvalue_method, "p_asymptotic": res.p_asymptotic})
     mw = pd.DataFrame(rows)
-    mw["p_holm"] = multipletests(mw["p"], method="holm")[1]
+    mw["p_holm"] = mw.groupby("sketch")["p"].transform(lambda p: multipletests(p, method="holm")[1])
     return mw
 
 
@@ -168,18 +188,21 @@ def histogram_panel(ax, x: np.ndarray, d: int, kind: str) -> dict:
     return {"d": d, "kind": kind, "n": len(one), "ks": gof.statistic, "p": gof.pvalue}
 
 
-def box_panel(ax, a: np.ndarray, b: np.ndarray, kind: str, test) -> None:
-    """Boxes of the two methods' KLs over trials, titled with the cell's test (a row of mann_whitney_table)."""
-    plots.boxplot(ax, {f"MSE {BITS} bits": a, f"MSE {BITS - 1} + QJL 1": b},
-                  colors=[plots.style("turbo_mse")["color"], plots.style("turbo_prod")["color"]],
-                  ylabel="attention KL [nats]", log=True)
-    ax.set_title(f"{kind}: r = {test.rank_biserial:+.2f}, {fmt_p(test.p)}")
+def box_panel(ax, table: pd.DataFrame, d: int, kind: str, test) -> None:
+    """Boxes of the methods' KLs over trials (MSE; MSE + QJL with the primary sketch, then each sensitivity
+    sketch), titled with the primary sketch's test (a row of mann_whitney_table)."""
+    mse, prod = kl_samples(table, d, kind, SKETCH)
+    groups = {f"MSE {BITS}": mse, f"MSE {BITS - 1} + QJL 1\n(Hadamard)": prod}
+    groups.update({f"MSE {BITS - 1} + QJL 1\n({s_})": kl_samples(table, d, kind, s_)[1] for s_ in SENSITIVITY_SKETCHES})
+    plots.boxplot(ax, groups, colors=[plots.style("turbo_mse")["color"], plots.style("turbo_prod")["color"]]
+                  + ["#ff9896"] * len(SENSITIVITY_SKETCHES), ylabel="attention KL [nats]", log=True)
+    ax.set_title(f"{kind}: r = {test.rank_biserial:+.2f}, {fmt_p(test.p)} (Hadamard)", fontsize=9)
 
 
 def draw_figures(table: pd.DataFrame, mw: pd.DataFrame, cfg: dict, n_jobs: int) -> pd.DataFrame:
     """One figure per d (histograms on top, KL boxes below); the histograms' KS rows."""
     plots.setup()
-    ks_rows, tests = [], {(r.d, r.kind): r for r in mw.itertuples()}
+    ks_rows, tests = [], {(r.d, r.kind): r for r in mw[mw["sketch"] == SKETCH].itertuples()}
     # the histograms' draws (d = 1024: 32768 Student-t key vectors, keys only, ~7 s each) in the workers, in
     # the order of the panels below (the same seeds: the same coordinates as drawn here one by one)
     coordinates = parallel_map(rotated_coordinates, [{"kind": kind, "d": d, "n_vectors": cfg["hist_vectors"]}
@@ -189,7 +212,7 @@ def draw_figures(table: pd.DataFrame, mw: pd.DataFrame, cfg: dict, n_jobs: int) 
                                  f"n = {BITS} bits, {cfg['trials']} trials per box (bottom)", width=4.2, height=3.3)
         for j, kind in enumerate(KINDS):
             ks_rows.append(histogram_panel(axes[0, j], next(coordinates), d, kind))
-            box_panel(axes[1, j], *kl_samples(table, d, kind), kind, tests[d, kind])
+            box_panel(axes[1, j], table, d, kind, tests[d, kind])
         plots.save(fig, f"{STUDY}_d{d}")
     return pd.DataFrame(ks_rows)
 
@@ -208,10 +231,14 @@ class Analysis:
     mw: pd.DataFrame
     ks: pd.DataFrame
 
-    @property
-    def wins(self) -> pd.DataFrame:
-        """The cells where MSE n bits has significantly lower KL."""
-        return self.mw[(self.mw["rank_biserial"] < 0) & (self.mw["p_holm"] < 0.05)]
+    def wins(self, sketch: str = SKETCH) -> pd.DataFrame:
+        """The cells where MSE n bits has significantly lower KL than MSE + QJL with ``sketch``."""
+        mw = self.of(sketch)
+        return mw[(mw["rank_biserial"] < 0) & (mw["p_holm"] < ALPHA)]
+
+    def of(self, sketch: str) -> pd.DataFrame:
+        """The Mann–Whitney rows of one sketch."""
+        return self.mw[self.mw["sketch"] == sketch]
 
 
 def data_text(a: Analysis) -> str:
@@ -221,27 +248,31 @@ def data_text(a: Analysis) -> str:
             f"vectors ({a.scale} scale)")
 
 
-def mse_wins_claim(a: Analysis) -> Claim:
-    mw = a.mw
+def mse_wins_claim(a: Analysis, sketch: str = SKETCH) -> Claim:
+    mw = a.of(sketch)
     table_md = ("| d | data | median KL, MSE 4 | median KL, MSE 3 + QJL 1 | ratio | rank-biserial r | Z/√N | p "
                 "(exact) | Holm p |\n|---|---|---|---|---|---|---|---|---|\n" +
                 "\n".join(f"| {r.d} | {r.kind} | {r.median_kl_mse:.3g} | {r.median_kl_mse_qjl:.3g} | "
                           f"{r.ratio_qjl_over_mse:.2f} | {r.rank_biserial:+.3f} | {r.r_z:+.3f} | {r.p:.2g} | "
                           f"{r.p_holm:.2g} |" for r in mw.itertuples()))
+    primary = sketch == SKETCH
     return Claim(
-        id="dalberto-beta-figures-mse-wins",
+        id="dalberto-beta-figures-mse-wins" + ("" if primary else f"-sketch-{sketch}"),
         claim="At equal budget, \"MSE n bits\" has lower attention KL than \"MSE (n−1) bits + QJL 1 bit\" for "
-              "every distribution, at d = 2, 4, 8 and 1024 (figures 1, 2, 4, 7; n = 4).",
+              "every distribution, at d = 2, 4, 8 and 1024 (figures 1, 2, 4, 7; n = 4)."
+              + ("" if primary else f" (sensitivity: {SKETCH_NAMES[sketch]})"),
         source="D'Alberto, arXiv 2605.08114, figures 1, 2, 4, 7 (captions: \"MSE wins in all distributions\")",
-        measurement=(f"MSE n bits significantly lower KL (Holm p < 0.05) in {len(a.wins)}/{len(mw)} (d, data) "
-                     f"cells; median ratio (MSE+QJL)/MSE {mw['ratio_qjl_over_mse'].min():.2f}–"
-                     f"{mw['ratio_qjl_over_mse'].max():.2f}; rank-biserial r (MSE first) "
-                     f"{mw['rank_biserial'].min():+.2f} to {mw['rank_biserial'].max():+.2f}."),
+        measurement=(f"{SKETCH_NAMES[sketch]}: MSE n bits significantly lower KL (Holm p < {ALPHA}) in "
+                     f"{len(a.wins(sketch))}/{len(mw)} (d, data) cells; median ratio (MSE+QJL)/MSE "
+                     f"{mw['ratio_qjl_over_mse'].min():.2f}–{mw['ratio_qjl_over_mse'].max():.2f} (d = 1024: "
+                     + ", ".join(f"{r.kind} {r.ratio_qjl_over_mse:.2f}" for r in mw[mw["d"] == 1024].itertuples())
+                     + f"); rank-biserial r (MSE first) {mw['rank_biserial'].min():+.2f} to "
+                     f"{mw['rank_biserial'].max():+.2f}."),
         data=data_text(a),
-        verdict=mse_wins_verdict(mw),
+        verdict=mse_wins_verdict(a.mw, sketch),
         figure=f"{STUDY}_d8.png",
         details=table_md + "\n\nr = 2U₁/(n₁n₂) − 1 with the MSE sample first (negative: MSE lower); p exact "
-                           "Mann–Whitney (two-sided), Holm over the 12 cells.")
+                           f"Mann–Whitney (two-sided), Holm over the {len(mw)} cells of this sketch.")
 
 
 def sphere_law_claim(a: Analysis) -> Claim:
@@ -271,8 +302,9 @@ def per_instance_bias_claim(a: Analysis) -> Claim:
               "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion "
               "than the bias it removes: at equal budget MSE-only has lower attention KL.",
         source="D'Alberto, arXiv 2605.08114, §3.3, eqs. (5)–(6)",
-        measurement=(f"the conclusion, on the same cells as above: MSE n bits lower KL than MSE (n−1) + QJL 1 "
-                     f"(Holm p < {ALPHA}) in {len(a.wins)}/{len(a.mw)} (d, data) cells. The premise (a key-specific "
+        measurement=(f"the conclusion, on the same cells as above ({SKETCH_NAMES[SKETCH]}): MSE n bits lower KL than "
+                     f"MSE (n−1) + QJL 1 (Holm p < {ALPHA}) in {len(a.wins())}/{len(a.of(SKETCH))} (d, data) cells. "
+                     "The premise (a key-specific "
                      "bᵢ does not cancel in eq. 6, a constant one does) is algebra, not measured."),
         data=data_text(a),
         verdict=mse_wins_verdict(a.mw),
@@ -312,7 +344,8 @@ class BetaFigures(study.Study):
         return run.finish(self.claims(a), definitions=self.definitions(a), echo=echo)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [mse_wins_claim(a), sphere_law_claim(a), per_instance_bias_claim(a)]
+        return [mse_wins_claim(a), *(mse_wins_claim(a, s_) for s_ in SENSITIVITY_SKETCHES), sphere_law_claim(a),
+                per_instance_bias_claim(a)]
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale, a.seq)

@@ -130,7 +130,10 @@ def test_beta_figures_cell(tmp_path):
     bf = load_study("beta_figures")
     cells = grid(d=[2, 8], kind=["gaussian", "low_rank"], bits=4, seq=32, n_q=4, trials=2)
     df = tiny_run("beta_figures", bf.cell, cells, tmp_path)
-    assert len(df) == 16 and (df["kl"] >= 0).all() and np.isfinite(df["kl"]).all()
+    # 4 cells × 2 trials × 3 methods (MSE; MSE + QJL with the Hadamard and with the Gaussian sketch)
+    assert len(df) == 24 and (df["kl"] >= 0).all() and np.isfinite(df["kl"]).all()
+    assert set(zip(df["method"], df["sketch"])) == {("turbo_mse", "none"), ("turbo_prod", "srht"),
+                                                    ("turbo_prod", "gaussian")}
     x = bf.rotated_coordinates("gaussian", 8, 64)
     assert x.shape == (64, 8) and np.allclose((x**2).sum(1), 1.0)
 
@@ -346,7 +349,8 @@ def test_report_states_each_studys_scale(tmp_path):
 def test_fmt_p_and_verdicts():
     assert fmt_p(0.0312) == "p = 0.031" and fmt_p(2.1e-8) == "p = 2.1e-08" and fmt_p(0.0) == "p < 1e-300"
     assert fmt_p(math.nan) == "p = n/a"
-    assert VERDICTS == ("reproduced", "partly", "not reproduced", "measured", "not testable here")
+    assert VERDICTS == ("reproduced", "partly", "not reproduced", "measured", "not testable here",
+                        "implementation check", "check failed")
 
 
 def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):

@@ -60,7 +60,7 @@ def test_crossover_verdict_uses_the_budget_dependent_direction():
 
 @pytest.mark.parametrize("ci, expected", [
     ((2.0, 2.5), "reproduced"),          # 2.25 inside, above 1
-    ((2.254, 2.6), "reproduced"),        # 2.25 within half a printed unit (0.005) of the CI
+    ((2.254, 2.6), "partly"),            # 2.25 just below the CI: the printed digits give no slack
     ((1.2, 1.6), "partly"),              # 2.25 outside, direction holds
     ((2.3, 4.0), "partly"),
     ((0.7, 1.1), "not reproduced"),      # the CI contains 1
@@ -71,12 +71,38 @@ def test_ratio_verdict_returns_each_verdict(ci, expected):
 
 
 @pytest.mark.parametrize("cells, expected", [
-    ([(1e-4, 2.0), (0.01, 1.5)], "reproduced"),
-    ([(1e-4, 2.0), (0.4, 0.1)], "partly"),
-    ([(0.3, 0.2), (0.6, 0.1)], "not reproduced"),
+    # (KL separates, energy p, energy distance): only the cells KL leaves open decide (Holm over them)
+    ([(True, 0.9, 0.1), (False, 1e-4, 2.0), (False, 0.01, 1.5)], "reproduced"),
+    ([(True, 1e-4, 2.0), (False, 1e-4, 2.0), (False, 0.4, 0.1)], "partly"),
+    ([(True, 1e-4, 2.0), (False, 0.3, 0.2), (False, 0.6, 0.1)], "not reproduced"),  # KL's cell does not count
+    ([(True, 1e-4, 2.0), (True, 1e-4, 3.0)], "not testable here"),  # KL separates everywhere: nothing beyond it
 ])
 def test_energy_verdict_returns_each_verdict(cells, expected):
-    assert bs.energy_verdict(cells).verdict == expected
+    import pandas as pd
+
+    energy = pd.DataFrame(cells, columns=["kl_separates", "p", "energy_distance"])
+    assert bs.energy_verdict(energy).verdict == expected
+
+
+def test_energy_shape_of_the_verdict_on_synthetic_clouds():
+    """The rule on clouds it must pass and fail: two schemes whose 6D errors differ only in a component KL does not
+    see are separated by the energy test (p at its floor), identical laws are not. Sizing: 200 points per cloud,
+    a 3-sd shift in one component gives ℰ far above the permutation null (p = 1/(999 + 1)); under H0 the
+    p-value is uniform, so the seed is fixed to keep the test deterministic."""
+    import numpy as np
+    import pandas as pd
+
+    from kvstats.measure.error6d import energy_test
+
+    rng = np.random.default_rng(3)
+    a, b, c = rng.normal(size=(200, 6)), rng.normal(size=(200, 6)), rng.normal(size=(200, 6))
+    c[:, 5] += 3.0  # a V-side component moves, the K-side ones (which KL reads) do not
+    same, moved = energy_test(a, b, n_resamples=999, seed=1), energy_test(a, c, n_resamples=999, seed=1)
+    assert moved.pvalue == pytest.approx(1 / 1000) and same.pvalue > 0.01
+    rows = pd.DataFrame([{"kl_separates": False, "p": same.pvalue, "energy_distance": same.statistic},
+                         {"kl_separates": False, "p": moved.pvalue, "energy_distance": moved.statistic}])
+    assert bs.energy_verdict(rows).verdict == "partly"
+    assert bs.energy_verdict(rows.iloc[1:]).verdict == "reproduced"
 
 
 # ------------------------------------------------------------------------------------- p-value arithmetic
@@ -204,7 +230,15 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     defs = json.loads((data / "budget_sweep_definitions.json").read_text())
     text = json.dumps(defs, ensure_ascii=False)
     assert "rows='srht'" in text and "isotropic = q ~ N(0, I_d)" in text and "6 windows" in text
-    assert len(pd.read_csv(data / "budget_sweep_wilcoxon.csv")) == bs.paired_family_size(tiny)
+    wil = pd.read_csv(data / "budget_sweep_wilcoxon.csv")
+    assert len(wil) == bs.paired_family_size(tiny) + sum(bs.paired_family_size(tiny, s)
+                                                         for s in bs.SENSITIVITY_SKETCHES)
+    # Holm within each sketch's family: the paper's sketch's p_holm equal Holm over its own rows alone
+    from statsmodels.stats.multitest import multipletests
+
+    own = wil[wil["sketch"] == bs.SKETCH]
+    assert len(own) == bs.paired_family_size(tiny)
+    np.testing.assert_allclose(own["p_holm"], multipletests(own["p"], method="holm")[1], rtol=1e-9)
     assert read_claims(data / "budget_sweep_claims.json")
 
 
