@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import scipy.stats
 import torch
 
 from kvstats.measure import metrics
@@ -108,6 +109,9 @@ METRICS = ("attention_kl", "k_direction", "distance_6d", "top5", "output_error",
 FINDING1_METRICS = ("attention_kl", "k_direction", "distance_6d")
 PAPER_RATIO = "2.25"  # as printed: KL(QKQV)/KL(KQV) at n = 4
 PAPER_P = 1e-23
+#: the paper's Mann–Whitney effect size as printed, and its trials per group (70 vs 70)
+PAPER_R = "-0.983"
+PAPER_N = 70
 #: finding (3): the scheme with the better geometric K reconstruction at each budget
 CROSSOVER = {2: "qkqv", 3: "qkqv", 4: "kqv", 5: "qkqv", 6: "kqv"}
 
@@ -311,6 +315,50 @@ def separation_p(n: int, *, exact: bool) -> float:
     if exact:
         return 2.0 / math.comb(2 * n, n)
     return mann_whitney(np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)).p_asymptotic
+
+
+def u_for_rank_biserial(r: float, n: int) -> float:
+    """U₁ of n vs n samples with rank-biserial r = 2U₁/n² − 1."""
+    return (r + 1.0) / 2.0 * n * n
+
+
+def normal_p_of_u(u: float, n: int) -> float:
+    """Two-sided normal-approximation Mann–Whitney p of U₁ = u at n vs n, no ties, no continuity correction."""
+    z = (u - n * n / 2.0) / math.sqrt(n * n * (2 * n + 1) / 12.0)
+    return float(2.0 * scipy.stats.norm.sf(abs(z)))
+
+
+def exact_p_of_u(u: int, n: int) -> float:
+    """Two-sided exact Mann–Whitney p at U₁ = u (u < n: samples built with exactly u pairs a > b)."""
+    a, b = np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)
+    if u:
+        a[-1] = b[u - 1] + 0.5
+    return float(scipy.stats.mannwhitneyu(a, b, method="exact").pvalue)
+
+
+def published_triple(r: str = PAPER_R, n: int = PAPER_N) -> dict:
+    """Is D'Alberto's (r, p < PAPER_P, n vs n) consistent? The normal-approximation p at the printed r and over its
+    rounding interval (r ± half a unit of its last digit), and the exact p at the integer U₁ of that interval."""
+    half = V.printed_half_unit(r)
+    lo_r, hi_r = float(r) - half, float(r) + half
+    u_lo, u_hi = u_for_rank_biserial(lo_r, n), u_for_rank_biserial(hi_r, n)
+    integers = list(range(math.ceil(u_lo), math.floor(u_hi) + 1))
+    return {"p_normal": normal_p_of_u(u_for_rank_biserial(float(r), n), n), "p_normal_min": normal_p_of_u(u_lo, n),
+            "p_normal_max": normal_p_of_u(u_hi, n), "u_integers": integers,
+            "p_exact_max": max(exact_p_of_u(u, n) for u in integers) if integers else math.nan}
+
+
+def triple_text(t: dict, r: str = PAPER_R, n: int = PAPER_N) -> str:
+    """One sentence on the published triple, from :func:`published_triple`."""
+    holds = t["p_normal"] < PAPER_P
+    edge = t["p_normal_min"] < PAPER_P <= t["p_normal_max"]
+    return (f"the published triple r = {r}, p < {PAPER_P:g}, {n} vs {n} "
+            f"{'holds' if holds else 'does not hold'} with the normal approximation at the printed r: "
+            f"p = {t['p_normal']:.3g} ({t['p_normal_min']:.3g} to {t['p_normal_max']:.3g} over r's rounding "
+            f"interval{': below ' + format(PAPER_P, 'g') + ' only at its end' if edge and not holds else ''}); "
+            f"with the exact p (U₁ ∈ {t['u_integers']}: at most {t['p_exact_max']:.2g}) it holds by "
+            f"{math.floor(math.log10(PAPER_P / t['p_exact_max']))} orders of magnitude. The paper does not say "
+            "which p it reports")
 
 
 def min_n_for_p(target: float, *, exact: bool, n_max: int = 1000) -> int:
@@ -858,7 +906,7 @@ def _ratio_details(r4: pd.DataFrame) -> str:
             f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
             f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
             f"group with the exact p (2/C(2n, n) at complete separation), from {normal_n} with the "
-            "normal approximation.")
+            f"normal approximation. The paper's own numbers: {triple_text(published_triple())}.")
 
 
 def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
@@ -874,7 +922,9 @@ def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
         data=data_text(a),
         verdict=V.combine(parts) if len(parts) > 1 else parts[0],
         figure=f"{STUDY}_kl_ratio.png",
-        details=_ratio_details(r4))
+        details=_ratio_details(r4),
+        discrepancy=(f"D'Alberto's {triple_text(published_triple())[4:]}."
+                     if sketch == SKETCH and published_triple()["p_normal"] >= PAPER_P else None))
 
 
 def energy_claim(a: Analysis) -> Claim:
@@ -947,6 +997,71 @@ def top5_claim(a: Analysis) -> Claim:
                 "the scheme's top 5 (kvstats.metrics.topk_recall_from_scores).")
 
 
+#: schemes whose KL-vs-direction-error growth is fitted (min-max's K error is not a rotated one: shown, not fitted)
+SUPERLINEAR_SCHEMES = ("kqv", "qkqv", "kv")
+SUPERLINEAR_RESAMPLES = 999
+
+
+def _log_slope(xy: np.ndarray) -> float:
+    """OLS slope of column 1 on column 0 of ``xy`` [points, 2]."""
+    x, y = xy[:, 0] - xy[:, 0].mean(), xy[:, 1] - xy[:, 1].mean()
+    return float((x * y).sum() / (x * x).sum())
+
+
+def superlinear_table(primary: pd.DataFrame) -> pd.DataFrame:
+    """Per data label and scheme: the slope β of log attention KL on log K direction error (1 − cos) over every
+    trial and budget n ∈ BUDGETS, with a 95% bootstrap CI over trials (each trial's budgets resampled together;
+    on the real windows over documents, then windows). KL ∝ (direction error)^β: β > 1 is super-linear."""
+    rows = []
+    for (label, name), g in primary[primary["scheme"].isin(SUPERLINEAR_SCHEMES)].groupby(["label", "scheme"],
+                                                                                        sort=False):
+        g = g[(g["k_direction"] > 0) & (g["attention_kl"] > 0)]
+        trials = sorted(g["trial"].unique())
+        units = [np.log(g[g["trial"] == t][["k_direction", "attention_kl"]].to_numpy(dtype=float)) for t in trials]
+        clusters = None
+        if (g["data"] == "smollm2").all():
+            windows = real_windows(int(g["seq"].iloc[0]))
+            clusters = [windows[int(t)][0] for t in trials]
+        ci = cluster_bootstrap_ci(units, _log_slope, clusters=clusters, n_resamples=SUPERLINEAR_RESAMPLES,
+                                  seed=cell_seed(STUDY, "superlinear", label, name))
+        lo, hi = ci.confidence_interval
+        rows.append({"label": label, "scheme": name, "slope": ci.statistic, "lo": lo, "hi": hi,
+                     "trials": len(trials), "points": sum(len(u) for u in units)})
+    return pd.DataFrame(rows)
+
+
+def superlinear_verdict(tab: pd.DataFrame) -> V.Verdict:
+    """Direction rule over the (data, scheme) cells: for when the slope's CI lies above 1 (super-linear), against
+    when it lies below 1 (sub-linear), inconclusive otherwise."""
+    cells = [1 if r.lo > 1 else -1 if r.hi < 1 else 0 for r in tab.itertuples()]
+    return V.direction(cells, what="(data, scheme) cells (slope of log KL on log direction error above 1)")
+
+
+def superlinear_claim(a: Analysis) -> Claim:
+    """§3.4: KL grows super-linearly with the K direction error, fitted directly."""
+    tab = superlinear_table(a.primary)
+    above, below = int((tab["lo"] > 1).sum()), int((tab["hi"] < 1).sum())
+    return Claim(
+        id="dalberto-kl-superlinear-k-direction",
+        claim="The convexity of e^x (Jensen) amplifies the K direction error super-linearly into KL: KL grows "
+              "super-linearly with the K direction error.",
+        source="D'Alberto, arXiv 2605.08114, §3.4",
+        measurement=(f"{sketch_txt(SKETCH)}: slope β of log KL on log(1 − cos(k, k̂)) across n ∈ {list(BUDGETS)} "
+                     f"and trials, per (data, scheme): {tab['slope'].min():.2f} to {tab['slope'].max():.2f} "
+                     f"(median {tab['slope'].median():.2f}); CI above 1 in {above}/{len(tab)} cells, below 1 in "
+                     f"{below}. At leading order KL ≈ ½·Var_p(logit error) and the logit error is ∝ ‖k − k̂‖, "
+                     "whose square is ∝ 1 − cos: β = 1 is the quadratic (non-Jensen) baseline."),
+        data=data_text(a),
+        verdict=superlinear_verdict(tab),
+        figure=None,
+        details=("| data | scheme | β [95% CI] | trials |\n|---|---|---|---|\n"
+                 + "\n".join(f"| {r.label} | {r.scheme} | {r.slope:.2f} [{r.lo:.2f}, {r.hi:.2f}] | {r.trials} |"
+                              for r in tab.itertuples())
+                 + f"\n\nOLS on the per-trial points (log 1 − cos, log KL) of every budget; {SUPERLINEAR_RESAMPLES} "
+                   "bootstrap resamples of the trials (real windows: documents, then windows), BCa. The points mix "
+                   "budgets and data draws, so β describes how KL and direction error co-vary across this grid."))
+
+
 def minmax_claim(a: Analysis) -> Claim:
     """The KIVI-style min-max baseline (our own measurement)."""
     mm = _cells(a.pairs, "attention_kl", "minmax")
@@ -970,7 +1085,7 @@ def claims(a: Analysis) -> list[Claim]:
     sketches = (SKETCH, *SENSITIVITY_SKETCHES)
     return ([finding1_claim(a, s) for s in sketches] + [finding2_claim(a, s) for s in sketches]
             + [finding3_claim(a)] + [kl_ratio_claim(a, s) for s in sketches]
-            + [energy_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a)])
+            + [energy_claim(a), superlinear_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a)])
 
 
 def definitions(cfg: dict, n_windows: int) -> dict[str, str]:

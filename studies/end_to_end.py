@@ -882,9 +882,21 @@ def lossless_claim(a: Analysis) -> Claim | None:
         source="kvstats", data=a.data, figure=f"{STUDY}_output.png",
         verdict=measured("the pipeline's floor, our own measurement"),
         measurement=(f"identity scheme through the cache on the estimator path: mean next-token KL "
-                     f"{r['out_kl']:.1e} nats, max |Δlogit| {r['max_abs_dlogit']:.1e}, top-1 agreement "
-                     f"{r['top1']:.3f}, perplexity {r['ppl']:.4f} vs {r['ppl_ref']:.4f}"),
-        details="The floor of the pipeline: fp32 re-association between sdpa and kvstats_attention.")
+                     f"{_bounded(r['out_kl'], LOSSLESS_KL_BOUND)} nats, max |Δlogit| "
+                     f"{_bounded(r['max_abs_dlogit'], LOSSLESS_LOGIT_BOUND)}, top-1 agreement {r['top1']:.3f}, "
+                     f"perplexity {r['ppl']:.4f} vs {r['ppl_ref']:.4f}"),
+        details="The floor of the pipeline: fp32 re-association between sdpa and kvstats_attention. Its size is "
+                "round-off, which moves with BLAS and thread count, so it is given against a bound "
+                f"(figures/data/{STUDY}.csv holds this run's values).")
+
+
+#: the lossless control's round-off floor is reported against these bounds, not as its value (fp32 round-off)
+LOSSLESS_KL_BOUND, LOSSLESS_LOGIT_BOUND = 1e-9, 1e-3
+
+
+def _bounded(x: float, bound: float) -> str:
+    """``≤ bound`` when x is within it, else x itself (then the bound is broken and the value is the news)."""
+    return f"≤ {bound:g}" if x <= bound else f"{x:.1e} (above {bound:g})"
 
 
 #: the per-call agreement of the two paths is reported against this bound, not as its round-off value (which moves

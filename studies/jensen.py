@@ -17,6 +17,7 @@ Writes figures/jensen.png, figures/data/jensen_{curves,schemes}.csv and the clai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -29,13 +30,14 @@ import scipy.stats
 from kvstats.measure import metrics, verdicts
 from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
 from kvstats.measure.stats import wilcoxon
+from kvstats.quant.quantizers import quantizer
 from kvstats.quant.schemes import scheme
 from kvstats.run import plots, study
 from kvstats.run.claims import Claim
 from kvstats.run.sweep import cell_seed, grid
 
 STUDY = "jensen"
-VERSION = "2"
+VERSION = "2"  # the bias sweep has its own cells (new params); the others unchanged
 POSITION = 60  # place in figures/REPORT.md (kvstats.report.study_order)
 D, SEQ, N_Q = 128, 256, 16
 ROWS = "srht"  # the sketch of every QJL stage: D'Alberto's eq. (3), S = H·diag(s′)
@@ -43,8 +45,11 @@ SCHEMES = ("kv", "kqv", "qkqv")
 BUDGETS = (2, 3, 4, 5, 6)
 ALPHA = 0.05
 SIGMA2 = tuple(float(v) for v in np.round(np.geomspace(1e-3, 4.0, 10), 6))
-SCALE = {"quick": {"draws": 1000, "queries": 4, "trials": 8},
-         "paper": {"draws": 20000, "queries": 16, "trials": 40}}
+SCALE = {"quick": {"draws": 1000, "queries": 4, "trials": 8, "bias_seeds": 16},
+         "paper": {"draws": 20000, "queries": 16, "trials": 40, "bias_seeds": 64}}
+#: D'Alberto's eqs. 5–6 at this budget: "MSE n bits" (turbo_mse) against "MSE (n−1) + QJL 1" (turbo_prod, eq. 3's
+#: sketch), the per-key error over quantizer seeds on one data draw
+BIAS_BITS = 4
 
 
 def data(trial: int):
@@ -84,6 +89,78 @@ def scheme_cell(scheme_name: str, n: int, trials: int) -> list[dict]:
         rows.append({"trial": t, "sigma2": float(err2.mean()), "kl": metrics.attention_kl_from_scores(ref, est),
                      "spearman_err2_score": float(rho)})
     return rows
+
+
+def bias_cell(method: str, bits: int, seeds: int) -> list[dict]:
+    """The per-instance logit error bᵢ = ⟨q, k̂ᵢ⟩ − ⟨q, kᵢ⟩ (units of q·k/√d) of ``method`` on trial 0's first KV
+    head and its first query head, over ``seeds`` quantizer seeds: one row per (query, key) with the mean and the
+    variance of bᵢ over the seeds and the exact logit, and one row per seed with the key-specific share of that
+    instance's error, mean over queries of var_i(bᵢ)/mean_i(bᵢ²) (1: nothing of it is a constant that cancels)."""
+    q, k, _ = data(0)
+    q0, k0 = q[0, 0].double(), k[0, 0].double()
+    ref = (q0 @ k0.T / math.sqrt(D)).numpy()
+    errs = []
+    share = []
+    for r in range(seeds):
+        quant = quantizer(method, bits=bits, dim=D, seed=cell_seed(STUDY, "bias", method, bits, r),
+                          **({"rows": ROWS} if method == "turbo_prod" else {}))
+        e = (quant.inner(q0, quant.encode(k0)).double() / math.sqrt(D)).numpy() - ref
+        errs.append(e)
+        share.append(float(np.mean(e.var(axis=1) / (e**2).mean(axis=1))))
+    errs = np.stack(errs)  # [seeds, queries, keys]
+    mean, var = errs.mean(0), errs.var(0, ddof=1)
+    rows = [{"kind": "key", "query": j, "key": i, "score": float(ref[j, i]), "mean_err": float(mean[j, i]),
+             "var_err": float(var[j, i]), "ms_err": float((errs[:, j, i] ** 2).mean())}
+            for j in range(ref.shape[0]) for i in range(ref.shape[1])]
+    return rows + [{"kind": "instance", "seed": r, "key_specific_share": v} for r, v in enumerate(share)]
+
+
+def bias_table(bias: pd.DataFrame, seeds: int) -> dict:
+    """The per-key statistics of :func:`bias_cell` per method: the slope of the per-key mean error on the exact
+    logit (OLS, with its 95% t-interval over keys), the t-test of each key's mean error (over the seeds, Holm over
+    the keys), the key-specific share, and the mean squared error per key."""
+    from statsmodels.stats.multitest import multipletests
+
+    out = {}
+    for method, g in bias.groupby("method"):
+        keys = g[g["kind"] == "key"]
+        fit = scipy.stats.linregress(keys["score"], keys["mean_err"])
+        half = scipy.stats.t.ppf(0.975, len(keys) - 2) * fit.stderr
+        t = keys["mean_err"] / np.sqrt(keys["var_err"] / seeds)
+        p = 2 * scipy.stats.t.sf(np.abs(t.to_numpy()), seeds - 1)
+        out[method] = {"slope": fit.slope, "slope_lo": fit.slope - half, "slope_hi": fit.slope + half,
+                       "significant_keys": int((multipletests(p, method="holm")[1] < ALPHA).sum()),
+                       "keys": len(keys), "share": float(g[g["kind"] == "instance"]["key_specific_share"].mean()),
+                       "ms_err": keys.sort_values(["query", "key"])["ms_err"].to_numpy()}
+    return out
+
+
+def kl_at_budget(points: pd.DataFrame, n: int) -> dict:
+    """KL(QKQV) against KL(KQV) at budget n, paired over trials: the ratio of medians, Wilcoxon's r, and the cell's
+    direction (+1: QKQV significantly higher)."""
+    arr = points_arrays(points, n)
+    w = wilcoxon(arr["kl_qkqv"], arr["kl_kqv"])
+    return {"ratio": float(np.median(arr["kl_qkqv"]) / np.median(arr["kl_kqv"])), "r": float(w.effect_size),
+            "trials": len(arr["kl_kqv"]),
+            "cell": verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=1, alpha=ALPHA)}
+
+
+def bias_verdict(tab: dict, kl_cell: int) -> verdicts.Verdict:
+    """D'Alberto's eqs. 5–6 in four parts, combined: (1) the MSE stage's per-instance bias is key-specific — the
+    per-key mean error varies with the key's logit (OLS slope's CI excludes 0; a constant bias would give 0);
+    (2) QJL removes it — no key's mean error differs from 0 over the seeds (t-tests, Holm over the keys; identity
+    rule on the count of significant keys); (3) at the price of variance — the per-key mean squared error of MSE
+    (n−1) + QJL 1 exceeds MSE n bits' (Wilcoxon over keys); (4) which costs more KL than the bias it removes —
+    ``kl_cell``, the direction of KL(QKQV) − KL(KQV) at n = BIAS_BITS over trials (cell_direction)."""
+    mse, prod = tab["turbo_mse"], tab["turbo_prod"]
+    key_specific = 1 if mse["slope_hi"] < 0 or mse["slope_lo"] > 0 else 0
+    w = wilcoxon(prod["ms_err"], mse["ms_err"])
+    more_var = verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=1, alpha=ALPHA)
+    return verdicts.combine([
+        verdicts.direction([key_specific], what="MSE stages (per-key mean error varies with the logit)"),
+        verdicts.identity([prod["significant_keys"]], 0, atol=0.5, what="QJL stages (keys with a significant bias)"),
+        verdicts.direction([more_var], what="key sets (QJL's mean squared error above MSE's)"),
+        verdicts.direction([kl_cell], what="budgets (KL of MSE + QJL above MSE alone)")])
 
 
 def points_arrays(points, n: int) -> dict[str, np.ndarray]:
@@ -157,6 +234,11 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
         "tests": f"paired over trials by Wilcoxon signed-rank (kvstats.stats.wilcoxon), level {ALPHA}, Holm over "
                  f"the {len(BUDGETS)} budgets within each part of the mechanism claim (its family); Monte Carlo "
                  "differences by a two-sided z-test (the implementation check of eq. 4)",
+        "per-instance bias": f"trial 0, KV head 0 and its first query head ({N_Q} queries × {SEQ} keys): "
+                             f"turbo_mse({BIAS_BITS}) and turbo_prod({BIAS_BITS}, rows={ROWS!r}) over "
+                             f"{cfg['bias_seeds']} quantizer seeds; per (query, key) the mean and variance of "
+                             "bᵢ = ⟨q, k̂ᵢ⟩ − ⟨q, kᵢ⟩ (logit units) over the seeds; the slope of the mean on the logit "
+                             "by OLS over the cells (t-interval); per-cell t-tests of mean 0, Holm over the cells",
     }
 
 
@@ -176,6 +258,8 @@ class Analysis:
     coef_u: np.ndarray
     inflation: verdicts.Verdict
     mechanism: verdicts.Verdict
+    bias: pd.DataFrame | None = None  # bias_cell's rows with a method column
+    kl_test: dict | None = None  # KL(QKQV) vs KL(KQV) at n = BIAS_BITS over trials (kl_at_budget)
 
 
 def scheme_points(points: pd.DataFrame) -> pd.DataFrame:
@@ -337,6 +421,36 @@ def schemes_claim(a: Analysis) -> Claim:
         details=schemes_table(a))
 
 
+def bias_claim(a: Analysis) -> Claim:
+    """D'Alberto's per-instance bias (eqs. 5–6), measured per key."""
+    tab = bias_table(a.bias, a.cfg["bias_seeds"])
+    mse, prod = tab["turbo_mse"], tab["turbo_prod"]
+    kl = a.kl_test
+    ratio = float(np.mean(prod["ms_err"]) / np.mean(mse["ms_err"]))
+    return Claim(
+        id="dalberto-per-instance-bias",
+        claim="The per-instance bias bᵢ = ⟨q, rᵢ⟩ of the MSE stage (eq. 5) is key-specific and does not "
+              "cancel in softmax (eq. 6); QJL removes it but its variance causes more softmax distortion "
+              "than the bias it removes: at equal budget MSE-only has lower attention KL.",
+        source="D'Alberto, arXiv 2605.08114, §3.3, eqs. (5)–(6)",
+        measurement=(f"per key over {a.cfg['bias_seeds']} quantizer seeds (n = {BIAS_BITS}, d = {D}): MSE {BIAS_BITS} "
+                     f"bits' mean logit error falls with the logit (slope {mse['slope']:+.4f} [95% CI "
+                     f"{mse['slope_lo']:+.4f}, {mse['slope_hi']:+.4f}]: the shrinkage −D_mse·s, key-specific), and "
+                     f"{100 * mse['share']:.1f}% of one instance's squared error varies across keys (does not "
+                     f"cancel); MSE {BIAS_BITS - 1} + QJL 1 (Hadamard sketch): slope {prod['slope']:+.4f} "
+                     f"[{prod['slope_lo']:+.4f}, {prod['slope_hi']:+.4f}], {prod['significant_keys']}/{prod['keys']} "
+                     f"keys with a significant mean error (Holm), mean squared error ×{ratio:.2f} of MSE's; attention "
+                     f"KL at n = {BIAS_BITS}: QKQV / KQV = {kl['ratio']:.2f} (Wilcoxon r = {kl['r']:+.2f} over "
+                     f"{kl['trials']} trials)."),
+        data=data_text(a) + f"; the per-key rows: trial 0, KV head 0, query head 0 ({N_Q} queries × {SEQ} keys)",
+        verdict=bias_verdict(tab, kl["cell"]),
+        figure=None,
+        details=("The bias of MSE n bits is E⟨q, k̂⟩ − ⟨q, k⟩ = −D_mse·⟨q, k⟩ over the rotation (TurboQuant, figure 1): "
+                 "proportional to the logit, hence key-specific; QJL's residual correction is unbiased, and its "
+                 "variance is the price. The KL part is the scheme comparison of this study at the same budget "
+                 "(K = MSE n bits in KQV, MSE (n−1) + QJL 1 in QKQV)."))
+
+
 # ------------------------------------------------------------------------------------------------- the study
 
 
@@ -351,18 +465,23 @@ class Jensen(study.Study):
         return {f"{STUDY}_curves": (curve_cell, grid(mode=["uniform", "correlated"], sigma2=list(SIGMA2),
                                                       queries=cfg["queries"], draws=cfg["draws"])),
                 f"{STUDY}_schemes": (scheme_cell, grid(scheme_name=list(SCHEMES), n=list(BUDGETS),
-                                                        trials=cfg["trials"]))}
+                                                        trials=cfg["trials"])),
+                f"{STUDY}_bias": (bias_cell, grid(method=["turbo_mse", "turbo_prod"], bits=BIAS_BITS,
+                                                  seeds=cfg["bias_seeds"]))}
 
     def analyse(self, tables, scale: str) -> Analysis:
-        return analyse(tables[f"{STUDY}_curves"], tables[f"{STUDY}_schemes"], SCALE[scale], scale)
+        a = analyse(tables[f"{STUDY}_curves"], tables[f"{STUDY}_schemes"], SCALE[scale], scale)
+        return dataclasses.replace(a, bias=tables[f"{STUDY}_bias"],
+                                   kl_test=kl_at_budget(tables[f"{STUDY}_schemes"], BIAS_BITS))
 
     def figures(self, tables, a: Analysis) -> None:
         plots.write_csv(f"{STUDY}_curves", tables[f"{STUDY}_curves"])
         plots.write_csv(f"{STUDY}_schemes", tables[f"{STUDY}_schemes"])
+        plots.write_csv(f"{STUDY}_bias", tables[f"{STUDY}_bias"])
         figure(a)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [inflation_claim(a), schemes_claim(a)]
+        return [inflation_claim(a), schemes_claim(a)] + ([bias_claim(a)] if a.bias is not None else [])
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)

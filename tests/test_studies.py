@@ -463,6 +463,12 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]
+    assert claims["qjl-theorem-3.6-scaling"]["rule"] == "bound" and "n = 4096, d = 256" in \
+        claims["qjl-theorem-3.6-scaling"]["measurement"]
+    assert claims["qjl-longbench-lmeval-speed"]["verdict"] == "not testable here"
+    # D'Alberto's √(π/2) claim is verdicted on his Hadamard sketch, Gaussian rows beside it
+    assert "Hadamard sketch" in claims["dalberto-sqrt-pi-2"]["measurement"]
+    assert claims["dalberto-sqrt-pi-2-sketch-gaussian"]["rule"] == "number"
 
 
 def test_nova_cell_attention_from_kvstats_attention(monkeypatch):

@@ -262,3 +262,42 @@ def test_synthetic_trials_can_pass_holm_over_the_whole_paired_table(scale):
     p_min = scipy.stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue
     assert p_min == pytest.approx(2 / 2 ** n, rel=1e-12)
     assert p_min < bs.ALPHA / bs.paired_family_size(cfg)
+
+
+def test_published_triple_against_scipy():
+    """D'Alberto's r = −0.983 at 70 vs 70: the normal p of its U₁ against scipy's asymptotic Mann–Whitney (no
+    continuity correction) on samples with that U₁, and the exact p against scipy's exact one."""
+    n, u = bs.PAPER_N, 42
+    a, b = np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)
+    a[-1] = b[u - 1] + 0.5  # exactly u pairs with a > b
+    assert scipy.stats.mannwhitneyu(a, b).statistic == u
+    asym = scipy.stats.mannwhitneyu(a, b, method="asymptotic", use_continuity=False).pvalue
+    assert bs.normal_p_of_u(u, n) == pytest.approx(asym, rel=1e-9)
+    assert bs.exact_p_of_u(u, n) == pytest.approx(scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-12)
+    t = bs.published_triple()
+    assert t["u_integers"] == [41, 42] and t["p_normal"] > bs.PAPER_P > t["p_normal_min"]
+    assert "does not hold with the normal approximation" in bs.triple_text(t)
+
+
+def test_superlinear_slope_recovers_a_known_exponent():
+    """log KL = log c + β·log(direction error) + noise over trials and budgets: the fitted β recovers the true β
+    (2 or 1). Sizing: 40 trials × 5 budgets, noise sd 0.05 on log KL over a 2-decade spread of the error: the
+    slope's SE is ≈ 0.004, so |β̂ − β| < 0.05 is a 12-SE margin (a correct fit fails with probability < 1e-30)
+    and the β = 2 CI lies far above 1. The rule is then fed tables for each verdict."""
+    import pandas as pd
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for scheme, beta in (("kqv", 2.0), ("qkqv", 1.0)):
+        for t in range(40):
+            for n, kd in zip(bs.BUDGETS, np.geomspace(1e-1, 1e-3, len(bs.BUDGETS))):
+                kd_t = kd * rng.uniform(0.8, 1.25)
+                rows.append({"label": "gaussian", "data": "gaussian", "scheme": scheme, "trial": t, "n": n,
+                             "k_direction": kd_t, "attention_kl": 0.3 * kd_t ** beta * math.exp(rng.normal(0, 0.05))})
+    tab = bs.superlinear_table(pd.DataFrame(rows)).set_index("scheme")
+    assert abs(tab.loc["kqv", "slope"] - 2.0) < 0.05 and abs(tab.loc["qkqv", "slope"] - 1.0) < 0.05
+    assert tab.loc["kqv", "lo"] > 1.5 and (tab["hi"] - tab["lo"]).max() < 0.1
+    cells = pd.DataFrame({"lo": [1.5, 0.9, 0.5], "hi": [2.5, 1.1, 0.8]})  # above 1, inconclusive, below 1
+    assert bs.superlinear_verdict(cells).verdict == "partly"
+    assert bs.superlinear_verdict(cells.iloc[:1]).verdict == "reproduced"
+    assert bs.superlinear_verdict(cells.iloc[1:]).verdict == "not reproduced"

@@ -66,13 +66,44 @@ def test_jensen_mechanism_verdict_returns_each_verdict():
 
 
 def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
-    claims = {c["id"]: c for c in run_tiny("jensen", {"draws": 200, "queries": 2, "trials": 6}, tmp_path,
-                                           monkeypatch)}
+    tiny = {"draws": 200, "queries": 2, "trials": 6, "bias_seeds": 4}
+    claims = {c["id"]: c for c in run_tiny("jensen", tiny, tmp_path, monkeypatch)}
     assert claims["jensen-inflation"]["rule"] == "implementation check"
     assert claims["jensen-inflation"]["verdict"] in ("implementation check", "check failed")
     assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
     assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
+    assert claims["dalberto-per-instance-bias"]["rule"] == "combine"
     assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
+
+
+def test_jensen_bias_rule_returns_each_verdict():
+    """bias_table on errors of a known law — a bias of −0.01·logit for "MSE", none for "QJL" (with twice the
+    noise) — then the rule fed tables for each verdict. Sizing: 256 keys × 32 seeds; a key's mean error has sd
+    0.1/√32 = 0.018 (QJL), the slope's SE over 256 keys of logit sd 2 is ≈ 5.5e-4: MSE's −0.01 is 18 SE from 0
+    and |QJL's slope| < 0.003 fails with probability ≈ 1e-7; 4 or more Holm-significant keys out of 256 under
+    H0 need 4 p-values below ≈ 2e-4 (probability ≈ 3e-7)."""
+    import pandas as pd
+
+    js = load_study("jensen")
+    rng = np.random.default_rng(2)
+    score = rng.normal(0, 2, 256)
+    rows = []
+    for method, slope, sd in (("turbo_mse", -0.01, 0.05), ("turbo_prod", 0.0, 0.1)):
+        errs = slope * score + rng.normal(0, sd, (32, 256))
+        rows += [{"method": method, "kind": "key", "query": 0, "key": i, "score": score[i],
+                  "mean_err": errs[:, i].mean(), "var_err": errs[:, i].var(ddof=1), "ms_err": (errs[:, i] ** 2).mean()}
+                 for i in range(256)]
+        rows += [{"method": method, "kind": "instance", "seed": r, "key_specific_share": 0.99} for r in range(32)]
+    tab = js.bias_table(pd.DataFrame(rows), 32)
+    assert tab["turbo_mse"]["slope_hi"] < 0 and abs(tab["turbo_prod"]["slope"]) < 0.003
+    assert tab["turbo_prod"]["significant_keys"] <= 3
+    tab["turbo_prod"]["significant_keys"] = 0
+    assert js.bias_verdict(tab, 1).verdict == "reproduced"
+    assert js.bias_verdict(tab, 0).verdict == "partly"
+    flat = {**tab, "turbo_mse": {**tab["turbo_mse"], "slope_lo": -0.001, "slope_hi": 0.001}}
+    biased = {**flat, "turbo_prod": {**tab["turbo_prod"], "significant_keys": 12,
+                                     "ms_err": tab["turbo_mse"]["ms_err"] * 0.5}}
+    assert js.bias_verdict(biased, -1).verdict == "not reproduced"
 
 
 # -------------------------------------------------------------------------------------------- sphere_law

@@ -6,6 +6,7 @@ Re-exported by :mod:`kvstats.quant.quantizers.nova`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -43,6 +44,18 @@ def stratified_ranks(dim: int, group_dim: int) -> torch.Tensor:
     return torch.tensor([i * groups + j for j in range(groups) for i in range(group_dim)], dtype=torch.int64)
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """torch on one thread for the block: LAPACK's multithreaded eigensolver returns last bits that depend on the
+    thread count, and the k-means that follows the transform would amplify them (tests/test_reproducibility.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def attention_transform(sigma_q: torch.Tensor, key_cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The NOVA key transform for a given (already ridged) Σ_Q and key covariance C_K.
 
@@ -50,15 +63,16 @@ def attention_transform(sigma_q: torch.Tensor, key_cov: torch.Tensor) -> tuple[t
     Σ_Q^{1/2} C_K Σ_Q^{1/2} = V Λ Vᵀ. Float64. Σ_Q must be symmetric positive definite.
     """
     sigma_q, key_cov = sigma_q.to(torch.float64), key_cov.to(torch.float64)
-    w, u = torch.linalg.eigh((sigma_q + sigma_q.T) / 2)
-    if not bool(w[0] > 1e-12 * w[-1].abs().clamp_min(1e-300)):
-        raise ValueError(f"sigma_q is singular or indefinite (eigenvalues {w[0].item():.3g} .. {w[-1].item():.3g}); "
-                         "pass ridge > 0")
-    half = (u * w.sqrt()) @ u.T
-    a = half @ key_cov @ half
-    lam, v = torch.linalg.eigh((a + a.T) / 2)
-    lam, v = lam.flip(0).clamp_min(0.0), v.flip(1)
-    return v.T @ half, lam
+    with _one_thread():  # d × d work: one thread costs nothing and pins the last bits
+        w, u = torch.linalg.eigh((sigma_q + sigma_q.T) / 2)
+        if not bool(w[0] > 1e-12 * w[-1].abs().clamp_min(1e-300)):
+            raise ValueError(f"sigma_q is singular or indefinite (eigenvalues {w[0].item():.3g} .. "
+                             f"{w[-1].item():.3g}); pass ridge > 0")
+        half = (u * w.sqrt()) @ u.T
+        a = half @ key_cov @ half
+        lam, v = torch.linalg.eigh((a + a.T) / 2)
+        lam, v = lam.flip(0).clamp_min(0.0), v.flip(1)
+        return v.T @ half, lam
 
 
 def kmeans_plusplus(data: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
