@@ -563,7 +563,12 @@ def two_pi_claim(a: Analysis, sketch: str = TWO_PI_SKETCH) -> Claim:
                      + f" (→ {limit:.3f} as b grows: D_mse(b−1)/D_mse(b) → 4; 2π = {2 * math.pi:.3f})."),
         data=a.data_text + "; y independent of x",
         verdict=two_pi_verdict(ratios),
-        figure=f"{STUDY}.png")
+        figure=f"{STUDY}.png",
+        discrepancy=(f"With D'Alberto's own Hadamard sketch (eq. 3) the cost of swapping an MSE bit for QJL is a "
+                     f"{min(e for e, _, _ in ratios.values()):.2f}–{max(e for e, _, _ in ratios.values()):.2f}-fold "
+                     f"inner-product variance at b = {min(ratios)}..{max(ratios)} (closed form → 4(π/2 − 1) = "
+                     f"{4 * (math.pi / 2 - 1):.2f}), not 2π; 2π is the limit for TurboQuant's Gaussian rows."
+                     if primary and all(hi < 2 * math.pi for _, _, hi in ratios.values()) else None))
 
 
 def outlier_claim(a: Analysis) -> Claim:
