@@ -33,6 +33,8 @@ spec = importlib.util.spec_from_file_location(name, f"{sys.argv[5]}/studies/{nam
 mod = importlib.util.module_from_spec(spec)
 sys.modules[name] = mod
 spec.loader.exec_module(mod)
+if len(sys.argv) > 6:  # the study's own preparation (e.g. nova's captures), as its main() would run it first
+    getattr(mod, sys.argv[6])()
 print(json.dumps(getattr(mod, fn)(**params), default=repr))
 """
 
@@ -60,8 +62,9 @@ def _env(threads: int, tmp: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _cell_rows(study: str, fn: str, params: dict, threads: int) -> list:
-    out = subprocess.run([sys.executable, "-c", CELL_DRIVER, study, fn, json.dumps(params), str(threads), str(ROOT)],
+def _cell_rows(study: str, fn: str, params: dict, threads: int, prepare: str | None = None) -> list:
+    args = [study, fn, json.dumps(params), str(threads), str(ROOT)] + ([prepare] if prepare else [])
+    out = subprocess.run([sys.executable, "-c", CELL_DRIVER, *args],
                          capture_output=True, text=True, env=_env(threads), cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
@@ -92,7 +95,7 @@ def test_model_cells_are_the_same_at_1_and_2_threads(smollm2):
            "calibration_tokens": None}
     assert _cell_rows("end_to_end", "cell", e2e, 1) == _cell_rows("end_to_end", "cell", e2e, 2)
     nova = {"layer": 3, "seed": 0, "n_q": 4, "insample": False}
-    assert _cell_rows("nova", "cell", nova, 1) == _cell_rows("nova", "cell", nova, 2)
+    assert _cell_rows("nova", "cell", nova, 1, "ensure_captures") == _cell_rows("nova", "cell", nova, 2)
 
 
 def test_study_shell_writes_the_same_claims_with_1_and_2_workers(tmp_path):

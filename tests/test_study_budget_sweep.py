@@ -254,7 +254,7 @@ def test_docs_state_the_computed_group_sizes():
 
 
 @pytest.mark.parametrize("scale", ["quick", "paper"])
-def test_synthetic_trials_can_pass_holm_over_the_whole_paired_table(scale):
+def test_synthetic_trials_can_pass_holm_over_the_paper_sketch_family(scale):
     """A direction cell must be able to pass: the smallest exact paired p (all N differences of one sign,
     2/2^N, scipy's exact Wilcoxon) is below alpha / (tests in the Holm family)."""
     cfg = bs.SCALE[scale]
