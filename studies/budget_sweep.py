@@ -949,8 +949,9 @@ def energy_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=energy_verdict(en),
         figure=f"{STUDY}_n4.png",
-        details="Only a cell where the scalar (attention KL, paired Wilcoxon over trials, Holm within the paper "
-                "sketch's tests) does not separate the two schemes can show the 6D error discriminating beyond it; there "
+        details="Only a cell where the scalar (attention KL, paired Wilcoxon over trials, Holm within the "
+                "paper sketch's tests) does not separate the two schemes can show the 6D error discriminating "
+                "beyond it; there "
                 f"the energy-distance permutation test of the two 6D clouds decides (Holm over those cells, level "
                 f"{ALPHA}).\n\n| data | KQV vs | KL Holm p | KL separates | energy distance | p |\n"
                 "|---|---|---|---|---|---|\n"
