@@ -352,7 +352,7 @@ def triple_text(t: dict, r: str = PAPER_R, n: int = PAPER_N) -> str:
     """One sentence on the published triple, from :func:`published_triple`."""
     holds = t["p_normal"] < PAPER_P
     edge = t["p_normal_min"] < PAPER_P <= t["p_normal_max"]
-    return (f"the published triple r = {r}, p < {PAPER_P:g}, {n} vs {n} "
+    return (f"published triple r = {r}, p < {PAPER_P:g}, {n} vs {n} "
             f"{'holds' if holds else 'does not hold'} with the normal approximation at the printed r: "
             f"p = {t['p_normal']:.3g} ({t['p_normal_min']:.3g} to {t['p_normal_max']:.3g} over r's rounding "
             f"interval{': below ' + format(PAPER_P, 'g') + ' only at its end' if edge and not holds else ''}); "
@@ -892,7 +892,7 @@ def _gaussian_ratios(a: Analysis, r4: pd.DataFrame) -> tuple[list[V.Verdict], li
     return parts, texts
 
 
-def _ratio_details(r4: pd.DataFrame) -> str:
+def _ratio_details(r4: pd.DataFrame, triple: dict) -> str:
     """The 2.25× claim's details: every data set's ratio and Mann–Whitney test, and the attainable p."""
     exact_n, normal_n = min_n_for_p(PAPER_P, exact=True), min_n_for_p(PAPER_P, exact=False)
     lines = "\n".join(f"| {lab} | {r.ratio:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] | {r.mw_rank_biserial:+.3f} | "
@@ -906,13 +906,14 @@ def _ratio_details(r4: pd.DataFrame) -> str:
             f"\n\nWith {n_tr} vs {n_tr} trials the smallest possible two-sided exact p is "
             f"{separation_p(n_tr, exact=True):.1e}; p < 1e−23 is attainable from {exact_n} trials per "
             f"group with the exact p (2/C(2n, n) at complete separation), from {normal_n} with the "
-            f"normal approximation. The paper's own numbers: {triple_text(published_triple())}.")
+            f"normal approximation. The paper's own numbers: the {triple_text(triple)}.")
 
 
 def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
     """The 2.25× ratio: gaussian data, each query model."""
     r4 = a.ratios[(a.ratios["sketch"] == sketch) & (a.ratios["n"] == 4)].set_index("label")
     parts, texts = _gaussian_ratios(a, r4)
+    triple = published_triple()
     return Claim(
         id="dalberto-kl-ratio-2.25" + _suffix(sketch),
         claim="At n = 4, KQV's KL is 2.25× lower than QKQV's (Mann–Whitney r = −0.983, p < 1e−23)."
@@ -922,9 +923,9 @@ def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
         data=data_text(a),
         verdict=V.combine(parts) if len(parts) > 1 else parts[0],
         figure=f"{STUDY}_kl_ratio.png",
-        details=_ratio_details(r4),
-        discrepancy=(f"D'Alberto's {triple_text(published_triple())[4:]}."
-                     if sketch == SKETCH and published_triple()["p_normal"] >= PAPER_P else None))
+        details=_ratio_details(r4, triple),
+        discrepancy=(f"D'Alberto's {triple_text(triple)}."
+                     if sketch == SKETCH and triple["p_normal"] >= PAPER_P else None))
 
 
 def energy_claim(a: Analysis) -> Claim:

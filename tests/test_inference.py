@@ -290,3 +290,5 @@ def test_orthogonal_sketch_prod_distortion_against_monte_carlo():
         I.orthogonal_sketch_prod_distortion(1.5, d)
     with pytest.raises(ValueError, match="scale"):
         I.orthogonal_sketch_prod_distortion(0.5, d, scale=-1.0)
+    with pytest.raises(ValueError, match="y_norm2"):
+        I.orthogonal_sketch_prod_distortion(0.5, d, y_norm2=float("nan"))

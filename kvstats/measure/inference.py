@@ -175,6 +175,9 @@ def orthogonal_sketch_prod_distortion(d_mse_prev: float, d: int, *, scale: float
     scale = float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive number, got {scale}")
+    y_norm2 = float(y_norm2)
+    if not (math.isfinite(y_norm2) and y_norm2 >= 0):
+        raise ValueError(f"y_norm2 must be a finite number >= 0, got {y_norm2}")
     c_d = spherical_abs_moment(d)
     return (scale**2 + 1.0 - 2.0 * scale * c_d) * d_mse_prev * y_norm2 / d
 

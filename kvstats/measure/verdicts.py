@@ -220,7 +220,7 @@ def rounding(printed: str, exact: float) -> str:
     """Whether a printed number is ``exact`` rounded to its printed digits, as one phrase for a report.
 
     ``rounding("0.03", 0.033966)`` -> "0.03 is 0.033966 rounded to 2 decimals (printed -11.7% off)";
-    ``rounding("0.117", 0.11640)`` -> "0.117 is not 0.1164 rounded to 3 decimals (that is 0.116; +0.5% off)".
+    ``rounding("0.117", 0.11640)`` -> "0.117 is not 0.1164 rounded to 3 decimals (that is 0.116; printed +0.5% off)".
     """
     exact = _finite(exact, "exact")
     half = printed_half_unit(printed)
