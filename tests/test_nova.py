@@ -326,3 +326,82 @@ def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
     assert len(pars) == 1 and (pars["sigma_form"] / pars["coef_mse"] - 1).abs().max() < 1e-2
     tst = study.tests(units)
     assert set(tst["nova_vs"]) == set(schemes[1:]) and tst["p_holm"].between(0, 1).all()
+
+
+# ------------------------------------------------------------- the value transform and the ablation arms
+@pytest.mark.parametrize("transform", ["klt", "rotation"])
+def test_identity_metric_transforms_are_orthogonal_and_keep_parseval(transform):
+    # With the identity metric TᵀT = I, so ‖y − ŷ‖² = ‖x − x̂‖² exactly (float64 side information).
+    _, k = calibration_data()
+    nq = NovaQuantizer(2, D, seed=4, side_dtype=torch.float64, transform=transform).calibrate(None, k)
+    t = nq.calibration.transform
+    assert torch.allclose(t @ t.T, torch.eye(D, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.equal(nq.calibration.sigma_q, torch.eye(D, dtype=torch.float64))
+    terms = parseval_terms(nq, k)
+    x_err = ((k - nq.decode(nq.encode(k))) ** 2).sum(-1)
+    assert torch.allclose(terms.coefficient_error, x_err, rtol=1e-10, atol=1e-12)
+    # coefficient variances sorted by rank: descending, and for the KLT they are C's eigenvalues
+    lam_by_rank = nq.calibration.eigenvalues[torch.argsort(nq.calibration.ranks)]
+    assert bool((lam_by_rank[:-1] >= lam_by_rank[1:]).all())
+    if transform == "klt":
+        centred = k - k.mean(0)
+        eig = torch.linalg.eigvalsh(centred.T @ centred / k.shape[0]).flip(0)
+        assert torch.allclose(lam_by_rank, eig, rtol=1e-9, atol=1e-12)
+    else:  # the rotation is the seed's randomized Hadamard matrix, rows reordered: data-oblivious
+        from kvstats._random import spawn_seeds
+        from kvstats.quant.rotations import make_rotation
+
+        rot = make_rotation("wht", D, spawn_seeds(4, 2)[1]).matrix()
+        assert sorted(map(tuple, t.tolist())) == sorted(map(tuple, rot.tolist()))
+
+
+def test_klt_compacts_energy_where_a_rotation_equalises_it():
+    # Anisotropic correlated data: the KLT's coefficient variances are the spectrum (max/min 100), a random
+    # rotation's are nearly equal; at 2 bits the KLT's group VQ has the lower reconstruction MSE.
+    _, k = calibration_data(n_k=2000)
+    klt = NovaQuantizer(2, D, seed=0, transform="klt").calibrate(None, k)
+    rot = NovaQuantizer(2, D, seed=0, transform="rotation").calibrate(None, k)
+    spread = [float(q.calibration.eigenvalues.max() / q.calibration.eigenvalues.min()) for q in (klt, rot)]
+    assert spread[0] > 50 > 5 > spread[1]
+
+    def mse(q):
+        return float(((k - q.decode(q.encode(k))) ** 2).mean())
+
+    assert mse(klt) < 0.8 * mse(rot)
+
+
+def test_transform_and_queries_must_agree():
+    q, k = calibration_data()
+    with pytest.raises(ValueError, match="queries are needed"):
+        NovaQuantizer(2, D, seed=0).calibrate(None, k)
+    with pytest.raises(ValueError, match="queries must be None for transform='klt'"):
+        NovaQuantizer(2, D, seed=0, transform="klt").calibrate(q, k)
+    with pytest.raises(ValueError, match="transform must be one of"):
+        NovaQuantizer(2, D, seed=0, transform="pca")
+
+
+def test_nova_value_codec_calibrates_values_per_head_and_attends_like_decoded_values():
+    d, hkv, g, s_len = D, 2, 3, 320
+    q_all, _ = calibration_data(d=d, n_q=hkv * g * s_len)
+    keys = torch.stack([calibration_data(d=d, n_k=s_len, seed=10 * h)[1] for h in range(hkv)]).unsqueeze(0)
+    queries = q_all.reshape(1, hkv * g, s_len, d)
+    values = torch.stack([calibration_data(d=d, n_k=s_len, seed=20 + h)[1] for h in range(hkv)]).unsqueeze(0)
+    with pytest.raises(ValueError, match="value_codec='nova' calibrates on the values"):
+        NovaScheme.calibrate(queries.float(), keys.float(), bits=2, value_codec="nova")
+    with pytest.raises(ValueError, match="value_codec must be one of"):
+        NovaScheme.calibrate(queries.float(), keys.float(), values.float(), bits=2, value_codec="vq")
+    plain = NovaScheme.calibrate(queries.float(), keys.float(), values.float(), bits=2, seed=1)
+    sch = NovaScheme.calibrate(queries.float(), keys.float(), values.float(), bits=2, seed=1, value_codec="nova")
+    assert isinstance(sch.v, PerHeadQuantizer) and all(h.transform == "klt" for h in sch.v.heads)
+    assert torch.equal(sch.k.heads[1].calibration.transform, plain.k.heads[1].calibration.transform)
+    cache = sch.encode(keys.float(), values.float())
+    k_hat, v_hat = sch.decode(cache)
+    qn = queries[:, :, -5:].float()
+    out = sch.attention(qn, cache, causal=True)
+    logits = sch.scores(qn, cache).double() / math.sqrt(d)
+    allowed = torch.arange(s_len) <= (torch.arange(5) + s_len - 5).unsqueeze(-1)
+    w = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1)
+    assert torch.allclose(out.double(), w @ v_hat.double().repeat_interleave(g, dim=1), rtol=0, atol=1e-4)
+    # on these anisotropic values the calibrated value path reconstructs better than rotated min-max
+    v_plain = plain.decode(plain.encode(keys.float(), values.float()))[1]
+    assert float(((v_hat - values) ** 2).mean()) < 0.5 * float(((v_plain - values) ** 2).mean())

@@ -142,3 +142,30 @@ def test_minmax_scheme_options_and_rows_ignored():
     assert (s.k.axis, s.k.group_size, s.k.side_dtype) == ("token", 8, torch.float32)
     assert (s.v.axis, s.v.group_size) == ("token", 32)
     assert scheme("minmax", bits=3, dim=32).k.group_size == 32
+
+
+def test_qjl_cache_scheme_equals_the_hand_built_qjl_pair():
+    # QJL's cache (arXiv 2406.03482 §4-5): keys m = n·d sign bits, outliers in their own sketch taken out of the
+    # m rows, values min-max per token; the registered scheme must build exactly that pair.
+    from kvstats._random import spawn_seeds
+    from kvstats.quant.quantizers import quantizer
+
+    d, bits, outliers = 64, 3, [1, 5, 9, 20]
+    s = scheme("qjl_cache", bits=bits, dim=d, seed=7, outliers=outliers, outlier_m=32)
+    ks, vs = spawn_seeds(7, 2)
+    k_hand = quantizer("qjl", dim=d, m=bits * d - 32, seed=ks, rows="orthogonal", outliers=outliers, outlier_m=32,
+                       norm_dtype=torch.float16)
+    v_hand = quantizer("minmax", bits=bits, dim=d, seed=vs, axis="token")
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, 2, 40, d, generator=gen), torch.randn(1, 2, 40, d, generator=gen)
+    q = torch.randn(1, 2, 5, d, generator=gen)
+    code = s.encode(k, v)
+    assert torch.equal(s.k.inner(q, code.k), k_hand.inner(q, k_hand.encode(k)))
+    assert torch.equal(s.v.decode(code.v), v_hand.decode(v_hand.encode(v)))
+    assert s.bits_per_coordinate()["k"].total == bits + 2 * 16 / d  # two fp16 norms (inliers, outliers) per key
+    plain = scheme("qjl_cache", bits=bits, dim=d, seed=7)
+    assert plain.k.m == bits * d and plain.k.outliers is None
+    with pytest.raises(ValueError, match="outlier_m must be given"):
+        scheme("qjl_cache", bits=bits, dim=d, outliers=outliers)
+    with pytest.raises(ValueError, match="outlier_m"):
+        scheme("qjl_cache", bits=bits, dim=d, outliers=outliers, outlier_m=bits * d)

@@ -50,6 +50,43 @@ def test_nova_grouping_verdict_returns_each_verdict(nv):
     assert nv.grouping_verdict([row(1e-3, 0.9), row(0.4, -0.1)]).verdict == "not reproduced"
 
 
+def test_nova_ablation_verdict_returns_each_verdict(nv):
+    def row(p, r, sign=-1, a="nova", b="rot_vq", metric="kl"):
+        return {"p_holm": p, "w_r": r, "expected_sign": sign, "a": a, "b": b, "metric": metric}
+
+    assert nv.ablation_verdict([row(1e-3, -0.8), row(1e-3, 0.7, +1, metric="top5")]).verdict == "reproduced"
+    mixed = nv.ablation_verdict([row(1e-3, -0.8), row(1e-3, 0.8, a="nova_scalar", b="rot_scalar")])
+    assert mixed.verdict == "partly" and "nova_scalar vs rot_scalar on kl" in mixed.reason
+    assert nv.ablation_verdict([row(0.3, -0.8), row(1e-3, -0.7, +1, metric="top5")]).verdict == "not reproduced"
+
+
+def test_nova_ablation_tests_pair_units_and_apply_holm_per_family(nv):
+    # Synthetic units: nova lower than rot_vq by a shift in every (layer, KV head); the test must pair the units
+    # (Wilcoxon of the 12 differences, all negative: exact p = 2/2^12) and Holm within the transform family only.
+    rng = np.random.default_rng(0)
+    rows = []
+    for arm in nv.ABLATION_ARMS:
+        for layer in range(4):
+            for head in range(9):
+                base = 0.5 + 0.1 * layer + 0.01 * head
+                shift = {"nova": -0.1, "nova_values": -0.1, "rot_scalar": 0.1, "nova_scalar": 0.1}.get(arm, 0.0)
+                noise = 1e-3 * rng.standard_normal(3)
+                rows.append({"scheme": arm, "n": 2, "layer": layer, "head": head, "kv_head": head // 3,
+                             "kl": base + shift + noise[0], "top5": 0.5 - shift + noise[1],
+                             "output_error": base - (0.05 if arm == "nova_values" else 0.0) + noise[2]})
+    t = nv.ablation_tests(pd.DataFrame(rows))
+    assert set(t["family"]) == set(nv.ABLATION_FAMILIES)
+    r = t[(t["a"] == "nova") & (t["b"] == "rot_vq") & (t["metric"] == "kl")].iloc[0]
+    assert r["units"] == 12 and r["w_r"] == pytest.approx(-1.0)
+    assert r["w_p"] == pytest.approx(2 / 2 ** 12)
+    fam = t[t["family"] == "transform"]
+    assert len(fam) == 4
+    from statsmodels.stats.multitest import multipletests
+
+    assert np.allclose(fam["p_holm"], multipletests(fam["w_p"], method="holm")[1])
+    assert nv.ablation_verdict(t[t["family"] == "values"].to_dict("records")).verdict == "reproduced"
+
+
 def test_nova_bits_verdict_holds_the_printed_number_to_half_a_unit(nv):
     assert nv.bits_verdict(2.224).verdict == "reproduced"  # |2.224 - 2.22| <= 0.005
     v = nv.bits_verdict(2.211)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -319,3 +320,19 @@ def test_hadamard_sketch_spike_is_biased_by_sqrt_pi_over_2():
     qv = load_study("qjl_variance")
     rows = qv.spiky_cell("srht", 1, 128, 3, 8)
     assert all(r["ratio"] == pytest.approx(math.sqrt(math.pi / 2), rel=1e-6) for r in rows)
+
+
+def test_qjl_jl_comparison_matches_the_closed_forms_and_its_rule_returns_each_verdict():
+    qv = load_study("qjl_variance")
+    # One cell against the closed forms: Var QJL = ((π/2) − c²)/m, Var JL = (1 + c²)/m (Gaussian S). Sizing:
+    # 60 sketches × 256 pairs = 15,360 errors per estimator; the relative SE of a mean squared error is
+    # ≈ √(2/15,360) ≈ 1.1% (plus the between-sketch spread, of the same order), so 8% is > 5 SE: P(fail) < 1e-6.
+    rows = qv.jl_cell(m=64, cos=0.0, d=64, sketches=60, pairs=256)
+    t = qv.jl_comparison(pd.DataFrame(rows).assign(m=64, cos=0.0)).iloc[0]
+    assert t["var_qjl"] * 64 == pytest.approx(math.pi / 2, rel=0.08)
+    assert t["var_jl"] * 64 == pytest.approx(1.0, rel=0.08)
+    assert t["ratio_closed_form"] == pytest.approx(math.pi / 2) and t["p"] < 1e-6
+    cell = lambda p, diff: {"p": p, "mean_diff": diff}  # noqa: E731
+    assert qv.jl_verdict([cell(1e-4, -0.01), cell(1e-3, -0.02)]).verdict == "reproduced"
+    assert qv.jl_verdict([cell(1e-4, -0.01), cell(1e-4, 0.02)]).verdict == "partly"
+    assert qv.jl_verdict([cell(0.5, -0.01), cell(1e-4, 0.02)]).verdict == "not reproduced"

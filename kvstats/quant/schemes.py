@@ -195,6 +195,28 @@ def _minmax(bits, dim, seeds, *, k_axis: str = "channel", k_group_size: int | No
                   side_dtype=side_dtype)
 
 
+def _qjl_cache(bits, dim, seeds, *, outliers=None, outlier_m: int | None = None, rows: str | None = None,
+         norm_dtype: torch.dtype = torch.float16, v_group_size: int | None = None,
+         side_dtype: torch.dtype = torch.float16):
+    """QJL's cache (arXiv 2406.03482, Algorithm 1 and §4): keys sketched to m = bits·d sign bits with the norm
+    (``outliers``: channels in their own sketch of ``outlier_m`` rows, taken out of the m), values min-max per token
+    at ``bits`` bits (the paper's "standard per-token quantization")."""
+    m = bits * dim
+    k_opts = {"rows": rows or "orthogonal", "norm_dtype": norm_dtype}
+    if outliers is not None and len(outliers):
+        if len(outliers) > 1:
+            if outlier_m is None:
+                raise ValueError("outlier_m must be given with outliers: the rows of the outlier sketch, taken "
+                                 "out of the m = bits·d sign bits")
+            check_int_range(outlier_m, "outlier_m", 1, m - 1)
+            k_opts["outlier_m"] = outlier_m
+            m -= outlier_m
+        k_opts["outliers"] = list(outliers)
+    return quantizer("qjl", dim=dim, m=m, seed=seeds[0], **k_opts), \
+        quantizer("minmax", bits=bits, dim=dim, seed=seeds[1], axis="token", group_size=v_group_size,
+                  side_dtype=side_dtype)
+
+
 def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, rows=None, **opts):
     from kvstats.quant.quantizers.nova import calibrate_cache
 
@@ -207,21 +229,24 @@ def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, rows=None, 
 
 #: name -> (builder(bits, dim, seeds, **options) -> (K quantizer, V quantizer), smallest budget n)
 SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2),
-                                            "minmax": (_minmax, 1)}
+                                            "minmax": (_minmax, 1), "qjl_cache": (_qjl_cache, 1)}
 #: schemes that need calibration data (``queries=``, ``keys=``) among their options
 CALIBRATED_SCHEMES: dict[str, tuple[Callable, int]] = {"nova": (_nova, 1)}
 
 
 class NovaScheme(Scheme):
     """NOVA-KV for one layer: per-KV-head calibrated keys (:class:`~kvstats.quantizers.nova.NovaQuantizer`)
-    and rotated min-max values; same encode / scores / attention as every :class:`Scheme`."""
+    and rotated min-max values (or, with ``value_codec="nova"``, per-KV-head calibrated values: the KLT
+    transform and the same group VQ); same encode / scores / attention as every :class:`Scheme`."""
 
     @classmethod
     def calibrate(cls, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,
                   bits: int = 2, seed: int = 0, **options) -> NovaScheme:
-        """Calibrate on one layer's queries [B, H_q, N, d] and keys [B, H_kv, S, d] (values: shape check only).
+        """Calibrate on one layer's queries [B, H_q, N, d], keys [B, H_kv, S, d] and values (same shape as keys;
+        calibration data with ``value_codec="nova"``, a shape check otherwise).
 
-        ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype, ...).
+        ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype,
+        value_codec, transform, ...).
         """
         check_int_range(bits, "bits", 1, 8)
         seed = check_seed(seed)
@@ -278,7 +303,9 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     ignore it. ``sketch_domain=`` ("rotated", the default, or "original") sets where the QJL stages of
     ``kqv``/``qkqv`` sketch their residual (:class:`~kvstats.quantizers.config.TurboProdConfig`). ``minmax``
     options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"), ``v_group_size`` (d),
-    ``side_dtype`` (fp16).
+    ``side_dtype`` (fp16). ``qjl_cache`` (QJL's own cache): keys ``m = bits·d`` sign bits (``rows``, default
+    "orthogonal"; ``norm_dtype`` fp16; ``outliers=`` channels with ``outlier_m`` of those rows), values
+    per-token min-max at ``bits`` (``v_group_size``, ``side_dtype``).
     """
     known = {**SCHEMES, **CALIBRATED_SCHEMES}
     if name not in known:

@@ -31,7 +31,7 @@ from kvstats.quant.quantizers.nova_calibration import (
 
 __all__ = ["QuantizerConfig", "PerHeadConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig",
            "MinMaxConfig", "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
-           "SKETCH_DOMAINS", "MAX_HAAR_DIM", "check_norm_dtype"]
+           "SKETCH_DOMAINS", "MAX_HAAR_DIM", "NOVA_TRANSFORMS", "check_norm_dtype"]
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The rotations of the rotated quantizers (kvstats.rotations.make_rotation).
@@ -290,10 +290,16 @@ class RotatedMinMaxConfig(QuantizerConfig):
         return MinMaxConfig(bits=self.bits, dim=self.dim, seed=0, axis="token", side_dtype=self.side_dtype)
 
 
+#: the transforms a :class:`NovaConfig` can calibrate (kvstats.quantizers.nova)
+NOVA_TRANSFORMS = ("attention", "klt", "rotation")
+
+
 @dataclass(frozen=True)
 class NovaConfig(QuantizerConfig):
     """``nova``: group_dim (default from bits and d; divides d, group_dim·bits ≤ 8), ridge ≥ 0, kmeans_iters,
-    scale_dtype, side_dtype of the calibration data, amortize_tokens (the n its side bits are spread over)."""
+    scale_dtype, side_dtype of the calibration data, amortize_tokens (the n its side bits are spread over),
+    transform (:data:`NOVA_TRANSFORMS`: "attention", NOVA-KV's key transform; "klt", its value transform;
+    "rotation", a data-oblivious randomized Hadamard rotation, the ablation's control)."""
 
     bits: int = 2
     dim: int = 128
@@ -303,6 +309,7 @@ class NovaConfig(QuantizerConfig):
     scale_dtype: torch.dtype = torch.float16
     side_dtype: torch.dtype = torch.float16
     amortize_tokens: int = DEFAULT_AMORTIZE_TOKENS
+    transform: str = "attention"
     method: ClassVar[str] = "nova"
 
     def validate(self) -> None:
@@ -321,6 +328,8 @@ class NovaConfig(QuantizerConfig):
         if self.side_dtype not in SIDE_DTYPES:
             raise ValueError(f"side_dtype must be one of {SIDE_DTYPES}, got {self.side_dtype}")
         check_int_range(self.amortize_tokens, "amortize_tokens", 1, 1 << 40)
+        if self.transform not in NOVA_TRANSFORMS:
+            raise ValueError(f"transform must be one of {NOVA_TRANSFORMS}, got {self.transform!r}")
 
 
 @dataclass(frozen=True)

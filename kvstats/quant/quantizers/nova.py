@@ -89,6 +89,7 @@ from kvstats.quant.quantizers.nova_calibration import (
     stratified_ranks,
 )
 from kvstats.quant.quantizers.per_head import PerHeadQuantizer
+from kvstats.quant.rotations import make_rotation
 
 __all__ = [
     "DEFAULT_AMORTIZE_TOKENS",
@@ -98,6 +99,7 @@ __all__ = [
     "ParsevalTerms",
     "PerHeadQuantizer",
     "RotatedMinMax",
+    "VALUE_CODECS",
     "attention_transform",
     "calibrate_cache",
     "default_group_dim",
@@ -160,29 +162,61 @@ class NovaQuantizer(Quantizer):
         return max(self.codebook_size, self.dim + 1)
 
     # ---------------------------------------------------------------------------------- calibration
-    def calibrate(self, queries: torch.Tensor, keys: torch.Tensor) -> NovaQuantizer:
+    def calibrate(self, queries: torch.Tensor | None, keys: torch.Tensor) -> NovaQuantizer:
         """Fit Σ_Q, μ_K, T and the codebooks from queries [..., d] and keys [..., d] (rows pooled); returns self.
 
         queries: every query of the KV head's GQA group (at least d rows); keys: at least
-        :attr:`min_calibration_keys` rows.
+        :attr:`min_calibration_keys` rows. With ``transform="klt"`` or ``"rotation"`` the metric is the
+        identity and ``queries`` must be None (the value transform is calibrated on values alone).
+
+        Transforms (rows sorted by coefficient variance, then stratified into groups):
+
+        * ``"attention"`` — T = Vᵀ Σ_Q^{1/2} with Σ_Q^{1/2} C_K Σ_Q^{1/2} = V Λ Vᵀ (NOVA-KV's key transform).
+        * ``"klt"`` — T = Vᵀ with C = V Λ Vᵀ: the attention-aware transform for the identity metric. A value
+          error e reaches the attention output as Σⱼ wⱼ eⱼ, whose expected squared norm is Σⱼ wⱼ² E‖eⱼ‖² for
+          errors uncorrelated across tokens (the high-resolution model), so the value distortion is plain
+          MSE and its optimal transform is the Karhunen–Loève transform (docs/references.md §6).
+        * ``"rotation"`` — T = a randomized Hadamard rotation drawn from the seed, data-oblivious; codebooks
+          still trained on the data: the ablation that keeps the VQ and removes the calibrated transform.
         """
-        q, k = calibration_rows(queries, "queries", self.dim), calibration_rows(keys, "keys", self.dim)
-        if q.shape[0] < self.dim:
-            raise ValueError(f"queries must hold at least d = {self.dim} query vectors to calibrate Σ_Q, "
-                             f"got {q.shape[0]}")
+        k = calibration_rows(keys, "keys", self.dim)
+        if self.transform == "attention":
+            if queries is None:
+                raise ValueError("queries are needed to calibrate transform='attention' (Σ_Q = E[q qᵀ])")
+            q = calibration_rows(queries, "queries", self.dim)
+            if q.shape[0] < self.dim:
+                raise ValueError(f"queries must hold at least d = {self.dim} query vectors to calibrate Σ_Q, "
+                                 f"got {q.shape[0]}")
+        elif queries is not None:
+            raise ValueError(f"queries must be None for transform={self.transform!r} (its metric is the "
+                             f"identity), got a tensor of shape {tuple(queries.shape)}")
         if k.shape[0] < self.min_calibration_keys:
             raise ValueError(f"keys must hold at least {self.min_calibration_keys} calibration tokens "
                              f"(codebook size 2^(g*b) = {self.codebook_size}, d + 1 = {self.dim + 1}), "
                              f"got {k.shape[0]}")
-        second = q.T @ q / q.shape[0]
-        mean_energy = float(torch.trace(second)) / self.dim
-        if mean_energy <= 0:
-            raise ValueError("queries are all zero: Σ_Q = E[q qᵀ] = 0 has no attention geometry to calibrate on")
-        ridge = self.ridge * mean_energy
-        sigma_q = second + ridge * torch.eye(self.dim, dtype=torch.float64)
+        eye = torch.eye(self.dim, dtype=torch.float64)
         mu = k.mean(0)
         centred = k - mu
-        transform, lam = attention_transform(sigma_q, centred.T @ centred / k.shape[0])
+        cov = centred.T @ centred / k.shape[0]
+        ridge, n_queries = 0.0, 0
+        if self.transform == "attention":
+            second = q.T @ q / q.shape[0]
+            mean_energy = float(torch.trace(second)) / self.dim
+            if mean_energy <= 0:
+                raise ValueError("queries are all zero: Σ_Q = E[q qᵀ] = 0 has no attention geometry to "
+                                 "calibrate on")
+            ridge, n_queries = self.ridge * mean_energy, int(q.shape[0])
+            sigma_q = second + ridge * eye
+            transform, lam = attention_transform(sigma_q, cov)
+        elif self.transform == "klt":
+            sigma_q = eye
+            transform, lam = attention_transform(eye, cov)
+        else:
+            sigma_q = eye
+            rot = make_rotation("wht", self.dim, spawn_seeds(self.seed, 2)[1]).matrix()
+            lam = ((rot @ cov) * rot).sum(-1)  # coefficient variances diag(Π C Πᵀ)
+            order = torch.argsort(lam, descending=True, stable=True)
+            transform, lam = rot[order], lam[order]
         ranks = stratified_ranks(self.dim, self.group_dim)
         t_s = as_stored(transform[ranks], self.side_dtype, "T")
         mu_s = as_stored(mu, self.side_dtype, "mean")
@@ -194,7 +228,7 @@ class NovaQuantizer(Quantizer):
             transform=t_s, inverse=torch.linalg.inv(t_s), mean=mu_s,
             codebooks=as_stored(torch.from_numpy(books), self.side_dtype, "codebooks"),
             eigenvalues=lam[ranks], ranks=ranks, sigma_q=sigma_q, ridge=ridge,
-            n_queries=int(q.shape[0]), n_keys=int(k.shape[0])))
+            n_queries=n_queries, n_keys=int(k.shape[0])))
         return self
 
     def _set_calibration(self, cal: NovaCalibration) -> None:
@@ -308,7 +342,7 @@ class NovaQuantizer(Quantizer):
 
     def __repr__(self) -> str:
         return (f"NovaQuantizer(bits={self.bits}, dim={self.dim}, seed={self.seed}, group_dim={self.group_dim}, "
-                f"ridge={self.ridge:g}, calibrated={self.calibrated})")
+                f"ridge={self.ridge:g}, transform={self.transform!r}, calibrated={self.calibrated})")
 
 
 # ---------------------------------------------------------------------------------------- Parseval
@@ -368,19 +402,27 @@ def parseval_terms(quantizer: NovaQuantizer, keys: torch.Tensor, queries: torch.
 
 # ----------------------------------------------------------------------------------- whole caches
 
+#: the value paths of :func:`calibrate_cache`
+VALUE_CODECS = ("rotated_minmax", "nova")
+
 
 def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,
                     seed: int = 0, rotation: str = "wht", value_side_dtype: torch.dtype = torch.float16,
-                    **options) -> tuple[PerHeadQuantizer, RotatedMinMax]:
+                    value_codec: str = "rotated_minmax",
+                    **options) -> tuple[PerHeadQuantizer, RotatedMinMax | PerHeadQuantizer]:
     """Calibrate NOVA-KV for one layer: (keys quantizer for [B, H_kv, S, d], values quantizer).
 
     Args:
         bits: b for keys (bits per coefficient) and values (min-max bits).
         queries: [B, H_q, N, d], H_q a multiple of H_kv; KV head h is calibrated on query heads
             h·(H_q/H_kv) … (h + 1)·(H_q/H_kv) − 1 (transformers' repeat_kv grouping), all B·N positions.
-        keys: [B, H_kv, S, d]. values: same shape, optional (only checked: the value path is data-oblivious).
+        keys: [B, H_kv, S, d]. values: same shape; needed for ``value_codec="nova"``, only checked otherwise.
         seed: child seeds for the heads' k-means and the value rotation.
-        options: passed to every :class:`NovaQuantizer` (ridge, group_dim, side_dtype, amortize_tokens, ...).
+        value_codec: ``"rotated_minmax"`` (default; a rotation then b-bit min-max per token, data-oblivious)
+            or ``"nova"``: per KV head a :class:`NovaQuantizer` with ``transform="klt"`` calibrated on the
+            values (the closed-form value transform, then the same stratified group VQ as the keys;
+            ``options`` other than ``transform`` apply to it too).
+        options: passed to every key :class:`NovaQuantizer` (ridge, group_dim, side_dtype, transform, ...).
     """
     for name, t in (("queries", queries), ("keys", keys)):
         check_float_tensor(t, name)
@@ -397,9 +439,21 @@ def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values
         check_float_tensor(values, "values")
         if values.shape != keys.shape:
             raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got {tuple(values.shape)}")
+    if value_codec not in VALUE_CODECS:
+        raise ValueError(f"value_codec must be one of {VALUE_CODECS}, got {value_codec!r}")
+    if value_codec == "nova" and values is None:
+        raise ValueError("value_codec='nova' calibrates on the values: pass values= [B, H_kv, S, d]")
     g = queries.shape[1] // hkv
     head_seeds = spawn_seeds(seed, hkv + 1)
-    heads = [NovaQuantizer(bits, d, head_seeds[h], **options).calibrate(queries[:, h * g:(h + 1) * g], keys[:, h])
+    query_heads = [None if options.get("transform", "attention") != "attention" else queries[:, h * g:(h + 1) * g]
+                   for h in range(hkv)]
+    heads = [NovaQuantizer(bits, d, head_seeds[h], **options).calibrate(query_heads[h], keys[:, h])
              for h in range(hkv)]
+    if value_codec == "nova":
+        value_options = {k: v for k, v in options.items() if k != "transform"}
+        value_seeds = spawn_seeds(head_seeds[-1], hkv)
+        value_heads = [NovaQuantizer(bits, d, value_seeds[h], transform="klt", **value_options)
+                       .calibrate(None, values[:, h]) for h in range(hkv)]
+        return PerHeadQuantizer(heads), PerHeadQuantizer(value_heads)
     return PerHeadQuantizer(heads), RotatedMinMax(bits, d, head_seeds[-1], rotation=rotation,
                                                   side_dtype=value_side_dtype)
