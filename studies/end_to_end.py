@@ -1045,7 +1045,7 @@ def qjl_cache_claim(a: Analysis) -> Claim | None:
     if a.qjl_segs is None:
         return None
     budgets = sorted(int(n) for n in a.qjl_segs["n"].unique() if int(n) in a.budgets)
-    if not budgets:
+    if not budgets or QJL_VERDICT_BASELINE not in set(a.segs["scheme"]):
         return None
     segs = pd.concat([a.qjl_segs, a.segs[a.segs["n"].isin(budgets)]], ignore_index=True)
     resamples = min(a.cfg["resamples"], 999)

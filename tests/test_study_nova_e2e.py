@@ -233,9 +233,9 @@ def test_e2e_mse_scheme_is_turbo_mse_on_both(e2e):
 
 def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
     tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
-            "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "prompts": (0,), "gen_budgets": (2,),
-            "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
-    monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "mse", "nova"))
+            "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "qjl_budgets": (2,), "prompts": (0,),
+            "gen_budgets": (2,), "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
+    monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "minmax", "mse", "nova"))
     monkeypatch.setattr(e2e, "_nova_cache_dir", lambda: tmp_path / "nova")
     e2e._nova_layers.cache_clear()
     monkeypatch.setitem(e2e.SCALE, "quick", tiny)
@@ -247,6 +247,8 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     assert claims["e2e-nova-2bit-output"]["rule"] == "direction"
     assert claims["e2e-qkqv-worse-than-kqv"]["rule"] == "direction"
     assert "6 disjoint segments of 12 tokens" in claims["e2e-nova-2bit-output"]["data"]
+    # QJL's cache ran in its own sweep and is compared with min-max at its budget
+    assert claims["qjl-cache-smollm2"]["rule"] == "direction" and "n = 2" in claims["qjl-cache-smollm2"]["measurement"]
     segs = pd.read_csv(data / "end_to_end_segments.csv")
     # every scheme saw the same 6 segments; the lossless control is exact to fp32 rounding
     assert segs.groupby(["scheme", "n", "window"])["segment"].nunique().eq(6).all()
