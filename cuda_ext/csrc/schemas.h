@@ -45,6 +45,14 @@ inline void define_ops(torch::Library& m) {
   // Min-max: (packed codes, lo [N, d/group], scale [N, d/group]) in side_dtype.
   m.def("minmax_encode(Tensor x, int group, int bits, ScalarType side_dtype) -> (Tensor, Tensor, Tensor)");
   m.def("minmax_decode(Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
+  // Weighted sums of reconstructions straight from the codes (attention's w·V without decoding V), w [G, n_q, n_k]:
+  //   lloyd:  out[g, i, t] = sum_j w[g, i, j] * norm[g, j] * levels[idx[g, j, t]]   (rotated domain; Pi^T after)
+  //   qjl:    out[g, i, p] = scale * sum_j w[g, i, j] * norm[g, j] * (+-1)[g, j, p]   (S^T after)
+  //   minmax: out[g, i, t] = sum_j w[g, i, j] * (lo[g, j, t/group] + scale[g, j, t/group] * code[g, j, t])
+  m.def("lloyd_weighted_sum(Tensor w, Tensor packed, Tensor norm, Tensor levels, int bits, int d) -> Tensor");
+  m.def("qjl_weighted_sum(Tensor w, Tensor packed, Tensor norm, float scale, int m) -> Tensor");
+  m.def(
+      "minmax_weighted_sum(Tensor w, Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
 }
 
 }  // namespace kvstats

@@ -225,3 +225,26 @@ def check_score_keys(q, packed, norm, bits: int, op: str, what: str) -> None:
 def scores_like(q: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """The empty output [G, n_q, n_k] of a score op."""
     return q.new_empty(q.shape[0], q.shape[1], packed.shape[1])
+
+
+def check_weighted_keys(w, packed, norm, bits: int, d: int, op: str, norm_name: str = "norm") -> None:
+    """w [G, n_q, n_k] float32/64 (attention weights); packed [G, n_k, ceil(d·bits/8)] uint8; a per-key weight
+    [G, n_k] float (``norm_name``). The rules of the weighted-sum ops (the score ops' keys, with the weights in
+    place of the queries)."""
+    if w.dim() != 3:
+        raise ValueError(f"{op}: w must be [G, n_q, n_k], got {tuple(w.shape)}")
+    check_dtype(w, (torch.float32, torch.float64), op, "w")
+    check_packed(packed, 3, bits, d, op)
+    check_device(w, packed, op, "packed")
+    check_device(w, norm, op, norm_name)
+    if packed.shape[0] != w.shape[0] or packed.shape[1] != w.shape[2]:
+        raise ValueError(f"{op}: packed must be [G, n_k, ·] = [{w.shape[0]}, {w.shape[2]}, ·] for w "
+                         f"{tuple(w.shape)}, got {tuple(packed.shape)}")
+    if norm.dim() != 2 or tuple(norm.shape) != tuple(packed.shape[:2]):
+        raise ValueError(f"{op}: {norm_name} must be [G, n_k] = {list(packed.shape[:2])}, got {tuple(norm.shape)}")
+    check_float(norm, op, norm_name)
+
+
+def weighted_like(w: torch.Tensor, width: int) -> torch.Tensor:
+    """The empty output [G, n_q, width] of a weighted-sum op, in w's dtype."""
+    return w.new_empty(w.shape[0], w.shape[1], width)

@@ -20,6 +20,8 @@ __all__ = [
     "lloyd_encode_reference",
     "lloyd_scores",
     "lloyd_scores_reference",
+    "lloyd_weighted_sum",
+    "lloyd_weighted_sum_reference",
 ]
 
 
@@ -72,6 +74,19 @@ def lloyd_scores_fake(q, packed, norm, levels, bits: int) -> torch.Tensor:
     return lib.scores_like(q, packed)
 
 
+@lib.register_fake("lloyd_weighted_sum")
+def lloyd_weighted_sum_fake(w, packed, norm, levels, bits: int, d: int) -> torch.Tensor:
+    """w [G, n_q, n_k] fp32/fp64 (attention weights), packed [G, n_k, ceil(d·bits/8)], norm [G, n_k], levels
+    [2^bits] in w's dtype -> an empty [G, n_q, d] in w's dtype."""
+    op = "lloyd_weighted_sum"
+    lib.check_bits(bits, op)
+    if d < 2:
+        raise ValueError(f"{op}: d must be >= 2, got {d}")
+    lib.check_weighted_keys(w, packed, norm, bits, d, op)
+    lib.check_table(w, levels, 1 << bits, op, "levels")
+    return lib.weighted_like(w, d)
+
+
 def lloyd_encode_reference(x, signs, thresholds, bits: int, norm_dtype: torch.dtype):
     """x [N, d] -> (packed cell indices of (Π x)/‖x‖ [N, ceil(d·bits/8)], ‖x‖ [N] in norm_dtype).
 
@@ -104,6 +119,15 @@ def lloyd_scores_reference(q, packed, norm, levels, bits: int) -> torch.Tensor:
     return (q @ k_hat.transpose(-1, -2)) * norm.to(q.dtype).unsqueeze(-2)
 
 
+def lloyd_weighted_sum_reference(w, packed, norm, levels, bits: int, d: int) -> torch.Tensor:
+    """out[g, i, :] = Σ_j w[g, i, j] · ‖x_j‖ · levels[idx_j] [G, n_q, d]: the weighted sum of the keys' (or
+    values') reconstructions in the rotated domain (Πᵀ of it is Σ_j w_ij x̂_j), decoded then multiplied."""
+    lloyd_weighted_sum_fake(w, packed, norm, levels, bits, d)
+    g, nk, nb = packed.shape
+    y_hat = levels[unpack_bits_reference(packed.reshape(-1, nb), bits, d).long()].reshape(g, nk, d)
+    return w @ (y_hat * norm.to(w.dtype).unsqueeze(-1))
+
+
 def lloyd_encode(x, signs, thresholds, bits: int, norm_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed cells, ‖x‖) of x [N, d] (:func:`lloyd_encode_reference`)."""
     op = lib.kernel("lloyd_encode", x.device)
@@ -124,3 +148,12 @@ def lloyd_scores(q, packed, norm, levels, bits: int) -> torch.Tensor:
     op = lib.kernel("lloyd_scores", q.device)
     return op(q, packed, norm, levels, bits) if op is not None else lloyd_scores_reference(q, packed, norm, levels,
                                                                                          bits)
+
+
+def lloyd_weighted_sum(w, packed, norm, levels, bits: int, d: int) -> torch.Tensor:
+    """Σ_j w_ij ‖x_j‖ levels[idx_j] [G, n_q, d] straight from the packed codes
+    (:func:`lloyd_weighted_sum_reference`)."""
+    op = lib.kernel("lloyd_weighted_sum", w.device)
+    if op is not None:
+        return op(w, packed, norm, levels, bits, d)
+    return lloyd_weighted_sum_reference(w, packed, norm, levels, bits, d)

@@ -10,7 +10,8 @@ import torch
 from kvstats.quant.ops import _library as lib
 from kvstats.quant.ops.pack import pack_bits_reference, unpack_bits_reference
 
-__all__ = ["minmax_decode", "minmax_decode_reference", "minmax_encode", "minmax_encode_reference"]
+__all__ = ["minmax_decode", "minmax_decode_reference", "minmax_encode", "minmax_encode_reference",
+           "minmax_weighted_sum", "minmax_weighted_sum_reference"]
 
 
 @lib.register_fake("minmax_encode")
@@ -46,6 +47,24 @@ def minmax_decode_fake(packed, lo, scale, group: int, bits: int, d: int) -> torc
             raise ValueError(f"{op}: lo and scale must be [{packed.shape[0]}, {d // group}], got {tuple(t.shape)}")
         lib.check_float(t, op, "lo and scale")
     return lo.new_empty(packed.shape[0], d, dtype=lib.acc_dtype(lo))
+
+
+@lib.register_fake("minmax_weighted_sum")
+def minmax_weighted_sum_fake(w, packed, lo, scale, group: int, bits: int, d: int) -> torch.Tensor:
+    """w [G, n_q, n_k] fp32/fp64, packed [G, n_k, ceil(d·bits/8)], lo and scale [G, n_k, d/group] float -> an
+    empty [G, n_q, d] in w's dtype."""
+    op = "minmax_weighted_sum"
+    lib.check_bits(bits, op)
+    if group < 1 or d % group:
+        raise ValueError(f"{op}: group must divide d = {d}, got {group}")
+    lib.check_weighted_keys(w, packed, lo[..., 0] if lo.dim() == 3 else lo, bits, d, op, "lo")
+    for name, t in (("lo", lo), ("scale", scale)):
+        lib.check_device(w, t, op, name)
+        if t.dim() != 3 or tuple(t.shape) != (*packed.shape[:2], d // group):
+            raise ValueError(f"{op}: {name} must be [G, n_k, d/group] = [{packed.shape[0]}, {packed.shape[1]}, "
+                             f"{d // group}], got {tuple(t.shape)}")
+        lib.check_float(t, op, name)
+    return lib.weighted_like(w, d)
 
 
 def minmax_encode_reference(x, group: int, bits: int, side_dtype: torch.dtype):
@@ -87,6 +106,16 @@ def minmax_decode_reference(packed, lo, scale, group: int, bits: int, d: int) ->
     return x_hat.reshape(packed.shape[0], d)
 
 
+def minmax_weighted_sum_reference(w, packed, lo, scale, group: int, bits: int, d: int) -> torch.Tensor:
+    """out[g, i, :] = Σ_j w[g, i, j] · x̂_j [G, n_q, d], x̂_j = lo + step · code (:func:`minmax_decode_reference`),
+    decoded then multiplied, in w's dtype."""
+    minmax_weighted_sum_fake(w, packed, lo, scale, group, bits, d)
+    g, nk, nb = packed.shape
+    x_hat = minmax_decode_reference(packed.reshape(-1, nb), lo.reshape(g * nk, -1), scale.reshape(g * nk, -1), group,
+                                    bits, d)
+    return w @ x_hat.reshape(g, nk, d).to(w.dtype)
+
+
 def minmax_encode(x, group: int, bits: int, side_dtype: torch.dtype):
     """(packed codes, lo, step) of x [N, d] (:func:`minmax_encode_reference`)."""
     op = lib.kernel("minmax_encode", x.device)
@@ -99,3 +128,12 @@ def minmax_decode(packed, lo, scale, group: int, bits: int, d: int) -> torch.Ten
     if op is not None:
         return op(packed, lo, scale, group, bits, d)
     return minmax_decode_reference(packed, lo, scale, group, bits, d)
+
+
+def minmax_weighted_sum(w, packed, lo, scale, group: int, bits: int, d: int) -> torch.Tensor:
+    """Σ_j w_ij x̂_j [G, n_q, d] straight from the packed codes, offsets and steps
+    (:func:`minmax_weighted_sum_reference`)."""
+    op = lib.kernel("minmax_weighted_sum", w.device)
+    if op is not None:
+        return op(w, packed, lo, scale, group, bits, d)
+    return minmax_weighted_sum_reference(w, packed, lo, scale, group, bits, d)

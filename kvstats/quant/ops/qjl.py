@@ -11,7 +11,8 @@ from kvstats.quant.ops import _library as lib
 from kvstats.quant.ops._rows import row_norm
 from kvstats.quant.ops.pack import sign_bits, unpack_bits_reference
 
-__all__ = ["qjl_encode", "qjl_encode_reference", "qjl_scores", "qjl_scores_reference"]
+__all__ = ["qjl_encode", "qjl_encode_reference", "qjl_scores", "qjl_scores_reference", "qjl_weighted_sum",
+           "qjl_weighted_sum_reference"]
 
 
 @lib.register_fake("qjl_encode")
@@ -40,6 +41,17 @@ def qjl_scores_fake(q_sketch, packed, norm, scale: float) -> torch.Tensor:
     return lib.scores_like(q_sketch, packed)
 
 
+@lib.register_fake("qjl_weighted_sum")
+def qjl_weighted_sum_fake(w, packed, norm, scale: float, m: int) -> torch.Tensor:
+    """w [G, n_q, n_k] fp32/fp64, packed signs [G, n_k, ceil(m/8)], norm [G, n_k] -> an empty [G, n_q, m] in
+    w's dtype."""
+    op = "qjl_weighted_sum"
+    if m < 1:
+        raise ValueError(f"{op}: m must be >= 1, got {m}")
+    lib.check_weighted_keys(w, packed, norm, 1, m, op)
+    return lib.weighted_like(w, m)
+
+
 def qjl_encode_reference(x, sketch, norm_dtype: torch.dtype):
     """x [N, d], S [m, d] -> (packed sign(S x) [N, ceil(m/8)], ‖x‖ [N] in norm_dtype)."""
     qjl_encode_fake(x, sketch, norm_dtype)
@@ -56,6 +68,15 @@ def qjl_scores_reference(q_sketch, packed, norm, scale: float) -> torch.Tensor:
     return (q_sketch @ b.transpose(-1, -2)) * (norm.to(q_sketch.dtype) * scale).unsqueeze(-2)
 
 
+def qjl_weighted_sum_reference(w, packed, norm, scale: float, m: int) -> torch.Tensor:
+    """out[g, i, :] = scale · Σ_j w[g, i, j] · norm[g, j] · b[g, j] [G, n_q, m], b = ±1 unpacked signs: Sᵀ of it
+    is the weighted sum of the QJL reconstructions (scale · norm_j · Sᵀ b_j), unpacked then multiplied."""
+    qjl_weighted_sum_fake(w, packed, norm, scale, m)
+    g, nk, mb = packed.shape
+    b = unpack_bits_reference(packed.reshape(-1, mb), 1, m).reshape(g, nk, m).to(w.dtype) * 2 - 1
+    return w @ (b * (norm.to(w.dtype) * scale).unsqueeze(-1))
+
+
 def qjl_encode(x, sketch, norm_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed sign(S x), ‖x‖) of x [N, d] (:func:`qjl_encode_reference`)."""
     op = lib.kernel("qjl_encode", x.device)
@@ -67,3 +88,9 @@ def qjl_scores(q_sketch, packed, norm, scale: float) -> torch.Tensor:
     op = lib.kernel("qjl_scores", q_sketch.device)
     return op(q_sketch, packed, norm, scale) if op is not None else qjl_scores_reference(q_sketch, packed, norm,
                                                                                        scale)
+
+
+def qjl_weighted_sum(w, packed, norm, scale: float, m: int) -> torch.Tensor:
+    """scale · Σ_j w_ij norm_j b_j [G, n_q, m] straight from the packed signs (:func:`qjl_weighted_sum_reference`)."""
+    op = lib.kernel("qjl_weighted_sum", w.device)
+    return op(w, packed, norm, scale, m) if op is not None else qjl_weighted_sum_reference(w, packed, norm, scale, m)
