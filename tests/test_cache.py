@@ -692,11 +692,15 @@ def _attend_reference(layer: KVStatsLayer, k, v, q, visible, scaling):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "left_padding", "all_visible"])
-def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
+@pytest.mark.parametrize("name,mask_kind",
+                         [("kqv", m) for m in ("none", "bool", "float", "left_padding", "all_visible")]
+                         + [(n, "bool") for n in ("kv", "qkqv", "minmax", "qjl_cache")])
+def test_blocked_attend_equals_its_definition(name, mask_kind, monkeypatch):
     """attend() in blocks of 5 queries, forming only the key columns a block's mask can show (the causal case),
-    equals attention computed from its definition over every column (float64 reference): with no mask, a
-    boolean or an additive causal mask, left padding, and a mask that shows later keys (every column formed)."""
+    equals attention computed from its definition over every column (float64 reference, V̂ decoded): with no
+    mask, a boolean or an additive causal mask, left padding, and a mask that shows later keys (every column
+    formed); and for every built-in value quantizer (lloyd, turbo_prod, min-max per token), whose weighted sum
+    the cache takes from the codes without decoding V̂."""
     import kvstats.hf.cache_layer as cache_mod
 
     monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
@@ -704,7 +708,7 @@ def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
     seq, window, scaling = 23, 3, D ** -0.5
     k, v = torch.randn(1, HKV, seq, D, generator=g), torch.randn(1, HKV, seq, D, generator=g)
     q = torch.randn(1, HQ, seq, D, generator=g)
-    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=2), window)
+    layer = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window)
     keys, _ = layer.update(k, v)
     layer.estimator_attention = True
     visible = torch.ones(seq, seq, dtype=torch.bool).tril()
@@ -715,10 +719,15 @@ def test_blocked_attend_equals_its_definition(mask_kind, monkeypatch):
         visible[:] = True
     mask = {"none": None, "float": torch.zeros(seq, seq).masked_fill(~visible, torch.finfo(torch.float32).min)
             }.get(mask_kind, visible)
+    want = _attend_reference(layer, k, v, q, visible, scaling)
+
+    def no_decode(code):
+        raise AssertionError("attend() decoded the value cache")
+
+    monkeypatch.setattr(layer.scheme.v, "decode", no_decode)  # the weighted sum comes from the codes
     with torch.inference_mode():
         out, weights = kvstats_attention(type("M", (), {"scaling": scaling, "training": False}), q, keys, None,
                                          None if mask is None else mask[None, None])
-    want = _attend_reference(layer, k, v, q, visible, scaling)
     torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5)  # fp32 against fp64
     assert weights is None or weights.shape == (1, HQ, seq, seq)
 

@@ -107,6 +107,11 @@ class _WrongInner(Int4PerToken):
         return 2 * super()._inner(query, code)
 
 
+class _WrongWeightedSum(Int4PerToken):
+    def _weighted_sum(self, weights, code):
+        return super()._weighted_sum(weights, code).flip(-1)  # the channels of the output reversed
+
+
 class _AcceptsNaN(Int4PerToken):
     def encode(self, x):
         return self._encode(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else super().encode(x)
@@ -236,7 +241,7 @@ class _SharesAScaleAcrossTheBatch(Int4PerToken):
 
 @pytest.mark.parametrize("cls, check", [
     (_LiesAboutBits, "bits"), (_Random, "determinism"), (_HoldsAView, "nbytes"), (_WrongInner, "inner"),
-    (_AcceptsNaN, "bad input"), (_NoTokens, "protocol"), (_WrongDtype, "dtypes"),
+    (_WrongWeightedSum, "weighted sum"), (_AcceptsNaN, "bad input"), (_NoTokens, "protocol"), (_WrongDtype, "dtypes"),
     (_DecodesZero, "reconstruction"), (_DecodesNegated, "reconstruction"), (_ZeroForFp64, "reconstruction"),
     (_MutatesInput, "input"), (_StashesInAGlobal, "reconstruction"), (_StashesOnTheCode, "code fields"),
     (_StashesInTheInstance, "reconstruction"), (_GrowsForFp16, "bits"), (_GrowsBeyond24Tokens, "bits"),

@@ -307,8 +307,6 @@ class KVStatsLayer(CacheLayerMixin):
             raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
         if n > seq - span[0]:
             raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
-        acc = acc_dtype(query.dtype)
-        v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc) if self.chunks else None
         keep_weights = _weights_requested() or n <= QUERY_BLOCK
         first_record = len(self.records)
         outs, weights = [], []
@@ -318,7 +316,7 @@ class KVStatsLayer(CacheLayerMixin):
             if mask is not None and mask.shape[-2] == n:
                 mask = mask[..., r0:r1, :]
             out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
-                                       v_hat, rules)
+                                       rules)
             outs.append(out)
             if keep_weights:
                 weights.append(F.pad(w, (0, seq - w.shape[-1])))
@@ -333,7 +331,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
-                     v_hat: torch.Tensor | None, rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
+                     rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
 
         Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
@@ -375,14 +373,16 @@ class KVStatsLayer(CacheLayerMixin):
             self._record(exact, logits, span_start, seq, n, first)
         used = F.dropout(weights, p=dropout, training=training)
         # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
-        # codes (the other weights of each product are zero); before `read` every query reads the codes
+        # codes (the other weights of each product are zero); before `read` every query reads the codes. The
+        # codes' sum is formed from the value codes (no V̂ of the cache is decoded).
         out = _attention.apply_weights(used[..., read:] * use_exact[:, read:],
                                        span_v[..., read - span_start:width - span_start, :].to(acc))
-        cut = min(read, hi)
-        if cut:
-            out += _attention.apply_weights(used[..., :cut], v_hat[..., :cut, :])
-        if hi > cut:
-            out += _attention.apply_weights(used[..., cut:hi] * ~use_exact[:, cut:hi], v_hat[..., cut:hi, :])
+        if hi:
+            cut = min(read, hi)
+            code_weights = used[..., :hi]
+            if hi > cut:
+                code_weights = torch.cat([code_weights[..., :cut], code_weights[..., cut:] * ~use_exact[:, cut:hi]], -1)
+            out += self._code_values(code_weights)
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
@@ -399,6 +399,26 @@ class KVStatsLayer(CacheLayerMixin):
             parts.append(self.scheme.scores(q, code))
             start += n
         return torch.cat(parts, dim=-1)
+
+    def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
+        """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
+        the value codes (``scheme.weighted_values``): whole chunks, the last per-vector chunk cut at ``stop`` (a
+        view), a chunk that cannot be cut given zero weights past ``stop``."""
+        stop, out, start = weights.shape[-1], None, 0
+        for chunk in self.chunks:
+            if start >= stop:
+                break
+            n = chunk.v.shape[chunk.v.token_axis]
+            take, code, w = min(n, stop - start), chunk, weights[..., start:start + n]
+            if take < n:
+                if chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                    code = CacheCode(chunk.k.narrow(take, copy=False), chunk.v.narrow(take, copy=False))
+                else:
+                    w = F.pad(w, (0, n - take))
+            part = self.scheme.weighted_values(w, code)
+            out = part if out is None else out.add_(part)
+            start += n
+        return out
 
     def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,
                 offset: int) -> None:

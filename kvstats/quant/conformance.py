@@ -33,6 +33,9 @@ exception raised inside the quantizer during a check is reported the same way, a
   their codes keep fp64 scalars (docs/bit_accounting.md).
 * ``inner``         — with ``linear=True`` (default): inner(q, code) = ⟨q, decode(code)⟩, the consistency of a
   linear estimator (every kvstats quantizer). Pass ``linear=False`` for estimators with no such x̂.
+* ``weighted sum``  — when the quantizer has ``weighted_sum`` (every kvstats quantizer; the cache takes
+  attention's output from it): weighted_sum(w, code) = w · decode(code) for weights w [..., n_q, n], as the
+  ``inner`` check.
 * ``cache``         — what :class:`kvstats.cache.KVStatsCache` needs (docs/quantizers.md, "What a quantizer owes
   the cache"): codes of 1 and of odd token counts; every code tensor keeps the batch axis of x first, and
   selecting or repeating rows along it (beam search) gives the code of those rows of x; per-vector codes
@@ -63,7 +66,7 @@ __all__ = ["CHECKS", "check_quantizer", "decode_in_fresh_process"]
 
 #: The checks, in the order they run.
 CHECKS = ("protocol", "budget", "shapes", "input", "code fields", "dtypes", "nbytes", "reconstruction",
-          "determinism", "cache", "bits", "inner", "bad input")
+          "determinism", "cache", "bits", "inner", "weighted sum", "bad input")
 #: Input dtypes every quantizer takes; fp64 (references and oracles) is checked apart where its codes differ.
 STORED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: A reconstruction closer to x than e^{-2} times the Gaussian rate–distortion bound 2^{-2R} (module doc).
@@ -145,6 +148,7 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
     _bits(check, q, budget, n_tokens, seed, h)
     if linear:
         _inner(check, query, x_hat, scores)
+    _weighted_sum(check, q, code, x_hat, seed)
     _bad_input(check, q, x, query, seed, any_shape=heads is None)
     if isolated:
         if build is None:
@@ -356,6 +360,24 @@ def _inner(check: _Check, query, x_hat, scores) -> None:
                                                           x_hat.double().norm(dim=-1).max()) + 1e-6
     check.that(gap <= tol, "inner", f"inner(q, code) differs from ⟨q, decode(code)⟩ by {gap:.3g} (> {tol:.3g}); "
                "pass linear=False (kvstats evaluate --nonlinear) if the estimator has no such reconstruction")
+
+
+def _weighted_sum(check: _Check, q, code, x_hat, seed: int) -> None:
+    weighted_sum = getattr(q, "weighted_sum", None)
+    if weighted_sum is None:  # optional: the cache decodes, then multiplies
+        return
+    logits = _draw((*x_hat.shape[:-2], 5, x_hat.shape[-2]), seed + 2) * 3
+    weights = torch.softmax(logits, dim=-1)
+    with check.running("weighted sum", "weighted_sum(weights [..., 5, n], code)"):
+        got = weighted_sum(weights, code)
+    exact = weights.double() @ x_hat.double()
+    check.that(tuple(got.shape) == tuple(exact.shape), "weighted sum",
+               f"weighted_sum(weights {tuple(weights.shape)}, code) gave {tuple(got.shape)}, expected "
+               f"{tuple(exact.shape)}")
+    gap = float((got.double() - exact).abs().max())
+    tol = 1e-5 * float(x_hat.double().abs().max()) + 1e-6
+    check.that(gap <= tol, "weighted sum", f"weighted_sum(w, code) differs from w · decode(code) by {gap:.3g} "
+               f"(> {tol:.3g})")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

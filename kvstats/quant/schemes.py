@@ -138,6 +138,27 @@ class Scheme:
         self._check_queries(queries, cache)
         return _attention.scores(queries, cache.k, scale=1.0, inner=self.k.inner, kv_heads=cache.k.shape[1])
 
+    def weighted_values(self, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        """Attention's output from the value codes, Σⱼ wᵢⱼ v̂ⱼ with grouped-query heads: weights [B, H_q, N, S] ->
+        [B, H_q, N, d] in fp32 (fp64 for fp64 weights); query head h reads KV head h // (H_q/H_kv).
+
+        Equal to ``apply_weights(weights, V̂)`` up to fp32 summation order, without decoding V̂
+        (:meth:`Quantizer.weighted_sum`); a value quantizer without ``weighted_sum`` (the protocol does not require
+        it) is decoded, then multiplied.
+        """
+        check_float_tensor(weights, "weights")
+        b, hkv, s, _ = cache.v.shape
+        if weights.dim() != 4 or weights.shape[0] != b or weights.shape[-1] != s:
+            raise ValueError(f"weights must be [{b}, H_q, N, {s}] for this cache, got shape {tuple(weights.shape)}")
+        gqa_groups(weights, hkv)
+        n = weights.shape[2]
+        weighted_sum = getattr(self.v, "weighted_sum", None)
+        if weighted_sum is None:
+            acc = torch.float64 if weights.dtype == torch.float64 else torch.float32
+            return _attention.apply_weights(weights.to(acc), self.v.decode(cache.v).to(acc))
+        grouped = _attention.group_queries(weights, hkv)
+        return _attention.ungroup(weighted_sum(grouped, cache.v), weights.shape[1], n)
+
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
         """softmax(scores/√d [+ causal mask]) · V̂: queries [B, H_q, N, d] -> [B, H_q, N, d] (queries' dtype).

@@ -326,6 +326,29 @@ class Quantizer:
         with self._code_fields(code):
             return self._inner(query, code)
 
+    def weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        """Σⱼ wᵢⱼ x̂ⱼ for weights [..., n_q, n_k] and the code of x [..., n_k, d] -> [..., n_q, d].
+
+        Attention's output from a value cache: ``weights @ decode(code)``, equal to it up to fp32 summation order.
+        Leading dims broadcast. The built-in quantizers compute it from the codes without forming x̂ (one inverse
+        rotation or sketch transpose per output row, none per vector; kvstats.ops ``*_weighted_sum``); others
+        decode then multiply. Returned in fp32 (fp64 for fp64 weights).
+        """
+        check_float_tensor(weights, "weights")
+        if weights.dim() < 2:
+            raise ValueError(f"weights must be [..., n_q, n_k], got shape {tuple(weights.shape)}")
+        self.check_code(code)
+        if len(code.shape) < 2 or code.shape[-2] != weights.shape[-1]:
+            raise ValueError(f"weights [..., n_q, n_k] = {tuple(weights.shape)} need a code of x [..., n_k, d] with "
+                             f"n_k = {weights.shape[-1]}, got a code of shape {tuple(code.shape)}")
+        try:
+            torch.broadcast_shapes(weights.shape[:-2], code.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"weights' leading dims {tuple(weights.shape[:-2])} do not broadcast with the code's "
+                             f"{tuple(code.shape[:-2])}") from None
+        with self._code_fields(code):
+            return self._weighted_sum(weights.to(acc_dtype(weights.dtype)), code)
+
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per coordinate (per cache element), every overhead counted.
 
@@ -403,6 +426,10 @@ class Quantizer:
         acc = acc_dtype(query.dtype)
         x_hat = self._decode(code).to(acc)
         return query.to(acc) @ x_hat.transpose(-1, -2)
+
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        # weights already in the accumulation dtype (weighted_sum)
+        return weights @ self._decode(code).to(weights.dtype)
 
 
 class _MissingField:

@@ -94,6 +94,15 @@ class LloydStage:
         scores = ops.lloyd_scores(q3, packed, norm, self._levels.on(q.device, q.dtype), self.bits)
         return scores.reshape(*lead, *scores.shape[-2:])
 
+    def weighted_rotated(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        """Σⱼ wᵢⱼ ŷⱼ in the rotated domain (ŷ = ‖x‖·c[idx]) for weights [..., n_q, n_k] (acc dtype) ->
+        [..., n_q, d], from the packed indices; Πᵀ of it is Σⱼ wᵢⱼ x̂ⱼ."""
+        lead, w3, (packed, norm) = broadcast_groups(weights, code.payload["indices"], code.scalars["norm"],
+                                                    key_dims=(1, 0))
+        out = ops.lloyd_weighted_sum(w3, packed, norm, self._levels.on(weights.device, weights.dtype), self.bits,
+                                     self.dim)
+        return out.reshape(*lead, *out.shape[-2:])
+
     def budget(self) -> BitBudget:
         return BitBudget(payload=8 * packed_nbytes(self.dim, self.bits) / self.dim,
                          norms=dtype_bits(self.norm_dtype) / self.dim)
@@ -133,6 +142,10 @@ class LloydQuantizer(Quantizer):
         # ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩: rotate the (few) queries instead of de-rotating the (many) keys, and score
         # straight from the packed indices.
         return self.stage.scores(self.rotate(query.to(acc_dtype(query.dtype))), code)
+
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        # Σ w Πᵀŷ = Πᵀ Σ w ŷ: one inverse rotation per output row
+        return self.rotation.inverse(self.stage.weighted_rotated(weights, code))
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return self.stage.budget()

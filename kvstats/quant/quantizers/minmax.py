@@ -25,7 +25,7 @@ import torch
 from kvstats.quant import ops
 from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
 from kvstats.quant.quantizers.config import MinMaxConfig, RotatedMinMaxConfig
 from kvstats.quant.rotations import Rotation, make_rotation
 
@@ -107,6 +107,14 @@ class MinMaxQuantizer(Quantizer):
         x_hat = code.scalars["min"].to(acc).unsqueeze(-1) + code.scalars["scale"].to(acc).unsqueeze(-1) * grouped
         return self._ungrouped(x_hat, code.shape).to(code.dtype)
 
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        if self.axis != "token":  # groups cut across vectors: decode, then multiply
+            return super()._weighted_sum(weights, code)
+        lead, w3, (packed, lo, scale) = broadcast_groups(weights, code.payload["indices"], code.scalars["min"],
+                                                         code.scalars["scale"], key_dims=(1, 1, 1))
+        out = ops.minmax_weighted_sum(w3, packed, lo, scale, self.group_size, self.bits, self.dim)
+        return out.reshape(*lead, *out.shape[-2:])
+
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per coordinate; for ``axis="channel"`` pass n_tokens to count a partial last group."""
         per_group = 2 * dtype_bits(self.side_dtype)
@@ -148,6 +156,9 @@ class RotatedMinMax(Quantizer):
 
     def _decode(self, code: Code) -> torch.Tensor:
         return self.rotation.inverse(self.minmax.decode(code.parts["minmax"])).to(code.dtype)
+
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        return self.rotation.inverse(self.minmax.weighted_sum(weights, code.parts["minmax"]))
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         acc = acc_dtype(query.dtype)

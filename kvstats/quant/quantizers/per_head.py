@@ -61,6 +61,13 @@ class PerHeadQuantizer(Quantizer):
         return torch.stack([h.inner(query[..., i, :, :], self.head_code(code, i))
                             for i, h in enumerate(self.heads)], -3)
 
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        if weights.dim() < 3 or weights.shape[-3] != len(self.heads):
+            raise ValueError(f"weights must be [..., {len(self.heads)} (KV heads), n_q, n_k], got shape "
+                             f"{tuple(weights.shape)}")
+        return torch.stack([h.weighted_sum(weights[..., i, :, :], self.head_code(code, i))
+                            for i, h in enumerate(self.heads)], -3)
+
     def options(self) -> dict:
         return {"heads": [h.provenance().fingerprint for h in self.heads]}
 

@@ -99,6 +99,13 @@ class SignSketch:
                                None if base is None else base.reshape(-1, s.shape[1]))
         return flat.view(*packed.shape[:-1], s.shape[1])
 
+    def weighted_sum(self, weights: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        """Σⱼ wᵢⱼ (c/m)·‖xⱼ‖·Sᵀbⱼ = Sᵀ Σⱼ wᵢⱼ (c/m)·‖xⱼ‖·bⱼ: weights [..., n_q, n_k] (acc dtype), packed
+        [..., n_k, m/8], norm [..., n_k] -> [..., n_q, d], the signs summed from the packed bits (one Sᵀ per row)."""
+        lead, w3, (p3, n2) = broadcast_groups(weights, packed, norm, key_dims=(1, 0))
+        summed = ops.qjl_weighted_sum(w3, p3, n2, self.scale / self.m, self.m)
+        return (summed @ self.matrix(weights.device, weights.dtype)).reshape(*lead, summed.shape[1], self.d)
+
     def weights(self, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The per-vector factor of the reconstruction, (c/m)·‖x‖ (or γ for a residual), in ``dtype``."""
         return (self.scale / self.m) * norm.to(dtype)
@@ -196,6 +203,20 @@ class QJLQuantizer(Quantizer):
             out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
                 code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
         return out.to(code.dtype)
+
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        if self.outliers is None:
+            return self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])
+        inlier = self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])
+        if self.exact_outlier:  # Σⱼ wᵢⱼ x_o,j, exact
+            outlier = (weights @ code.scalars["value_outlier"].to(weights.dtype).unsqueeze(-1))
+        else:
+            outlier = self.outlier_sketch.weighted_sum(weights, code.payload["signs_outlier"],
+                                                       code.scalars["norm_outlier"])
+        out = inlier.new_zeros(*inlier.shape[:-1], self.dim)
+        out[..., self.inliers.to(out.device)] = inlier
+        out[..., self.outliers.to(out.device)] = outlier
+        return out
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         norm_bits = dtype_bits(self.norm_dtype)

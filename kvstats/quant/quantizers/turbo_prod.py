@@ -136,6 +136,13 @@ class TurboProd(Quantizer):
                                        signs, gamma, self.sketch.scale / self.sketch.m)
         return scores.reshape(*lead, *scores.shape[-2:])
 
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        # Σ w x̂ = Πᵀ(Σ w ŷ + Sᵀ Σ w (c_S/d)·γ·b): both parts from the codes, one inverse rotation per output row
+        signed = self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["gamma"])
+        if self.stage is None:
+            return signed
+        return self.stage.rotation.inverse(self.stage.weighted_rotated(weights, code.parts["mse"]) + signed)
+
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,
                               norms=dtype_bits(self.norm_dtype) / self.dim)

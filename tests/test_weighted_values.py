@@ -1,0 +1,105 @@
+"""Attention's weighted sum of values straight from the codes: ``Quantizer.weighted_sum`` and
+``Scheme.weighted_values`` against decode-then-multiply in float64.
+
+Tolerance: the fp32 path sums n_k products per output (and applies one inverse rotation or Sᵀ of d terms per
+row), so its error is at most about (n_k + d)·eps₃₂·Σⱼ|wᵢⱼ|·|x̂ⱼ| per element; the tests allow 4× that. A wrong
+code, level, sign, group or rotation moves the result by O(|x̂|), far outside it. Deterministic inputs (fixed
+generators): nothing here is random at test time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvstats.quant.attention import apply_weights
+from kvstats.quant.quantizers import quantizer
+from kvstats.quant.schemes import scheme
+
+EPS32 = torch.finfo(torch.float32).eps
+
+QUANTIZERS = [
+    ("lloyd", {}), ("turbo_mse", {}), ("turbo_mse", {"rotation": "haar"}), ("qjl", {}),
+    ("qjl", {"outliers": [1, 5]}), ("qjl", {"outliers": [3]}), ("qjl", {"rows": "gaussian", "m": 40}),
+    ("turbo_prod", {}), ("turbo_prod", {"rows": "srht", "sketch_domain": "original"}), ("minmax", {}),
+    ("minmax", {"group_size": 8}), ("minmax", {"axis": "channel", "group_size": 4}), ("rotated_minmax", {}),
+]
+
+
+def _inputs(d=32, lead=(2, 3), n_q=5, n_k=19, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*lead, n_k, d, generator=g) * 2 + 0.3).to(dtype)
+    w = torch.softmax(torch.randn(*lead, n_q, n_k, generator=g) * 3, -1).to(dtype)
+    return x, w
+
+
+def _check(got, w, x_hat):
+    want = w.double() @ x_hat.double()
+    bound = 4 * (w.shape[-1] + x_hat.shape[-1]) * EPS32 * (w.double().abs() @ x_hat.double().abs()) + 1e-30
+    err = (got.double() - want).abs()
+    assert got.shape == want.shape
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+CASES = [(n, o, b) for n, o in QUANTIZERS for b in ((1,) if "m" in o else (1, 2, 4))]
+
+
+@pytest.mark.parametrize("name,opts,bits", CASES, ids=[f"{n}-{o}-{b}" for n, o, b in CASES])
+def test_weighted_sum_equals_decode_then_multiply(name, opts, bits):
+    # a sketch of m rows not a multiple of d is given by m alone (m = bits·d otherwise)
+    q = quantizer(name, dim=32, seed=3, **opts) if "m" in opts else quantizer(name, bits=bits, dim=32, seed=3, **opts)
+    x, w = _inputs()
+    code = q.encode(x)
+    got = q.weighted_sum(w, code)
+    assert got.dtype == torch.float32
+    _check(got, w, q.decode(code))
+
+
+@pytest.mark.parametrize("name,opts", [("turbo_prod", {}), ("minmax", {}), ("qjl", {})])
+def test_weighted_sum_broadcasts_odd_shapes_and_fp64(name, opts):
+    q = quantizer(name, bits=3, dim=12 if name == "minmax" else 16, seed=1, **opts)
+    d = q.dim
+    for lead_x, lead_w, n_q, n_k in (((), (), 1, 1), ((3,), (2, 3), 4, 7), ((2, 1), (2, 5), 2, 33)):
+        x, _ = _inputs(d=d, lead=lead_x, n_k=n_k, seed=n_k)
+        _, w = _inputs(d=d, lead=lead_w, n_q=n_q, n_k=n_k, seed=n_k + 1)
+        code = q.encode(x)
+        _check(q.weighted_sum(w, code), w, q.decode(code).expand(*w.shape[:-2], n_k, d))
+        w_t = w.transpose(-1, -2).contiguous().transpose(-1, -2)  # a non-contiguous view
+        _check(q.weighted_sum(w_t, code), w, q.decode(code).expand(*w.shape[:-2], n_k, d))
+    x64, w64 = _inputs(d=d, dtype=torch.float64)
+    code = q.encode(x64)
+    got = q.weighted_sum(w64, code)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, w64 @ q.decode(code), rtol=1e-12, atol=1e-12)
+
+
+def test_weighted_sum_refuses_what_does_not_fit():
+    q = quantizer("turbo_mse", bits=2, dim=16, seed=0)
+    x, w = _inputs(d=16, n_k=7)
+    code = q.encode(x)
+    with pytest.raises(ValueError, match="n_k = 6"):
+        q.weighted_sum(w[..., :6], code)
+    with pytest.raises(ValueError, match=r"weights must be \[\.\.\., n_q, n_k\]"):
+        q.weighted_sum(w[0, 0, 0], code)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        q.weighted_sum(torch.ones(4, 3, 5, 7), code)
+    with pytest.raises(TypeError, match="weights"):
+        q.weighted_sum(torch.ones(2, 3, 5, 7, dtype=torch.int64), code)
+    with pytest.raises(ValueError, match="not by this quantizer"):
+        quantizer("turbo_mse", bits=2, dim=16, seed=1).weighted_sum(w, code)
+
+
+@pytest.mark.parametrize("name", ["kv", "kqv", "qkqv", "minmax", "qjl_cache"])
+def test_scheme_weighted_values_with_grouped_query_heads(name):
+    s = scheme(name, bits=3, dim=16, seed=4)
+    g = torch.Generator().manual_seed(9)
+    k, v = torch.randn(2, 2, 11, 16, generator=g), torch.randn(2, 2, 11, 16, generator=g)
+    w = torch.softmax(torch.randn(2, 6, 4, 11, generator=g), -1)
+    cache = s.encode(k, v)
+    got = s.weighted_values(w, cache)
+    want = apply_weights(w.double(), s.decode(cache)[1].double())
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="weights must be"):
+        s.weighted_values(w[..., :10], cache)
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        s.weighted_values(w[:, :5], cache)
