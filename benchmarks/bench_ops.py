@@ -103,21 +103,63 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
             reference = median_seconds(call, min_run_time, min_calls=1)
         cases.append(Case(name, tuple(keys.shape), dt, vectors, moved, kernel, reference))
 
-    for name in ("turbo_mse", "qjl", "turbo_prod"):
+    # attention weights [1, heads, n_q, seq] (softmax rows) for the weighted sums of values
+    all_weights = {n_q: torch.softmax(torch.randn(1, heads, n_q, seq, generator=g), -1).to(device)
+                   for n_q in query_counts}
+    for name in ("turbo_mse", "qjl", "turbo_prod", "minmax"):
         qz = quantizer(name, bits=bits, dim=d, seed=0)
         code = qz.encode(keys)
         timed(f"{name}.encode", lambda qz=qz: qz.encode(keys), in_bytes + code.nbytes)
         timed(f"{name}.decode", lambda qz=qz, code=code: qz.decode(code), code.nbytes + in_bytes)
         for n_q, queries in all_queries.items():
-            timed(f"{name}.scores(n_q={n_q})", lambda qz=qz, code=code, q=queries: qz.inner(q, code),
-                  code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4)
+            if name != "minmax":  # min-max scores are decode-then-dot
+                timed(f"{name}.scores(n_q={n_q})", lambda qz=qz, code=code, q=queries: qz.inner(q, code),
+                      code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4)
+            timed(f"{name}.weighted_sum(n_q={n_q})", lambda qz=qz, code=code, w=all_weights[n_q]: qz.weighted_sum(
+                w, code), code.nbytes + heads * n_q * seq * 4 + heads * n_q * d * 4)
     dense_keys = keys.float()
     for n_q, queries in all_queries.items():
-        dense_q = queries.float()
+        dense_q, w = queries.float(), all_weights[n_q]
         dense = median_seconds(lambda q=dense_q: q @ dense_keys.transpose(-1, -2), min_run_time)
         cases.append(Case(f"dense_fp32_qK.scores(n_q={n_q})", tuple(keys.shape), "float32", vectors,
                           dense_keys.numel() * 4 + heads * n_q * seq * 4, dense, dense))
+        dense = median_seconds(lambda w=w: w @ dense_keys, min_run_time)
+        cases.append(Case(f"dense_fp32_wV.weighted_sum(n_q={n_q})", tuple(keys.shape), "float32", vectors,
+                          dense_keys.numel() * 4 + heads * n_q * seq * 4 + heads * n_q * d * 4, dense, dense))
     return cases
+
+
+def bench_decode_step(device: str, dtype: torch.dtype, kv_heads: int, group: int, seq: int, d: int, bits: int,
+                      min_run_time: float) -> list[Case]:
+    """One decode step's attention for one layer: logits from the K codes, softmax, output from the V codes
+    (kvstats.scheme("kqv")), against torch's scaled_dot_product_attention on dense K/V in ``dtype`` (bf16 on a
+    GPU, fp32 on the CPU); queries [1, kv_heads·group, 1, d] (grouped-query attention)."""
+    import torch.nn.functional as F
+
+    from kvstats.quant.schemes import scheme
+
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(1, kv_heads, seq, d, generator=g).to(device) for _ in range(2))
+    q = torch.randn(1, kv_heads * group, 1, d, generator=g).to(device)
+    s = scheme("kqv", bits=bits, dim=d, seed=0)
+    cache = s.encode(k, v)
+
+    def from_codes():
+        w = torch.softmax(s.scores(q, cache) * d ** -0.5, dim=-1)
+        return s.weighted_values(w, cache)
+
+    kd, vd, qd = k.to(dtype), v.to(dtype), q.to(dtype)
+    kernel = median_seconds(from_codes, min_run_time)
+    with ops.use_reference():
+        reference = median_seconds(from_codes, min_run_time, min_calls=1)
+    sdpa = median_seconds(lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True), min_run_time)
+    shape, vectors = (1, kv_heads, seq, d), kv_heads * seq
+    out_bytes = kv_heads * group * d * 4
+    dt = str(dtype).removeprefix("torch.")
+    return [Case("kqv.decode_step(codes)", shape, "float32", vectors, cache.k.nbytes + cache.v.nbytes + out_bytes,
+                 kernel, reference),
+            Case(f"sdpa.decode_step({dt})", shape, dt, vectors, 2 * k.numel() * kd.element_size() + out_bytes, sdpa,
+                 sdpa)]
 
 
 # Peak resident memory of a fresh process around one encode: the kernel's allocations come from the C++
@@ -224,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = [bench_fwht(args.device, dtype, rows, d, args.min_run_time) for dtype, rows, d in settings]
     for setting in quant_settings:
         cases += bench_quantizers(args.device, *setting, args.min_run_time)
+    # a decode step of SmolLM2-135M's attention shape (3 KV heads, 3 queries each, d = 64) and of an 8B model's
+    # (8 KV heads, 4 queries each, d = 128), at 8,192 and 32,768 cached tokens
+    step_dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    for kv_heads, group, d, seq in ((3, 3, 64, 8192), (8, 4, 128, 32768)):
+        cases += bench_decode_step(args.device, step_dtype, kv_heads, group, seq, d, 4, args.min_run_time)
     for case in cases:
         row = asdict(case) | {
             "speedup": case.speedup,

@@ -52,6 +52,22 @@ def table(results: dict) -> str:
     if ratios:
         lines += ["", "Scores from the codes against a dense fp32 q·Kᵀ on the unquantised keys (> 1: faster), "
                       "same run:", ""] + [f"- {r}" for r in ratios]
+    sums = [f"{key}: {speed[dense] / speed[key]:.2f}× the dense fp32 w·V"
+            for name in ("turbo_mse", "qjl", "turbo_prod", "minmax")
+            for key, dense in ((k, f"dense_fp32_wV.{k.split('.', 1)[1]}") for k in speed
+                               if k.startswith(f"{name}.weighted_sum(")) if dense in speed]
+    if sums:
+        lines += ["", "Weighted sums of values from the codes against a dense fp32 w·V on the unquantised values "
+                      "(> 1: faster), same run:", ""] + [f"- {r}" for r in sums]
+    steps = [c for c in results["cases"] if ".decode_step(" in c["name"]]
+    pairs = [(a, b) for a in steps for b in steps if a["name"].startswith("kqv.") and b["name"].startswith("sdpa.")
+             and a["shape"] == b["shape"]]
+    if pairs:
+        lines += ["", "One decode step's attention (logits from the K codes, softmax, output from the V codes: "
+                      "kqv at 4 bits) against torch's scaled_dot_product_attention on dense K/V, same run:", ""]
+        lines += [f"- {tuple(a['shape'])}: {a['kernel_s'] * 1e3:.3f} ms from the codes, {b['kernel_s'] * 1e3:.3f} "
+                  f"ms sdpa ({b['dtype']}): {b['kernel_s'] / a['kernel_s']:.2f}× (> 1: the codes are faster)"
+                  for a, b in pairs]
     targets = results.get("targets")
     if targets:
         lines += ["", "Bandwidth targets (encode and single-query scores at B = 1, H_kv = 8, S = 1M, d = 128, "
