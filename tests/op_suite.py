@@ -149,6 +149,13 @@ def sample_cases(device: str):
         cases.append(("unpack_bits", (ops.pack_bits_reference(codes.cpu(), bits).to(device), bits, d)))
         cases.append(("sign_decode", _sign_decode_args(sp, sketch, sn, i, device)))
         cases.append(("turbo_prod_decode", _turbo_prod_decode_args(packed, norm, signs, lv, bits, x, sketch)))
+        # Attention weights over the 11 keys of each group: 5 or 9 queries (one or two query blocks on the CPU).
+        w = torch.softmax(_random((3, 5 if i % 2 else 9, 11), 40 + i, device), -1)
+        cases.append(("lloyd_weighted_sum", (w, kp.reshape(3, 11, -1), kn.reshape(3, 11), lv, bits, d)))
+        cases.append(("qjl_weighted_sum", (w, sp.reshape(3, 11, -1), sn.reshape(3, 11), 0.0123, m)))
+        vp, vl, vs = ops.minmax_encode_reference(keys.reshape(-1, d), group, bits, torch.float16)
+        cases.append(("minmax_weighted_sum", (w, vp.reshape(3, 11, -1), vl.reshape(3, 11, -1), vs.reshape(3, 11, -1),
+                                              group, bits, d)))
     return cases
 
 

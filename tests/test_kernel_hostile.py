@@ -31,6 +31,7 @@ def _base_args():
     qs = q @ sketch.T
     mp, ml, ms = ops.minmax_encode_reference(x, 16, BITS, torch.float16)
     k3, n2, s3, g2 = packed.unsqueeze(0), norm.unsqueeze(0), sp.unsqueeze(0), sn.unsqueeze(0)
+    w = torch.softmax(torch.randn(1, 2, 5, generator=g), -1)
     return {
         "fwht": [x],
         "pack_bits": [torch.zeros(5, D, dtype=torch.uint8), BITS],
@@ -46,6 +47,9 @@ def _base_args():
         "minmax_decode": [mp, ml, ms, 16, BITS, D],
         "sign_decode": [sp, ops.sign_tables(sketch), sn, None],
         "turbo_prod_decode": [packed, norm, signs, lv, BITS, D, sp, ops.sign_tables(sketch), sn],
+        "lloyd_weighted_sum": [w, k3, n2, lv, BITS, D],
+        "qjl_weighted_sum": [w, s3, g2, 0.1, D],
+        "minmax_weighted_sum": [w, mp.unsqueeze(0), ml.unsqueeze(0), ms.unsqueeze(0), 16, BITS, D],
     }
 
 
@@ -107,6 +111,31 @@ TAMPERS = [
     ("turbo_prod_decode", 7, lambda t: t.double(), TypeError),  # tables of another dtype than the levels
     ("turbo_prod_decode", 7, lambda t: t[:, :-1], ValueError),  # tables of d - 1 columns
     ("turbo_prod_decode", 1, lambda n: n[:-1], ValueError),
+    ("lloyd_weighted_sum", 0, lambda w: w.half(), TypeError),
+    ("lloyd_weighted_sum", 0, lambda w: w[0], ValueError),
+    ("lloyd_weighted_sum", 0, lambda w: w[:, :, :-1], ValueError),  # n_k of w differs from the keys'
+    ("lloyd_weighted_sum", 1, lambda p: p.to(torch.int8), TypeError),
+    ("lloyd_weighted_sum", 1, lambda p: p[:, :, :-1], ValueError),
+    ("lloyd_weighted_sum", 2, lambda n: _int(n), TypeError),  # integer norms
+    ("lloyd_weighted_sum", 2, lambda n: n[:, :-1], ValueError),
+    ("lloyd_weighted_sum", 3, lambda lv: lv.double(), TypeError),
+    ("lloyd_weighted_sum", 3, lambda lv: lv[:-1], ValueError),
+    ("lloyd_weighted_sum", 4, lambda b: 9, ValueError),
+    ("lloyd_weighted_sum", 5, lambda d: 1, ValueError),
+    ("lloyd_weighted_sum", 2, lambda n: n.to("meta"), ValueError),  # another device
+    ("qjl_weighted_sum", 0, lambda w: _int(w), TypeError),
+    ("qjl_weighted_sum", 1, lambda p: p[:, :, :-1], ValueError),
+    ("qjl_weighted_sum", 2, lambda n: _int(n), TypeError),
+    ("qjl_weighted_sum", 2, lambda n: n[0], ValueError),
+    ("qjl_weighted_sum", 4, lambda m: 0, ValueError),
+    ("minmax_weighted_sum", 0, lambda w: w.half(), TypeError),
+    ("minmax_weighted_sum", 1, lambda p: p[:, :-1], ValueError),
+    ("minmax_weighted_sum", 2, lambda lo: _int(lo), TypeError),  # integer offsets
+    ("minmax_weighted_sum", 3, lambda s: _int(s), TypeError),
+    ("minmax_weighted_sum", 3, lambda s: s[:, :, :-1], ValueError),
+    ("minmax_weighted_sum", 2, lambda lo: lo[..., 0], ValueError),
+    ("minmax_weighted_sum", 4, lambda g: 5, ValueError),
+    ("minmax_weighted_sum", 5, lambda b: 0, ValueError),
 ]
 
 

@@ -23,3 +23,4 @@
 #include "math/pack.h"
 #include "math/lloyd.h"
 #include "math/scores.h"
+#include "math/weighted.h"

@@ -69,4 +69,25 @@ inline at::ScalarType storage_dtype(const at::Tensor& x, at::ScalarType requeste
   return x.scalar_type() == at::kDouble ? at::kDouble : requested;
 }
 
+// The keys of a weighted-sum op (the score ops' keys, the weights w [G, n_q, n_k] in place of the queries):
+// packed [G, n_k, ceil(d·bits/8)] uint8 and a per-key [G, n_k] float (`key_name`; minmax passes lo's sizes
+// without its last axis as `key_sizes`). Mirrors check_weighted_keys in kvstats/quant/ops/_library.py.
+inline void check_weighted_keys(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& key,
+                                at::IntArrayRef key_sizes, int64_t bits, int64_t d, const char* op,
+                                const char* key_name) {
+  TORCH_CHECK_VALUE(w.dim() == 3, op, ": w must be [G, n_q, n_k], got ", w.sizes());
+  TORCH_CHECK_TYPE(w.scalar_type() == at::kFloat || w.scalar_type() == at::kDouble, op,
+                   ": w must be float32 or float64, got ", w.scalar_type());
+  check_packed(packed, 3, bits, d, op);
+  check_same_device(w, packed, op, "packed");
+  check_same_device(w, key, op, key_name);
+  TORCH_CHECK_VALUE(packed.size(0) == w.size(0) && packed.size(1) == w.size(2), op,
+                    ": packed must be [G, n_k, ·] = [", w.size(0), ", ", w.size(2), ", ·] for w ", w.sizes(),
+                    ", got ", packed.sizes());
+  TORCH_CHECK_VALUE(key_sizes.size() == 2 && key_sizes[0] == packed.size(0) && key_sizes[1] == packed.size(1), op,
+                    ": ", key_name, " must be [G, n_k] = ", packed.sizes().slice(0, 2), ", got ", key_sizes);
+  TORCH_CHECK_TYPE(is_float_dtype(key.scalar_type()), op, ": ", key_name, " must be a float tensor, got ",
+                   key.scalar_type());
+}
+
 }  // namespace kvstats

@@ -52,4 +52,12 @@ inline void check_lloyd_scores_input(const at::Tensor& q, const at::Tensor& pack
   check_table(q, levels, int64_t{1} << bits, "lloyd_scores", "levels");
 }
 
+inline void check_lloyd_weighted_sum_input(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm,
+                                           const at::Tensor& levels, int64_t bits, int64_t d) {
+  check_bits(bits, "lloyd_weighted_sum");
+  TORCH_CHECK_VALUE(d >= 2, "lloyd_weighted_sum: d must be >= 2, got ", d);
+  check_weighted_keys(w, packed, norm, norm.sizes(), bits, d, "lloyd_weighted_sum", "norm");
+  check_table(w, levels, int64_t{1} << bits, "lloyd_weighted_sum", "levels");
+}
+
 }  // namespace kvstats

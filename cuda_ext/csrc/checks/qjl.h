@@ -33,4 +33,10 @@ inline void check_qjl_scores_input(const at::Tensor& q_sketch, const at::Tensor&
   TORCH_CHECK_TYPE(is_float_dtype(norm.scalar_type()), "qjl_scores: norm must be a float tensor, got ", norm.scalar_type());
 }
 
+inline void check_qjl_weighted_sum_input(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm,
+                                         int64_t m) {
+  TORCH_CHECK_VALUE(m >= 1, "qjl_weighted_sum: m must be >= 1, got ", m);
+  check_weighted_keys(w, packed, norm, norm.sizes(), 1, m, "qjl_weighted_sum", "norm");
+}
+
 }  // namespace kvstats

@@ -23,6 +23,7 @@
 #include "../kernels.h"
 #include "../quant_math.h"
 #include "../score_params.h"
+#include "../weighted_params.h"
 #include "device_utils.cuh"
 
 namespace kvstats {
@@ -511,6 +512,65 @@ at::Tensor unpack_bits_cuda(const at::Tensor& packed, int64_t bits, int64_t d) {
   return out;
 }
 
+// ------------------------------------------------------------------------------------- weighted sums
+// One thread per output element (g, i, t): math::weighted_sum_one, the keys in key order. Consecutive threads
+// take consecutive t of one (g, i), so w[g, i, j] is a broadcast read and the codes of key j are adjacent.
+template <typename acc_t>
+__global__ void weighted_sum_kernel(const math::WeightedSumParams<acc_t> p) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= p.G * p.nq * p.d) return;
+  const int64_t t = e % p.d, gi = e / p.d;
+  p.out[e] = math::weighted_sum_one(p, p.levels, gi / p.nq, gi % p.nq, t);
+}
+
+template <typename acc_t>
+void launch_weighted_sum(const math::WeightedSumParams<acc_t>& p) {
+  weighted_sum_kernel<acc_t><<<blocks_for(p.G * p.nq * p.d), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor lloyd_weighted_sum_cuda(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm,
+                                   const at::Tensor& levels, int64_t bits, int64_t d) {
+  check_lloyd_weighted_sum_input(w, packed, norm, levels, bits, d);
+  const c10::cuda::CUDAGuard guard(w.device());
+  const at::Tensor wc = w.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
+  const at::Tensor nc = norm.to(wc.scalar_type()).contiguous();
+  at::Tensor out = at::empty({wc.size(0), wc.size(1), d}, wc.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "lloyd_weighted_sum_cuda", [&] {
+    launch_weighted_sum(weighted_level_params<scalar_t>(wc, pc, nc, lv, bits, out));
+  });
+  return out;
+}
+
+at::Tensor qjl_weighted_sum_cuda(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm, double scale,
+                                 int64_t m) {
+  check_qjl_weighted_sum_input(w, packed, norm, m);
+  const c10::cuda::CUDAGuard guard(w.device());
+  const at::Tensor wc = w.contiguous(), pc = packed.contiguous();
+  const at::Tensor kw = qjl_weights(norm, wc.scalar_type(), scale);
+  at::Tensor out = at::empty({wc.size(0), wc.size(1), m}, wc.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "qjl_weighted_sum_cuda", [&] {
+    launch_weighted_sum(weighted_level_params<scalar_t>(wc, pc, kw, at::Tensor(), 1, out));
+  });
+  return out;
+}
+
+at::Tensor minmax_weighted_sum_cuda(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& lo,
+                                    const at::Tensor& scale, int64_t group, int64_t bits, int64_t d) {
+  check_minmax_weighted_sum_input(w, packed, lo, scale, group, bits, d);
+  const c10::cuda::CUDAGuard guard(w.device());
+  const at::Tensor wc = w.contiguous(), pc = packed.contiguous();
+  const at::Tensor lc = lo.to(wc.scalar_type()).contiguous(), sc = scale.to(wc.scalar_type()).contiguous();
+  at::Tensor out = at::empty({wc.size(0), wc.size(1), d}, wc.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "minmax_weighted_sum_cuda", [&] {
+    launch_weighted_sum(weighted_minmax_params<scalar_t>(wc, pc, lc, sc, group, bits, out));
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(kvstats, CUDA, m) {
@@ -527,6 +587,9 @@ TORCH_LIBRARY_IMPL(kvstats, CUDA, m) {
   m.impl("minmax_decode", &minmax_decode_cuda);
   m.impl("sign_decode", &sign_decode_cuda);
   m.impl("turbo_prod_decode", &turbo_prod_decode_cuda);
+  m.impl("lloyd_weighted_sum", &lloyd_weighted_sum_cuda);
+  m.impl("qjl_weighted_sum", &qjl_weighted_sum_cuda);
+  m.impl("minmax_weighted_sum", &minmax_weighted_sum_cuda);
 }
 
 }  // namespace kvstats

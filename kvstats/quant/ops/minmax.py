@@ -57,7 +57,9 @@ def minmax_weighted_sum_fake(w, packed, lo, scale, group: int, bits: int, d: int
     lib.check_bits(bits, op)
     if group < 1 or d % group:
         raise ValueError(f"{op}: group must divide d = {d}, got {group}")
-    lib.check_weighted_keys(w, packed, lo[..., 0] if lo.dim() == 3 else lo, bits, d, op, "lo")
+    # lo's [G, n_k] face (a view of its first group) for the rules shared with the other weighted sums
+    lo_keys = lo.as_strided(lo.shape[:2], lo.stride()[:2]) if lo.dim() == 3 else lo
+    lib.check_weighted_keys(w, packed, lo_keys, bits, d, op, "lo")
     for name, t in (("lo", lo), ("scale", scale)):
         lib.check_device(w, t, op, name)
         if t.dim() != 3 or tuple(t.shape) != (*packed.shape[:2], d // group):
@@ -111,8 +113,8 @@ def minmax_weighted_sum_reference(w, packed, lo, scale, group: int, bits: int, d
     decoded then multiplied, in w's dtype."""
     minmax_weighted_sum_fake(w, packed, lo, scale, group, bits, d)
     g, nk, nb = packed.shape
-    x_hat = minmax_decode_reference(packed.reshape(-1, nb), lo.reshape(g * nk, -1), scale.reshape(g * nk, -1), group,
-                                    bits, d)
+    x_hat = minmax_decode_reference(packed.reshape(-1, nb), lo.reshape(g * nk, d // group).to(w.dtype),
+                                    scale.reshape(g * nk, d // group).to(w.dtype), group, bits, d)
     return w @ x_hat.reshape(g, nk, d).to(w.dtype)
 
 
