@@ -692,18 +692,20 @@ def _attend_reference(layer: KVStatsLayer, k, v, q, visible, scaling):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("name,mask_kind",
-                         [("kqv", m) for m in ("none", "bool", "float", "left_padding", "all_visible")]
-                         + [(n, "bool") for n in ("kv", "qkqv", "minmax", "qjl_cache")])
-def test_blocked_attend_equals_its_definition(name, mask_kind, monkeypatch):
+@pytest.mark.parametrize("name,mask_kind,values",
+                         [("kqv", m, v) for m in ("none", "bool", "float", "left_padding", "all_visible")
+                          for v in ("codes", "decoded")]
+                         + [(n, "bool", "codes") for n in ("kv", "qkqv", "minmax", "qjl_cache")])
+def test_blocked_attend_equals_its_definition(name, mask_kind, values, monkeypatch):
     """attend() in blocks of 5 queries, forming only the key columns a block's mask can show (the causal case),
     equals attention computed from its definition over every column (float64 reference, V̂ decoded): with no
     mask, a boolean or an additive causal mask, left padding, and a mask that shows later keys (every column
-    formed); and for every built-in value quantizer (lloyd, turbo_prod, min-max per token), whose weighted sum
-    the cache takes from the codes without decoding V̂."""
+    formed); with the output taken from the value codes (what a decode step does: every built-in value quantizer,
+    lloyd, turbo_prod, min-max per token, without decoding V̂) and from V̂ decoded once (a long forward)."""
     import kvstats.hf.cache_layer as cache_mod
 
     monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
+    monkeypatch.setattr(cache_mod, "CODE_VALUES_MAX_QUERIES", 10 ** 9 if values == "codes" else 0)
     g = torch.Generator().manual_seed(11)
     seq, window, scaling = 23, 3, D ** -0.5
     k, v = torch.randn(1, HKV, seq, D, generator=g), torch.randn(1, HKV, seq, D, generator=g)
@@ -724,7 +726,8 @@ def test_blocked_attend_equals_its_definition(name, mask_kind, monkeypatch):
     def no_decode(code):
         raise AssertionError("attend() decoded the value cache")
 
-    monkeypatch.setattr(layer.scheme.v, "decode", no_decode)  # the weighted sum comes from the codes
+    if values == "codes":
+        monkeypatch.setattr(layer.scheme.v, "decode", no_decode)  # the weighted sum comes from the codes
     with torch.inference_mode():
         out, weights = kvstats_attention(type("M", (), {"scaling": scaling, "training": False}), q, keys, None,
                                          None if mask is None else mask[None, None])

@@ -21,6 +21,10 @@ from kvstats.quant.schemes import CacheCode, Scheme
 RECORD_TOP_K = 5
 #: Queries per block of :meth:`KVStatsLayer.attend`: bounds its temporaries to O(QUERY_BLOCK × S) per head.
 QUERY_BLOCK = 64
+#: Up to this many queries per forward (decode steps, short chunks) attend() takes the output from the value codes
+#: (``scheme.weighted_values``: no V̂ formed); a longer forward (a prefill) decodes V̂ once and multiplies, which
+#: costs less when many query rows share the keys (one decode, then a GEMM; docs/cache.md).
+CODE_VALUES_MAX_QUERIES = 8
 
 
 def _weights_requested() -> bool:
@@ -307,6 +311,9 @@ class KVStatsLayer(CacheLayerMixin):
             raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
         if n > seq - span[0]:
             raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
+        v_hat = None
+        if n > CODE_VALUES_MAX_QUERIES and self.chunks:
+            v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
         keep_weights = _weights_requested() or n <= QUERY_BLOCK
         first_record = len(self.records)
         outs, weights = [], []
@@ -316,7 +323,7 @@ class KVStatsLayer(CacheLayerMixin):
             if mask is not None and mask.shape[-2] == n:
                 mask = mask[..., r0:r1, :]
             out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
-                                       rules)
+                                       v_hat, rules)
             outs.append(out)
             if keep_weights:
                 weights.append(F.pad(w, (0, seq - w.shape[-1])))
@@ -331,7 +338,7 @@ class KVStatsLayer(CacheLayerMixin):
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
-                     rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
+                     v_hat: torch.Tensor | None, rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
 
         Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
@@ -374,7 +381,7 @@ class KVStatsLayer(CacheLayerMixin):
         used = F.dropout(weights, p=dropout, training=training)
         # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
         # codes (the other weights of each product are zero); before `read` every query reads the codes. The
-        # codes' sum is formed from the value codes (no V̂ of the cache is decoded).
+        # codes' sum comes from the value codes, or from V̂ when attend() decoded it (a long forward).
         out = _attention.apply_weights(used[..., read:] * use_exact[:, read:],
                                        span_v[..., read - span_start:width - span_start, :].to(acc))
         if hi:
@@ -382,7 +389,8 @@ class KVStatsLayer(CacheLayerMixin):
             code_weights = used[..., :hi]
             if hi > cut:
                 code_weights = torch.cat([code_weights[..., :cut], code_weights[..., cut:] * ~use_exact[:, cut:hi]], -1)
-            out += self._code_values(code_weights)
+            out += self._code_values(code_weights) if v_hat is None else _attention.apply_weights(
+                code_weights, v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:

@@ -53,6 +53,21 @@ def test_public_api_on_cuda_matches_cpu(name, d):
     assert close > 0.999, close  # a key whose code differs at a threshold moves its score a little
 
 
+@pytest.mark.parametrize("name", ["turbo_mse", "turbo_prod", "qjl", "minmax", "rotated_minmax"])
+def test_weighted_sum_on_cuda_equals_decode_then_multiply(name):
+    # Attention's output from the value codes on the GPU (the cache's decode step) against decode-then-matmul
+    # of the same codes in float64: the fp32 summation bound of tests/test_weighted_values.py.
+    qz = quantizer(name, bits=4, dim=128, seed=5)
+    g = torch.Generator().manual_seed(7)
+    code = qz.encode(torch.randn(1, 8, 2000, 128, generator=g).cuda())
+    w = torch.softmax(torch.randn(1, 8, 4, 2000, generator=g) * 3, -1).cuda()
+    got = qz.weighted_sum(w, code).double().cpu()
+    x_hat = qz.decode(code).double().cpu()
+    want = w.double().cpu() @ x_hat
+    bound = 4 * (2000 + 128) * torch.finfo(torch.float32).eps * (w.double().cpu().abs() @ x_hat.abs())
+    assert bool(((got - want).abs() <= bound).all()), float(((got - want).abs() - bound).max())
+
+
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_cuda_matches_the_cpu_shared_path(bits):
     # The CPU's shared path runs the CUDA kernels' own arithmetic (quant_math.h): codes and floats agree.
