@@ -70,3 +70,19 @@ def test_kernels_check_inputs():
         torch.ops.kvstats.qjl_encode(x, torch.randn(8, 12), torch.float32)
     with pytest.raises(ValueError, match="group must divide d = 16, got 5"):
         torch.ops.kvstats.minmax_encode(x, 5, 2, torch.float16)
+
+
+def test_every_op_on_meta_tensors_answers_with_its_fake():
+    # Shapes and dtypes only (a model loaded on the meta device): each op returns the outputs its fake promises,
+    # equal in shape and dtype to the CPU kernel's, instead of "could not parse dispatch key: META".
+    from tests.op_suite import as_tuple, sample_cases
+
+    seen = set()
+    for name, args in sample_cases("cpu"):
+        meta_args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+        got = as_tuple(getattr(ops, name)(*meta_args))
+        want = as_tuple(getattr(ops, name)(*args))
+        assert [(t.device.type, t.shape, t.dtype) for t in got] == [("meta", t.shape, t.dtype) for t in want], name
+        seen.add(name)
+    assert seen == set(ops.OPS) - {"fwht"}  # sample_cases holds every op but fwht (its own sample inputs)
+    assert ops.fwht(torch.empty(3, 8, device="meta")).shape == (3, 8)

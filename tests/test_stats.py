@@ -642,3 +642,38 @@ def test_cluster_bca_covers_a_pooled_median():
         ci = S.cluster_bootstrap_ci(units, np.median, n_resamples=499, seed=s).confidence_interval
         hits += ci.low <= truth <= ci.high
     assert hits >= 0.83 * 300
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+def test_exact_p_at_complete_separation_matches_scipy(alternative):
+    # U₁ = 0 or n₁n₂ (every a below, or above, every b): the far tail's complement is P(U ≤ −1) = 0, so the
+    # one-sided p against the data is exactly 1 (it raised IndexError); scipy's exact distribution is the oracle.
+    for a, b in (([1.0, 2, 3], [4.0, 5, 6, 7, 8]), ([4.0, 5, 6, 7, 8], [1.0, 2, 3]), ([1.0], [2.0]), ([2.0], [1.0])):
+        want = scipy.stats.mannwhitneyu(a, b, alternative=alternative, method="exact").pvalue
+        assert S.mann_whitney(a, b, alternative=alternative).pvalue == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_mann_whitney_at_5000_by_5000_gives_p_and_r_and_says_why_no_shift():
+    # n1·n2 = 2.5e7 > HL_MAX_PAIRS: the p-value (normal approximation, scipy's) and r are computed, the
+    # Hodges–Lehmann shift is absent with its reason (it was refused outright).
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.1, 1, 5000), rng.normal(0, 1, 5000)
+    r = S.mann_whitney(a, b)
+    ref = scipy.stats.mannwhitneyu(a, b, method="asymptotic")
+    assert r.pvalue == pytest.approx(ref.pvalue, rel=1e-12) and r.pvalue_method == "asymptotic"
+    assert r.rank_biserial == pytest.approx(2 * ref.statistic / 5000**2 - 1, rel=1e-12)
+    assert math.isnan(r.hl_shift) and all(math.isnan(c) for c in r.confidence_interval)
+    assert "not computed" in r.ci_of and "HL_MAX_PAIRS" in r.ci_of
+
+
+def test_wilcoxon_large_n_skips_the_bootstrap_by_default_with_the_reason():
+    rng = np.random.default_rng(6)
+    a = rng.normal(0.05, 1, S.WILCOXON_BOOTSTRAP_MAX_N + 1)
+    b = rng.normal(0, 1, a.size)
+    r = S.wilcoxon(a, b)
+    assert r.pvalue == pytest.approx(scipy.stats.wilcoxon(a - b).pvalue, rel=1e-12)
+    assert all(math.isnan(c) for c in r.confidence_interval) and "n_resamples=9999" in r.ci_of
+    small = S.wilcoxon(a[:200], b[:200], n_resamples=0)
+    assert all(math.isnan(c) for c in small.confidence_interval) and "n_resamples=0" in small.ci_of
+    with pytest.raises(ValueError, match="n_resamples"):
+        S.wilcoxon(a[:20], b[:20], n_resamples=-1)

@@ -47,6 +47,7 @@ from kvstats.measure.stats._power import (
     wilcoxon_min_pvalue,
     wilcoxon_power,
 )
+from kvstats.measure.stats._wilcoxon import WILCOXON_BOOTSTRAP_MAX_N as WILCOXON_BOOTSTRAP_MAX_N
 from kvstats.measure.stats._wilcoxon import WILCOXON_EXACT_MAX_N as WILCOXON_EXACT_MAX_N
 from kvstats.measure.stats._wilcoxon import WILCOXON_PERMUTATION_MAX_N as WILCOXON_PERMUTATION_MAX_N
 from kvstats.measure.stats._wilcoxon import WilcoxonResult, wilcoxon

@@ -83,7 +83,8 @@ def _mwu_exact_pvalue(u1: float, n1: int, n2: int, alternative: str) -> float:
     else:
         tail = min(u1, total - u1)
     if 2 * tail > total:  # P(U <= t) = 1 - P(U <= n1 n2 - t - 1): stay in the accurate lower half
-        p = 1.0 - float(_mwu_exact_cdf(n1, n2, total - tail - 1)[-1])
+        below = total - tail - 1  # -1 when t = n1 n2: P(U <= -1) = 0, so p = 1
+        p = 1.0 - (float(_mwu_exact_cdf(n1, n2, below)[-1]) if below >= 0 else 0.0)
     else:
         p = float(_mwu_exact_cdf(n1, n2, tail)[-1])
     return min(1.0, 2.0 * p if alternative == "two-sided" else p)
@@ -192,7 +193,8 @@ def mann_whitney(
             "asymptotic" (scipy's normal approximation with tie and continuity correction). The exact null
             is computed by :func:`_mwu_exact_cdf` (Gaussian-binomial product, rescaled: no overflow at any
             size); the result's ``pvalue_method`` says which p-value ``pvalue`` is.
-        confidence_level: level of the Hodges–Lehmann CI.
+        confidence_level: level of the Hodges–Lehmann CI (computed for n₁n₂ ≤ ``HL_MAX_PAIRS``; above, the shift
+            and its CI are nan and ``ci_of`` says why — the p-value and the effect sizes are computed at any size).
     """
     a, b = _sample(a, "a"), _sample(b, "b")
     level = _check_level(confidence_level)
@@ -218,7 +220,13 @@ def mann_whitney(
     sigma = _tie_sigma(n1, n2, pooled)
     z = (u1 - n1 * n2 / 2.0) / sigma if sigma > 0 else 0.0
     rb = 2.0 * u1 / (n1 * n2) - 1.0
-    shift, ci, ci_how = hodges_lehmann(a, b, confidence_level=level)
+    if n1 * n2 <= HL_MAX_PAIRS:
+        shift, ci, ci_how = hodges_lehmann(a, b, confidence_level=level)
+        ci_of = f"Hodges-Lehmann shift a - b ({ci_how} critical value)"
+    else:  # the p-value and r are cheap at any size; the shift needs every pairwise difference
+        shift, ci = math.nan, (math.nan, math.nan)
+        ci_of = (f"Hodges-Lehmann shift a - b: not computed, n1*n2 = {n1 * n2} > HL_MAX_PAIRS = {HL_MAX_PAIRS} "
+                 "(every pairwise difference would be held); call hodges_lehmann on a subsample for it")
     med_a, med_b = float(np.median(a)), float(np.median(b))
     pvalue = p_exact if use_exact else float(asym.pvalue)
     how = "exact" if use_exact else "asymptotic"
@@ -232,7 +240,7 @@ def mann_whitney(
         effect_size=rb,
         effect_size_name="rank-biserial r = 2*U1/(n1*n2) - 1",
         confidence_interval=ci,
-        ci_of=f"Hodges-Lehmann shift a - b ({ci_how} critical value)",
+        ci_of=ci_of,
         confidence_level=level,
         u1=u1,
         rank_biserial=rb,

@@ -90,6 +90,8 @@ def kernel(op: str, device: torch.device) -> Callable | None:
     """The compiled kernel of ``op`` that serves tensors on ``device`` now, or None (the reference runs)."""
     if using_reference():
         return None
+    if device.type == "meta":  # shapes and dtypes only: the op's fake (registered as its Meta kernel) answers
+        return getattr(getattr(torch.ops, NAMESPACE), op).default
     namespace = SHARED_NAMESPACE if device.type == "cpu" and _SHARED.get() else NAMESPACE
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::{op}", device.type.upper()):
         return None
