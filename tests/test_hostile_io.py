@@ -144,3 +144,21 @@ def test_generators_never_return_inf_or_nan(kind, dtype, log_scale, log_df, log_
         return
     for t in (q, k, v):
         assert bool(torch.isfinite(t).all())
+
+
+@pytest.mark.parametrize("layers, message", [([], "is empty"), ([0, 0, 1], r"names layers \[0\] more than once")])
+def test_capture_metadata_with_no_layer_or_a_repeated_one_is_refused(capture_bytes, tmp_path, layers, message):
+    # `layers: []` raised a bare IndexError downstream; a repeated entry weighted that layer twice.
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(capture_bytes)
+    with safe_open(str(good), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+        metadata = dict(f.metadata())
+    metadata["layers"] = json.dumps(layers)
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata=metadata)
+    with pytest.raises(ValueError, match=rf"bad\.safetensors: metadata 'layers' {message}"):
+        load_qkv(bad)

@@ -148,6 +148,12 @@ class QKVFile:
         layers = self.metadata.get("layers")
         if not isinstance(layers, list) or not all(isinstance(i, int) for i in layers):
             raise ValueError(f"{self.path}: metadata 'layers' must be a list of layer indices, got {layers!r}")
+        if not layers:
+            raise ValueError(f"{self.path}: metadata 'layers' is empty: the capture holds no layer")
+        if len(set(layers)) != len(layers):
+            repeated = sorted({i for i in layers if layers.count(i) > 1})
+            raise ValueError(f"{self.path}: metadata 'layers' names layers {repeated} more than once (they would "
+                             "be weighted twice): a damaged or hand-edited file")
         missing = [_name(i, part) for i in layers for part in ("k", "v") if _name(i, part) not in self._names]
         if missing:
             raise ValueError(f"{self.path}: incomplete capture, tensors {missing[:4]} are missing")
