@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvstats.run.sweep import Sweep, cell_seed, grid, study_args
+from kvstats.run.sweep import BadCellWarning, Sweep, cell_seed, grid, study_args
 
 _FAIL_ON: set[int] = set()
 
@@ -223,17 +223,23 @@ def test_bad_cell_file_is_reported_moved_aside_and_recomputed(case, sweep_env):
     assert json.loads(target.read_text())["rows"] == json.loads(good)["rows"]
 
 
-def test_check_cell_accepts_files_without_n_rows(sweep_env):
-    """Cell files written before n_rows was recorded stay valid (no needless recomputation)."""
+@pytest.mark.parametrize("edit", ["intact", "rows cut"])
+def test_cell_files_without_row_count_or_digest_are_recomputed(sweep_env, edit):
+    """A cell file without n_rows / rows_sha256 (the right study, version, key and params) cannot be verified: a
+    legacy file with rows cut away gave a short table silently (issue 30). It is reported, moved aside and
+    computed again, whole or cut."""
     sweep, root, log = sweep_env
-    sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    table = sweep.run(n_jobs=1, cache_dir=root, progress=False)
     target = sweep.path(sweep.cells[0], root)
     payload = json.loads(target.read_text())
     del payload["n_rows"], payload["rows_sha256"]
+    if edit == "rows cut":
+        payload["rows"] = payload["rows"][:-1]
     target.write_text(json.dumps(payload))
-    n_calls = len(_calls(log))
-    assert sweep.run(n_jobs=1, cache_dir=root, progress=False).attrs["sweep"]["computed"] == 0
-    assert len(_calls(log)) == n_calls
+    with pytest.warns(BadCellWarning, match="records no 'n_rows'"):
+        again = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert again.attrs["sweep"]["computed"] == 1 and again.equals(table)
+    assert target.with_name(target.name + ".bad").exists()
 
 
 _KILLED_DRIVER = """

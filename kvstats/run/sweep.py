@@ -27,7 +27,7 @@ meaning. ``cells_dir`` defaults to ``$KVSTATS_CELLS_DIR``, else ``figures/.cells
 
 Every stored cell is validated when it is read (:func:`check_cell`): a JSON object with the sweep's
 ``study``, ``version``, the cell's ``key`` and ``params``, and ``rows`` a list of objects (as many as
-``n_rows`` says and matching ``rows_sha256``, when the file records them). A file that fails — truncated,
+``n_rows`` says and matching ``rows_sha256``, both required). A file that fails — truncated,
 empty, not JSON, another cell's payload, ``{"rows": []}``, an edited row — is reported with its path (a
 :class:`BadCellWarning`), moved aside to ``<key>.json.bad`` and computed again.
 
@@ -151,8 +151,9 @@ def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping
     """Validate a stored cell's JSON text; return its rows.
 
     A cell file holds a JSON object with ``study``, ``version``, ``key`` and ``params`` equal to the expected
-    ones, ``rows`` a list of JSON objects and (files written since the check exists) ``n_rows`` = len(rows)
-    and ``rows_sha256``, the sha256 of the rows as canonical JSON.
+    ones, ``rows`` a list of JSON objects, ``n_rows`` = len(rows) and ``rows_sha256``, the sha256 of the rows as
+    canonical JSON (a file without them — from before the check, or edited — is refused: its rows cannot be
+    verified).
 
     Raises:
         ValueError naming ``where`` and what is wrong (empty, truncated or not JSON, a missing or
@@ -175,11 +176,15 @@ def check_cell(text: str, *, study: str, version: str, key: str, params: Mapping
     rows = payload.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"cell file {where}: rows must be a list of objects, got {type(rows).__name__}")
-    n_rows = payload.get("n_rows", len(rows))
+    for name in ("n_rows", "rows_sha256"):  # without them an emptied or edited table would pass (issue 30)
+        if name not in payload:
+            raise ValueError(f"cell file {where} records no {name!r} (written before the check existed, or edited): "
+                             "its rows cannot be verified")
+    n_rows = payload["n_rows"]
     if isinstance(n_rows, bool) or not isinstance(n_rows, int) or n_rows != len(rows):
         raise ValueError(f"cell file {where} holds {len(rows)} rows but records n_rows={n_rows!r}")
-    digest = payload.get("rows_sha256")
-    if digest is not None and digest != _rows_digest(rows):
+    digest = payload["rows_sha256"]
+    if digest != _rows_digest(rows):
         raise ValueError(f"cell file {where}: its rows do not match their recorded sha256 (edited or damaged)")
     return rows
 
