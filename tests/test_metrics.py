@@ -176,8 +176,20 @@ def test_zero_vector_conventions():
     assert M.direction_error(z, e).item() == 1.0 and M.direction_error(e, z).item() == 1.0
     assert M.direction_error(z, e, kind="angle").item() == pytest.approx(math.pi / 2)
     assert M.relative_norm_error(z, z).item() == 0.0
-    assert M.relative_norm_error(z, e).item() == math.inf
+    with pytest.raises(ValueError, match=r"x is zero at index \(0,\) where the estimate is not"):
+        M.relative_norm_error(z, e)  # infinite: refused, not returned as inf (issue 30)
+    with pytest.raises(ValueError, match="x is zero at index"):
+        M.mse(z, e, relative=True)
     assert M.relative_norm_error(e, z).item() == 1.0
+
+
+def test_relative_errors_of_rows_near_the_fp32_maximum_are_finite():
+    # ‖x‖² of fp32 rows at 3e38 overflows fp32 (it gave NaN); float64 norms give the exact ratios.
+    x = torch.full((2, 8), 3e38)
+    x_hat = x * torch.tensor([[0.5], [1.0]])
+    got = M.relative_norm_error(x, x_hat)
+    assert torch.equal(got, torch.tensor([0.5, 0.0]))
+    assert torch.allclose(M.mse(x, x_hat, relative=True, reduction="none"), torch.tensor([0.25, 0.0]))
 
 
 def test_attention_output_error_against_oracle():

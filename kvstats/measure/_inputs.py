@@ -78,11 +78,15 @@ def _scores(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, k_name: str = 
     )
 
 
-def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """``num / den``, with 0 where both are 0 and +inf where only ``den`` is."""
-    out = num / torch.where(den > 0, den, 1.0)
-    inf = torch.full_like(out, float("inf"))
-    return torch.where(den > 0, out, torch.where(num > 0, inf, torch.zeros_like(out)))
+def _relative(num: torch.Tensor, den: torch.Tensor, what: str = "the reference") -> torch.Tensor:
+    """``num / den``, 0 where both are 0; a ValueError naming ``what`` where only ``den`` is 0 (the relative
+    error is infinite there: refused, never returned as inf)."""
+    bad = (den == 0) & (num > 0)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"{what} is zero at index {index} where the estimate is not: the relative error is "
+                         "infinite there; leave zero vectors out, or use an absolute error (mse)")
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), torch.zeros_like(num))
 
 
 def _vec(x, name: str) -> np.ndarray:

@@ -110,7 +110,8 @@ class Error6DReference:
         """``‖o − ô‖/‖o‖`` per query, ``ô = softmax(logits_hat) v̂`` (as ``attention_output_error*``)."""
         dtype = self.output.dtype
         o_hat = attention.attend(logits_hat.to(dtype), v_hat.to(dtype), self.attention.visible)
-        return _relative(torch.linalg.vector_norm(self.output - o_hat, dim=-1), self.output_norm)
+        return _relative(torch.linalg.vector_norm(self.output - o_hat, dim=-1), self.output_norm,
+                         "the exact attention output o")
 
 def error6d(
     q,

@@ -73,7 +73,9 @@ def direction_error(
 
 
 def relative_norm_error(x, x_hat, *, reduction: Reduction = "none", double: bool = False) -> float | torch.Tensor:
-    """``|‖x̂‖ − ‖x‖| / ‖x‖`` per vector on the last axis (0 if both zero, +inf if only ``x`` is zero).
+    """``|‖x̂‖ − ‖x‖| / ‖x‖`` per vector on the last axis (0 if both zero; a zero ``x`` with a non-zero ``x̂`` is
+    refused with a ValueError: the relative error is infinite). Norms in float64, so fp32 rows near the dtype's
+    maximum give a finite result.
 
     Args:
         x, x_hat: ``[..., d]`` of the same shape.
@@ -81,8 +83,8 @@ def relative_norm_error(x, x_hat, *, reduction: Reduction = "none", double: bool
     """
     _check_reduction(reduction)
     x, x_hat = _pair(x, x_hat, double)
-    nx, nh = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x_hat, dim=-1)
-    return _reduce(_relative((nh - nx).abs(), nx), reduction)
+    nx, nh = torch.linalg.vector_norm(x.double(), dim=-1), torch.linalg.vector_norm(x_hat.double(), dim=-1)
+    return _reduce(_relative((nh - nx).abs(), nx, "x").to(x.dtype), reduction)
 
 
 def mse(
@@ -92,7 +94,7 @@ def mse(
 
     This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (docs/references.md §3) when averaged over unit vectors; divide by
     ``d`` for a per-coordinate MSE. ``relative=True`` gives ``‖x − x̂‖² / ‖x‖²`` (zero ``x``: 0 if
-    ``x̂ = 0`` too, else +inf).
+    ``x̂ = 0`` too, else refused with a ValueError), computed in float64.
 
     Args:
         x, x_hat: ``[..., d]`` of the same shape.
@@ -101,6 +103,7 @@ def mse(
     _check_reduction(reduction)
     x, x_hat = _pair(x, x_hat, double)
     err = (x - x_hat).square().sum(-1)
-    if relative:
-        err = _relative(err, x.square().sum(-1))
+    if relative:  # in float64: squares of fp32 rows near the dtype's maximum overflow fp32
+        x64 = x.double()
+        err = _relative((x64 - x_hat.double()).square().sum(-1), x64.square().sum(-1), "x").to(x.dtype)
     return _reduce(err, reduction)

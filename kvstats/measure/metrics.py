@@ -457,4 +457,5 @@ def attention_output_error_from_scores(
 def _output_error(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, v_hat: torch.Tensor,
                   visible: torch.Tensor | None) -> torch.Tensor:
     o, o_hat = attention.attend(a, v, visible), attention.attend(b, v_hat, visible)
-    return _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1))
+    return _relative(torch.linalg.vector_norm(o - o_hat, dim=-1), torch.linalg.vector_norm(o, dim=-1),
+                     "the exact attention output o (softmax(scores_ref)·v)")
