@@ -393,39 +393,36 @@ class KVStatsLayer(CacheLayerMixin):
                 code_weights, v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
-    def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
-        """``scheme.scores`` of q against the codes of keys [0, ≥ stop): whole chunks, the last per-vector chunk
-        cut at ``stop`` (a view); at least one key so the result is never empty."""
-        parts, start = [], 0
-        for chunk in self.chunks:
-            if start >= max(stop, 1):
-                break
-            n = chunk.k.shape[chunk.k.token_axis]
-            code = chunk
-            if start + n > stop > start and chunk.k.is_per_vector() and chunk.v.is_per_vector():
-                code = CacheCode(chunk.k.narrow(stop - start, copy=False), chunk.v.narrow(stop - start, copy=False))
-            parts.append(self.scheme.scores(q, code))
-            start += n
-        return torch.cat(parts, dim=-1)
-
-    def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
-        """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
-        the value codes (``scheme.weighted_values``): whole chunks, the last per-vector chunk cut at ``stop`` (a
-        view), a chunk that cannot be cut given zero weights past ``stop``."""
-        stop, out, start = weights.shape[-1], None, 0
+    def _chunks_before(self, stop: int):
+        """``(first token, code)`` of the chunks that hold keys [0, stop): whole chunks, the last per-vector chunk cut
+        at ``stop`` (a view); a chunk that cannot be cut (groups across tokens) whole, reaching past ``stop``."""
+        start = 0
         for chunk in self.chunks:
             if start >= stop:
                 break
-            n = chunk.v.shape[chunk.v.token_axis]
-            take, code, w = min(n, stop - start), chunk, weights[..., start:start + n]
-            if take < n:
-                if chunk.k.is_per_vector() and chunk.v.is_per_vector():
-                    code = CacheCode(chunk.k.narrow(take, copy=False), chunk.v.narrow(take, copy=False))
-                else:
-                    w = F.pad(w, (0, n - take))
+            n = chunk.k.shape[chunk.k.token_axis]
+            if start + n > stop and chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                chunk = CacheCode(chunk.k.narrow(stop - start, copy=False), chunk.v.narrow(stop - start, copy=False))
+            yield start, chunk
+            start += n
+
+    def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
+        """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key
+        so the result is never empty."""
+        return torch.cat([self.scheme.scores(q, code) for _, code in self._chunks_before(max(stop, 1))], dim=-1)
+
+    def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
+        """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
+        the value codes (``scheme.weighted_values``) of :meth:`_chunks_before`; a chunk reaching past ``stop`` gets
+        zero weights there."""
+        out = None
+        for start, code in self._chunks_before(weights.shape[-1]):
+            n = code.v.shape[code.v.token_axis]
+            w = weights[..., start:start + n]
+            if w.shape[-1] < n:
+                w = F.pad(w, (0, n - w.shape[-1]))
             part = self.scheme.weighted_values(w, code)
             out = part if out is None else out.add_(part)
-            start += n
         return out
 
     def _record(self, exact: torch.Tensor, logits: torch.Tensor, span_start: int, seq: int, n: int,

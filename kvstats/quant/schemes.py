@@ -38,6 +38,7 @@ from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant import attention as _attention
 from kvstats.quant.quantizers import BitBudget, Code, Quantizer, quantizer
+from kvstats.quant.quantizers.base import acc_dtype
 from kvstats.quant.quantizers.config import ROWS, QuantizerConfig
 from kvstats.quant.quantizers.identity import IdentityQuantizer
 
@@ -154,7 +155,7 @@ class Scheme:
         n = weights.shape[2]
         weighted_sum = getattr(self.v, "weighted_sum", None)
         if weighted_sum is None:
-            acc = torch.float64 if weights.dtype == torch.float64 else torch.float32
+            acc = acc_dtype(weights.dtype)
             return _attention.apply_weights(weights.to(acc), self.v.decode(cache.v).to(acc))
         grouped = _attention.group_queries(weights, hkv)
         return _attention.ungroup(weighted_sum(grouped, cache.v), weights.shape[1], n)

@@ -205,9 +205,9 @@ class QJLQuantizer(Quantizer):
         return out.to(code.dtype)
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
-        if self.outliers is None:
-            return self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])
         inlier = self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])
+        if self.outliers is None:
+            return inlier
         if self.exact_outlier:  # Σⱼ wᵢⱼ x_o,j, exact
             outlier = (weights @ code.scalars["value_outlier"].to(weights.dtype).unsqueeze(-1))
         else:
