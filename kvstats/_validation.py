@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -37,9 +39,23 @@ def check_float_tensor(
     if not allow_empty and x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
     if check_finite and x.numel() > 0 and not all_finite(x):
-        bad = x[~torch.isfinite(x)].flatten()[0].item()
-        raise ValueError(f"{name} contains non-finite values (first seen: {bad}); pass finite data")
+        _refuse_non_finite(x, name)
     return x
+
+
+def _refuse_non_finite(x: torch.Tensor, name: str):
+    bad = x[~torch.isfinite(x)].flatten()[0].item()
+    raise ValueError(f"{name} contains non-finite values (first seen: {bad}); pass finite data")
+
+
+def finite_max_abs(x: torch.Tensor, name: str) -> float:
+    """max |x| (0 for an empty x) from one aminmax pass; ValueError naming x when an element is NaN or ±inf."""
+    if x.numel() == 0:
+        return 0.0
+    lo, hi = (float(v) for v in torch.aminmax(x))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        _refuse_non_finite(x, name)
+    return max(-lo, hi)
 
 
 def check_not_meta(x: torch.Tensor, name: str) -> torch.Tensor:

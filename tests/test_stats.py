@@ -677,3 +677,69 @@ def test_wilcoxon_large_n_skips_the_bootstrap_by_default_with_the_reason():
     assert all(math.isnan(c) for c in small.confidence_interval) and "n_resamples=0" in small.ci_of
     with pytest.raises(ValueError, match="n_resamples"):
         S.wilcoxon(a[:20], b[:20], n_resamples=-1)
+
+
+# ------------------------------------------------------------------- CIs at the edges of float64 (issue 30)
+def _huge(scale: float) -> np.ndarray:
+    return np.random.default_rng(3).lognormal(0, 1, 60) * scale
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300])
+def test_mean_ci_is_scale_equivariant_down_to_the_last_bit_at_the_edges_of_float64(scale):
+    # oracle: the same data at unit scale, times the scale. Multiplying by a power of two is exact, so the
+    # interval, estimate and standard error equal the unit-scale ones times 2^k to rounding of one product.
+    k = math.frexp(scale)[1]
+    unit = _huge(1.0)
+    for method in ("t", "studentized", "BCa"):
+        big = S.mean_ci(unit * 2.0**k, method=method, n_resamples=999)
+        ref = S.mean_ci(unit, method=method, n_resamples=999)
+        assert all(math.isfinite(v) for v in (*big.confidence_interval, big.standard_error, big.statistic))
+        for got, want in ((big.statistic, ref.statistic), (big.standard_error, ref.standard_error),
+                          *zip(big.confidence_interval, ref.confidence_interval)):
+            assert got == pytest.approx(want * 2.0**k, rel=1e-12), method
+
+
+def test_bootstrap_and_cluster_cis_stay_finite_on_values_near_1e300():
+    x = _huge(1e300)
+    boot = S.bootstrap_ci(x, np.mean, n_resamples=999)
+    ref = S.bootstrap_ci(x / 1e300, np.mean, n_resamples=999)  # the same resamples (same seed), unit scale
+    assert math.isfinite(boot.standard_error)
+    assert boot.standard_error == pytest.approx(ref.standard_error * 1e300, rel=1e-9)
+    assert boot.confidence_interval == pytest.approx(tuple(v * 1e300 for v in ref.confidence_interval), rel=1e-9)
+    units = [x[i:i + 6] for i in range(0, 60, 6)]
+    clustered = S.cluster_bootstrap_ci(units, np.mean, n_resamples=999)
+    unit = S.cluster_bootstrap_ci([u / 1e300 for u in units], np.mean, n_resamples=999)
+    assert clustered.ci_method.startswith("BCa")  # the acceleration (cubes of 1e299) did not overflow
+    assert clustered.confidence_interval == pytest.approx(tuple(v * 1e300 for v in unit.confidence_interval),
+                                                          rel=1e-9)
+    assert clustered.standard_error == pytest.approx(unit.standard_error * 1e300, rel=1e-9)
+
+
+def test_a_statistic_that_overflows_float64_is_refused_by_name():
+    x = _huge(1e200)
+    with np.errstate(over="ignore"), \
+            pytest.raises(ValueError, match=r"bootstrap interval of var is not finite .* max \|value\| = .*rescale"):
+        S.bootstrap_ci(x, np.var, n_resamples=999)  # var of 1e200 values is 1e400: beyond float64
+
+
+@pytest.mark.parametrize("call", [
+    lambda n: S.bootstrap_ci(np.arange(20.0), np.mean, n_resamples=n),
+    lambda n: S.ratio_ci(np.arange(1.0, 21.0), np.arange(2.0, 22.0), n_resamples=n),
+    lambda n: S.mean_ci(np.arange(20.0), n_resamples=n),
+    lambda n: S.cluster_bootstrap_ci([np.arange(5.0) + i for i in range(6)], np.mean, n_resamples=n),
+    lambda n: S.spearman(np.arange(20.0), np.arange(20.0) ** 2 % 7, n_resamples=n),
+    lambda n: S.wilcoxon(np.arange(20.0) - 7.5, n_resamples=n),
+])
+def test_too_few_resamples_for_the_level_are_refused(call):
+    # n = 1 gave an "interval" of one resampled value that excluded the estimate; at 95% the tails need
+    # n·0.025 ≥ 1, so 40 is the least accepted
+    for n in (1, 39):
+        with pytest.raises(ValueError, match=rf"n_resamples must be at least 40 for a 0.95 confidence .*got {n}"):
+            call(n)
+    assert all(math.isfinite(v) for v in call(40).confidence_interval)
+
+
+def test_min_resamples_grows_with_the_level():
+    from kvstats.measure.stats._common import min_resamples
+
+    assert [min_resamples(level) for level in (0.5, 0.9, 0.95, 0.99)] == [4, 20, 40, 200]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -11,8 +12,14 @@ import numpy as np
 import scipy.stats
 
 from kvstats._random import check_seed
-from kvstats._validation import check_int_range
-from kvstats.measure.stats._common import BOOTSTRAP_MAX_ELEMENTS, _check_level, _sample
+from kvstats.measure.stats._common import (
+    BOOTSTRAP_MAX_ELEMENTS,
+    _check_level,
+    _sample,
+    check_finite_interval,
+    check_resamples,
+    robust_std,
+)
 from kvstats.results import TestResult
 
 
@@ -50,7 +57,27 @@ def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, pair
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
             break
-    return low, high, float(res.standard_error), how
+    se = float(res.standard_error)
+    if not math.isfinite(se):  # the squares of statistics near 1e154 or beyond overflow; scaled, they do not
+        se = robust_std(res.bootstrap_distribution)
+    return low, high, se, how
+
+
+def _scaled_samples(samples, stat, estimate: float):
+    """(samples·2^-k, factor to bring the statistic back) when the data lie beyond [1e-150, 1e150] and the
+    statistic is scale-equivariant (a mean, median, quantile: stat(s·x) = s·stat(x)) or scale-invariant (a ratio
+    of such), checked exactly on the data (a power-of-two scaling is exact); else (samples, None). scipy's BCa
+    cubes jackknife deviations, which overflow from about 1e103."""
+    scale = _unit_scale(np.concatenate(samples))
+    if scale == 1.0:
+        return samples, None
+    scaled = tuple(s * scale for s in samples)
+    value = float(stat(*scaled, axis=-1))
+    if value == estimate * scale:
+        return scaled, scale
+    if value == estimate:
+        return scaled, 1.0
+    return samples, None
 
 
 def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, paired=False) -> BootstrapResult:
@@ -59,7 +86,11 @@ def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, p
     if all(np.ptp(s) == 0 for s in samples):  # every resample is the data itself: the CI is the point
         low, high, se, how = estimate, estimate, 0.0, "constant data"
     else:
-        low, high, se, how = _bootstrap_interval(samples, stat, level, n_resamples, method, seed, paired=paired)
+        work, factor = _scaled_samples(samples, stat, estimate)
+        low, high, se, how = _bootstrap_interval(work, stat, level, n_resamples, method, seed, paired=paired)
+        if factor is not None:
+            low, high, se = low / factor, high / factor, se / factor
+        check_finite_interval(low, high, se, what, samples)
     return BootstrapResult(
         statistic=estimate,
         pvalue=math.nan,
@@ -98,7 +129,7 @@ def bootstrap_ci(
     """
     x = _sample(data, "data", min_size=2)
     level = _check_level(confidence_level)
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    n_resamples = check_resamples(n_resamples, level)
     name = _stat_name(statistic)
 
     def stat(s, axis=-1):
@@ -128,7 +159,7 @@ def ratio_ci(
     """
     xa, xb = _sample(a, "a", min_size=2), _sample(b, "b", min_size=2)
     level = _check_level(confidence_level)
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    n_resamples = check_resamples(n_resamples, level)
     if paired and xa.size != xb.size:
         raise ValueError(f"paired=True needs a and b of one length (a[i] pairs with b[i]), got {xa.size} and "
                          f"{xb.size}")
@@ -180,6 +211,21 @@ def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: i
     return mean - float(upper_t) * se, mean - float(lower_t) * se
 
 
+def _unit_scale(x: np.ndarray) -> float:
+    """2^-k bringing max |x| near 1 when it lies outside [1e-150, 1e150] (where squares over- or underflow), else 1."""
+    top = float(np.abs(x).max())
+    if top == 0 or 1e-150 <= top <= 1e150:
+        return 1.0
+    return math.ldexp(1.0, -math.frexp(top)[1])
+
+
+def _rescaled(result: MeanResult, scale: float) -> MeanResult:
+    """A mean_ci result computed on x·scale, in the units of x."""
+    low, high = result.confidence_interval
+    return dataclasses.replace(result, statistic=result.statistic / scale, confidence_interval=(low / scale,
+                               high / scale), standard_error=result.standard_error / scale)
+
+
 def mean_ci(
     data,
     confidence_level: float = 0.95,
@@ -204,9 +250,12 @@ def mean_ci(
     level = _check_level(confidence_level)
     if method not in ("auto", "t", "studentized", "BCa"):
         raise ValueError(f"method must be 'auto', 't', 'studentized' or 'BCa', got {method!r}")
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    n_resamples = check_resamples(n_resamples, level)
     seed = check_seed(seed)
     how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "studentized")
+    scale = _unit_scale(x)
+    if scale != 1.0:  # the mean is scale-equivariant: compute on x·2^-k (exact), so no square over- or underflows
+        return _rescaled(mean_ci(x * scale, level, method=method, n_resamples=n_resamples, seed=seed), scale)
     common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
                   "interval)", n=x.size, ci_of="mean", confidence_level=level)
     if np.ptp(x) == 0:
@@ -272,7 +321,7 @@ def cluster_bootstrap_ci(
     if len(labels) != len(arrays):
         raise ValueError(f"clusters must give one label per unit ({len(arrays)}), got {len(labels)}")
     level = _check_level(confidence_level)
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**7)
+    n_resamples = check_resamples(n_resamples, level, 10**7)
     seed = check_seed(seed)
     members: dict = {}
     for i, label in enumerate(labels):
@@ -304,12 +353,16 @@ def cluster_bootstrap_ci(
         jack = np.array([statistic(np.concatenate([arrays[i] for g in groups[:c] + groups[c + 1:] for i in g]))
                          for c in range(len(groups))])
         dev = jack.mean() - jack
+        top = float(np.abs(dev).max())
+        dev = dev / top if top > 0 else dev  # the acceleration is scale-free: scaled, no cube overflows
         denominator = 6 * float((dev ** 2).sum()) ** 1.5
         accel = float((dev ** 3).sum()) / denominator if denominator > 0 else 0.0
         z = scipy.stats.norm.ppf(probabilities)
         probabilities = scipy.stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
         how = "BCa, clusters then units"
     low, high = (float(x) for x in np.quantile(draws, probabilities))
+    se = robust_std(draws)
+    check_finite_interval(low, high, se, f"{_stat_name(statistic)} of the pooled values", arrays)
     return BootstrapResult(
         statistic=estimate,
         pvalue=math.nan,
@@ -320,7 +373,7 @@ def cluster_bootstrap_ci(
         confidence_interval=(min(low, estimate), max(high, estimate)) if np.ptp(draws) == 0 else (low, high),
         ci_of=f"{_stat_name(statistic)} of the pooled values",
         confidence_level=level,
-        standard_error=float(np.std(draws, ddof=1)) if n_resamples > 1 else math.nan,
+        standard_error=se,
         n_resamples=n_resamples,
         ci_method=how,
         extra={"seed": seed, "clusters": len(groups), "units": len(arrays)},

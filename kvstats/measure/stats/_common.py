@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from kvstats._validation import check_int_range
 
 #: Largest n₁·n₂ for which the exact (no-ties) p-value of U is computed (:func:`mwu_exact_cdf`): up to
 #: here its float64 result agrees with exact rational arithmetic to ~1e-11 relative (tests), and costs
@@ -37,3 +41,46 @@ def _check_level(confidence_level: float) -> float:
     if not 0.0 < float(confidence_level) < 1.0:
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")
     return float(confidence_level)
+
+
+def min_resamples(level: float) -> int:
+    """The fewest bootstrap resamples that give a level-confidence interval: ⌈2 / (1 − level)⌉ (40 at 95%).
+
+    Below it a tail of the bootstrap distribution, (1 − level)/2 of the resamples, holds less than one resample,
+    so its bound is not estimated but interpolated between the extreme draws — with one resample the "interval"
+    is that single draw, which need not contain the estimate.
+    """
+    return math.ceil(2 / (1 - level) - 1e-9)
+
+
+def check_resamples(n_resamples, level: float, high: int = 10**8, *, allow_zero: bool = False) -> int:
+    """n_resamples as an int in [min_resamples(level), high] (0 also, where it means "no interval")."""
+    low = min_resamples(level)
+    n = check_int_range(n_resamples, "n_resamples", 0 if allow_zero else 1, high)
+    if 0 < n < low or (n == 0 and not allow_zero):
+        raise ValueError(f"n_resamples must be at least {low} for a {level:g} confidence interval (each tail of the "
+                         f"bootstrap distribution needs a resample beyond its bound: n_resamples·(1 − level)/2 ≥ 1), "
+                         f"got {n}")
+    return n
+
+
+def robust_std(values: np.ndarray) -> float:
+    """Sample standard deviation (ddof 1) of finite values without overflow or underflow of the squares: computed
+    on values / max |values| and scaled back (nan for fewer than 2 values)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size < 2:
+        return math.nan
+    top = float(np.abs(v).max())
+    return 0.0 if top == 0 else top * float(np.std(v / top, ddof=1))
+
+
+def check_finite_interval(low: float, high: float, se: float, what: str, samples) -> None:
+    """Refuse an interval or standard error that came out non-finite from finite data, naming what and the data's
+    largest magnitude (a statistic that overflows float64 there, e.g. a variance of values near 1e300)."""
+    if math.isfinite(low) and math.isfinite(high) and (math.isfinite(se) or math.isnan(se)):
+        return
+    big = max(float(np.abs(np.asarray(s)).max()) for s in samples)
+    raise ValueError(f"the bootstrap interval of {what} is not finite ([{low:.4g}, {high:.4g}], standard error "
+                     f"{se:.4g}) on finite data with max |value| = {big:.4g}: the statistic overflows float64 there; "
+                     f"rescale the data")

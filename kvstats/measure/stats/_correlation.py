@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
-from kvstats._validation import check_int_range
 from kvstats.measure.stats._bootstrap import _bootstrap_interval
-from kvstats.measure.stats._common import _check_level, _sample
+from kvstats.measure.stats._common import _check_level, _sample, check_resamples
 from kvstats.results import TestResult
 
 
@@ -61,7 +60,7 @@ def spearman(
     """
     xs, ys = _sample(x, "x", min_size=4), _sample(y, "y", min_size=4)
     level = _check_level(confidence_level)
-    n_resamples = check_int_range(n_resamples, "n_resamples", 1, 10**8)
+    n_resamples = check_resamples(n_resamples, level)
     if xs.size != ys.size:
         raise ValueError(f"x and y must have one length (pairs), got {xs.size} and {ys.size}")
     for arr, name in ((xs, "x"), (ys, "y")):

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
-from kvstats._validation import check_int_range
 from kvstats.measure.stats._bootstrap import _bootstrap_interval
-from kvstats.measure.stats._common import _check_level, _sample
+from kvstats.measure.stats._common import _check_level, _sample, check_resamples
 from kvstats.results import TestResult
 
 #: Largest number of pairs for which :func:`wilcoxon` (method "auto") uses the exact null (scipy's rule).
@@ -134,7 +133,7 @@ def wilcoxon(
     if by_default:
         n_resamples = 9999 if d.size <= WILCOXON_BOOTSTRAP_MAX_N else 0
     else:
-        n_resamples = check_int_range(n_resamples, "n_resamples", 0, 10**8)
+        n_resamples = check_resamples(n_resamples, level, allow_zero=True)
     if alternative not in ("two-sided", "less", "greater"):
         raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
     if method not in ("auto", "exact", "asymptotic"):

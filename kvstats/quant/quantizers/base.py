@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvstats._validation import all_finite, check_float_tensor, check_not_meta
+from kvstats._validation import all_finite, check_float_tensor, check_not_meta, finite_max_abs
 from kvstats.quant.quantizers.config import QuantizerConfig
 
-__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_bytes"]
+__all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_bytes", "decode_headroom",
+           "saturating_cast"]
 
 #: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
 ACC_DTYPES = {torch.float64: torch.float64}
@@ -34,6 +35,31 @@ _GIVEN_BY_CONFIG = object()
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return ACC_DTYPES.get(dtype, torch.float32)
+
+
+def decode_headroom(dtype: torch.dtype, dim: int) -> float:
+    """The largest max |x| of a vector of dim d that ``encode`` accepts in this dtype: finfo(acc).max / (4·d).
+
+    A decode accumulates in acc (fp32, fp64 for fp64 x), and its largest intermediate is at most
+    √d · ‖x̂‖ ≤ 1.5·d · max |x| (an unnormalised Walsh–Hadamard butterfly sums d terms of ‖x̂‖ ≤ 1.5‖x‖,
+    ‖x‖ ≤ √d · max |x|), so below this bound nothing overflows. Only fp32/bf16/fp64 inputs can reach it
+    (fp16's largest value, 65,504, is far below it for any d).
+    """
+    return torch.finfo(acc_dtype(dtype)).max / (4 * dim)
+
+
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x cast to dtype with values beyond its largest finite value clamped to ±finfo(dtype).max (never inf).
+
+    For a reconstruction x̂ of a finite x in dtype this is the projection onto the box [−max, max]^d, which
+    contains x, so it never moves a coordinate of x̂ away from x: |clamp(x̂ⱼ) − xⱼ| ≤ |x̂ⱼ − xⱼ|.
+    """
+    if x.dtype == dtype:
+        return x
+    if x.is_floating_point() and torch.finfo(x.dtype).max > torch.finfo(dtype).max:
+        big = torch.finfo(dtype).max
+        x = x.clamp(-big, big)
+    return x.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -291,19 +317,27 @@ class Quantizer:
     def encode(self, x: torch.Tensor) -> Code:
         """Encode x [..., d] (fp16/bf16/fp32, or fp64 for references); arithmetic in fp32.
 
-        Raises ValueError when a stored scalar (norm, min, scale) overflows its storage dtype, naming it.
+        Raises ValueError when a stored scalar (norm, min, scale) overflows its storage dtype, naming it, and
+        when max |x| exceeds :func:`decode_headroom` (its decode's fp32 arithmetic could overflow: fp32 or
+        bf16 x beyond about 1e35 / d).
         """
-        self._check_vectors(x, "x")
+        self._check_vectors(x, "x", check_finite=False)
+        self._check_headroom(x)
         code = self._encode(x)
         self._check_stored(code, x)
         code.source = self.provenance()
         return code
 
     def decode(self, code: Code) -> torch.Tensor:
-        """Reconstruct x̂ [..., d] in the dtype x had."""
+        """Reconstruct x̂ [..., d] in the dtype x had.
+
+        Computed in the accumulation dtype and cast saturating (:func:`saturating_cast`): a coordinate beyond
+        the dtype's largest finite value (an fp16 x near 65,504 whose reconstruction overshoots) decodes to
+        ±max, never to inf.
+        """
         self.check_code(code)
         with self._code_fields(code):
-            return self._decode(code)
+            return saturating_cast(self._decode(code), code.dtype)
 
     def inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         """Estimate ⟨query_i, x_j⟩ for query [..., n_q, d] and code of x [..., n_k, d] -> [..., n_q, n_k].
@@ -411,8 +445,22 @@ class Quantizer:
                 raise ValueError(f"{name} has max |{name}| = {big:.4g}, which {arg}={dtype} cannot hold (largest "
                                  f"finite {torch.finfo(dtype).max:.6g})")
 
-    def _check_vectors(self, x: torch.Tensor, name: str) -> None:
-        check_float_tensor(x, name)
+    def _check_headroom(self, x: torch.Tensor) -> None:
+        """Refuse non-finite x, and x too large for its decode's accumulation dtype (one aminmax pass)."""
+        big = finite_max_abs(x, "x")
+        limit = self.input_limit(x.dtype)
+        if big > limit:
+            acc = acc_dtype(x.dtype)
+            wider = " or encode it as float64" if acc != torch.float64 else ""
+            raise ValueError(f"x (max |x| = {big:.4g}) is too large for {self!r}: its decode accumulates in {acc}, "
+                             f"whose sums could overflow above max |x| = {limit:.4g}; rescale x{wider}")
+
+    def input_limit(self, dtype: torch.dtype) -> float:
+        """The largest max |x| encode accepts in dtype (:func:`decode_headroom`; larger for a decode without sums)."""
+        return decode_headroom(dtype, self.dim)
+
+    def _check_vectors(self, x: torch.Tensor, name: str, check_finite: bool = True) -> None:
+        check_float_tensor(x, name, check_finite=check_finite)
         if x.shape[-1] != self.dim:
             raise ValueError(f"{name}.shape[-1] must equal the quantizer's dim {self.dim}, got {x.shape[-1]}")
 
@@ -420,6 +468,7 @@ class Quantizer:
         raise NotImplementedError
 
     def _decode(self, code: Code) -> torch.Tensor:
+        # x̂ in the code's dtype or a wider one (decode casts it, saturating)
         raise NotImplementedError
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:

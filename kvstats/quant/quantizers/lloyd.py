@@ -136,7 +136,7 @@ class LloydQuantizer(Quantizer):
         return self.stage.encode(x)
 
     def _decode(self, code: Code) -> torch.Tensor:
-        return self.stage.decode_unrotated(code, acc_dtype(code.dtype)).to(code.dtype)
+        return self.stage.decode_unrotated(code, acc_dtype(code.dtype))
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         # ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩: rotate the (few) queries instead of de-rotating the (many) keys, and score

@@ -94,18 +94,22 @@ class MinMaxQuantizer(Quantizer):
         return Code(x.shape, x.dtype, payload={"indices": pack_bits(codes, self.bits)},
                     scalars={"min": lo_s.squeeze(-1), "scale": scale_s.squeeze(-1)})
 
+    def input_limit(self, dtype: torch.dtype) -> float:
+        # x̂ = lo + step·q lies within its group's [min, max] (up to rounding): no sums that could outgrow max |x|
+        return torch.finfo(acc_dtype(dtype)).max / 4
+
     def _decode(self, code: Code) -> torch.Tensor:
         if self.axis == "token":
             packed, lead = code.payload["indices"], code.shape[:-1]
             ng = self.dim // self.group_size
             x_hat = ops.minmax_decode(packed.reshape(-1, packed.shape[-1]), code.scalars["min"].reshape(-1, ng),
                                       code.scalars["scale"].reshape(-1, ng), self.group_size, self.bits, self.dim)
-            return x_hat.reshape(*lead, self.dim).to(code.dtype)
+            return x_hat.reshape(*lead, self.dim)
         acc = acc_dtype(code.dtype)
         codes = unpack_bits(code.payload["indices"], self.bits, self.dim).to(acc)
         grouped = self._grouped(codes)
         x_hat = code.scalars["min"].to(acc).unsqueeze(-1) + code.scalars["scale"].to(acc).unsqueeze(-1) * grouped
-        return self._ungrouped(x_hat, code.shape).to(code.dtype)
+        return self._ungrouped(x_hat, code.shape)
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         if self.axis != "token":  # groups cut across vectors: decode, then multiply
@@ -155,7 +159,7 @@ class RotatedMinMax(Quantizer):
         return Code(x.shape, x.dtype, parts={"minmax": inner})
 
     def _decode(self, code: Code) -> torch.Tensor:
-        return self.rotation.inverse(self.minmax.decode(code.parts["minmax"])).to(code.dtype)
+        return self.rotation.inverse(self.minmax.decode(code.parts["minmax"]))
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         return self.rotation.inverse(self.minmax.weighted_sum(weights, code.parts["minmax"]))

@@ -313,7 +313,7 @@ class NovaQuantizer(Quantizer):
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
-        return self.reconstruct(self.decode_coefficients(code, acc)).to(code.dtype)
+        return self.reconstruct(self.decode_coefficients(code, acc))
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         # ⟨q, k̂⟩ = ⟨q, μ⟩ + ⟨q̃, ŷ⟩: map the (few) queries, never reconstruct the (many) keys.

@@ -193,7 +193,7 @@ class QJLQuantizer(Quantizer):
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
         if self.outliers is None:
-            return self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc).to(code.dtype)
+            return self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc)
         dev = code.device
         out = torch.zeros(*code.shape, dtype=acc, device=dev)
         out[..., self.inliers.to(dev)] = self.sketch.reconstruct(code.payload["signs"], code.scalars["norm"], acc)
@@ -202,7 +202,7 @@ class QJLQuantizer(Quantizer):
         else:
             out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
                 code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
-        return out.to(code.dtype)
+        return out
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         inlier = self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])

@@ -23,7 +23,7 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups, saturating_cast
 from kvstats.quant.quantizers.config import TurboProdConfig
 from kvstats.quant.quantizers.lloyd import LloydStage
 from kvstats.quant.quantizers.qjl import SignSketch
@@ -90,12 +90,12 @@ class TurboProd(Quantizer):
         self.check_code(code)
         if self.stage is None:
             raise ValueError(f"{self!r} has no MSE stage at bits=1")
-        return self.stage.decode_unrotated(code.parts["mse"], acc_dtype(code.dtype)).to(code.dtype)
+        return saturating_cast(self.stage.decode_unrotated(code.parts["mse"], acc_dtype(code.dtype)), code.dtype)
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
         if self.stage is None:
-            return self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc).to(code.dtype)
+            return self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc)
         # x̂ = Πᵀ(ŷ + (c_S/d)·γ·Sᵀ b). Πᵀ is linear: Πᵀŷ comes de-rotated from lloyd_decode, and Πᵀ Sᵀ b = (S Π)ᵀ b
         # from the byte tables of S Π (rows of S de-rotated once), so no pass of Πᵀ over the keys remains.
         s_pi, tables = self._derotated_sketch(code.device, acc)
@@ -108,11 +108,11 @@ class TurboProd(Quantizer):
             x_hat = ops.turbo_prod_decode(
                 packed.reshape(-1, packed.shape[-1]), mse.scalars["norm"].reshape(-1), stage.signs, stage.levels,
                 stage.bits, self.dim, signs.reshape(-1, signs.shape[-1]), tables, weight.reshape(-1))
-            return x_hat.view(code.shape).to(code.dtype)
+            return x_hat.view(code.shape)
         x_hat = self.stage.decode_unrotated(mse, acc)
         x_hat = self.sketch.reconstruct(code.payload["signs"], code.scalars["gamma"], acc, basis=(s_pi, tables),
                                         base=x_hat)
-        return x_hat.to(code.dtype)
+        return x_hat
 
     def _derotated_sketch(self, device: torch.device, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(S Π [m, d] (row i: Πᵀ sᵢ), its byte tables), built once per (device, dtype)."""
