@@ -141,9 +141,9 @@ def document_path(text: str):
 def capture_documents(verbose: bool = True) -> None:
     """Capture SmolLM2's Q/K/V over each document on its own (one forward pass each), cached; the model is
     loaded only when some document is not cached yet."""
-    from kvstats.hf.capture import SMOLLM2, capture_qkv, load_model
+    from kvstats.hf.capture import SMOLLM2, cached_capture_ok, capture_qkv, load_model
 
-    missing = [(t, x) for t, x in documents() if not document_path(x).is_file()]
+    missing = [(t, x) for t, x in documents() if not cached_capture_ok(document_path(x))]
     if not missing:
         return
     if verbose:

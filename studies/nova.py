@@ -171,11 +171,11 @@ def capture_path(name: str) -> Path:
 
 def ensure_captures() -> None:
     """Capture SmolLM2's Q/K/V over both parts once (cached beside the default capture)."""
-    from kvstats.hf.capture import SMOLLM2, capture
+    from kvstats.hf.capture import SMOLLM2, cached_capture_ok, capture
 
     for name in TEXTS:
         path = capture_path(name)
-        if not path.is_file():
+        if not cached_capture_ok(path):
             print(f"capturing SmolLM2 Q/K/V over '{name}' into {path} ...", file=sys.stderr, flush=True)
             capture(SMOLLM2, text=texts()[name], out=path)
 

@@ -89,7 +89,7 @@ def capture_bytes(tmp_path_factory):
 def test_any_damaged_capture_file_is_a_clear_error(capture_bytes, tmp_path_factory, data):
     """A capture file cut anywhere, or with bytes flipped in its header, opens with the intact capture's layers
     and tensors (dtypes, shapes, values) or raises ValueError naming the file; no other exception. (A flip
-    inside a metadata string, e.g. the model's name, can go unseen: the format has no checksum.)"""
+    inside a metadata string, e.g. the model's name, can go unseen: the digests cover the tensors, not the header.)"""
     cut = data.draw(st.integers(0, len(capture_bytes) - 1))
     flips = data.draw(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 255)), max_size=3))
     raw = bytearray(capture_bytes[:cut] if data.draw(st.booleans()) else capture_bytes)
@@ -162,3 +162,93 @@ def test_capture_metadata_with_no_layer_or_a_repeated_one_is_refused(capture_byt
     save_file(tensors, str(bad), metadata=metadata)
     with pytest.raises(ValueError, match=rf"bad\.safetensors: metadata 'layers' {message}"):
         load_qkv(bad)
+
+
+# ------------------------------------------------------------------------- per-tensor digests (issue 30)
+def _header_and_data(raw: bytes) -> tuple[dict, int]:
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + n]), 8 + n
+
+
+def _with_header(raw: bytes, header: dict) -> bytes:
+    n = int.from_bytes(raw[:8], "little")
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= n
+    return raw[:8] + text + b" " * (n - len(text)) + raw[8 + n:]  # safetensors pads its header with spaces
+
+
+@_SETTINGS
+@given(data=st.data())
+def test_a_flipped_data_byte_is_refused_on_read_naming_the_tensor(capture_bytes, tmp_path_factory, data):
+    """Any byte of any tensor's data flipped: the file opens (its header is intact), the damaged tensor is
+    refused on read naming it, every other tensor reads back equal."""
+    header, start = _header_and_data(capture_bytes)
+    pos = data.draw(st.integers(start, len(capture_bytes) - 1))
+    raw = bytearray(capture_bytes)
+    raw[pos] ^= data.draw(st.integers(1, 255))
+    damaged = next(name for name, info in header.items() if name != "__metadata__"
+                   and start + info["data_offsets"][0] <= pos < start + info["data_offsets"][1])
+    path = tmp_path_factory.mktemp("flip") / "flipped.safetensors"
+    path.write_bytes(bytes(raw))
+    intact = tmp_path_factory.mktemp("intact") / "intact.safetensors"
+    intact.write_bytes(capture_bytes)
+    f, good = load_qkv(path), load_qkv(intact)
+    for layer in f.layers:
+        for part, read in (("q", f.queries), ("k", f.keys), ("v", f.values)):
+            name = f"layer.{layer}.{part}"
+            if name == damaged:
+                with pytest.raises(ValueError, match=rf"flipped.safetensors: tensor '{name}' .*does not match its "
+                                                     r"stored sha256"):
+                    read(layer)
+            else:
+                want = {"q": good.queries, "k": good.keys, "v": good.values}[part](layer)
+                assert torch.equal(read(layer), want)
+
+
+def test_swapped_k_and_v_offsets_of_one_shape_are_refused(capture_bytes, tmp_path):
+    # k and v have one shape, so the header checks pass; only the digests see that k now reads v's bytes
+    header, _ = _header_and_data(capture_bytes)
+    k, v = header["layer.1.k"]["data_offsets"], header["layer.1.v"]["data_offsets"]
+    header["layer.1.k"]["data_offsets"], header["layer.1.v"]["data_offsets"] = v, k
+    path = tmp_path / "swapped.safetensors"
+    path.write_bytes(_with_header(capture_bytes, header))
+    f = load_qkv(path)
+    torch.testing.assert_close(f.keys(0), load_qkv_bytes(capture_bytes, tmp_path).keys(0))
+    for read in (f.keys, f.values):
+        with pytest.raises(ValueError, match=r"swapped.safetensors: tensor 'layer.1.[kv]' .*sha256"):
+            read(1)
+
+
+def load_qkv_bytes(raw: bytes, folder) -> object:
+    path = folder / "intact.safetensors"
+    path.write_bytes(raw)
+    return load_qkv(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(format=json.dumps("kvstats-qkv/1")), r"format 'kvstats-qkv/1' is an older kvstats capture: "
+                                                             r"it has no per-tensor digests"),
+    (lambda m: m.pop("tensor_sha256"), r"metadata 'tensor_sha256' must give one sha256 per stored tensor"),
+    (lambda m: m.update(tensor_sha256=json.dumps({"layer.0.k": "0" * 64})),
+     r"metadata 'tensor_sha256' must give one sha256 per stored tensor \(6\), got dict for \['layer.0.k'\]"),
+])
+def test_a_capture_without_its_digests_is_refused(capture_bytes, tmp_path, edit, message):
+    header, _ = _header_and_data(capture_bytes)
+    edit(header["__metadata__"])
+    path = tmp_path / "old.safetensors"
+    path.write_bytes(_with_header(capture_bytes, header))
+    with pytest.raises(ValueError, match=rf"old\.safetensors: {message}"):
+        load_qkv(path)
+
+
+def test_the_stored_digest_is_the_sha256_of_the_tensor_bytes(capture_bytes, tmp_path):
+    # oracle: hashlib over the raw little-endian bytes safetensors wrote, sliced by the header's offsets
+    import hashlib
+
+    header, start = _header_and_data(capture_bytes)
+    digests = json.loads(header["__metadata__"]["tensor_sha256"])
+    assert set(digests) == {n for n in header if n != "__metadata__"}
+    for name, info in header.items():
+        if name != "__metadata__":
+            lo, hi = info["data_offsets"]
+            assert digests[name] == hashlib.sha256(capture_bytes[start + lo:start + hi]).hexdigest()

@@ -5,7 +5,10 @@ File layout (format ``kvstats-qkv/1``): tensors ``layer.{i}.q`` ``[batch, q_head
 one JSON-encoded value per key: ``format``, ``model``, ``layers`` (the stored layer indices), ``n_layers``,
 ``q_heads``, ``kv_heads``, ``head_dim``, ``n_tokens``, ``rope`` (dict: how positions were encoded —
 queries and keys are stored *after* RoPE, as the attention kernel sees them), ``text_sha256``,
-``attn_scaling`` (the softmax scale the model uses) and anything else the caller passes.
+``attn_scaling`` (the softmax scale the model uses), ``tensor_sha256`` (``{tensor name: sha256 of its bytes}``,
+checked on every read: a flipped data byte or two tensors' offsets swapped are refused naming the tensor) and
+anything else the caller passes. Files of the first format (``kvstats-qkv/1``, no digests) are refused: their
+contents cannot be checked; capture them again.
 
     save_qkv("cap.safetensors", [(q0, k0, v0), (q1, k1, v1)], {"model": "mine", "rope": {...}})
     cap = load_qkv("cap.safetensors")        # reads only the header
@@ -14,6 +17,7 @@ queries and keys are stored *after* RoPE, as the attention kernel sees them), ``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,9 +30,11 @@ import torch
 from kvstats._files import check_output_path, write_output
 from kvstats._validation import check_float_tensor
 
-__all__ = ["FORMAT", "LayerQKV", "QKVFile", "check_output_path", "save_qkv", "load_qkv"]
+__all__ = ["FORMAT", "LayerQKV", "QKVFile", "check_output_path", "save_qkv", "load_qkv", "tensor_sha256"]
 
-FORMAT = "kvstats-qkv/1"
+FORMAT = "kvstats-qkv/2"
+#: formats refused with a reason (not a foreign file: an older kvstats wrote it)
+_OLD_FORMATS = {"kvstats-qkv/1": "it has no per-tensor digests, so its contents cannot be checked"}
 #: safetensors dtype names a capture may hold
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
@@ -44,6 +50,12 @@ class LayerQKV:
 
 def _name(layer: int, part: str) -> str:
     return f"layer.{layer}.{part}"
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a CPU tensor's bytes in memory order (contiguous), as stored in a capture file."""
+    data = t.detach().contiguous().view(torch.uint8).reshape(-1).numpy()
+    return hashlib.sha256(memoryview(data)).hexdigest()
 
 
 def _as_layer(item, index: int) -> LayerQKV:
@@ -102,6 +114,7 @@ def save_qkv(path: str | os.PathLike, layers: Sequence | Mapping[int, Any], meta
     meta.update(
         format=FORMAT, layers=sorted(items), n_layers=meta.get("n_layers", max(items) + 1),
         kv_heads=h, q_heads=None if qshape is None else qshape[1], head_dim=d, n_tokens=t, batch=b,
+        tensor_sha256={name: tensor_sha256(t) for name, t in sorted(tensors.items())},
     )
     try:
         header = {k: json.dumps(v) for k, v in meta.items()}
@@ -143,8 +156,12 @@ class QKVFile:
             self.metadata = {k: json.loads(v) for k, v in raw.items()}
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.path}: metadata is not kvstats JSON ({exc})") from None
-        if self.metadata.get("format") != FORMAT:
-            raise ValueError(f"{self.path}: format is {self.metadata.get('format')!r}, expected {FORMAT!r}")
+        fmt = self.metadata.get("format")
+        if fmt in _OLD_FORMATS:
+            raise ValueError(f"{self.path}: format {fmt!r} is an older kvstats capture: {_OLD_FORMATS[fmt]}; "
+                             f"capture it again (kvstats capture) to get a {FORMAT!r} file")
+        if fmt != FORMAT:
+            raise ValueError(f"{self.path}: format is {fmt!r}, expected {FORMAT!r}")
         layers = self.metadata.get("layers")
         if not isinstance(layers, list) or not all(isinstance(i, int) for i in layers):
             raise ValueError(f"{self.path}: metadata 'layers' must be a list of layer indices, got {layers!r}")
@@ -159,6 +176,14 @@ class QKVFile:
             raise ValueError(f"{self.path}: incomplete capture, tensors {missing[:4]} are missing")
         self.layers: list[int] = list(layers)
         self._check_tensor_headers(headers)
+        digests = self.metadata.get("tensor_sha256")
+        if not isinstance(digests, dict) or set(digests) != self._names or not all(
+                isinstance(v, str) and len(v) == 64 for v in digests.values()):
+            raise ValueError(f"{self.path}: metadata 'tensor_sha256' must give one sha256 per stored tensor "
+                             f"({len(self._names)}), got {type(digests).__name__}"
+                             + (f" for {sorted(digests)[:4]}" if isinstance(digests, dict) else "")
+                             + ": a damaged or hand-edited file")
+        self._digests: dict[str, str] = digests
 
     def _check_tensor_headers(self, headers: dict[str, tuple[str, list[int]]]) -> None:
         """Every stored tensor ({name: (dtype, shape)} from the file's header) is a float tensor of the shape the
@@ -200,7 +225,11 @@ class QKVFile:
         if name not in self._names:
             raise ValueError(f"{self.path} stores no {part!r} tensors (layer {layer})")
         with safe_open(str(self.path), framework="pt") as f:
-            return f.get_tensor(name)
+            t = f.get_tensor(name)
+        if tensor_sha256(t) != self._digests[name]:
+            raise ValueError(f"{self.path}: tensor {name!r} (layer {layer}, {part}) does not match its stored sha256: "
+                             "the file was damaged or edited after it was written; capture it again")
+        return t
 
     def keys(self, layer: int) -> torch.Tensor:
         """Keys of ``layer`` after RoPE: ``[batch, kv_heads, tokens, d]``."""

