@@ -25,6 +25,12 @@ every cell's file and computes only the missing ones, so an interrupted run resu
 rerun with the same parameters recomputes nothing. Bump ``version`` when the cell function changes
 meaning. ``cells_dir`` defaults to ``$KVSTATS_CELLS_DIR``, else ``figures/.cells`` (git-ignored).
 
+Concurrent drivers. Two runs of one sweep on one store (two shells, two machines on a shared disk with working
+``flock``) share the work: a driver computes a cell only while it holds the cell's lock (``<key>.lock``, an
+exclusive ``fcntl.flock``, released by the kernel when its holder dies, even by SIGKILL). A cell another driver
+holds is waited for after this driver's own cells, then read — or computed here if that driver died first —
+so every cell is computed once.
+
 Every stored cell is validated when it is read (:func:`check_cell`): a JSON object with the sweep's
 ``study``, ``version``, the cell's ``key`` and ``params``, and ``rows`` a list of objects (as many as
 ``n_rows`` says and matching ``rows_sha256``, both required). A file that fails — truncated,
@@ -45,6 +51,8 @@ Parameter values must be str, int, float, bool or None (or lists/tuples of them)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -245,12 +253,56 @@ class Sweep:
             try:
                 self._read(path, params)
             except ValueError as exc:
-                bad = path.with_name(path.name + ".bad")
-                os.replace(path, bad)
-                warnings.warn(f"{exc}; moved aside to {bad.name}, the cell is computed again", BadCellWarning,
-                              stacklevel=2)
+                self._move_aside(params, path, exc, root)
                 todo.append(params)
         return todo
+
+    def _move_aside(self, params: Mapping[str, Any], path: Path, exc: ValueError, root) -> None:
+        """Rename a bad cell file to ``<key>.json.bad`` under the cell's lock; a driver that holds the lock is
+        recomputing the cell, and one that already replaced the file left a good one (read again here)."""
+        lock = self._claim(params, root)
+        if lock is None:
+            return
+        try:
+            if self._stored(params, root):
+                return  # another driver stored a good file meanwhile
+            bad = path.with_name(path.name + ".bad")
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, bad)
+                warnings.warn(f"{exc}; moved aside to {bad.name}, the cell is computed again", BadCellWarning,
+                              stacklevel=3)
+        finally:
+            os.close(lock)
+
+    # ------------------------------------------------------------------------------------------ claims
+    def _claim(self, params: Mapping[str, Any], root, *, wait: bool = False) -> int | None:
+        """The cell's lock (an open fd holding an exclusive flock on ``<key>.lock``), or None when another
+        driver holds it (``wait=True``: block until it is released — by that driver, or by the kernel when the
+        driver dies)."""
+        path = self.path(params, root).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _release(self, params: Mapping[str, Any], root, lock: int, *, stored: bool) -> None:
+        """Release a claim; the lock file goes too once the cell is stored (whoever holds or takes a lock on it
+        then finds the cell stored)."""
+        if stored:
+            with contextlib.suppress(FileNotFoundError):
+                self.path(params, root).with_suffix(".lock").unlink()
+        os.close(lock)
+
+    def _stored(self, params: Mapping[str, Any], root) -> bool:
+        try:
+            self._read(self.path(params, root), params)
+            return True
+        except (FileNotFoundError, ValueError):
+            return False
 
     # ------------------------------------------------------------------------------------------- storage
     def _store(self, params: dict, rows: list[dict], seconds: float, root: Path) -> None:
@@ -263,6 +315,7 @@ class Sweep:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(payload, default=_json_default, separators=(",", ":")), encoding="utf-8")
         tmp.replace(path)
+
 
     def _read(self, path: Path, params: Mapping[str, Any]) -> list[dict]:
         try:
@@ -316,17 +369,49 @@ class Sweep:
         todo = list(self.cells) if recompute else self.pending(root)
         n_cached = len(self.cells) - len(todo)
         bar = _progress_bar(self.study, len(self.cells), n_cached, progress)
+        computed = 0
+        held: dict[str, int] = {}  # key -> lock fd of the cells this driver is computing
         try:
-            if todo:
-                for params, rows, seconds in run_cells(self.cell, todo, scheduler=scheduler, n_jobs=n_jobs,
+            while todo:
+                elsewhere: list[dict] = []  # held by another driver: waited for after this round
+
+                def claimed(cells: list[dict], elsewhere: list[dict] = elsewhere, recompute: bool = recompute):
+                    for params in cells:
+                        lock = self._claim(params, root)
+                        if lock is None:
+                            elsewhere.append(params)
+                        elif not recompute and self._stored(params, root):  # the other driver finished it
+                            self._release(params, root, lock, stored=True)
+                            bar.update(1)
+                        else:
+                            held[self.key(params)] = lock
+                            yield params
+
+                jobs = 1 if len(todo) == 1 else n_jobs
+                for params, rows, seconds in run_cells(self.cell, claimed(todo), scheduler=scheduler, n_jobs=jobs,
                                                         threads=threads, name=self.study, key=self.key):
                     self._store(params, rows, seconds, root)
+                    self._release(params, root, held.pop(self.key(params)), stored=True)
+                    computed += 1
                     bar.update(1)
+                todo = []
+                for params in elsewhere:  # wait for the other driver; a cell it did not store is ours
+                    lock = self._claim(params, root, wait=True)
+                    stored = self._stored(params, root)
+                    self._release(params, root, lock, stored=stored)
+                    if stored:
+                        bar.update(1)
+                    else:
+                        todo.append(params)
+                recompute = False  # what the other driver stored meanwhile is this run's too
         finally:
+            for lock in held.values():
+                os.close(lock)
             bar.close()
         table = self.table(root)
-        table.attrs["sweep"] = {"study": self.study, "cells": len(self.cells), "cached": n_cached,
-                                "computed": len(todo), "seconds": time.perf_counter() - t0}
+        table.attrs["sweep"] = {"study": self.study, "cells": len(self.cells),
+                                "cached": len(self.cells) - computed, "computed": computed,
+                                "seconds": time.perf_counter() - t0}
         return table
 
 

@@ -5,9 +5,10 @@
   pool ahead of a run of several sweeps.
 * A study *script*'s function (module ``__main__``) travels by path and name (:class:`ScriptFunction`), so
   its module-level state lives once per worker.
-* joblib's loky workers outlive a driver killed by SIGKILL: every worker that runs a cell starts a watchdog
-  that ends it within :data:`WATCHDOG_SECONDS` of its parent's death, and the driver shuts the pool down at
-  exit and on SIGTERM. Each cell runs with ``torch.set_num_threads(threads)`` (default 1).
+* joblib's loky workers outlive a driver killed by SIGKILL: every worker starts a watchdog the moment it starts
+  (loky's ``initializer``, so a driver killed while its pool is still starting leaves none behind either) that
+  ends it within :data:`WATCHDOG_SECONDS` of its parent's death, and the driver shuts the pool down at exit and
+  on SIGTERM. Each cell runs with ``torch.set_num_threads(threads)`` (default 1).
 """
 
 from __future__ import annotations
@@ -112,12 +113,30 @@ def parallel_map(fn: Callable, kwargs_list: Sequence[Mapping[str, Any]], *, n_jo
         for kw in items:
             yield fn(**kw)
         return
-    from joblib import Parallel, delayed
+    from joblib import delayed
+
+    f = portable(fn)
+    parallel = _parallel(n_jobs=jobs, return_as="generator", batch_size=1, pre_dispatch="2*n_jobs")
+    yield from parallel(delayed(_call_with_threads)(f, kw, threads) for kw in items)
+
+
+def _parallel(**kwargs):
+    """A joblib ``Parallel`` on the loky pool whose workers watch this driver from their start
+    (:func:`_watch_driver` as loky's initializer). Every caller passes the same initializer and driver pid, so
+    they share one reusable pool (loky replaces the pool when its arguments change)."""
+    from joblib import Parallel, parallel_config
 
     register_shutdown()
-    f = portable(fn)
-    parallel = Parallel(n_jobs=jobs, return_as="generator", batch_size=1, pre_dispatch="2*n_jobs")
-    yield from parallel(delayed(_call_with_threads)(f, kw, threads) for kw in items)
+    with parallel_config(backend="loky", initializer=_watch_driver, initargs=(os.getpid(),)):
+        return Parallel(**kwargs)
+
+
+def _watch_driver(driver: int) -> None:
+    """A loky worker's initializer: exit at once if the driver already died while this worker was starting (its
+    parent is no longer the driver), else start the watchdog (:func:`_start_watchdog`)."""
+    if os.getppid() != driver:
+        os._exit(1)
+    _start_watchdog(driver)
 
 
 #: How much a worker's memory may grow past its size after its first task before loky restarts it. A worker
@@ -311,14 +330,15 @@ def warm_workers(n_jobs: int | None = None, modules: tuple[str, ...] = _WARM_MOD
     """
     jobs = -1 if n_jobs is None else int(n_jobs)
     register_shutdown()
+    parallel = _parallel(n_jobs=jobs, batch_size=1)
 
     def warm() -> None:
-        from joblib import Parallel, delayed, effective_n_jobs
+        from joblib import delayed, effective_n_jobs
 
         try:
             n = effective_n_jobs(jobs)
             driver = os.getpid()
-            Parallel(n_jobs=jobs, batch_size=1)(delayed(_import_modules)(modules, driver) for _ in range(n))
+            parallel(delayed(_import_modules)(modules, driver) for _ in range(n))
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
             print(f"note: could not warm the joblib workers ({exc})", file=sys.stderr)
 
@@ -332,21 +352,21 @@ def run_cells(cell: Callable, todo: Sequence[dict[str, Any]], *, scheduler=None,
     """Run ``cell(**params)`` for each ``params`` of ``todo``; yield ``(params, rows, seconds)`` as cells finish,
     in any order. ``scheduler``: a Dask scheduler (address, ``"local"``, a Client or cluster); else joblib with
     ``n_jobs`` workers (default all cores), or this process when ``n_jobs == 1`` or a single cell is left.
-    ``name`` and ``key(params)`` name the Dask tasks."""
+    ``todo`` may be any iterable (a generator is consumed as workers free up). ``name`` and ``key(params)``
+    name the Dask tasks."""
     if scheduler is not None:
         yield from _dask_results(cell, todo, scheduler, threads, name, key)
         return
     jobs = -1 if n_jobs is None else int(n_jobs)
     if jobs == 0:
         raise ValueError("n_jobs must be a positive number of workers or negative (all cores - k), got 0")
-    if jobs == 1 or len(todo) == 1:
+    if jobs == 1 or (hasattr(todo, "__len__") and len(todo) == 1):
         for params in todo:
             rows, seconds = _run_cell_here(cell, params, threads)
             yield params, rows, seconds
         return
-    from joblib import Parallel, delayed
+    from joblib import delayed
 
-    register_shutdown()
-    parallel = Parallel(n_jobs=jobs, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs")
+    parallel = _parallel(n_jobs=jobs, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs")
     fn = portable(cell)
     yield from parallel(delayed(_run_cell_tagged)(fn, params, threads, os.getpid()) for params in todo)
