@@ -671,3 +671,39 @@ def test_a_resumed_run_never_reuses_units_of_changed_code(tmp_path, monkeypatch)
     importlib.invalidate_caches()
     rerun = evaluate("stalequant:Q", bits=2, data="gaussian", units=4, out=out, check=False, **SMALL)
     assert rerun.config["units_reused"] == 0
+
+
+def _rewritten(path, edit):
+    """The capture at path with edit(tensors) applied and its digests recomputed (a file save_qkv would refuse)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from kvstats.data.io import tensor_sha256
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())
+    edit(tensors)
+    meta["tensor_sha256"] = json.dumps({k: tensor_sha256(t) for k, t in tensors.items()})
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def test_a_non_finite_capture_value_is_refused_up_front_naming_file_layer_token_and_unit(tmp_path):
+    path, _ = _capture(tmp_path)
+    _rewritten(path, lambda t: t["layer.1.k"].__setitem__((0, 0, 37, 3), float("nan")))
+    with pytest.raises(ValueError, match=r"cap.safetensors'?: layer 1's k holds nan at token 37 \(batch 0, head 0, "
+                                         r"channel 3; unit 2 \(a window of 16 tokens\)\)"):
+        evaluate("turbo_mse", bits=3, data=path, units=2, window=16)  # units 0 and 1 alone never reach token 37
+
+
+def test_an_estimator_that_overflows_on_finite_capture_data_is_named_with_the_unit_and_layer(tmp_path):
+    path, _ = _capture(tmp_path)
+
+    def scale(t):  # q·k ≈ 1e39 per channel: beyond fp32, whose estimator then overflows; float64 holds it
+        t["layer.1.q"] *= 1e20
+        t["layer.1.k"] *= 1e19
+
+    _rewritten(path, scale)
+    with pytest.raises(ValueError, match=r"Scheme.* estimates logits that are not finite in unit 0, layer 1 from "
+                                         r"finite queries \(max \|q\| = .*e\+20\) and keys"):
+        evaluate("turbo_mse", bits=3, data=path, units=2, window=16)

@@ -372,3 +372,42 @@ def test_scheme_rows_sets_every_qjl_stage():
     assert torch.isfinite(out).all()
     with pytest.raises(ValueError, match="rows must be one of"):
         kvstats.scheme("kv", bits=4, dim=128, rows="hadamard")
+
+
+# ------------------------------------------------------------------------- messages that name the cause (issue 30)
+class _DividesByTheNorm(kvstats.quantizers.Quantizer):
+    """Stores ⟨x, 1⟩/‖x‖: 0/0 = NaN for a zero vector (an encode fault, not an overflow)."""
+
+    name = "divides_by_the_norm"
+    min_bits = max_bits = 8
+
+    def _encode(self, x):
+        xa = x.float()
+        return Code(x.shape, x.dtype, payload={"x": xa.to(torch.float16)},
+                    scalars={"ratio": xa.sum(-1) / xa.norm(dim=-1)})
+
+    def _decode(self, code):
+        return code.payload["x"]
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return kvstats.quantizers.BitBudget(payload=16.0, side=32 / self.dim)
+
+
+def test_a_nan_stored_scalar_is_called_undefined_not_an_overflow_and_names_the_vector():
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    x[1] = 0
+    with pytest.raises(ValueError, match=r"stored NaN as ratio of x\[1\] \(‖x‖ = 0\), max \|x\| = .*undefined value "
+                                         r".*not an overflow") as info:
+        _DividesByTheNorm(8, 16).encode(x)
+    assert "too large" not in str(info.value)
+
+
+@pytest.mark.parametrize("rotation", ["wht", "haar"])
+def test_a_rotation_that_would_overflow_is_refused_as_too_large_not_as_non_finite_input(rotation):
+    # Π x can reach ‖x‖ = √d · max |x|: beyond fp32 for x near 3e38, which the inner min-max then saw as
+    # "non-finite input"; now the outer input limit refuses x first, naming max |x|
+    q = kvstats.quantizer("rotated_minmax", bits=2, dim=64, seed=0, rotation=rotation)
+    x = torch.full((2, 64), 3e38)
+    with pytest.raises(ValueError, match=r"x \(max \|x\| = 3e\+38\) is too large for RotatedMinMax") as info:
+        q.encode(x)
+    assert "non-finite" not in str(info.value)

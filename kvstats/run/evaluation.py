@@ -412,7 +412,8 @@ def evaluate(
 
     def compute(i: int) -> dict:
         parts = parts0 if i == 0 else source.unit(i)
-        opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, rules=source.rules)
+        opts = dict(top_k=top_k, causal=source.causal, query_offset=source.query_offset, rules=source.rules,
+                    where=f"unit {i}")
         row = {"unit": i, **({} if source.documents is None else {"document": source.documents[i]}),
                **unit_metrics(main.scheme(d, unit_seed(seed, i)), parts, **opts)}
         if other is not None:

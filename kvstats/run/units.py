@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from kvstats._random import unit_seed
+from kvstats._validation import all_finite
 
 __all__ = ["METRICS", "PartRules", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
 
@@ -39,6 +40,8 @@ class PartRules:
 
     scale: float
     softcap: float | None = None
+    #: the part in words for messages ("layer 5" of a capture; "" for a synthetic draw)
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,21 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_capture_finite(path: Path, chosen: list[int], tensors, starts: list[int], window: int) -> None:
+    """Refuse a capture holding NaN or ±inf before any unit is computed, naming the file, the layer, the tensor, the
+    token, head and channel of the first bad value and the unit (window) holding it: not when a unit reaches it."""
+    for i, t in zip(chosen, tensors):
+        for part, x in (("q", t.q), ("k", t.k), ("v", t.v)):
+            if all_finite(x):
+                continue
+            b, h, tok, ch = (int(j) for j in (~torch.isfinite(x)).nonzero()[0])
+            units = [u for u, a in enumerate(starts) if a <= tok < a + window]
+            where = f"unit {units[0]} (a window of {window} tokens)" if units else "outside every unit's window"
+            raise ValueError(f"data {str(path)!r}: layer {i}'s {part} holds {float(x[b, h, tok, ch])} at token {tok} "
+                             f"(batch {b}, head {h}, channel {ch}; {where}): a capture must be finite — capture it "
+                             "again (a model run in fp16 can overflow; run it in fp32)")
+
+
 def _attention_rules(meta: dict, chosen: list[int], d: int, window: int, path: Path) -> tuple[PartRules, ...]:
     """Each chosen layer's :class:`PartRules` from a capture's metadata; a sliding window shorter than the unit
     (which would hide keys inside it) is refused, naming the layer."""
@@ -121,7 +139,7 @@ def _attention_rules(meta: dict, chosen: list[int], d: int, window: int, path: P
                              f"than the evaluation window of {window}: keys of a unit would be hidden from its queries "
                              f"that plain causal attention shows; pass window <= {slide} (--window {slide}) or leave "
                              "the sliding layers out (--layers)")
-        rules.append(PartRules(float(scale), None if cap is None else float(cap)))
+        rules.append(PartRules(float(scale), None if cap is None else float(cap), f"layer {i}"))
     return tuple(rules)
 
 
@@ -155,6 +173,7 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
         raise ValueError(f"window must leave at least 2 disjoint windows in the {n_tokens} tokens of {str(path)!r} "
                          f"({len(docs)} document(s)), got window = {window}")
     rules = _attention_rules(f.metadata, chosen, d, window, path)
+    _check_capture_finite(path, chosen, tensors, [a for _, a in starts], window)
 
     def unit(i: int):
         sl = slice(starts[i][1], starts[i][1] + window)
@@ -168,7 +187,7 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
 
 
 def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int | None,
-                 rules: Sequence[PartRules]) -> dict[str, float]:
+                 rules: Sequence[PartRules], where: str = "") -> dict[str, float]:
     """Every metric of :data:`METRICS` for one unit: means over its queries and vectors, then over its parts
     (a capture's layers); ``bits_total`` = 8 · bytes the codes hold / elements encoded (K and V, every part), and
     ``bits_claimed`` the scheme's ``bits_per_coordinate(n_tokens=S)["mean"].total``.
@@ -176,7 +195,8 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
     Logits of part ``p`` are ``softcap(scale · q·kᵀ)`` (its :class:`PartRules`): the estimator's
     ``softcap(scale · scheme.scores(q, code))`` against ``softcap(scale · q·kᵀ)`` in float64, and for the 6D
     components (:func:`~kvstats.measure.error6d.error6d`) the decoded keys' ``softcap(scale · q·k̂ᵀ)`` against the same
-    reference.
+    reference. ``where`` names the unit in messages ("unit 3"): estimated logits that are not finite on finite data
+    (an estimator whose fp32 arithmetic overflows) are refused naming the scheme, the unit and the part.
     """
     from kvstats.measure import error6d, metrics
     from kvstats.quant.attention import soft_cap
@@ -191,6 +211,11 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
         q_scaled = q.double() * (rule.scale * math.sqrt(q.shape[-1]))  # q_s·k/√d = scale · q·k
         ref = soft_cap(metrics.attention_scores(q_scaled, k, double=True), rule.softcap)
         est = soft_cap(scheme.scores(q, code).to(torch.float64) * rule.scale, rule.softcap)
+        if not all_finite(est):
+            part = ", ".join(x for x in (where, rule.name) if x) or "a unit"
+            raise ValueError(f"{scheme!r} estimates logits that are not finite in {part} from finite queries (max |q| "
+                             f"= {float(q.abs().max()):.4g}) and keys (max |k| = {float(k.abs().max()):.4g}): its "
+                             "estimator overflows there; rescale the data or leave this scheme out")
         opts = dict(causal=causal, query_offset=query_offset)
         if rule.softcap is None:
             six = error6d.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]

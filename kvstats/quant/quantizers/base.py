@@ -430,6 +430,16 @@ class Quantizer:
         for key, t in code.named_scalars():
             if t.numel() and t.is_floating_point() and not all_finite(t):
                 big = float(x.detach().abs().amax())
+                nan = torch.isnan(t)
+                if bool(nan.any()):  # not an overflow: an undefined operation (0/0, inf − inf) in the encode
+                    row = tuple(int(i) for i in nan.nonzero()[0])
+                    at = f"x[{', '.join(map(str, row))}]"
+                    if t.shape == x.shape[:-1]:  # one scalar per vector: say which vector
+                        at += f" (‖x‖ = {float(x.detach()[row].double().norm()):.4g})"
+                    raise ValueError(
+                        f"{self!r} stored NaN as {key} of {at}, max |x| = {big:.4g}: its encode computed an undefined "
+                        "value there (0/0 on a zero or constant vector, inf − inf) — a fault of the quantizer for this "
+                        "input, not an overflow")
                 option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
                 fix = "rescale x" if t.dtype in (torch.float32, torch.float64) else \
                     f"pass {option}=torch.float32 or rescale x"
