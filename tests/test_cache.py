@@ -769,3 +769,50 @@ def test_cache_kwargs_names_the_keyword_the_installed_transformers_takes():
     assert cache.get_seq_length() == 5
     with pytest.raises(TypeError, match="model must be a transformers model"):
         cache_kwargs(object(), cache)
+
+
+# ------------------------------------------------------------------- bad states refused at once (issue 30)
+def _bad_state_cache():
+    import kvstats
+
+    cache = KVStatsCache(kvstats.scheme("kqv", bits=3, dim=16, seed=0), 4)
+    cache.update(torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16), 0)
+    return cache
+
+
+def _nan_at(shape, index):
+    t = torch.randn(*shape)
+    t[index] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("k_shape, v_shape, message", [
+    ((1, 2, 1, 16), (1, 3, 1, 16), r"key_states \(1, 2, 1, 16\) and value_states \(1, 3, 1, 16\) of layer 0 must "
+                                   r"have one shape"),
+    ((1, 2, 2, 16), (1, 2, 1, 16), r"and value_states \(1, 2, 1, 16\) of layer 0 must have one shape"),
+    ((1, 3, 1, 16), (1, 3, 1, 16), r"of layer 0 change the batch or KV-head count: the layer holds \[B, H_kv\] = "
+                                   r"\[1, 2\]"),
+])
+def test_window_cache_refuses_mismatched_states_at_the_update(k_shape, v_shape, message):
+    # with a window W > 0 these were accepted until the flush raised, W steps later, or a bare RuntimeError
+    cache = _bad_state_cache()
+    with pytest.raises(ValueError, match=message):
+        cache.update(torch.randn(*k_shape), torch.randn(*v_shape), 0)
+    assert cache.get_seq_length() == 3  # nothing half-stored
+
+
+@pytest.mark.parametrize("part", ["key_states", "value_states"])
+def test_window_cache_refuses_a_nan_state_at_once_naming_layer_and_position(part):
+    cache = _bad_state_cache()
+    bad = _nan_at((1, 2, 1, 16), (0, 1, 0, 5))
+    states = (bad, torch.randn(1, 2, 1, 16)) if part == "key_states" else (torch.randn(1, 2, 1, 16), bad)
+    with pytest.raises(ValueError, match=rf"{part} of layer 0 hold nan at cache position 3 \(batch 0, head 1, "
+                                         r"channel 5\)"):
+        cache.update(*states, 0)
+
+
+@pytest.mark.parametrize("layer_idx", [-1, 1.0, True])
+def test_a_negative_or_non_int_layer_index_is_refused(layer_idx):
+    cache = _bad_state_cache()  # -1 on a filled cache silently meant "the last layer"
+    with pytest.raises(ValueError, match=rf"layer_idx must be an int >= 0 \(the model's layer\), got {layer_idx!r}"):
+        cache.update(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), layer_idx)

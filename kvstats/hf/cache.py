@@ -164,6 +164,8 @@ class KVStatsCache(Cache):
         return self.layers[i]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx must be an int >= 0 (the model's layer), got {layer_idx!r}")
         if len(self.layers) <= layer_idx:
             self._check_dims(layer_idx, key_states, "key_states")
         while len(self.layers) <= layer_idx:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kvstats._validation import all_finite
 from kvstats.hf._transformers import CacheLayerMixin
 from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
 from kvstats.hf.records import AttentionRecord
@@ -97,9 +98,7 @@ class KVStatsLayer(CacheLayerMixin):
         """Append N new tokens: encode those leaving the window, keep the window exact. Returns the span of exact
         states this forward can read, ``(first position, K, V)``: the window before the update and the new tokens
         (from position 0 when the layer keeps a reference of every exact state, see :meth:`prefill`)."""
-        if key_states.shape[-1] != self.scheme.dim or value_states.shape[-1] != self.scheme.dim:
-            raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
-                             f"{key_states.shape[-1]} and {value_states.shape[-1]}")
+        self._check_states(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         elif self._span is not None and not self.estimator_attention:
@@ -125,6 +124,30 @@ class KVStatsLayer(CacheLayerMixin):
             span_start = 0
             self._reference = (span_k[..., :self.n_quantized, :], span_v[..., :self.n_quantized, :])
         return span_start, span_k, span_v
+
+    def _check_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """New K/V must be float [B, H_kv, N, d] of one shape, d the scheme's, B and H_kv those the layer holds, and
+        finite — refused at once, naming the layer (not when the window flushes them into codes W steps later)."""
+        where = f"layer {self.layer_idx}"
+        for name, t in (("key_states", key_states), ("value_states", value_states)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
+                raise ValueError(f"{name} of {where} must be a float tensor [B, H_kv, N, d], got "
+                                 f"{type(t).__name__ if not isinstance(t, torch.Tensor) else tuple(t.shape)}")
+        if key_states.shape != value_states.shape:
+            raise ValueError(f"key_states {tuple(key_states.shape)} and value_states {tuple(value_states.shape)} of "
+                             f"{where} must have one shape [B, H_kv, N, d]")
+        if key_states.shape[-1] != self.scheme.dim:
+            raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
+                             f"{key_states.shape[-1]} ({where})")
+        if self.is_initialized and key_states.shape[:2] != self.keys.shape[:2]:
+            raise ValueError(f"key_states {tuple(key_states.shape)} of {where} change the batch or KV-head count: "
+                             f"the layer holds [B, H_kv] = {list(self.keys.shape[:2])}")
+        for name, t in (("key_states", key_states), ("value_states", value_states)):
+            if t.numel() and not all_finite(t):
+                b, h, n, c = (int(i) for i in (~torch.isfinite(t)).nonzero()[0])
+                raise ValueError(f"{name} of {where} hold {float(t[b, h, n, c])} at cache position "
+                                 f"{self.cumulative_length + n} (batch {b}, head {h}, channel {c}): the model's "
+                                 "attention produced a non-finite state; kvstats stores finite K/V only")
 
     def prefill(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Hold the K/V ``[B, H_kv, S, d]`` of a context whose forward ran elsewhere (a full-precision prefill):
