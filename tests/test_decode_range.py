@@ -147,3 +147,31 @@ def test_saturating_cast_is_the_box_projection(dtype):
     assert ((cast.double() - x).abs()[clamped] <= (x_hat.double() - x).abs()[clamped]).all()
     # inside the range it is the plain cast
     torch.testing.assert_close(cast[~clamped], x_hat[~clamped].to(dtype), rtol=0, atol=0)
+
+
+@st.composite
+def wide_cases(draw):
+    name = draw(st.sampled_from(sorted(QUANTIZERS)))
+    return (name, draw(st.sampled_from(valid_bits(name))), draw(st.sampled_from([16, 64, 128])),
+            draw(st.sampled_from(SHAPES)), draw(st.floats(30.0, 38.5)),
+            draw(st.sampled_from([torch.float32, torch.bfloat16])))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@_SETTINGS
+@given(case=wide_cases())
+def test_fp32_and_bf16_rows_up_to_their_maximum_decode_finite_or_are_refused_by_name(path, case):
+    # max |x| from 1e30 to 3.2e38 (fp32's largest is 3.4e38): finite x̂, or a ValueError naming max |x| (beyond
+    # input_limit) or the stored scalar that cannot hold it — never inf
+    name, bits, d, shape, log_top, dtype = case
+    q = build(name, bits, d, True)
+    x = rows(shape, min(10.0 ** log_top, 3.2e38), d, seed=bits).to(dtype)
+    with PATHS[path]():
+        try:
+            code = q.encode(x)
+        except ValueError as exc:
+            assert "is too large for" in str(exc), str(exc)
+            return
+        x_hat = q.decode(code)
+    assert float(x.abs().max()) <= q.input_limit(dtype)
+    assert torch.isfinite(x_hat).all(), (name, bits, d, shape, log_top, dtype)
