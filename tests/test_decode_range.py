@@ -138,7 +138,8 @@ def test_saturating_cast_is_the_box_projection(dtype):
     big = torch.finfo(dtype).max
     gen = torch.Generator().manual_seed(0)
     x = ((torch.rand(1000, generator=gen, dtype=torch.float64) * 2 - 1) * big).to(dtype).double()
-    x_hat = (x + torch.randn(1000, generator=gen, dtype=torch.float64) * big).float()
+    fp32 = torch.finfo(torch.float32).max  # x̂ is finite in its fp32 accumulation (beyond it decode refuses)
+    x_hat = (x + torch.randn(1000, generator=gen, dtype=torch.float64) * big).clamp(-fp32, fp32).float()
     cast = saturating_cast(x_hat, dtype)
     assert torch.isfinite(cast).all()
     clamped = x_hat.abs() > big
@@ -175,3 +176,19 @@ def test_fp32_and_bf16_rows_up_to_their_maximum_decode_finite_or_are_refused_by_
         x_hat = q.decode(code)
     assert float(x.abs().max()) <= q.input_limit(dtype)
     assert torch.isfinite(x_hat).all(), (name, bits, d, shape, log_top, dtype)
+
+
+class _OverflowsInItsDecode(kvstats.quantizers.IdentityQuantizer):
+    # a decode whose fp32 arithmetic overflows: inf must surface as an error, not be clamped into ±65504
+    def _decode(self, code):
+        return code.payload["x"].float() * 1e36
+
+
+def test_a_decode_that_overflows_its_accumulation_is_refused_not_clamped():
+    q = _OverflowsInItsDecode(16)
+    code = q.encode(torch.full((2, 16), 1e4).half())
+    with pytest.raises(ValueError, match=r"IdentityQuantizer.* decoded a code of finite torch.float16 x to "
+                                         r"non-finite values .*a fault of the quantizer's decode"):
+        q.decode(code)
+    with pytest.raises(ValueError, match=r"a fault of the quantizer's decode"):  # inner decodes the same way
+        q.inner(torch.randn(1, 16), code)

@@ -743,3 +743,28 @@ def test_min_resamples_grows_with_the_level():
     from kvstats.measure.stats._common import min_resamples
 
     assert [min_resamples(level) for level in (0.5, 0.9, 0.95, 0.99)] == [4, 20, 40, 200]
+
+
+@pytest.mark.parametrize("k", [-700, -400, 350, 400, 800])
+def test_a_ratio_whose_estimate_is_zero_keeps_its_interval_at_any_scale(k):
+    # at a 0 estimate the equivariance and invariance checks both hold: the rescaling must not pick the wrong law
+    g = np.random.default_rng(0).normal(size=20)
+    a, b = np.concatenate([g, -g]), np.random.default_rng(1).uniform(1, 2, 40)
+    unit = S.ratio_ci(a, b, statistic=np.mean, n_resamples=999)
+    scaled = S.ratio_ci(a * 2.0**k, b * 2.0**k, statistic=np.mean, n_resamples=999)
+    assert scaled.confidence_interval == pytest.approx(unit.confidence_interval, rel=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e105, 1e120, 1e140, 1e-120])
+def test_bca_does_not_fall_back_between_1e100_and_1e150(scale):
+    x = _huge(1.0)
+    unit = S.bootstrap_ci(x, np.mean, n_resamples=999)
+    big = S.bootstrap_ci(x * scale, np.mean, n_resamples=999)
+    assert big.ci_method == unit.ci_method == "BCa"
+    assert big.confidence_interval == pytest.approx(tuple(v * scale for v in unit.confidence_interval), rel=1e-12)
+
+
+def test_a_statistic_undefined_on_some_resamples_of_moderate_data_keeps_its_non_finite_interval():
+    # a zero median of b in some resamples: the interval reaches inf, as documented (not an overflow refusal)
+    r = S.ratio_ci(np.arange(1.0, 22.0), np.array([0.0] * 10 + [1.0] * 11), statistic=np.median, n_resamples=999)
+    assert math.isinf(r.confidence_interval[1])

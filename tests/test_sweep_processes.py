@@ -90,8 +90,10 @@ def test_a_killed_driver_leaves_no_process_alive_after_10_s(tmp_path, delay, sig
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
 def test_two_drivers_on_one_store_compute_every_cell_once(tmp_path, n_jobs):
+    # cells of 1 s: a driver needs ≥ 8 s / n_jobs for all of them, far more than the two starts can differ by
+    # (both import torch at once), so the two overlap and each computes some
     n_cells = 8
-    drivers = [_driver(tmp_path, uuid.uuid4().hex, n_cells, 0.4, n_jobs) for _ in range(2)]
+    drivers = [_driver(tmp_path, uuid.uuid4().hex, n_cells, 1.0, n_jobs) for _ in range(2)]
     outputs = [d.communicate(timeout=300) for d in drivers]
     for d, (out, err) in zip(drivers, outputs):
         assert d.returncode == 0, err
@@ -100,7 +102,7 @@ def test_two_drivers_on_one_store_compute_every_cell_once(tmp_path, n_jobs):
         assert json.loads(cells) == list(range(n_cells))  # each driver returns the whole table
     assert _computed(tmp_path) == list(range(n_cells))  # every cell computed once, by one of the two
     computed = [int(out.strip().rsplit(" ", 1)[1]) for out, _ in outputs]
-    assert sum(computed) == n_cells
+    assert sum(computed) == n_cells and min(computed) >= 1, computed  # the work was shared
     assert not list((tmp_path / "cells").rglob("*.lock"))  # a stored cell's lock goes with it
 
 
@@ -117,3 +119,38 @@ def test_two_drivers_meeting_a_bad_cell_file_both_finish(tmp_path):
         assert d.returncode == 0, err
         assert "FileNotFoundError" not in err
     assert _computed(tmp_path) == [0, 1, 2, 3]
+
+
+HOLDER = textwrap.dedent('''
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    os._exit(0)  # dies holding the claim, without storing the cell
+''')
+
+
+def test_recompute_does_not_take_a_stale_file_for_a_cell_another_driver_held(tmp_path):
+    # a driver that held cell 0's claim and died without storing it: recompute=True must compute cell 0 itself,
+    # not accept the file stored before this run
+    from kvstats.run.sweep import Sweep, grid
+
+    log = tmp_path / "log"
+
+    def cell(i):
+        with open(log, "a") as f:
+            f.write(f"{i}\n")
+        return [{"i": i}]
+
+    sweep = Sweep("recompute_stale", cell, grid(i=[0, 1, 2]), version="1")
+    sweep.run(n_jobs=1, cache_dir=tmp_path / "cells", progress=False)
+    log.unlink()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(sweep.path(sweep.cells[0], tmp_path / "cells")
+                                                                 .with_suffix(".lock")), "1.5"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    again = sweep.run(n_jobs=1, cache_dir=tmp_path / "cells", progress=False, recompute=True)
+    holder.wait(timeout=30)
+    assert sorted(int(x) for x in log.read_text().split()) == [0, 1, 2]
+    assert again.attrs["sweep"]["computed"] == 3

@@ -184,6 +184,7 @@ class QKVFile:
                              + (f" for {sorted(digests)[:4]}" if isinstance(digests, dict) else "")
                              + ": a damaged or hand-edited file")
         self._digests: dict[str, str] = digests
+        self._verified: dict[str, tuple] = {}  # tensor name -> the file's (mtime, size, inode) when it was checked
 
     def _check_tensor_headers(self, headers: dict[str, tuple[str, list[int]]]) -> None:
         """Every stored tensor ({name: (dtype, shape)} from the file's header) is a float tensor of the shape the
@@ -226,9 +227,14 @@ class QKVFile:
             raise ValueError(f"{self.path} stores no {part!r} tensors (layer {layer})")
         with safe_open(str(self.path), framework="pt") as f:
             t = f.get_tensor(name)
+        stamp = self.path.stat()
+        stamp = (stamp.st_mtime_ns, stamp.st_size, stamp.st_ino)
+        if self._verified.get(name) == stamp:  # checked once per tensor while the file stays the same
+            return t
         if tensor_sha256(t) != self._digests[name]:
             raise ValueError(f"{self.path}: tensor {name!r} (layer {layer}, {part}) does not match its stored sha256: "
                              "the file was damaged or edited after it was written; capture it again")
+        self._verified[name] = stamp
         return t
 
     def keys(self, layer: int) -> torch.Tensor:

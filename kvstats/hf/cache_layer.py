@@ -142,6 +142,11 @@ class KVStatsLayer(CacheLayerMixin):
         if self.is_initialized and key_states.shape[:2] != self.keys.shape[:2]:
             raise ValueError(f"key_states {tuple(key_states.shape)} of {where} change the batch or KV-head count: "
                              f"the layer holds [B, H_kv] = {list(self.keys.shape[:2])}")
+        # one reduction each and one host sync for both: a finite sum means every value is finite (NaN and ±inf
+        # propagate); only a non-finite one (or fp32 overflow of the sum) looks closer
+        total = key_states.sum(dtype=torch.float32) + value_states.sum(dtype=torch.float32)
+        if bool(torch.isfinite(total)):
+            return
         for name, t in (("key_states", key_states), ("value_states", value_states)):
             if t.numel() and not all_finite(t):
                 b, h, n, c = (int(i) for i in (~torch.isfinite(t)).nonzero()[0])

@@ -388,8 +388,9 @@ def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS) -> Path:
 
 def cached_capture_ok(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a capture that opens (current format, every header check passed). A file that does
-    not — truncated or corrupt (an interrupted copy, a full disk), or written by an older kvstats without
-    per-tensor digests — is removed with a note on stderr, so the caller captures it again."""
+    not — truncated or with a damaged header (an interrupted copy, a full disk), or written by an older kvstats
+    without per-tensor digests — is removed with a note on stderr, so the caller captures it again. (Damaged tensor
+    bytes are found when the tensor is read, by its digest.)"""
     path = Path(path)
     if not path.exists():
         return False
@@ -398,7 +399,7 @@ def cached_capture_ok(path: str | os.PathLike) -> bool:
         return True
     except ValueError as exc:
         print(f"note: {exc}; capturing it again", file=sys.stderr, flush=True)
-        path.unlink()
+        path.unlink(missing_ok=True)  # another process may have removed it first
         return False
 
 

@@ -59,6 +59,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -90,6 +91,10 @@ __all__ = [
 SCALES = ("quick", "paper")
 
 _SCALAR = (str, int, float, bool, type(None))
+
+#: what :meth:`Sweep._claim` returns where the file system has no flock: nothing to release
+NO_LOCK = -1
+
 
 class BadCellWarning(UserWarning):
     """A stored cell file failed validation; it was moved aside and the cell is computed again."""
@@ -272,13 +277,14 @@ class Sweep:
                 warnings.warn(f"{exc}; moved aside to {bad.name}, the cell is computed again", BadCellWarning,
                               stacklevel=3)
         finally:
-            os.close(lock)
+            self._release(params, root, lock, stored=False)
 
     # ------------------------------------------------------------------------------------------ claims
     def _claim(self, params: Mapping[str, Any], root, *, wait: bool = False) -> int | None:
         """The cell's lock (an open fd holding an exclusive flock on ``<key>.lock``), or None when another
         driver holds it (``wait=True``: block until it is released — by that driver, or by the kernel when the
-        driver dies)."""
+        driver dies). On a file system without flock (some NFS or FUSE mounts) :data:`NO_LOCK`, with a warning:
+        the sweep runs as before, and concurrent drivers may compute a cell twice."""
         path = self.path(params, root).with_suffix(".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -287,21 +293,35 @@ class Sweep:
         except BlockingIOError:
             os.close(fd)
             return None
+        except OSError as exc:
+            os.close(fd)
+            if not self.__dict__.get("_warned_no_lock"):
+                self.__dict__["_warned_no_lock"] = True
+                warnings.warn(f"cell locks are not available in {path.parent} ({exc}): two drivers on this store may "
+                              "compute a cell twice", stacklevel=3)
+            return NO_LOCK
         return fd
 
-    def _release(self, params: Mapping[str, Any], root, lock: int, *, stored: bool) -> None:
+    def _release(self, params: Mapping[str, Any] | None, root, lock: int, *, stored: bool) -> None:
         """Release a claim; the lock file goes too once the cell is stored (whoever holds or takes a lock on it
         then finds the cell stored)."""
-        if stored:
-            with contextlib.suppress(FileNotFoundError):
-                self.path(params, root).with_suffix(".lock").unlink()
-        os.close(lock)
-
-    def _stored(self, params: Mapping[str, Any], root) -> bool:
         try:
-            self._read(self.path(params, root), params)
+            if stored:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path(params, root).with_suffix(".lock").unlink()
+        finally:
+            if lock != NO_LOCK:
+                os.close(lock)
+
+    def _stored(self, params: Mapping[str, Any], root, since: float | None = None) -> bool:
+        """Whether the cell has a valid stored file (written at or after ``since``, a time.time(), when given)."""
+        path = self.path(params, root)
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                return False
+            self._read(path, params)
             return True
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):
             return False
 
     # ------------------------------------------------------------------------------------------- storage
@@ -366,47 +386,56 @@ class Sweep:
         """
         root = Path(cache_dir or cells_dir())
         t0 = time.perf_counter()
+        # with recompute, a stored file counts only when written during this run (by this driver or another)
+        since = time.time() if recompute else None
         todo = list(self.cells) if recompute else self.pending(root)
         n_cached = len(self.cells) - len(todo)
         bar = _progress_bar(self.study, len(self.cells), n_cached, progress)
         computed = 0
-        held: dict[str, int] = {}  # key -> lock fd of the cells this driver is computing
+        # key -> lock of the cells this driver is computing; filled by claimed(), which joblib may run in its
+        # dispatch thread
+        held: dict[str, int] = {}
+        guard = threading.Lock()
         try:
             while todo:
                 elsewhere: list[dict] = []  # held by another driver: waited for after this round
 
-                def claimed(cells: list[dict], elsewhere: list[dict] = elsewhere, recompute: bool = recompute):
+                def claimed(cells: list[dict], elsewhere: list[dict] = elsewhere):
                     for params in cells:
                         lock = self._claim(params, root)
                         if lock is None:
                             elsewhere.append(params)
-                        elif not recompute and self._stored(params, root):  # the other driver finished it
+                        elif self._stored(params, root, since):  # another driver finished it meanwhile
                             self._release(params, root, lock, stored=True)
                             bar.update(1)
                         else:
-                            held[self.key(params)] = lock
+                            with guard:
+                                held[self.key(params)] = lock
                             yield params
 
                 jobs = 1 if len(todo) == 1 else n_jobs
                 for params, rows, seconds in run_cells(self.cell, claimed(todo), scheduler=scheduler, n_jobs=jobs,
                                                         threads=threads, name=self.study, key=self.key):
                     self._store(params, rows, seconds, root)
-                    self._release(params, root, held.pop(self.key(params)), stored=True)
+                    with guard:
+                        lock = held.pop(self.key(params))
+                    self._release(params, root, lock, stored=True)
                     computed += 1
                     bar.update(1)
                 todo = []
                 for params in elsewhere:  # wait for the other driver; a cell it did not store is ours
                     lock = self._claim(params, root, wait=True)
-                    stored = self._stored(params, root)
+                    stored = self._stored(params, root, since)
                     self._release(params, root, lock, stored=stored)
                     if stored:
                         bar.update(1)
                     else:
                         todo.append(params)
-                recompute = False  # what the other driver stored meanwhile is this run's too
         finally:
-            for lock in held.values():
-                os.close(lock)
+            with guard:
+                locks, held = list(held.values()), {}
+            for lock in locks:
+                self._release(None, root, lock, stored=False)
             bar.close()
         table = self.table(root)
         table.attrs["sweep"] = {"study": self.study, "cells": len(self.cells),

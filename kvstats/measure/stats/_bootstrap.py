@@ -14,6 +14,7 @@ import scipy.stats
 from kvstats._random import check_seed
 from kvstats.measure.stats._common import (
     BOOTSTRAP_MAX_ELEMENTS,
+    UNIT_BAND,
     _check_level,
     _sample,
     check_finite_interval,
@@ -64,20 +65,31 @@ def _bootstrap_interval(samples, stat, level, n_resamples, method, seed, *, pair
 
 
 def _scaled_samples(samples, stat, estimate: float):
-    """(samples·2^-k, factor to bring the statistic back) when the data lie beyond [1e-150, 1e150] and the
+    """(samples·2^-k, factor to bring the statistic back) when the data lie outside :data:`UNIT_BAND` and the
     statistic is scale-equivariant (a mean, median, quantile: stat(s·x) = s·stat(x)) or scale-invariant (a ratio
-    of such), checked exactly on the data (a power-of-two scaling is exact); else (samples, None). scipy's BCa
-    cubes jackknife deviations, which overflow from about 1e103."""
+    of such), else (samples, None). Checked exactly (a power-of-two scaling is exact) on the data and on the data
+    without their last value, and only on a probe whose statistic is non-zero and finite: at 0 both laws hold and
+    say nothing."""
     scale = _unit_scale(np.concatenate(samples))
     if scale == 1.0:
         return samples, None
     scaled = tuple(s * scale for s in samples)
-    value = float(stat(*scaled, axis=-1))
-    if value == estimate * scale:
-        return scaled, scale
-    if value == estimate:
-        return scaled, 1.0
-    return samples, None
+    factor = None
+    probes = [(samples, scaled, estimate)]
+    if all(s.size > 2 for s in samples):  # the same index of every sample (the pairs stay pairs)
+        probes.append((tuple(s[:-1] for s in samples), tuple(s[:-1] for s in scaled), None))
+    informative = 0
+    for raw, small, value in probes:
+        value = float(stat(*raw, axis=-1)) if value is None else value
+        if value == 0 or not math.isfinite(value):
+            continue
+        informative += 1
+        got = float(stat(*small, axis=-1))
+        law = scale if got == value * scale else 1.0 if got == value else None
+        if law is None or (factor is not None and law != factor):
+            return samples, None
+        factor = law
+    return (scaled, factor) if informative else (samples, None)
 
 
 def _bootstrap(samples, stat, level, n_resamples, method, seed, name, what, *, paired=False) -> BootstrapResult:
@@ -212,9 +224,10 @@ def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: i
 
 
 def _unit_scale(x: np.ndarray) -> float:
-    """2^-k bringing max |x| near 1 when it lies outside [1e-150, 1e150] (where squares over- or underflow), else 1."""
+    """2^-k bringing max |x| near 1 when it lies outside :data:`UNIT_BAND` (where squares or cubes of deviations
+    over- or underflow), else 1."""
     top = float(np.abs(x).max())
-    if top == 0 or 1e-150 <= top <= 1e150:
+    if top == 0 or UNIT_BAND[0] <= top <= UNIT_BAND[1]:
         return 1.0
     return math.ldexp(1.0, -math.frexp(top)[1])
 

@@ -64,23 +64,37 @@ def check_resamples(n_resamples, level: float, high: int = 10**8, *, allow_zero:
     return n
 
 
+#: Data whose magnitude lies outside [2^-160, 2^160] (about 1e±48) are rescaled by a power of two before a bootstrap of
+#: a scale-equivariant statistic: scipy's BCa cubes jackknife deviations (overflow from about 1e103) and squares
+#: resampled statistics; the power-of-two scaling is exact, so the interval does not depend on the units.
+UNIT_BAND = (2.0 ** -160, 2.0 ** 160)
+#: Beyond this magnitude a non-finite bootstrap interval is taken for float64 overflow and refused; below it, a
+#: non-finite interval means resamples on which the statistic is undefined (a zero denominator, an empty subset) and
+#: is returned as it is (the caller's nan handling decides).
+OVERFLOW_MAGNITUDE = 1e100
+
+
 def robust_std(values: np.ndarray) -> float:
-    """Sample standard deviation (ddof 1) of finite values without overflow or underflow of the squares: computed
-    on values / max |values| and scaled back (nan for fewer than 2 values)."""
+    """Sample standard deviation (ddof 1) without overflow or underflow of the squares: computed on
+    values / max |values| and scaled back. nan for fewer than 2 values or when any value is NaN or ±inf (as
+    ``np.std`` and scipy's bootstrap standard error are)."""
     v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size < 2:
+    if v.size < 2 or not np.isfinite(v).all():
         return math.nan
     top = float(np.abs(v).max())
     return 0.0 if top == 0 else top * float(np.std(v / top, ddof=1))
 
 
 def check_finite_interval(low: float, high: float, se: float, what: str, samples) -> None:
-    """Refuse an interval or standard error that came out non-finite from finite data, naming what and the data's
-    largest magnitude (a statistic that overflows float64 there, e.g. a variance of values near 1e300)."""
+    """Refuse an interval or standard error that came out non-finite from finite data of magnitude beyond
+    :data:`OVERFLOW_MAGNITUDE` (a statistic that overflows float64 there, e.g. a variance of values near 1e200),
+    naming what and the data's largest magnitude. A non-finite interval of moderate data (resamples on which the
+    statistic is undefined) is left to the caller."""
     if math.isfinite(low) and math.isfinite(high) and (math.isfinite(se) or math.isnan(se)):
         return
     big = max(float(np.abs(np.asarray(s)).max()) for s in samples)
+    if big <= OVERFLOW_MAGNITUDE:
+        return
     raise ValueError(f"the bootstrap interval of {what} is not finite ([{low:.4g}, {high:.4g}], standard error "
                      f"{se:.4g}) on finite data with max |value| = {big:.4g}: the statistic overflows float64 there; "
                      f"rescale the data")

@@ -9,7 +9,7 @@ import numpy as np
 import scipy.stats
 
 from kvstats.measure.stats._bootstrap import _bootstrap_interval
-from kvstats.measure.stats._common import _check_level, _sample, check_resamples
+from kvstats.measure.stats._common import _check_level, _sample, check_resamples, min_resamples
 from kvstats.results import TestResult
 
 #: Largest number of pairs for which :func:`wilcoxon` (method "auto") uses the exact null (scipy's rule).
@@ -131,7 +131,7 @@ def wilcoxon(
     level = _check_level(confidence_level)
     by_default = n_resamples is None
     if by_default:
-        n_resamples = 9999 if d.size <= WILCOXON_BOOTSTRAP_MAX_N else 0
+        n_resamples = max(9999, min_resamples(level)) if d.size <= WILCOXON_BOOTSTRAP_MAX_N else 0
     else:
         n_resamples = check_resamples(n_resamples, level, allow_zero=True)
     if alternative not in ("two-sided", "less", "greater"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -52,13 +53,21 @@ def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x cast to dtype with values beyond its largest finite value clamped to ±finfo(dtype).max (never inf).
 
     For a reconstruction x̂ of a finite x in dtype this is the projection onto the box [−max, max]^d, which
-    contains x, so it never moves a coordinate of x̂ away from x: |clamp(x̂ⱼ) − xⱼ| ≤ |x̂ⱼ − xⱼ|.
+    contains x, so it never moves a coordinate of x̂ away from x: |clamp(x̂ⱼ) − xⱼ| ≤ |x̂ⱼ − xⱼ|. Only finite
+    values are clamped: x holding NaN or ±inf (arithmetic that overflowed x's own dtype, a fault of whatever
+    computed it) raises ValueError. One aminmax pass; the clamp (a copy: x may be a stored payload) only when a
+    value lies beyond the range.
     """
-    if x.dtype == dtype:
-        return x
-    if x.is_floating_point() and torch.finfo(x.dtype).max > torch.finfo(dtype).max:
+    if x.dtype == dtype or not x.is_floating_point() or torch.finfo(x.dtype).max <= torch.finfo(dtype).max:
+        return x.to(dtype)
+    if x.numel():
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"a reconstruction in {x.dtype} holds {lo if not math.isfinite(lo) else hi}: its "
+                             "arithmetic overflowed before the cast to " + str(dtype))
         big = torch.finfo(dtype).max
-        x = x.clamp(-big, big)
+        if hi > big or lo < -big:
+            x = x.clamp(-big, big)
     return x.to(dtype)
 
 
@@ -337,7 +346,17 @@ class Quantizer:
         """
         self.check_code(code)
         with self._code_fields(code):
-            return saturating_cast(self._decode(code), code.dtype)
+            return self._decoded(code)
+
+    def _decoded(self, code: Code) -> torch.Tensor:
+        """``_decode`` cast to the code's dtype, saturating; an inf or NaN in its accumulation dtype — impossible
+        for a finite x below :meth:`input_limit` — is refused as a fault of this quantizer."""
+        x_hat = self._decode(code)
+        try:
+            return saturating_cast(x_hat, code.dtype)
+        except ValueError as exc:
+            raise ValueError(f"{self!r} decoded a code of finite {code.dtype} x to non-finite values ({exc}): a fault "
+                             "of the quantizer's decode") from None
 
     def inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         """Estimate ⟨query_i, x_j⟩ for query [..., n_q, d] and code of x [..., n_k, d] -> [..., n_q, n_k].
@@ -433,9 +452,10 @@ class Quantizer:
                 nan = torch.isnan(t)
                 if bool(nan.any()):  # not an overflow: an undefined operation (0/0, inf − inf) in the encode
                     row = tuple(int(i) for i in nan.nonzero()[0])
-                    at = f"x[{', '.join(map(str, row))}]"
                     if t.shape == x.shape[:-1]:  # one scalar per vector: say which vector
-                        at += f" (‖x‖ = {float(x.detach()[row].double().norm()):.4g})"
+                        at = f"x[{', '.join(map(str, row))}] (‖x‖ = {float(x.detach()[row].double().norm()):.4g})"
+                    else:
+                        at = f"x (its entry [{', '.join(map(str, row))}] of shape {list(t.shape)})"
                     raise ValueError(
                         f"{self!r} stored NaN as {key} of {at}, max |x| = {big:.4g}: its encode computed an undefined "
                         "value there (0/0 on a zero or constant vector, inf − inf) — a fault of the quantizer for this "
@@ -466,7 +486,8 @@ class Quantizer:
                              f"whose sums could overflow above max |x| = {limit:.4g}; rescale x{wider}")
 
     def input_limit(self, dtype: torch.dtype) -> float:
-        """The largest max |x| encode accepts in dtype (:func:`decode_headroom`; larger for a decode without sums)."""
+        """The largest max |x| the range check of encode admits in dtype (:func:`decode_headroom`; larger for a decode
+        without sums). A stored scalar can still overflow below it (NOVA's calibrated scales): refused by name."""
         return decode_headroom(dtype, self.dim)
 
     def _check_vectors(self, x: torch.Tensor, name: str, check_finite: bool = True) -> None:
@@ -482,13 +503,14 @@ class Quantizer:
         raise NotImplementedError
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        # decode-then-dot on exactly what decode returns (x̂ in the code's dtype)
         acc = acc_dtype(query.dtype)
-        x_hat = self._decode(code).to(acc)
+        x_hat = self._decoded(code).to(acc)
         return query.to(acc) @ x_hat.transpose(-1, -2)
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         # weights already in the accumulation dtype (weighted_sum)
-        return weights @ self._decode(code).to(weights.dtype)
+        return weights @ self._decoded(code).to(weights.dtype)
 
 
 class _MissingField:
