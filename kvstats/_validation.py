@@ -44,8 +44,14 @@ def check_float_tensor(
 
 
 def _refuse_non_finite(x: torch.Tensor, name: str):
-    bad = x[~torch.isfinite(x)].flatten()[0].item()
+    _, bad = first_non_finite(x)
     raise ValueError(f"{name} contains non-finite values (first seen: {bad}); pass finite data")
+
+
+def first_non_finite(x: torch.Tensor) -> tuple[tuple[int, ...], float]:
+    """(index, value) of the first NaN or ±inf of x in memory order; call only when x holds one."""
+    index = tuple(int(i) for i in (~torch.isfinite(x)).nonzero()[0])
+    return index, float(x[index])
 
 
 def finite_max_abs(x: torch.Tensor, name: str) -> float:

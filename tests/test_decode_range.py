@@ -69,11 +69,16 @@ def valid_bits(name: str) -> list[int]:
     return [b for b in (1, 2, 3, 4, 8) if cls.min_bits <= b <= cls.max_bits]
 
 
-@st.composite
-def cases(draw):
+def _quantizer_and_rows(draw) -> tuple:
+    """(name, bits, d, shape) of one case: a registered quantizer at one of its widths, rows of one shape."""
     name = draw(st.sampled_from(sorted(QUANTIZERS)))
     return (name, draw(st.sampled_from(valid_bits(name))), draw(st.sampled_from([16, 64, 128])),
-            draw(st.sampled_from(SHAPES)), draw(st.floats(1e4, 65504.0)), draw(st.booleans()))
+            draw(st.sampled_from(SHAPES)))
+
+
+@st.composite
+def cases(draw):
+    return (*_quantizer_and_rows(draw), draw(st.floats(1e4, 65504.0)), draw(st.booleans()))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -152,9 +157,7 @@ def test_saturating_cast_is_the_box_projection(dtype):
 
 @st.composite
 def wide_cases(draw):
-    name = draw(st.sampled_from(sorted(QUANTIZERS)))
-    return (name, draw(st.sampled_from(valid_bits(name))), draw(st.sampled_from([16, 64, 128])),
-            draw(st.sampled_from(SHAPES)), draw(st.floats(30.0, 38.5)),
+    return (*_quantizer_and_rows(draw), draw(st.floats(30.0, 38.5)),
             draw(st.sampled_from([torch.float32, torch.bfloat16])))
 
 

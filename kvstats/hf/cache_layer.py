@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvstats._validation import all_finite
+from kvstats._validation import all_finite, first_non_finite
 from kvstats.hf._transformers import CacheLayerMixin
 from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
 from kvstats.hf.records import AttentionRecord
@@ -149,8 +149,8 @@ class KVStatsLayer(CacheLayerMixin):
             return
         for name, t in (("key_states", key_states), ("value_states", value_states)):
             if t.numel() and not all_finite(t):
-                b, h, n, c = (int(i) for i in (~torch.isfinite(t)).nonzero()[0])
-                raise ValueError(f"{name} of {where} hold {float(t[b, h, n, c])} at cache position "
+                (b, h, n, c), value = first_non_finite(t)
+                raise ValueError(f"{name} of {where} hold {value} at cache position "
                                  f"{self.cumulative_length + n} (batch {b}, head {h}, channel {c}): the model's "
                                  "attention produced a non-finite state; kvstats stores finite K/V only")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from kvstats._random import unit_seed
-from kvstats._validation import all_finite
+from kvstats._validation import all_finite, first_non_finite
 
 __all__ = ["METRICS", "PartRules", "UnitSource", "capture_units", "synthetic_units", "unit_metrics"]
 
@@ -115,10 +115,10 @@ def _check_capture_finite(path: Path, chosen: list[int], tensors, starts: list[i
         for part, x in (("q", t.q), ("k", t.k), ("v", t.v)):
             if all_finite(x):
                 continue
-            b, h, tok, ch = (int(j) for j in (~torch.isfinite(x)).nonzero()[0])
+            (b, h, tok, ch), value = first_non_finite(x)
             units = [u for u, a in enumerate(starts) if a <= tok < a + window]
             where = f"unit {units[0]} (a window of {window} tokens)" if units else "outside every unit's window"
-            raise ValueError(f"data {str(path)!r}: layer {i}'s {part} holds {float(x[b, h, tok, ch])} at token {tok} "
+            raise ValueError(f"data {str(path)!r}: layer {i}'s {part} holds {value} at token {tok} "
                              f"(batch {b}, head {h}, channel {ch}; {where}): a capture must be finite — capture it "
                              "again (a model run in fp16 can overflow; run it in fp32)")
 
