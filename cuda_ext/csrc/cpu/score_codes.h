@@ -2,9 +2,14 @@
 //
 //   scores[g, i, j] = mse_w[g, j] · <q[g, i], levels[codes[g, j]]>  +  qjl_w[g, j] · <qs[g, i], signs[g, j]>
 //
-// either part optional (QJL has only the second, lloyd only the first). Three CPU methods, picked by the
+// either part optional (QJL has only the second, lloyd only the first). Four CPU methods, picked by the
 // number of queries n_q per key group and the code width (score_packed):
 //
+// * fp32, n_q <= 8, codes of <= 4 bits with d a multiple of 8 (and m a multiple of 8), on an AVX2 CPU: the
+//   row kernels of code_rows.h (each key's codes expanded eight at a time into levels in registers and
+//   multiplied into the queries' accumulators: a decode step). SmolLM2's layer (3 groups of 3 queries,
+//   2,048 keys, d = 64, 1 thread): 0.11 ms at 3 and 4 bits, against 0.27 and 0.38 ms for the tables below
+//   and 0.13 ms for a dense fp32 q·Kᵀ of the same shape.
 // * n_q = 1 (or n_q < kAdcQueries): per-query lookup tables (score_tables.h), one look-up per byte (or
 //   code pair) per key, scalar.
 // * n_q >= kAdcQueries, codes of <= 4 bits (or none): the queries-innermost tables of score_adc.h. Per
@@ -43,6 +48,7 @@
 #include "../kernels.h"
 #include "../quant_math.h"
 #include "../score_params.h"
+#include "code_rows.h"
 #include "common_cpu.h"
 #include "score_adc.h"
 #include "score_tables.h"
@@ -281,6 +287,35 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
 }
 
 // Bytes the per-query lookup tables of score_packed_tables would take.
+// A decode step's few queries (code_rows.h): the code part, then the sign part added (math::key_score).
+inline void score_packed_rows(const PackedKeys<float>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
+  static const float kSignLevels[2] = {math::sign_value(0u, 1.0f), math::sign_value(1u, 1.0f)};
+  RowScores r;
+  r.G = k.G;
+  r.nq = out.size(1);
+  r.nk = k.nk;
+  r.out = out.mutable_data_ptr<float>();
+  if (k.codes) {
+    r.d = k.d;
+    r.bits = k.bits;
+    r.q = q.const_data_ptr<float>();
+    r.codes = k.codes;
+    r.w = k.mse_w;
+    r.levels = k.levels;
+    row_scores_f32(r);
+  }
+  if (k.signs) {
+    r.d = k.m;
+    r.bits = 1;
+    r.q = qs.const_data_ptr<float>();
+    r.codes = k.signs;
+    r.w = k.qjl_w;
+    r.levels = kSignLevels;
+    r.accumulate = k.codes != nullptr;
+    row_scores_f32(r);
+  }
+}
+
 template <typename acc_t>
 int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
   const int64_t code_size = k.codes ? CodeTable(k.d, k.bits).size : 0;
@@ -295,6 +330,12 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
                         const at::TensorOptions& opts) {
   at::Tensor out = at::empty({k.G, nq, k.nk}, opts);
   if (out.numel() == 0) return out;
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if ((!k.codes || rows_apply(nq, k.bits, k.d)) && (!k.signs || rows_apply(nq, 1, k.m))) {
+      score_packed_rows(k, q, qs, out);
+      return out;
+    }
+  }
   if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
              adc_table_bytes(k) <= kMaxAdcTableBytes) {
     score_packed_adc(k, q, qs, out);

@@ -1,6 +1,10 @@
 // Weighted sums of reconstructions straight from the packed codes (attention's w·V without decoding V; the
 // formulas in math/weighted.h), the fast CPU kernels:
 //
+// * fp32, n_q <= 8 per group, codes of <= 4 bits (signs: 1), d a multiple of 8, on an AVX2 CPU: the row
+//   kernels of code_rows.h (a decode step), the shared path's sum bit for bit. SmolLM2's layer (3 groups of
+//   3 queries, 2,048 keys, d = 64, 1 thread): lloyd 0.09–0.10 ms at 3–4 bits and qjl 0.09 ms, against
+//   0.45–0.50 and 0.25 ms for the tables below and 0.12 ms for a dense fp32 w·V.
 // * Codebook codes (lloyd / turbo_mse) and QJL signs (levels {−1, +1}, bits 1): tables of accumulated
 //   weights. A row of codes is read as F fields of k = 8 / bits consecutive codes (fb = k·bits ≤ 8 bits:
 //   a whole byte for bits 1, 2, 4, 8; pairs of 3-bit codes; single 5–7-bit codes). For a block of NQ

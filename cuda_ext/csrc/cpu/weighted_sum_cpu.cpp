@@ -13,6 +13,7 @@
 #include "../checks/qjl.h"
 #include "../kernels.h"
 #include "../score_params.h"
+#include "code_rows.h"
 #include "common_cpu.h"
 #include "weighted_sum.h"
 
@@ -86,6 +87,23 @@ template <typename acc_t>
 void weighted_levels(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& key_w, const acc_t* levels,
                      int64_t bits, at::Tensor& out) {
   const int64_t nq = w.size(1);
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (rows_apply(nq, bits, out.size(2))) {  // a decode step's few queries: code_rows.h
+      RowWeighted r;
+      r.G = w.size(0);
+      r.nq = nq;
+      r.nk = w.size(2);
+      r.d = out.size(2);
+      r.bits = bits;
+      r.w = w.const_data_ptr<float>();
+      r.codes = packed.const_data_ptr<uint8_t>();
+      r.key_w = key_w.const_data_ptr<float>();
+      r.levels = levels;
+      r.out = out.mutable_data_ptr<float>();
+      row_weighted_f32(r);
+      return;
+    }
+  }
   if (nq == 1) {
     weighted_tables<acc_t, 1>(w, packed, key_w, levels, bits, out);
   } else if (nq <= 4) {

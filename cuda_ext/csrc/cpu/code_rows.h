@@ -1,0 +1,67 @@
+// Decode steps straight from the codes (few queries per key group), fp32, AVX2: each key's codes are
+// expanded eight at a time into their levels in registers and multiplied into the queries' accumulators.
+//
+//   scores:       s[g, i, j] = key_score(mse_w[g, j], Σ_t q[g, i, t] · levels[code[g, j, t]],
+//                                        qjl_w[g, j], Σ_t qs[g, i, t] · (±1)[g, j, t])
+//   weighted sum: out[g, i, t] = Σ_j (w[g, i, j] · key_w[g, j]) · levels[code[g, j, t]]
+//
+// Eight codes of b ≤ 4 bits fill exactly b bytes (bitpack.h: group of 8), one 32-bit word: broadcast to
+// eight lanes, shifted by 0, b, …, 7b and masked they are the codes, and one vpermps (two and a blend
+// at 4 bits) turns them into levels. Signs are 1-bit codes with levels {−1, +1} (±x = x·(±1) exactly).
+// Per key that is d/8 word loads and lookups and n_q·d/8 vector multiply-adds — no table to build per
+// query and no scattered table update per key, which is what the table kernels (score_tables.h,
+// weighted_sum.h) pay and what makes them slower than BLAS on a decode step's few queries.
+//
+// Rounding. Multiply, then add (no FMA contraction): a weighted sum is each element's terms in key order,
+// the terms of math::weighted_term — the same sum as the shared path (math::weighted_sum_one), bit for
+// bit. A score sums its d terms in eight lanes (lane l: coordinates ≡ l mod 8, in order), then the lanes
+// pairwise ((0+4)+(2+6))+((1+5)+(3+7)); the keys are split between threads, never the terms, so neither
+// depends on the thread count. Machines without AVX2 take the table kernels (a different order).
+#pragma once
+
+#include <cstdint>
+
+namespace kvstats {
+namespace cpu {
+
+// Most queries per group the row kernels take (the accumulators stay in registers), widest codes.
+constexpr int64_t kRowsMaxQueries = 8;
+constexpr int64_t kRowsMaxBits = 4;
+
+// True when this CPU runs AVX2 (checked once) and the extension was built for x86-64 with GCC/Clang.
+bool rows_available();
+
+// Whether a launch of n_q queries per group over rows of d codes of `bits` bits takes the row kernels.
+inline bool rows_apply(int64_t nq, int64_t bits, int64_t d) {
+  return nq >= 1 && nq <= kRowsMaxQueries && bits >= 1 && bits <= kRowsMaxBits && d % 8 == 0 && d > 0 &&
+         rows_available();
+}
+
+// One part of a score launch: out[g, i, j] (+)= w[g, j] · Σ_t q[g, i, t] · levels[code[g, j, t]].
+// q [G, nq, d], codes [G, nk, d·bits/8], w [G, nk], levels [2^bits] (bits 1: {−1, +1} for signs),
+// out [G, nq, nk]; accumulate: add to out (the sign part after the code part, as math::key_score).
+struct RowScores {
+  int64_t G = 0, nq = 0, nk = 0, d = 0, bits = 0;
+  const float* q = nullptr;
+  const uint8_t* codes = nullptr;
+  const float* w = nullptr;
+  const float* levels = nullptr;
+  float* out = nullptr;
+  bool accumulate = false;
+};
+void row_scores_f32(const RowScores& p);
+
+// out [G, nq, d] = Σ_j (w[g, i, j] · key_w[g, j]) · levels[code[g, j, t]]; w [G, nq, nk], codes
+// [G, nk, d·bits/8], key_w [G, nk], levels [2^bits].
+struct RowWeighted {
+  int64_t G = 0, nq = 0, nk = 0, d = 0, bits = 0;
+  const float* w = nullptr;
+  const uint8_t* codes = nullptr;
+  const float* key_w = nullptr;
+  const float* levels = nullptr;
+  float* out = nullptr;
+};
+void row_weighted_f32(const RowWeighted& p);
+
+}  // namespace cpu
+}  // namespace kvstats

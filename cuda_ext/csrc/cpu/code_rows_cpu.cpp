@@ -1,0 +1,194 @@
+// The row kernels of code_rows.h: AVX2 (intrinsics in functions compiled for AVX2 alone, no FMA), chosen at
+// run time; elsewhere rows_available() is false and the table kernels serve.
+#include "code_rows.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSTATS_ROWS_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace kvstats {
+namespace cpu {
+
+#ifdef KVSTATS_ROWS_AVX2
+
+#define KVSTATS_AVX2 __attribute__((target("avx2")))
+
+bool rows_available() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
+
+namespace {
+
+// Keys per score task, coordinates' groups of 8 per weighted-sum task (its accumulators: about twelve
+// vectors, so that they stay in registers).
+constexpr int64_t kRowsKeyBlock = 256;
+
+// The word of a group of eight codes (BITS bytes, little-endian: x86).
+template <int BITS>
+KVSTATS_AVX2 inline uint32_t group_word(const uint8_t* p) {
+  if constexpr (BITS == 4) {
+    uint32_t w;
+    std::memcpy(&w, p, 4);
+    return w;
+  } else if constexpr (BITS == 3) {
+    return p[0] | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16);
+  } else if constexpr (BITS == 2) {
+    uint16_t w;
+    std::memcpy(&w, p, 2);
+    return w;
+  } else {
+    return p[0];
+  }
+}
+
+// The levels of the eight codes of a word: lanes shifted by 0, BITS, …, 7·BITS and masked, then looked
+// up in lo (levels 0–7) and, at 4 bits, hi (levels 8–15), bit 3 choosing between them.
+template <int BITS>
+KVSTATS_AVX2 inline __m256 group_levels(uint32_t word, __m256 lo, __m256 hi) {
+  const __m256i shifts = _mm256_setr_epi32(0, BITS, 2 * BITS, 3 * BITS, 4 * BITS, 5 * BITS, 6 * BITS, 7 * BITS);
+  const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts),
+                                       _mm256_set1_epi32((1 << BITS) - 1));
+  const __m256 a = _mm256_permutevar8x32_ps(lo, idx);
+  if constexpr (BITS < 4) {
+    return a;
+  } else {
+    const __m256 b = _mm256_permutevar8x32_ps(hi, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+  }
+}
+
+// ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+KVSTATS_AVX2 inline float lane_sum(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+template <int BITS, int NQ>
+KVSTATS_AVX2 void scores_task(const RowScores& p, int64_t g, int64_t j0, int64_t j1, const float* lv) {
+  const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
+  const int64_t d = p.d, ng = d / 8, nb = d * BITS / 8;
+  const float* q = p.q + g * NQ * d;
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = p.codes + (g * p.nk + j) * nb;
+    __m256 acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < ng; ++c) {
+      const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_loadu_ps(q + i * d + 8 * c), x));
+    }
+    const float w = p.w[g * p.nk + j];
+    for (int i = 0; i < NQ; ++i) {
+      float* o = p.out + (g * NQ + i) * p.nk + j;
+      const float v = w * lane_sum(acc[i]);
+      *o = p.accumulate ? *o + v : v;
+    }
+  }
+}
+
+template <int BITS, int NQ>
+KVSTATS_AVX2 void weighted_task(const RowWeighted& p, int64_t g, int64_t c0, int64_t c1, const float* lv) {
+  const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
+  constexpr int kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
+  const int64_t d = p.d, nb = d * BITS / 8, nk = p.nk, nc = c1 - c0;
+  __m256 acc[NQ][kMaxGroups];
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < kMaxGroups; ++c) acc[i][c] = _mm256_setzero_ps();
+  const float* w = p.w + g * NQ * nk;
+  const float* key_w = p.key_w + g * nk;
+  for (int64_t j = 0; j < nk; ++j) {
+    const uint8_t* row = p.codes + (g * nk + j) * nb + c0 * BITS;
+    __m256 coef[NQ];
+    for (int i = 0; i < NQ; ++i) coef[i] = _mm256_set1_ps(w[i * nk + j] * key_w[j]);  // math::weighted_key_coefficient
+    for (int64_t c = 0; c < nc; ++c) {
+      const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
+      for (int i = 0; i < NQ; ++i) acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_mul_ps(coef[i], x));
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int64_t c = 0; c < nc; ++c) _mm256_storeu_ps(p.out + (g * NQ + i) * d + 8 * (c0 + c), acc[i][c]);
+}
+
+// A launch's tasks: scores split the keys (blocks of kRowsKeyBlock), weighted sums the coordinates (groups of 8),
+// so that no sum is split between threads. Plain functions (no AVX2): they pass the levels by pointer.
+template <int BITS, int NQ>
+void run_scores(const RowScores& p, const float* lv) {
+  const int64_t blocks = (p.nk + kRowsKeyBlock - 1) / kRowsKeyBlock;
+  at::parallel_for(0, p.G * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t g = t / blocks, j0 = (t % blocks) * kRowsKeyBlock;
+      scores_task<BITS, NQ>(p, g, j0, std::min(p.nk, j0 + kRowsKeyBlock), lv);
+    }
+  });
+}
+
+template <int BITS, int NQ>
+void run_weighted(const RowWeighted& p, const float* lv) {
+  constexpr int64_t kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
+  const int64_t ng = p.d / 8, chunks = (ng + kMaxGroups - 1) / kMaxGroups;
+  at::parallel_for(0, p.G * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t g = t / chunks, c0 = (t % chunks) * kMaxGroups;
+      weighted_task<BITS, NQ>(p, g, c0, std::min(ng, c0 + kMaxGroups), lv);
+    }
+  });
+}
+
+// The instance for the launch's width and query count (1 ≤ nq ≤ kRowsMaxQueries, 1 ≤ bits ≤ 4).
+template <int BITS, typename Launch>
+void by_queries(const Launch& p, const float* lv) {
+  constexpr bool kScores = std::is_same_v<Launch, RowScores>;
+  auto go = [&](auto nq_c) {
+    constexpr int N = decltype(nq_c)::value;
+    if constexpr (kScores) run_scores<BITS, N>(p, lv); else run_weighted<BITS, N>(p, lv);
+  };
+  switch (p.nq) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 3: go(std::integral_constant<int, 3>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 5: go(std::integral_constant<int, 5>{}); break;
+    case 6: go(std::integral_constant<int, 6>{}); break;
+    case 7: go(std::integral_constant<int, 7>{}); break;
+    default: go(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+template <typename Launch>
+void run_rows(const Launch& p) {
+  TORCH_CHECK(p.nq >= 1 && p.nq <= kRowsMaxQueries && p.bits >= 1 && p.bits <= kRowsMaxBits && p.d % 8 == 0,
+              "row kernels: nq ", p.nq, ", bits ", p.bits, ", d ", p.d, " outside their range");
+  float lv[16] = {};  // levels 0 .. 2^bits − 1, the rest unused (the codes never reach them)
+  for (int64_t c = 0; c < (int64_t{1} << p.bits); ++c) lv[c] = p.levels[c];
+  switch (p.bits) {
+    case 1: by_queries<1>(p, lv); break;
+    case 2: by_queries<2>(p, lv); break;
+    case 3: by_queries<3>(p, lv); break;
+    default: by_queries<4>(p, lv); break;
+  }
+}
+
+}  // namespace
+
+void row_scores_f32(const RowScores& p) { run_rows(p); }
+void row_weighted_f32(const RowWeighted& p) { run_rows(p); }
+
+#else  // not x86-64 with GCC/Clang: the table kernels serve
+
+bool rows_available() { return false; }
+void row_scores_f32(const RowScores&) { TORCH_CHECK(false, "row kernels need AVX2"); }
+void row_weighted_f32(const RowWeighted&) { TORCH_CHECK(false, "row kernels need AVX2"); }
+
+#endif
+
+}  // namespace cpu
+}  // namespace kvstats
