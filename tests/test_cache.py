@@ -816,3 +816,86 @@ def test_a_negative_or_non_int_layer_index_is_refused(layer_idx):
     cache = _bad_state_cache()  # -1 on a filled cache silently meant "the last layer"
     with pytest.raises(ValueError, match=rf"layer_idx must be an int >= 0 \(the model's layer\), got {layer_idx!r}"):
         cache.update(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), layer_idx)
+
+
+@pytest.mark.parametrize("name,window", [("kv", 0), ("kqv", 3), ("qkqv", 0), ("minmax", 3), ("qjl_cache", 2)])
+@pytest.mark.parametrize("mask_kind,softcap,sliding", [("none", None, None), ("bool", None, None),
+                                                       ("float", 30.0, None), ("none", 30.0, 5),
+                                                       ("bool", None, 5)])
+def test_decode_step_fast_path_equals_the_general_path_bit_for_bit(name, window, mask_kind, softcap, sliding):
+    """A decode step (one query, the last position) without recording takes KVStatsLayer._attend_last; a recording
+    layer takes the general blocked path (per-column choice of codes or exact states, causal mask of the block).
+    Fed the same states, both return the same outputs and weights, bit for bit, with soft capping, a sliding
+    window, a boolean or an additive mask, and a full-precision window."""
+    from kvstats.hf.logit_rules import LogitRules
+
+    g = torch.Generator().manual_seed(5)
+    prefill, steps, scaling = 11, 4, D ** -0.5
+    fast = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window)
+    general = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, record=True)
+    rules = LogitRules(softcap=softcap, sliding_window=sliding)
+    with torch.inference_mode():
+        k, v = torch.randn(1, HKV, prefill, D, generator=g), torch.randn(1, HKV, prefill, D, generator=g)
+        for layer in (fast, general):
+            layer.update(k, v)
+            layer.attend(torch.randn(1, HQ, prefill, D), None, scaling)
+        for step in range(steps):
+            seq = prefill + step + 1
+            k1, v1 = torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g)
+            q = torch.randn(1, HQ, 1, D, generator=g) * 2
+            visible = torch.ones(1, seq, dtype=torch.bool)
+            if sliding is not None:
+                visible[:, :max(0, seq - sliding)] = False
+            mask = {"none": None, "float": torch.zeros(1, seq).masked_fill(~visible, torch.finfo(torch.float32).min)
+                    }.get(mask_kind, visible)
+            mask = None if mask is None else mask[None, None]
+            outs = []
+            for layer in (fast, general):
+                layer.update(k1, v1)
+                outs.append(layer.attend(q, mask, scaling, rules=rules))
+            assert fast.n_quantized > 0 or window >= seq
+            assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), (name, step)
+    assert len(general.records) > 0 and not fast.records  # the two layers did take the two paths
+
+
+def test_attend_refuses_non_finite_queries_and_overflowing_attention_by_layer():
+    """The estimators run on attend()'s queries unchecked (Scheme.own_scores): a NaN query is refused at attend,
+    naming the layer; finite queries and states whose logits overflow fp32 give a refused output, never NaN."""
+    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=2), 2, layer_idx=3)
+    k, v = torch.randn(1, HKV, 9, D), torch.randn(1, HKV, 9, D)
+    layer.update(k, v)
+    layer.attend(torch.randn(1, HQ, 9, D), None, 0.25)
+    layer.update(k[..., :1, :], v[..., :1, :])
+    q = torch.randn(1, HQ, 1, D)
+    q[0, 1, 0, 5] = float("nan")
+    with pytest.raises(ValueError, match="query of layer 3 contains non-finite"):
+        layer.attend(q, None, 0.25)
+    exact = KVStatsLayer(IdentityScheme(D), 0, layer_idx=1)
+    exact.update(k * 1e20, v)
+    with pytest.raises(ValueError, match="attention of layer 1 through the codes is non-finite .* overflowed"):
+        exact.attend(torch.ones(1, HQ, 9, D) * 1e20, None, 1.0)
+
+
+def test_cache_calls_a_quantizer_that_overrides_its_public_estimators():
+    """Scheme.own_scores / own_weighted_values skip the public methods' re-validation only where those are the
+    base class's; a quantizer overriding inner() or weighted_sum() is called through them."""
+    from kvstats.quant.quantizers.lloyd import TurboMSE
+
+    calls = []
+
+    class Counting(TurboMSE):
+        def inner(self, query, code):
+            calls.append("inner")
+            return super().inner(query, code)
+
+        def weighted_sum(self, weights, code):
+            calls.append("weighted_sum")
+            return super().weighted_sum(weights, code)
+
+    s = Scheme("counting", 3, Counting(bits=3, dim=D, seed=1), Counting(bits=3, dim=D, seed=2))
+    layer = KVStatsLayer(s, 0)
+    layer.update(torch.randn(1, HKV, 5, D), torch.randn(1, HKV, 5, D))
+    layer.attend(torch.randn(1, HQ, 5, D), None, 0.25)
+    layer.update(torch.randn(1, HKV, 1, D), torch.randn(1, HKV, 1, D))
+    layer.attend(torch.randn(1, HQ, 1, D), None, 0.25)
+    assert "inner" in calls and "weighted_sum" in calls

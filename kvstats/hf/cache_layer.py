@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvstats._validation import all_finite, first_non_finite
+from kvstats._validation import all_finite, check_float_tensor, first_non_finite
 from kvstats.hf._transformers import CacheLayerMixin
 from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
 from kvstats.hf.records import AttentionRecord
@@ -112,7 +112,7 @@ class KVStatsLayer(CacheLayerMixin):
         target = self.quantized_count(seq)
         if target > self.n_quantized:
             a, b = self.n_quantized - span_start, target - span_start
-            self._append(self.scheme.encode(span_k[..., a:b, :], span_v[..., a:b, :]))
+            self._append(self.scheme.encode_checked(span_k[..., a:b, :], span_v[..., a:b, :]))
             self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
             self.n_quantized = target
         cut = self.n_quantized - span_start
@@ -339,6 +339,8 @@ class KVStatsLayer(CacheLayerMixin):
             raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
         if n > seq - span[0]:
             raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
+        # the estimators below run on these queries unchecked (Scheme.own_scores): refuse NaN/inf here, by layer
+        check_float_tensor(query, f"query of layer {self.layer_idx}", min_dim=4, allow_empty=True)
         v_hat = None
         if n > CODE_VALUES_MAX_QUERIES and self.chunks:
             v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
@@ -362,6 +364,11 @@ class KVStatsLayer(CacheLayerMixin):
                                                 torch.cat([r.kl for r in parts], dim=-1),
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if out.numel() and not all_finite(out):  # finite queries and states, yet a logit or a sum overflowed fp32
+            _, bad = first_non_finite(out)
+            raise ValueError(f"attention of layer {self.layer_idx} through the codes is non-finite at output {bad} "
+                             f"(output [B, N, H_q, d]) from finite queries and states: a logit or a weighted sum "
+                             f"overflowed {out.dtype}; rescale the model's states or run it in a wider dtype")
         return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
@@ -376,9 +383,11 @@ class KVStatsLayer(CacheLayerMixin):
         span_start, span_k, span_v = span
         n = query.shape[2]
         seq, nq = self.cumulative_length, self.n_quantized
+        mask = None if attention_mask is None else attention_mask[..., -seq:]
+        if n == 1 and first == seq - 1 and not self.record and v_hat is None:
+            return self._attend_last(query, mask, scaling, dropout, training, span, rules)
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
-        mask = None if attention_mask is None else attention_mask[..., -seq:]
         width = first + n  # keys after the block's last query: hidden by the causal mask
         if mask is not None and width < seq and _reveals(mask[..., width:]):
             width = seq  # a mask that shows later keys (not a causal LM): form every column
@@ -402,7 +411,9 @@ class KVStatsLayer(CacheLayerMixin):
         logits = _attention.soft_cap(logits, rules.softcap)  # elementwise: the same before or after the merge
         _mask_block(logits, mask, first, n, width, rules.sliding_window)
         weights = _attention.softmax_with_sinks(logits, rules.sinks)
-        if self.record:  # the reference: exact logits of every column (lo = span_start = 0), capped and masked alike
+        # the reference: exact logits of every column (lo = span_start = 0), capped and masked alike; none once the
+        # exact states of older tokens are gone (span_start > 0: its exact logits miss columns [0, span_start))
+        if self.record and span_start == 0:
             exact = _attention.soft_cap(exact, rules.softcap)
             _mask_block(exact, mask, first, n, width, rules.sliding_window)
             self._record(exact, logits, span_start, seq, n, first)
@@ -421,6 +432,29 @@ class KVStatsLayer(CacheLayerMixin):
                 code_weights, v_hat[..., :hi, :])
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
+    def _attend_last(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float, dropout: float,
+                     training: bool, span: tuple[int, torch.Tensor, torch.Tensor],
+                     rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_attend_rows` for one query at the last position (a decode step), without recording: it reads
+        keys [0, n_quantized) through their codes and the window [n_quantized, seq) exactly, so the general path's
+        per-column choice (``use_exact``) and its causal mask of the block's own column are identities here, and
+        the same logits and sums are formed without them (the same values, bit for bit)."""
+        span_start, span_k, span_v = span
+        seq, hi = self.cumulative_length, self.n_quantized
+        acc = acc_dtype(query.dtype)
+        q = query.to(acc)
+        exact = _attention.scores(q, span_k[..., hi - span_start:, :].to(acc), scale=scaling)
+        logits = torch.cat([self._code_scores(q, hi)[..., :hi].to(acc).mul_(scaling), exact], dim=-1) if hi else exact
+        logits = _attention.soft_cap(logits, rules.softcap)
+        if mask is not None or rules.sliding_window is not None:
+            _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
+        weights = _attention.softmax_with_sinks(logits, rules.sinks)
+        used = F.dropout(weights, p=dropout, training=training)
+        out = _attention.apply_weights(used[..., hi:], span_v[..., hi - span_start:, :].to(acc))
+        if hi:
+            out += self._code_values(used[..., :hi])
+        return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
     def _chunks_before(self, stop: int):
         """``(first token, code)`` of the chunks that hold keys [0, stop): whole chunks, the last per-vector chunk cut
         at ``stop`` (a view); a chunk that cannot be cut (groups across tokens) whole, reaching past ``stop``."""
@@ -437,7 +471,7 @@ class KVStatsLayer(CacheLayerMixin):
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
         """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key
         so the result is never empty."""
-        return torch.cat([self.scheme.scores(q, code) for _, code in self._chunks_before(max(stop, 1))], dim=-1)
+        return torch.cat([self.scheme.own_scores(q, code) for _, code in self._chunks_before(max(stop, 1))], dim=-1)
 
     def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
         """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
@@ -449,7 +483,7 @@ class KVStatsLayer(CacheLayerMixin):
             w = weights[..., start:start + n]
             if w.shape[-1] < n:
                 w = F.pad(w, (0, n - w.shape[-1]))
-            part = self.scheme.weighted_values(w, code)
+            part = self.scheme.own_weighted_values(w, code)
             out = part if out is None else out.add_(part)
         return out
 

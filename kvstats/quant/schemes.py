@@ -160,6 +160,36 @@ class Scheme:
         grouped = _attention.group_queries(weights, hkv)
         return _attention.ungroup(weighted_sum(grouped, cache.v), weights.shape[1], n)
 
+    # ------------------------------------------------------------------------ a cache's own codes (KVStatsCache)
+    # The cache calls these on states and queries it has checked and on codes this scheme made: the quantizers'
+    # estimators without the public methods' re-validation of every argument (a decode step calls them for every
+    # layer). A scheme or quantizer that overrides the public method is called through it.
+    def encode_checked(self, keys: torch.Tensor, values: torch.Tensor) -> CacheCode:
+        """:meth:`encode` of keys and values the caller checked (float [B, H_kv, S, d] of one shape, d = dim,
+        finite); each quantizer's encode still checks its range and what it stores."""
+        if type(self).encode is not Scheme.encode:
+            return self.encode(keys, values)
+        return CacheCode(self.k.encode(keys), self.v.encode(values))
+
+    def own_scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        """:meth:`scores` of finite queries [B, H_q, N, d] against a cache this scheme encoded."""
+        k = self.k
+        if type(self).scores is not Scheme.scores or not isinstance(k, Quantizer) or type(k).inner is not Quantizer.inner:
+            return self.scores(queries, cache)
+        with k._code_fields(cache.k):
+            return _attention.scores(queries, cache.k, scale=1.0, inner=k._inner, kv_heads=cache.k.shape[1])
+
+    def own_weighted_values(self, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        """:meth:`weighted_values` of weights [B, H_q, N, S] (a softmax of finite logits) over a cache this scheme
+        encoded."""
+        v = self.v
+        if (type(self).weighted_values is not Scheme.weighted_values or not isinstance(v, Quantizer)
+                or type(v).weighted_sum is not Quantizer.weighted_sum):
+            return self.weighted_values(weights, cache)
+        grouped = _attention.group_queries(weights, cache.v.shape[1]).to(acc_dtype(weights.dtype))
+        with v._code_fields(cache.v):
+            return _attention.ungroup(v._weighted_sum(grouped, cache.v), weights.shape[1], weights.shape[2])
+
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
         """softmax(scores/√d [+ causal mask]) · V̂: queries [B, H_q, N, d] -> [B, H_q, N, d] (queries' dtype).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -93,7 +94,14 @@ def kernel(op: str, device: torch.device) -> Callable | None:
     if device.type == "meta":  # shapes and dtypes only: the op's fake (registered as its Meta kernel) answers
         return getattr(getattr(torch.ops, NAMESPACE), op).default
     namespace = SHARED_NAMESPACE if device.type == "cpu" and _SHARED.get() else NAMESPACE
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::{op}", device.type.upper()):
+    return _registered(namespace, op, device.type)
+
+
+@functools.lru_cache(maxsize=None)
+def _registered(namespace: str, op: str, device_type: str) -> Callable | None:
+    """The kernel of ``namespace::op`` registered for ``device_type``, or None — looked up once per process (the
+    library registers every kernel when it loads; a decode step calls several ops per layer)."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::{op}", device_type.upper()):
         return None
     return getattr(getattr(torch.ops, namespace), op).default
 

@@ -241,8 +241,10 @@ def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims:
 
     Returns (lead shape, query [G, n_q, d], [tensor as [G, n_k, *rest] for each code tensor]).
     """
-    lead = torch.broadcast_shapes(query.shape[:-2], *(t.shape[: t.dim() - 1 - k] for t, k in
-                                                      zip(code_tensors, key_dims)))
+    leads = [t.shape[: t.dim() - 1 - k] for t, k in zip(code_tensors, key_dims)]
+    lead = query.shape[:-2]
+    if any(other != lead for other in leads):  # (equal shapes, a decode step's case, need no broadcast)
+        lead = torch.broadcast_shapes(lead, *leads)
     q3 = query.expand(*lead, *query.shape[-2:]).reshape(-1, *query.shape[-2:])
     flat = []
     for t, k in zip(code_tensors, key_dims):
@@ -371,7 +373,8 @@ class Quantizer:
         if len(code.shape) < 2:
             raise ValueError(f"inner needs a code of x [..., n_k, d], got a code of shape {tuple(code.shape)}")
         try:
-            torch.broadcast_shapes(query.shape[:-2], code.shape[:-2])
+            if query.shape[:-2] != code.shape[:-2]:
+                torch.broadcast_shapes(query.shape[:-2], code.shape[:-2])
         except RuntimeError:
             raise ValueError(f"query's leading dims {tuple(query.shape[:-2])} (query [..., n_q, d] = "
                              f"{tuple(query.shape)}) do not broadcast with the code's {tuple(code.shape[:-2])} "
@@ -395,7 +398,8 @@ class Quantizer:
             raise ValueError(f"weights [..., n_q, n_k] = {tuple(weights.shape)} need a code of x [..., n_k, d] with "
                              f"n_k = {weights.shape[-1]}, got a code of shape {tuple(code.shape)}")
         try:
-            torch.broadcast_shapes(weights.shape[:-2], code.shape[:-2])
+            if weights.shape[:-2] != code.shape[:-2]:
+                torch.broadcast_shapes(weights.shape[:-2], code.shape[:-2])
         except RuntimeError:
             raise ValueError(f"weights' leading dims {tuple(weights.shape[:-2])} do not broadcast with the code's "
                              f"{tuple(code.shape[:-2])}") from None
@@ -417,7 +421,16 @@ class Quantizer:
         return self._qconfig.options()
 
     def provenance(self) -> CodeSource:
-        """The :class:`CodeSource` this quantizer stamps on its codes."""
+        """The :class:`CodeSource` this quantizer stamps on its codes (computed once per config: the config is
+        frozen, and every code check compares it)."""
+        memo = self.__dict__.get("_provenance_memo")
+        if memo is not None and memo[0] is self._qconfig and memo[1] == repr(self):
+            return memo[2]
+        source = self._provenance()
+        self.__dict__["_provenance_memo"] = (self._qconfig, repr(self), source)
+        return source
+
+    def _provenance(self) -> CodeSource:
         key = repr((type(self).__qualname__, self.name, self.dim, self.bits, self.seed,
                     sorted((k, repr(v)) for k, v in self.options().items())))
         return CodeSource(self.name, self.dim, self.bits, hashlib.sha256(key.encode()).hexdigest()[:16], repr(self))
