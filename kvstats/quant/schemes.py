@@ -174,7 +174,8 @@ class Scheme:
     def own_scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """:meth:`scores` of finite queries [B, H_q, N, d] against a cache this scheme encoded."""
         k = self.k
-        if type(self).scores is not Scheme.scores or not isinstance(k, Quantizer) or type(k).inner is not Quantizer.inner:
+        if (type(self).scores is not Scheme.scores or not isinstance(k, Quantizer)
+                or type(k).inner is not Quantizer.inner):
             return self.scores(queries, cache)
         with k._code_fields(cache.k):
             return _attention.scores(queries, cache.k, scale=1.0, inner=k._inner, kv_heads=cache.k.shape[1])

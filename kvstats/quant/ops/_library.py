@@ -97,7 +97,7 @@ def kernel(op: str, device: torch.device) -> Callable | None:
     return _registered(namespace, op, device.type)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registered(namespace: str, op: str, device_type: str) -> Callable | None:
     """The kernel of ``namespace::op`` registered for ``device_type``, or None — looked up once per process (the
     library registers every kernel when it loads; a decode step calls several ops per layer)."""
