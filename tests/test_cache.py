@@ -818,37 +818,45 @@ def test_a_negative_or_non_int_layer_index_is_refused(layer_idx):
         cache.update(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), layer_idx)
 
 
-@pytest.mark.parametrize("name,window", [("kv", 0), ("kqv", 3), ("qkqv", 0), ("minmax", 3), ("qjl_cache", 2)])
-@pytest.mark.parametrize("mask_kind,softcap,sliding", [("none", None, None), ("bool", None, None),
-                                                       ("float", 30.0, None), ("none", 30.0, 5),
-                                                       ("bool", None, 5)])
-def test_decode_step_fast_path_equals_the_general_path_bit_for_bit(name, window, mask_kind, softcap, sliding):
+@pytest.mark.parametrize("name,window,flush", [("kv", 0, 1), ("kqv", 3, 1), ("qkqv", 0, 1), ("minmax", 3, 4),
+                                               ("qjl_cache", 2, 1), ("kqv", 2, 3)])
+@pytest.mark.parametrize("mask_kind,softcap,sliding,batch,dtype", [
+    ("none", None, None, 1, torch.float32), ("bool", None, None, 1, torch.float32),
+    ("float", 30.0, None, 1, torch.float32), ("none", 30.0, 5, 1, torch.float32), ("bool", None, 5, 1, torch.float32),
+    ("left_padding", None, None, 2, torch.float32), ("bool", None, None, 1, torch.bfloat16)])
+def test_decode_step_fast_path_equals_the_general_path_bit_for_bit(name, window, flush, mask_kind, softcap, sliding,
+                                                                   batch, dtype):
     """A decode step (one query, the last position) without recording takes KVStatsLayer._attend_last; a recording
     layer takes the general blocked path (per-column choice of codes or exact states, causal mask of the block).
     Fed the same states, both return the same outputs and weights, bit for bit, with soft capping, a sliding
-    window, a boolean or an additive mask, and a full-precision window."""
+    window, a boolean or an additive mask, left padding in a batch of 2, bf16 states, a full-precision window and
+    tokens flushed in blocks (min-max per channel: chunks that cannot be cut at a token)."""
     from kvstats.hf.logit_rules import LogitRules
 
     g = torch.Generator().manual_seed(5)
-    prefill, steps, scaling = 11, 4, D ** -0.5
-    fast = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window)
-    general = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, record=True)
+    prefill, steps, scaling = 11, 5, D ** -0.5
+    fast = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, flush)
+    general = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, flush, record=True)
     rules = LogitRules(softcap=softcap, sliding_window=sliding)
     with torch.inference_mode():
-        k, v = torch.randn(1, HKV, prefill, D, generator=g), torch.randn(1, HKV, prefill, D, generator=g)
+        k = torch.randn(batch, HKV, prefill, D, generator=g).to(dtype)
+        v = torch.randn(batch, HKV, prefill, D, generator=g).to(dtype)
         for layer in (fast, general):
             layer.update(k, v)
-            layer.attend(torch.randn(1, HQ, prefill, D), None, scaling)
+            layer.attend(torch.randn(batch, HQ, prefill, D).to(dtype), None, scaling)
         for step in range(steps):
             seq = prefill + step + 1
-            k1, v1 = torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g)
-            q = torch.randn(1, HQ, 1, D, generator=g) * 2
-            visible = torch.ones(1, seq, dtype=torch.bool)
+            k1 = torch.randn(batch, HKV, 1, D, generator=g).to(dtype)
+            v1 = torch.randn(batch, HKV, 1, D, generator=g).to(dtype)
+            q = (torch.randn(batch, HQ, 1, D, generator=g) * 2).to(dtype)
+            visible = torch.ones(batch, 1, 1, seq, dtype=torch.bool)
             if sliding is not None:
-                visible[:, :max(0, seq - sliding)] = False
-            mask = {"none": None, "float": torch.zeros(1, seq).masked_fill(~visible, torch.finfo(torch.float32).min)
+                visible[..., :max(0, seq - sliding)] = False
+            if mask_kind == "left_padding":
+                visible[1, ..., :3] = False  # the second row's first 3 tokens are padding
+            mask = {"none": None, "float": torch.zeros(batch, 1, 1, seq).masked_fill(~visible,
+                                                                                       torch.finfo(torch.float32).min)
                     }.get(mask_kind, visible)
-            mask = None if mask is None else mask[None, None]
             outs = []
             for layer in (fast, general):
                 layer.update(k1, v1)
@@ -870,9 +878,16 @@ def test_attend_refuses_non_finite_queries_and_overflowing_attention_by_layer():
     q[0, 1, 0, 5] = float("nan")
     with pytest.raises(ValueError, match="query of layer 3 contains non-finite"):
         layer.attend(q, None, 0.25)
+    for bad in (torch.randn(2, HQ, 1, D), torch.randn(1, HQ, 1, D + 1), torch.randn(HQ, 1, D)):
+        # queries of another batch or head dim would broadcast or fail deep inside: refused by layer
+        with pytest.raises(ValueError, match=r"query of layer 3 must be \[1, H_q, N, 16\]"):
+            layer.attend(bad, None, 0.25)
+    out, _ = layer.attend(q.nan_to_num(0.0), None, 0.25)  # the refused calls left the update's states
+    assert out.shape == (1, 1, HQ, D) and bool(torch.isfinite(out).all())
     exact = KVStatsLayer(IdentityScheme(D), 0, layer_idx=1)
     exact.update(k * 1e20, v)
-    with pytest.raises(ValueError, match="attention of layer 1 through the codes is non-finite .* overflowed"):
+    with pytest.raises(ValueError, match=r"attention of layer 1 through the codes is (nan|-?inf) at output \[0, .* "
+                                         "overflowed"):
         exact.attend(torch.ones(1, HQ, 9, D) * 1e20, None, 1.0)
 
 

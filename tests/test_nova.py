@@ -405,3 +405,20 @@ def test_nova_value_codec_calibrates_values_per_head_and_attends_like_decoded_va
     # on these anisotropic values the calibrated value path reconstructs better than rotated min-max
     v_plain = plain.decode(plain.encode(keys.float(), values.float()))[1]
     assert float(((v_hat - values) ** 2).mean()) < 0.5 * float(((v_plain - values) ** 2).mean())
+
+
+def test_recalibration_changes_the_fingerprint_and_refuses_older_codes():
+    """Quantizer.provenance is computed once per config only where the options are the config's; NOVA's options
+    hold its calibration digest, so a recalibrated quantizer stamps a new fingerprint and refuses the codes of its
+    earlier calibration (decoding them against the new transform would be silently wrong)."""
+    from kvstats.quant.quantizers import quantizer
+
+    g = torch.Generator().manual_seed(0)
+    q = quantizer("nova", bits=2, dim=16, seed=0)
+    q.calibrate(torch.randn(400, 16, generator=g), torch.randn(400, 16, generator=g))
+    first = q.provenance().fingerprint
+    old = q.encode(torch.randn(5, 16, generator=g))
+    q.calibrate(torch.randn(400, 16, generator=g) * 3, torch.randn(400, 16, generator=g) + 1)
+    assert q.provenance().fingerprint != first
+    with pytest.raises(ValueError, match="code was made by"):
+        q.decode(old)

@@ -331,16 +331,20 @@ class KVStatsLayer(CacheLayerMixin):
         if self.record and rules.sinks is not None:
             raise ValueError("record_attention with attention sinks (s_aux) is not supported: the recorded KL compares "
                              "distributions without the sink; build the cache with record_attention=False")
-        self.estimator_attention = True
         span = self._span
-        self._span = None
+        # the estimators below run on these queries unchecked (Scheme.own_scores): their shape and finiteness here,
+        # before any state changes (a refused call leaves the update's states to a corrected one)
+        if query.dim() != 4 or query.shape[0] != span[1].shape[0] or query.shape[-1] != self.scheme.dim:
+            raise ValueError(f"query of layer {self.layer_idx} must be [{span[1].shape[0]}, H_q, N, {self.scheme.dim}] "
+                             f"(the layer's batch and head dim), got {tuple(query.shape)}")
         n, seq = query.shape[2], self.cumulative_length
         if query.shape[1] % span[1].shape[1]:
             raise ValueError(f"query heads {query.shape[1]} must be a multiple of the KV heads {span[1].shape[1]}")
         if n > seq - span[0]:
             raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
-        # the estimators below run on these queries unchecked (Scheme.own_scores): refuse NaN/inf here, by layer
-        check_float_tensor(query, f"query of layer {self.layer_idx}", min_dim=4, allow_empty=True)
+        check_float_tensor(query, f"query of layer {self.layer_idx}", allow_empty=True)
+        self.estimator_attention = True
+        self._span = None
         v_hat = None
         if n > CODE_VALUES_MAX_QUERIES and self.chunks:
             v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
@@ -365,8 +369,8 @@ class KVStatsLayer(CacheLayerMixin):
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if out.numel() and not all_finite(out):  # finite queries and states, yet a logit or a sum overflowed fp32
-            _, bad = first_non_finite(out)
-            raise ValueError(f"attention of layer {self.layer_idx} through the codes is non-finite at output {bad} "
+            at, value = first_non_finite(out)
+            raise ValueError(f"attention of layer {self.layer_idx} through the codes is {value} at output {list(at)} "
                              f"(output [B, N, H_q, d]) from finite queries and states: a logit or a weighted sum "
                              f"overflowed {out.dtype}; rescale the model's states or run it in a wider dtype")
         return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))

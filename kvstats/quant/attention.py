@@ -81,7 +81,9 @@ def scores(
     grouped = group_queries(q, hkv)
     raw = grouped @ k.transpose(-1, -2) if inner is None else inner(grouped, k)
     raw = ungroup(raw, hq, n)
-    return raw / math.sqrt(d) if scale is None else raw * scale
+    if scale is None:
+        return raw / math.sqrt(d)
+    return raw if scale == 1.0 else raw * scale  # (x · 1.0 is x: no pass over the logits for raw products)
 
 
 def causal_visible(n_q: int, n_k: int, query_offset: int | None = None, device=None) -> torch.Tensor:

@@ -286,7 +286,6 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
   });
 }
 
-// Bytes the per-query lookup tables of score_packed_tables would take.
 // A decode step's few queries (code_rows.h): the code part, then the sign part added (math::key_score).
 inline void score_packed_rows(const PackedKeys<float>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
   static const float kSignLevels[2] = {math::sign_value(0u, 1.0f), math::sign_value(1u, 1.0f)};
@@ -316,6 +315,7 @@ inline void score_packed_rows(const PackedKeys<float>& k, const at::Tensor& q, c
   }
 }
 
+// Bytes the per-query lookup tables of score_packed_tables would take.
 template <typename acc_t>
 int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
   const int64_t code_size = k.codes ? CodeTable(k.d, k.bits).size : 0;

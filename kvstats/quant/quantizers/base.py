@@ -421,8 +421,11 @@ class Quantizer:
         return self._qconfig.options()
 
     def provenance(self) -> CodeSource:
-        """The :class:`CodeSource` this quantizer stamps on its codes (computed once per config: the config is
-        frozen, and every code check compares it)."""
+        """The :class:`CodeSource` this quantizer stamps on its codes. Computed once per config when the options
+        are the frozen config's (every code check compares it); a quantizer whose :meth:`options` say more (NOVA's
+        calibration digest, a per-head wrapper's heads) computes it on every call, so a recalibration changes it."""
+        if type(self).options is not Quantizer.options:
+            return self._provenance()
         memo = self.__dict__.get("_provenance_memo")
         if memo is not None and memo[0] is self._qconfig and memo[1] == repr(self):
             return memo[2]
