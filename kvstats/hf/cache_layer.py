@@ -360,7 +360,7 @@ class KVStatsLayer(CacheLayerMixin):
                                        v_hat, rules)
             outs.append(out)
             if keep_weights:
-                weights.append(F.pad(w, (0, seq - w.shape[-1])))
+                weights.append(w if w.shape[-1] == seq else F.pad(w, (0, seq - w.shape[-1])))
         if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
             parts = self.records[first_record:]
             del self.records[first_record:]
@@ -448,7 +448,7 @@ class KVStatsLayer(CacheLayerMixin):
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         exact = _attention.scores(q, span_k[..., hi - span_start:, :].to(acc), scale=scaling)
-        logits = torch.cat([self._code_scores(q, hi)[..., :hi].to(acc).mul_(scaling), exact], dim=-1) if hi else exact
+        logits = torch.cat([self._code_scores(q, hi)[..., :hi].to(acc).mul(scaling), exact], dim=-1) if hi else exact
         logits = _attention.soft_cap(logits, rules.softcap)
         if mask is not None or rules.sliding_window is not None:
             _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
@@ -475,7 +475,8 @@ class KVStatsLayer(CacheLayerMixin):
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
         """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key
         so the result is never empty."""
-        return torch.cat([self.scheme.own_scores(q, code) for _, code in self._chunks_before(max(stop, 1))], dim=-1)
+        parts = [self.scheme.own_scores(q, code) for _, code in self._chunks_before(max(stop, 1))]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
         """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
