@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "../quant_math.h"
+
 namespace kvstats {
 namespace cpu {
 
@@ -37,31 +39,13 @@ inline bool rows_apply(int64_t nq, int64_t bits, int64_t d) {
          rows_available();
 }
 
-// One part of a score launch: out[g, i, j] (+)= w[g, j] · Σ_t q[g, i, t] · levels[code[g, j, t]].
-// q [G, nq, d], codes [G, nk, d·bits/8], w [G, nk], levels [2^bits] (bits 1: {−1, +1} for signs),
-// out [G, nq, nk]; accumulate: add to out (the sign part after the code part, as math::key_score).
-struct RowScores {
-  int64_t G = 0, nq = 0, nk = 0, d = 0, bits = 0;
-  const float* q = nullptr;
-  const uint8_t* codes = nullptr;
-  const float* w = nullptr;
-  const float* levels = nullptr;
-  float* out = nullptr;
-  bool accumulate = false;
-};
-void row_scores_f32(const RowScores& p);
+// A score launch (either part optional): the code part into out, then the sign part (levels −1, +1) added to
+// it, as math::key_score. Both parts must pass rows_apply (codes: n_q, bits, d; signs: n_q, 1, m).
+void row_scores_f32(const math::ScoreParams<float>& p);
 
-// out [G, nq, d] = Σ_j (w[g, i, j] · key_w[g, j]) · levels[code[g, j, t]]; w [G, nq, nk], codes
-// [G, nk, d·bits/8], key_w [G, nk], levels [2^bits].
-struct RowWeighted {
-  int64_t G = 0, nq = 0, nk = 0, d = 0, bits = 0;
-  const float* w = nullptr;
-  const uint8_t* codes = nullptr;
-  const float* key_w = nullptr;
-  const float* levels = nullptr;
-  float* out = nullptr;
-};
-void row_weighted_f32(const RowWeighted& p);
+// A weighted-sum launch of codes with levels (kLevels: lloyd; QJL signs as 1-bit codes with levels
+// {−1, +1}): out [G, nq, d] = Σ_j weighted_key_coefficient(w[g, i, j], key_w[g, j]) · levels[code[g, j, t]].
+void row_weighted_f32(const math::WeightedSumParams<float>& p);
 
 }  // namespace cpu
 }  // namespace kvstats

@@ -32,6 +32,18 @@ namespace {
 // vectors, so that they stay in registers).
 constexpr int64_t kRowsKeyBlock = 256;
 
+// One part of a score launch: out[g, i, j] (+)= w[g, j] · Σ_t q[g, i, t] · levels[code[g, j, t]], q [G, nq, d],
+// codes [G, nk, d·bits/8], w [G, nk]; accumulate: add to out (the sign part after the code part).
+struct ScorePart {
+  int64_t G = 0, nq = 0, nk = 0, d = 0, bits = 0;
+  const float* q = nullptr;
+  const uint8_t* codes = nullptr;
+  const float* w = nullptr;
+  const float* levels = nullptr;
+  float* out = nullptr;
+  bool accumulate = false;
+};
+
 // The word of a group of eight codes (BITS bytes, little-endian: x86).
 template <int BITS>
 KVSTATS_AVX2 inline uint32_t group_word(const uint8_t* p) {
@@ -74,7 +86,7 @@ KVSTATS_AVX2 inline float lane_sum(__m256 v) {
 }
 
 template <int BITS, int NQ>
-KVSTATS_AVX2 void scores_task(const RowScores& p, int64_t g, int64_t j0, int64_t j1, const float* lv) {
+KVSTATS_AVX2 void scores_task(const ScorePart& p, int64_t g, int64_t j0, int64_t j1, const float* lv) {
   const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
   const int64_t d = p.d, ng = d / 8, nb = d * BITS / 8;
   const float* q = p.q + g * NQ * d;
@@ -96,7 +108,7 @@ KVSTATS_AVX2 void scores_task(const RowScores& p, int64_t g, int64_t j0, int64_t
 }
 
 template <int BITS, int NQ>
-KVSTATS_AVX2 void weighted_task(const RowWeighted& p, int64_t g, int64_t c0, int64_t c1, const float* lv) {
+KVSTATS_AVX2 void weighted_task(const math::WeightedSumParams<float>& p, int64_t g, int64_t c0, int64_t c1, const float* lv) {
   const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
   constexpr int kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
   const int64_t d = p.d, nb = d * BITS / 8, nk = p.nk, nc = c1 - c0;
@@ -108,7 +120,7 @@ KVSTATS_AVX2 void weighted_task(const RowWeighted& p, int64_t g, int64_t c0, int
   for (int64_t j = 0; j < nk; ++j) {
     const uint8_t* row = p.codes + (g * nk + j) * nb + c0 * BITS;
     __m256 coef[NQ];
-    for (int i = 0; i < NQ; ++i) coef[i] = _mm256_set1_ps(w[i * nk + j] * key_w[j]);  // math::weighted_key_coefficient
+    for (int i = 0; i < NQ; ++i) coef[i] = _mm256_set1_ps(math::weighted_key_coefficient(w[i * nk + j], key_w[j]));
     for (int64_t c = 0; c < nc; ++c) {
       const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
       for (int i = 0; i < NQ; ++i) acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_mul_ps(coef[i], x));
@@ -121,7 +133,7 @@ KVSTATS_AVX2 void weighted_task(const RowWeighted& p, int64_t g, int64_t c0, int
 // A launch's tasks: scores split the keys (blocks of kRowsKeyBlock), weighted sums the coordinates (groups of 8),
 // so that no sum is split between threads. Plain functions (no AVX2): they pass the levels by pointer.
 template <int BITS, int NQ>
-void run_scores(const RowScores& p, const float* lv) {
+void run_scores(const ScorePart& p, const float* lv) {
   const int64_t blocks = (p.nk + kRowsKeyBlock - 1) / kRowsKeyBlock;
   at::parallel_for(0, p.G * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -132,7 +144,7 @@ void run_scores(const RowScores& p, const float* lv) {
 }
 
 template <int BITS, int NQ>
-void run_weighted(const RowWeighted& p, const float* lv) {
+void run_weighted(const math::WeightedSumParams<float>& p, const float* lv) {
   constexpr int64_t kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
   const int64_t ng = p.d / 8, chunks = (ng + kMaxGroups - 1) / kMaxGroups;
   at::parallel_for(0, p.G * chunks, 1, [&](int64_t begin, int64_t end) {
@@ -146,7 +158,7 @@ void run_weighted(const RowWeighted& p, const float* lv) {
 // The instance for the launch's width and query count (1 ≤ nq ≤ kRowsMaxQueries, 1 ≤ bits ≤ 4).
 template <int BITS, typename Launch>
 void by_queries(const Launch& p, const float* lv) {
-  constexpr bool kScores = std::is_same_v<Launch, RowScores>;
+  constexpr bool kScores = std::is_same_v<Launch, ScorePart>;
   auto go = [&](auto nq_c) {
     constexpr int N = decltype(nq_c)::value;
     if constexpr (kScores) run_scores<BITS, N>(p, lv); else run_weighted<BITS, N>(p, lv);
@@ -179,14 +191,44 @@ void run_rows(const Launch& p) {
 
 }  // namespace
 
-void row_scores_f32(const RowScores& p) { run_rows(p); }
-void row_weighted_f32(const RowWeighted& p) { run_rows(p); }
+void row_scores_f32(const math::ScoreParams<float>& p) {
+  static const float kSignLevels[2] = {math::sign_value(0u, 1.0f), math::sign_value(1u, 1.0f)};
+  ScorePart part;
+  part.G = p.G;
+  part.nq = p.nq;
+  part.nk = p.nk;
+  part.out = p.out;
+  if (p.codes) {
+    part.d = p.d;
+    part.bits = p.bits;
+    part.q = p.q;
+    part.codes = p.codes;
+    part.w = p.mse_w;
+    part.levels = p.levels;
+    run_rows(part);
+  }
+  if (p.signs) {
+    part.d = p.m;
+    part.bits = 1;
+    part.q = p.qs;
+    part.codes = p.signs;
+    part.w = p.qjl_w;
+    part.levels = kSignLevels;
+    part.accumulate = p.codes != nullptr;
+    run_rows(part);
+  }
+}
+
+void row_weighted_f32(const math::WeightedSumParams<float>& p) {
+  TORCH_CHECK(p.kind == math::WeightedKind::kLevels, "row kernels: weighted sums of codes with levels only");
+  run_rows(p);
+}
 
 #else  // not x86-64 with GCC/Clang: the table kernels serve
 
 bool rows_available() { return false; }
-void row_scores_f32(const RowScores&) { TORCH_CHECK(false, "row kernels need AVX2"); }
-void row_weighted_f32(const RowWeighted&) { TORCH_CHECK(false, "row kernels need AVX2"); }
+void row_scores_f32(const math::ScoreParams<float>&) { TORCH_CHECK(false, "row kernels need AVX2"); }
+void row_weighted_f32(const math::WeightedSumParams<float>&) { TORCH_CHECK(false, "row kernels need AVX2"); }
 
 #endif
 

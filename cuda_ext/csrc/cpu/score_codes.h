@@ -286,33 +286,20 @@ void score_packed_adc(const PackedKeys<acc_t>& k, const at::Tensor& q, const at:
   });
 }
 
-// A decode step's few queries (code_rows.h): the code part, then the sign part added (math::key_score).
+// A decode step's few queries (code_rows.h): the packed keys as one score launch.
 inline void score_packed_rows(const PackedKeys<float>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor& out) {
-  static const float kSignLevels[2] = {math::sign_value(0u, 1.0f), math::sign_value(1u, 1.0f)};
-  RowScores r;
-  r.G = k.G;
-  r.nq = out.size(1);
-  r.nk = k.nk;
-  r.out = out.mutable_data_ptr<float>();
-  if (k.codes) {
-    r.d = k.d;
-    r.bits = k.bits;
-    r.q = q.const_data_ptr<float>();
-    r.codes = k.codes;
-    r.w = k.mse_w;
-    r.levels = k.levels;
-    row_scores_f32(r);
-  }
-  if (k.signs) {
-    r.d = k.m;
-    r.bits = 1;
-    r.q = qs.const_data_ptr<float>();
-    r.codes = k.signs;
-    r.w = k.qjl_w;
-    r.levels = kSignLevels;
-    r.accumulate = k.codes != nullptr;
-    row_scores_f32(r);
-  }
+  math::ScoreParams<float> p = score_params<float>(out);
+  p.q = k.codes ? q.const_data_ptr<float>() : nullptr;
+  p.codes = k.codes;
+  p.mse_w = k.mse_w;
+  p.levels = k.levels;
+  p.bits = k.bits;
+  p.d = k.d;
+  p.qs = k.signs ? qs.const_data_ptr<float>() : nullptr;
+  p.signs = k.signs;
+  p.qjl_w = k.qjl_w;
+  p.m = k.m;
+  row_scores_f32(p);
 }
 
 // Bytes the per-query lookup tables of score_packed_tables would take.

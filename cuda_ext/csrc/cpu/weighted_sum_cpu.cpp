@@ -13,6 +13,7 @@
 #include "../checks/qjl.h"
 #include "../kernels.h"
 #include "../score_params.h"
+#include "../weighted_params.h"
 #include "code_rows.h"
 #include "common_cpu.h"
 #include "weighted_sum.h"
@@ -89,18 +90,10 @@ void weighted_levels(const at::Tensor& w, const at::Tensor& packed, const at::Te
   const int64_t nq = w.size(1);
   if constexpr (std::is_same_v<acc_t, float>) {
     if (rows_apply(nq, bits, out.size(2))) {  // a decode step's few queries: code_rows.h
-      RowWeighted r;
-      r.G = w.size(0);
-      r.nq = nq;
-      r.nk = w.size(2);
-      r.d = out.size(2);
-      r.bits = bits;
-      r.w = w.const_data_ptr<float>();
-      r.codes = packed.const_data_ptr<uint8_t>();
-      r.key_w = key_w.const_data_ptr<float>();
-      r.levels = levels;
-      r.out = out.mutable_data_ptr<float>();
-      row_weighted_f32(r);
+      auto p = weighted_params<float>(math::WeightedKind::kLevels, w, packed, bits, out);
+      p.key_w = key_w.const_data_ptr<float>();
+      p.levels = levels;
+      row_weighted_f32(p);
       return;
     }
   }
