@@ -137,7 +137,11 @@ class Scheme:
     def scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """Estimated logits ⟨q, k⟩ (not yet divided by √d): queries [B, H_q, N, d] -> [B, H_q, N, S]."""
         self._check_queries(queries, cache)
-        return _attention.scores(queries, cache.k, scale=1.0, inner=self.k.inner, kv_heads=cache.k.shape[1])
+        return self._scores_by(self.k.inner, queries, cache)
+
+    @staticmethod
+    def _scores_by(inner, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        return _attention.scores(queries, cache.k, scale=1.0, inner=inner, kv_heads=cache.k.shape[1])
 
     def weighted_values(self, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """Attention's output from the value codes, Σⱼ wᵢⱼ v̂ⱼ with grouped-query heads: weights [B, H_q, N, S] ->
@@ -152,13 +156,17 @@ class Scheme:
         if weights.dim() != 4 or weights.shape[0] != b or weights.shape[-1] != s:
             raise ValueError(f"weights must be [{b}, H_q, N, {s}] for this cache, got shape {tuple(weights.shape)}")
         gqa_groups(weights, hkv)
-        n = weights.shape[2]
         weighted_sum = getattr(self.v, "weighted_sum", None)
         if weighted_sum is None:
             acc = acc_dtype(weights.dtype)
             return _attention.apply_weights(weights.to(acc), self.v.decode(cache.v).to(acc))
-        grouped = _attention.group_queries(weights, hkv)
-        return _attention.ungroup(weighted_sum(grouped, cache.v), weights.shape[1], n)
+        return self._weighted_by(weighted_sum, weights, cache)
+
+    @staticmethod
+    def _weighted_by(weighted_sum, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
+        """``weighted_sum(grouped weights [B, H_kv, G·N, S], cache.v)`` ungrouped to [B, H_q, N, d]."""
+        grouped = _attention.group_queries(weights, cache.v.shape[1])
+        return _attention.ungroup(weighted_sum(grouped, cache.v), weights.shape[1], weights.shape[2])
 
     # ------------------------------------------------------------------------ a cache's own codes (KVStatsCache)
     # The cache calls these on states and queries it has checked and on codes this scheme made: the quantizers'
@@ -178,7 +186,7 @@ class Scheme:
                 or type(k).inner is not Quantizer.inner):
             return self.scores(queries, cache)
         with k._code_fields(cache.k):
-            return _attention.scores(queries, cache.k, scale=1.0, inner=k._inner, kv_heads=cache.k.shape[1])
+            return self._scores_by(k._inner, queries, cache)
 
     def own_weighted_values(self, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """:meth:`weighted_values` of weights [B, H_q, N, S] (a softmax of finite logits) over a cache this scheme
@@ -187,9 +195,9 @@ class Scheme:
         if (type(self).weighted_values is not Scheme.weighted_values or not isinstance(v, Quantizer)
                 or type(v).weighted_sum is not Quantizer.weighted_sum):
             return self.weighted_values(weights, cache)
-        grouped = _attention.group_queries(weights, cache.v.shape[1]).to(acc_dtype(weights.dtype))
+        acc = acc_dtype(weights.dtype)
         with v._code_fields(cache.v):
-            return _attention.ungroup(v._weighted_sum(grouped, cache.v), weights.shape[1], weights.shape[2])
+            return self._weighted_by(lambda grouped, code: v._weighted_sum(grouped.to(acc), code), weights, cache)
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
