@@ -269,6 +269,50 @@ def test_window_keeps_recent_tokens_exact_and_quantizes_the_rest():
         torch.testing.assert_close(layer.keys, k[..., t + 1 - window:t + 1, :], rtol=0, atol=0)
 
 
+# appends over steps 8..19: W = 5 encodes at seq 9 (tokens 3..8, or 2..8 with G = 2) and when the next code is
+# due past token 8 (seq 15: target 10 > 9); W = 0 has no window to encode ahead: every step
+@pytest.mark.parametrize("window, flush, appends_expected", [(5, 1, 2), (5, 2, 2), (0, 1, 12)])
+def test_window_tokens_are_encoded_ahead_with_the_codes_they_get_when_due(window, flush, appends_expected):
+    """Per-vector codes: when a code is due the whole window is encoded with it (n_coded = seq), so the next steps
+    append nothing; every code equals the one encoding all tokens at once gives, decoded() and memory() cover only
+    the quantized tokens, and a crop inside the window drops the codes encoded ahead of the removed tokens."""
+    s = scheme("kqv", bits=3, dim=D, seed=0)
+    g = torch.Generator().manual_seed(7)
+    n = 20
+    k, v = torch.randn(1, HKV, n, D, generator=g), torch.randn(1, HKV, n, D, generator=g)
+    once = s.encode(k, v)
+    layer = KVStatsLayer(s, window, flush)
+    layer.update(k[..., :8, :], v[..., :8, :])
+    appends = 0
+    for t in range(8, n):
+        before = layer.n_coded
+        layer.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        appends += layer.n_coded != before
+        nq = layer.n_quantized
+        assert nq == layer.quantized_count(t + 1) and nq <= layer.n_coded <= t + 1
+        assert len(layer.chunks) == 1
+        code = layer.chunks[0]
+        assert code.k.equal(once.k.narrow(layer.n_coded)) and code.v.equal(once.v.narrow(layer.n_coded))
+        k_hat, v_hat = layer.decoded()
+        assert k_hat.shape[-2] == v_hat.shape[-2] == nq
+        assert layer.nbytes()[0] == once.k.narrow(nq).nbytes + once.v.narrow(nq).nbytes
+    assert appends == appends_expected
+    if window:
+        layer.crop(-2)  # inside the window: the codes of the two removed tokens go, the rest are kept
+        assert layer.n_coded == layer.n_quantized == layer.quantized_count(n - 2)
+        assert layer.chunks[0].k.equal(once.k.narrow(layer.n_quantized))
+
+
+def test_codes_with_groups_across_tokens_are_not_encoded_ahead():
+    kivi = Scheme("kivi", 2, quantizer("minmax", bits=2, dim=D, axis="channel", group_size=4),
+                  quantizer("minmax", bits=2, dim=D))
+    layer = KVStatsLayer(kivi, 3, 4)
+    g = torch.Generator().manual_seed(8)
+    for t in range(16):
+        layer.update(torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g))
+        assert layer.n_coded == layer.n_quantized
+
+
 def test_window_longer_than_the_text_is_exact(est, ids):
     cache = KVStatsCache(scheme("qkqv", bits=2, dim=D), full_precision_window=T)
     torch.testing.assert_close(_logits(est, ids, cache), _logits(est, ids), rtol=0, atol=2e-5)
@@ -290,7 +334,10 @@ def test_memory_is_code_nbytes_plus_window(name, window, est, ids):
     for layer in cache.layers:
         kv = s.encode(torch.randn(1, HKV, n_old, D), torch.randn(1, HKV, n_old, D))
         expected += kv.nbytes
-        assert sum(c.nbytes for c in layer.chunks) == kv.nbytes
+        # the chunks hold n_coded ≥ n_old tokens (the window encoded ahead: not counted by memory())
+        assert layer.n_quantized == n_old and n_old <= layer.n_coded <= T + 1
+        held = s.encode(torch.randn(1, HKV, layer.n_coded, D), torch.randn(1, HKV, layer.n_coded, D))
+        assert sum(c.nbytes for c in layer.chunks) == held.nbytes
     assert mem.code_bytes == expected
     assert mem.window_bytes == 2 * 2 * HKV * window * D * 4  # layers × (K, V) × heads × W × d × fp32
     assert mem.fp16_bytes == 2 * 2 * HKV * (T + 1) * D * 2 and mem.tokens == T + 1

@@ -46,8 +46,9 @@ class KVStatsLayer(CacheLayerMixin):
     """One layer of a :class:`KVStatsCache`: codes of the quantized tokens + the exact window.
 
     State: ``chunks`` (a list of :class:`~kvstats.schemes.CacheCode` covering cache positions
-    ``[0, n_quantized)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
-    separate), ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
+    ``[0, n_coded)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
+    separate; n_coded ≥ n_quantized: when a per-vector code is due, the whole window is encoded with it, so the
+    next W steps append nothing — a token's code is a function of its own K/V, the same whenever it is formed), ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
     """
 
     is_compileable = False
@@ -64,6 +65,7 @@ class KVStatsLayer(CacheLayerMixin):
         self.record, self.records = record, records if records is not None else []
         self.chunks: list[CacheCode] = []
         self.n_quantized = 0
+        self.n_coded = 0  # tokens [0, n_coded) have codes: the quantized ones, then window tokens encoded ahead
         self.cumulative_length = 0
         self.estimator_attention = False
         self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
@@ -112,7 +114,12 @@ class KVStatsLayer(CacheLayerMixin):
         target = self.quantized_count(seq)
         if target > self.n_quantized:
             a, b = self.n_quantized - span_start, target - span_start
-            self._append(self.scheme.encode_checked(span_k[..., a:b, :], span_v[..., a:b, :]))
+            if target > self.n_coded:  # per-vector codes: the whole window too, so the next steps need no encode
+                stop = seq if self._codes_per_vector() else target
+                c = self.n_coded - span_start
+                self._append(self.scheme.encode_checked(span_k[..., c:stop - span_start, :],
+                                                        span_v[..., c:stop - span_start, :]))
+                self.n_coded = stop
             self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
             self.n_quantized = target
         cut = self.n_quantized - span_start
@@ -171,6 +178,12 @@ class KVStatsLayer(CacheLayerMixin):
         self._store(key_states, value_states)
         self._span = None
 
+    def _codes_per_vector(self) -> bool:
+        """Whether the layer's codes are per vector (each token's code a function of its own K/V alone, so a window
+        token can be encoded before it leaves the window: the same code). Known from the first chunk encoded."""
+        last = self.chunks[-1] if self.chunks else None
+        return last is not None and last.k.is_per_vector() and last.v.is_per_vector()
+
     def quantized_count(self, seq):
         """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
         g = self.flush_size
@@ -188,7 +201,7 @@ class KVStatsLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.chunks, self.n_quantized, self.cumulative_length, self._span = [], 0, 0, None
+        self.chunks, self.n_quantized, self.n_coded, self.cumulative_length, self._span = [], 0, 0, 0, None
         self._undo = self._reference = None
         self.estimator_attention = self.dense_attention = False
         self.keys = self.values = None
@@ -241,10 +254,13 @@ class KVStatsLayer(CacheLayerMixin):
             self._undo = None if lo == 0 else (undo_start, self._undo[1][..., :lo, :], self._undo[2][..., :lo, :])
         else:
             back_k, back_v = self.keys[..., :0, :], self.values[..., :0, :]
+            if self.n_coded > new_nq:  # window codes encoded ahead, removed tokens' among them
+                self._truncate_codes(new_nq)
         in_window = max(0, keep - self.n_quantized)
         self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
         self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
-        self.n_quantized, self.cumulative_length, self._span = new_nq, keep, None
+        self.n_quantized = self.n_coded = new_nq
+        self.cumulative_length, self._span = keep, None
         if self._reference is not None:
             self._reference = (self._reference[0][..., :new_nq, :], self._reference[1][..., :new_nq, :])
 
@@ -299,14 +315,16 @@ class KVStatsLayer(CacheLayerMixin):
 
     def decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(K̂, V̂) of the quantized tokens, ``[B, H_kv, n_quantized, d]``, in the model's dtype."""
-        if not self.chunks:
+        if not self.n_quantized:
             return self.keys[..., :0, :], self.values[..., :0, :]
-        parts = [self.scheme.decode(c) for c in self.chunks]
+        parts = [self.scheme.decode(c) for _, c in self._chunks_before(self.n_quantized)]
         return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-2)
 
     def nbytes(self) -> tuple[int, int]:
-        """(bytes of the codes, bytes of the exact window), K and V together."""
-        codes = sum(held_bytes(c.k) + held_bytes(c.v) for c in self.chunks)
+        """(bytes of the quantized tokens' codes, bytes of the exact window), K and V together: the cache's format.
+        Window tokens encoded ahead (``n_coded`` > ``n_quantized``) are not counted, like the rollback record: both
+        are buffers of this implementation, at most W + G tokens' codes and ``rollback`` tokens' states."""
+        codes = sum(held_bytes(c.k) + held_bytes(c.v) for _, c in self._chunks_before(self.n_quantized))
         window = 0 if self.keys is None else sum(t.numel() * t.element_size() for t in (self.keys, self.values))
         return codes, window
 
@@ -350,15 +368,20 @@ class KVStatsLayer(CacheLayerMixin):
             v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
         keep_weights = _weights_requested() or n <= QUERY_BLOCK
         first_record = len(self.records)
-        outs, weights = [], []
+        out, weights = None, []
         for r0 in range(0, n, QUERY_BLOCK):
             r1 = min(n, r0 + QUERY_BLOCK)
             mask = attention_mask
             if mask is not None and mask.shape[-2] == n:
                 mask = mask[..., r0:r1, :]
-            out, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
-                                       v_hat, rules)
-            outs.append(out)
+            rows, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
+                                        v_hat, rules)
+            if r1 - r0 == n:
+                out = rows
+            else:
+                if out is None:  # one output for every block: no block's rows are left between the next temporaries
+                    out = rows.new_empty((rows.shape[0], n, *rows.shape[2:]))
+                out[:, r0:r1] = rows
             if keep_weights:
                 weights.append(w if w.shape[-1] == seq else F.pad(w, (0, seq - w.shape[-1])))
         if len(self.records) - first_record > 1:  # one record per layer and forward, as for one block
@@ -367,7 +390,6 @@ class KVStatsLayer(CacheLayerMixin):
             self.records.append(AttentionRecord(parts[0].layer, parts[0].query_offset,
                                                 torch.cat([r.kl for r in parts], dim=-1),
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if out.numel() and not all_finite(out):  # finite queries and states, yet a logit or a sum overflowed fp32
             at, value = first_non_finite(out)
             raise ValueError(f"attention of layer {self.layer_idx} through the codes is {value} at output {list(at)} "
@@ -448,7 +470,9 @@ class KVStatsLayer(CacheLayerMixin):
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         exact = _attention.scores(q, span_k[..., hi - span_start:, :].to(acc), scale=scaling)
-        logits = torch.cat([self._code_scores(q, hi)[..., :hi].to(acc).mul(scaling), exact], dim=-1) if hi else exact
+        # whole chunks (their window columns cut from the logits, zero-weighted in the sums): no copy of a narrowed code
+        coded = self.n_coded
+        logits = torch.cat([self._code_scores(q, coded)[..., :hi].to(acc).mul(scaling), exact], dim=-1) if hi else exact
         logits = _attention.soft_cap(logits, rules.softcap)
         if mask is not None or rules.sliding_window is not None:
             _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
@@ -456,7 +480,7 @@ class KVStatsLayer(CacheLayerMixin):
         used = F.dropout(weights, p=dropout, training=training)
         out = _attention.apply_weights(used[..., hi:], span_v[..., hi - span_start:, :].to(acc))
         if hi:
-            out += self._code_values(used[..., :hi])
+            out += self._code_values(used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi)))
         return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
     def _chunks_before(self, stop: int):
