@@ -308,7 +308,7 @@ def test_codes_with_groups_across_tokens_are_not_encoded_ahead():
                   quantizer("minmax", bits=2, dim=D))
     layer = KVStatsLayer(kivi, 3, 4)
     g = torch.Generator().manual_seed(8)
-    for t in range(16):
+    for _ in range(16):
         layer.update(torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g))
         assert layer.n_coded == layer.n_quantized
 

@@ -48,7 +48,8 @@ class KVStatsLayer(CacheLayerMixin):
     State: ``chunks`` (a list of :class:`~kvstats.schemes.CacheCode` covering cache positions
     ``[0, n_coded)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
     separate; n_coded ≥ n_quantized: when a per-vector code is due, the whole window is encoded with it, so the
-    next W steps append nothing — a token's code is a function of its own K/V, the same whenever it is formed), ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
+    next W steps append nothing — a token's code is a function of its own K/V, the same whenever it is formed),
+    ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
     """
 
     is_compileable = False
