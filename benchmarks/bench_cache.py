@@ -11,10 +11,12 @@ process (a clean peak-memory measurement), and for each prompt length the two ca
 start of every run. Reported per run: prefill seconds, median seconds per generated token, total seconds — wall
 time and the CPU time of the generating thread (one torch thread: all the work; far less moved by other jobs than
 wall time on a loaded machine, so its ratios are the ones to compare) — the peak resident memory above the level
-just before the prefill (sampled every 2 ms, so short peaks can be missed by a few MB), and the bytes the cache
-holds at the end (DynamicCache: its K/V tensors; KVStatsCache: ``cache.memory()``). The summary gives the ratios
-KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load: compare ratios of one
-pair, not absolute seconds across runs.
+just before the prefill and the peak of the live heap above its level then (what malloc has handed out and not had
+back, glibc's ``mallinfo2``: the same in every run, where the resident set also counts freed memory the allocator
+keeps, which moves 2x between runs; both sampled every 2 ms, so short peaks can be missed by a few MB), and the
+bytes the cache holds at the end (DynamicCache: its K/V tensors; KVStatsCache: ``cache.memory()``). The summary
+gives the ratios KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load: compare
+ratios of one pair, not absolute seconds across runs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,33 @@ from pathlib import Path
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _live_heap():
+    """A function giving the MiB glibc's malloc has handed out and not had back (in-use heap chunks of every arena +
+    mmapped chunks: ``mallinfo2``'s uordblks + hblkhd), or None where that cannot be read (not glibc ≥ 2.33).
+
+    Unlike the resident set, it does not count freed memory the allocator keeps: the peak resident set of one
+    cache's prefill moves 2x between runs of one process (heap fragmentation, not the same between runs even
+    with address randomisation off), the peak of the live allocations is the same in every run."""
+    import ctypes
+
+    fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+              "keepcost")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in fields]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = MallInfo2
+
+    def live_mb() -> float:
+        info = mallinfo2()
+        return (info.uordblks + info.hblkhd) / 2**20
+    return live_mb
 
 
 def prompt_ids(tok, n: int):
@@ -91,14 +120,18 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
         return prefill, prefill_cpu, times, cpu
 
     generate(ids[:, :64], 2, make())  # warm-up: kernels, tables, allocator
-    peak, done = [0.0], threading.Event()
+    live_mb = _live_heap()
+    peak, peak_live, done = [0.0], [0.0], threading.Event()
 
     def sample():
         while not done.is_set():
             peak[0] = max(peak[0], _rss_mb())
+            if live_mb is not None:
+                peak_live[0] = max(peak_live[0], live_mb())
             time.sleep(0.002)
 
     base = _rss_mb()
+    base_live = live_mb() if live_mb is not None else None
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     cache = make()
@@ -112,7 +145,8 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
               "threads": threads, "prefill_s": prefill, "per_token_s": statistics.median(steps) if steps else None,
               "total_s": total, "prefill_cpu_s": prefill_cpu,
               "per_token_cpu_s": statistics.median(steps_cpu) if steps_cpu else None, "total_cpu_s": total_cpu,
-              "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base}
+              "peak_rss_above_start_mb": max(peak[0], _rss_mb()) - base,
+              "peak_live_above_start_mb": None if live_mb is None else max(peak_live[0], live_mb()) - base_live}
     if mode == "kvstats":
         memory = cache.memory()
         result.update(scheme=scheme_name, bits=bits, window=window, cache_memory=memory.to_dict(),
@@ -126,8 +160,9 @@ def _ratios(dynamic: dict, kvstats: dict) -> dict:
     """KVStatsCache / DynamicCache of one pair: times (wall and CPU), peak RSS and the bytes held."""
     out = {f"{what}{kind}": (kvstats[f"{what}{kind}_s"] / dynamic[f"{what}{kind}_s"]) if dynamic[f"{what}{kind}_s"]
            else None for what in ("total", "prefill", "per_token") for kind in ("", "_cpu")}
-    out["peak_rss"] = (kvstats["peak_rss_above_start_mb"] / dynamic["peak_rss_above_start_mb"]
-                       if dynamic["peak_rss_above_start_mb"] > 0 else None)
+    for key, name in (("peak_rss", "peak_rss_above_start_mb"), ("peak_live", "peak_live_above_start_mb")):
+        d, k = dynamic.get(name), kvstats.get(name)
+        out[key] = k / d if d is not None and k is not None and d > 0 else None
     out["cache_bytes"] = kvstats["cache_bytes"] / dynamic["cache_bytes"] if dynamic["cache_bytes"] else None
     return out
 
@@ -174,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
                 pair[mode] = r = json.loads(done.stdout.strip().splitlines()[-1])
                 print(f"{n} tokens, pair {i + 1} {mode:8s} prefill {r['prefill_s']:.2f} s (CPU "
                       f"{r['prefill_cpu_s']:.2f}), {r['per_token_s'] or 0:.4f} s/token (CPU "
-                      f"{r['per_token_cpu_s'] or 0:.4f}), peak +{r['peak_rss_above_start_mb']:.0f} MB, cache "
+                      f"{r['per_token_cpu_s'] or 0:.4f}), peak +{r['peak_rss_above_start_mb']:.0f} MB (live "
+                      f"+{r['peak_live_above_start_mb'] or 0:.0f}), cache "
                       f"{r['cache_bytes'] / 2**20:.1f} MiB, load {r['load_average'][0]:.2f}", flush=True)
             pair["ratio"] = ratio = _ratios(pair["dynamic"], pair["kvstats"])
             print(f"{n} tokens, pair {i + 1} ratio (CPU / wall): prefill {ratio['prefill_cpu']:.2f}x / "
                   f"{ratio['prefill']:.2f}x, per token {ratio['per_token_cpu'] or 0:.2f}x / "
-                  f"{ratio['per_token'] or 0:.2f}x, peak RSS {ratio['peak_rss'] or 0:.2f}x, cache bytes "
+                  f"{ratio['per_token'] or 0:.2f}x, peak RSS {ratio['peak_rss'] or 0:.2f}x (live "
+                  f"{ratio['peak_live'] or 0:.2f}x), cache bytes "
                   f"{ratio['cache_bytes'] or 0:.3f}x", flush=True)
             pairs.append(pair)
         lengths.append({"prompt_tokens": n, "pairs": pairs})

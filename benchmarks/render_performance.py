@@ -99,11 +99,18 @@ def cache_table(results: dict) -> str:
              + ", ".join(f"{v:.2f}" for v in results["load_average_before"]) + "; after: "
              + ", ".join(f"{v:.2f}" for v in results["load_average_after"]) + ".", "",
              "| prompt | pair | per token (ms, CPU), Dynamic / KVStats | per token | prefill | peak RSS above start, "
-             "Dynamic / KVStats | cache bytes, Dynamic / KVStats | load (1 min) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "Dynamic / KVStats | peak live heap above start, Dynamic / KVStats | cache bytes, Dynamic / KVStats "
+             "| load (1 min) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ratio(k: dict, d: dict, key: str) -> str:
         return f"{k[key + '_cpu_s'] / d[key + '_cpu_s']:.2f}× ({k[key + '_s'] / d[key + '_s']:.2f}×)"
+
+    def live(d: dict, k: dict) -> str:
+        if d.get("peak_live_above_start_mb") is None or k.get("peak_live_above_start_mb") is None:
+            return "—"  # not measured (an older run, or not glibc)
+        dl, kl = d["peak_live_above_start_mb"], k["peak_live_above_start_mb"]
+        return f"{dl:.0f} / {kl:.0f} MB ({kl / dl:.2f}×)" if dl > 0 else f"{dl:.0f} / {kl:.0f} MB"
 
     for length in results["lengths"]:
         for i, pair in enumerate(length["pairs"], 1):
@@ -113,6 +120,7 @@ def cache_table(results: dict) -> str:
                 f"{k['per_token_cpu_s'] * 1e3:.1f} | "
                 + " | ".join(ratio(k, d, key) for key in ("per_token", "prefill"))
                 + f" | {d['peak_rss_above_start_mb']:.0f} / {k['peak_rss_above_start_mb']:.0f} MB | "
+                + live(d, k) + " | "
                 f"{d['cache_bytes'] / 2**20:.1f} / {k['cache_bytes'] / 2**20:.1f} MiB | "
                 f"{d['load_average'][0]:.2f}, {k['load_average'][0]:.2f} |")
     return "\n".join(lines) + "\n"
