@@ -124,8 +124,10 @@ class KVStatsLayer(CacheLayerMixin):
             self._remember(self.n_quantized, span_k[..., a:b, :], span_v[..., a:b, :], self.rollback)
             self.n_quantized = target
         cut = self.n_quantized - span_start
-        self.keys = span_k[..., cut:, :].clone()  # own storage: the window alone is what stays held
-        self.values = span_v[..., cut:, :].clone()
+        if cut > self.flush_size:  # own storage: the window alone is what stays held, not this forward's states
+            self.keys, self.values = span_k[..., cut:, :].clone(), span_v[..., cut:, :].clone()
+        else:  # a decode step's view of its window + new tokens holds at most G tokens more
+            self.keys, self.values = span_k[..., cut:, :], span_v[..., cut:, :]
         if self._reference is not None:  # every exact state from position 0: the records' reference
             span_k = torch.cat([self._reference[0], span_k], dim=-2)
             span_v = torch.cat([self._reference[1], span_v], dim=-2)
@@ -469,20 +471,29 @@ class KVStatsLayer(CacheLayerMixin):
         span_start, span_k, span_v = span
         seq, hi = self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
-        q = query.to(acc)
-        exact = _attention.scores(q, span_k[..., hi - span_start:, :].to(acc), scale=scaling)
+        q = query if query.dtype == acc else query.to(acc)
+        window_k = span_k[..., hi - span_start:, :]
+        exact = _attention.scores(q, window_k if window_k.dtype == acc else window_k.to(acc), scale=scaling)
         # whole chunks (their window columns cut from the logits, zero-weighted in the sums): no copy of a narrowed code
         coded = self.n_coded
-        logits = torch.cat([self._code_scores(q, coded)[..., :hi].to(acc).mul(scaling), exact], dim=-1) if hi else exact
+        if hi:
+            code_logits = self._code_scores(q, coded)[..., :hi]
+            code_logits = code_logits if code_logits.dtype == acc else code_logits.to(acc)
+            logits = torch.cat([code_logits.mul(scaling), exact], dim=-1)
+        else:
+            logits = exact
         logits = _attention.soft_cap(logits, rules.softcap)
         if mask is not None or rules.sliding_window is not None:
             _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
         weights = _attention.softmax_with_sinks(logits, rules.sinks)
         used = F.dropout(weights, p=dropout, training=training)
-        out = _attention.apply_weights(used[..., hi:], span_v[..., hi - span_start:, :].to(acc))
+        window_v = span_v[..., hi - span_start:, :]
+        out = _attention.apply_weights(used[..., hi:], window_v if window_v.dtype == acc else window_v.to(acc))
         if hi:
             out += self._code_values(used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi)))
-        return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+        if query.dtype != acc:
+            out, weights = out.to(query.dtype), weights.to(query.dtype)
+        return out.transpose(1, 2).contiguous(), weights
 
     def _chunks_before(self, stop: int):
         """``(first token, code)`` of the chunks that hold keys [0, stop): whole chunks, the last per-vector chunk cut

@@ -197,7 +197,8 @@ class Scheme:
             return self.weighted_values(weights, cache)
         acc = acc_dtype(weights.dtype)
         with v._code_fields(cache.v):
-            return self._weighted_by(lambda grouped, code: v._weighted_sum(grouped.to(acc), code), weights, cache)
+            return self._weighted_by(lambda grouped, code: v._weighted_sum(
+                grouped if grouped.dtype == acc else grouped.to(acc), code), weights, cache)
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):

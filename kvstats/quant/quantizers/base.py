@@ -245,11 +245,12 @@ def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims:
     lead = query.shape[:-2]
     if any(other != lead for other in leads):  # (equal shapes, a decode step's case, need no broadcast)
         lead = torch.broadcast_shapes(lead, *leads)
-    q3 = query.expand(*lead, *query.shape[-2:]).reshape(-1, *query.shape[-2:])
-    flat = []
-    for t, k in zip(code_tensors, key_dims):
-        tail = t.shape[t.dim() - 1 - k:]
-        flat.append(t.expand(*lead, *tail).reshape(-1, *tail))
+
+    def flatten(t: torch.Tensor, t_lead: torch.Size, tail: torch.Size) -> torch.Tensor:
+        return (t if t_lead == lead else t.expand(*lead, *tail)).reshape(-1, *tail)
+
+    q3 = flatten(query, query.shape[:-2], query.shape[-2:])
+    flat = [flatten(t, t_lead, t.shape[t.dim() - 1 - k:]) for t, t_lead, k in zip(code_tensors, leads, key_dims)]
     return lead, q3, flat
 
 

@@ -141,7 +141,8 @@ class LloydQuantizer(Quantizer):
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         # ⟨q, Πᵀŷ⟩ = ⟨Πq, ŷ⟩: rotate the (few) queries instead of de-rotating the (many) keys, and score
         # straight from the packed indices.
-        return self.stage.scores(self.rotate(query.to(acc_dtype(query.dtype))), code)
+        acc = acc_dtype(query.dtype)
+        return self.stage.scores(self.rotate(query if query.dtype == acc else query.to(acc)), code)
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         # Σ w Πᵀŷ = Πᵀ Σ w ŷ: one inverse rotation per output row
