@@ -405,6 +405,37 @@ def test_attention_function_without_kvstats_cache_is_exact(dense, ids):
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
+def test_masks_reaching_the_cache_none_only_where_purely_causal(est, ids, monkeypatch):
+    """transformers skips a purely causal mask (no padding; a prefill or one query) on the "kvstats" path as on sdpa's,
+    and the layer reads None as causal (every key for one query): a bool mask arrives once there is padding or the
+    forward is a chunk after a context, and a bidirectional mask is never skipped (None would read as causal)."""
+    seen = []
+    attend = KVStatsLayer.attend
+
+    def spy(self, query, attention_mask, *args, **kwargs):
+        seen.append(None if attention_mask is None else tuple(attention_mask.shape))
+        return attend(self, query, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(KVStatsLayer, "attend", spy)
+    s = scheme("kqv", bits=3, dim=D, seed=0)
+    cache = KVStatsCache(s, full_precision_window=2)
+    with torch.inference_mode():
+        est(ids[:, :10], **cache_kwargs(est, cache), use_cache=True)  # a prefill: skipped
+        est(ids[:, 10:11], **cache_kwargs(est, cache), use_cache=True)  # one query: skipped
+        est(ids[:, 11:14], **cache_kwargs(est, cache), use_cache=True)  # a chunk after a context: a mask
+        padded = torch.cat([torch.zeros(1, 2, dtype=ids.dtype), ids[:, :8]], dim=1)
+        est(padded, attention_mask=(padded != 0).long(), **cache_kwargs(est, KVStatsCache(s)), use_cache=True)
+    layers = est.config.num_hidden_layers
+    assert seen == [None] * 2 * layers + [(1, 1, 3, 14)] * layers + [(1, 1, 10, 10)] * layers
+    from kvstats.hf.attention_function import _BIDIRECTIONAL_SKIP, _kvstats_mask
+    if not _BIDIRECTIONAL_SKIP:
+        pytest.skip("this transformers cannot skip a bidirectional mask")
+    from transformers.masking_utils import bidirectional_mask_function
+    full = _kvstats_mask(batch_size=1, q_length=5, kv_length=5, mask_function=bidirectional_mask_function,
+                         allow_is_causal_skip=False, allow_is_bidirectional_skip=True)
+    assert full is not None and bool(full.all())
+
+
 def test_bad_inputs():
     s = scheme("kqv", bits=3, dim=D)
     with pytest.raises(ValueError, match="full_precision_window"):

@@ -4,6 +4,8 @@ other cache, exact eager attention under the same logit rules. Registered on imp
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -49,9 +51,18 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
 
 
+#: whether the installed transformers' sdpa_mask can skip a bidirectional mask (returning None for it)
+_BIDIRECTIONAL_SKIP = "allow_is_bidirectional_skip" in inspect.signature(sdpa_mask).parameters
+
+
 def _kvstats_mask(*args, **kwargs):
-    """Boolean causal/padding mask (True = attend), never skipped: sdpa's mask without the is_causal shortcut."""
-    kwargs["allow_is_causal_skip"] = False
+    """sdpa's boolean mask (True = attend), or None where transformers finds it purely causal (no padding, and a
+    prefill of the whole sequence or a single query: sdpa's ``is_causal`` shortcut), which kvstats' attention reads
+    as exactly that: causal (within the model's sliding window), every key for one query. Never None for a
+    bidirectional mask, which would read as causal. Skipping saves a [B, 1, N, S] mask per forward: 64 MiB of a
+    8,192-token prefill, and a mask pass per layer and decode step."""
+    if _BIDIRECTIONAL_SKIP:
+        kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
 

@@ -378,7 +378,7 @@ class KVStatsLayer(CacheLayerMixin):
             if mask is not None and mask.shape[-2] == n:
                 mask = mask[..., r0:r1, :]
             rows, w = self._attend_rows(query[:, :, r0:r1], mask, scaling, dropout, training, span, seq - n + r0,
-                                        v_hat, rules)
+                                        v_hat, rules, keep_weights)
             if r1 - r0 == n:
                 out = rows
             else:
@@ -402,8 +402,10 @@ class KVStatsLayer(CacheLayerMixin):
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
-                     v_hat: torch.Tensor | None, rules: LogitRules) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows).
+                     v_hat: torch.Tensor | None, rules: LogitRules,
+                     weights_kept: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` for the queries at cache positions [first, first + N) (``attention_mask``: their rows);
+        ``weights_kept`` False: the caller discards the returned weights (they may then hold the codes' part only).
 
         Only the first ``width`` = first + N key columns are formed when the mask hides every later key (the
         causal case): a prefill block then costs O(N × (first + N)) rather than O(N × S). The weights returned
@@ -434,6 +436,7 @@ class KVStatsLayer(CacheLayerMixin):
         if hi:  # codes' logits, then the columns [lo, width) where some query reads exactly
             quant = self._code_scores(q, hi)[..., :width].to(acc)
             logits = F.pad(quant, (0, width - quant.shape[-1])).mul_(scaling)
+            del quant  # a long prefill's [B, H_q, N, width] temporaries set its peak memory: hold as few as needed
             logits[..., lo:] = torch.where(use_exact[:, lo:], exact, logits[..., lo:])
         else:
             logits = F.pad(exact, (lo, 0))
@@ -446,6 +449,7 @@ class KVStatsLayer(CacheLayerMixin):
             exact = _attention.soft_cap(exact, rules.softcap)
             _mask_block(exact, mask, first, n, width, rules.sliding_window)
             self._record(exact, logits, span_start, seq, n, first)
+        del logits
         used = F.dropout(weights, p=dropout, training=training)
         # the two weighted sums of values cover only the columns some query reads exactly, resp. through the
         # codes (the other weights of each product are zero); before `read` every query reads the codes. The
@@ -455,7 +459,9 @@ class KVStatsLayer(CacheLayerMixin):
         if hi:
             cut = min(read, hi)
             code_weights = used[..., :hi]
-            if hi > cut:
+            if hi > cut and not weights_kept and v_hat is not None:  # in place: a prefill block's weights go unread
+                code_weights[..., cut:].mul_(~use_exact[:, cut:hi])
+            elif hi > cut:
                 code_weights = torch.cat([code_weights[..., :cut], code_weights[..., cut:] * ~use_exact[:, cut:hi]], -1)
             out += self._code_values(code_weights) if v_hat is None else _attention.apply_weights(
                 code_weights, v_hat[..., :hi, :])
