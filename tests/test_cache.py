@@ -298,19 +298,44 @@ def test_window_tokens_are_encoded_ahead_with_the_codes_they_get_when_due(window
         assert layer.nbytes()[0] == once.k.narrow(nq).nbytes + once.v.narrow(nq).nbytes
     assert appends == appends_expected
     if window:
-        layer.crop(-2)  # inside the window: the codes of the two removed tokens go, the rest are kept
-        assert layer.n_coded == layer.n_quantized == layer.quantized_count(n - 2)
-        assert layer.chunks[0].k.equal(once.k.narrow(layer.n_quantized))
+        # G = 2: a crop inside the window (n_quantized stays 14); G = 1: tokens come back from the rollback record;
+        # either way the codes encoded ahead go with it
+        removed = 1 if flush == 2 else 2
+        nq_before, coded_before = layer.n_quantized, layer.n_coded
+        layer.crop(-removed)
+        assert (layer.n_quantized == nq_before) == (flush == 2)
+        assert layer.n_quantized == layer.quantized_count(n - removed)
+        assert layer.n_coded == min(coded_before, n - removed)  # the kept tokens' codes stay
+        assert layer.chunks[0].k.equal(once.k.narrow(layer.n_coded))
+        assert layer.decoded()[0].shape[-2] == layer.n_quantized
 
 
-def test_codes_with_groups_across_tokens_are_not_encoded_ahead():
-    kivi = Scheme("kivi", 2, quantizer("minmax", bits=2, dim=D, axis="channel", group_size=4),
+@pytest.mark.parametrize("group", [4, D])
+def test_codes_with_groups_across_tokens_are_not_encoded_ahead(group):
+    """Min-max per channel declares groups across tokens: never encoded ahead, cut or joined — also with groups of
+    exactly d tokens, whose scalars [B, H, d, groups] have the shapes of per-token tensors."""
+    kivi = Scheme("kivi", 2, quantizer("minmax", bits=2, dim=D, axis="channel", group_size=group),
                   quantizer("minmax", bits=2, dim=D))
-    layer = KVStatsLayer(kivi, 3, 4)
+    layer = KVStatsLayer(kivi, 3, group)
     g = torch.Generator().manual_seed(8)
-    for _ in range(16):
+    layer.update(torch.randn(1, HKV, 3 + group, D, generator=g), torch.randn(1, HKV, 3 + group, D, generator=g))
+    for _ in range(2 * group):
         layer.update(torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g))
         assert layer.n_coded == layer.n_quantized
+        assert all(c.k.shape[-2] == group for c in layer.chunks)  # one chunk per group: none joined
+        assert layer.decoded()[0].shape[-2] == layer.n_quantized
+        assert layer.nbytes()[0] == sum(c.k.nbytes + c.v.nbytes for c in layer.chunks)
+
+
+def test_a_prefill_into_a_static_cache_is_exact_on_the_kvstats_path(dense, est, ids):
+    """A StaticCache holds more slots than tokens: transformers' sdpa mask is skipped there with an upper-left
+    meaning, so the kvstats mask is not (kvstats reads None as the queries being the last keys)."""
+    cfg = est.config
+    with torch.inference_mode():
+        reference = dense(ids[:, :5]).logits
+        static = transformers.StaticCache(config=cfg, max_cache_len=16)
+        got = est(ids[:, :5], **cache_kwargs(est, static), use_cache=True).logits
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_window_longer_than_the_text_is_exact(est, ids):

@@ -56,11 +56,15 @@ _BIDIRECTIONAL_SKIP = "allow_is_bidirectional_skip" in inspect.signature(sdpa_ma
 
 
 def _kvstats_mask(*args, **kwargs):
-    """sdpa's boolean mask (True = attend), or None where transformers finds it purely causal (no padding, and a
-    prefill of the whole sequence or a single query: sdpa's ``is_causal`` shortcut), which kvstats' attention reads
-    as exactly that: causal (within the model's sliding window), every key for one query. Never None for a
-    bidirectional mask, which would read as causal. Skipping saves a [B, 1, N, S] mask per forward: 64 MiB of a
-    8,192-token prefill, and a mask pass per layer and decode step."""
+    """sdpa's boolean mask (True = attend), or None where transformers finds it purely causal and the keys are
+    exactly the queries (a prefill of the whole sequence) or the query is one (a decode step): kvstats' attention
+    reads None as causal with the queries the last N keys (within the model's sliding window), every key for one
+    query. Not skipped otherwise: sdpa also skips a prefill into a longer, partly empty static cache, where None
+    means its upper-left alignment; never for a bidirectional mask (None would read as causal). Skipping saves a
+    [B, 1, N, S] mask per forward (64 MiB of an 8,192-token prefill) and a mask pass per layer and decode step."""
+    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    if not (isinstance(q_length, int) and isinstance(kv_length, int) and (q_length == 1 or q_length == kv_length)):
+        kwargs["allow_is_causal_skip"] = False
     if _BIDIRECTIONAL_SKIP:
         kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)

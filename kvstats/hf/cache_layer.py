@@ -181,11 +181,24 @@ class KVStatsLayer(CacheLayerMixin):
         self._store(key_states, value_states)
         self._span = None
 
+    def _declared(self) -> bool | None:
+        """The scheme's quantizers' ``codes_per_vector`` (True only when both K's and V's declare it; False when
+        either declares groups across tokens; None when not declared, or when the scheme encodes by its own method)."""
+        if type(self.scheme).encode is not Scheme.encode:
+            return None
+        flags = [getattr(q, "codes_per_vector", None) for q in (self.scheme.k, self.scheme.v)]
+        return False if False in flags else True if flags == [True, True] else None
+
+    def _per_vector(self, chunk: CacheCode) -> bool:
+        """Whether a chunk's codes can be cut and joined along the tokens: every tensor indexed by token, and not
+        declared to have groups across tokens (a min-max code per channel of exactly d tokens has the shapes of
+        per-token tensors)."""
+        return self._declared() is not False and chunk.k.is_per_vector() and chunk.v.is_per_vector()
+
     def _codes_per_vector(self) -> bool:
-        """Whether the layer's codes are per vector (each token's code a function of its own K/V alone, so a window
-        token can be encoded before it leaves the window: the same code). Known from the first chunk encoded."""
-        last = self.chunks[-1] if self.chunks else None
-        return last is not None and last.k.is_per_vector() and last.v.is_per_vector()
+        """Whether a window token can be encoded before it leaves the window (its code the same whenever formed):
+        the quantizers declare codes per vector, and the layer holds a chunk of them."""
+        return self._declared() is True and bool(self.chunks) and self._per_vector(self.chunks[-1])
 
     def quantized_count(self, seq):
         """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
@@ -244,6 +257,9 @@ class KVStatsLayer(CacheLayerMixin):
         if keep >= seq or not self.is_initialized:
             return
         new_nq = self.quantized_count(keep)
+        # codes of tokens [0, coded): the quantized ones, and per vector those of kept tokens encoded ahead (so the
+        # crops of assisted decoding, which remove only new tokens, mostly leave the codes as they are)
+        coded = min(self.n_coded, keep) if self._codes_per_vector() else new_nq
         if new_nq < self.n_quantized:
             undo_start = self._undo[0] if self._undo is not None else self.n_quantized
             if new_nq < undo_start:
@@ -251,18 +267,19 @@ class KVStatsLayer(CacheLayerMixin):
                     f"crop to {keep} of {seq} tokens must put back tokens {new_nq}..{self.n_quantized - 1} exact, but "
                     f"only the exact states of tokens from {undo_start} on are kept; build the cache with a larger "
                     f"rollback_tokens (now {self.rollback})")
-            self._truncate_codes(new_nq)
+            if self.n_coded > coded:
+                self._truncate_codes(coded)
             lo, hi = new_nq - undo_start, min(keep, self.n_quantized) - undo_start
             back_k, back_v = self._undo[1][..., lo:hi, :], self._undo[2][..., lo:hi, :]
             self._undo = None if lo == 0 else (undo_start, self._undo[1][..., :lo, :], self._undo[2][..., :lo, :])
         else:
             back_k, back_v = self.keys[..., :0, :], self.values[..., :0, :]
-            if self.n_coded > new_nq:  # window codes encoded ahead, removed tokens' among them
-                self._truncate_codes(new_nq)
+            if self.n_coded > coded:  # codes encoded ahead of removed tokens
+                self._truncate_codes(coded)
         in_window = max(0, keep - self.n_quantized)
         self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
         self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
-        self.n_quantized = self.n_coded = new_nq
+        self.n_quantized, self.n_coded = new_nq, coded
         self.cumulative_length, self._span = keep, None
         if self._reference is not None:
             self._reference = (self._reference[0][..., :new_nq, :], self._reference[1][..., :new_nq, :])
@@ -276,7 +293,7 @@ class KVStatsLayer(CacheLayerMixin):
             if start + n <= stop:
                 kept.append(chunk)
             elif start < stop:
-                if chunk.k.is_per_vector() and chunk.v.is_per_vector():
+                if self._per_vector(chunk):
                     kept.append(CacheCode(chunk.k.narrow(stop - start), chunk.v.narrow(stop - start)))
                 else:
                     undo_start, k, v = self._undo if self._undo is not None else (self.n_quantized, None, None)
@@ -311,7 +328,7 @@ class KVStatsLayer(CacheLayerMixin):
     # ------------------------------------------------------------------------------------- storage
     def _append(self, code: CacheCode) -> None:
         last = self.chunks[-1] if self.chunks else None
-        if last is not None and all(c.is_per_vector() for c in (last.k, last.v, code.k, code.v)):
+        if last is not None and self._per_vector(last) and self._per_vector(code):
             self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
         else:
             self.chunks.append(code)
@@ -509,7 +526,7 @@ class KVStatsLayer(CacheLayerMixin):
             if start >= stop:
                 break
             n = chunk.k.shape[chunk.k.token_axis]
-            if start + n > stop and chunk.k.is_per_vector() and chunk.v.is_per_vector():
+            if start + n > stop and self._per_vector(chunk):
                 chunk = CacheCode(chunk.k.narrow(stop - start, copy=False), chunk.v.narrow(stop - start, copy=False))
             yield start, chunk
             start += n

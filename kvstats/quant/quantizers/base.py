@@ -274,6 +274,11 @@ class Quantizer:
     max_bits: int = 8
     #: stored scalar name -> the constructor option that sets its dtype (named in overflow errors)
     storage_options: dict[str, str] = {}
+    #: True when each vector's code is a function of that vector alone (and of the quantizer's fixed state): codes
+    #: made in pieces equal the code of one encode, so a cache may encode a token before it is due, cut codes and
+    #: join them. False when codes have groups across tokens (min-max per channel); None: not declared (a cache
+    #: then joins and cuts codes whose tensors are all indexed by token, and never encodes ahead).
+    codes_per_vector: bool | None = None
     Config: type[QuantizerConfig] = QuantizerConfig
     config: QuantizerConfig
 

@@ -25,6 +25,7 @@ class IdentityQuantizer(Quantizer):
     """
 
     name = "identity"
+    codes_per_vector = True
     min_bits, max_bits = 8, 64
     Config = IdentityConfig
 

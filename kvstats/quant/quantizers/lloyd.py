@@ -117,6 +117,7 @@ class LloydQuantizer(Quantizer):
     """
 
     name = "lloyd"
+    codes_per_vector = True
     storage_options = {"norm": "norm_dtype"}
     Config = LloydConfig
 

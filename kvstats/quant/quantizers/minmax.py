@@ -44,6 +44,11 @@ class MinMaxQuantizer(Quantizer):
     """
 
     name = "minmax"
+
+    @property
+    def codes_per_vector(self) -> bool:
+        """Per token (groups along d): one code per vector; per channel (KIVI): groups across tokens."""
+        return self.axis == "token"
     storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
     Config = MinMaxConfig
@@ -142,6 +147,7 @@ class RotatedMinMax(Quantizer):
     """
 
     name = "rotated_minmax"
+    codes_per_vector = True
     storage_options = {"min": "side_dtype", "scale": "side_dtype"}
 
     Config = RotatedMinMaxConfig

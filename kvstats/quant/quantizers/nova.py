@@ -138,6 +138,7 @@ class NovaQuantizer(Quantizer):
     """
 
     name = "nova"
+    codes_per_vector = True
     needs_calibration = True
     storage_options = {"scale": "scale_dtype"}
 

@@ -34,6 +34,11 @@ class PerHeadQuantizer(Quantizer):
 
     Config = PerHeadConfig
 
+    @property
+    def codes_per_vector(self) -> bool | None:
+        flags = {getattr(h, "codes_per_vector", None) for h in self.heads}
+        return flags.pop() if len(flags) == 1 else None
+
     def _check_heads(self, x: torch.Tensor, name: str) -> None:
         if x.dim() < 3 or x.shape[-3] != len(self.heads):
             raise ValueError(f"{name} must be [..., {len(self.heads)} (KV heads), n, {self.dim}], "

@@ -136,6 +136,7 @@ class QJLQuantizer(Quantizer):
     """
 
     name = "qjl"
+    codes_per_vector = True
     storage_options = {"norm": "norm_dtype", "norm_outlier": "norm_dtype", "value_outlier": "norm_dtype"}
 
     Config = QJLConfig

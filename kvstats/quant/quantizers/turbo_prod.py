@@ -50,6 +50,7 @@ class TurboProd(Quantizer):
     """
 
     name = "turbo_prod"
+    codes_per_vector = True
     storage_options = {"norm": "norm_dtype", "gamma": "norm_dtype"}
     Config = TurboProdConfig
 
