@@ -28,6 +28,11 @@ QUERY_BLOCK = 64
 CODE_VALUES_MAX_QUERIES = 8
 
 
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without a dispatch when it already is (a decode step converts four tensors per layer)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _weights_requested() -> bool:
     """Whether transformers is recording attention weights in this forward (``output_attentions=True``); True
     when that cannot be told (an older or newer transformers), so weights are then always returned."""
@@ -198,7 +203,8 @@ class KVStatsLayer(CacheLayerMixin):
     def _codes_per_vector(self) -> bool:
         """Whether a window token can be encoded before it leaves the window (its code the same whenever formed):
         the quantizers declare codes per vector, and the layer holds a chunk of them."""
-        return self._declared() is True and bool(self.chunks) and self._per_vector(self.chunks[-1])
+        last = self.chunks[-1] if self.chunks else None
+        return self._declared() is True and last is not None and last.k.is_per_vector() and last.v.is_per_vector()
 
     def quantized_count(self, seq):
         """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
@@ -494,15 +500,12 @@ class KVStatsLayer(CacheLayerMixin):
         span_start, span_k, span_v = span
         seq, hi = self.cumulative_length, self.n_quantized
         acc = acc_dtype(query.dtype)
-        q = query if query.dtype == acc else query.to(acc)
-        window_k = span_k[..., hi - span_start:, :]
-        exact = _attention.scores(q, window_k if window_k.dtype == acc else window_k.to(acc), scale=scaling)
+        q = _as_dtype(query, acc)
+        exact = _attention.scores(q, _as_dtype(span_k[..., hi - span_start:, :], acc), scale=scaling)
         # whole chunks (their window columns cut from the logits, zero-weighted in the sums): no copy of a narrowed code
         coded = self.n_coded
         if hi:
-            code_logits = self._code_scores(q, coded)[..., :hi]
-            code_logits = code_logits if code_logits.dtype == acc else code_logits.to(acc)
-            logits = torch.cat([code_logits.mul(scaling), exact], dim=-1)
+            logits = torch.cat([_as_dtype(self._code_scores(q, coded)[..., :hi], acc).mul(scaling), exact], dim=-1)
         else:
             logits = exact
         logits = _attention.soft_cap(logits, rules.softcap)
@@ -510,8 +513,7 @@ class KVStatsLayer(CacheLayerMixin):
             _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
         weights = _attention.softmax_with_sinks(logits, rules.sinks)
         used = F.dropout(weights, p=dropout, training=training)
-        window_v = span_v[..., hi - span_start:, :]
-        out = _attention.apply_weights(used[..., hi:], window_v if window_v.dtype == acc else window_v.to(acc))
+        out = _attention.apply_weights(used[..., hi:], _as_dtype(span_v[..., hi - span_start:, :], acc))
         if hi:
             out += self._code_values(used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi)))
         if query.dtype != acc:

@@ -44,14 +44,14 @@ class MinMaxQuantizer(Quantizer):
     """
 
     name = "minmax"
+    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
+
+    Config = MinMaxConfig
 
     @property
     def codes_per_vector(self) -> bool:
         """Per token (groups along d): one code per vector; per channel (KIVI): groups across tokens."""
         return self.axis == "token"
-    storage_options = {"min": "side_dtype", "scale": "side_dtype"}
-
-    Config = MinMaxConfig
 
     def _grouped(self, x: torch.Tensor) -> torch.Tensor:
         """View x as [..., groups, group_size] (channel axis: groups over tokens, padded by replication)."""
