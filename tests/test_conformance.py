@@ -240,6 +240,43 @@ class _SharesAScaleAcrossTheBatch(Int4PerToken):
         return super()._decode(dataclasses.replace(code, scalars={"scale": scale}))
 
 
+class _SharesAScaleAcrossTokens(Int4PerToken):
+    """Declares codes per vector, yet every token's scale is the largest over the tokens encoded with it (stored per
+    token, so the code's shapes are those of per-vector codes): what the cache's encode-ahead would get wrong."""
+
+    codes_per_vector = True
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        scale = code.scalars["scale"]
+        code.scalars["scale"] = scale.amax(-1, keepdim=True).expand_as(scale).contiguous()
+        return code
+
+
+class _OneScaleDeclaredPerVector(Int4PerToken):
+    """Declares codes per vector, yet stores one scale for all the tokens encoded together (no token axis)."""
+
+    codes_per_vector = True
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        code.scalars["scale"] = code.scalars["scale"].amax(-1)
+        return code
+
+    def _decode(self, code):
+        scale = code.scalars["scale"].unsqueeze(-1).expand(code.shape[:-1])
+        return super()._decode(dataclasses.replace(code, scalars={"scale": scale}))
+
+
+def test_a_true_codes_per_vector_declaration_passes():
+    check_quantizer(type("Int4Declared", (Int4PerToken,), {"codes_per_vector": True})(4, 64))
+
+
+def test_an_undeclared_shared_scale_passes_the_cache_check():
+    # the same codes without the claim: the cache keeps each chunk whole, nothing to refuse
+    check_quantizer(type("SharedScaleUndeclared", (_SharesAScaleAcrossTokens,), {"codes_per_vector": None})(4, 64))
+
+
 @pytest.mark.parametrize("cls, check", [
     (_LiesAboutBits, "bits"), (_Random, "determinism"), (_HoldsAView, "nbytes"), (_WrongInner, "inner"),
     (_WrongWeightedSum, "weighted sum"), (_AcceptsNaN, "bad input"), (_NoTokens, "protocol"), (_WrongDtype, "dtypes"),
@@ -247,6 +284,7 @@ class _SharesAScaleAcrossTheBatch(Int4PerToken):
     (_MutatesInput, "input"), (_StashesInAGlobal, "reconstruction"), (_StashesOnTheCode, "code fields"),
     (_StashesInTheInstance, "reconstruction"), (_GrowsForFp16, "bits"), (_GrowsBeyond24Tokens, "bits"),
     (_RaisesInDecode, "shapes"), (_BreaksOnOneToken, "cache"), (_SharesAScaleAcrossTheBatch, "cache"),
+    (_SharesAScaleAcrossTokens, "cache"), (_OneScaleDeclaredPerVector, "cache"),
 ])
 def test_broken_quantizers_fail_naming_the_check(cls, check):
     with pytest.raises(AssertionError, match=rf"^check_quantizer\[{check}\] failed for"):

@@ -39,7 +39,9 @@ exception raised inside the quantizer during a check is reported the same way, a
 * ``cache``         — what :class:`kvstats.cache.KVStatsCache` needs (docs/quantizers.md, "What a quantizer owes
   the cache"): codes of 1 and of odd token counts; every code tensor keeps the batch axis of x first, and
   selecting or repeating rows along it (beam search) gives the code of those rows of x; per-vector codes
-  appended token by token decode and score as their parts, and their first tokens (crop) as those tokens.
+  appended token by token decode and score as their parts, and their first tokens (crop) as those tokens; a
+  quantizer that declares ``codes_per_vector = True`` has codes indexed by token, and tokens encoded a few at a
+  time decode and score as the same tokens encoded at once (the cache then encodes window tokens ahead).
 * ``bad input``     — NaN, ±inf, a wrong last dim, an empty tensor, an integer tensor, a non-tensor and a
   non-Code are refused with ValueError or TypeError (never accepted, never another exception).
 
@@ -421,7 +423,10 @@ def _cache(check: _Check, q, seed: int, heads: int) -> None:
     with check.running("cache", "encoding the tokens 1 + 1 + 3 + 4 at a time"):
         pieces = [q.encode(x[..., a:b, :]) for a, b in zip(cuts, cuts[1:])]
         piece_hats = [q.decode(p) for p in pieces]
+    declared = getattr(q, "codes_per_vector", None)
     if not all(p.is_per_vector() for p in (*pieces, code)):
+        check.that(declared is not True, "cache",
+                   "codes_per_vector is True, but its codes are not indexed by token (Code.is_per_vector() is False)")
         return  # groups across tokens: the cache keeps each chunk's code whole, which the checks above cover
     with check.running("cache", "appending per-vector codes along the token axis"):
         joined = pieces[0]
@@ -433,6 +438,11 @@ def _cache(check: _Check, q, seed: int, heads: int) -> None:
                "per-vector codes appended along the token axis do not decode to their parts' x̂ side by side")
     check.that(_close(joined_scores, torch.cat([q.inner(query, p) for p in pieces], dim=-1)), "cache",
                "per-vector codes appended along the token axis do not score as their parts")
+    if declared is True:  # the cache encodes window tokens ahead, in other groups than they would leave the window
+        check.that(_close(joined_hat, x_hat) and _close(joined_scores, scores), "cache",
+                   "codes_per_vector is True, but the tokens encoded 1 + 1 + 3 + 4 at a time do not decode and score as "
+                   "the same tokens encoded at once: a token's code depends on the other tokens encoded with it "
+                   "(declare codes_per_vector = False)")
     with check.running("cache", "cutting a per-vector code to its first 5 tokens (crop)"):
         head = code.narrow(5)
         head_hat = q.decode(head)
