@@ -1017,3 +1017,39 @@ def test_cache_calls_a_quantizer_that_overrides_its_public_estimators():
     layer.update(torch.randn(1, HKV, 1, D), torch.randn(1, HKV, 1, D))
     layer.attend(torch.randn(1, HQ, 1, D), None, 0.25)
     assert "inner" in calls and "weighted_sum" in calls
+
+
+def test_decode_plans_follow_every_change_of_the_codes():
+    """A decode step scores each chunk through the scheme's plan of it (Scheme.own_plan), made once per chunk: after
+    codes are appended, cut by a crop or reordered for beam search, the plans are those of the chunks held now and
+    give what the scheme computes from them."""
+    g = torch.Generator().manual_seed(3)
+    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=2), 2, 1)
+    q = torch.randn(2, HQ, 1, D, generator=g)
+
+    def step():
+        k1, v1 = torch.randn(2, HKV, 1, D, generator=g), torch.randn(2, HKV, 1, D, generator=g)
+        layer.update(k1, v1)
+        layer.attend(q, None, 0.25)
+
+    def plans_are_current():
+        plans = layer._plans()
+        assert [p[0] for p in plans] == layer.chunks and all(p[0] is c for p, c in zip(plans, layer.chunks))
+        w = torch.softmax(torch.randn(2, HQ, 1, layer.n_coded, generator=g), -1)
+        for chunk, scores, values in plans:
+            assert torch.equal(scores(q), layer.scheme.own_scores(q, chunk))
+            assert torch.equal(values(w), layer.scheme.own_weighted_values(w, chunk))
+
+    with torch.inference_mode():
+        layer.update(torch.randn(2, HKV, 7, D, generator=g), torch.randn(2, HKV, 7, D, generator=g))
+        layer.attend(torch.randn(2, HQ, 7, D, generator=g), None, 0.25)
+        step()  # encodes the window ahead (the prefill's forward could not: no chunk yet)
+        first = layer._plans()[0]
+        step()
+        assert layer._plans()[0] is first  # within the window's codes encoded ahead: the same plan
+        for change in (lambda: [step() for _ in range(4)], lambda: layer.crop(-3),
+                       lambda: layer.reorder_cache(torch.tensor([1, 0]))):
+            change()
+            plans_are_current()
+            step()
+            plans_are_current()

@@ -103,3 +103,34 @@ def test_scheme_weighted_values_with_grouped_query_heads(name):
         s.weighted_values(w[..., :10], cache)
     with pytest.raises(ValueError, match="multiple of the KV heads"):
         s.weighted_values(w[:, :5], cache)
+
+
+@pytest.mark.parametrize("name,opts,bits", [(n, o, 1 if "m" in o else 3) for n, o in QUANTIZERS],
+                         ids=[f"{n}-{o}" for n, o in QUANTIZERS])
+def test_plans_give_the_unplanned_numbers_bit_for_bit(name, opts, bits):
+    # a plan (what a decode step calls) is the same kernels on the same tensors, flattened once: equal, not close
+    q = quantizer(name, dim=32, seed=3, **opts) if "m" in opts else quantizer(name, bits=bits, dim=32, seed=3, **opts)
+    x, w = _inputs()
+    code = q.encode(x)
+    query = torch.randn(2, 3, 5, 32, generator=torch.Generator().manual_seed(1))
+    scores, weighted = q.inner_plan(code), q.weighted_sum_plan(code)
+    for _ in range(2):  # a plan is called again and again
+        assert torch.equal(scores(query), q.inner(query, code))
+        assert torch.equal(weighted(w), q.weighted_sum(w, code))
+    # leading dims to broadcast with the code's: flattened with it on the call
+    assert torch.equal(scores(query[0]), q.inner(query[0], code))
+    assert torch.equal(weighted(w[:1]), q.weighted_sum(w[:1], code))
+
+
+@pytest.mark.parametrize("name", ["kv", "kqv", "qkqv", "minmax", "qjl_cache"])
+def test_scheme_plan_gives_own_scores_and_values_bit_for_bit(name):
+    s = scheme(name, bits=3, dim=16, seed=4)
+    g = torch.Generator().manual_seed(9)
+    k, v = torch.randn(2, 2, 11, 16, generator=g), torch.randn(2, 2, 11, 16, generator=g)
+    q, w = torch.randn(2, 6, 1, 16, generator=g), torch.softmax(torch.randn(2, 6, 1, 11, generator=g), -1)
+    cache = s.encode(k, v)
+    scores, values = s.own_plan(cache)
+    assert torch.equal(scores(q), s.own_scores(q, cache))
+    assert torch.equal(values(w), s.own_weighted_values(w, cache))
+    torch.testing.assert_close(values(w).double(), apply_weights(w.double(), s.decode(cache)[1].double()),
+                               rtol=0, atol=1e-5)

@@ -77,6 +77,7 @@ class KVStatsLayer(CacheLayerMixin):
         self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
         self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._reference: tuple[torch.Tensor, torch.Tensor] | None = None  # see prefill()
+        self._chunk_plans: list[tuple[CacheCode, Callable, Callable]] = []  # see _plans()
 
     # ------------------------------------------------------------------------------- Cache protocol
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -225,6 +226,7 @@ class KVStatsLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.chunks, self.n_quantized, self.n_coded, self.cumulative_length, self._span = [], 0, 0, 0, None
         self._undo = self._reference = None
+        self._chunk_plans = []
         self.estimator_attention = self.dense_attention = False
         self.keys = self.values = None
         self.is_initialized = False
@@ -533,23 +535,36 @@ class KVStatsLayer(CacheLayerMixin):
             yield start, chunk
             start += n
 
+    def _plans(self) -> list[tuple[CacheCode, Callable, Callable]]:
+        """``(chunk, scores, values)`` of each chunk: the scheme's plans for it (:meth:`Scheme.own_plan`), made when a
+        chunk is new — a decode step scores every chunk, and a chunk changes only when codes are appended (every
+        W + 1 steps with codes encoded ahead) or cut. A plan holds its chunk, so identity tells a new one."""
+        plans = self._chunk_plans
+        if len(plans) != len(self.chunks) or any(c is not p[0] for c, p in zip(self.chunks, plans)):
+            old = {id(p[0]): p for p in plans}
+            self._chunk_plans = plans = [old[id(c)] if id(c) in old and old[id(c)][0] is c
+                                         else (c, *self.scheme.own_plan(c)) for c in self.chunks]
+        return plans
+
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
         """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key
-        so the result is never empty."""
-        parts = [self.scheme.own_scores(q, code) for _, code in self._chunks_before(max(stop, 1))]
+        so the result is never empty. q in the accumulation dtype."""
+        plans = self._plans()
+        parts = [plans[i][1](q) if code is plans[i][0] else self.scheme.own_scores(q, code)
+                 for i, (_, code) in enumerate(self._chunks_before(max(stop, 1)))]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
-        """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop]), from
-        the value codes (``scheme.weighted_values``) of :meth:`_chunks_before`; a chunk reaching past ``stop`` gets
-        zero weights there."""
-        out = None
-        for start, code in self._chunks_before(weights.shape[-1]):
+        """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop] in the
+        accumulation dtype), from the value codes (``scheme.weighted_values``) of :meth:`_chunks_before`; a chunk
+        reaching past ``stop`` gets zero weights there."""
+        plans, out = self._plans(), None
+        for i, (start, code) in enumerate(self._chunks_before(weights.shape[-1])):
             n = code.v.shape[code.v.token_axis]
             w = weights[..., start:start + n]
             if w.shape[-1] < n:
                 w = F.pad(w, (0, n - w.shape[-1]))
-            part = self.scheme.own_weighted_values(w, code)
+            part = plans[i][2](w) if code is plans[i][0] else self.scheme.own_weighted_values(w, code)
             out = part if out is None else out.add_(part)
         return out
 

@@ -440,8 +440,8 @@ def _cache(check: _Check, q, seed: int, heads: int) -> None:
                "per-vector codes appended along the token axis do not score as their parts")
     if declared is True:  # the cache encodes window tokens ahead, in other groups than they would leave the window
         check.that(_close(joined_hat, x_hat) and _close(joined_scores, scores), "cache",
-                   "codes_per_vector is True, but the tokens encoded 1 + 1 + 3 + 4 at a time do not decode and score as "
-                   "the same tokens encoded at once: a token's code depends on the other tokens encoded with it "
+                   "codes_per_vector is True, but the tokens encoded 1 + 1 + 3 + 4 at a time do not decode and score "
+                   "as the same tokens encoded at once: a token's code depends on the other tokens encoded with it "
                    "(declare codes_per_vector = False)")
     with check.running("cache", "cutting a per-vector code to its first 5 tokens (crop)"):
         head = code.narrow(5)

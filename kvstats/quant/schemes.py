@@ -179,26 +179,57 @@ class Scheme:
             return self.encode(keys, values)
         return CacheCode(self.k.encode(keys), self.v.encode(values))
 
+    def _own_inner(self) -> bool:
+        """Whether the scores are K's own estimator (neither the scheme's ``scores`` nor K's ``inner`` overridden)."""
+        return (type(self).scores is Scheme.scores and isinstance(self.k, Quantizer)
+                and type(self.k).inner is Quantizer.inner)
+
+    def _own_weighted_sum(self) -> bool:
+        """Whether the weighted values are V's own ``weighted_sum`` (neither overridden)."""
+        return (type(self).weighted_values is Scheme.weighted_values and isinstance(self.v, Quantizer)
+                and type(self.v).weighted_sum is Quantizer.weighted_sum)
+
     def own_scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """:meth:`scores` of finite queries [B, H_q, N, d] against a cache this scheme encoded."""
-        k = self.k
-        if (type(self).scores is not Scheme.scores or not isinstance(k, Quantizer)
-                or type(k).inner is not Quantizer.inner):
+        if not self._own_inner():
             return self.scores(queries, cache)
-        with k._code_fields(cache.k):
-            return self._scores_by(k._inner, queries, cache)
+        with self.k._code_fields(cache.k):
+            return self._scores_by(self.k._inner, queries, cache)
 
     def own_weighted_values(self, weights: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """:meth:`weighted_values` of weights [B, H_q, N, S] (a softmax of finite logits) over a cache this scheme
         encoded."""
-        v = self.v
-        if (type(self).weighted_values is not Scheme.weighted_values or not isinstance(v, Quantizer)
-                or type(v).weighted_sum is not Quantizer.weighted_sum):
+        if not self._own_weighted_sum():
             return self.weighted_values(weights, cache)
-        acc = acc_dtype(weights.dtype)
+        v, acc = self.v, acc_dtype(weights.dtype)
         with v._code_fields(cache.v):
             return self._weighted_by(lambda grouped, code: v._weighted_sum(
                 grouped if grouped.dtype == acc else grouped.to(acc), code), weights, cache)
+
+    def own_plan(self, cache: CacheCode) -> tuple[Callable[[torch.Tensor], torch.Tensor],
+                                                   Callable[[torch.Tensor], torch.Tensor]]:
+        """(scores, values) for many decode steps against one cache this scheme encoded: ``scores(q)`` =
+        :meth:`own_scores` (q, cache) and ``values(w)`` = :meth:`own_weighted_values` (w, cache), the same numbers,
+        with the quantizers' plans (``inner_plan``, ``weighted_sum_plan``: what does not depend on the queries or
+        weights worked out once). q [B, H_q, N, d] and w [B, H_q, N, S] in the accumulation dtype; the cache must not
+        change while the plan is used."""
+        if self._own_inner():
+            inner, hkv = self.k.inner_plan(cache.k), cache.k.shape[1]
+
+            def scores(q: torch.Tensor) -> torch.Tensor:
+                return _attention.ungroup(inner(_attention.group_queries(q, hkv)), q.shape[1], q.shape[2])
+        else:
+            def scores(q: torch.Tensor) -> torch.Tensor:
+                return self.scores(q, cache)
+        if self._own_weighted_sum():
+            weighted, hkv_v = self.v.weighted_sum_plan(cache.v), cache.v.shape[1]
+
+            def values(w: torch.Tensor) -> torch.Tensor:
+                return _attention.ungroup(weighted(_attention.group_queries(w, hkv_v)), w.shape[1], w.shape[2])
+        else:
+            def values(w: torch.Tensor) -> torch.Tensor:
+                return self.weighted_values(w, cache)
+        return scores, values
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):

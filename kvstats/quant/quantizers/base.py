@@ -14,8 +14,10 @@ quantizer (other method, seed, dim, bits or options) with a ValueError naming bo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -254,6 +256,36 @@ def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims:
     return lead, q3, flat
 
 
+class GroupedPlan:
+    """A kernel call planned for one code: ``plan(x)`` for x [*lead, n_q, w] runs ``kernel(x [G, n_q, w], *flat)``
+    with the code's per-key tensors [*lead, n_k, *rest] as ``flat`` [G, n_k, *rest] and returns [*lead, n_q, X].
+
+    The flattening (:func:`broadcast_groups`) is done once, when x has the code's leading dims — a cache's decode
+    steps call the same code's kernels once per layer and token; an x whose leading dims must be broadcast with the
+    code's is flattened with it on each call (:meth:`broadcast`)."""
+
+    def __init__(self, kernel: Callable[..., torch.Tensor], *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
+        self.kernel, self.code_tensors, self.key_dims = kernel, code_tensors, key_dims
+        leads = {t.shape[:t.dim() - 1 - k] for t, k in zip(code_tensors, key_dims)}
+        # None: the code's own tensors broadcast among themselves, so every call flattens them
+        self.lead = leads.pop() if len(leads) == 1 else None
+        self._flat: list[torch.Tensor] | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[:-2] != self.lead:
+            return self.broadcast(x)
+        if self._flat is None:
+            self._flat = [t.reshape(-1, *t.shape[t.dim() - 1 - k:]) for t, k in zip(self.code_tensors, self.key_dims)]
+        out = self.kernel(x.reshape(-1, *x.shape[-2:]), *self._flat)
+        return out.view(*self.lead, *out.shape[-2:])
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """The call for x whose leading dims broadcast with the code's."""
+        lead, x3, flat = broadcast_groups(x, *self.code_tensors, key_dims=self.key_dims)
+        out = self.kernel(x3, *flat)
+        return out.reshape(*lead, *out.shape[-2:])
+
+
 class Quantizer:
     """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
     estimator is not decode-then-dot) and bits_per_coordinate.
@@ -411,6 +443,22 @@ class Quantizer:
                              f"{tuple(code.shape[:-2])}") from None
         with self._code_fields(code):
             return self._weighted_sum(weights.to(acc_dtype(weights.dtype)), code)
+
+    def inner_plan(self, code: Code) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``query -> _inner(query, code)`` for many queries against one code this quantizer made (a cache's decode
+        steps): query [..., n_q, d] in the accumulation dtype (fp32; fp64 for fp64 codes) -> [..., n_q, n_k], the
+        same numbers as :meth:`inner` without its checks. Quantizers with fused kernels override it to work out once
+        what does not depend on the query (:class:`GroupedPlan`); the code must not change while the plan is used."""
+        return functools.partial(self._planned, self._inner, code)
+
+    def weighted_sum_plan(self, code: Code) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``weights -> _weighted_sum(weights, code)``, as :meth:`inner_plan`: weights [..., n_q, n_k] in the
+        accumulation dtype -> [..., n_q, d], the numbers of :meth:`weighted_sum` without its checks."""
+        return functools.partial(self._planned, self._weighted_sum, code)
+
+    def _planned(self, method, code: Code, x: torch.Tensor) -> torch.Tensor:
+        with self._code_fields(code):
+            return method(x, code)
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """Bits per coordinate (per cache element), every overhead counted.

@@ -26,7 +26,7 @@ from kvstats.quant import ops
 from kvstats.quant.codebooks import beta_codebook
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype
 from kvstats.quant.quantizers.config import LloydConfig, TurboMSEConfig
 from kvstats.quant.rotations import NoRotation, Rotation, make_rotation
 
@@ -89,19 +89,26 @@ class LloydStage:
 
     def scores(self, q: torch.Tensor, code: Code) -> torch.Tensor:
         """⟨q, x̂⟩ for rotated queries Πq [..., n_q, d] (acc dtype) -> [..., n_q, n_k], from the packed indices."""
-        lead, q3, (packed, norm) = broadcast_groups(q, code.payload["indices"], code.scalars["norm"],
-                                                    key_dims=(1, 0))
-        scores = ops.lloyd_scores(q3, packed, norm, self._levels.on(q.device, q.dtype), self.bits)
-        return scores.reshape(*lead, *scores.shape[-2:])
+        return self.scores_plan(code).broadcast(q)
 
     def weighted_rotated(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         """Σⱼ wᵢⱼ ŷⱼ in the rotated domain (ŷ = ‖x‖·c[idx]) for weights [..., n_q, n_k] (acc dtype) ->
         [..., n_q, d], from the packed indices; Πᵀ of it is Σⱼ wᵢⱼ x̂ⱼ."""
-        lead, w3, (packed, norm) = broadcast_groups(weights, code.payload["indices"], code.scalars["norm"],
-                                                    key_dims=(1, 0))
-        out = ops.lloyd_weighted_sum(w3, packed, norm, self._levels.on(weights.device, weights.dtype), self.bits,
-                                     self.dim)
-        return out.reshape(*lead, *out.shape[-2:])
+        return self.weighted_rotated_plan(code).broadcast(weights)
+
+    def scores_plan(self, code: Code) -> GroupedPlan:
+        """:meth:`scores` against one code, planned for many queries (:class:`~kvstats.quantizers.base.GroupedPlan`)."""
+        return GroupedPlan(self._scores_kernel, code.payload["indices"], code.scalars["norm"], key_dims=(1, 0))
+
+    def weighted_rotated_plan(self, code: Code) -> GroupedPlan:
+        """:meth:`weighted_rotated` over one code, planned for many weights."""
+        return GroupedPlan(self._weighted_kernel, code.payload["indices"], code.scalars["norm"], key_dims=(1, 0))
+
+    def _scores_kernel(self, q3: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        return ops.lloyd_scores(q3, packed, norm, self._levels.on(q3.device, q3.dtype), self.bits)
+
+    def _weighted_kernel(self, w3: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        return ops.lloyd_weighted_sum(w3, packed, norm, self._levels.on(w3.device, w3.dtype), self.bits, self.dim)
 
     def budget(self) -> BitBudget:
         return BitBudget(payload=8 * packed_nbytes(self.dim, self.bits) / self.dim,
@@ -148,6 +155,14 @@ class LloydQuantizer(Quantizer):
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         # Σ w Πᵀŷ = Πᵀ Σ w ŷ: one inverse rotation per output row
         return self.rotation.inverse(self.stage.weighted_rotated(weights, code))
+
+    def inner_plan(self, code: Code):
+        scores = self.stage.scores_plan(code)
+        return lambda query: scores(self.rotate(query))
+
+    def weighted_sum_plan(self, code: Code):
+        weighted = self.stage.weighted_rotated_plan(code)
+        return lambda weights: self.rotation.inverse(weighted(weights))
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return self.stage.budget()

@@ -37,7 +37,7 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, broadcast_groups
 from kvstats.quant.quantizers.config import ROWS, QJLConfig
 from kvstats.quant.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
@@ -105,9 +105,14 @@ class SignSketch:
     def weighted_sum(self, weights: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
         """Σⱼ wᵢⱼ (c/m)·‖xⱼ‖·Sᵀbⱼ = Sᵀ Σⱼ wᵢⱼ (c/m)·‖xⱼ‖·bⱼ: weights [..., n_q, n_k] (acc dtype), packed
         [..., n_k, m/8], norm [..., n_k] -> [..., n_q, d], the signs summed from the packed bits (one Sᵀ per row)."""
-        lead, w3, (p3, n2) = broadcast_groups(weights, packed, norm, key_dims=(1, 0))
-        summed = ops.qjl_weighted_sum(w3, p3, n2, self.scale / self.m, self.m)
-        return (summed @ self.matrix(weights.device, weights.dtype)).reshape(*lead, summed.shape[1], self.d)
+        return self.weighted_sum_plan(packed, norm).broadcast(weights)
+
+    def weighted_sum_plan(self, packed: torch.Tensor, norm: torch.Tensor) -> GroupedPlan:
+        """:meth:`weighted_sum` over one code's signs and norms, planned for many weights."""
+        return GroupedPlan(self._weighted_kernel, packed, norm, key_dims=(1, 0))
+
+    def _weighted_kernel(self, w3: torch.Tensor, p3: torch.Tensor, n2: torch.Tensor) -> torch.Tensor:
+        return ops.qjl_weighted_sum(w3, p3, n2, self.scale / self.m, self.m) @ self.matrix(w3.device, w3.dtype)
 
     def weights(self, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The per-vector factor of the reconstruction, (c/m)·‖x‖ (or γ for a residual), in ``dtype``."""
@@ -207,6 +212,11 @@ class QJLQuantizer(Quantizer):
             out[..., self.outliers.to(dev)] = self.outlier_sketch.reconstruct(
                 code.payload["signs_outlier"], code.scalars["norm_outlier"], acc)
         return out
+
+    def weighted_sum_plan(self, code: Code):
+        if self.outliers is not None:
+            return super().weighted_sum_plan(code)
+        return self.sketch.weighted_sum_plan(code.payload["signs"], code.scalars["norm"])
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         inlier = self.sketch.weighted_sum(weights, code.payload["signs"], code.scalars["norm"])

@@ -23,7 +23,7 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups, saturating_cast
+from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, saturating_cast
 from kvstats.quant.quantizers.config import TurboProdConfig
 from kvstats.quant.quantizers.lloyd import LloydStage
 from kvstats.quant.quantizers.qjl import SignSketch
@@ -129,13 +129,14 @@ class TurboProd(Quantizer):
         if self.stage is None:
             return self.sketch.estimate(q, code.payload["signs"], code.scalars["gamma"])
         mse = code.parts["mse"]
-        lead, q3, (idx, norm, signs, gamma) = broadcast_groups(
-            q, mse.payload["indices"], mse.scalars["norm"], code.payload["signs"], code.scalars["gamma"],
-            key_dims=(1, 0, 1, 0))
-        q_sketch = q3 @ self.sketch.matrix(q.device, q.dtype).T
-        scores = ops.turbo_prod_scores(q3, q_sketch, idx, norm, self.stage.levels(q.device, q.dtype), self.stage.bits,
-                                       signs, gamma, self.sketch.scale / self.sketch.m)
-        return scores.reshape(*lead, *scores.shape[-2:])
+        return GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"],
+                           code.payload["signs"], code.scalars["gamma"], key_dims=(1, 0, 1, 0)).broadcast(q)
+
+    def _scores_kernel(self, q3, idx, norm, signs, gamma) -> torch.Tensor:
+        """Scores [G, n_q, n_k] of rotated queries q3 [G, n_q, d] against both stages' codes in the kernels' layout."""
+        return ops.turbo_prod_scores(q3, q3 @ self.sketch.matrix(q3.device, q3.dtype).T, idx, norm,
+                                     self.stage.levels(q3.device, q3.dtype), self.stage.bits, signs, gamma,
+                                     self.sketch.scale / self.sketch.m)
 
     def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         # Σ w x̂ = Πᵀ(Σ w ŷ + Sᵀ Σ w (c_S/d)·γ·b): both parts from the codes, one inverse rotation per output row
@@ -143,6 +144,21 @@ class TurboProd(Quantizer):
         if self.stage is None:
             return signed
         return self.stage.rotation.inverse(self.stage.weighted_rotated(weights, code.parts["mse"]) + signed)
+
+    def inner_plan(self, code: Code):
+        if self.stage is None:
+            return super().inner_plan(code)
+        mse = code.parts["mse"]
+        scores = GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"],
+                             code.payload["signs"], code.scalars["gamma"], key_dims=(1, 0, 1, 0))
+        return lambda query: scores(self._rotate(query))
+
+    def weighted_sum_plan(self, code: Code):
+        signed = self.sketch.weighted_sum_plan(code.payload["signs"], code.scalars["gamma"])
+        if self.stage is None:
+            return signed
+        mse = self.stage.weighted_rotated_plan(code.parts["mse"])
+        return lambda weights: self.stage.rotation.inverse(mse(weights) + signed(weights))
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,
