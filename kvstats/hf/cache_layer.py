@@ -4,6 +4,7 @@ The module docstring of :mod:`kvstats.hf.cache` describes both attention paths."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -160,8 +161,7 @@ class KVStatsLayer(CacheLayerMixin):
                              f"the layer holds [B, H_kv] = {list(self.keys.shape[:2])}")
         # one reduction each and one host sync for both: a finite sum means every value is finite (NaN and ±inf
         # propagate); only a non-finite one (or fp32 overflow of the sum) looks closer
-        total = key_states.sum(dtype=torch.float32) + value_states.sum(dtype=torch.float32)
-        if bool(torch.isfinite(total)):
+        if math.isfinite((key_states.sum(dtype=torch.float32) + value_states.sum(dtype=torch.float32)).item()):
             return
         for name, t in (("key_states", key_states), ("value_states", value_states)):
             if t.numel() and not all_finite(t):
@@ -391,6 +391,11 @@ class KVStatsLayer(CacheLayerMixin):
         check_float_tensor(query, f"query of layer {self.layer_idx}", allow_empty=True)
         self.estimator_attention = True
         self._span = None
+        if n == 1 and not self.record:  # a decode step: _attend_rows' one block, straight to its last-position path
+            mask = None if attention_mask is None else attention_mask[..., -seq:]
+            out, weights = self._attend_last(query, mask, scaling, dropout, training, span, rules)
+            self._check_output(out)
+            return out, weights
         v_hat = None
         if n > CODE_VALUES_MAX_QUERIES and self.chunks:
             v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
@@ -418,12 +423,15 @@ class KVStatsLayer(CacheLayerMixin):
             self.records.append(AttentionRecord(parts[0].layer, parts[0].query_offset,
                                                 torch.cat([r.kl for r in parts], dim=-1),
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
+        self._check_output(out)
+        return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def _check_output(self, out: torch.Tensor) -> None:
         if out.numel() and not all_finite(out):  # finite queries and states, yet a logit or a sum overflowed fp32
             at, value = first_non_finite(out)
             raise ValueError(f"attention of layer {self.layer_idx} through the codes is {value} at output {list(at)} "
                              f"(output [B, N, H_q, d]) from finite queries and states: a logit or a weighted sum "
                              f"overflowed {out.dtype}; rescale the model's states or run it in a wider dtype")
-        return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
 
     def _attend_rows(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, dropout: float,
                      training: bool, span: tuple[int, torch.Tensor, torch.Tensor], first: int,
@@ -440,8 +448,6 @@ class KVStatsLayer(CacheLayerMixin):
         n = query.shape[2]
         seq, nq = self.cumulative_length, self.n_quantized
         mask = None if attention_mask is None else attention_mask[..., -seq:]
-        if n == 1 and first == seq - 1 and not self.record and v_hat is None:
-            return self._attend_last(query, mask, scaling, dropout, training, span, rules)
         acc = acc_dtype(query.dtype)
         q = query.to(acc)
         width = first + n  # keys after the block's last query: hidden by the causal mask
@@ -498,29 +504,36 @@ class KVStatsLayer(CacheLayerMixin):
         """:meth:`_attend_rows` for one query at the last position (a decode step), without recording: it reads
         keys [0, n_quantized) through their codes and the window [n_quantized, seq) exactly, so the general path's
         per-column choice (``use_exact``) and its causal mask of the block's own column are identities here, and
-        the same logits and sums are formed without them (the same values, bit for bit)."""
+        the same logits and sums are formed without them (the same values, bit for bit), in the grouped layout
+        [B, H_kv, G, ·] of the queries of each KV head, which for one query is a view of [B, H_q, 1, ·]."""
         span_start, span_k, span_v = span
-        seq, hi = self.cumulative_length, self.n_quantized
+        seq, hi, coded = self.cumulative_length, self.n_quantized, self.n_coded
         acc = acc_dtype(query.dtype)
         q = _as_dtype(query, acc)
-        exact = _attention.scores(q, _as_dtype(span_k[..., hi - span_start:, :], acc), scale=scaling)
-        # whole chunks (their window columns cut from the logits, zero-weighted in the sums): no copy of a narrowed code
-        coded = self.n_coded
-        if hi:
-            logits = torch.cat([_as_dtype(self._code_scores(q, coded)[..., :hi], acc).mul(scaling), exact], dim=-1)
+        b, hq, _, d = q.shape
+        hkv = span_k.shape[1]
+        g = hq // hkv
+        exact = q.view(b, hkv, g, d) @ _as_dtype(span_k[..., hi - span_start:, :], acc).transpose(-1, -2)
+        plans = self._plans() if hi else None  # one chunk (per-vector codes, the usual case): its plan directly
+        if hi:  # whole chunks: their window columns cut from the logits, zero-weighted in the sums
+            code_scores = plans[0][1](q) if len(plans) == 1 else self._code_scores(q, coded)
+            logits = torch.cat([code_scores.view(b, hkv, g, -1)[..., :hi], exact], dim=-1)
         else:
             logits = exact
-        logits = _attention.soft_cap(logits, rules.softcap)
+        logits = _attention.soft_cap(logits.mul_(scaling).view(b, hq, 1, seq), rules.softcap)
         if mask is not None or rules.sliding_window is not None:
             _mask_block(logits, mask, seq - 1, 1, seq, rules.sliding_window)
         weights = _attention.softmax_with_sinks(logits, rules.sinks)
-        used = F.dropout(weights, p=dropout, training=training)
-        out = _attention.apply_weights(used[..., hi:], _as_dtype(span_v[..., hi - span_start:, :], acc))
+        used = F.dropout(weights, p=dropout, training=training) if training and dropout else weights
+        out = used.view(b, hkv, g, seq)[..., hi:] @ _as_dtype(span_v[..., hi - span_start:, :], acc)
         if hi:
-            out += self._code_values(used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi)))
+            out = out.view(b, hq, 1, d)
+            code_weights = used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi))
+            out += plans[0][2](code_weights) if len(plans) == 1 else self._code_values(code_weights)
+        out = out.view(b, 1, hq, d)  # = [B, H_q, 1, d].transpose(1, 2): one query row
         if query.dtype != acc:
             out, weights = out.to(query.dtype), weights.to(query.dtype)
-        return out.transpose(1, 2).contiguous(), weights
+        return out, weights
 
     def _chunks_before(self, stop: int):
         """``(first token, code)`` of the chunks that hold keys [0, stop): whole chunks, the last per-vector chunk cut
