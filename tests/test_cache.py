@@ -1053,3 +1053,27 @@ def test_decode_plans_follow_every_change_of_the_codes():
             plans_are_current()
             step()
             plans_are_current()
+
+
+def test_a_copied_layer_makes_its_own_plans():
+    """The plans' functions read the chunks' tensors: copy.deepcopy and pickle leave them behind, and the copy
+    decodes as the original does (from its own chunks)."""
+    import copy
+    import pickle
+
+    g = torch.Generator().manual_seed(8)
+    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=2), 2, 1)
+    with torch.inference_mode():
+        layer.update(torch.randn(1, HKV, 9, D, generator=g), torch.randn(1, HKV, 9, D, generator=g))
+        layer.attend(torch.randn(1, HQ, 9, D, generator=g), None, 0.25)
+        assert layer._chunk_plans
+        k1, v1, q = (torch.randn(1, HKV, 1, D, generator=g), torch.randn(1, HKV, 1, D, generator=g),
+                     torch.randn(1, HQ, 1, D, generator=g))
+        outs = []
+        for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer)), layer):
+            assert other is layer or not other._chunk_plans
+            other.update(k1, v1)
+            outs.append(other.attend(q, None, 0.25))
+            assert other is layer or all(p[0] is c for p, c in zip(other._plans(), other.chunks))
+    for out, weights in outs[:2]:
+        assert torch.equal(out, outs[2][0]) and torch.equal(weights, outs[2][1])

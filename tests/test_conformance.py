@@ -268,6 +268,13 @@ class _OneScaleDeclaredPerVector(Int4PerToken):
         return super()._decode(dataclasses.replace(code, scalars={"scale": scale}))
 
 
+class _PlanDiffers(Int4PerToken):
+    """A decode plan that is not the quantizer's inner (what the cache would then compute instead)."""
+
+    def inner_plan(self, code):
+        return lambda query: 2 * self.inner(query, code)
+
+
 def test_a_true_codes_per_vector_declaration_passes():
     check_quantizer(type("Int4Declared", (Int4PerToken,), {"codes_per_vector": True})(4, 64))
 
@@ -284,7 +291,7 @@ def test_an_undeclared_shared_scale_passes_the_cache_check():
     (_MutatesInput, "input"), (_StashesInAGlobal, "reconstruction"), (_StashesOnTheCode, "code fields"),
     (_StashesInTheInstance, "reconstruction"), (_GrowsForFp16, "bits"), (_GrowsBeyond24Tokens, "bits"),
     (_RaisesInDecode, "shapes"), (_BreaksOnOneToken, "cache"), (_SharesAScaleAcrossTheBatch, "cache"),
-    (_SharesAScaleAcrossTokens, "cache"), (_OneScaleDeclaredPerVector, "cache"),
+    (_SharesAScaleAcrossTokens, "cache"), (_OneScaleDeclaredPerVector, "cache"), (_PlanDiffers, "cache"),
 ])
 def test_broken_quantizers_fail_naming_the_check(cls, check):
     with pytest.raises(AssertionError, match=rf"^check_quantizer\[{check}\] failed for"):

@@ -14,7 +14,7 @@ import torch
 
 from kvstats.quant.attention import apply_weights
 from kvstats.quant.quantizers import quantizer
-from kvstats.quant.schemes import scheme
+from kvstats.quant.schemes import Scheme, scheme
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -134,3 +134,31 @@ def test_scheme_plan_gives_own_scores_and_values_bit_for_bit(name):
     assert torch.equal(values(w), s.own_weighted_values(w, cache))
     torch.testing.assert_close(values(w).double(), apply_weights(w.double(), s.decode(cache)[1].double()),
                                rtol=0, atol=1e-5)
+
+
+def test_a_subclass_with_its_own_estimator_is_planned_through_it():
+    # the built-in plans reproduce the built-in _inner / _weighted_sum; a subclass that overrides those gets the
+    # default plan, which calls its own method (else the cache would compute the parent's numbers)
+    for name in ("turbo_mse", "turbo_prod", "qjl"):
+        parent = type(quantizer(name, bits=3, dim=16, seed=0))
+
+        class Doubled(parent):
+            def _inner(self, query, code):
+                return 2 * super()._inner(query, code)
+
+            def _weighted_sum(self, weights, code):
+                return 2 * super()._weighted_sum(weights, code)
+
+        q = Doubled(bits=3, dim=16, seed=0)
+        x, w = _inputs(d=16)
+        code = q.encode(x)
+        query = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(2))
+        assert torch.equal(q.inner_plan(code)(query), q.inner(query, code)), name
+        assert torch.equal(q.weighted_sum_plan(code)(w), q.weighted_sum(w, code)), name
+        s = Scheme("doubled", 3, q, Doubled(bits=3, dim=16, seed=1))
+        cache = s.encode(x, x)
+        scores, values = s.own_plan(cache)
+        q6 = torch.randn(2, 3, 1, 16, generator=torch.Generator().manual_seed(4))
+        w6 = torch.softmax(torch.randn(2, 3, 1, x.shape[-2], generator=torch.Generator().manual_seed(5)), -1)
+        assert torch.equal(scores(q6), s.scores(q6, cache)), name
+        assert torch.equal(values(w6), s.weighted_values(w6, cache)), name

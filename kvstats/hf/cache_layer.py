@@ -312,12 +312,12 @@ class KVStatsLayer(CacheLayerMixin):
                     a, b = start - undo_start, stop - undo_start
                     kept.append(self.scheme.encode(k[..., a:b, :], v[..., a:b, :]))
             start += n
-        self.chunks = kept
+        self.chunks, self._chunk_plans = kept, []
 
     def _batch_op(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if not self.is_initialized:
             return
-        self.chunks = [CacheCode(c.k.map_batch(fn), c.v.map_batch(fn)) for c in self.chunks]
+        self.chunks, self._chunk_plans = [CacheCode(c.k.map_batch(fn), c.v.map_batch(fn)) for c in self.chunks], []
         self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
         if self._undo is not None:
             self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
@@ -338,6 +338,7 @@ class KVStatsLayer(CacheLayerMixin):
         last = self.chunks[-1] if self.chunks else None
         if last is not None and self._per_vector(last) and self._per_vector(code):
             self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
+            self._chunk_plans = self._chunk_plans[:-1]  # (its plan holds the replaced chunk)
         else:
             self.chunks.append(code)
 
@@ -517,7 +518,7 @@ class KVStatsLayer(CacheLayerMixin):
         plans = self._plans() if hi else None  # one chunk (per-vector codes, the usual case): its plan directly
         if hi:  # whole chunks: their window columns cut from the logits, zero-weighted in the sums
             code_scores = plans[0][1](q) if len(plans) == 1 else self._code_scores(q, coded)
-            logits = torch.cat([code_scores.view(b, hkv, g, -1)[..., :hi], exact], dim=-1)
+            logits = torch.cat([_as_dtype(code_scores, acc).view(b, hkv, g, -1)[..., :hi], exact], dim=-1)
         else:
             logits = exact
         logits = _attention.soft_cap(logits.mul_(scaling).view(b, hq, 1, seq), rules.softcap)
@@ -548,10 +549,15 @@ class KVStatsLayer(CacheLayerMixin):
             yield start, chunk
             start += n
 
+    def __getstate__(self) -> dict:
+        # the plans' functions read the tensors of this layer's chunks: a copy (copy.deepcopy, pickle) makes its own
+        return {**self.__dict__, "_chunk_plans": []}
+
     def _plans(self) -> list[tuple[CacheCode, Callable, Callable]]:
         """``(chunk, scores, values)`` of each chunk: the scheme's plans for it (:meth:`Scheme.own_plan`), made when a
         chunk is new — a decode step scores every chunk, and a chunk changes only when codes are appended (every
-        W + 1 steps with codes encoded ahead) or cut. A plan holds its chunk, so identity tells a new one."""
+        W + 1 steps with codes encoded ahead) or cut. A plan holds its chunk, so identity tells a new one; the
+        methods that replace chunks also drop their plans, so no replaced chunk stays held by one."""
         plans = self._chunk_plans
         if len(plans) != len(self.chunks) or any(c is not p[0] for c, p in zip(self.chunks, plans)):
             old = {id(p[0]): p for p in plans}

@@ -41,7 +41,9 @@ exception raised inside the quantizer during a check is reported the same way, a
   selecting or repeating rows along it (beam search) gives the code of those rows of x; per-vector codes
   appended token by token decode and score as their parts, and their first tokens (crop) as those tokens; a
   quantizer that declares ``codes_per_vector = True`` has codes indexed by token, and tokens encoded a few at a
-  time decode and score as the same tokens encoded at once (the cache then encodes window tokens ahead).
+  time decode and score as the same tokens encoded at once (the cache then encodes window tokens ahead; a
+  vector or two in 27 may differ, see ``_vectors_apart``); ``inner_plan`` and ``weighted_sum_plan`` (what the
+  cache's decode steps call) give the numbers of ``inner`` and ``weighted_sum``.
 * ``bad input``     — NaN, ±inf, a wrong last dim, an empty tensor, an integer tensor, a non-tensor and a
   non-Code are refused with ValueError or TypeError (never accepted, never another exception).
 
@@ -390,6 +392,17 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).abs() <= 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).all())
 
 
+def _vectors_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many vectors (rows over the last axis) of a and b differ beyond fp32 rounding (:func:`_close` row by row).
+
+    Codes of the same vectors formed in other groups of rows may differ in a few vectors: a rotation or sketch
+    computed by a matmul rounds differently for another number of rows, and a coordinate within an ulp of a cell
+    boundary then takes the neighbouring cell (about 1e-4 per vector of 64 coordinates, so three or more of 54
+    vectors apart has probability below 1e-7); a code that depends on the other rows moves most of them."""
+    a, b = a.double(), b.double()
+    return int(((a - b).abs() > 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).any(-1).sum())
+
+
 def _cache(check: _Check, q, seed: int, heads: int) -> None:
     n = 9  # odd; split below as 1 + 1 + 3 + 4 tokens: one-token decode steps and odd prefill chunks
     x = _draw((BATCH, heads, n, q.dim), seed + 3)
@@ -423,6 +436,7 @@ def _cache(check: _Check, q, seed: int, heads: int) -> None:
     with check.running("cache", "encoding the tokens 1 + 1 + 3 + 4 at a time"):
         pieces = [q.encode(x[..., a:b, :]) for a, b in zip(cuts, cuts[1:])]
         piece_hats = [q.decode(p) for p in pieces]
+    _plans(check, q, code, query, seed)
     declared = getattr(q, "codes_per_vector", None)
     if not all(p.is_per_vector() for p in (*pieces, code)):
         check.that(declared is not True, "cache",
@@ -439,15 +453,32 @@ def _cache(check: _Check, q, seed: int, heads: int) -> None:
     check.that(_close(joined_scores, torch.cat([q.inner(query, p) for p in pieces], dim=-1)), "cache",
                "per-vector codes appended along the token axis do not score as their parts")
     if declared is True:  # the cache encodes window tokens ahead, in other groups than they would leave the window
-        check.that(_close(joined_hat, x_hat) and _close(joined_scores, scores), "cache",
-                   "codes_per_vector is True, but the tokens encoded 1 + 1 + 3 + 4 at a time do not decode and score "
-                   "as the same tokens encoded at once: a token's code depends on the other tokens encoded with it "
-                   "(declare codes_per_vector = False)")
+        apart = max(_vectors_apart(joined_hat, x_hat), _vectors_apart(joined_scores.transpose(-1, -2),
+                                                                      scores.transpose(-1, -2)))
+        allowed = max(2, BATCH * heads * n // 27)
+        check.that(apart <= allowed, "cache",
+                   f"codes_per_vector is True, but {apart} of the {BATCH * heads * n} tokens encoded 1 + 1 + 3 + 4 at "
+                   "a time do not decode or score as the same tokens encoded at once: a token's code depends on the "
+                   "other tokens encoded with it (declare codes_per_vector = False)")
     with check.running("cache", "cutting a per-vector code to its first 5 tokens (crop)"):
         head = code.narrow(5)
         head_hat = q.decode(head)
     check.that(_close(head_hat, x_hat[..., :5, :]), "cache",
                "the first 5 tokens of a per-vector code (crop) do not decode to the first 5 rows of x̂")
+
+
+def _plans(check: _Check, q, code, query: torch.Tensor, seed: int) -> None:
+    """The cache's decode steps call ``inner_plan(code)`` and ``weighted_sum_plan(code)`` (a kvstats Quantizer has
+    both): they must give what ``inner`` and ``weighted_sum`` give."""
+    weights = torch.softmax(_draw((*query.shape[:-1], code.shape[-2]), seed + 5) * 3, dim=-1)
+    for method, make, arg in (("inner", "inner_plan", query), ("weighted_sum", "weighted_sum_plan", weights)):
+        if getattr(q, make, None) is None or getattr(q, method, None) is None:
+            continue
+        with check.running("cache", f"{make}(code) against {method}"):
+            got = getattr(q, make)(code)(arg)
+            want = getattr(q, method)(arg, code)
+        check.that(_close(got, want), "cache", f"{make}(code)(x) differs from {method}(x, code): a decode step of the "
+                   f"cache would not compute what {method} does")
 
 
 def _bad_input(check: _Check, q, x: torch.Tensor, query: torch.Tensor, seed: int, any_shape: bool) -> None:

@@ -213,22 +213,23 @@ class Scheme:
         with the quantizers' plans (``inner_plan``, ``weighted_sum_plan``: what does not depend on the queries or
         weights worked out once). q [B, H_q, N, d] and w [B, H_q, N, S] in the accumulation dtype; the cache must not
         change while the plan is used."""
-        if self._own_inner():
+        # planned where own_scores / own_weighted_values would call the quantizers' estimators; else through them
+        if type(self).own_scores is Scheme.own_scores and self._own_inner():
             inner, hkv = self.k.inner_plan(cache.k), cache.k.shape[1]
 
             def scores(q: torch.Tensor) -> torch.Tensor:
                 return _attention.ungroup(inner(_attention.group_queries(q, hkv)), q.shape[1], q.shape[2])
         else:
             def scores(q: torch.Tensor) -> torch.Tensor:
-                return self.scores(q, cache)
-        if self._own_weighted_sum():
+                return self.own_scores(q, cache)
+        if type(self).own_weighted_values is Scheme.own_weighted_values and self._own_weighted_sum():
             weighted, hkv_v = self.v.weighted_sum_plan(cache.v), cache.v.shape[1]
 
             def values(w: torch.Tensor) -> torch.Tensor:
                 return _attention.ungroup(weighted(_attention.group_queries(w, hkv_v)), w.shape[1], w.shape[2])
         else:
             def values(w: torch.Tensor) -> torch.Tensor:
-                return self.weighted_values(w, cache)
+                return self.own_weighted_values(w, cache)
         return scores, values
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,

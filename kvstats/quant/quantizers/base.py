@@ -456,6 +456,12 @@ class Quantizer:
         accumulation dtype -> [..., n_q, d], the numbers of :meth:`weighted_sum` without its checks."""
         return functools.partial(self._planned, self._weighted_sum, code)
 
+    def _plan_reproduces(self, method: str, owner: type) -> bool:
+        """Whether this quantizer's ``method`` (``"_inner"`` or ``"_weighted_sum"``) is still ``owner``'s, whose
+        plan an override of :meth:`inner_plan` / :meth:`weighted_sum_plan` in ``owner`` reproduces: a subclass that
+        overrides the estimator itself gets the default plan, which calls its own method."""
+        return getattr(type(self), method) is getattr(owner, method)
+
     def _planned(self, method, code: Code, x: torch.Tensor) -> torch.Tensor:
         with self._code_fields(code):
             return method(x, code)

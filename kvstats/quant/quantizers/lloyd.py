@@ -157,10 +157,14 @@ class LloydQuantizer(Quantizer):
         return self.rotation.inverse(self.stage.weighted_rotated(weights, code))
 
     def inner_plan(self, code: Code):
+        if not self._plan_reproduces("_inner", LloydQuantizer):
+            return super().inner_plan(code)
         scores = self.stage.scores_plan(code)
         return lambda query: scores(self.rotate(query))
 
     def weighted_sum_plan(self, code: Code):
+        if not self._plan_reproduces("_weighted_sum", LloydQuantizer):
+            return super().weighted_sum_plan(code)
         weighted = self.stage.weighted_rotated_plan(code)
         return lambda weights: self.rotation.inverse(weighted(weights))
 

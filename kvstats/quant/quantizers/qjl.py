@@ -214,7 +214,7 @@ class QJLQuantizer(Quantizer):
         return out
 
     def weighted_sum_plan(self, code: Code):
-        if self.outliers is not None:
+        if self.outliers is not None or not self._plan_reproduces("_weighted_sum", QJLQuantizer):
             return super().weighted_sum_plan(code)
         return self.sketch.weighted_sum_plan(code.payload["signs"], code.scalars["norm"])
 

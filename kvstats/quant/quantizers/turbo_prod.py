@@ -146,7 +146,7 @@ class TurboProd(Quantizer):
         return self.stage.rotation.inverse(self.stage.weighted_rotated(weights, code.parts["mse"]) + signed)
 
     def inner_plan(self, code: Code):
-        if self.stage is None:
+        if self.stage is None or not self._plan_reproduces("_inner", TurboProd):
             return super().inner_plan(code)
         mse = code.parts["mse"]
         scores = GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"],
@@ -154,6 +154,8 @@ class TurboProd(Quantizer):
         return lambda query: scores(self._rotate(query))
 
     def weighted_sum_plan(self, code: Code):
+        if not self._plan_reproduces("_weighted_sum", TurboProd):
+            return super().weighted_sum_plan(code)
         signed = self.sketch.weighted_sum_plan(code.payload["signs"], code.scalars["gamma"])
         if self.stage is None:
             return signed
