@@ -1077,3 +1077,32 @@ def test_a_copied_layer_makes_its_own_plans():
             assert other is layer or all(p[0] is c for p, c in zip(other._plans(), other.chunks))
     for out, weights in outs[:2]:
         assert torch.equal(out, outs[2][0]) and torch.equal(weights, outs[2][1])
+
+
+@pytest.mark.parametrize("steps", [3, 5, 13])
+def test_decode_steps_rollback_record_is_exact_after_joins(steps):
+    """A decode step's quantized token is copied alone and joined to the rollback record when it is read (or once
+    ``rollback`` tokens wait): after 3, 5 (one join) or 13 steps (two joins, three waiting), a crop of up to
+    ``rollback`` = 5 tokens equals a layer that never saw them, and one more token is refused."""
+    g = torch.Generator().manual_seed(11)
+    k = torch.randn(1, HKV, 9 + steps, D, generator=g)
+    v = torch.randn(1, HKV, 9 + steps, D, generator=g)
+    layer = KVStatsLayer(scheme("kv", bits=3, dim=D, seed=2), 2, 1, rollback=5)
+    with torch.inference_mode():
+        layer.update(k[..., :9, :], v[..., :9, :])
+        for t in range(9, 9 + steps):
+            layer.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        assert len(layer._undo_pending) <= 5
+        depth = min(5, steps)
+        layer.crop(-depth)
+        ref = KVStatsLayer(scheme("kv", bits=3, dim=D, seed=2), 2, 1, rollback=5)
+        ref.update(k[..., :9, :], v[..., :9, :])
+        for t in range(9, 9 + steps - depth):
+            ref.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        assert (layer.n_quantized, layer.cumulative_length) == (ref.n_quantized, ref.cumulative_length)
+        assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)
+        for a, b in zip(layer.decoded(), ref.decoded()):
+            assert torch.equal(a, b)
+        if steps > 5:
+            with pytest.raises(ValueError, match="rollback_tokens"):
+                layer.crop(-1)

@@ -232,22 +232,44 @@ class KVStatsLayer(CacheLayerMixin):
         self.is_initialized = False
 
     # ----------------------------------------------------------------------------------------- crop
+    @property
+    def _undo(self) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+        """The rollback record ``(first position, K, V)`` of the last ``rollback`` quantized tokens: what
+        :meth:`crop` puts back. A decode step's tokens are held apart (:meth:`_remember`) and joined here, on read."""
+        if self._undo_pending:
+            start, k, v = self._undo_held
+            k = torch.cat([k, *(p[0] for p in self._undo_pending)], dim=-2)
+            v = torch.cat([v, *(p[1] for p in self._undo_pending)], dim=-2)
+            drop = max(0, k.shape[-2] - self.rollback)
+            if drop:  # own tensors of the kept tokens, not views holding the dropped ones
+                start, k, v = start + drop, k[..., drop:, :].clone(), v[..., drop:, :].clone()
+            self._undo = (start, k, v)
+        return self._undo_held
+
+    @_undo.setter
+    def _undo(self, record: tuple[int, torch.Tensor, torch.Tensor] | None) -> None:
+        self._undo_held, self._undo_pending, self._undo_pending_tokens = record, [], 0
+
     def _remember(self, start: int, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:
         """Keep the exact states of the last ``keep`` quantized tokens (k, v: those just quantized, from
-        position ``start``) for :meth:`crop`, in tensors of their own (never views of a forward's states)."""
+        position ``start``) for :meth:`crop`, in tensors of their own (never views of a forward's states).
+
+        A few tokens that follow the record are held apart, copied alone, and joined when the record is read or
+        they reach ``keep`` tokens: a decode step then copies its one token instead of the record's ``keep``."""
         n_new = k.shape[-2]
         if keep <= 0:
             self._undo = None
             return
+        held = self._undo_held
+        if n_new < keep and held is not None and held[0] + held[1].shape[-2] + self._undo_pending_tokens == start:
+            self._undo_pending.append((k.clone(), v.clone()))
+            self._undo_pending_tokens += n_new
+            if self._undo_pending_tokens >= keep:
+                self._undo  # noqa: B018 - join them: the pieces never hold more than a record's tokens
+            return
         if n_new >= keep:  # a copy: a view would keep this forward's whole exact states alive
             start, k, v = start + n_new - keep, k[..., n_new - keep:, :].clone(), v[..., n_new - keep:, :].clone()
-        elif self._undo is not None and self._undo[0] + self._undo[1].shape[-2] == start:  # cat copies
-            old_k, old_v = self._undo[1], self._undo[2]
-            take = min(keep - n_new, old_k.shape[-2])
-            k = torch.cat([old_k[..., old_k.shape[-2] - take:, :], k], dim=-2)
-            v = torch.cat([old_v[..., old_v.shape[-2] - take:, :], v], dim=-2)
-            start -= take
-        else:
+        else:  # the first record, or tokens not following it (after a crop past it)
             k, v = k.clone(), v.clone()
         self._undo = (start, k, v)
 
