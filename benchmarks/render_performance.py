@@ -123,6 +123,18 @@ def cache_table(results: dict) -> str:
                 + live(d, k) + " | "
                 f"{d['cache_bytes'] / 2**20:.1f} / {k['cache_bytes'] / 2**20:.1f} MiB | "
                 f"{d['load_average'][0]:.2f}, {k['load_average'][0]:.2f} |")
+    interleaved = [x["interleaved"] for x in results["lengths"] if "interleaved" in x]
+    if interleaved:
+        r0 = interleaved[0]
+        lines += ["", f"Decode steps of both caches alternated in one process ({r0['rounds']} rounds of {r0['block']} "
+                      "steps each, after one full-precision prefill that both caches hold; median CPU time per "
+                      "token): the ratio that load drifting between processes does not move.", "",
+                  "| prompt | per token (ms, CPU), Dynamic / KVStats | per token | load (1 min) |",
+                  "|---:|---:|---:|---:|"]
+        for r in interleaved:
+            t = r["per_token_cpu_s"]
+            lines.append(f"| {r['prompt_tokens']} | {t['dynamic'] * 1e3:.1f} / {t['kvstats'] * 1e3:.1f} | "
+                         f"{r['ratio_per_token_cpu']:.2f}× | {r['load_average'][0]:.2f} |")
     return "\n".join(lines) + "\n"
 
 
