@@ -537,10 +537,9 @@ class KVStatsLayer(CacheLayerMixin):
         hkv = span_k.shape[1]
         g = hq // hkv
         exact = q.view(b, hkv, g, d) @ _as_dtype(span_k[..., hi - span_start:, :], acc).transpose(-1, -2)
-        plans = self._plans() if hi else None  # one chunk (per-vector codes, the usual case): its plan directly
         if hi:  # whole chunks: their window columns cut from the logits, zero-weighted in the sums
-            code_scores = plans[0][1](q) if len(plans) == 1 else self._code_scores(q, coded)
-            logits = torch.cat([_as_dtype(code_scores, acc).view(b, hkv, g, -1)[..., :hi], exact], dim=-1)
+            code_scores = _as_dtype(self._code_scores(q, coded), acc)
+            logits = torch.cat([code_scores.view(b, hkv, g, -1)[..., :hi], exact], dim=-1)
         else:
             logits = exact
         logits = _attention.soft_cap(logits.mul_(scaling).view(b, hq, 1, seq), rules.softcap)
@@ -551,8 +550,7 @@ class KVStatsLayer(CacheLayerMixin):
         out = used.view(b, hkv, g, seq)[..., hi:] @ _as_dtype(span_v[..., hi - span_start:, :], acc)
         if hi:
             out = out.view(b, hq, 1, d)
-            code_weights = used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi))
-            out += plans[0][2](code_weights) if len(plans) == 1 else self._code_values(code_weights)
+            out += self._code_values(used[..., :hi] if coded == hi else F.pad(used[..., :hi], (0, coded - hi)))
         out = out.view(b, 1, hq, d)  # = [B, H_q, 1, d].transpose(1, 2): one query row
         if query.dtype != acc:
             out, weights = out.to(query.dtype), weights.to(query.dtype)

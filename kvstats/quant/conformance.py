@@ -386,10 +386,13 @@ def _weighted_sum(check: _Check, q, code, x_hat, seed: int) -> None:
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal up to fp32 rounding: a rotation applied as a matmul rounds differently for another number of rows."""
-    if a.shape != b.shape:
-        return False
+    return a.shape == b.shape and not bool(_apart(a, b).any())
+
+
+def _apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Where a and b (of one shape) differ beyond fp32 rounding: 1e-5 of max|b| plus 1e-5 of |b|."""
     a, b = a.double(), b.double()
-    return bool(((a - b).abs() <= 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).all())
+    return (a - b).abs() > 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()
 
 
 def _vectors_apart(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -399,8 +402,7 @@ def _vectors_apart(a: torch.Tensor, b: torch.Tensor) -> int:
     computed by a matmul rounds differently for another number of rows, and a coordinate within an ulp of a cell
     boundary then takes the neighbouring cell (about 1e-4 per vector of 64 coordinates, so three or more of 54
     vectors apart has probability below 1e-7); a code that depends on the other rows moves most of them."""
-    a, b = a.double(), b.double()
-    return int(((a - b).abs() > 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()).any(-1).sum())
+    return int(_apart(a, b).any(-1).sum())
 
 
 def _cache(check: _Check, q, seed: int, heads: int) -> None:

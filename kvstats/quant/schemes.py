@@ -28,6 +28,7 @@ cache positions: query i sits at position S − N + i and sees keys 0 .. S − N
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,22 +215,17 @@ class Scheme:
         weights worked out once). q [B, H_q, N, d] and w [B, H_q, N, S] in the accumulation dtype; the cache must not
         change while the plan is used."""
         # planned where own_scores / own_weighted_values would call the quantizers' estimators; else through them
+        def grouped(plan, kv_heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+            return lambda x: _attention.ungroup(plan(_attention.group_queries(x, kv_heads)), x.shape[1], x.shape[2])
+
         if type(self).own_scores is Scheme.own_scores and self._own_inner():
-            inner, hkv = self.k.inner_plan(cache.k), cache.k.shape[1]
-
-            def scores(q: torch.Tensor) -> torch.Tensor:
-                return _attention.ungroup(inner(_attention.group_queries(q, hkv)), q.shape[1], q.shape[2])
+            scores = grouped(self.k.inner_plan(cache.k), cache.k.shape[1])
         else:
-            def scores(q: torch.Tensor) -> torch.Tensor:
-                return self.own_scores(q, cache)
+            scores = functools.partial(self.own_scores, cache=cache)
         if type(self).own_weighted_values is Scheme.own_weighted_values and self._own_weighted_sum():
-            weighted, hkv_v = self.v.weighted_sum_plan(cache.v), cache.v.shape[1]
-
-            def values(w: torch.Tensor) -> torch.Tensor:
-                return _attention.ungroup(weighted(_attention.group_queries(w, hkv_v)), w.shape[1], w.shape[2])
+            values = grouped(self.v.weighted_sum_plan(cache.v), cache.v.shape[1])
         else:
-            def values(w: torch.Tensor) -> torch.Tensor:
-                return self.own_weighted_values(w, cache)
+            values = functools.partial(self.own_weighted_values, cache=cache)
         return scores, values
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,

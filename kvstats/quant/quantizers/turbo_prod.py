@@ -128,9 +128,13 @@ class TurboProd(Quantizer):
         q = self._rotate(query.to(acc_dtype(query.dtype)))
         if self.stage is None:
             return self.sketch.estimate(q, code.payload["signs"], code.scalars["gamma"])
+        return self._scores_plan(code).broadcast(q)
+
+    def _scores_plan(self, code: Code) -> GroupedPlan:
+        """Scores of rotated queries against both stages' codes, planned for one code (b ≥ 2)."""
         mse = code.parts["mse"]
-        return GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"],
-                           code.payload["signs"], code.scalars["gamma"], key_dims=(1, 0, 1, 0)).broadcast(q)
+        return GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"], code.payload["signs"],
+                           code.scalars["gamma"], key_dims=(1, 0, 1, 0))
 
     def _scores_kernel(self, q3, idx, norm, signs, gamma) -> torch.Tensor:
         """Scores [G, n_q, n_k] of rotated queries q3 [G, n_q, d] against both stages' codes in the kernels' layout."""
@@ -148,9 +152,7 @@ class TurboProd(Quantizer):
     def inner_plan(self, code: Code):
         if self.stage is None or not self._plan_reproduces("_inner", TurboProd):
             return super().inner_plan(code)
-        mse = code.parts["mse"]
-        scores = GroupedPlan(self._scores_kernel, mse.payload["indices"], mse.scalars["norm"],
-                             code.payload["signs"], code.scalars["gamma"], key_dims=(1, 0, 1, 0))
+        scores = self._scores_plan(code)
         return lambda query: scores(self._rotate(query))
 
     def weighted_sum_plan(self, code: Code):
