@@ -254,7 +254,7 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
 
     with torch.inference_mode():
         _set_attention(model, "sdpa")
-        past = model(context, use_cache=True).past_key_values
+        past = model(context, use_cache=True, logits_to_keep=1).past_key_values  # no [T, vocab] logits
         layers = len(past.layers)
         if BASELINE in available_backends():
             for n in (b for b in bits if b in (2, 4)):  # quanto's nbits

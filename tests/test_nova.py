@@ -422,3 +422,21 @@ def test_recalibration_changes_the_fingerprint_and_refuses_older_codes():
     assert q.provenance().fingerprint != first
     with pytest.raises(ValueError, match="code was made by"):
         q.decode(old)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_each_group_is_encoded_to_its_nearest_centroid(dtype):
+    """The index of every group is the arg-min of ‖u − c‖² over its codebook (a float64 numpy brute force the
+    oracle): equal to it, or a centroid whose distance is the minimum to the round-off of the working dtype."""
+    q, k = calibration_data(n_k=300)
+    nq = quantizer("nova", bits=2, dim=D, seed=0).calibrate(q, k)
+    x = gaussian(4500, D, 11, torch.linspace(2.0, 0.2, D, dtype=torch.float64)).to(dtype)  # > one block (4,096)
+    idx, stored, y = nq.encode_coefficients(x)
+    u = (y.double() / stored.double().unsqueeze(-1)).numpy().reshape(4500, nq.groups, nq.group_dim)
+    books = nq.calibration.codebooks.double().numpy()  # [G, K, g]
+    dist = ((u[:, :, None, :] - books[None]) ** 2).sum(-1)  # [n, G, K]
+    best = dist.min(-1)
+    chosen = np.take_along_axis(dist, idx.numpy()[..., None], -1)[..., 0]
+    tol = (1e-12 if dtype == torch.float64 else 1e-5) * (1.0 + (u ** 2).sum(-1))
+    assert (chosen - best <= tol).all()
+    assert (idx.numpy() == dist.argmin(-1)).mean() > 0.99  # exact ties and near-ties are rare

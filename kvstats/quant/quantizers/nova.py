@@ -291,11 +291,12 @@ class NovaQuantizer(Quantizer):
         flat = u.reshape(-1, self.groups, self.group_dim)
         idx = torch.empty(flat.shape[:2], dtype=torch.int64, device=y.device)
         step = max(1, (1 << 22) // (self.groups * self.codebook_size))
-        book_sq = (books ** 2).sum(-1)  # [G, K]
+        book_sq = (books ** 2).sum(-1).unsqueeze(1)  # [G, 1, K]
+        books_t = books.transpose(1, 2)  # [G, g, K]
         for start in range(0, flat.shape[0], step):
-            part = flat[start:start + step]
-            dist = book_sq - 2 * torch.einsum("ngj,gkj->ngk", part, books)
-            idx[start:start + step] = dist.argmin(-1)
+            # ‖u − c‖² − ‖u‖² = ‖c‖² − 2⟨u, c⟩ per group, [G, n, K], as one fused batched matmul
+            dist = torch.baddbmm(book_sq, flat[start:start + step].transpose(0, 1), books_t, alpha=-2)
+            idx[start:start + step] = dist.argmin(-1).T
         idx = torch.where(s.reshape(-1, 1) > 0, idx, torch.zeros_like(idx))
         return idx.reshape(*y.shape[:-1], self.groups), stored, y
 
