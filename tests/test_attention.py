@@ -195,3 +195,44 @@ def test_budget_sweep_trial_uses_the_same_attention(ratio, causal):
     assert row["attention_kl"] == pytest.approx(kl, rel=1e-9)
     assert row["output_error"] == pytest.approx(err, rel=1e-9)
     assert row["attention_kl"] > 1e-4  # 3-bit keys: a real error, not a vacuous 0
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_a_module_that_is_not_causal_attends_to_every_key_without_a_mask(ratio):
+    """kvstats_attention for a module with is_causal = False and no mask (a vision tower's, an encoder's): every
+    key, as sdpa reads it (float64 numpy the oracle); a causal module with no mask: causal. On a KVStatsCache, which
+    models causal decoding, the non-causal call is refused by name, not read as causal."""
+    from kvstats.hf.cache import KVStatsLayer, kvstats_attention
+
+    q, k, v = _data(ratio, torch.float64, seed=8)
+    n = q.shape[2]
+    q, k, v = q[:, :, :n], k[:, :, :n], v[:, :, :n]  # as many keys as queries: a self-attention forward
+    scale = 16 ** -0.5
+    kr, vr = (np.repeat(t.numpy(), ratio, axis=1) for t in (k, v))
+    logits = np.einsum("bhnd,bhsd->bhns", q.numpy(), kr) * scale
+
+    def oracle(visible):
+        w = scipy.special.softmax(np.where(visible, logits, -np.inf), axis=-1)
+        return np.einsum("bhns,bhsd->bhnd", w, vr)
+
+    class Encoder:
+        training, scaling, is_causal = False, scale, False
+
+    class Decoder(Encoder):
+        is_causal = True
+
+    full, _ = kvstats_attention(Encoder(), q, k, v, None)
+    np.testing.assert_allclose(full.transpose(1, 2).numpy(), oracle(np.ones((n, n), bool)), rtol=1e-12, atol=1e-12)
+    causal, _ = kvstats_attention(Decoder(), q, k, v, None)
+    np.testing.assert_allclose(causal.transpose(1, 2).numpy(), oracle(np.tril(np.ones((n, n), bool))), rtol=1e-12,
+                               atol=1e-12)
+    assert not np.allclose(full.numpy(), causal.numpy())  # the two readings differ on these states
+    with pytest.raises(ValueError, match=r"sliding_window=2"):
+        kvstats_attention(Encoder(), q, k, v, None, sliding_window=2)
+    layer = KVStatsLayer(_identity_scheme(16), 0)
+    keys, values = layer.update(k, v)
+    with pytest.raises(ValueError, match=r"Encoder is not causal \(is_causal=False\) and passed no mask"):
+        kvstats_attention(Encoder(), q, keys, values, None)
+    one, _ = kvstats_attention(Encoder(), q[:, :, -1:], keys, values, None)  # one query at the last key: every key
+    np.testing.assert_allclose(one.transpose(1, 2).numpy(), oracle(np.ones((n, n), bool))[:, :, -1:], rtol=1e-10,
+                               atol=1e-10)

@@ -28,16 +28,32 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     attention, so a model set to ``"kvstats"`` behaves as the unquantized model there. Either way the model's
     soft capping, sliding window and attention sinks are applied as its own eager attention applies them
     (:class:`LogitRules`), and any other keyword that would change the attention is refused (:func:`logit_rules`).
+    No mask means causal, except for a module with ``is_causal = False`` (every key, as sdpa; refused on a
+    KVStatsCache for more than one query).
     """
     scaling = module.scaling if scaling is None else scaling
     rules = logit_rules(module, kwargs)
     training = bool(getattr(module, "training", False))
+    # a module that is not causal (an encoder's, a vision tower's: is_causal = False) with no mask attends to every
+    # key, as sdpa reads it; kvstats' None means causal, so such a call is refused on the cache (which models causal
+    # decoding) and computed over every key without one
+    bidirectional = attention_mask is None and not getattr(module, "is_causal", True) and query.shape[2] > 1
     layer = getattr(key, "_kvstats_layer", None)
     if layer is not None:
+        if bidirectional:
+            raise ValueError(f"{type(module).__name__} is not causal (is_causal=False) and passed no mask: a "
+                             f"KVStatsCache reads a None mask as causal decoding; pass the model's mask, or use "
+                             f"the model's own attention implementation for this module")
         return layer.attend(query, attention_mask, scaling, dropout, training, rules)
     acc = acc_dtype(query.dtype)
     logits = _attention.soft_cap(_attention.scores(query.to(acc), key.to(acc), scale=scaling), rules.softcap)
     n, seq = logits.shape[-2:]
+    if bidirectional:
+        if rules.sliding_window is not None:
+            raise ValueError(f"{type(module).__name__} is not causal (is_causal=False) and passed no mask with "
+                             f"sliding_window={rules.sliding_window}: which keys a bidirectional window shows is "
+                             f"not defined without a mask; pass the model's mask")
+        attention_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=query.device).expand(1, 1, n, seq)
     if attention_mask is None:
         visible = (_attention.causal_visible(n, seq, device=query.device) if rules.sliding_window is None else
                    _attention.window_visible(n, seq, rules.sliding_window, device=query.device))
