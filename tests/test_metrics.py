@@ -443,3 +443,26 @@ def test_attention_reference_huge_fp32_logits_and_bad_input():
         ref.topk_recall(b, top_k=0)
     with pytest.raises(ValueError, match=r"reduction must be 'mean' or 'none', got 'sum'"):
         ref.kl(b, reduction="sum")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nq,s,offset", [(7, 7, 0), (5, 12, 7), (4, 15, 6), (1, 9, 8), (3, 3, 0)])
+def test_in_place_causal_kl_and_recall_equal_the_public_functions(nq, s, offset, dtype):
+    """causal_kl_and_recall_ (the cache records' one call on its own temporaries) gives the public
+    attention_kl_from_scores / topk_recall_from_scores values bit for bit: queries from position 0 (fewer visible keys
+    than top_k), a block inside the sequence, columns past the block's last query (a mask that formed every column),
+    one query; ties (logits on a grid of 4 values); hidden keys already filled with finfo.min, as the cache masks them
+    (an additive mask of finfo.min cannot overflow to -inf: a logit would need |s| > 1e31)."""
+    gen = torch.Generator().manual_seed(nq * 100 + s)
+    a = torch.randint(0, 4, (2, 3, nq, s), generator=gen).to(dtype) * 0.5
+    b = a + torch.randint(-1, 2, a.shape, generator=gen).to(dtype) * 0.5
+    hidden = ~M.attention.causal_visible(nq, s, offset)
+    a, b = (t.masked_fill(hidden, torch.finfo(dtype).min) for t in (a, b))
+    for top_k in (1, 5):
+        kl = M.attention_kl_from_scores(a, b, causal=True, query_offset=offset, reduction="none")
+        recall = M.topk_recall_from_scores(a, b, top_k=top_k, causal=True, query_offset=offset, reduction="none")
+        got_kl, got_recall = M.causal_kl_and_recall_(a.clone(), b.clone(), top_k=top_k, query_offset=offset)
+        assert got_kl.dtype == got_recall.dtype == torch.float64
+        assert torch.equal(got_kl, kl.to(torch.float64)) and torch.equal(got_recall, recall)
+        assert (kl > 0).any()  # the two logits really differ
+        assert top_k > 1 or nq * s < 10 or (recall < 1).any()

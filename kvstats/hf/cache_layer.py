@@ -14,7 +14,7 @@ from kvstats._validation import all_finite, check_float_tensor, first_non_finite
 from kvstats.hf._transformers import CacheLayerMixin
 from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
 from kvstats.hf.records import AttentionRecord
-from kvstats.measure.metrics import attention_kl_from_scores, topk_recall_from_scores
+from kvstats.measure.metrics import causal_kl_and_recall_
 from kvstats.quant import attention as _attention
 from kvstats.quant.quantizers.base import acc_dtype, held_bytes
 from kvstats.quant.schemes import CacheCode, Scheme
@@ -611,8 +611,6 @@ class KVStatsLayer(CacheLayerMixin):
                 offset: int) -> None:
         if span_start != 0:  # the exact keys of older tokens are gone: no reference to compare with
             return
-        kl = attention_kl_from_scores(exact, logits, causal=True, query_offset=offset, reduction="none")
-        recall = topk_recall_from_scores(exact, logits, top_k=min(RECORD_TOP_K, seq), causal=True,
-                                         query_offset=offset, reduction="none")
-        self.records.append(AttentionRecord(self.layer_idx, offset, kl.to(torch.float64).cpu(),
-                                            recall.to(torch.float64).cpu(), min(RECORD_TOP_K, seq)))
+        # both logits are this block's temporaries (the weights are already formed): masked in place, not copied
+        kl, recall = causal_kl_and_recall_(exact, logits, top_k=min(RECORD_TOP_K, seq), query_offset=offset)
+        self.records.append(AttentionRecord(self.layer_idx, offset, kl.cpu(), recall.cpu(), min(RECORD_TOP_K, seq)))

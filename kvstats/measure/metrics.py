@@ -291,6 +291,25 @@ def _recall(a: torch.Tensor, b: torch.Tensor, top_k: int, visible: torch.Tensor 
     return hits.to(torch.float64) / k_eff.to(torch.float64)
 
 
+def causal_kl_and_recall_(scores_ref: torch.Tensor, scores_quant: torch.Tensor, *, top_k: int,
+                          query_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention_kl_from_scores`` and ``topk_recall_from_scores`` (``causal=True``, ``reduction="none"``) of the
+    same two logits in one call, the same values bit for bit, for a caller that owns both tensors and discards them
+    (the cache's attention records): the causally hidden keys are set to ``-inf`` in place, in the columns from
+    ``query_offset`` on (the only ones the mask hides anything in), where the public functions check and mask full
+    copies of both. Logits ``[..., N, S]`` fp32/fp64 of one shape, ``S ≥ query_offset + 1``; returns (KL, recall),
+    each ``[..., N]`` float64. Both inputs are modified."""
+    n, s = scores_ref.shape[-2:]
+    hidden = ~attention.causal_visible(n, s - query_offset, 0, scores_ref.device)
+    for t in (scores_ref, scores_quant):
+        t[..., query_offset:].masked_fill_(hidden, float("-inf"))
+    kl = _kl_logits(scores_ref, scores_quant, None)
+    seen = torch.arange(query_offset + 1, query_offset + n + 1, device=scores_ref.device).clamp_max(s)
+    k_eff = seen.clamp_max(top_k).expand(scores_ref.shape[:-1])
+    hits = (_top_membership(scores_ref, k_eff) & _top_membership(scores_quant, k_eff)).sum(-1)
+    return kl.to(torch.float64), hits.to(torch.float64) / k_eff.to(torch.float64)
+
+
 def topk_recall(
     q,
     k,
