@@ -199,13 +199,19 @@ def _reference(size: int, count: int | None):
 
 @functools.lru_cache(maxsize=1)
 def _calibration_capture(tokens: int | None):
-    """SmolLM2's Q/K/V over the calibration document (first ``tokens`` tokens; None: all of it)."""
+    """SmolLM2's Q/K/V over the calibration document (first ``tokens`` tokens; None: all of it). The shared model's
+    attention implementation is restored after the capture: a cell that builds its schemes (and so calibrates) after
+    setting "kvstats" must still run on the estimator path, not silently on sdpa."""
     from kvstats.hf.capture import capture_qkv
 
     model, tokenizer, _ = _model()
+    before = model.config._attn_implementation
     _set_attention(model, "sdpa")
     ids = tokenizer(documents()[DOCUMENTS[0]], return_tensors="pt").input_ids
-    return capture_qkv(model, input_ids=ids[:, :tokens] if tokens else ids)
+    try:
+        return capture_qkv(model, input_ids=ids[:, :tokens] if tokens else ids)
+    finally:
+        _set_attention(model, before)
 
 
 def _nova_cache_dir():

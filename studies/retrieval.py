@@ -268,6 +268,10 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
                 seed = cell_seed(STUDY, "scheme", task, length, prompt) if name != "nova" else 0
                 cache = KVStatsCache(layer_schemes(name, n, seed, layers, calibration_tokens), record_attention=True)
                 logits = _chunk_logits(model, chunk, cache.prefill(past))
+                if len(cache.attention_records) != layers:  # every layer on the estimator path, each one record
+                    raise RuntimeError(f"retrieval cell {task}/{length}/{prompt}, {name} n = {n}: "
+                                       f"{len(cache.attention_records)} attention records for {layers} layers: the "
+                                       f"chunk did not run on the kvstats attention path")
                 kl = float(np.mean([r.kl.mean().item() for r in cache.attention_records]))
                 add(name, n, passed(logits, p), kl, cache.memory().bits_per_element)
         _set_attention(model, "sdpa")

@@ -115,3 +115,36 @@ def test_recovered_fraction_and_its_interval(rt):
                              "n": 16 if scheme == "fp" else 2, "success": ok})
     estimate, (low, high) = rt.recovered_fraction(pd.DataFrame(rows), "minmax")
     assert estimate == pytest.approx(0.6) and 0.35 < low < 0.6 < high < 0.85
+
+
+def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
+    """NOVA-KV's calibration capture (run inside a cell, after the cell set the "kvstats" attention) gives the shared
+    model its attention implementation back: it left sdpa behind, so the chunk ran on the dense path without records
+    (attn_kl NaN for the first NOVA-KV cells of a cold run). A cell whose chunk did not reach the kvstats path now
+    raises instead of reporting it; one that did has a finite attention KL."""
+    import kvstats.hf.baselines as baselines
+    import kvstats.studies.end_to_end as e2e
+    import kvstats.studies.retrieval as ret
+
+    model, _, _ = e2e._model()
+    e2e._set_attention(model, "kvstats")
+    e2e._calibration_capture.cache_clear()
+    try:
+        e2e._calibration_capture(64)
+        assert model.config._attn_implementation == "kvstats"
+    finally:
+        e2e._calibration_capture.cache_clear()
+    monkeypatch.setattr(ret, "SCHEMES", ("mse",))
+    monkeypatch.setattr(baselines, "available_backends", lambda: ())
+    rows = ret.cell("passkey", 256, 0, (2,), None)
+    mse = [r for r in rows if r["scheme"] == "mse"]
+    assert mse and all(np.isfinite(r["attn_kl"]) and r["attn_kl"] > 0 for r in mse)
+    build = e2e.layer_schemes
+
+    def leaves_sdpa(*args, **kwargs):  # what the capture did before
+        e2e._set_attention(model, "sdpa")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(e2e, "layer_schemes", leaves_sdpa)
+    with pytest.raises(RuntimeError, match=r"passkey/256/0, mse n = 2: 0 attention records for 30 layers"):
+        ret.cell("passkey", 256, 0, (2,), None)
