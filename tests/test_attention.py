@@ -227,6 +227,9 @@ def test_a_module_that_is_not_causal_attends_to_every_key_without_a_mask(ratio):
     np.testing.assert_allclose(causal.transpose(1, 2).numpy(), oracle(np.tril(np.ones((n, n), bool))), rtol=1e-12,
                                atol=1e-12)
     assert not np.allclose(full.numpy(), causal.numpy())  # the two readings differ on these states
+    # the call's is_causal=True overrides the module's False (CLIP's text tower calls its encoder so), as in sdpa
+    keyword, _ = kvstats_attention(Encoder(), q, k, v, None, is_causal=True)
+    np.testing.assert_allclose(keyword.numpy(), causal.numpy(), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"sliding_window=2"):
         kvstats_attention(Encoder(), q, k, v, None, sliding_window=2)
     layer = KVStatsLayer(_identity_scheme(16), 0)

@@ -4,6 +4,7 @@ All inputs are seeded; the comparisons are deterministic up to float64 rounding 
 correct implementation never fails. The one random test (energy permutation test) is sized in its comment.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -451,14 +452,15 @@ def test_in_place_causal_kl_and_recall_equal_the_public_functions(nq, s, offset,
     """causal_kl_and_recall_ (the cache records' one call on its own temporaries) gives the public
     attention_kl_from_scores / topk_recall_from_scores values bit for bit: queries from position 0 (fewer visible keys
     than top_k), a block inside the sequence, columns past the block's last query (a mask that formed every column),
-    one query; ties (logits on a grid of 4 values); hidden keys already filled with finfo.min, as the cache masks them
+    one query; ties (logits on a grid of 4 values); hidden keys holding real logits (the in-place mask must hide them)
+    and already filled with finfo.min, as the cache masks them
     (an additive mask of finfo.min cannot overflow to -inf: a logit would need |s| > 1e31)."""
     gen = torch.Generator().manual_seed(nq * 100 + s)
-    a = torch.randint(0, 4, (2, 3, nq, s), generator=gen).to(dtype) * 0.5
-    b = a + torch.randint(-1, 2, a.shape, generator=gen).to(dtype) * 0.5
+    raw_a = torch.randint(0, 4, (2, 3, nq, s), generator=gen).to(dtype) * 0.5
+    raw_b = raw_a + torch.randint(-1, 2, raw_a.shape, generator=gen).to(dtype) * 0.5
     hidden = ~M.attention.causal_visible(nq, s, offset)
-    a, b = (t.masked_fill(hidden, torch.finfo(dtype).min) for t in (a, b))
-    for top_k in (1, 5):
+    masked = tuple(t.masked_fill(hidden, torch.finfo(dtype).min) for t in (raw_a, raw_b))
+    for (a, b), top_k in itertools.product(((raw_a, raw_b), masked), (1, 5)):
         kl = M.attention_kl_from_scores(a, b, causal=True, query_offset=offset, reduction="none")
         recall = M.topk_recall_from_scores(a, b, top_k=top_k, causal=True, query_offset=offset, reduction="none")
         got_kl, got_recall = M.causal_kl_and_recall_(a.clone(), b.clone(), top_k=top_k, query_offset=offset)

@@ -122,9 +122,10 @@ def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
     model its attention implementation back: it left sdpa behind, so the chunk ran on the dense path without records
     (attn_kl NaN for the first NOVA-KV cells of a cold run). A cell whose chunk did not reach the kvstats path now
     raises instead of reporting it; one that did has a finite attention KL."""
-    import kvstats.hf.baselines as baselines
     import kvstats.studies.end_to_end as e2e
     import kvstats.studies.retrieval as ret
+
+    import kvstats.hf.baselines as baselines
 
     model, _, _ = e2e._model()
     e2e._set_attention(model, "kvstats")

@@ -37,7 +37,9 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     # a module that is not causal (an encoder's, a vision tower's: is_causal = False) with no mask attends to every
     # key, as sdpa reads it; kvstats' None means causal, so such a call is refused on the cache (which models causal
     # decoding) and computed over every key without one
-    bidirectional = attention_mask is None and not getattr(module, "is_causal", True) and query.shape[2] > 1
+    causal = kwargs.get("is_causal")  # the call's keyword first, then the module's attribute, as sdpa decides
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    bidirectional = attention_mask is None and not causal and query.shape[2] > 1
     layer = getattr(key, "_kvstats_layer", None)
     if layer is not None:
         if bidirectional:
