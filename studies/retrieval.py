@@ -61,7 +61,7 @@ from kvstats.run.report import fmt_p
 from kvstats.run.sweep import cell_seed
 
 STUDY = "retrieval"
-VERSION = "1"
+VERSION = "2"  # 2: NOVA-KV cells always on the kvstats path with their records (dc05222)
 POSITION = 97  # place in figures/REPORT.md: after model_damage
 #: kvstats schemes (studies/end_to_end.py's builders: D'Alberto's three, KIVI-style min-max, TurboQuant_mse on K
 #: and V, NOVA-KV calibrated on the Declaration of Independence), then transformers' quantized cache
