@@ -1106,3 +1106,29 @@ def test_decode_steps_rollback_record_is_exact_after_joins(steps):
         if steps > 5:
             with pytest.raises(ValueError, match="rollback_tokens"):
                 layer.crop(-1)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "one_row"])
+def test_records_refuse_a_mask_that_shows_later_keys(kind):
+    """The attention records compare causal distributions: a mask that lets a query see a later key (bidirectional,
+    prefix-LM, one padding row broadcast to every query) is refused by name before the update's states are used, where
+    a causal mask of either kind records; a decode step's single query sees no later key, whatever its mask."""
+    from kvstats.hf.cache import IdentityScheme, KVStatsLayer
+
+    gen = torch.Generator().manual_seed(5)
+    k, v, q = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen), \
+        torch.randn(1, 4, 5, 8, generator=gen)
+    causal = torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    shows = {"bool": torch.ones(5, 5, dtype=torch.bool), "one_row": torch.ones(1, 5, dtype=torch.bool)}.get(
+        kind, torch.zeros(5, 5))
+    as_kind = (lambda m: m) if kind != "float" else (lambda m: torch.zeros(5, 5).masked_fill(~m, torch.finfo(
+        torch.float32).min))
+    layer = KVStatsLayer(IdentityScheme(8), 0, record=True)
+    layer.update(k, v)
+    with pytest.raises(ValueError, match=r"record_attention on layer .*see keys after its own position"):
+        layer.attend(q, shows[None, None], 0.35)
+    out, _ = layer.attend(q, as_kind(causal)[None, None], 0.35)  # the refused call left the states to this one
+    assert out.shape == (1, 5, 4, 8) and len(layer.records) == 1
+    layer.update(k[:, :, :1], v[:, :, :1])
+    out, _ = layer.attend(q[:, :, :1], torch.ones(1, 1, 1, 6, dtype=torch.bool), 0.35)  # not refused
+    assert out.shape == (1, 1, 4, 8)
