@@ -1128,7 +1128,13 @@ def test_records_refuse_a_mask_that_shows_later_keys(kind):
     with pytest.raises(ValueError, match=r"record_attention on layer .*see keys after its own position"):
         layer.attend(q, shows[None, None], 0.35)
     out, _ = layer.attend(q, as_kind(causal)[None, None], 0.35)  # the refused call left the states to this one
-    assert out.shape == (1, 5, 4, 8) and len(layer.records) == 1
+    fresh = KVStatsLayer(IdentityScheme(8), 0, record=True)
+    fresh.update(k, v)
+    want, _ = fresh.attend(q, as_kind(causal)[None, None], 0.35)
+    assert torch.equal(out, want) and len(layer.records) == 1 and torch.equal(layer.records[0].kl, fresh.records[0].kl)
     layer.update(k[:, :, :1], v[:, :, :1])
     out, _ = layer.attend(q[:, :, :1], torch.ones(1, 1, 1, 6, dtype=torch.bool), 0.35)  # not refused
     assert out.shape == (1, 1, 4, 8)
+    layer.update(k[:, :, :2], v[:, :, :2])  # the older tokens' exact states are gone: nothing to record, not refused
+    out, _ = layer.attend(q[:, :, :2], torch.ones(1, 1, 2, 8, dtype=torch.bool), 0.35)
+    assert out.shape == (1, 2, 4, 8) and len(layer.records) == 1

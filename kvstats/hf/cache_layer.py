@@ -34,13 +34,13 @@ def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _shows_later_keys(mask: torch.Tensor, n: int, seq: int) -> bool:
-    """Whether the mask rows of the last ``n`` of ``seq`` positions (bool: True = attend; float: added to the logits)
-    let a query see a key after its own position."""
-    rows = mask[..., -seq:]
+def _shows_later_keys(mask: torch.Tensor, n: int) -> bool:
+    """Whether the mask rows of the last ``n`` positions (bool: True = attend; float: added to the logits; keys aligned
+    to the end) let a query see a key after its own position."""
+    rows = mask[..., -n:]  # a later key of one of the last n queries is one of the last n keys
     rows = rows if rows.shape[-2] in (1, n) else rows[..., -n:, :]  # one row broadcast to every query, or theirs
     shown = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
-    return bool((shown & ~_attention.causal_visible(n, seq, seq - n, device=rows.device)).any())
+    return bool((shown & ~_attention.causal_visible(n, n, 0, device=rows.device)).any())
 
 
 def _weights_requested() -> bool:
@@ -421,7 +421,8 @@ class KVStatsLayer(CacheLayerMixin):
         if n > seq - span[0]:
             raise ValueError(f"{n} queries but only {seq - span[0]} tokens were added or kept exact by update()")
         check_float_tensor(query, f"query of layer {self.layer_idx}", allow_empty=True)
-        if self.record and n > 1 and attention_mask is not None and _shows_later_keys(attention_mask, n, seq):
+        if (self.record and span[0] == 0 and n > 1 and attention_mask is not None  # a forward _record will record
+                and _shows_later_keys(attention_mask, n)):
             raise ValueError(f"record_attention on layer {self.layer_idx}: the attention mask lets a query see keys "
                              f"after its own position (a bidirectional or prefix-LM mask), and the records compare "
                              f"causal attention distributions, not the ones this model uses; build the cache with "
