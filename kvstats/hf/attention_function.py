@@ -50,17 +50,16 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     acc = acc_dtype(query.dtype)
     logits = _attention.soft_cap(_attention.scores(query.to(acc), key.to(acc), scale=scaling), rules.softcap)
     n, seq = logits.shape[-2:]
-    if bidirectional:
-        if rules.sliding_window is not None:
+    if attention_mask is None:
+        if bidirectional and rules.sliding_window is not None:
             raise ValueError(f"{type(module).__name__} is not causal (is_causal=False) and passed no mask with "
                              f"sliding_window={rules.sliding_window}: which keys a bidirectional window shows is "
                              f"not defined without a mask; pass the model's mask")
-        attention_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=query.device).expand(1, 1, n, seq)
-    if attention_mask is None:
-        visible = (_attention.causal_visible(n, seq, device=query.device) if rules.sliding_window is None else
+        visible = (None if bidirectional else  # None: every key
+                   _attention.causal_visible(n, seq, device=query.device) if rules.sliding_window is None else
                    _attention.window_visible(n, seq, rules.sliding_window, device=query.device))
-        attention_mask = visible
-    if attention_mask.dtype == torch.bool:
+        logits = _attention.mask_logits(logits, visible, torch.finfo(acc).min)
+    elif attention_mask.dtype == torch.bool:
         logits = _attention.mask_logits(logits, attention_mask[..., -seq:], torch.finfo(acc).min)
     else:
         logits = logits + attention_mask[..., -seq:].to(acc)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kvstats._validation import all_finite, check_float_tensor, first_non_finite
 from kvstats.hf._transformers import CacheLayerMixin
-from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals
+from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals, _shown
 from kvstats.hf.records import AttentionRecord
 from kvstats.measure.metrics import causal_kl_and_recall_
 from kvstats.quant import attention as _attention
@@ -39,8 +39,7 @@ def _shows_later_keys(mask: torch.Tensor, n: int) -> bool:
     to the end) let a query see a key after its own position."""
     rows = mask[..., -n:]  # a later key of one of the last n queries is one of the last n keys
     rows = rows if rows.shape[-2] in (1, n) else rows[..., -n:, :]  # one row broadcast to every query, or theirs
-    shown = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
-    return bool((shown & ~_attention.causal_visible(n, n, 0, device=rows.device)).any())
+    return bool((_shown(rows) & ~_attention.causal_visible(n, n, 0, device=rows.device)).any())
 
 
 def _weights_requested() -> bool:

@@ -72,8 +72,11 @@ def _mask_block(logits: torch.Tensor, mask: torch.Tensor | None, first: int, n: 
         logits += mask[..., :width].to(logits.dtype)
 
 
+def _shown(mask: torch.Tensor) -> torch.Tensor:
+    """Where an attention mask (bool: True = attend; float: added to the logits) lets a query see a key."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
 def _reveals(mask: torch.Tensor) -> bool:
-    """Whether an attention mask (bool: True = attend; float: added to the logits) lets any query see a key."""
-    if mask.dtype == torch.bool:
-        return bool(mask.any())
-    return bool((mask > torch.finfo(mask.dtype).min / 2).any())
+    """Whether an attention mask lets any query see a key (:func:`_shown` anywhere)."""
+    return bool(_shown(mask).any())

@@ -299,13 +299,11 @@ def causal_kl_and_recall_(scores_ref: torch.Tensor, scores_quant: torch.Tensor, 
     ``query_offset`` on (the only ones the mask hides anything in), where the public functions check and mask full
     copies of both. Logits ``[..., N, S]`` fp32/fp64 of one shape, ``S ≥ query_offset + 1``; returns (KL, recall),
     each ``[..., N]`` float64. Both inputs are modified."""
-    n, s = scores_ref.shape[-2:]
-    hidden = ~attention.causal_visible(n, s - query_offset, 0, scores_ref.device)
+    visible = _causal_visible(*scores_ref.shape[-2:], query_offset, scores_ref.device)
     for t in (scores_ref, scores_quant):
-        t[..., query_offset:].masked_fill_(hidden, float("-inf"))
+        t[..., query_offset:].masked_fill_(~visible[:, query_offset:], float("-inf"))
     kl = _kl_logits(scores_ref, scores_quant, None)
-    seen = torch.arange(query_offset + 1, query_offset + n + 1, device=scores_ref.device).clamp_max(s)
-    k_eff = seen.clamp_max(top_k).expand(scores_ref.shape[:-1])
+    k_eff = _k_eff(scores_ref.shape, top_k, visible, scores_ref.device)
     hits = (_top_membership(scores_ref, k_eff) & _top_membership(scores_quant, k_eff)).sum(-1)
     return kl.to(torch.float64), hits.to(torch.float64) / k_eff.to(torch.float64)
 
