@@ -84,6 +84,7 @@ from kvstats.quant.quantizers.nova import (
     PerHeadQuantizer,
     RotatedMinMax,
     kmeans_codebook,
+    one_thread,
     parseval_terms,
 )
 from kvstats.quant.schemes import NovaScheme, Scheme, scheme
@@ -226,7 +227,8 @@ def regrouped(head: NovaQuantizer, keys: torch.Tensor, order: torch.Tensor) -> N
     position[cal.ranks] = torch.arange(d)  # where each eigen-rank sits in ``head``
     rows = position[order]
     t = cal.transform[rows]
-    y = (keys.reshape(-1, d).double() - cal.mean) @ t.T
+    with one_thread():  # as NovaQuantizer.calibrate: the k-means must see the same last bits at any thread count
+        y = (keys.reshape(-1, d).double() - cal.mean) @ t.T
     rms = torch.linalg.vector_norm(y, dim=-1, keepdim=True) / math.sqrt(d)
     u = (y / torch.where(rms > 0, rms, torch.ones_like(rms))).reshape(-1, head.groups, g).numpy()
     books = kmeans_codebook(u.transpose(1, 0, 2), head.codebook_size, head.seed, head.kmeans_iters)

@@ -130,6 +130,40 @@ def test_kmeans_codebooks_reproducible_by_seed():
     assert own < rand
 
 
+@pytest.mark.parametrize("transform", ["attention", "klt", "rotation"])
+def test_calibration_sums_over_tokens_run_on_one_thread(transform):
+    """Every product and reduction of the calibration (the moments over tokens, the coefficients the k-means
+    sees, the eigensolver) runs with torch at one thread, whatever the caller set, and the caller's setting
+    comes back: a multithreaded GEMM that splits the token axis changes last bits with the thread count (seen in
+    CI: the ridge and the eigenvalues of a SmolLM2 head differed between 1 and 2 threads), and the study
+    reports must not. The oracle is torch's own thread count observed at each dispatched op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ThreadsAtEachOp(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("mm", "matmul", "addmm", "bmm", "mean", "sum", "linalg_eigh", "_linalg_eigh", "trace"):
+                self.seen.append((name, torch.get_num_threads()))
+            return func(*args, **(kwargs or {}))
+
+    q, k = calibration_data()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with ThreadsAtEachOp() as mode:
+            NovaQuantizer(2, D, seed=0, transform=transform).calibrate(q if transform == "attention" else None, k)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    token_sums = [(name, t) for name, t in mode.seen if name in ("mm", "mean")]
+    assert len(token_sums) >= 2, mode.seen  # the key moments at least: the mode saw the calibration
+    assert all(t == 1 for name, t in mode.seen if name in ("mm", "mean", "linalg_eigh", "_linalg_eigh")), mode.seen
+
+
 # -------------------------------------------------------------------------------- codes and sizes
 @pytest.mark.parametrize(("bits", "d", "group_dim"), [(1, 16, 8), (2, 16, 4), (3, 16, 2), (4, 16, 2), (2, 18, 3)])
 def test_group_vq_shapes_packed_sizes_and_budget(bits, d, group_dim):

@@ -86,6 +86,7 @@ from kvstats.quant.quantizers.nova_calibration import (
     isotropic_calibration,
     kmeans_codebook,
     kmeans_plusplus,
+    one_thread,
     stratified_ranks,
 )
 from kvstats.quant.quantizers.per_head import PerHeadQuantizer
@@ -106,6 +107,7 @@ __all__ = [
     "isotropic_calibration",
     "kmeans_codebook",
     "kmeans_plusplus",
+    "one_thread",
     "parseval_terms",
     "stratified_ranks",
 ]
@@ -195,13 +197,22 @@ class NovaQuantizer(Quantizer):
             raise ValueError(f"keys must hold at least {self.min_calibration_keys} calibration tokens "
                              f"(codebook size 2^(g*b) = {self.codebook_size}, d + 1 = {self.dim + 1}), "
                              f"got {k.shape[0]}")
+        # every sum over tokens, the transform and the coefficients the k-means sees on one thread: a
+        # multithreaded GEMM changes last bits with the thread count, and the eigenvalues, the ridge and the
+        # k-means would carry them into the reports (tests/test_reproducibility.py)
+        with one_thread():
+            self._set_calibration(self._fit(q if self.transform == "attention" else None, k))
+        return self
+
+    def _fit(self, q: torch.Tensor | None, k: torch.Tensor) -> NovaCalibration:
+        """The calibration from float64 rows q [n_q, d] (None unless transform="attention") and k [n_k, d]."""
         eye = torch.eye(self.dim, dtype=torch.float64)
         mu = k.mean(0)
         centred = k - mu
         cov = centred.T @ centred / k.shape[0]
+        second = q.T @ q / q.shape[0] if self.transform == "attention" else None
         ridge, n_queries = 0.0, 0
         if self.transform == "attention":
-            second = q.T @ q / q.shape[0]
             mean_energy = float(torch.trace(second)) / self.dim
             if mean_energy <= 0:
                 raise ValueError("queries are all zero: Σ_Q = E[q qᵀ] = 0 has no attention geometry to "
@@ -225,12 +236,11 @@ class NovaQuantizer(Quantizer):
         rms = torch.linalg.vector_norm(y, dim=-1, keepdim=True) / math.sqrt(self.dim)
         u = (y / torch.where(rms > 0, rms, torch.ones_like(rms))).reshape(-1, self.groups, self.group_dim).numpy()
         books = kmeans_codebook(u.transpose(1, 0, 2), self.codebook_size, self.seed, self.kmeans_iters)
-        self._set_calibration(NovaCalibration(
+        return NovaCalibration(
             transform=t_s, inverse=torch.linalg.inv(t_s), mean=mu_s,
             codebooks=as_stored(torch.from_numpy(books), self.side_dtype, "codebooks"),
             eigenvalues=lam[ranks], ranks=ranks, sigma_q=sigma_q, ridge=ridge,
-            n_queries=n_queries, n_keys=int(k.shape[0])))
-        return self
+            n_queries=n_queries, n_keys=int(k.shape[0]))
 
     def _set_calibration(self, cal: NovaCalibration) -> None:
         d, shape = self.dim, (self.groups, self.codebook_size, self.group_dim)

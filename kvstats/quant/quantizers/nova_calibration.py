@@ -18,7 +18,8 @@ import torch
 from kvstats._validation import all_finite, check_float_tensor
 
 __all__ = ["NovaCalibration", "as_stored", "attention_transform", "calibration_rows", "default_group_dim",
-           "isotropic_calibration", "kmeans_codebook", "kmeans_plusplus", "stratified_ranks"]
+           "isotropic_calibration", "kmeans_codebook", "kmeans_plusplus", "one_thread",
+           "stratified_ranks"]
 
 
 #: Relative ridge ρ: Σ_Q + ρ·(tr Σ_Q / d)·I.
@@ -45,9 +46,10 @@ def stratified_ranks(dim: int, group_dim: int) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _one_thread():
-    """torch on one thread for the block: LAPACK's multithreaded eigensolver returns last bits that depend on the
-    thread count, and the k-means that follows the transform would amplify them (tests/test_reproducibility.py)."""
+def one_thread():
+    """torch on one thread for the block: MKL's multithreaded GEMM (a tall XᵀX is split along the token axis on
+    some CPUs) and LAPACK's eigensolver return last bits that depend on the thread count, and the eigenvalues,
+    the ridge and the k-means that follow would carry them into printed numbers (tests/test_reproducibility.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -63,7 +65,7 @@ def attention_transform(sigma_q: torch.Tensor, key_cov: torch.Tensor) -> tuple[t
     Σ_Q^{1/2} C_K Σ_Q^{1/2} = V Λ Vᵀ. Float64. Σ_Q must be symmetric positive definite.
     """
     sigma_q, key_cov = sigma_q.to(torch.float64), key_cov.to(torch.float64)
-    with _one_thread():  # d × d work: one thread costs nothing and pins the last bits
+    with one_thread():  # d × d work: one thread costs nothing and pins the last bits
         w, u = torch.linalg.eigh((sigma_q + sigma_q.T) / 2)
         if not bool(w[0] > 1e-12 * w[-1].abs().clamp_min(1e-300)):
             raise ValueError(f"sigma_q is singular or indefinite (eigenvalues {w[0].item():.3g} .. "
