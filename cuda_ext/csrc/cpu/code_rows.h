@@ -6,17 +6,20 @@
 //   weighted sum: out[g, i, t] = Σ_j (w[g, i, j] · key_w[g, j]) · levels[code[g, j, t]]
 //
 // Eight codes of b ≤ 4 bits fill exactly b bytes (bitpack.h: group of 8), one 32-bit word: broadcast to
-// eight lanes, shifted by 0, b, …, 7b and masked they are the codes, and one vpermps (two and a blend
-// at 4 bits) turns them into levels. Signs are 1-bit codes with levels {−1, +1} (±x = x·(±1) exactly).
+// eight lanes and shifted by 0, b, …, 7b they are the codes (masked below 3 bits: vpermps reads bits 0–2 of a
+// lane), and one vpermps (two and a blend at 4 bits) turns them into levels. Signs are 1-bit codes with levels
+// {−1, +1} (QJL): x·(±1) is x with its sign bit flipped or kept, exactly, so the sign bits are moved to bit 31
+// of the lanes and XORed into the factor instead of looked up and multiplied (the same numbers, one op less).
 // Per key that is d/8 word loads and lookups and n_q·d/8 vector multiply-adds — no table to build per
 // query and no scattered table update per key, which is what the table kernels (score_tables.h,
 // weighted_sum.h) pay and what makes them slower than BLAS on a decode step's few queries.
 //
-// Rounding. Multiply, then add (no FMA contraction): a weighted sum is each element's terms in key order,
+// Rounding. A weighted sum multiplies, then adds (no FMA contraction): each element's terms in key order,
 // the terms of math::weighted_term — the same sum as the shared path (math::weighted_sum_one), bit for
-// bit. A score sums its d terms in eight lanes (lane l: coordinates ≡ l mod 8, in order), then the lanes
-// pairwise ((0+4)+(2+6))+((1+5)+(3+7)); the keys are split between threads, never the terms, so neither
-// depends on the thread count. Machines without AVX2 take the table kernels (a different order).
+// bit. A score sums its d terms in eight lanes (lane l: coordinates ≡ l mod 8, in order) with one rounding per
+// term (FMA; the signs' terms ±q are exact, so an add), then the lanes pairwise ((0+4)+(2+6))+((1+5)+(3+7));
+// the keys are split between threads, never the terms, so neither depends on the thread count. Machines
+// without AVX2 and FMA take the table kernels (a different order).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +33,7 @@ namespace cpu {
 constexpr int64_t kRowsMaxQueries = 8;
 constexpr int64_t kRowsMaxBits = 4;
 
-// True when this CPU runs AVX2 (checked once) and the extension was built for x86-64 with GCC/Clang.
+// True when this CPU runs AVX2 and FMA (checked once) and the extension was built for x86-64 with GCC/Clang.
 bool rows_available();
 
 // Whether a launch of n_q queries per group over rows of d codes of `bits` bits takes the row kernels.

@@ -1,5 +1,6 @@
-// The row kernels of code_rows.h: AVX2 (intrinsics in functions compiled for AVX2 alone, no FMA), chosen at
-// run time; elsewhere rows_available() is false and the table kernels serve.
+// The row kernels of code_rows.h: AVX2 (intrinsics in functions compiled for AVX2; the scores also for FMA, the
+// weighted sums without it, so that nothing contracts their multiply-then-add), chosen at run time; elsewhere
+// rows_available() is false and the table kernels serve.
 #include "code_rows.h"
 
 #include <ATen/Parallel.h>
@@ -20,9 +21,10 @@ namespace cpu {
 #ifdef KVSTATS_ROWS_AVX2
 
 #define KVSTATS_AVX2 __attribute__((target("avx2")))
+#define KVSTATS_AVX2_FMA __attribute__((target("avx2,fma")))
 
 bool rows_available() {
-  static const bool ok = __builtin_cpu_supports("avx2");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return ok;
 }
 
@@ -67,8 +69,9 @@ KVSTATS_AVX2 inline uint32_t group_word(const uint8_t* p) {
 template <int BITS>
 KVSTATS_AVX2 inline __m256 group_levels(uint32_t word, __m256 lo, __m256 hi) {
   const __m256i shifts = _mm256_setr_epi32(0, BITS, 2 * BITS, 3 * BITS, 4 * BITS, 5 * BITS, 6 * BITS, 7 * BITS);
-  const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts),
-                                       _mm256_set1_epi32((1 << BITS) - 1));
+  const __m256i shifted = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts);
+  // vpermps reads bits 0-2 of each lane only: codes of 3 and 4 bits need no mask (bit 3 chooses hi below)
+  const __m256i idx = BITS >= 3 ? shifted : _mm256_and_si256(shifted, _mm256_set1_epi32((1 << BITS) - 1));
   const __m256 a = _mm256_permutevar8x32_ps(lo, idx);
   if constexpr (BITS < 4) {
     return a;
@@ -78,6 +81,15 @@ KVSTATS_AVX2 inline __m256 group_levels(uint32_t word, __m256 lo, __m256 hi) {
   }
 }
 
+// For eight signs (1-bit codes with levels −1, +1): the sign-bit mask of the lanes whose code is 0 (level −1).
+// x · (±1) is x with its sign bit flipped or kept, exactly: x XOR mask is the product, and adding it is the
+// multiply-then-add of the levels, bit for bit, one lookup less.
+KVSTATS_AVX2 inline __m256 group_flips(uint32_t word) {
+  const __m256i to_top = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);  // code l to bit 31 of lane l
+  const __m256i top = _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(word)), to_top);
+  return _mm256_castsi256_ps(_mm256_andnot_si256(top, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+}
+
 // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 KVSTATS_AVX2 inline float lane_sum(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -85,8 +97,8 @@ KVSTATS_AVX2 inline float lane_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-template <int BITS, int NQ>
-KVSTATS_AVX2 void scores_task(const ScorePart& p, int64_t g, int64_t j0, int64_t j1, const float* lv) {
+template <int BITS, int NQ, bool SIGNS>
+KVSTATS_AVX2_FMA void scores_task(const ScorePart& p, int64_t g, int64_t j0, int64_t j1, const float* lv) {
   const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
   const int64_t d = p.d, ng = d / 8, nb = d * BITS / 8;
   const float* q = p.q + g * NQ * d;
@@ -95,8 +107,13 @@ KVSTATS_AVX2 void scores_task(const ScorePart& p, int64_t g, int64_t j0, int64_t
     __m256 acc[NQ];
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t c = 0; c < ng; ++c) {
-      const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
-      for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_loadu_ps(q + i * d + 8 * c), x));
+      if constexpr (SIGNS) {
+        const __m256 flip = group_flips(group_word<1>(row + c));
+        for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_xor_ps(_mm256_loadu_ps(q + i * d + 8 * c), flip));
+      } else {
+        const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
+        for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * d + 8 * c), x, acc[i]);
+      }
     }
     const float w = p.w[g * p.nk + j];
     for (int i = 0; i < NQ; ++i) {
@@ -107,7 +124,7 @@ KVSTATS_AVX2 void scores_task(const ScorePart& p, int64_t g, int64_t j0, int64_t
   }
 }
 
-template <int BITS, int NQ>
+template <int BITS, int NQ, bool SIGNS>
 KVSTATS_AVX2 void weighted_task(const math::WeightedSumParams<float>& p, int64_t g, int64_t c0, int64_t c1, const float* lv) {
   const __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
   constexpr int kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
@@ -122,8 +139,13 @@ KVSTATS_AVX2 void weighted_task(const math::WeightedSumParams<float>& p, int64_t
     __m256 coef[NQ];
     for (int i = 0; i < NQ; ++i) coef[i] = _mm256_set1_ps(math::weighted_key_coefficient(w[i * nk + j], key_w[j]));
     for (int64_t c = 0; c < nc; ++c) {
-      const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
-      for (int i = 0; i < NQ; ++i) acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_mul_ps(coef[i], x));
+      if constexpr (SIGNS) {
+        const __m256 flip = group_flips(group_word<1>(row + c));
+        for (int i = 0; i < NQ; ++i) acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_xor_ps(coef[i], flip));
+      } else {
+        const __m256 x = group_levels<BITS>(group_word<BITS>(row + c * BITS), lo, hi);
+        for (int i = 0; i < NQ; ++i) acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_mul_ps(coef[i], x));
+      }
     }
   }
   for (int i = 0; i < NQ; ++i)
@@ -132,36 +154,37 @@ KVSTATS_AVX2 void weighted_task(const math::WeightedSumParams<float>& p, int64_t
 
 // A launch's tasks: scores split the keys (blocks of kRowsKeyBlock), weighted sums the coordinates (groups of 8),
 // so that no sum is split between threads. Plain functions (no AVX2): they pass the levels by pointer.
-template <int BITS, int NQ>
+template <int BITS, int NQ, bool SIGNS>
 void run_scores(const ScorePart& p, const float* lv) {
   const int64_t blocks = (p.nk + kRowsKeyBlock - 1) / kRowsKeyBlock;
   at::parallel_for(0, p.G * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t g = t / blocks, j0 = (t % blocks) * kRowsKeyBlock;
-      scores_task<BITS, NQ>(p, g, j0, std::min(p.nk, j0 + kRowsKeyBlock), lv);
+      scores_task<BITS, NQ, SIGNS>(p, g, j0, std::min(p.nk, j0 + kRowsKeyBlock), lv);
     }
   });
 }
 
-template <int BITS, int NQ>
+template <int BITS, int NQ, bool SIGNS>
 void run_weighted(const math::WeightedSumParams<float>& p, const float* lv) {
   constexpr int64_t kMaxGroups = NQ >= 12 ? 1 : 12 / NQ;
   const int64_t ng = p.d / 8, chunks = (ng + kMaxGroups - 1) / kMaxGroups;
   at::parallel_for(0, p.G * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t g = t / chunks, c0 = (t % chunks) * kMaxGroups;
-      weighted_task<BITS, NQ>(p, g, c0, std::min(ng, c0 + kMaxGroups), lv);
+      weighted_task<BITS, NQ, SIGNS>(p, g, c0, std::min(ng, c0 + kMaxGroups), lv);
     }
   });
 }
 
-// The instance for the launch's width and query count (1 ≤ nq ≤ kRowsMaxQueries, 1 ≤ bits ≤ 4).
-template <int BITS, typename Launch>
+// The instance for the launch's width and query count (1 ≤ nq ≤ kRowsMaxQueries, 1 ≤ bits ≤ 4); SIGNS: 1-bit
+// codes whose levels are −1 and +1 (group_flips).
+template <int BITS, bool SIGNS, typename Launch>
 void by_queries(const Launch& p, const float* lv) {
   constexpr bool kScores = std::is_same_v<Launch, ScorePart>;
   auto go = [&](auto nq_c) {
     constexpr int N = decltype(nq_c)::value;
-    if constexpr (kScores) run_scores<BITS, N>(p, lv); else run_weighted<BITS, N>(p, lv);
+    if constexpr (kScores) run_scores<BITS, N, SIGNS>(p, lv); else run_weighted<BITS, N, SIGNS>(p, lv);
   };
   switch (p.nq) {
     case 1: go(std::integral_constant<int, 1>{}); break;
@@ -181,11 +204,12 @@ void run_rows(const Launch& p) {
               "row kernels: nq ", p.nq, ", bits ", p.bits, ", d ", p.d, " outside their range");
   float lv[16] = {};  // levels 0 .. 2^bits − 1, the rest unused (the codes never reach them)
   for (int64_t c = 0; c < (int64_t{1} << p.bits); ++c) lv[c] = p.levels[c];
+  const bool signs = p.bits == 1 && lv[0] == -1.0f && lv[1] == 1.0f;  // exactly ±1: QJL's signs
   switch (p.bits) {
-    case 1: by_queries<1>(p, lv); break;
-    case 2: by_queries<2>(p, lv); break;
-    case 3: by_queries<3>(p, lv); break;
-    default: by_queries<4>(p, lv); break;
+    case 1: signs ? by_queries<1, true>(p, lv) : by_queries<1, false>(p, lv); break;
+    case 2: by_queries<2, false>(p, lv); break;
+    case 3: by_queries<3, false>(p, lv); break;
+    default: by_queries<4, false>(p, lv); break;
   }
 }
 
