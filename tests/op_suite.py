@@ -156,7 +156,28 @@ def sample_cases(device: str):
         vp, vl, vs = ops.minmax_encode_reference(keys.reshape(-1, d), group, bits, torch.float16)
         cases.append(("minmax_weighted_sum", (w, vp.reshape(3, 11, -1), vl.reshape(3, 11, -1), vs.reshape(3, 11, -1),
                                               group, bits, d)))
+        cases.append(("decode_attention", _decode_attention_args(i, q, kp.reshape(3, 11, -1), kn.reshape(3, 11), lv,
+                                                                  bits, sketch, sp.reshape(3, 11, -1),
+                                                                  sn.reshape(3, 11), device)))
     return cases
+
+
+def _decode_attention_args(i: int, q, packed, norm, levels, bits: int, sketch, signs, sign_norm, device: str):
+    """A decode step over the 11 code keys of each of 3 groups (the last i % 3 of them ahead: weight 0) and a
+    window of 1 + 2·(i % 3) exact tokens: K a Lloyd part (rotated where d is a power of two: one pass), or QJL signs
+    alone for i = 2; V turbo_prod's Lloyd part plus signs, or signs alone for i = 3; soft capping on odd i, a sink
+    per query row for i = 4."""
+    g, nq, d = q.shape
+    rotation = _rotation_signs(d, q.dtype, device, 300 + i)[0] if d & (d - 1) == 0 else None
+    win = 1 + 2 * (i % 3)
+    win_k, win_v = _random((g, win, d), 310 + i, device), _random((g, win, d), 320 + i, device)
+    lloyd = (packed, norm, levels, bits)
+    sign = (sketch, signs, sign_norm, 0.0123)
+    no_lloyd, no_sign = (None, None, None, 0), (None, None, None, 0.0)
+    k = (rotation, *(no_lloyd if i == 2 else lloyd), *(sign if i == 2 else no_sign))
+    v = (rotation, *(no_lloyd if i == 3 else lloyd), *sign)
+    sinks = _random((g, nq), 330 + i, device) if i == 4 else None
+    return (q, win_k, win_v, 11 - i % 3, d ** -0.5, 30.0 if i % 2 else None, sinks, *k, *v)
 
 
 def _turbo_prod_decode_args(packed, norm, signs, levels, bits: int, x, sketch):

@@ -1036,9 +1036,14 @@ def test_decode_plans_follow_every_change_of_the_codes():
         plans = layer._plans()
         assert [p[0] for p in plans] == layer.chunks and all(p[0] is c for p, c in zip(plans, layer.chunks))
         w = torch.softmax(torch.randn(2, HQ, 1, layer.n_coded, generator=g), -1)
-        for chunk, scores, values in plans:
+        for chunk, scores, values, parts in plans:
             assert torch.equal(scores(q), layer.scheme.own_scores(q, chunk))
             assert torch.equal(values(w), layer.scheme.own_weighted_values(w, chunk))
+            for dtype, held in parts.items():  # the fused decode step's parts: those of this chunk
+                for a, b in zip((*held[0], *held[1]), (*layer.scheme.decode_parts(chunk, dtype)[0],
+                                                       *layer.scheme.decode_parts(chunk, dtype)[1])):
+                    assert (a is None and b is None) or (a == b if not isinstance(a, torch.Tensor) else
+                                                         torch.equal(a, b))
 
     with torch.inference_mode():
         layer.update(torch.randn(2, HKV, 7, D, generator=g), torch.randn(2, HKV, 7, D, generator=g))

@@ -53,6 +53,20 @@ inline void define_ops(torch::Library& m) {
   m.def("qjl_weighted_sum(Tensor w, Tensor packed, Tensor norm, float scale, int m) -> Tensor");
   m.def(
       "minmax_weighted_sum(Tensor w, Tensor packed, Tensor lo, Tensor scale, int group, int bits, int d) -> Tensor");
+  // One decode step of attention from the codes (decode_attention.h): G key groups, each with n_q queries q
+  // [G, n_q, d], n_code keys read through the K part's codes and an exact window win_k / win_v [G, w, d]:
+  //   logits  = [K-part scores of keys 0 .. n_code - 1, q · win_k^T] * scaling, then softcap * tanh(. / softcap)
+  //   weights = softmax over the keys (with one sink logit per query row [G, n_q] joining the sum, then dropped)
+  //   out     = weights[..., n_code:] @ win_v + V part's sum_j weights_j * v_hat_j over the code keys
+  // A part (k_ or v_): rotation signs [d] (q -> fwht(q * s) before scoring, y -> fwht(y) * s after summing;
+  // absent: none), Lloyd codes (packed [G, n_k, .], norm [G, n_k], levels, bits) and/or QJL signs (sketch
+  // S [m, d], packed signs [G, n_k, .], norm, scale): the ops above, in the order the unfused path calls them.
+  m.def(
+      "decode_attention(Tensor q, Tensor win_k, Tensor win_v, int n_code, float scaling, float? softcap, "
+      "Tensor? sinks, Tensor? k_rotation, Tensor? k_packed, Tensor? k_norm, Tensor? k_levels, int k_bits, "
+      "Tensor? k_sketch, Tensor? k_signs, Tensor? k_sign_norm, float k_sign_scale, Tensor? v_rotation, "
+      "Tensor? v_packed, Tensor? v_norm, Tensor? v_levels, int v_bits, Tensor? v_sketch, Tensor? v_signs, "
+      "Tensor? v_sign_norm, float v_sign_scale) -> (Tensor, Tensor)");
 }
 
 }  // namespace kvstats

@@ -16,6 +16,7 @@ from kvstats.hf.logit_rules import LogitRules, _mask_block, _reveals, _shown
 from kvstats.hf.records import AttentionRecord
 from kvstats.measure.metrics import causal_kl_and_recall_
 from kvstats.quant import attention as _attention
+from kvstats.quant import ops
 from kvstats.quant.quantizers.base import acc_dtype, held_bytes
 from kvstats.quant.schemes import CacheCode, Scheme
 
@@ -86,7 +87,7 @@ class KVStatsLayer(CacheLayerMixin):
         self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
         self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._reference: tuple[torch.Tensor, torch.Tensor] | None = None  # see prefill()
-        self._chunk_plans: list[tuple[CacheCode, Callable, Callable]] = []  # see _plans()
+        self._chunk_plans: list[tuple[CacheCode, Callable, Callable, dict]] = []  # see _plans()
 
     # ------------------------------------------------------------------------------- Cache protocol
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -547,6 +548,10 @@ class KVStatsLayer(CacheLayerMixin):
         seq, hi, coded = self.cumulative_length, self.n_quantized, self.n_coded
         acc = acc_dtype(query.dtype)
         q = _as_dtype(query, acc)
+        if hi and mask is None and rules.sliding_window is None and not (training and dropout):
+            parts = self._decode_parts(acc)
+            if parts is not None:
+                return self._attend_fused(q, query.dtype, span, scaling, rules, parts)
         b, hq, _, d = q.shape
         hkv = span_k.shape[1]
         g = hq // hkv
@@ -568,6 +573,40 @@ class KVStatsLayer(CacheLayerMixin):
         out = out.view(b, 1, hq, d)  # = [B, H_q, 1, d].transpose(1, 2): one query row
         if query.dtype != acc:
             out, weights = out.to(query.dtype), weights.to(query.dtype)
+        return out, weights
+
+    def _decode_parts(self, acc: torch.dtype):
+        """(K, V) parts of the codes for the fused decode step (:meth:`Scheme.decode_parts`, made once per chunk and
+        dtype), or None: more than one chunk, or a chunk the op cannot read."""
+        plans = self._plans()
+        if len(plans) != 1:
+            return None
+        chunk, _, _, parts = plans[0]
+        if chunk.k.shape[chunk.k.token_axis] != self.n_coded:  # (one chunk holds every code: a guard, not a case)
+            return None
+        if acc not in parts:
+            parts[acc] = self.scheme.decode_parts(chunk, acc)
+        return parts[acc]
+
+    def _attend_fused(self, q: torch.Tensor, dtype: torch.dtype, span: tuple[int, torch.Tensor, torch.Tensor],
+                      scaling: float, rules: LogitRules, parts) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_attend_last` in one call of :func:`kvstats.ops.decode_attention` (no mask, no sliding window, no
+        dropout, one chunk of codes the op reads): the same ops in the same order, so the same values, bit for bit
+        (tests/test_decode_attention.py). q [B, H_q, 1, d] in the accumulation dtype."""
+        span_start, span_k, span_v = span
+        seq, hi = self.cumulative_length, self.n_quantized
+        b, hq, _, d = q.shape
+        hkv = span_k.shape[1]
+        g, groups, n_win = hq // hkv, b * span_k.shape[1], seq - hi
+        sinks = None if rules.sinks is None else \
+            rules.sinks.to(q.dtype).reshape(1, hkv, g).expand(b, hkv, g).reshape(groups, g)
+        out, weights = ops.decode_attention(
+            q.view(groups, g, d), _as_dtype(span_k[..., hi - span_start:, :], q.dtype).reshape(groups, n_win, d),
+            _as_dtype(span_v[..., hi - span_start:, :], q.dtype).reshape(groups, n_win, d), hi, scaling, rules.softcap,
+            sinks, *parts[0], *parts[1])
+        out, weights = out.view(b, 1, hq, d), weights.view(b, hq, 1, seq)  # out: [B, H_q, 1, d].transpose(1, 2)
+        if dtype != q.dtype:
+            out, weights = out.to(dtype), weights.to(dtype)
         return out, weights
 
     def _chunks_before(self, stop: int):
@@ -596,7 +635,7 @@ class KVStatsLayer(CacheLayerMixin):
         if len(plans) != len(self.chunks) or any(c is not p[0] for c, p in zip(self.chunks, plans)):
             old = {id(p[0]): p for p in plans}
             self._chunk_plans = plans = [old[id(c)] if id(c) in old and old[id(c)][0] is c
-                                         else (c, *self.scheme.own_plan(c)) for c in self.chunks]
+                                         else (c, *self.scheme.own_plan(c), {}) for c in self.chunks]
         return plans
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:

@@ -46,6 +46,8 @@ __all__ = [
     "HaarRotation",
     "NoRotation",
     "make_rotation",
+    "one_pass",
+    "one_pass_signs",
     "gaussian_sketch",
     "orthogonal_sketch",
     "spherical_sign_scale",
@@ -256,6 +258,20 @@ class NoRotation(Rotation):
 
     def outer_forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+def one_pass(rotation: Rotation) -> bool:
+    """Whether ``rotation`` is Π = I or a one-pass :class:`RandomizedHadamard` (d a power of two) — exactly those
+    classes: what the fused decode step applies from the signs alone (:func:`one_pass_signs`)."""
+    return type(rotation) is NoRotation or (type(rotation) is RandomizedHadamard and rotation.passes == 1)
+
+
+def one_pass_signs(rotation: Rotation, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """The signs s [d] of a one-pass randomized Hadamard rotation (forward: fwht(x · s), inverse: fwht(y) · s), None
+    for Π = I. ``rotation`` must pass :func:`one_pass`."""
+    if not one_pass(rotation):
+        raise ValueError(f"rotation must be Π = I or a one-pass randomized Hadamard rotation, got {rotation!r}")
+    return None if type(rotation) is NoRotation else rotation.signs_matrix(device, dtype)[0]
 
 
 def make_rotation(kind: str, dim: int, seed: int | torch.Generator) -> Rotation:

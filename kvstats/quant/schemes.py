@@ -228,6 +228,18 @@ class Scheme:
             values = functools.partial(self.own_weighted_values, cache=cache)
         return scores, values
 
+    def decode_parts(self, cache: CacheCode, dtype: torch.dtype):
+        """(K parts, V parts) of a cache this scheme encoded, for the fused decode step
+        (:func:`kvstats.ops.decode_attention`; :meth:`Quantizer.decode_parts`, side tensors in ``dtype``), or None
+        where the op cannot stand for :meth:`own_plan`: a scheme or quantizer with an estimator of its own, or a
+        quantizer whose codes the op does not read."""
+        if not (type(self).own_plan is Scheme.own_plan and type(self).own_scores is Scheme.own_scores
+                and type(self).own_weighted_values is Scheme.own_weighted_values and self._own_inner()
+                and self._own_weighted_sum()):
+            return None
+        k, v = self.k.decode_parts(cache.k, dtype), self.v.decode_parts(cache.v, dtype)
+        return None if k is None or v is None else (k, v)
+
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
                   return_weights: bool = False):
         """softmax(scores/√d [+ causal mask]) · V̂: queries [B, H_q, N, d] -> [B, H_q, N, d] (queries' dtype).

@@ -2,7 +2,8 @@
 
 One module per op family — :mod:`~kvstats.quant.ops.hadamard` (fwht), :mod:`~kvstats.quant.ops.pack`,
 :mod:`~kvstats.quant.ops.signs` (sign_decode), :mod:`~kvstats.quant.ops.lloyd`, :mod:`~kvstats.quant.ops.qjl`,
-:mod:`~kvstats.quant.ops.turbo_prod`, :mod:`~kvstats.quant.ops.minmax` — holds, for each of its ops, side by side:
+:mod:`~kvstats.quant.ops.turbo_prod`, :mod:`~kvstats.quant.ops.minmax`, :mod:`~kvstats.quant.ops.decode`
+(decode_attention, composed of the others) — holds, for each of its ops, side by side:
 
 * ``<op>_fake`` — the op's contract in Python: its checks (shapes, dtypes, devices; ValueError or TypeError
   naming the op and the argument, as the C++ checks in ``cuda_ext/csrc/checks/``) and its empty outputs. It is
@@ -21,7 +22,7 @@ that name the user's argument live in the public functions (e.g. :func:`kvstats.
 
 from __future__ import annotations
 
-from kvstats.quant.ops import _library, hadamard, lloyd, minmax, pack, qjl, signs, turbo_prod
+from kvstats.quant.ops import _library, decode, hadamard, lloyd, minmax, pack, qjl, signs, turbo_prod
 from kvstats.quant.ops._library import (
     EXTENSION_ERROR,
     HAS_EXTENSION,
@@ -33,6 +34,7 @@ from kvstats.quant.ops._library import (
 
 # Each family module exports its ops' wrappers and references (its __all__); a new op joins its family's
 # __all__ and, through its fake, OPS: nothing here changes.
+from kvstats.quant.ops.decode import *  # noqa: F403
 from kvstats.quant.ops.hadamard import *  # noqa: F403
 from kvstats.quant.ops.lloyd import *  # noqa: F403
 from kvstats.quant.ops.minmax import *  # noqa: F403
@@ -42,7 +44,7 @@ from kvstats.quant.ops.signs import *  # noqa: F403
 from kvstats.quant.ops.turbo_prod import *  # noqa: F403
 
 #: The op families, each a module with its ops' fakes, references and wrappers.
-FAMILIES = (hadamard, pack, lloyd, qjl, turbo_prod, minmax, signs)
+FAMILIES = (hadamard, pack, lloyd, qjl, turbo_prod, minmax, signs, decode)
 #: Every op of the library (one per schema of cuda_ext/csrc/schemas.h; tests/test_shared_path.py checks both ways).
 OPS = tuple(_library.CONTRACTS)
 

@@ -256,6 +256,12 @@ def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims:
     return lead, q3, flat
 
 
+def flat_keys(t: torch.Tensor, key_dims: int) -> torch.Tensor:
+    """A code's per-key tensor [*lead, n_k, *rest] (``key_dims`` = len(rest)) as [G, n_k, *rest], G = prod(lead):
+    the layout of the kernels (:class:`GroupedPlan`'s flattening)."""
+    return t.reshape(-1, *t.shape[t.dim() - 1 - key_dims:])
+
+
 class GroupedPlan:
     """A kernel call planned for one code: ``plan(x)`` for x [*lead, n_q, w] runs ``kernel(x [G, n_q, w], *flat)``
     with the code's per-key tensors [*lead, n_k, *rest] as ``flat`` [G, n_k, *rest] and returns [*lead, n_q, X].
@@ -275,7 +281,7 @@ class GroupedPlan:
         if x.shape[:-2] != self.lead:
             return self.broadcast(x)
         if self._flat is None:
-            self._flat = [t.reshape(-1, *t.shape[t.dim() - 1 - k:]) for t, k in zip(self.code_tensors, self.key_dims)]
+            self._flat = [flat_keys(t, k) for t, k in zip(self.code_tensors, self.key_dims)]
         out = self.kernel(x.reshape(-1, *x.shape[-2:]), *self._flat)
         return out.view(*self.lead, *out.shape[-2:])
 
@@ -456,11 +462,24 @@ class Quantizer:
         accumulation dtype -> [..., n_q, d], the numbers of :meth:`weighted_sum` without its checks."""
         return functools.partial(self._planned, self._weighted_sum, code)
 
+    def decode_parts(self, code: Code, dtype: torch.dtype):
+        """This quantizer's code as the fused decode step reads it (:class:`kvstats.ops.CodeParts`: the tensors
+        flattened over the code's leading dims to [G, n_k, ·], side tensors in ``dtype``, the accumulation dtype),
+        or None where :func:`kvstats.ops.decode_attention` cannot read it; a cache then runs :meth:`inner_plan`
+        and :meth:`weighted_sum_plan`, whose numbers the op's equal where it can. None by default; lloyd,
+        turbo_mse, turbo_prod (with the ``wht`` rotation at d a power of two, or none) and qjl (without outlier
+        channels) give their parts, unless a subclass overrides one of the methods the parts stand for."""
+        return None
+
+    def _methods_of(self, owner: type, *methods: str) -> bool:
+        """Whether each of ``methods`` of this quantizer is still ``owner``'s (not overridden by a subclass)."""
+        return all(getattr(type(self), m) is getattr(owner, m) for m in methods)
+
     def _plan_reproduces(self, method: str, owner: type) -> bool:
         """Whether this quantizer's ``method`` (``"_inner"`` or ``"_weighted_sum"``) is still ``owner``'s, whose
         plan an override of :meth:`inner_plan` / :meth:`weighted_sum_plan` in ``owner`` reproduces: a subclass that
         overrides the estimator itself gets the default plan, which calls its own method."""
-        return getattr(type(self), method) is getattr(owner, method)
+        return self._methods_of(owner, method)
 
     def _planned(self, method, code: Code, x: torch.Tensor) -> torch.Tensor:
         with self._code_fields(code):

@@ -26,9 +26,9 @@ from kvstats.quant import ops
 from kvstats.quant.codebooks import beta_codebook
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype
+from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, flat_keys
 from kvstats.quant.quantizers.config import LloydConfig, TurboMSEConfig
-from kvstats.quant.rotations import NoRotation, Rotation, make_rotation
+from kvstats.quant.rotations import NoRotation, Rotation, make_rotation, one_pass, one_pass_signs
 
 __all__ = ["LloydInputs", "LloydStage", "LloydQuantizer", "TurboMSE"]
 
@@ -95,6 +95,15 @@ class LloydStage:
         """Σⱼ wᵢⱼ ŷⱼ in the rotated domain (ŷ = ‖x‖·c[idx]) for weights [..., n_q, n_k] (acc dtype) ->
         [..., n_q, d], from the packed indices; Πᵀ of it is Σⱼ wᵢⱼ x̂ⱼ."""
         return self.weighted_rotated_plan(code).broadcast(weights)
+
+    def decode_parts(self, code: Code, dtype: torch.dtype) -> ops.CodeParts:
+        """The stage's code for :func:`kvstats.ops.decode_attention`: the rotation's signs and the Lloyd part (the
+        kernels :meth:`scores_plan` and :meth:`weighted_rotated_plan` call). The rotation must pass
+        :func:`kvstats.rotations.one_pass`."""
+        packed = code.payload["indices"]
+        return ops.CodeParts(rotation=one_pass_signs(self.rotation, packed.device, dtype), packed=flat_keys(packed, 1),
+                             norm=flat_keys(code.scalars["norm"], 0), levels=self._levels.on(packed.device, dtype),
+                             bits=self.bits)
 
     def scores_plan(self, code: Code) -> GroupedPlan:
         """:meth:`scores` against one code, planned for many queries (:class:`~kvstats.quantizers.base.GroupedPlan`)."""
@@ -167,6 +176,13 @@ class LloydQuantizer(Quantizer):
             return super().weighted_sum_plan(code)
         weighted = self.stage.weighted_rotated_plan(code)
         return lambda weights: self.rotation.inverse(weighted(weights))
+
+    def decode_parts(self, code: Code, dtype: torch.dtype):
+        # the plans rotate the queries (Π q) and the weighted sums back (Πᵀ y) around the stage's kernels
+        if not (self._methods_of(LloydQuantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum",
+                                 "rotate") and type(self.stage) is LloydStage and one_pass(self.rotation)):
+            return None
+        return self.stage.decode_parts(code, dtype)
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         return self.stage.budget()

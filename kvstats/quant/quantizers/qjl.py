@@ -37,7 +37,15 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.base import (
+    BitBudget,
+    Code,
+    GroupedPlan,
+    Quantizer,
+    acc_dtype,
+    broadcast_groups,
+    flat_keys,
+)
 from kvstats.quant.quantizers.config import ROWS, QJLConfig
 from kvstats.quant.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
@@ -75,7 +83,7 @@ class SignSketch:
 
     def estimate(self, query: torch.Tensor, packed: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
         """(c/m)·‖x‖·⟨S q, b⟩: query [..., n_q, d] (acc dtype), packed [..., n_k, m/8], norm [..., n_k]."""
-        sq = query @ self.matrix(query.device, query.dtype).T
+        sq = ops.rows_matmul(query, self.matrix(query.device, query.dtype).T)
         lead, q3, (p3, n2) = broadcast_groups(sq, packed, norm, key_dims=(1, 0))
         scores = ops.qjl_scores(q3, p3, n2, self.scale / self.m)
         return scores.reshape(*lead, *scores.shape[-2:])
@@ -112,7 +120,8 @@ class SignSketch:
         return GroupedPlan(self._weighted_kernel, packed, norm, key_dims=(1, 0))
 
     def _weighted_kernel(self, w3: torch.Tensor, p3: torch.Tensor, n2: torch.Tensor) -> torch.Tensor:
-        return ops.qjl_weighted_sum(w3, p3, n2, self.scale / self.m, self.m) @ self.matrix(w3.device, w3.dtype)
+        return ops.rows_matmul(ops.qjl_weighted_sum(w3, p3, n2, self.scale / self.m, self.m),
+                               self.matrix(w3.device, w3.dtype))
 
     def weights(self, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The per-vector factor of the reconstruction, (c/m)·‖x‖ (or γ for a residual), in ``dtype``."""
@@ -231,6 +240,16 @@ class QJLQuantizer(Quantizer):
         out[..., self.inliers.to(out.device)] = inlier
         out[..., self.outliers.to(out.device)] = outlier
         return out
+
+    def decode_parts(self, code: Code, dtype: torch.dtype):
+        # scores: qjl_scores(S q, …); sums: Sᵀ · qjl_weighted_sum (the one sketch of a quantizer without outliers)
+        if self.outliers is not None or not (
+                self._methods_of(QJLQuantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum")
+                and type(self.sketch) is SignSketch):
+            return None
+        signs = code.payload["signs"]
+        return ops.CodeParts(sketch=self.sketch.matrix(signs.device, dtype), signs=flat_keys(signs, 1),
+                             sign_norm=flat_keys(code.scalars["norm"], 0), sign_scale=self.sketch.scale / self.sketch.m)
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         norm_bits = dtype_bits(self.norm_dtype)

@@ -23,11 +23,19 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, saturating_cast
+from kvstats.quant.quantizers.base import (
+    BitBudget,
+    Code,
+    GroupedPlan,
+    Quantizer,
+    acc_dtype,
+    flat_keys,
+    saturating_cast,
+)
 from kvstats.quant.quantizers.config import TurboProdConfig
 from kvstats.quant.quantizers.lloyd import LloydStage
 from kvstats.quant.quantizers.qjl import SignSketch
-from kvstats.quant.rotations import make_rotation
+from kvstats.quant.rotations import make_rotation, one_pass
 
 __all__ = ["TurboProd"]
 
@@ -138,7 +146,7 @@ class TurboProd(Quantizer):
 
     def _scores_kernel(self, q3, idx, norm, signs, gamma) -> torch.Tensor:
         """Scores [G, n_q, n_k] of rotated queries q3 [G, n_q, d] against both stages' codes in the kernels' layout."""
-        return ops.turbo_prod_scores(q3, q3 @ self.sketch.matrix(q3.device, q3.dtype).T, idx, norm,
+        return ops.turbo_prod_scores(q3, ops.rows_matmul(q3, self.sketch.matrix(q3.device, q3.dtype).T), idx, norm,
                                      self.stage.levels(q3.device, q3.dtype), self.stage.bits, signs, gamma,
                                      self.sketch.scale / self.sketch.m)
 
@@ -163,6 +171,20 @@ class TurboProd(Quantizer):
             return signed
         mse = self.stage.weighted_rotated_plan(code.parts["mse"])
         return lambda weights: self.stage.rotation.inverse(mse(weights) + signed(weights))
+
+    def decode_parts(self, code: Code, dtype: torch.dtype):
+        # scores: turbo_prod_scores(Π q, S Π q, …) (qjl_scores(S q, …) at b = 1); sums: Πᵀ(Lloyd part + Sᵀ · signs)
+        if not (self._methods_of(TurboProd, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum", "_rotate",
+                                 "_scores_kernel", "_scores_plan") and type(self.sketch) is SignSketch):
+            return None
+        signs = code.payload["signs"]
+        sign_part = {"sketch": self.sketch.matrix(signs.device, dtype), "signs": flat_keys(signs, 1),
+                     "sign_norm": flat_keys(code.scalars["gamma"], 0), "sign_scale": self.sketch.scale / self.sketch.m}
+        if self.stage is None:
+            return ops.CodeParts(**sign_part)
+        if type(self.stage) is not LloydStage or not one_pass(self.stage.rotation):
+            return None
+        return self.stage.decode_parts(code.parts["mse"], dtype)._replace(**sign_part)
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         sign_bits = BitBudget(payload=8 * packed_nbytes(self.dim, 1) / self.dim,

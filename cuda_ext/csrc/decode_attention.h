@@ -1,0 +1,36 @@
+// decode_attention (schemas.h): one decode step of attention from the codes in one call. It is composed from
+// the library's own ops, called through the dispatcher in the namespace of the backend that registered it, and
+// from ATen's matmul and softmax, in the order the unfused path calls them (kvstats/hf/cache_layer.py:
+// KVStatsLayer._attend_last with the quantizers' plans), so that its numbers are that path's on every backend.
+// What the one call saves is the Python between the ops: about 40 op calls per layer and generated token.
+//
+// Shapes (G key groups = batch × KV heads, n_q queries per group = the GQA group of one decode step):
+//   q [G, n_q, d], win_k / win_v [G, w, d] (fp32, or fp64), n_code ≤ n_k code keys before the window;
+//   a part's codes [G, n_k, ·] and norms [G, n_k], levels [2^bits], sketch [m, d], rotation signs [d];
+//   sinks [G, n_q]; out [G, n_q, d], weights [G, n_q, n_code + w].
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace kvstats {
+
+// Which ops a decode_attention composes: the fast kernels (`kvstats`: CPU and CUDA) or the GPU's row
+// programs on the CPU (`kvstats_shared`).
+enum class OpNamespace { kFast, kShared };
+
+template <OpNamespace NS>
+std::tuple<at::Tensor, at::Tensor> decode_attention(
+    const at::Tensor& q, const at::Tensor& win_k, const at::Tensor& win_v, int64_t n_code, double scaling,
+    std::optional<double> softcap, const std::optional<at::Tensor>& sinks,
+    const std::optional<at::Tensor>& k_rotation, const std::optional<at::Tensor>& k_packed,
+    const std::optional<at::Tensor>& k_norm, const std::optional<at::Tensor>& k_levels, int64_t k_bits,
+    const std::optional<at::Tensor>& k_sketch, const std::optional<at::Tensor>& k_signs,
+    const std::optional<at::Tensor>& k_sign_norm, double k_sign_scale, const std::optional<at::Tensor>& v_rotation,
+    const std::optional<at::Tensor>& v_packed, const std::optional<at::Tensor>& v_norm,
+    const std::optional<at::Tensor>& v_levels, int64_t v_bits, const std::optional<at::Tensor>& v_sketch,
+    const std::optional<at::Tensor>& v_signs, const std::optional<at::Tensor>& v_sign_norm, double v_sign_scale);
+
+}  // namespace kvstats
