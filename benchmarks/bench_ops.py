@@ -132,8 +132,10 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
 def bench_decode_step(device: str, dtype: torch.dtype, kv_heads: int, group: int, seq: int, d: int, bits: int,
                       min_run_time: float) -> list[Case]:
     """One decode step's attention for one layer: logits from the K codes, softmax, output from the V codes
-    (kvstats.scheme("kqv")), against torch's scaled_dot_product_attention on dense K/V in ``dtype`` (bf16 on a
-    GPU, fp32 on the CPU); queries [1, kv_heads·group, 1, d] (grouped-query attention)."""
+    (kvstats.scheme("kqv")) through the public methods (``decode_step``) and in one call of the fused op
+    (``decode_attention``, what a KVStatsCache decode step runs), against torch's scaled_dot_product_attention on
+    dense K/V in ``dtype`` (bf16 on a GPU, fp32 on the CPU); queries [1, kv_heads·group, 1, d] (grouped-query
+    attention)."""
     import torch.nn.functional as F
 
     from kvstats.quant.schemes import scheme
@@ -148,16 +150,26 @@ def bench_decode_step(device: str, dtype: torch.dtype, kv_heads: int, group: int
         w = torch.softmax(s.scores(q, cache) * d ** -0.5, dim=-1)
         return s.weighted_values(w, cache)
 
+    # the same step in one call, as a KVStatsCache decode step runs it (every token through the codes: no window)
+    k_parts, v_parts = s.decode_parts(cache, torch.float32)
+    q3, no_window = q.reshape(kv_heads, group, d), k.new_empty(kv_heads, 0, d)
+
+    def fused():
+        return ops.decode_attention(q3, no_window, no_window, seq, d ** -0.5, None, None, *k_parts, *v_parts)
+
     kd, vd, qd = k.to(dtype), v.to(dtype), q.to(dtype)
     kernel = median_seconds(from_codes, min_run_time)
+    one_call = median_seconds(fused, min_run_time)
     with ops.use_reference():
         reference = median_seconds(from_codes, min_run_time, min_calls=1)
+        one_call_reference = median_seconds(fused, min_run_time, min_calls=1)
     sdpa = median_seconds(lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True), min_run_time)
     shape, vectors = (1, kv_heads, seq, d), kv_heads * seq
     out_bytes = kv_heads * group * d * 4
+    code_bytes = cache.k.nbytes + cache.v.nbytes + out_bytes
     dt = str(dtype).removeprefix("torch.")
-    return [Case("kqv.decode_step(codes)", shape, "float32", vectors, cache.k.nbytes + cache.v.nbytes + out_bytes,
-                 kernel, reference),
+    return [Case("kqv.decode_step(codes)", shape, "float32", vectors, code_bytes, kernel, reference),
+            Case("kqv.decode_attention(codes)", shape, "float32", vectors, code_bytes, one_call, one_call_reference),
             Case(f"sdpa.decode_step({dt})", shape, dt, vectors, 2 * k.numel() * kd.element_size() + out_bytes, sdpa,
                  sdpa)]
 

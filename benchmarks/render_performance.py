@@ -59,15 +59,19 @@ def table(results: dict) -> str:
     if sums:
         lines += ["", "Weighted sums of values from the codes against a dense fp32 w·V on the unquantised values "
                       "(> 1: faster), same run:", ""] + [f"- {r}" for r in sums]
-    steps = [c for c in results["cases"] if ".decode_step(" in c["name"]]
+    steps = [c for c in results["cases"] if ".decode_step(" in c["name"] or ".decode_attention(" in c["name"]]
     pairs = [(a, b) for a in steps for b in steps if a["name"].startswith("kqv.") and b["name"].startswith("sdpa.")
              and a["shape"] == b["shape"]]
     if pairs:
         lines += ["", "One decode step's attention (logits from the K codes, softmax, output from the V codes: "
-                      "kqv at 4 bits) against torch's scaled_dot_product_attention on dense K/V, same run:", ""]
-        lines += [f"- {tuple(a['shape'])}: {a['kernel_s'] * 1e3:.3f} ms from the codes, {b['kernel_s'] * 1e3:.3f} "
-                  f"ms sdpa ({b['dtype']}): {b['kernel_s'] / a['kernel_s']:.2f}× (> 1: the codes are faster)"
-                  for a, b in pairs]
+                      "kqv at 4 bits) against torch's scaled_dot_product_attention on dense K/V, same run; "
+                      "`decode_step`: the scheme's public methods one by one, `decode_attention`: the fused op a "
+                      "KVStatsCache decode step runs (its fraction of the copy bandwidth: bytes of the codes and the "
+                      "output over its time):", ""]
+        lines += [f"- {a['name'].split('.', 1)[1].split('(')[0]} {tuple(a['shape'])}: {a['kernel_s'] * 1e3:.3f} ms "
+                  f"from the codes ({a['fraction_of_copy_bandwidth']:.1%} of the copy bandwidth), "
+                  f"{b['kernel_s'] * 1e3:.3f} ms sdpa ({b['dtype']}): {b['kernel_s'] / a['kernel_s']:.2f}× (> 1: the "
+                  "codes are faster)" for a, b in pairs]
     targets = results.get("targets")
     if targets:
         lines += ["", "Bandwidth targets (encode and single-query scores at B = 1, H_kv = 8, S = 1M, d = 128, "

@@ -601,7 +601,7 @@ class KVStatsLayer(CacheLayerMixin):
         sinks = None if rules.sinks is None else \
             rules.sinks.to(q.dtype).reshape(1, hkv, g).expand(b, hkv, g).reshape(groups, g)
         out, weights = ops.decode_attention(
-            q.view(groups, g, d), _as_dtype(span_k[..., hi - span_start:, :], q.dtype).reshape(groups, n_win, d),
+            q.reshape(groups, g, d), _as_dtype(span_k[..., hi - span_start:, :], q.dtype).reshape(groups, n_win, d),
             _as_dtype(span_v[..., hi - span_start:, :], q.dtype).reshape(groups, n_win, d), hi, scaling, rules.softcap,
             sinks, *parts[0], *parts[1])
         out, weights = out.view(b, 1, hq, d), weights.view(b, hq, 1, seq)  # out: [B, H_q, 1, d].transpose(1, 2)
