@@ -105,6 +105,27 @@ def test_turbo_prod_and_qjl_scores_within_the_summation_bound(nq, bits):
     assert ((qjl.double() - sign_part).abs() <= (m + 2) * EPS32 * sign_mag + 1e-30).all()
 
 
+@pytest.mark.parametrize("nq", [2, 3, 8])
+@pytest.mark.parametrize("bits", [2, 4])
+def test_a_query_scores_alike_in_every_row_of_its_group(nq, bits):
+    """One query repeated in every row of a launch gets the same scores, bit for bit, in each row: the rows run one
+    program (FMA only where the kernel says so). A compiler that contracted the sign part's multiply-add into the
+    code part's sum in some rows only (GCC's C++ default, with FMA in the target) gave other last bits in rows 1.."""
+    gen = torch.Generator().manual_seed(40 + nq + bits)
+    g, nk, d, m = 2, 300, 64, 64
+    packed, _ = _packed(g, nk, d, bits - 1, gen)
+    signs_packed, _ = _packed(g, nk, m, 1, gen)
+    q = torch.randn(g, 1, d, generator=gen).expand(g, nq, d).contiguous()
+    qs = torch.randn(g, 1, m, generator=gen).expand(g, nq, m).contiguous()
+    norm, gamma = torch.rand(g, nk, generator=gen) + 0.5, torch.rand(g, nk, generator=gen)
+    levels = torch.randn(1 << (bits - 1), generator=gen)
+    for out in (torch.ops.kvstats.turbo_prod_scores.default(q, qs, packed, norm, levels, bits - 1, signs_packed,
+                                                              gamma, 0.0123),
+                torch.ops.kvstats.lloyd_scores.default(q, packed, norm, levels, bits - 1),
+                torch.ops.kvstats.qjl_scores.default(qs, signs_packed, gamma, 0.0123)):
+        assert all(torch.equal(out[:, 0], out[:, i]) for i in range(1, nq))
+
+
 @pytest.mark.parametrize("nq,d,bits", [(9, 64, 3), (3, 12, 3), (3, 64, 5), (1, 4, 2)])
 def test_launches_outside_the_rows_take_the_other_kernels_and_agree(nq, d, bits):
     gen = torch.Generator().manual_seed(nq + d + bits)

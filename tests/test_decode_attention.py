@@ -197,8 +197,17 @@ def _bad_cases():
          ValueError, "n_code = 34 keys need the k codes"),
         (with_(k_rotation=torch.ones(8)), ValueError, r"k_rotation must be \[16\]"),
         (with_(v_sketch=torch.randn(24, 8)), ValueError, r"v_sketch must be \[m, 16\]"),
-        (with_(v_signs=v.signs[:, :35]), ValueError, "v_packed and v_signs must hold the same keys"),
+        (with_(v_signs=v.signs[:, :35], v_sign_norm=v.sign_norm[:, :35]), ValueError,
+         "v_packed and v_signs must hold the same keys"),
         (with_(win_k=win_k[:, :0], win_v=win_v[:, :0], n_code=0), ValueError, "a step needs at least one key"),
+        (with_(k_levels=k.levels[:4]), ValueError, r"k_levels must be 1-D of length 2\^k_bits = 8"),
+        (with_(k_levels=k.levels.double()), TypeError, "k_levels must be"),
+        (with_(v_bits=0), ValueError, r"v_bits must be in \[1, 8\], got 0"),
+        (with_(k_norm=k.norm[:, :5]), ValueError, r"k_norm must be \[3, 37\] \(one per key of k_packed\)"),
+        (with_(v_sign_norm=v.sign_norm.long()), TypeError, "v_sign_norm must be a float tensor"),
+        (with_(k_packed=k.packed.float()), TypeError, "k_packed must be (torch.)?uint8|k_packed must be Byte"),
+        (with_(v_signs=v.signs[..., :1]), ValueError, r"v_signs must be \[3, n_k >= n_code = 34, 3\]"),
+        (with_(k_sign_scale=float("inf")), ValueError, "k_sign_scale must be finite"),
     ]
 
 

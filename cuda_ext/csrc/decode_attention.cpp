@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checks/common.h"
@@ -90,11 +91,40 @@ void check_part(const Part& p, const at::Tensor& q, int64_t n_code) {
     TORCH_CHECK_TYPE(p.sketch->scalar_type() == q.scalar_type(), kOp, ": ", s, "_sketch must be ", q.scalar_type(),
                      ", got ", p.sketch->scalar_type());
   }
-  for (const auto* codes : {&p.packed, &p.signs}) {
+  if (p.lloyd()) {
+    TORCH_CHECK_VALUE(p.bits >= 1 && p.bits <= 8, kOp, ": ", s, "_bits must be in [1, 8], got ", p.bits);
+    check_same_device(q, *p.levels, kOp, (s + "_levels").c_str());
+    TORCH_CHECK_VALUE(p.levels->dim() == 1 && p.levels->size(0) == (int64_t{1} << p.bits), kOp, ": ", s,
+                      "_levels must be 1-D of length 2^", s, "_bits = ", int64_t{1} << p.bits, ", got ",
+                      p.levels->sizes());
+    TORCH_CHECK_TYPE(p.levels->scalar_type() == q.scalar_type(), kOp, ": ", s, "_levels must be ", q.scalar_type(),
+                     ", got ", p.levels->scalar_type());
+  }
+  if (p.sign()) {
+    TORCH_CHECK_VALUE(std::isfinite(p.sign_scale), kOp, ": ", s, "_sign_scale must be finite, got ", p.sign_scale);
+  }
+  // codes [G, n_k >= n_code, bytes of a row] uint8 and their per-key factors [G, n_k] float, on q's device
+  const int64_t m = p.sign() ? p.sketch->size(0) : 0;
+  const std::pair<const std::optional<at::Tensor>*, const std::optional<at::Tensor>*> pairs[] = {{&p.packed, &p.norm},
+                                                                                                {&p.signs, &p.sign_norm}};
+  for (const auto& [codes, factor] : pairs) {
     if (!codes->has_value()) continue;
-    const char* name = codes == &p.packed ? "_packed" : "_signs";
-    TORCH_CHECK_VALUE((*codes)->dim() == 3 && (*codes)->size(0) == groups && (*codes)->size(1) >= n_code, kOp, ": ",
-                      s, name, " must be [", groups, ", n_k >= n_code = ", n_code, ", bytes], got ", (*codes)->sizes());
+    const bool lloyd = codes == &p.packed;
+    const std::string name = s + (lloyd ? "_packed" : "_signs"), factor_name = s + (lloyd ? "_norm" : "_sign_norm");
+    const int64_t row_bytes = lloyd ? packed_bytes(d, p.bits) : packed_bytes(m, 1);
+    check_same_device(q, **codes, kOp, name.c_str());
+    check_same_device(q, **factor, kOp, factor_name.c_str());
+    TORCH_CHECK_TYPE((*codes)->scalar_type() == at::kByte, kOp, ": ", name, " must be uint8, got ",
+                     (*codes)->scalar_type());
+    TORCH_CHECK_VALUE((*codes)->dim() == 3 && (*codes)->size(0) == groups && (*codes)->size(1) >= n_code &&
+                          (*codes)->size(2) == row_bytes,
+                      kOp, ": ", name, " must be [", groups, ", n_k >= n_code = ", n_code, ", ", row_bytes, "], got ",
+                      (*codes)->sizes());
+    TORCH_CHECK_VALUE((*factor)->dim() == 2 && (*factor)->size(0) == groups && (*factor)->size(1) == (*codes)->size(1),
+                      kOp, ": ", factor_name, " must be [", groups, ", ", (*codes)->size(1), "] (one per key of ", name,
+                      "), got ", (*factor)->sizes());
+    TORCH_CHECK_TYPE(is_float_dtype((*factor)->scalar_type()), kOp, ": ", factor_name, " must be a float tensor, got ",
+                     (*factor)->scalar_type());
   }
   TORCH_CHECK_VALUE(!(p.lloyd() && p.sign()) || p.packed->size(1) == p.signs->size(1), kOp, ": ", s, "_packed and ",
                     s, "_signs must hold the same keys, got ", p.packed->size(1), " and ", p.signs->size(1));

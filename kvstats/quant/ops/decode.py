@@ -89,7 +89,7 @@ class CodeParts(NamedTuple):
 
 
 def _check_part(side: str, parts: tuple, q: torch.Tensor, n_code: int) -> None:
-    rotation, packed, norm, levels, _, sketch, signs, sign_norm, _ = parts
+    rotation, packed, norm, levels, bits, sketch, signs, sign_norm, sign_scale = parts
     groups, d = q.shape[0], q.shape[2]
     if not ((packed is None) == (norm is None) == (levels is None)):
         raise ValueError(f"{OP}: {side}_packed, {side}_norm and {side}_levels must be given together (a Lloyd part)")
@@ -109,10 +109,32 @@ def _check_part(side: str, parts: tuple, q: torch.Tensor, n_code: int) -> None:
         if sketch.dim() != 2 or sketch.shape[1] != d:
             raise ValueError(f"{OP}: {side}_sketch must be [m, {d}], got {tuple(sketch.shape)}")
         lib.check_dtype(sketch, q.dtype, OP, f"{side}_sketch")
-    for name, codes in (("packed", packed), ("signs", signs)):
-        if codes is not None and (codes.dim() != 3 or codes.shape[0] != groups or codes.shape[1] < n_code):
-            raise ValueError(f"{OP}: {side}_{name} must be [{groups}, n_k >= n_code = {n_code}, bytes], got "
+    if packed is not None:
+        if not 1 <= bits <= 8:
+            raise ValueError(f"{OP}: {side}_bits must be in [1, 8], got {bits}")
+        lib.check_device(q, levels, OP, f"{side}_levels")
+        if levels.dim() != 1 or levels.shape[0] != 1 << bits:
+            raise ValueError(f"{OP}: {side}_levels must be 1-D of length 2^{side}_bits = {1 << bits}, got "
+                             f"{tuple(levels.shape)}")
+        lib.check_dtype(levels, q.dtype, OP, f"{side}_levels")
+    if sketch is not None and not math.isfinite(sign_scale):
+        raise ValueError(f"{OP}: {side}_sign_scale must be finite, got {sign_scale}")
+    # codes [G, n_k >= n_code, bytes of a row] uint8 and their per-key factors [G, n_k] float, on q's device
+    m = sketch.shape[0] if sketch is not None else 0
+    for name, codes, factor_name, factor, row in (("packed", packed, "norm", norm, lib.packed_nbytes(d, bits)),
+                                                  ("signs", signs, "sign_norm", sign_norm, lib.packed_nbytes(m, 1))):
+        if codes is None:
+            continue
+        lib.check_device(q, codes, OP, f"{side}_{name}")
+        lib.check_device(q, factor, OP, f"{side}_{factor_name}")
+        lib.check_dtype(codes, torch.uint8, OP, f"{side}_{name}")
+        if codes.dim() != 3 or codes.shape[0] != groups or codes.shape[1] < n_code or codes.shape[2] != row:
+            raise ValueError(f"{OP}: {side}_{name} must be [{groups}, n_k >= n_code = {n_code}, {row}], got "
                              f"{tuple(codes.shape)}")
+        if factor.dim() != 2 or tuple(factor.shape) != tuple(codes.shape[:2]):
+            raise ValueError(f"{OP}: {side}_{factor_name} must be [{groups}, {codes.shape[1]}] (one per key of "
+                             f"{side}_{name}), got {tuple(factor.shape)}")
+        lib.check_float(factor, OP, f"{side}_{factor_name}")
     if packed is not None and signs is not None and packed.shape[1] != signs.shape[1]:
         raise ValueError(f"{OP}: {side}_packed and {side}_signs must hold the same keys, got {packed.shape[1]} and "
                          f"{signs.shape[1]}")

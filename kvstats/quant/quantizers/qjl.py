@@ -244,7 +244,8 @@ class QJLQuantizer(Quantizer):
     def decode_parts(self, code: Code, dtype: torch.dtype):
         # scores: qjl_scores(S q, …); sums: Sᵀ · qjl_weighted_sum (the one sketch of a quantizer without outliers)
         if self.outliers is not None or not (
-                self._methods_of(QJLQuantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum")
+                self._methods_of(QJLQuantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum", "_parts",
+                                 "_outlier_value")
                 and type(self.sketch) is SignSketch):
             return None
         signs = code.payload["signs"]
