@@ -5,7 +5,9 @@
 # shared-path/CUDA agreement, opcheck, every device index, the current stream, fp16/bf16/fp32), runs
 # compute-sanitizer memcheck and racecheck over every kernel, and the GPU benchmark with the device's
 # measured copy bandwidth in the same run (every op's fraction of it, the weighted sums of values from the
-# codes included, and one decode step's attention from the codes against torch's sdpa on bf16 K/V). Everything lands in $OUT (or the folder given as $1): logs,
+# codes included, and one decode step's attention from the codes — the public methods one by one and the fused
+# decode_attention a KVStatsCache decode step runs, with its fraction of the copy bandwidth — against torch's sdpa
+# on bf16 K/V). Everything lands in $OUT (or the folder given as $1): logs,
 # gpu.json, performance.md (rendered with the GPU table) and summary.txt; gpu.json is also copied to
 # benchmarks/results/ so that docs/performance.md shows the GPU table.
 set -uo pipefail
