@@ -355,18 +355,11 @@ def test_the_cache_falls_back_where_the_op_cannot_stand_for_the_plans(fused_call
     assert steps(KVStatsLayer(scheme("qjl_cache", bits=3, dim=16, seed=0), 2, 1)) == 0  # min-max values
 
 
-def _tiny(hq=4, hkv=2, d=16):
-    cfg = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=hq,
-        num_key_value_heads=hkv, head_dim=d, max_position_embeddings=256, rope_theta=10000.0,
-        attn_implementation="sdpa", initializer_range=0.1, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(0)
-    return use_estimator_attention(transformers.LlamaForCausalLM(cfg).eval())
-
-
 @pytest.mark.parametrize("name", ["kqv", "qkqv"])
 def test_greedy_generation_gives_the_same_logits_with_and_without_the_fused_step(name, monkeypatch, fused_calls):
-    model = _tiny()
+    from tests.test_cache import _tiny  # the tiny GQA Llama of the cache's tests (4 query heads, 2 KV heads, d = 16)
+
+    model = use_estimator_attention(_tiny())
     ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(1))
 
     def generate():

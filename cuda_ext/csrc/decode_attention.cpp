@@ -240,19 +240,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
   return {out, weights};
 }
 
-template std::tuple<at::Tensor, at::Tensor> decode_attention<OpNamespace::kFast>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, std::optional<double>,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double);
-template std::tuple<at::Tensor, at::Tensor> decode_attention<OpNamespace::kShared>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, std::optional<double>,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double);
+template DecodeAttention decode_attention<OpNamespace::kFast>;
+template DecodeAttention decode_attention<OpNamespace::kShared>;
 
 }  // namespace kvstats

@@ -21,8 +21,9 @@ namespace kvstats {
 // programs on the CPU (`kvstats_shared`).
 enum class OpNamespace { kFast, kShared };
 
-template <OpNamespace NS>
-std::tuple<at::Tensor, at::Tensor> decode_attention(
+// The op's C++ signature (the schema's arguments in order), once: the composition is declared, instantiated and
+// registered through it.
+using DecodeAttention = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor& q, const at::Tensor& win_k, const at::Tensor& win_v, int64_t n_code, double scaling,
     std::optional<double> softcap, const std::optional<at::Tensor>& sinks,
     const std::optional<at::Tensor>& k_rotation, const std::optional<at::Tensor>& k_packed,
@@ -32,5 +33,8 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
     const std::optional<at::Tensor>& v_packed, const std::optional<at::Tensor>& v_norm,
     const std::optional<at::Tensor>& v_levels, int64_t v_bits, const std::optional<at::Tensor>& v_sketch,
     const std::optional<at::Tensor>& v_signs, const std::optional<at::Tensor>& v_sign_norm, double v_sign_scale);
+
+template <OpNamespace NS>
+DecodeAttention decode_attention;
 
 }  // namespace kvstats

@@ -597,7 +597,7 @@ class KVStatsLayer(CacheLayerMixin):
         seq, hi = self.cumulative_length, self.n_quantized
         b, hq, _, d = q.shape
         hkv = span_k.shape[1]
-        g, groups, n_win = hq // hkv, b * span_k.shape[1], seq - hi
+        g, groups, n_win = hq // hkv, b * hkv, seq - hi
         sinks = None if rules.sinks is None else \
             rules.sinks.to(q.dtype).reshape(1, hkv, g).expand(b, hkv, g).reshape(groups, g)
         out, weights = ops.decode_attention(
