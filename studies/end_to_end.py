@@ -317,6 +317,8 @@ def _quantized_logits(ids, name, n, seed, window, path="kvstats", record=True, d
                          full_precision_window=window, record_attention=record)
     with torch.inference_mode():
         logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits
+    if path == "kvstats":
+        cache.require_estimator_path(model)
     return (logits if dtype == "float64" else logits.float()), cache
 
 
@@ -475,6 +477,7 @@ def generation_cell(scheme: str, n: int, seed: int, window: int, offsets: list[i
     t0 = time.perf_counter()
     gen = _greedy(prompts, new, **cache_kwargs(model, cache))
     seconds = time.perf_counter() - t0
+    cache.require_estimator_path(model)
     bits = cache.memory().bits_per_element
     conts = [_until_eos(r) for r in gen.tolist()]
     nll = _fp_nll(prompts, gen, [len(g) for g in conts])

@@ -46,6 +46,9 @@ def kvstats_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
             raise ValueError(f"{type(module).__name__} is not causal (is_causal=False) and passed no mask: a "
                              f"KVStatsCache reads a None mask as causal decoding; pass the model's mask, or use "
                              f"the model's own attention implementation for this module")
+        reader = getattr(module, "layer_idx", None)
+        if isinstance(reader, int) and reader != layer.layer_idx:  # KV sharing: this layer reads an earlier one's K/V
+            return layer.attend_shared(reader, key, value, query, attention_mask, scaling, dropout, training, rules)
         return layer.attend(query, attention_mask, scaling, dropout, training, rules)
     acc = acc_dtype(query.dtype)
     logits = _attention.soft_cap(_attention.scores(query.to(acc), key.to(acc), scale=scaling), rules.softcap)
@@ -95,9 +98,26 @@ def register_attention() -> str:
 
 
 def use_estimator_attention(model):
-    """Switch ``model`` to the estimator path (``attn_implementation="kvstats"``); returns the model."""
+    """Switch ``model`` to the estimator path (``attn_implementation="kvstats"``); returns the model.
+
+    Refused (ValueError naming the class) for a model whose attention does not go through transformers'
+    AttentionInterface (``_supports_attention_backend`` False: Bloom, MPT, GPT-Neo, XGLM, Falcon, Jamba, ...):
+    transformers ignores the setting there, and its own attention would read decoded K̂/V̂ instead of the estimator.
+    Whether every layer then ran on the kvstats path is verified after a forward by
+    :meth:`~kvstats.hf.cache.KVStatsCache.require_estimator_path`."""
+    name = type(model).__name__
+    if not callable(getattr(model, "set_attn_implementation", None)) or not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {name}")
+    if not getattr(model, "_supports_attention_backend", True):
+        raise ValueError(f"{name} does not compute its attention through transformers' AttentionInterface "
+                         f"(_supports_attention_backend is False), so attn_implementation='{ATTN_IMPLEMENTATION}' "
+                         f"would be ignored and its own attention would read decoded K̂/V̂: kvstats' estimator path "
+                         f"cannot run on this model (its dense path, KVStatsCache with the model's own attention, can)")
     register_attention()
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise ValueError(f"{name} kept attn_implementation={model.config._attn_implementation!r} after "
+                         f"set_attn_implementation('{ATTN_IMPLEMENTATION}'): kvstats' estimator path cannot run on it")
     return model
 
 

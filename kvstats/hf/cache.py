@@ -53,7 +53,11 @@ Grouped-query attention: query head h reads KV head h // (H_q / H_kv), as transf
 Any model whose attention calls ``cache.update`` and then an ``AttentionInterface`` function works (Llama,
 SmolLM, Mistral, Qwen2/3, Gemma, Gemma2/3, Phi3, gpt-oss, ...): the estimator path applies the model's soft
 capping, sliding window and attention sinks as its eager attention does (:class:`LogitRules`) and refuses any
-other attention keyword by name (:func:`logit_rules`); docs/cache.md, "Architectures".
+other attention keyword by name (:func:`logit_rules`); KV-sharing layers (Gemma 3n) read the shared layer's codes.
+A model whose attention does not go through the AttentionInterface (Bloom, MPT, ...) is refused by
+:func:`use_estimator_attention`, and :meth:`KVStatsCache.require_estimator_path` verifies after a forward that
+every layer ran on the estimator path; multi-head latent attention (DeepSeek-V2/V3) is refused by name;
+docs/cache.md, "Architectures".
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from kvstats.hf.attention_function import (
 )
 from kvstats.hf.cache_layer import KVStatsLayer
 from kvstats.hf.logit_rules import LogitRules, logit_rules
+from kvstats.hf.models import refuse_latent_attention
 from kvstats.hf.records import AttentionRecord, CacheMemory
 from kvstats.quant.quantizers.identity import IdentityQuantizer
 from kvstats.quant.schemes import IdentityScheme, Scheme
@@ -188,18 +193,35 @@ class KVStatsCache(Cache):
         if self.layers:
             raise ValueError(f"prefill needs a new cache; this one has {len(self.layers)} layers and holds "
                              f"{self.get_seq_length()} tokens")
-        layers = getattr(past, "layers", None)
-        pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else list(past)
-        if not pairs:
-            raise ValueError("past must hold the keys and values of at least one layer, got none")
-        for i, pair in enumerate(pairs):
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(t, torch.Tensor)
-                                                                                for t in pair):
-                raise TypeError(f"past[{i}] must be a (keys, values) pair of tensors, got {type(pair).__name__}")
-            self._check_dims(i, pair[0], f"past[{i}] keys")
+        pairs = _past_pairs(past)
+        for i, (keys, _) in enumerate(pairs):
+            self._check_dims(i, keys, f"past[{i}] keys")
         for keys, values in pairs:
             self._add_layer().prefill(keys, values)
         return self
+
+    def attention_paths(self) -> list[str | None]:
+        """How the last forward's attention read each layer: ``"kvstats"`` (the estimator path,
+        :func:`kvstats_attention`), ``"model"`` (the model's own attention read decoded K̂/V̂: the dense path), None
+        for a layer no forward has read yet (a new or prefilled one)."""
+        return [layer.last_attention for layer in self.layers]
+
+    def require_estimator_path(self, model=None) -> None:
+        """Raise ValueError, naming the layers (and ``model``'s class), unless the last forward read every layer
+        on the estimator path: what a measurement "through the scheme's estimator" must check after its forward,
+        for a model whose attention may not reach :func:`kvstats_attention` (transformers ignores
+        ``attn_implementation`` for a model without AttentionInterface support) — for a quantizer whose
+        ``inner`` is not decode-then-dot, the dense path would silently measure another estimator."""
+        paths = self.attention_paths()
+        missed = [i for i, p in enumerate(paths) if p != "kvstats"]
+        if not paths or missed:
+            who = f"{type(model).__name__}: " if model is not None else ""
+            shown = ", ".join(f"{i} ({paths[i] or 'not read'})" for i in missed[:8]) + (" ..." if len(missed) > 8
+                                                                                       else "")
+            raise ValueError(f"{who}the estimator path did not run on "
+                             + (f"layers {shown} of {len(paths)}" if paths else "any layer (no forward stored K/V)")
+                             + ": their attention was the model's own over decoded K̂/V̂ (its attention does not go "
+                               "through transformers' AttentionInterface, or its implementation is not 'kvstats')")
 
     def crop(self, max_length: int) -> None:
         """Drop the last tokens of every layer, as if they had never been added (see :meth:`KVStatsLayer.crop`):
@@ -273,6 +295,41 @@ class KVStatsCache(Cache):
                 f"tokens={self.get_seq_length()})")
 
 
+def _past_pairs(past) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``(keys, values)`` of each layer of ``past`` (a transformers cache or a sequence of pairs), refused by
+    name unless every layer holds every token it has seen, all layers alike in length and batch."""
+    layers = getattr(past, "layers", None)
+    try:
+        pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else list(past)
+    except TypeError:
+        raise TypeError(f"past must be a transformers cache or a sequence of (keys, values) pairs, got "
+                        f"{type(past).__name__}") from None
+    if not pairs:
+        raise ValueError("past must hold the keys and values of at least one layer, got none")
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(t, torch.Tensor)
+                                                                            for t in pair):
+            raise TypeError(f"past[{i}] must be a (keys, values) pair of tensors, got {type(pair).__name__}")
+        if pair[0].dim() != 4 or pair[0].shape != pair[1].shape:
+            raise ValueError(f"past[{i}] keys {tuple(pair[0].shape)} and values {tuple(pair[1].shape)} must have one "
+                             "shape [B, H_kv, S, d]")
+        seen = layers[i].get_seq_length() if layers is not None and hasattr(layers[i], "get_seq_length") else None
+        if seen is not None and seen != pair[0].shape[-2]:
+            raise ValueError(
+                f"past layer {i} ({type(layers[i]).__name__}) holds {pair[0].shape[-2]} token states but has seen "
+                f"{seen} tokens (a sliding-window layer keeps only the last ones; a static layer holds padding): "
+                f"KVStatsCache.prefill needs every token of every layer, or the next forward would read a shorter "
+                f"context at the wrong positions; run the context with cache=DynamicCache() (no config: every "
+                f"layer keeps every token) and prefill from that")
+    first = pairs[0][0].shape
+    for i, (keys, _) in enumerate(pairs):
+        if keys.shape[0] != first[0] or keys.shape[-2] != first[-2]:
+            raise ValueError(f"past layer {i} holds batch {keys.shape[0]} and {keys.shape[-2]} tokens, layer 0 batch "
+                             f"{first[0]} and {first[-2]} tokens: every layer of a context must hold the same batch "
+                             "and tokens")
+    return pairs
+
+
 def cache_kwargs(model, cache) -> dict:
     """The keyword that hands a cache to ``model.generate(...)`` or ``model(...)``: ``{"cache": cache}`` on
     transformers whose models renamed the argument (5.24 and later: ``past_key_values=`` is deprecated there,
@@ -295,6 +352,7 @@ def model_dims(config) -> dict:
     """
     if hasattr(config, "get_text_config"):
         config = config.get_text_config(decoder=True)
+    refuse_latent_attention(config)
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None:

@@ -85,6 +85,9 @@ class KVStatsLayer(CacheLayerMixin):
         self.cumulative_length = 0
         self.estimator_attention = False
         self.dense_attention = False  # set when an update's exact states went unread: standard attention in use
+        #: how the last forward's attention read this layer: "kvstats" (attend(): the estimator path), "model" (the
+        #: model's own attention read the tensors update() returned), None before any forward (or after prefill)
+        self.last_attention: str | None = None
         self._span: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._reference: tuple[torch.Tensor, torch.Tensor] | None = None  # see prefill()
         self._chunk_plans: list[tuple[CacheCode, Callable, Callable, dict]] = []  # see _plans()
@@ -103,14 +106,23 @@ class KVStatsLayer(CacheLayerMixin):
         functions; once :func:`kvstats_attention` has run on this layer, the exact states of this forward
         instead (the estimator path reads the codes itself).
         """
+        if self.estimator_attention and self._span is not None:
+            raise ValueError(
+                f"layer {self.layer_idx}: the last forward's attention did not go through kvstats_attention although "
+                f"this cache's estimator path ran on the layer before, so the model's own attention read only that "
+                f"forward's exact states, not the cache: was the model's attention implementation changed? Start a "
+                f"new KVStatsCache after switching")
         span_start, span_k, span_v = self._store(key_states, value_states)
         self._span = None if self.dense_attention else (span_start, span_k, span_v)
+        self.last_attention = "model"
         if self.estimator_attention:
             keys, values = span_k, span_v
         else:
             k_hat, v_hat = self.decoded()
             keys, values = torch.cat([k_hat, self.keys], dim=-2), torch.cat([v_hat, self.values], dim=-2)
         keys._kvstats_layer = self  # how kvstats_attention finds the codes behind the tensors it is given
+        if self._span is not None:  # the exact span travels with the tensors: a layer sharing these K/V reads it
+            keys._kvstats_span = (span_start, None, None) if keys is span_k else self._span
         return keys, values
 
     def _store(self, key_states: torch.Tensor, value_states: torch.Tensor):
@@ -160,8 +172,11 @@ class KVStatsLayer(CacheLayerMixin):
                 raise ValueError(f"{name} of {where} must be a float tensor [B, H_kv, N, d], got "
                                  f"{type(t).__name__ if not isinstance(t, torch.Tensor) else tuple(t.shape)}")
         if key_states.shape != value_states.shape:
+            mla = (" (different last dims: a model whose cache holds other than per-head K and V of one head dim, "
+                   "such as multi-head latent attention (DeepSeek-V2/V3, Kimi: a compressed latent and a shared RoPE "
+                   "key), which kvstats does not support)" if key_states.shape[:-1] == value_states.shape[:-1] else "")
             raise ValueError(f"key_states {tuple(key_states.shape)} and value_states {tuple(value_states.shape)} of "
-                             f"{where} must have one shape [B, H_kv, N, d]")
+                             f"{where} must have one shape [B, H_kv, N, d]{mla}")
         if key_states.shape[-1] != self.scheme.dim:
             raise ValueError(f"key/value head dim must equal the scheme's dim {self.scheme.dim}, got "
                              f"{key_states.shape[-1]} ({where})")
@@ -194,7 +209,7 @@ class KVStatsLayer(CacheLayerMixin):
         if self.record:
             self._reference = (key_states[..., :0, :], value_states[..., :0, :])
         self._store(key_states, value_states)
-        self._span = None
+        self._span, self.last_attention = None, None
 
     def _declared(self) -> bool | None:
         """The scheme's quantizers' ``codes_per_vector`` (True only when both K's and V's declare it; False when
@@ -237,6 +252,7 @@ class KVStatsLayer(CacheLayerMixin):
         self._undo = self._reference = None
         self._chunk_plans = []
         self.estimator_attention = self.dense_attention = False
+        self.last_attention = None
         self.keys = self.values = None
         self.is_initialized = False
 
@@ -299,22 +315,27 @@ class KVStatsLayer(CacheLayerMixin):
         # codes of tokens [0, coded): the quantized ones, and per vector those of kept tokens encoded ahead (so the
         # crops of assisted decoding, which remove only new tokens, mostly leave the codes as they are)
         coded = min(self.n_coded, keep) if self._codes_per_vector() else new_nq
-        if new_nq < self.n_quantized:
+        back_stop = min(keep, self.n_quantized)  # tokens [new_nq, back_stop) go back to the window, exact
+        if new_nq < back_stop:
             undo_start = self._undo[0] if self._undo is not None else self.n_quantized
             if new_nq < undo_start:
                 raise ValueError(
-                    f"crop to {keep} of {seq} tokens must put back tokens {new_nq}..{self.n_quantized - 1} exact, but "
+                    f"crop to {keep} of {seq} tokens must put back tokens {new_nq}..{back_stop - 1} exact, but "
                     f"only the exact states of tokens from {undo_start} on are kept; build the cache with a larger "
                     f"rollback_tokens (now {self.rollback})")
             if self.n_coded > coded:
                 self._truncate_codes(coded)
-            lo, hi = new_nq - undo_start, min(keep, self.n_quantized) - undo_start
+            lo, hi = new_nq - undo_start, back_stop - undo_start
             back_k, back_v = self._undo[1][..., lo:hi, :], self._undo[2][..., lo:hi, :]
             self._undo = None if lo == 0 else (undo_start, self._undo[1][..., :lo, :], self._undo[2][..., :lo, :])
-        else:
+        else:  # nothing goes back (W = 0, or the kept tokens were all quantized before the removed ones came)
             back_k, back_v = self.keys[..., :0, :], self.values[..., :0, :]
-            if self.n_coded > coded:  # codes encoded ahead of removed tokens
+            if self.n_coded > coded:  # codes of removed tokens (W = 0), or encoded ahead of them
                 self._truncate_codes(coded)
+            if self._undo is not None and new_nq < self.n_quantized:  # the record's removed tokens go with them
+                start, k, v = self._undo
+                cut = max(0, new_nq - start)
+                self._undo = None if cut == 0 else (start, k[..., :cut, :], v[..., :cut, :])
         in_window = max(0, keep - self.n_quantized)
         self.keys = torch.cat([back_k, self.keys[..., :in_window, :]], dim=-2).clone()
         self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
@@ -427,7 +448,7 @@ class KVStatsLayer(CacheLayerMixin):
                              f"after its own position (a bidirectional or prefix-LM mask), and the records compare "
                              f"causal attention distributions, not the ones this model uses; build the cache with "
                              f"record_attention=False")
-        self.estimator_attention = True
+        self.estimator_attention, self.last_attention = True, "kvstats"
         self._span = None
         if n == 1 and not self.record:  # a decode step: _attend_rows' one block, straight to its last-position path
             mask = None if attention_mask is None else attention_mask[..., -seq:]
@@ -463,6 +484,28 @@ class KVStatsLayer(CacheLayerMixin):
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
         self._check_output(out)
         return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def attend_shared(self, reader: int, key: torch.Tensor, value: torch.Tensor, query: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                      training: bool = False, rules: LogitRules | None = None):
+        """:meth:`attend` for layer ``reader``, which reads this layer's K/V (KV sharing: Gemma 3n's last layers
+        reuse the K/V of the last layer of their type that stores them), from this layer's codes — as a server
+        that shares the quantized cache between layers computes it. ``key``/``value`` are the tensors
+        :meth:`update` returned in this forward (they carry its exact span); the records and messages name the
+        reader."""
+        carried = getattr(key, "_kvstats_span", None)
+        if carried is None:
+            raise ValueError(f"layer {reader} reads the K/V of layer {self.layer_idx} (KV sharing), but the tensors it "
+                             "was given carry no exact states of this forward: a cache filled through another "
+                             "attention implementation cannot serve a sharing layer; start a new KVStatsCache")
+        start, k, v = carried
+        span = (start, key if k is None else k, value if v is None else v)
+        saved, own = self._span, self.layer_idx
+        self._span, self.layer_idx = span, reader
+        try:
+            return self.attend(query, attention_mask, scaling, dropout, training, rules)
+        finally:
+            self._span, self.layer_idx, self.last_attention = saved, own, "kvstats"
 
     def _check_output(self, out: torch.Tensor) -> None:
         if out.numel() and not all_finite(out):  # finite queries and states, yet a logit or a sum overflowed fp32

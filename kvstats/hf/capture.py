@@ -37,7 +37,15 @@ from typing import Any
 import torch
 
 from kvstats.data.io import LayerQKV, QKVFile, check_output_path, load_qkv, save_qkv
-from kvstats.hf.models import SMOLLM2, cache_dir, check_model_files, load_model, model_files, smollm2_gguf_path
+from kvstats.hf.models import (
+    SMOLLM2,
+    cache_dir,
+    check_model_files,
+    load_model,
+    model_files,
+    refuse_latent_attention,
+    smollm2_gguf_path,
+)
 
 __all__ = [
     "SMOLLM2",
@@ -264,6 +272,7 @@ def capture_qkv(model, tokenizer=None, text: str | Sequence[str] | None = None, 
     sources = [text_source] * len(texts) if text_source is None or isinstance(text_source, str) else list(text_source)
     if len(sources) != len(texts):
         raise ValueError(f"text_source must give one source per text ({len(texts)}), got {len(sources)}")
+    refuse_latent_attention(model.config)
     limit = getattr(model.config, "max_position_embeddings", None)
     docs = [_token_ids(tokenizer, t, input_ids, max_tokens, at_most, limit) for t in texts]
     n_layers = getattr(getattr(model.config, "get_text_config", lambda **_: model.config)(decoder=True),

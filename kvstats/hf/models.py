@@ -247,3 +247,15 @@ def _save_converted(lm, tokenizer, folder: Path) -> None:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_latent_attention(config) -> None:
+    """ValueError for a config (its text config if nested) with multi-head latent attention (``kv_lora_rank``:
+    DeepSeek-V2/V3, Kimi): its cache holds a compressed latent and a shared RoPE key, not the per-head K and V
+    kvstats quantizes, and the per-head K/V its attention forms are not what any MLA cache stores."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    if getattr(config, "kv_lora_rank", None):
+        raise ValueError(f"{type(config).__name__} uses multi-head latent attention (kv_lora_rank="
+                         f"{config.kv_lora_rank}): its cache holds a compressed latent and a shared RoPE key, not "
+                         f"per-head K and V; kvstats quantizes per-head K/V and does not support MLA")

@@ -47,6 +47,13 @@ __all__ = ["CacheCode", "Scheme", "SchemeConfig", "NovaScheme", "IdentityScheme"
            "scheme", "register_scheme", "causal_mask", "gqa_groups"]
 
 
+def _set_on_instance(obj, *methods: str) -> bool:
+    """Whether any of ``methods`` was replaced on the instance (``obj.inner = f``): the class's plans and fused
+    kernels do not stand for it then."""
+    held = getattr(obj, "__dict__", {})
+    return any(m in held for m in methods)
+
+
 @dataclass(frozen=True)
 class SchemeConfig:
     """A scheme as a pair of configs: its name, budget n, seed, and the K and V quantizers' configs
@@ -181,14 +188,19 @@ class Scheme:
         return CacheCode(self.k.encode(keys), self.v.encode(values))
 
     def _own_inner(self) -> bool:
-        """Whether the scores are K's own estimator (neither the scheme's ``scores`` nor K's ``inner`` overridden)."""
+        """Whether the scores are K's own estimator (neither the scheme's ``scores`` nor K's ``inner`` overridden,
+        by a subclass or on the instance: ``scheme.k.inner = f`` is honoured by the cache, through :meth:`scores`)."""
         return (type(self).scores is Scheme.scores and isinstance(self.k, Quantizer)
-                and type(self.k).inner is Quantizer.inner)
+                and type(self.k).inner is Quantizer.inner
+                and not _set_on_instance(self, "scores") and not _set_on_instance(self.k, "inner", "_inner"))
 
     def _own_weighted_sum(self) -> bool:
-        """Whether the weighted values are V's own ``weighted_sum`` (neither overridden)."""
+        """Whether the weighted values are V's own ``weighted_sum`` (neither overridden, by a subclass or on the
+        instance)."""
         return (type(self).weighted_values is Scheme.weighted_values and isinstance(self.v, Quantizer)
-                and type(self.v).weighted_sum is Quantizer.weighted_sum)
+                and type(self.v).weighted_sum is Quantizer.weighted_sum
+                and not _set_on_instance(self, "weighted_values")
+                and not _set_on_instance(self.v, "weighted_sum", "_weighted_sum"))
 
     def own_scores(self, queries: torch.Tensor, cache: CacheCode) -> torch.Tensor:
         """:meth:`scores` of finite queries [B, H_q, N, d] against a cache this scheme encoded."""

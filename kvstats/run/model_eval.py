@@ -130,6 +130,7 @@ def _cache_logits(model, scheme, ids: torch.Tensor, full_precision_window: int, 
         with torch.inference_mode():
             logits = model(ids.to(next(model.parameters()).device), **cache_kwargs(model, cache),
                            use_cache=True).logits.float().cpu()
+        cache.require_estimator_path(model)  # the header says "on the estimator path": verified, not assumed
     finally:
         model.set_attn_implementation(previous)
     return logits, cache
