@@ -629,6 +629,23 @@ def test_crop_conventions_and_limits(est, ids):
         d.crop(-1)  # the window slides back over a token whose exact state was not kept
 
 
+@pytest.mark.parametrize("rollback", [0, 2])
+def test_a_crop_at_window_0_puts_nothing_back_and_needs_no_record(rollback, est, ids):
+    """W = 0: every kept token was quantized before the removed ones came, so no crop needs exact states (it was
+    refused beyond the rollback record, naming tokens it did not have to put back)."""
+    s = scheme("kqv", bits=3, dim=D, seed=0)
+    cropped, ref = (KVStatsCache(s, rollback_tokens=rollback) for _ in range(2))
+    _logits(est, ids[:, :12], cropped)
+    for t in range(12, 16):
+        _logits(est, ids[:, t:t + 1], cropped)
+    cropped.crop(-9)
+    _logits(est, ids[:, :7], ref)
+    assert cropped.get_seq_length() == 7
+    _assert_same_state(cropped, ref)
+    torch.testing.assert_close(_logits(est, ids[:, 7:12], cropped), _logits(est, ids[:, 7:12], ref), rtol=0,
+                               atol=5e-5)
+
+
 def _other_tiny(seed):
     model = _tiny("sdpa")
     torch.manual_seed(seed)

@@ -189,6 +189,7 @@ def _bad_cases():
         (with_(n_code=-1), ValueError, "n_code must be >= 0"),
         (with_(n_code=40), ValueError, r"k_packed must be \[3, n_k >= n_code = 40"),
         (with_(scaling=float("nan")), ValueError, "scaling must be finite"),
+        (with_(scaling=1e300), ValueError, r"scaling must be finite in (torch\.float32|Float).*got 1e\+300"),
         (with_(softcap=-1.0), ValueError, "softcap must be a finite positive number"),
         (with_(sinks=torch.zeros(3, 2)), ValueError, r"sinks must be \[3, 3\]"),
         (with_(k_norm=None), ValueError, "k_packed, k_norm and k_levels must be given together"),
@@ -209,6 +210,26 @@ def _bad_cases():
         (with_(v_signs=v.signs[..., :1]), ValueError, r"v_signs must be \[3, n_k >= n_code = 34, 3\]"),
         (with_(k_sign_scale=float("inf")), ValueError, "k_sign_scale must be finite"),
     ]
+
+
+@pytest.mark.parametrize("path", ["kernel", "shared", "reference", "unfused"])
+def test_non_finite_sinks_and_overflowing_steps_are_refused_not_returned(path):
+    """What the meta path cannot see (values): sinks that are not finite, and a step whose logits overflow fp32 from
+    finite inputs — refused by name instead of a NaN output (the cache refused such outputs; direct callers got
+    them)."""
+    (q, win_k, win_v, n_code, scaling, softcap, _), k, v = _case("prod", "prod", 3, 3, 16, torch.float32,
+                                                                 sinks=True)
+    call = {"kernel": torch.ops.kvstats.decode_attention.default,
+            "shared": torch.ops.kvstats_shared.decode_attention.default,
+            "reference": ops.decode_attention_reference,
+            "unfused": lambda *a: ops.decode_attention_unfused(*a[:7], CodeParts(*a[7:16]), CodeParts(*a[16:]))}[path]
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        sinks = torch.zeros(3, 3)
+        sinks[1, 2] = bad
+        with pytest.raises(ValueError, match=r"sinks must be finite, got (-?inf|nan)"):
+            call(q, win_k, win_v, n_code, scaling, softcap, sinks, *k, *v)
+    with pytest.raises(ValueError, match="the output is not finite"):  # |q·k| ~ 1e37, scaled by 1e30: beyond fp32
+        call(q * 1e18, win_k * 1e18, win_v, n_code, 1e30, None, None, *k, *v)
 
 
 @pytest.mark.parametrize("path", ["kernel", "shared", "reference", "meta"])

@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,7 +149,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& win_k, const at::Tensor
   TORCH_CHECK_VALUE(n_code >= 0, kOp, ": n_code must be >= 0, got ", n_code);
   TORCH_CHECK_VALUE(n_code + win_k.size(1) >= 1, kOp, ": a step needs at least one key, got n_code = 0 and an "
                     "empty window");
-  TORCH_CHECK_VALUE(std::isfinite(scaling), kOp, ": scaling must be finite, got ", scaling);
+  const double largest = q.scalar_type() == at::kDouble ? std::numeric_limits<double>::max()
+                                                        : static_cast<double>(std::numeric_limits<float>::max());
+  TORCH_CHECK_VALUE(std::isfinite(scaling) && std::abs(scaling) <= largest, kOp, ": scaling must be finite in ",
+                    q.scalar_type(), " (|scaling| <= ", largest, "), got ", scaling);
   TORCH_CHECK_VALUE(!softcap.has_value() || (std::isfinite(*softcap) && *softcap > 0), kOp,
                     ": softcap must be a finite positive number or None, got ", softcap.value_or(0.0));
   if (sinks.has_value()) {
@@ -158,6 +162,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& win_k, const at::Tensor
                       sinks->sizes());
     TORCH_CHECK_TYPE(sinks->scalar_type() == q.scalar_type(), kOp, ": sinks must be ", q.scalar_type(), ", got ",
                      sinks->scalar_type());
+    TORCH_CHECK_VALUE(at::isfinite(*sinks).all().item<bool>(), kOp, ": sinks must be finite, got ",
+                      sinks->masked_select(at::logical_not(at::isfinite(*sinks))).flatten()[0].item<double>());
   }
 }
 
@@ -237,6 +243,10 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
     if (n_values > n_code) w = at::constant_pad_nd(w, {0, n_values - n_code});  // codes ahead: weight 0
     out.add_(code_values(ops, w, v, d));
   }
+  // finite inputs can still overflow a logit or a sum in q's dtype: the step is refused, never returned as NaN/inf
+  TORCH_CHECK_VALUE(at::isfinite(out).all().item<bool>(), kOp, ": the output is not finite (a logit or a weighted ",
+                    "sum overflowed ", q.scalar_type(), ", or q or the window hold a non-finite value); rescale the ",
+                    "inputs or pass float64");
   return {out, weights};
 }
 

@@ -15,7 +15,9 @@ ops) and/or a QJL sign part (``qjl_*`` ops; ``turbo_prod_scores`` when both). Th
 matmul and softmax in the order the unfused path calls them (``KVStatsLayer._attend_last`` with the quantizers'
 plans), so a cache's decode step returns the same numbers either way; it exists to remove the Python between
 the ops (about 40 calls per layer and generated token). Kernels: ``cuda_ext/csrc/decode_attention.cpp`` (one
-composition, registered for the CPU, the shared backend and CUDA).
+composition, registered for the CPU, the shared backend and CUDA). A step whose output is not finite (a logit or a
+sum overflowed the accumulation dtype) is refused by name on every path, as are non-finite sinks and a scaling
+beyond q's dtype: the op returns right numbers or none.
 """
 
 from __future__ import annotations
@@ -159,8 +161,9 @@ def decode_attention_fake(q, win_k, win_v, n_code: int, scaling: float, softcap,
         raise ValueError(f"{OP}: n_code must be >= 0, got {n_code}")
     if n_code + win_k.shape[1] < 1:
         raise ValueError(f"{OP}: a step needs at least one key, got n_code = 0 and an empty window")
-    if not math.isfinite(scaling):
-        raise ValueError(f"{OP}: scaling must be finite, got {scaling}")
+    largest = torch.finfo(q.dtype).max if q.dtype in (torch.float32, torch.float64) else math.inf
+    if not (math.isfinite(scaling) and abs(scaling) <= largest):
+        raise ValueError(f"{OP}: scaling must be finite in {q.dtype} (|scaling| <= {largest:g}), got {scaling}")
     if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"{OP}: softcap must be a finite positive number or None, got {softcap}")
     if sinks is not None:
@@ -226,19 +229,31 @@ def _compose(q, win_k, win_v, n_code: int, scaling: float, softcap, sinks, k: Co
     return out, weights
 
 
+def _checked_step(q, win_k, win_v, n_code: int, scaling: float, softcap, sinks, k: CodeParts, v: CodeParts,
+                  reference: bool):
+    """:func:`_compose` after the fake's checks and the checks of values the fake cannot see (finite sinks), with
+    its output refused when not finite (as the kernel's)."""
+    decode_attention_fake(q, win_k, win_v, n_code, scaling, softcap, sinks, *k, *v)
+    if sinks is not None and not bool(torch.isfinite(sinks).all()):
+        raise ValueError(f"{OP}: sinks must be finite, got {sinks[~torch.isfinite(sinks)].flatten()[0].item()}")
+    out, weights = _compose(q, win_k, win_v, n_code, scaling, softcap, sinks, k, v, reference)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"{OP}: the output is not finite (a logit or a weighted sum overflowed {q.dtype}, or q or "
+                         "the window hold a non-finite value); rescale the inputs or pass float64")
+    return out, weights
+
+
 def decode_attention_reference(q, win_k, win_v, n_code: int, scaling: float, softcap, sinks, *parts):
     """The op in pure torch on the ops' references (arguments as :func:`decode_attention_fake`)."""
-    decode_attention_fake(q, win_k, win_v, n_code, scaling, softcap, sinks, *parts)
-    return _compose(q, win_k, win_v, n_code, scaling, softcap, sinks, CodeParts(*parts[:9]), CodeParts(*parts[9:]),
-                    reference=True)
+    return _checked_step(q, win_k, win_v, n_code, scaling, softcap, sinks, CodeParts(*parts[:9]),
+                         CodeParts(*parts[9:]), reference=True)
 
 
 def decode_attention_unfused(q, win_k, win_v, n_code: int, scaling: float, softcap, sinks, k: CodeParts,
                              v: CodeParts):
     """The op as separate calls of the library's ops (each on its kernel where one is built): the definition the
     fused kernel must equal bit for bit (tests)."""
-    decode_attention_fake(q, win_k, win_v, n_code, scaling, softcap, sinks, *k, *v)
-    return _compose(q, win_k, win_v, n_code, scaling, softcap, sinks, k, v, reference=False)
+    return _checked_step(q, win_k, win_v, n_code, scaling, softcap, sinks, k, v, reference=False)
 
 
 def decode_attention(q, win_k, win_v, n_code: int, scaling: float, softcap: float | None,
