@@ -125,6 +125,17 @@ def test_bad_inputs(tiny, tiny_folder, tmp_path):
         capture(str(tiny_folder), text_file=tmp_path / "missing.txt")
 
 
+def test_one_text_twice_is_refused_before_the_forward(tiny_folder, tmp_path):
+    # two "independent" documents from one text (issue 43, item 6): refused naming both, before any work
+    text = " ".join(WORDS)
+    with pytest.raises(ValueError, match=r"text\[2\] \(<string>\) is text\[0\] \(<string>\) again"):
+        capture(str(tiny_folder), [text, "we the people", text])
+    (tmp_path / "a.txt").write_text(text)
+    with pytest.raises(ValueError, match=r"text\[1\] \(.*a.txt\) is text\[0\] \(.*a.txt\) again"):
+        capture(str(tiny_folder), text_file=[tmp_path / "a.txt", tmp_path / "a.txt"], out=tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_io_round_trip_and_errors(tmp_path):
     g = torch.Generator().manual_seed(0)
     layers = {3: LayerQKV(torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g),

@@ -610,7 +610,7 @@ def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
     gen = torch.Generator().manual_seed(5)
     layer = tuple(torch.randn(1, h, 96, 16, generator=gen) for h in (2, 1, 1))
     path = save_qkv(tmp_path / "docs.safetensors", [layer], {"model": "random", "documents": [
-        {"source": "a", "start": 0, "stop": 64}, {"source": "b", "start": 64, "stop": 96}]})
+        {"source": s, "text_sha256": s * 64, "start": a, "stop": b} for s, a, b in (("a", 0, 64), ("b", 64, 96))]})
     ev = evaluate("turbo_mse", bits=2, data=path, window=16, n_resamples=999)
     assert [u["document"] for u in ev.units] == [0, 0, 0, 0, 1, 1]
     assert ev.config["inference_units"].startswith("documents") and ev.summary["attention_kl"].n == 2

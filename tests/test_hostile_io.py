@@ -252,3 +252,149 @@ def test_the_stored_digest_is_the_sha256_of_the_tensor_bytes(capture_bytes, tmp_
         if name != "__metadata__":
             lo, hi = info["data_offsets"]
             assert digests[name] == hashlib.sha256(capture_bytes[start + lo:start + hi]).hexdigest()
+
+
+# ------------------------------------------------------------------ capture headers validated (issue 43, item 6)
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_RULES = [{"layer": 0, "scaling": 0.35, "softcap": None, "sliding_window": None},
+          {"layer": 1, "scaling": 0.35, "softcap": 30.0, "sliding_window": 8}]
+_DOCS = [{"source": "a", "text_sha256": _sha("a"), "start": 0, "stop": 6},
+         {"source": "b", "text_sha256": _sha("b"), "start": 6, "stop": 12}]
+
+
+@pytest.fixture(scope="module")
+def documents_capture(tmp_path_factory):
+    """A valid capture of two documents (12 tokens, layers 0 and 1) with per-layer attention rules."""
+    gen = torch.Generator().manual_seed(0)
+    layer = lambda: tuple(torch.randn(1, h, 12, 8, generator=gen) for h in (4, 2, 2))  # noqa: E731
+    return save_qkv(tmp_path_factory.mktemp("docs") / "docs.safetensors", [layer(), layer()],
+                    {"model": "x", "attn_scaling": 0.35, "attention": _RULES, "documents": _DOCS, "dtype": "float32"})
+
+
+def _edited(path, folder, edit):
+    """The capture at ``path`` with ``edit(metadata)`` applied to its decoded header (tensors and digests kept:
+    a file save_qkv would refuse)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+        meta = {k: json.loads(v) for k, v in f.metadata().items()}
+    edit(meta)
+    bad = folder / "bad.safetensors"
+    save_file(tensors, str(bad), metadata={k: json.dumps(v) for k, v in meta.items()})
+    return bad
+
+
+def _set(*path_and_value):
+    """An edit setting ``meta[k0][k1]... = value``."""
+    *keys, value = path_and_value
+
+    def edit(meta):
+        target = meta
+        for k in keys[:-1]:
+            target = target[k]
+        target[keys[-1]] = value
+    return edit
+
+
+_DOC_RANGE = r"metadata 'documents'\[{}\] must have ints 0 <= 'start' < 'stop' <= n_tokens = 12"
+_A, _D = "metadata 'attention'", "metadata 'documents'"
+_HOSTILE_HEADERS = {
+    # documents: inside the stored tokens, disjoint, distinct texts
+    "doc past the tokens": (_set("documents", 1, "stop", 20), _DOC_RANGE.format(1) + ", got start=6, stop=20"),
+    "doc empty": (_set("documents", 0, "stop", 0), _DOC_RANGE.format(0)),
+    "doc start a str": (_set("documents", 0, "start", "0"), _DOC_RANGE.format(0) + ", got start='0'"),
+    "doc start a bool": (_set("documents", 0, "start", False), _DOC_RANGE.format(0) + ", got start=False"),
+    "doc start negative": (_set("documents", 0, "start", -2), _DOC_RANGE.format(0)),
+    "docs overlap": (_set("documents", 0, "stop", 8), _D + r"\[0\] and \[1\] overlap \(tokens 0..8 and 6..12\)"),
+    "one text twice": (_set("documents", 1, "text_sha256", _sha("a")),
+                       _D + r"\[0\] and \[1\] have one text_sha256: one text listed twice"),
+    "doc without its text": (_set("documents", 1, "text_sha256", None),
+                             _D + r"\[1\]\['text_sha256'\] must be the sha256 of its text .*several documents"),
+    "doc text not a digest": (_set("documents", 0, "text_sha256", "abc"), _D + r"\[0\]\['text_sha256'\]"),
+    "docs empty": (_set("documents", []), _D + r" must be a non-empty list"),
+    "doc not an object": (_set("documents", 0, 5), _D + r"\[0\] must be an object"),
+    "doc source a number": (_set("documents", 0, "source", 3), _D + r"\[0\]\['source'\] must be None or a str"),
+    # attention rules: typed and in range
+    "softcap 0": (_set("attention", 1, "softcap", 0),
+                  _A + r"\[1\]\['softcap'\] must be None \(no soft cap\) or a finite number > 0, got 0"),
+    "softcap -5": (_set("attention", 1, "softcap", -5.0), _A + r"\[1\]\['softcap'\] .*got -5.0"),
+    "softcap nan": (_set("attention", 0, "softcap", float("nan")), _A + r"\[0\]\['softcap'\] .*got nan"),
+    "scaling true": (_set("attention", 0, "scaling", True), _A + r"\[0\]\['scaling'\] must be a finite number > 0, "
+                                                                 r"got True"),
+    "scaling a str": (_set("attention", 0, "scaling", "0.35"), _A + r"\[0\]\['scaling'\] .*got '0.35'"),
+    "scaling inf": (_set("attention", 1, "scaling", float("inf")), _A + r"\[1\]\['scaling'\] .*got inf"),
+    "no scaling": (lambda m: m["attention"][0].pop("scaling"), _A + r"\[0\]\['scaling'\] .*got None"),
+    "window 0": (_set("attention", 1, "sliding_window", 0), _A + r"\[1\]\['sliding_window'\] must be None"),
+    "window a float": (_set("attention", 1, "sliding_window", 8.5), _A + r"\[1\]\['sliding_window'\]"),
+    "window true": (_set("attention", 1, "sliding_window", True), _A + r"\[1\]\['sliding_window'\]"),
+    "rule layer a str": (_set("attention", 0, "layer", "0"), _A + r"\[0\]\['layer'\] must be a layer index"),
+    "rule layer twice": (_set("attention", 1, "layer", 0), _A + r"\[1\]\['layer'\] .* named once, got 0"),
+    "rule layer outside": (_set("attention", 1, "layer", 2), _A + r"\[1\]\['layer'\] .*\[0, 2\)"),
+    "sinks": (_set("attention", 0, "sinks", [0.5]), _A + r"\[0\] holds \['sinks'\], rules kvstats does not implement"),
+    "rules not a list": (_set("attention", {"layer": 0}), _A + r" must be a list"),
+    "rule not an object": (_set("attention", 0, "x"), _A + r"\[0\] must be an object"),
+    "attn_scaling true": (_set("attn_scaling", True), r"metadata 'attn_scaling' must be a finite number > 0"),
+    "attn_scaling 0": (_set("attn_scaling", 0), r"metadata 'attn_scaling' .*got 0"),
+    "attn_scaling null": (_set("attn_scaling", None), r"metadata 'attn_scaling' .*got None"),
+    # shapes, model, dtype
+    "batch true": (_set("batch", True), r"metadata must give positive ints \('batch'"),
+    "n_layers short": (_set("n_layers", 1), r"metadata 'n_layers' must be an int above every stored layer index "
+                                            r"\(max 1\), got 1"),
+    "q_heads null": (_set("q_heads", None), r"metadata 'q_heads' is None \(no queries\) but tensors "
+                                            r"\['layer.0.q', 'layer.1.q'\] are stored"),
+    "model a number": (_set("model", 5), r"metadata 'model' must be a non-empty str, got 5"),
+    "dtype not the tensors'": (_set("dtype", "float16"), r"tensor 'layer.0.k' has dtype F32, the metadata 'dtype' "
+                                                         r"states 'float16'"),
+    "dtype unknown": (_set("dtype", 7), r"metadata 'dtype' must be None or one of"),
+    "text digest": (_set("text_sha256", "abc"), r"metadata 'text_sha256' must be None or a sha256"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOSTILE_HEADERS))
+def test_a_capture_header_out_of_range_is_refused_naming_file_and_field(documents_capture, tmp_path, case):
+    """Every header field a reader relies on is checked on open: each of these was accepted before (documents past
+    the tokens, one text twice, softcap 0, ``scaling: true``, ...) or crashed later with a bare TypeError."""
+    edit, message = _HOSTILE_HEADERS[case]
+    assert load_qkv(documents_capture).metadata["documents"] == _DOCS  # the intact file opens
+    bad = _edited(documents_capture, tmp_path, edit)
+    with pytest.raises(ValueError, match=rf"bad\.safetensors: {message}"):
+        load_qkv(bad)
+
+
+def test_a_capture_without_documents_or_rules_still_opens(documents_capture, tmp_path):
+    # absent (or null) documents: one text; absent rules: attn_scaling, else 1/sqrt(d); one document needs no digest
+    def edit(meta):
+        del meta["attention"], meta["attn_scaling"]
+        meta["documents"] = None
+    assert load_qkv(_edited(documents_capture, tmp_path, edit)).layers == [0, 1]
+    one = _edited(documents_capture, tmp_path, _set("documents", [{"source": None, "start": 0, "stop": 12}]))
+    assert load_qkv(one).metadata["documents"][0]["stop"] == 12
+
+
+def test_the_unit_builder_never_sees_a_document_past_the_stored_tokens(documents_capture, tmp_path):
+    # a 6-token document claimed as 6..20: windows of 4 at tokens 6, 10 and 14 were built, of 4, 2 and 0 tokens
+    from kvstats.run.units import capture_units
+
+    bad = _edited(documents_capture, tmp_path, _set("documents", 1, "stop", 20))
+    with pytest.raises(ValueError, match=r"bad\.safetensors: metadata 'documents'\[1\]"):
+        capture_units(bad, window=4)
+    assert capture_units(documents_capture, window=4).documents == (0, 1)  # one window of 4 in each 6-token text
+
+
+def test_save_qkv_refuses_metadata_that_load_would_refuse_before_writing(tmp_path):
+    layer = tuple(torch.randn(1, h, 12, 8, generator=torch.Generator().manual_seed(1)) for h in (4, 2, 2))
+    out = tmp_path / "twice.safetensors"
+    twice = [{**_DOCS[0]}, {**_DOCS[1], "text_sha256": _DOCS[0]["text_sha256"]}]
+    with pytest.raises(ValueError, match=r"twice\.safetensors \(not written\): metadata 'documents'\[0\] and \[1\] "
+                                         r"have one text_sha256"):
+        save_qkv(out, [layer], {"model": "x", "documents": twice})
+    with pytest.raises(ValueError, match=r"'attention'\[0\]\['softcap'\]"):
+        save_qkv(out, [layer], {"model": "x", "attention": [{"layer": 0, "scaling": 0.3, "softcap": -5}]})
+    assert not out.exists() and not list(tmp_path.iterdir())

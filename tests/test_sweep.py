@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -240,6 +241,32 @@ def test_cell_files_without_row_count_or_digest_are_recomputed(sweep_env, edit):
         again = sweep.run(n_jobs=1, cache_dir=root, progress=False)
     assert again.attrs["sweep"]["computed"] == 1 and again.equals(table)
     assert target.with_name(target.name + ".bad").exists()
+
+
+def test_a_cell_file_moved_aside_between_the_look_and_the_read_is_pending(sweep_env, monkeypatch):
+    """Two drivers on a store with a bad cell: the other driver moves the file aside between this one's
+    ``is_file()`` and its read (simulated here, deterministically). That ended the driver with a bare
+    FileNotFoundError (issue 43, item 7); the cell is pending, then computed once, the table whole."""
+    sweep, root, log = sweep_env
+    first = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    target = sweep.path(sweep.cells[2], root)
+    target.write_text('{"rows": []}')
+    real, moved = Sweep._read, []
+
+    def read_after_the_other_driver(self, path, params):
+        if path == target and path.exists() and not moved:  # the other driver gets there first, once
+            os.replace(path, path.with_name(path.name + ".bad"))
+            moved.append(path)
+        return real(self, path, params)
+
+    monkeypatch.setattr(Sweep, "_read", read_after_the_other_driver)
+    assert sweep.pending(root) == [sweep.cells[2]] and moved
+    target.write_text('{"rows": []}')  # the same race inside a run
+    moved.clear()
+    n_calls = len(_calls(log))
+    again = sweep.run(n_jobs=1, cache_dir=root, progress=False)
+    assert moved and len(_calls(log)) == n_calls + 1 and again.attrs["sweep"]["computed"] == 1
+    pd.testing.assert_frame_equal(first, again)
 
 
 _KILLED_DRIVER = """

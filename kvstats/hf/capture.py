@@ -233,6 +233,18 @@ def _token_ids(tokenizer, text, input_ids, max_tokens, at_most, limit) -> tuple[
     return input_ids, text_hash
 
 
+def _check_distinct(texts: Sequence, sources: Sequence) -> None:
+    """Refuse one text listed twice: a capture's documents are the independent units of an evaluation, and the
+    file's reader (:func:`kvstats.data.io.check_header`) refuses two documents of one ``text_sha256``."""
+    first: dict[str, int] = {}
+    for j, body in enumerate(texts):
+        if isinstance(body, str):
+            i = first.setdefault(hashlib.sha256(body.encode("utf-8")).hexdigest(), j)
+            if i != j:
+                raise ValueError(f"text[{j}] ({sources[j]}) is text[{i}] ({sources[i]}) again: one text twice is "
+                                 "not two independent documents; pass each text once")
+
+
 def capture_qkv(model, tokenizer=None, text: str | Sequence[str] | None = None, *,
                 input_ids: torch.Tensor | None = None, max_tokens: int | None = None, model_name: str | None = None,
                 text_source: str | Sequence[str] | None = None, at_most: bool = False,
@@ -272,6 +284,7 @@ def capture_qkv(model, tokenizer=None, text: str | Sequence[str] | None = None, 
     sources = [text_source] * len(texts) if text_source is None or isinstance(text_source, str) else list(text_source)
     if len(sources) != len(texts):
         raise ValueError(f"text_source must give one source per text ({len(texts)}), got {len(sources)}")
+    _check_distinct(texts, sources)
     refuse_latent_attention(model.config)
     limit = getattr(model.config, "max_position_embeddings", None)
     docs = [_token_ids(tokenizer, t, input_ids, max_tokens, at_most, limit) for t in texts]
@@ -373,6 +386,7 @@ def capture(model: str | os.PathLike = SMOLLM2, text: str | Sequence[str] | None
     for body, source in zip(texts, sources):
         if not isinstance(body, str) or not body.strip():
             raise ValueError(f"text is empty (source {source})")
+    _check_distinct(texts, sources)  # before the model loads
     t0 = time.perf_counter()
     if progress:
         print(f"loading model {model} ...", file=sys.stderr, flush=True)

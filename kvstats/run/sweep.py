@@ -248,7 +248,9 @@ class Sweep:
 
     def pending(self, root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         """The cells without a valid stored file. A file that fails :func:`check_cell` is reported (a
-        :class:`BadCellWarning` naming it), renamed to ``<key>.json.bad`` and its cell counted as pending."""
+        :class:`BadCellWarning` naming it), renamed to ``<key>.json.bad`` and its cell counted as pending. A file
+        that vanishes between the look and the read (another driver moved it aside to compute it again) is
+        pending too: :meth:`run` then waits for that driver's claim and reads what it stored."""
         todo = []
         for params in self.cells:
             path = self.path(params, root)
@@ -257,6 +259,8 @@ class Sweep:
                 continue
             try:
                 self._read(path, params)
+            except FileNotFoundError:
+                todo.append(params)
             except ValueError as exc:
                 self._move_aside(params, path, exc, root)
                 todo.append(params)
