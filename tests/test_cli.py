@@ -64,6 +64,19 @@ def test_default_token_count_matches_the_data_layer():
     assert CAPTURE_TOKENS == DEFAULT_CAPTURE_TOKENS
 
 
+@pytest.mark.parametrize("target", ["inf", "nan", "-1"])
+def test_sensitivity_target_must_be_finite_and_non_negative_before_any_work(target, tmp_path, capsys):
+    from kvstats.run.sensitivity import sensitivity
+
+    missing = str(tmp_path / "no_model")  # never reached: the target is refused first
+    assert main(["sensitivity", "--quantizer", "kqv", "--bits", "2", "--model", missing, "--target", target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvstats sensitivity: error: --target must be a finite number >= 0 (a mean next-token KL "
+                          f"in nats), got {float(target)}") and "Traceback" not in err
+    with pytest.raises(ValueError, match=rf"^target must be a finite number >= 0 .*got {float(target)}"):
+        sensitivity("kqv", bits=2, model=missing, target=float(target))
+
+
 # ------------------------------------------------------------------------------------------ model files
 
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")

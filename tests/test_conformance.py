@@ -5,6 +5,7 @@ written here; broken variants of that quantizer fail it, each with the name of t
 """
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -151,6 +152,41 @@ class _MutatesInput(Int4PerToken):
         return code
 
 
+class _ClampsInPlace(Int4PerToken):
+    def _encode(self, x):
+        x.clamp_(-1.0, 1.0)  # idempotent: a second encode of the same tensor changes nothing more
+        return super()._encode(x)
+
+
+class _AbsInPlace(Int4PerToken):
+    def _encode(self, x):
+        code = super()._encode(x)
+        x.abs_()  # after coding: the codes are honest, the caller's data are not
+        return code
+
+
+class _ClampsTheQuery(Int4PerToken):
+    def _inner(self, query, code):
+        return super()._inner(query.clamp_(-1.0, 1.0), code)
+
+
+class _ClampsTheWeights(Int4PerToken):
+    def weighted_sum(self, weights, code):
+        return super().weighted_sum(weights.clamp_(max=0.1), code)
+
+
+class _ClampsTheCode(Int4PerToken):
+    def _decode(self, code):
+        code.scalars["scale"].clamp_(max=0.2)
+        return super()._decode(code)
+
+
+class _PlanClampsTheQuery(Int4PerToken):
+    def inner_plan(self, code):
+        plan = super().inner_plan(code)
+        return lambda query: plan(query.clamp_(-1.0, 1.0))
+
+
 _STASH: dict[bytes, torch.Tensor] = {}
 
 
@@ -295,6 +331,19 @@ def test_an_undeclared_shared_scale_passes_the_cache_check():
 ])
 def test_broken_quantizers_fail_naming_the_check(cls, check):
     with pytest.raises(AssertionError, match=rf"^check_quantizer\[{check}\] failed for"):
+        check_quantizer(cls(4, 64))
+
+
+@pytest.mark.parametrize("cls, call, argument", [
+    (_ClampsInPlace, "encode()", "x"), (_AbsInPlace, "encode()", "x"), (_ClampsTheQuery, "inner()", "query"),
+    (_ClampsTheWeights, "weighted_sum()", "weights"), (_ClampsTheCode, "decode()", "code"),
+    (_PlanClampsTheQuery, "the plan of inner_plan(code)", "query"),
+])
+def test_a_change_to_any_input_is_found_at_the_first_call(cls, call, argument):
+    """Idempotent in-place changes (clamp_, abs_) leave nothing to see on a second call with the same tensor: every
+    input of every call is copied before the call and compared after it."""
+    with pytest.raises(AssertionError, match=rf"^check_quantizer\[input\] failed for .*{re.escape(call)} changed "
+                                             rf"its {argument} in place"):
         check_quantizer(cls(4, 64))
 
 

@@ -3,6 +3,7 @@ measured bits, the comparison's family and plan, files and errors."""
 
 import json
 import math
+import re
 import sys
 import textwrap
 
@@ -90,6 +91,14 @@ def test_module_class_spec_and_scheme_spec():
         resolve_scheme("no_such_thing", bits=3, dim=32)
     with pytest.raises(ValueError, match="cannot import"):
         resolve_scheme("kvstats.quantizers:NoSuchClass", bits=3, dim=32)
+
+
+@pytest.mark.parametrize("spec", [":", ":TurboMSE", "kvstats.quantizers:", "kvstats.quantizers:Turbo MSE"])
+def test_a_module_attribute_spec_without_both_parts_is_refused_naming_the_argument(spec):
+    for role, call in (("quantizer", lambda: evaluate(spec, bits=3, data="gaussian", units=2, **SMALL)),
+                       ("compare", lambda: evaluate("kqv", bits=3, data="gaussian", units=2, compare=spec, **SMALL))):
+        with pytest.raises(ValueError, match=rf"^{role} must be 'module:attribute' .*got {re.escape(repr(spec))}"):
+            call()
 
 
 def _capture(tmp_path, tokens=64, d=16, layers=2, seed=3, **meta):
@@ -240,13 +249,39 @@ class BreaksOnOneToken(Int4):
         return super()._encode(x)
 
 
+class ClampsAfterEncoding(Int4):
+    """Honest int4 codes, then its input clamped in place: idempotent, so a second encode changes nothing more."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        x.clamp_(-0.5, 0.5)
+        return code
+
+
 @pytest.mark.parametrize("cls, check", [(ClaimsThreeBits, "bits"), (Nondeterministic, "determinism"),
-                                        (BreaksOnOneToken, "cache")])
+                                        (BreaksOnOneToken, "cache"), (ClampsAfterEncoding, "input")])
 def test_a_failing_quantizer_is_refused_naming_the_check(cls, check):
     bits = 3 if cls is ClaimsThreeBits else 4
     with pytest.raises(QuantizerCheckError, match=rf"^quantizer '{cls.__name__}': its K quantizer fails the "
                                                   rf"conformance checks: check_quantizer\[{check}\]"):
         evaluate(cls, bits=bits, data="gaussian", units=2, **SMALL)
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+def test_a_quantizer_that_changes_its_input_is_measured_against_the_data_as_drawn(tmp_path):
+    """Its codes are those of the honest int4, so every metric of every unit must be too: the references (exact
+    attention, the 6D errors) come from the data as drawn, whatever encode does to the tensors it is given;
+    likewise on a capture, whose windows are views of the loaded file, and with match_bits (whose encodes of the
+    first unit come before the units are measured)."""
+    path, _ = _capture(tmp_path)
+    for data, extra in (("gaussian", SMALL), (path, {"window": 16, "n_resamples": 999})):
+        args = dict(bits=4, data=data, units=2, check=False, compare=ClampsAfterEncoding, match_bits=True, **extra)
+        honest = evaluate(Int4, **args)
+        clamping = evaluate(ClampsAfterEncoding, **{**args, "compare": Int4})
+        for a, b in zip(honest.units, clamping.units):
+            assert {m: a[m] for m in METRICS} == {m: b[m] for m in METRICS}
+            assert {m: a[f"other:{m}"] for m in METRICS} == {m: b[m] for m in METRICS}
+            assert {m: b[f"other:{m}"] for m in METRICS} == {m: a[m] for m in METRICS}
 
 
 def test_no_check_measures_anyway_and_reports_the_bits_held():
@@ -304,6 +339,38 @@ def test_seed_none_draws_a_fresh_seed_and_records_it():
     again = evaluate("turbo_mse", bits=2, data="gaussian", units=2, seed=ev.config["seed"], **SMALL)
     assert [u["attention_kl"] for u in ev.units] == [u["attention_kl"] for u in again.units]
     assert ev.provenance["seeds"]["seed"] == ev.config["seed"]
+
+
+def test_a_ready_schemes_budget_is_its_own():
+    """A ready Scheme was built at its budget: a conflicting bits= is refused by name (it would label the results
+    and build the comparator at another budget); a compared Scheme is labelled with its own budget."""
+    at2 = kvstats.scheme("kqv", bits=2, dim=32, seed=0)
+    with pytest.raises(ValueError, match=r"^bits=3, but the Scheme 'kqv' given as quantizer was built at 2 bits"):
+        evaluate(at2, bits=3, data="gaussian", units=2, **SMALL)
+    with pytest.warns(InconclusiveWarning):
+        ev = evaluate(at2, bits=2, data="gaussian", units=2, compare=kvstats.scheme("kv", bits=3, dim=32, seed=0),
+                      **SMALL)
+    assert (ev.bits["evaluated"]["budget"], ev.bits["compared"]["budget"], ev.config["compare_bits"]) == (2, 3, 3)
+    assert "B = kv: budget n = 3" in ev.table()
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"layers": [0]}, "layers"), ({"window": 16}, "window"), ({"match_bits": True}, "match_bits")])
+def test_arguments_that_would_have_no_effect_are_refused_by_name(extra, named):
+    with pytest.raises(ValueError, match=rf"^{named}="):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, **SMALL, **extra)
+
+
+def test_store_must_be_a_folder(tmp_path):
+    existing = tmp_path / "a_file"
+    existing.write_text("x")
+    with pytest.raises(ValueError, match=rf"^store= must be a folder .*{re.escape(repr(str(existing)))}.* a file"):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, store=existing, **SMALL)
+    blocked = tmp_path / "r.json.units"  # the default store beside out
+    blocked.write_text("x")
+    with pytest.raises(ValueError, match=r"r\.json\.units.* a file"):
+        evaluate("turbo_mse", bits=2, data="gaussian", units=2, out=tmp_path / "r.json", **SMALL)
+    assert existing.read_text() == blocked.read_text() == "x" and not (tmp_path / "r.json").exists()
 
 
 def test_bad_input():
@@ -514,6 +581,26 @@ def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
         text = target.read_text()
     start = text.index("A = turbo_mse at 2 bits")
     assert _strict_json(text[:start])["config"]["units"] == 2
+
+
+def test_json_with_out_dev_stdout_prints_the_json_once():
+    import subprocess
+
+    cmd = [sys.executable, "-m", "kvstats.run.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
+           "--units", "2", "--dim", "32", "--out", "/dev/stdout", "--json", "--no-progress"]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    assert _strict_json(text)["config"]["units"] == 2  # one document: json.loads refuses "Extra data"
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--layers", "0"], "--layers"), (["--window", "16"], "--window"), (["--match-bits"], "--match-bits")])
+def test_cli_flags_that_would_have_no_effect_are_refused_by_name(flags, named, capsys):
+    from kvstats.run.cli import main
+
+    assert main(["evaluate", "--quantizer", "kqv", "--bits", "3", "--units", "2", "--dim", "32", "--no-progress",
+                 *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvstats evaluate: error: {named} ") and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------- the review's hostile quantizers

@@ -411,3 +411,49 @@ def test_a_rotation_that_would_overflow_is_refused_as_too_large_not_as_non_finit
     with pytest.raises(ValueError, match=r"x \(max \|x\| = 3e\+38\) is too large for RotatedMinMax") as info:
         q.encode(x)
     assert "non-finite" not in str(info.value)
+
+
+# ------------------------------------------------------------------- products of finite fp32 beyond fp32
+def _orthogonal_to(x_hat: torch.Tensor, seed: int) -> torch.Tensor:
+    """fp32 rows at max |row| = 3e38 (near fp32's largest, 3.4e38) that are orthogonal to every row of x̂ up to their
+    own rounding: their products with x̂ overflow fp32 while ⟨row, x̂ⱼ⟩ is about 3e38 · 2^-24 · ‖x̂ⱼ‖ · √d."""
+    a = torch.randn(3, x_hat.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    basis = torch.linalg.qr(x_hat.double().T).Q  # [d, n]: the span of x̂'s rows
+    rows = a - (a @ basis) @ basis.T
+    return (rows * (3e38 / rows.abs().amax(-1, keepdim=True))).float()
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("name", sorted(QUANTIZERS))
+def test_inner_is_right_where_fp32_products_overflow_and_refused_where_the_result_does(name, path):
+    q = build_quantizer(name, 0)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(11))
+    with PATHS[path]():
+        code = q.encode(x)
+        x_hat = q.decode(code).double()
+        query = _orthogonal_to(x_hat, 12)
+        got = q.inner(query, code)
+        exact = query.double() @ x_hat.T  # the oracle: float64, whose range holds every product here
+        # the consistency tolerance of check_quantizer's inner check (fp32 rounding of the sums)
+        tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
+                                                             x_hat.norm(dim=-1).max())
+        assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+        assert float((got.double() - exact).abs().max()) <= tol
+        along = (x_hat[:2] * (3e38 / x_hat[:2].abs().amax(-1, keepdim=True))).float()  # ⟨row, x̂⟩ near 3e38 · 20
+        assert float((along.double() @ x_hat.T).abs().max()) > torch.finfo(torch.float32).max
+        with pytest.raises(ValueError, match=r"inner\(query, code\) .* reaches \|⟨query, x⟩\| = .*beyond float32's "
+                                             r"largest finite value .*max \|query\| = 3e\+38.*float64"):
+            q.inner(along, code)
+
+
+def test_mse_of_fp32_rows_whose_squares_overflow_fp32_is_right_or_refused():
+    from kvstats.measure import metrics
+
+    x = torch.full((2, 4), 2.0**66)  # ‖x − (−x)‖² = 4 · (2^67)² = 2^136 per row, exactly: beyond fp32 (2^128)
+    assert metrics.mse(x, -x) == 2.0**136
+    torch.testing.assert_close(metrics.mse(x, -x, reduction="none", double=True),
+                               torch.full((2,), 2.0**136, dtype=torch.float64), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"mse reaches 8\.711e\+40 per vector, beyond float32's largest finite "
+                                         r"value .*double=True"):
+        metrics.mse(x, -x, reduction="none")
+    assert metrics.mse(x, 0.5 * x, relative=True) == 0.25  # relative: already computed in float64

@@ -94,7 +94,9 @@ def mse(
 
     This is TurboQuant's ``D_mse = E‖x − x̂‖²`` (docs/references.md §3) when averaged over unit vectors; divide by
     ``d`` for a per-coordinate MSE. ``relative=True`` gives ``‖x − x̂‖² / ‖x‖²`` (zero ``x``: 0 if
-    ``x̂ = 0`` too, else refused with a ValueError), computed in float64.
+    ``x̂ = 0`` too, else refused with a ValueError), computed in float64. Finite fp32 rows whose squared error
+    exceeds fp32 (above 3.4e38) are recomputed in float64: the mean is returned, a per-vector fp32 tensor could not
+    hold it and is refused naming the magnitude (``double=True`` returns float64).
 
     Args:
         x, x_hat: ``[..., d]`` of the same shape.
@@ -102,8 +104,14 @@ def mse(
     """
     _check_reduction(reduction)
     x, x_hat = _pair(x, x_hat, double)
-    err = (x - x_hat).square().sum(-1)
     if relative:  # in float64: squares of fp32 rows near the dtype's maximum overflow fp32
         x64 = x.double()
         err = _relative((x64 - x_hat.double()).square().sum(-1), x64.square().sum(-1), "x").to(x.dtype)
+        return _reduce(err, reduction)
+    err = (x - x_hat).square().sum(-1)
+    if x.dtype != torch.float64 and not bool(torch.isfinite(err).all()):
+        err = (x.double() - x_hat.double()).square().sum(-1)  # the inputs are finite: so is this, below 1e77·d
+        if reduction == "none":
+            raise ValueError(f"mse reaches {float(err.max()):.4g} per vector, beyond {str(x.dtype)[6:]}'s largest "
+                             f"finite value {torch.finfo(x.dtype).max:.4g}: pass double=True for float64 errors")
     return _reduce(err, reduction)

@@ -36,7 +36,7 @@ __all__: list[str] = []
             help="--model: the model's dtype (default float32)"),
         arg("--units", type=int, default=None,
             help="independent units (synthetic: draws, default 16; capture: disjoint windows, default all)"),
-        arg("--window", type=int, default=64, help="capture: tokens per unit (default 64)"),
+        arg("--window", type=int, default=None, help="capture: tokens per unit (default 64)"),
         arg("--layers", type=int, nargs="+", default=None, help="capture: the stored layers to use (default all)"),
         arg("--compare", default=None, help="a second quantizer or scheme, compared on the same units (Wilcoxon)"),
         arg("--match-bits", action="store_true",
@@ -98,18 +98,45 @@ def _evaluate(args: argparse.Namespace) -> int:
         else:
             ev = evaluate(args.quantizer, bits=args.bits, data=args.data or "gaussian", units=args.units,
                           window=args.window, layers=args.layers, top_k=args.top_k, dim=args.dim, **common)
-    print(ev.to_json() if args.json else ev.table())
+    if not (args.json and _is_stdout(args.out)):  # --json --out /dev/stdout: the JSON is there already
+        print(ev.to_json() if args.json else ev.table())
     if args.out:
         print(f"results: {args.out}", file=sys.stderr)
     return 0
 
 
+def _is_stdout(path) -> bool:
+    """Whether ``path`` is this process's standard output (``--out /dev/stdout``, piped or redirected)."""
+    import os
+
+    if path is None:
+        return False
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):  # no such file; a stdout without a descriptor (captured)
+        return False
+
+
 def _check_evaluate_options(args: argparse.Namespace) -> None:
-    """The options' values, refused with the option's own name before any work (evaluate names its arguments)."""
+    """The options' values, refused with the option's own name before any work (evaluate names its arguments),
+    and options that would have no effect (--match-bits without --compare, --layers or --window without a
+    capture)."""
     from pathlib import Path
 
     from kvstats._files import check_output_path
     from kvstats._validation import check_int_range
+    from kvstats.data.synthetic import KINDS
+
+    if args.match_bits and args.compare is None:
+        raise ValueError("--match-bits has no effect without --compare: it sets the budget of the compared scheme")
+    where = f"--model {args.model}" if args.model is not None else \
+        f"synthetic data {args.data or 'gaussian'}" if (args.data or "gaussian") in KINDS else None
+    for flag, value, what in (("--layers", args.layers, "the stored layers"), ("--window", args.window,
+                                                                               "the tokens of a unit")):
+        if where is not None and value is not None:
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            raise ValueError(f"{flag} {shown} has no effect on {where}: it sets {what} of a capture file (--data "
+                             "CAPTURE)")
 
     for flag, value, low in (("--units", args.units, 2), ("--window", args.window, 2), ("--top-k", args.top_k, 1),
                              ("--dim", args.dim, 2), ("--segment", args.segment, 2),
@@ -161,6 +188,7 @@ def _check_evaluate_options(args: argparse.Namespace) -> None:
     ],
 )
 def _sensitivity(args: argparse.Namespace) -> int:
+    import math
     import os
     from pathlib import Path
 
@@ -171,6 +199,8 @@ def _sensitivity(args: argparse.Namespace) -> int:
     from kvstats.hf.capture import model_files
     from kvstats.run.sensitivity import sensitivity
 
+    if args.target is not None and not (math.isfinite(args.target) and args.target >= 0):
+        raise ValueError(f"--target must be a finite number >= 0 (a mean next-token KL in nats), got {args.target}")
     check_int_range(args.documents, "--documents", 0, 1 << 20)
     if args.documents == 1:
         raise ValueError("--documents must be 0 (all) or at least 2 (a CI needs two documents), got 1")
@@ -192,7 +222,8 @@ def _sensitivity(args: argparse.Namespace) -> int:
     if figure is not None:
         result.figure(figure, force=args.force)
         print(f"figure: {figure}", file=sys.stderr)
-    print(result.to_json() if args.json else result.table())
+    if not (args.json and _is_stdout(args.out)):  # --json --out /dev/stdout: the JSON is there already
+        print(result.to_json() if args.json else result.table())
     return 0
 
 

@@ -221,6 +221,29 @@ def comparison_footnotes(ev, me: str, other: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------- evaluate
 
 
+def _refuse_without_effect(quantizer, bits, *, data, model, compare, match_bits, window, layers, store) -> None:
+    """Refuse, by name, an argument that would be ignored or contradicted: a ready Scheme's budget is its own, layers
+    and window select a capture's units, match_bits sets the comparator's budget, store is a folder."""
+    from kvstats.data.synthetic import KINDS
+    from kvstats.quant.schemes import Scheme
+
+    if isinstance(quantizer, Scheme) and bits != quantizer.bits:
+        raise ValueError(f"bits={bits!r}, but the Scheme {quantizer.name!r} given as quantizer was built at "
+                         f"{quantizer.bits} bits: a ready Scheme's budget is its own (the results' label and the "
+                         f"comparator's budget); pass bits={quantizer.bits}")
+    if match_bits and compare is None:
+        raise ValueError("match_bits=True has no effect without compare=: it sets the budget of the compared scheme")
+    where = f"model={str(model)!r}" if model is not None else \
+        f"synthetic data {data!r}" if isinstance(data, str) and data in KINDS else None
+    for name, value, what in (("layers", layers, "the stored layers"), ("window", window, "the tokens of a unit")):
+        if where is not None and value is not None:
+            raise ValueError(f"{name}={value!r} has no effect on {where}: it sets {what} of a capture file "
+                             "(data=<capture>)")
+    if store is not None and Path(store).exists() and not Path(store).is_dir():
+        raise ValueError(f"store= must be a folder (the unit store an interrupted run resumes from), got "
+                         f"{str(store)!r}, which is a file")
+
+
 def _source(data, units, *, seed, window, layers, shape, data_params):
     from kvstats.data.synthetic import KINDS
     from kvstats.run.units import capture_units, synthetic_units
@@ -231,12 +254,24 @@ def _source(data, units, *, seed, window, layers, shape, data_params):
     if not isinstance(data, (str, os.PathLike)) or not Path(data).is_file():
         raise ValueError(f"data must be a synthetic kind {sorted(KINDS)} or an existing capture file, got "
                          f"{str(data)!r}")
-    window = check_int_range(window, "window", 2, 1 << 30)
+    window = check_int_range(DEFAULT_WINDOW if window is None else window, "window", 2, 1 << 30)
     source = capture_units(data, window=window, layers=layers)
     n = source.available if units is None else units
     if n > source.available:
         raise ValueError(f"units must be at most {source.available} (disjoint windows of {window} tokens), got {n}")
     return source, n
+
+
+def _own_bits(spec, bits: int) -> int:
+    """The budget of a side: a ready Scheme's own, else ``bits``."""
+    from kvstats.quant.schemes import Scheme
+
+    return spec.bits if isinstance(spec, Scheme) else bits
+
+
+def _copied(parts):
+    """Copies of a unit's tensors ``[(q, k, v), ...]``, for calls that must not reach the tensors measured against."""
+    return [tuple(t.clone() for t in part) for part in parts]
 
 
 def _plan(main_checked: bool, n_units: int, alpha: float, source) -> Any:
@@ -270,7 +305,7 @@ def evaluate(
     q_heads: int = 4,
     seq: int = 512,
     n_q: int = 32,
-    window: int = DEFAULT_WINDOW,
+    window: int | None = None,
     layers: Sequence[int] | None = None,
     confidence_level: float = 0.95,
     n_resamples: int | None = None,
@@ -294,20 +329,22 @@ def evaluate(
 
     Args:
         quantizer: scheme name, quantizer name, ``"module:Class"``, a class/factory, or a Scheme.
-        bits: budget n (bits per cache element).
+        bits: budget n (bits per cache element); a ready Scheme's own (a conflicting bits= is refused).
         data: a synthetic kind (``"gaussian"``, ``"heavy_tail"``, ``"low_rank"``) or a capture file path.
         units: independent units (synthetic draws, default :data:`DEFAULT_SYNTHETIC_UNITS`; a capture's
             disjoint windows, default all); at least 2.
         seed: unit ``i`` uses the unit seed ``unit_seed(seed, i)`` (spawned: child i of ``SeedSequence(seed)``) for
             its data (synthetic) and its schemes; None draws a fresh seed (recorded in the results).
-        compare: a second ``quantizer`` spec, evaluated on the same units and compared pairwise.
+        compare: a second ``quantizer`` spec, evaluated on the same units and compared pairwise (at ``bits``; a
+            ready Scheme at its own budget).
         match_bits: run ``compare`` at the largest budget whose measured bits per element do not exceed the
-            evaluated quantizer's (default: the same budget ``bits``).
+            evaluated quantizer's (default: the same budget ``bits``); refused without ``compare``.
         top_k: k of the top-k recall.
         dim, kv_heads, q_heads, seq, n_q: synthetic shape (cache ``[1, kv_heads, seq, dim]``, ``n_q``
             queries per query head, non-causal: the queries follow the generator's query model).
-        window: capture: tokens per unit (causal attention within the window).
-        layers: capture: the stored layers to use (default all).
+        window: capture: tokens per unit (causal attention within the window; default :data:`DEFAULT_WINDOW`).
+        layers: capture: the stored layers to use (default all). ``window`` and ``layers`` are refused for synthetic
+            data and a model, where they would have no effect.
         confidence_level, n_resamples: the CIs (bootstrap resamples: default 9999, 1999 for the cluster bootstrap
             of a model evaluation).
         alpha: level of the comparison (Holm-corrected over its family).
@@ -318,7 +355,8 @@ def evaluate(
             ``6d_attention_kl`` (the decoded keys' KL) in the comparison's family.
         out: write the results JSON here (checked before any work; an existing file needs ``force``).
         force: replace an existing ``out``.
-        store: folder of the resumable unit store (default ``<out>.units`` when ``out`` is given, else none).
+        store: folder of the resumable unit store (default ``<out>.units`` when ``out`` is given, else none); an
+            existing file there is refused.
         progress: a progress bar (tqdm on stderr) and notes (resumed units) on stderr.
         data_params: extra parameters of the synthetic generator (e.g. ``{"df": 3}``).
         model: evaluate on a language model instead (``"smollm2"``, a model folder or a .gguf file): its output
@@ -330,6 +368,8 @@ def evaluate(
             the shipped documents, and the model's dtype (default float32).
         **options: passed to the scheme / quantizer constructor (e.g. ``rows="srht"``).
     """
+    _refuse_without_effect(quantizer, bits, data=data, model=model, compare=compare, match_bits=match_bits,
+                           window=window, layers=layers, store=store)
     if model is not None:
         if data != "gaussian" or units is not None:
             raise ValueError("give data= (and units=) or model=, not both: a model evaluation's units are the "
@@ -372,19 +412,25 @@ def evaluate(
                               data_params=data_params)
     if out is not None:
         out = check_output_path(out, "out", force=force, inputs=source.inputs)
+    if store is None and out is not None and not is_stream(out):  # a device or FIFO has no folder beside it
+        store = Path(str(out) + ".units")
+        if store.exists() and not store.is_dir():
+            raise ValueError(f"the unit store beside out= ({str(store)!r}, where an interrupted run resumes from) is "
+                             "a file: move it, or pass store= a folder")
     d = source.dim
     main = Side("quantizer", quantizer, bits, dict(options))
-    other = None if compare is None else Side("compare", compare, bits, dict(options))
+    other = None if compare is None else Side("compare", compare, _own_bits(compare, bits), dict(options))
     parts0 = source.unit(0)
     seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
     scheme0 = main.scheme(d, seed0)
     heads = source.kv_heads
-    opts = dict(linear=linear, parts=parts0)
+    opts = dict(linear=linear, parts=_copied(parts0))  # copies: no encode can change the data unit 0 is measured on
     checks = {"quantizer": check_side(main, scheme0, d, seed0, heads, **opts) if check else "skipped (check=False)"}
     records = {"evaluated": sides.scheme_record(scheme0)}
     if other is not None:
         if match_bits:
-            other.bits = sides.match_bits(other, measured_bits(scheme0, parts0), d, seed0, parts0)[0]
+            other.bits = sides.match_bits(other, measured_bits(scheme0, _copied(parts0)), d, seed0,
+                                          _copied(parts0))[0]
         other_scheme0 = other.scheme(d, seed0)
         records["compared"] = sides.scheme_record(other_scheme0)
         checks["compare"] = (check_side(other, other_scheme0, d, seed0, heads, **opts) if check else
@@ -399,8 +445,6 @@ def evaluate(
     key = None if None in identities else unit_store.store_key(
         {"sides": identities, "data": source.identity, "units_seed": seed, "top_k": top_k, "kvstats":
          unit_store.kvstats_digest()})
-    if store is None and out is not None and not is_stream(out):  # a device or FIFO has no folder beside it
-        store = Path(str(out) + ".units")
     if store is not None and key is None:
         warnings.warn(f"units are not stored in {str(store)!r}: the source of {main.label!r} or of the comparator "
                       "cannot be read to identify it, so an interrupted run cannot resume", stacklevel=2)

@@ -25,6 +25,7 @@ next-token KL(p_exact ‖ p_quantized) of each document, averaged over documents
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -184,7 +185,8 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         model: ``"smollm2"``, a Hugging Face model folder or a .gguf file.
         documents_used: how many of the shipped documents (the first ones holding a full segment; None: all).
         segment: tokens per document segment.
-        target: the damage (mean next-token KL) to reach by keeping layers exact; default half of ``all``'s.
+        target: the damage (mean next-token KL) to reach by keeping layers exact, a finite number >= 0; default
+            half of ``all``'s.
         documents: ``{title: text}`` instead of the shipped documents.
         configurations: the configurations to measure, by name (``"all"``, ``"only L"``, ``"all but L"``;
             default every one); a subset gives a partial result without a recommendation (``recommendation``
@@ -192,6 +194,9 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         known: ``{configuration: per-document damages}`` measured before with the same arguments (the parts'
             ``per_document``): used instead of measuring them again.
     """
+    if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
+                                   and math.isfinite(target) and target >= 0):
+        raise ValueError(f"target must be a finite number >= 0 (a mean next-token KL in nats), got {target!r}")
     from kvstats._files import check_output_path
     from kvstats._random import check_seed
     from kvstats._validation import check_int_range
@@ -204,8 +209,6 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)
     seed = check_seed(seed)
-    if target is not None and not (isinstance(target, (int, float)) and target >= 0):
-        raise ValueError(f"target must be a non-negative number (a mean next-token KL in nats), got {target!r}")
     from kvstats.hf.capture import model_files
 
     if out is not None:  # before the model loads; never one of the model's own files

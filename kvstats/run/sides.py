@@ -31,6 +31,9 @@ class QuantizerCheckError(ValueError):
 
 def _import(spec: str, role: str):
     module, _, attr = spec.partition(":")
+    if not (attr.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+        raise ValueError(f"{role} must be 'module:attribute' (a module's dotted name and a name in it, e.g. "
+                         f"'mypkg.quant:Int4'), got {spec!r}")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:

@@ -166,6 +166,7 @@ def capture_units(path: str | os.PathLike, *, window: int, layers: Sequence[int]
         raise ValueError(f"data {str(path)!r} stores no queries: capture with queries to evaluate attention")
     n_tokens = tensors[0].k.shape[2]
     d = int(tensors[0].k.shape[-1])
+    # checked on open (kvstats.data.io.check_header): int ranges inside the stored tokens, disjoint, distinct texts
     docs = f.metadata.get("documents") or [{"start": 0, "stop": n_tokens}]
     starts = [(j, a) for j, doc in enumerate(docs)
               for a in range(int(doc["start"]), int(doc["stop"]) - window + 1, window)]
@@ -196,26 +197,31 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
     ``softcap(scale · scheme.scores(q, code))`` against ``softcap(scale · q·kᵀ)`` in float64, and for the 6D
     components (:func:`~kvstats.measure.error6d.error6d`) the decoded keys' ``softcap(scale · q·k̂ᵀ)`` against the same
     reference. ``where`` names the unit in messages ("unit 3"): estimated logits that are not finite on finite data
-    (an estimator whose fp32 arithmetic overflows) are refused naming the scheme, the unit and the part.
+    (an estimator whose fp32 arithmetic overflows) are refused naming the scheme, the unit and the part. The scheme
+    is given copies of q, k and v: whatever it does to its inputs, the references come from the data as drawn.
     """
     from kvstats.measure import error6d, metrics
     from kvstats.quant.attention import soft_cap
-    from kvstats.quant.quantizers.base import held_bytes
+    from kvstats.quant.quantizers.base import InnerOverflowError, held_bytes
 
     per_part, held, elements = [], 0, 0
     for (q, k, v), rule in zip(parts, rules):
-        code = scheme.encode(k, v)
+        code = scheme.encode(k.clone(), v.clone())
         held += held_bytes(code.k) + held_bytes(code.v)
         elements += k.numel() + v.numel()
         k_hat, v_hat = scheme.decode(code)
         q_scaled = q.double() * (rule.scale * math.sqrt(q.shape[-1]))  # q_s·k/√d = scale · q·k
         ref = soft_cap(metrics.attention_scores(q_scaled, k, double=True), rule.softcap)
-        est = soft_cap(scheme.scores(q, code).to(torch.float64) * rule.scale, rule.softcap)
-        if not all_finite(est):
+        try:
+            est = soft_cap(scheme.scores(q.clone(), code).to(torch.float64) * rule.scale, rule.softcap)
+            why = ""
+        except InnerOverflowError as exc:  # a kvstats quantizer refuses scores beyond fp32; others return inf
+            est, why = None, f" ({exc})"
+        if est is None or not all_finite(est):
             part = ", ".join(x for x in (where, rule.name) if x) or "a unit"
             raise ValueError(f"{scheme!r} estimates logits that are not finite in {part} from finite queries (max |q| "
                              f"= {float(q.abs().max()):.4g}) and keys (max |k| = {float(k.abs().max()):.4g}): its "
-                             "estimator overflows there; rescale the data or leave this scheme out")
+                             f"estimator overflows there; rescale the data or leave this scheme out{why}")
         opts = dict(causal=causal, query_offset=query_offset)
         if rule.softcap is None:
             six = error6d.error6d(q_scaled, k, v, k_hat, v_hat, **opts)[0]

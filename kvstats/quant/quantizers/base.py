@@ -32,6 +32,10 @@ __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_b
 ACC_DTYPES = {torch.float64: torch.float64}
 
 
+class InnerOverflowError(ValueError):
+    """Scores of finite inputs beyond the range of their dtype (:meth:`Quantizer.inner`)."""
+
+
 #: marks a constructor argument left to the config's default
 _GIVEN_BY_CONFIG = object()
 
@@ -408,7 +412,10 @@ class Quantizer:
         """Estimate ⟨query_i, x_j⟩ for query [..., n_q, d] and code of x [..., n_k, d] -> [..., n_q, n_k].
 
         Leading dims broadcast. Uses the estimator the method prescribes (decode-then-dot unless the
-        subclass overrides ``_inner``). Returned in fp32 (fp64 for fp64 queries).
+        subclass overrides ``_inner``). Returned in fp32 (fp64 for fp64 queries). Finite queries whose products
+        overflow fp32 on the way are scored as ``2^e · inner(2^-e · query)`` with ``2^e ≥ max |query|`` (exact: the
+        estimators are linear in the query, and a power of two scales without rounding); a score beyond the output
+        dtype's range is refused with a ValueError naming its magnitude.
         """
         self._check_vectors(query, "query")
         if query.dim() < 2:
@@ -424,7 +431,24 @@ class Quantizer:
                              f"{tuple(query.shape)}) do not broadcast with the code's {tuple(code.shape[:-2])} "
                              f"(code of x [..., n_k, d] = {tuple(code.shape)})") from None
         with self._code_fields(code):
-            return self._inner(query, code)
+            scores = self._inner(query, code)
+            return scores if all_finite(scores) else self._inner_rescaled(query, code)
+
+    def _inner_rescaled(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        """``2^e · _inner(2^-e · query)`` in float64 with ``2^e ≥ max |query|`` (see :meth:`inner`), cast to the
+        scores' dtype; refused naming the magnitude when the scores lie beyond that dtype's range."""
+        big = float(query.detach().abs().amax())
+        e = math.frexp(big)[1]  # big = m · 2^e with 1/2 ≤ m < 1
+        small = self._inner((query.double() * 2.0**-e).to(query.dtype), code)
+        dtype = small.dtype
+        wide = small.double() * 2.0 ** (e // 2) * 2.0 ** (e - e // 2)  # two factors: 2^1024 is beyond a float
+        peak = float(wide.abs().max()) if wide.numel() else 0.0
+        if not math.isfinite(peak) or peak > torch.finfo(dtype).max:
+            wider = "pass the query as float64 or rescale it" if dtype != torch.float64 else "rescale the query"
+            raise InnerOverflowError(f"inner(query, code) of {self!r} reaches |⟨query, x⟩| = {peak:.4g}, beyond "
+                             f"{str(dtype)[6:]}'s largest finite value {torch.finfo(dtype).max:.4g} (max |query| = "
+                             f"{big:.4g}): {wider}")
+        return wide.to(dtype)
 
     def weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         """Σⱼ wᵢⱼ x̂ⱼ for weights [..., n_q, n_k] and the code of x [..., n_k, d] -> [..., n_q, d].
