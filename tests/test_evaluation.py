@@ -352,6 +352,11 @@ def test_a_ready_schemes_budget_is_its_own():
                       **SMALL)
     assert (ev.bits["evaluated"]["budget"], ev.bits["compared"]["budget"], ev.config["compare_bits"]) == (2, 3, 3)
     assert "B = kv: budget n = 3" in ev.table()
+    with pytest.raises(ValueError, match=r"^match_bits=True cannot set the budget of compare='kv', a Scheme built"):
+        evaluate(at2, bits=2, data="gaussian", units=2, compare=kvstats.scheme("kv", bits=3, dim=32, seed=0),
+                 match_bits=True, **SMALL)
+    from kvstats.run.sides import Side  # every engine (synthetic, capture, model, sensitivity) builds its sides so
+    assert Side("compare", kvstats.scheme("kv", bits=3, dim=32, seed=0), 2, {}).bits == 3
 
 
 @pytest.mark.parametrize("extra, named", [

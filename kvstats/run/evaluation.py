@@ -233,6 +233,9 @@ def _refuse_without_effect(quantizer, bits, *, data, model, compare, match_bits,
                          f"comparator's budget); pass bits={quantizer.bits}")
     if match_bits and compare is None:
         raise ValueError("match_bits=True has no effect without compare=: it sets the budget of the compared scheme")
+    if match_bits and isinstance(compare, Scheme):
+        raise ValueError(f"match_bits=True cannot set the budget of compare={compare.name!r}, a Scheme built at "
+                         f"{compare.bits} bits: pass its name (or a factory) to have it matched")
     where = f"model={str(model)!r}" if model is not None else \
         f"synthetic data {data!r}" if isinstance(data, str) and data in KINDS else None
     for name, value, what in (("layers", layers, "the stored layers"), ("window", window, "the tokens of a unit")):
@@ -260,13 +263,6 @@ def _source(data, units, *, seed, window, layers, shape, data_params):
     if n > source.available:
         raise ValueError(f"units must be at most {source.available} (disjoint windows of {window} tokens), got {n}")
     return source, n
-
-
-def _own_bits(spec, bits: int) -> int:
-    """The budget of a side: a ready Scheme's own, else ``bits``."""
-    from kvstats.quant.schemes import Scheme
-
-    return spec.bits if isinstance(spec, Scheme) else bits
 
 
 def _copied(parts):
@@ -419,7 +415,7 @@ def evaluate(
                              "a file: move it, or pass store= a folder")
     d = source.dim
     main = Side("quantizer", quantizer, bits, dict(options))
-    other = None if compare is None else Side("compare", compare, _own_bits(compare, bits), dict(options))
+    other = None if compare is None else Side("compare", compare, bits, dict(options))
     parts0 = source.unit(0)
     seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
     scheme0 = main.scheme(d, seed0)

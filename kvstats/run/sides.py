@@ -118,6 +118,12 @@ class Side:
     bits: int
     options: dict
 
+    def __post_init__(self) -> None:
+        from kvstats.quant.schemes import Scheme
+
+        if isinstance(self.spec, Scheme):  # a ready Scheme's budget is its own: the label and records say so
+            self.bits = self.spec.bits
+
     def scheme(self, dim: int, seed: int):
         return resolve_scheme(self.spec, bits=self.bits, dim=dim, seed=seed, role=self.role, **self.options)
 
