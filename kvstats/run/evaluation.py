@@ -32,8 +32,9 @@ capture several texts into one file (its documents; windows stay inside them) to
 logits the scheme's own inner-product estimator gives, the six components of :func:`kvstats.measure.error6d.error6d`
 (prefixed ``6d_``; its KL uses the decoded keys), and ``bits_total``: the bits per cache element the codes
 hold, measured from their bytes (the quantizer's claim, ``bits_per_coordinate``, is shown beside it where it
-differs). Each metric's mean over units gets a CI from :func:`kvstats.stats.mean_ci` (Student's t below 20
-units, BCa from there on).
+differs). Each metric's mean over units gets a CI from :func:`kvstats.stats.mean_ci` (Student's t below 5
+units; from there on an interval for units with two values or values at 0/1 bounds, else the studentized
+bootstrap; a metric constant over the units is printed with no interval).
 
 **Comparison** (``compare=``): a second scheme runs on the same units; each metric of the family — the
 distinct, non-constant metrics (:mod:`kvstats.run.comparison`) — is compared with the paired Wilcoxon
@@ -154,6 +155,7 @@ class Evaluation:
     def table(self) -> str:
         """A plain-text table: each metric's mean and CI over units, and the paired comparison when present. The
         two sides are A (the evaluated quantizer) and B (the compared one), named in full above the table."""
+        from kvstats.measure.stats import interval_text
         from kvstats.run.comparison import per_document, shift_text
 
         cfg = self.config
@@ -179,8 +181,7 @@ class Evaluation:
                     initial_indent="  ", subsequent_indent="    ")
         lines += [head, "-" * len(head)]
         for m, r in self.summary.items():
-            lo, hi = r.confidence_interval
-            row = f"{m:<{width}} {r.statistic:>11.4g} {f'[{lo:.4g}, {hi:.4g}]':>25}"
+            row = f"{m:<{width}} {r.statistic:>11.4g} {interval_text(r):>25}"
             if other is not None:
                 row += f" {float(np.mean([u[f'other:{m}'] for u in units])):>11.4g}"
                 if m in self.comparison:

@@ -55,6 +55,7 @@ class ModelEvaluation(Evaluation):
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
         and the comparison when present (A: the evaluated quantizer, B: the compared one)."""
+        from kvstats.measure.stats import interval_text
         from kvstats.run.comparison import shift_text
         from kvstats.run.evaluation import comparison_footnotes
 
@@ -72,12 +73,11 @@ class ModelEvaluation(Evaluation):
         if cfg["compare"] is not None:
             lines.append(f"  B = {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held"
                          + ("" if self.bits["matched"] else "  ! not bit-matched"))
-        how = ev["documents"]["out_kl"].ci_method
+        how = ", ".join(dict.fromkeys(ev["documents"][m].ci_method for m in MODEL_METRICS))  # each one used
         lines.append(f"per document: mean over the {cfg['documents']} documents, {level:.0%} CI ({how})")
         for m in MODEL_METRICS:
             r = ev["documents"][m]
-            row = f"  {_WORDS[m]:<22} {r.statistic:>10.4g} [{r.confidence_interval.low:.4g}, " \
-                  f"{r.confidence_interval.high:.4g}]"
+            row = f"  {_WORDS[m]:<22} {r.statistic:>10.4g} {interval_text(r)}"
             if m in self.comparison:
                 c, o = self.comparison[m], self.summary["compared"]["documents"][m]
                 shift = shift_text(c["detectable_shift"])
@@ -91,8 +91,7 @@ class ModelEvaluation(Evaluation):
                      "over documents, simulated coverage 87-93% at 24 documents):")
         for name in TAIL:
             r = tok[f"kl_{name}"]
-            ci = ("(no interval: none covers a maximum)" if r.ci_method == "none" else
-                  f"[{r.confidence_interval.low:.4g}, {r.confidence_interval.high:.4g}]")
+            ci = "(no interval: none covers a maximum)" if r.ci_method == "none" else interval_text(r)
             lines.append(f"  KL {name:<8} {r.statistic:>10.4g} {ci}")
         same, ppl = tok["same_top1"], tok["ppl_ratio"]
         lines.append(f"  same top p {100 * same.statistic:9.2f}% [{100 * same.confidence_interval.low:.2f}, "

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvstats.measure.stats import interval_text
 from kvstats.run.model_eval import DEFAULT_SEGMENT
 
 __all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity", "sensitivity_figure"]
@@ -102,8 +103,7 @@ class Sensitivity:
         lines = [f"{cfg['quantizer']} at {cfg['bits']} bits on {cfg['model']}: per-layer sensitivity over "
                  f"{cfg['documents']} documents ({cfg['segment']} tokens each); damage = mean next-token KL (nats), "
                  f"{level:.0%} CI over documents",
-                 f"  every layer quantized: {full.statistic:.4g} [{full.confidence_interval.low:.4g}, "
-                 f"{full.confidence_interval.high:.4g}]",
+                 f"  every layer quantized: {full.statistic:.4g} {interval_text(full)}",
                  f"{'layer':>6} {'only this layer':>28} {'all but this layer':>28} {'saved (paired)':>30}"]
         for i in range(self.layers):
             only, but, saved = (self.damage[f"{what} {i}"] for what in ("only", "all but", "saved"))
@@ -169,7 +169,7 @@ def sensitivity_figure(rows: list[dict], full: float, target: float, keep_exact,
 
 
 def _ci(r) -> str:
-    return f"{r.statistic:.4g} [{r.confidence_interval.low:.3g}, {r.confidence_interval.high:.3g}]"
+    return f"{r.statistic:.4g} {interval_text(r, '.3g')}"
 
 
 def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | None = 8,

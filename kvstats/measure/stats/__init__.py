@@ -23,12 +23,14 @@ Conventions (docs/references.md §5):
 
 # The limits below are part of the documented behaviour (docs/statistics.md), so they stay reachable here.
 from kvstats.measure.stats._binary import McNemarResult, ProportionResult, mcnemar, proportion_ci
+from kvstats.measure.stats._bootstrap import NO_INTERVAL as NO_INTERVAL
 from kvstats.measure.stats._bootstrap import T_INTERVAL_BELOW as T_INTERVAL_BELOW
 from kvstats.measure.stats._bootstrap import (
     BootstrapResult,
     MeanResult,
     bootstrap_ci,
     cluster_bootstrap_ci,
+    interval_text,
     mean_ci,
     ratio_ci,
 )
@@ -65,6 +67,7 @@ __all__ = [
     "bootstrap_ci",
     "cluster_bootstrap_ci",
     "compare",
+    "interval_text",
     "detectable_shift",
     "equivalence",
     "hodges_lehmann",

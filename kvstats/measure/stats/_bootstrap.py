@@ -14,13 +14,14 @@ import scipy.stats
 from kvstats._random import check_seed
 from kvstats.measure.stats._common import (
     BOOTSTRAP_MAX_ELEMENTS,
-    UNIT_BAND,
     _check_level,
     _sample,
     check_finite_interval,
     check_resamples,
     robust_std,
+    unit_exponent,
 )
+from kvstats.measure.stats._discrete import at_a_bound, korn_graubard, two_point
 from kvstats.results import TestResult
 
 
@@ -186,15 +187,32 @@ def ratio_ci(
 
 
 #: Below this many units :func:`mean_ci` uses Student's t interval (the studentized bootstrap needs a few distinct
-#: resamples of the standard error); from here on the studentized bootstrap.
+#: resamples of the standard error; any 2 units are "two-valued"); from here on the studentized bootstrap, or the
+#: intervals for units with few values (:mod:`kvstats.measure.stats._discrete`).
 T_INTERVAL_BELOW = 5
+#: ``ci_method`` of a sample whose units are all equal: its interval is the point, which is no 95% interval.
+NO_INTERVAL = "constant data: no interval"
+
+
+def interval_text(result, spec: str = ".4g") -> str:
+    """A result's interval as printed: ``[low, high]`` in format ``spec``, or why it has none ("no interval
+    (constant)" for :data:`NO_INTERVAL`, "no interval" for ``ci_method`` "none", a maximum's)."""
+    how = getattr(result, "ci_method", "")
+    if how == NO_INTERVAL:
+        return "no interval (constant)"
+    if how == "none":
+        return "no interval"
+    low, high = result.confidence_interval
+    return f"[{low:{spec}}, {high:{spec}}]"
 
 
 @dataclass(frozen=True)
 class MeanResult(TestResult):
     """Result of :func:`mean_ci`: ``statistic`` the sample mean, ``confidence_interval`` its CI, ``ci_method``
-    the interval used ("Student t", "studentized bootstrap", "BCa", "percentile" when BCa is not finite, "constant
-    data"), ``standard_error`` its standard error s/√n; no test (``pvalue`` nan)."""
+    the interval used ("Student t", "studentized bootstrap", "two-valued (…)", "Korn–Graubard (…)", "BCa",
+    "percentile" when BCa is not finite, "Student t (the studentized bootstrap …)" when that fell back, or
+    :data:`NO_INTERVAL` for constant data, whose interval is the point ``[x̄, x̄]``), ``standard_error`` its standard
+    error s/√n; no test (``pvalue`` nan)."""
 
     standard_error: float = math.nan
     ci_method: str = ""
@@ -204,9 +222,28 @@ class MeanResult(TestResult):
         return self.summary_with(("standard_error", "ci_method", "n_resamples"))
 
 
-def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+def _order_statistic(t: np.ndarray, q: float) -> float:
+    """The q-quantile of sorted t, numpy's (linear between the order statistics around (n − 1)·q), where t may hold
+    ±inf: a quantile next to an infinity is that infinity (numpy's interpolation gives NaN there)."""
+    h = (t.size - 1) * q
+    i = int(math.floor(h))
+    low, high = float(t[i]), float(t[min(i + 1, t.size - 1)])
+    if h == i or low == high:
+        return low
+    if not math.isfinite(low) or not math.isfinite(high):
+        return low if not math.isfinite(low) else high
+    return float(np.quantile([low, high], h - i))  # numpy's own interpolation, so finite t give np.quantile(t, q)
+
+
+def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float, int]:
     """The bootstrap-t interval of a mean (Efron & Tibshirani 1993, §12.5): resample, studentize each resampled mean
-    by its own standard error, ``[x̄ − t*₍₁₋α/₂₎·s/√n, x̄ − t*₍α/₂₎·s/√n]``. Resamples in batches of ~10⁶ values."""
+    by its own standard error, ``[x̄ − t*₍₁₋α/₂₎·s/√n, x̄ − t*₍α/₂₎·s/√n]``. Resamples in batches of ~10⁶ values.
+    Returns (low, high, number of resamples without spread).
+
+    A resample whose values are all equal has t* = ±inf (its mean above or below x̄; 0 at x̄), and is kept: it is
+    the tail the sampling distribution of t has for discrete data. Dropping them (as before issue 43) cut that tail
+    off — for [0]*9 + [1], 35% of the resamples, all t* = −inf, so the upper end fell on x̄. An end whose quantile
+    lies among them is infinite: the bootstrap-t cannot bound that side."""
     rng = np.random.default_rng(seed)
     n = x.size
     mean, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(n))
@@ -214,22 +251,21 @@ def _studentized_interval(x: np.ndarray, level: float, n_resamples: int, seed: i
     batch = max(1, 1_000_000 // n)
     for start in range(0, n_resamples, batch):
         xs = x[rng.integers(0, n, (min(batch, n_resamples - start), n))]
-        ses = xs.std(axis=1, ddof=1) / math.sqrt(n)
-        ok = ses > 0
-        ts.append((xs.mean(axis=1)[ok] - mean) / ses[ok])
-    t = np.concatenate(ts)
+        means, spread = xs.mean(axis=1), xs.max(axis=1) > xs.min(axis=1)
+        ses = np.where(spread, xs.std(axis=1, ddof=1) / math.sqrt(n), 1.0)
+        flat = np.where(means > mean, np.inf, np.where(means < mean, -np.inf, 0.0))
+        ts.append(np.where(spread, (means - mean) / ses, flat))
+    t = np.sort(np.concatenate(ts))
     a = (1 - level) / 2
-    upper_t, lower_t = np.quantile(t, [1 - a, a])
-    return mean - float(upper_t) * se, mean - float(lower_t) * se
+    upper_t, lower_t = _order_statistic(t, 1 - a), _order_statistic(t, a)
+    return mean - upper_t * se, mean - lower_t * se, int(np.isinf(t).sum())
 
 
 def _unit_scale(x: np.ndarray) -> float:
-    """2^-k bringing max |x| near 1 when it lies outside :data:`UNIT_BAND` (where squares or cubes of deviations
-    over- or underflow), else 1."""
-    top = float(np.abs(x).max())
-    if top == 0 or UNIT_BAND[0] <= top <= UNIT_BAND[1]:
-        return 1.0
-    return math.ldexp(1.0, -math.frexp(top)[1])
+    """2^k bringing max |x| near 1 when it lies outside :data:`UNIT_BAND` (where squares or cubes of deviations
+    over- or underflow), else 1. At most 2^1023 (the largest power of two): subnormal data (≥ 2^-1074) then land at
+    2^-51 or above, inside the band."""
+    return math.ldexp(1.0, min(unit_exponent(x), 1023))
 
 
 def _rescaled(result: MeanResult, scale: float) -> MeanResult:
@@ -237,6 +273,55 @@ def _rescaled(result: MeanResult, scale: float) -> MeanResult:
     low, high = result.confidence_interval
     return dataclasses.replace(result, statistic=result.statistic / scale, confidence_interval=(low / scale,
                                high / scale), standard_error=result.standard_error / scale)
+
+
+def _few_values_result(x: np.ndarray, level: float, bounded: bool, common: dict) -> MeanResult:
+    """Two-valued units and units in [0, 1] at a bound (:mod:`._discrete`): the hull of the intervals that apply,
+    Korn–Graubard's for means in [0, 1] (not for 0/1 outcomes, whose count Clopper–Pearson takes exactly)."""
+    parts, names, extra = [], [], {}
+    if np.unique(x).size == 2:
+        parts.append(two_point(x, level))
+        names.append("Clopper–Pearson ∪ Student t")
+    if bounded and not np.isin(x, (0.0, 1.0)).all():
+        low, high, extra["effective_n"] = korn_graubard(x, level)
+        parts.append((low, high))
+        names.append("Korn–Graubard")
+    low, high = min(p[0] for p in parts), max(p[1] for p in parts)
+    if bounded:
+        low, high = max(low, 0.0), min(high, 1.0)
+    if not names[0].startswith("Clopper"):
+        how = "Korn–Graubard (units in [0, 1], some at 0 or 1)"
+    else:
+        how = f"two-valued{' in [0, 1]' if bounded else ''} ({' ∪ '.join(names)})"
+    return MeanResult(method=f"mean of units that take few values: {how}", confidence_interval=(low, high),
+                      standard_error=float(scipy.stats.sem(x)), ci_method=how, extra=extra, **common)
+
+
+def _mean_result(x: np.ndarray, level: float, how: str, n_resamples: int, seed: int) -> MeanResult:
+    """mean_ci on non-constant x by a scale-equivariant route: "two-valued", "t", "studentized" or "BCa"."""
+    common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
+                  "interval)", n=x.size, ci_of="mean", confidence_level=level)
+    if how == "two-valued":
+        return _few_values_result(x, level, False, common)
+    se = float(scipy.stats.sem(x))
+    why = ""
+    if how == "studentized":
+        low, high, flat = _studentized_interval(x, level, n_resamples, seed)
+        if math.isfinite(low) and math.isfinite(high) and low < common["statistic"] < high:
+            return MeanResult(method=f"mean with the studentized bootstrap interval ({n_resamples} resamples)",
+                              confidence_interval=(low, high), standard_error=se, ci_method="studentized bootstrap",
+                              n_resamples=n_resamples, extra={"seed": seed}, **common)
+        why = (f" (the studentized bootstrap is unbounded here: {flat} of {n_resamples} resamples have no spread)"
+               if not (math.isfinite(low) and math.isfinite(high)) else
+               " (the studentized bootstrap interval does not contain the estimate here)")
+    if how in ("t", "studentized"):
+        ci = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(confidence_level=level)
+        return MeanResult(method=f"mean with Student's t interval ({x.size - 1} df){why}",
+                          confidence_interval=(float(ci.low), float(ci.high)), standard_error=se,
+                          ci_method=f"Student t{why}", **common)
+    boot = bootstrap_ci(x, np.mean, level, n_resamples, seed, method="BCa")
+    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval, standard_error=se,
+                      ci_method=boot.ci_method, n_resamples=n_resamples, extra={"seed": boot.extra["seed"]}, **common)
 
 
 def mean_ci(
@@ -249,15 +334,30 @@ def mean_ci(
 ) -> MeanResult:
     """The mean of ``data`` (independent units) with a confidence interval that covers at few units.
 
-    ``method="auto"``: Student's t interval ``x̄ ± t_{1−α/2, n−1}·s/√n`` (``scipy.stats.ttest_1samp``'s
-    ``confidence_interval``) below :data:`T_INTERVAL_BELOW` units, the **studentized bootstrap** (bootstrap-t)
-    from there on; ``"t"``, ``"studentized"`` or ``"BCa"`` force one. Constant data give ``[x̄, x̄]``.
+    ``method="auto"`` picks by the data:
+
+    * units all equal: no interval — ``[x̄, x̄]`` with ``ci_method`` :data:`NO_INTERVAL` (nothing in the data says
+      how far the mean could be; 0/1 outcomes all 0 are not told apart from a metric that is exactly 0);
+    * below :data:`T_INTERVAL_BELOW` units, Student's t interval ``x̄ ± t_{1−α/2, n−1}·s/√n``;
+    * two values a < b: the hull of the Clopper–Pearson interval on the count of b, mapped onto [a, b], and Student's
+      t (:func:`~kvstats.measure.stats._discrete.two_point`);
+    * values in [0, 1], some exactly 0 or 1 (a proportion averaged over units, e.g. a top-k recall at 1 on many
+      units): Korn & Graubard's interval, Clopper–Pearson at the effective sample size
+      (:func:`~kvstats.measure.stats._discrete.korn_graubard`; hulled with the above when two-valued, kept in
+      [0, 1]);
+    * otherwise the **studentized bootstrap** (bootstrap-t), or Student's t where it cannot bound a side (a tail's
+      quantile among resamples without spread; ``ci_method`` says so).
+
+    ``"t"``, ``"studentized"`` or ``"BCa"`` force one (constant data still get no interval; a studentized bootstrap
+    that cannot bound falls back to t, labelled).
 
     Why: BCa's coverage of a mean collapses at few units (normal data, 300 simulations each: 52% at 2 units, 83% at
     5, 91% at 8, 92.5% at 20–24) and the t interval's, exact for normal data, falls to 86–88% for skewed data
     (lognormal σ = 1, 20–40 units), as a metric averaged over units usually is; the studentized bootstrap kept
     94–96% on normal data at 5–40 units and 90–93% on that lognormal (1000 simulations each, tests/test_stats.py).
-    ``n_resamples`` and ``seed`` are the bootstrap's (unused by the t interval).
+    On units with few values it covered 35–86% (issue 43); the intervals above cover ≥ 95.8% exactly for binary and
+    two-valued units at 5–20 units and 96–98% for a recall near 1 (tests/test_stats_discrete.py).
+    ``n_resamples`` and ``seed`` are the bootstrap's (unused by the other intervals).
     """
     x = _sample(data, "data", min_size=2)
     level = _check_level(confidence_level)
@@ -265,29 +365,22 @@ def mean_ci(
         raise ValueError(f"method must be 'auto', 't', 'studentized' or 'BCa', got {method!r}")
     n_resamples = check_resamples(n_resamples, level)
     seed = check_seed(seed)
-    how = method if method != "auto" else ("t" if x.size < T_INTERVAL_BELOW else "studentized")
+    if x.min() == x.max():  # (np.ptp of ±1e308 overflows)
+        return MeanResult(method="mean of constant data: no interval (no spread to estimate one from)",
+                          pvalue=math.nan, null_hypothesis="none (estimate with confidence interval)", n=x.size,
+                          statistic=float(x[0]), confidence_interval=(float(x[0]),) * 2, ci_of="mean",
+                          confidence_level=level, standard_error=0.0, ci_method=NO_INTERVAL)
+    few = method == "auto" and x.size >= T_INTERVAL_BELOW  # below, Student's t (any 2 units are "two-valued")
+    if few and at_a_bound(x):  # before any rescaling: the bounds 0 and 1 are not scale-free
+        common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with "
+                      "confidence interval)", n=x.size, ci_of="mean", confidence_level=level)
+        return _few_values_result(x, level, True, common)
+    how = method if method != "auto" else (
+        "t" if x.size < T_INTERVAL_BELOW else "two-valued" if np.unique(x).size == 2 else "studentized")
     scale = _unit_scale(x)
-    if scale != 1.0:  # the mean is scale-equivariant: compute on x·2^-k (exact), so no square over- or underflows
-        return _rescaled(mean_ci(x * scale, level, method=method, n_resamples=n_resamples, seed=seed), scale)
-    common = dict(statistic=float(np.mean(x)), pvalue=math.nan, null_hypothesis="none (estimate with confidence "
-                  "interval)", n=x.size, ci_of="mean", confidence_level=level)
-    if np.ptp(x) == 0:
-        return MeanResult(method="mean (constant data)", confidence_interval=(common["statistic"],) * 2,
-                          standard_error=0.0, ci_method="constant data", **common)
-    se = float(scipy.stats.sem(x))
-    if how == "t":
-        ci = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(confidence_level=level)
-        return MeanResult(method=f"mean with Student's t interval ({x.size - 1} df)",
-                          confidence_interval=(float(ci.low), float(ci.high)), standard_error=se,
-                          ci_method="Student t", **common)
-    if how == "studentized":
-        low, high = _studentized_interval(x, level, n_resamples, seed)
-        return MeanResult(method=f"mean with the studentized bootstrap interval ({n_resamples} resamples)",
-                          confidence_interval=(low, high), standard_error=se, ci_method="studentized bootstrap",
-                          n_resamples=n_resamples, extra={"seed": seed}, **common)
-    boot = bootstrap_ci(x, np.mean, level, n_resamples, seed, method="BCa")
-    return MeanResult(method=boot.method, confidence_interval=boot.confidence_interval, standard_error=se,
-                      ci_method=boot.ci_method, n_resamples=n_resamples, extra={"seed": boot.extra["seed"]}, **common)
+    if scale != 1.0:  # these are scale-equivariant: compute on x·2^-k (exact), so no square over- or underflows
+        return _rescaled(_mean_result(x * scale, level, how, n_resamples, seed), scale)
+    return _mean_result(x, level, how, n_resamples, seed)
 
 
 def cluster_bootstrap_ci(

@@ -74,6 +74,15 @@ UNIT_BAND = (2.0 ** -160, 2.0 ** 160)
 OVERFLOW_MAGNITUDE = 1e100
 
 
+def unit_exponent(values) -> int:
+    """k with max |values|·2^k in [1/2, 1) when max |values| lies outside :data:`UNIT_BAND` (where squares or cubes of
+    deviations over- or underflow), else 0. ``np.ldexp(values, k)`` is exact, subnormal values included."""
+    top = float(np.abs(np.asarray(values, dtype=np.float64)).max())
+    if top == 0 or UNIT_BAND[0] <= top <= UNIT_BAND[1]:
+        return 0
+    return -math.frexp(top)[1]
+
+
 def robust_std(values: np.ndarray) -> float:
     """Sample standard deviation (ddof 1) without overflow or underflow of the squares: computed on
     values / max |values| and scaled back. nan for fewer than 2 values or when any value is NaN or ±inf (as

@@ -5,7 +5,8 @@ equivalence claim). Here the null is the difference of interest:
 
 * :func:`equivalence` — TOST (Schuirmann 1987): H0: |μ_a − μ_b| ≥ δ against |μ_a − μ_b| < δ, two one-sided t
   tests at level α, p = the larger of the two; equivalent exactly when the (1 − 2α) CI of μ_a − μ_b lies
-  inside (−δ, δ). statsmodels' ``ttost_paired`` / ``ttost_ind`` do the arithmetic.
+  inside (−δ, δ). statsmodels' ``ttost_paired`` (its ``DescrStatsW.ttost_mean`` of a − b) / ``ttost_ind`` do the
+  arithmetic.
 * :func:`noninferiority` — one-sided: H0: μ_a − μ_b ≥ δ (a is worse than b by δ or more, for a metric where
   lower is better, like KL) against μ_a − μ_b < δ; ``higher_is_better=True`` flips it (accuracy:
   H0: μ_a − μ_b ≤ −δ). statsmodels' ``DescrStatsW.ttest_mean`` / ``CompareMeans.ttest_ind``.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from statsmodels.stats import weightstats
 
-from kvstats.measure.stats._common import _sample
+from kvstats.measure.stats._common import _sample, unit_exponent
 from kvstats.results import TestResult
 
 __all__ = ["EquivalenceResult", "equivalence", "noninferiority"]
@@ -57,24 +58,49 @@ def _alpha(alpha) -> float:
     return float(alpha)
 
 
-def _samples(a, b, paired: bool) -> tuple[np.ndarray, np.ndarray]:
+def _samples(a, b, paired: bool, delta: float) -> tuple[np.ndarray, np.ndarray, float, int, float]:
+    """(x, y, δ) times 2^k, k and the data's largest magnitude, k bringing the data near 1 so that no variance over-
+    or underflows (values near 1e200 or 4.5e-263 gave NaN p and intervals; paired differences near 1e-170 gave
+    t = ±inf). t and p do not depend on the units; the mean difference and its interval are the scaled ones times
+    2^-k (exact: a power of two). Paired: x holds the differences a − b, taken after a first scaling (so they cannot
+    overflow) and scaled again on their own magnitude; y is 0."""
     x, y = _sample(a, "a", min_size=2), _sample(b, "b", min_size=2)
     if paired and x.size != y.size:
         raise ValueError(f"paired samples must have one length, got {x.size} and {y.size}")
-    # no spread, no t statistic: its p would be 0, 1 or NaN by the sign of a division by zero
-    if paired and np.ptp(x - y) == 0:
-        raise ValueError(f"the paired differences a − b have no spread (all {float(x[0] - y[0])!r}): the t tests are "
-                         "undefined; compare the constant difference with the margin directly")
-    if not paired and np.ptp(x) == 0 and np.ptp(y) == 0:
+    first, big = float(x[0]) - float(y[0]), max(float(np.abs(x).max()), float(np.abs(y).max()))
+    if not paired and x.min() == x.max() and y.min() == y.max():
         raise ValueError("a and b are both constant (no spread): the t tests are undefined; compare "
                          f"{float(x[0])!r} − {float(y[0])!r} with the margin directly")
-    return x, y
+    k = unit_exponent(np.concatenate([x, y]))
+    x, y = np.ldexp(x, k), np.ldexp(y, k)
+    if paired:
+        d = x - y
+        j = unit_exponent(d)
+        x, y, k = np.ldexp(d, j), np.zeros_like(d), k + j
+    # no spread, no t statistic: its p would be 0, 1 or NaN by the sign of a division by zero
+    if paired and np.ptp(x) == 0:
+        raise ValueError(f"the paired differences a − b have no spread (all {first!r}): the t tests are undefined; "
+                         "compare the constant difference with the margin directly")
+    with np.errstate(over="ignore", under="ignore"):  # a margin beyond float64 at that scale: t = ±inf, p = 0 or 1
+        return x, y, float(np.ldexp(delta, k)), k, big
 
 
 def _mean_difference_ci(x, y, paired: bool, usevar: str, level: float) -> tuple[float, float]:
     if paired:
-        return weightstats.DescrStatsW(x - y).tconfint_mean(alpha=1 - level)
+        return weightstats.DescrStatsW(x).tconfint_mean(alpha=1 - level)
     return weightstats.CompareMeans.from_data(x, y).tconfint_diff(alpha=1 - level, usevar=usevar)
+
+
+def _difference(x, y, paired: bool, usevar: str, level: float, k: int, big: float) -> tuple[float, tuple[float, float]]:
+    """The mean difference a − b and its ``level`` t interval, back in the data's units (× 2^-k); refused, naming the
+    data's magnitude, where float64 cannot hold them (a and b near ±1e308 of opposite signs)."""
+    low, high = _mean_difference_ci(x, y, paired, usevar, level)
+    with np.errstate(over="ignore"):
+        effect, low, high = (float(np.ldexp(v, -k)) for v in (x.mean() - y.mean(), low, high))
+    if not all(math.isfinite(v) for v in (effect, low, high)):
+        raise ValueError(f"mean(a) − mean(b) or its interval does not fit float64 (max |a|, |b| = {big:.4g}): the "
+                         "t test is defined but its difference is not representable; rescale the data")
+    return effect, (low, high)
 
 
 def equivalence(a, b, *, margin: float, paired: bool = True, alpha: float = 0.05,
@@ -89,17 +115,17 @@ def equivalence(a, b, *, margin: float, paired: bool = True, alpha: float = 0.05
         usevar: unpaired only, ``"unequal"`` (Welch, default) or ``"pooled"``.
     """
     delta, alpha = _margin(margin), _alpha(alpha)
-    x, y = _samples(a, b, paired)
+    x, y, scaled, k, big = _samples(a, b, paired, delta)
     if paired:
-        p, lower, upper = weightstats.ttost_paired(x, y, -delta, delta)
+        p, lower, upper = weightstats.DescrStatsW(x).ttost_mean(-scaled, scaled)  # = ttost_paired on a − b
     else:
-        p, lower, upper = weightstats.ttost_ind(x, y, -delta, delta, usevar=usevar)
+        p, lower, upper = weightstats.ttost_ind(x, y, -scaled, scaled, usevar=usevar)
     deciding = lower if lower[1] >= upper[1] else upper
+    effect, ci = _difference(x, y, paired, usevar, 1 - 2 * alpha, k, big)
     return EquivalenceResult(
         statistic=float(deciding[0]), pvalue=float(p), method=f"TOST ({'paired' if paired else usevar} t)",
         null_hypothesis=f"|mean(a) − mean(b)| ≥ {delta:g}", n=x.size if paired else (x.size, y.size),
-        effect_size=float(x.mean() - y.mean()), effect_size_name="mean difference a − b",
-        confidence_interval=_mean_difference_ci(x, y, paired, usevar, 1 - 2 * alpha),
+        effect_size=effect, effect_size_name="mean difference a − b", confidence_interval=ci,
         ci_of="mean(a) − mean(b) (the TOST interval)", confidence_level=1 - 2 * alpha,
         margin=delta, alpha=alpha, conclusion=bool(p < alpha), paired=paired)
 
@@ -110,19 +136,18 @@ def noninferiority(a, b, *, margin: float, paired: bool = True, alpha: float = 0
     ``higher_is_better``, H0: μ_a − μ_b ≤ −δ). The CI is the (1 − 2α) two-sided one, whose relevant end is
     the one-sided (1 − α) bound: not inferior exactly when that end is inside the margin."""
     delta, alpha = _margin(margin), _alpha(alpha)
-    x, y = _samples(a, b, paired)
-    value, alternative = (-delta, "larger") if higher_is_better else (delta, "smaller")
+    x, y, scaled, k, big = _samples(a, b, paired, delta)
+    value, alternative = (-scaled, "larger") if higher_is_better else (scaled, "smaller")
     if paired:
-        t, p, _ = weightstats.DescrStatsW(x - y).ttest_mean(value=value, alternative=alternative)
+        t, p, _ = weightstats.DescrStatsW(x).ttest_mean(value=value, alternative=alternative)
     else:
         t, p, _ = weightstats.CompareMeans.from_data(x, y).ttest_ind(alternative=alternative, usevar=usevar,
                                                                       value=value)
     worse = "≤ −" if higher_is_better else "≥ "
+    effect, ci = _difference(x, y, paired, usevar, 1 - 2 * alpha, k, big)
     return EquivalenceResult(
         statistic=float(t), pvalue=float(p), method=f"non-inferiority ({'paired' if paired else usevar} t, one-sided)",
         null_hypothesis=f"mean(a) − mean(b) {worse}{delta:g} (a worse than b by the margin or more)",
-        n=x.size if paired else (x.size, y.size), effect_size=float(x.mean() - y.mean()),
-        effect_size_name="mean difference a − b",
-        confidence_interval=_mean_difference_ci(x, y, paired, usevar, 1 - 2 * alpha),
-        ci_of="mean(a) − mean(b)", confidence_level=1 - 2 * alpha, margin=delta,
+        n=x.size if paired else (x.size, y.size), effect_size=effect, effect_size_name="mean difference a − b",
+        confidence_interval=ci, ci_of="mean(a) − mean(b)", confidence_level=1 - 2 * alpha, margin=delta,
         alpha=alpha, conclusion=bool(p < alpha), paired=paired)
