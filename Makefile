@@ -60,7 +60,7 @@ docs: $(VENV)/.stamp-deps
 
 figures: setup
 	@echo ">> regenerating figures and figures/REPORT.md (scale: $(SCALE))"
-	@$(PY) -m kvstats.run.cli reproduce --scale $(SCALE)
+	@$(PY) -m kvstats.cli reproduce --scale $(SCALE)
 
 bench: setup
 	@echo ">> benchmarks (results in benchmarks/results/)"

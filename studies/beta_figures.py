@@ -29,20 +29,21 @@ import scipy.stats
 import torch
 from statsmodels.stats.multitest import multipletests
 
+from kvstats import study
 from kvstats.measure import metrics, verdicts
 from kvstats.measure.stats import mann_whitney
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.rotations import make_rotation
 from kvstats.quant.sphere import goodness_of_fit
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed, grid, parallel_map
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed, grid, parallel_map
 
 STUDY = "beta_figures"
 VERSION = "2"  # 2: the QJL bit with D'Alberto's Hadamard sketch (eq. 3); Gaussian rows as a sensitivity method
 ALPHA = 0.05
-POSITION = 30  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 30  # place in figures/REPORT.md (kvstats.study.report.study_order)
 DIMS = (2, 4, 8, 1024)
 KINDS = {"gaussian": {}, "heavy_tail": {"df": 3.0}, "low_rank": {"rank": 1, "noise": 0.01}}
 METHODS = {"turbo_mse": "MSE n bits", "turbo_prod": "MSE (n−1) bits + QJL 1 bit"}
@@ -299,7 +300,7 @@ def sphere_law_claim(a: Analysis) -> Claim:
 
 
 class BetaFigures(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): one sweep (KL per trial and method), the
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep (KL per trial and method), the
     Mann–Whitney analysis, four figures and three claims.
 
     ``main`` is Study.main's order with one step more: the histograms' draws are no sweep (they run through

@@ -39,6 +39,7 @@ import pandas as pd
 import scipy.stats
 import torch
 
+from kvstats import study
 from kvstats.measure import metrics
 from kvstats.measure import verdicts as V
 from kvstats.measure.error6d import ERROR6D_COMPONENTS, Error6DReference, distance_6d, energy_test, error6d
@@ -52,14 +53,14 @@ from kvstats.measure.stats import (
 )
 from kvstats.quant import attention
 from kvstats.quant.schemes import Scheme, scheme
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim, measurement
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim, measurement
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
 VERSION = "4"  # 4: srht sketch, sketch sensitivity cells, isotropic queries, disjoint real windows
-POSITION = 70  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 70  # place in figures/REPORT.md (kvstats.study.report.study_order)
 SCHEMES = ("kqv", "qkqv", "kv", "minmax")
 QJL_SCHEMES = ("kqv", "qkqv")  # the schemes with a QJL stage (the sketch matters only for them)
 BUDGETS = (2, 3, 4, 5, 6)
@@ -1148,7 +1149,7 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
 
 
 class BudgetSweep(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): one sweep (data × scheme × sketch × n), its tests,
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep (data × scheme × sketch × n), its tests,
     figures, claims and definitions."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__

@@ -20,7 +20,7 @@ distributions, both NLLs of the true next token, top-1 agreement; and, captured 
 of the same forward, the attention KL and top-5 recall (mean over 30 layers × 9 query heads). A control cell
 runs a lossless scheme through the same cache. Non-zero full-precision windows run at ``window_budget`` only.
 
-Verdicts (kvstats.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
+Verdicts (kvstats.measure.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
 cells; "KQV's KL is 2.25× lower at n = 4": the number rule on the QKQV/KQV ratio of mean attention KL (paired
 cluster bootstrap); NOVA-KV's "recovers most of what scalar methods lose at 2 bits": the direction rule
 over (baseline, metric) comparisons at n = 2, next-token KL and NLL increase against every other scheme.
@@ -46,7 +46,7 @@ Writes figures/end_to_end_{output,attention,predictivity}.png and in figures/dat
 cell), end_to_end_segments.csv (one row per cell and segment), end_to_end_tokens.csv (one row per token;
 regenerated, not kept in git), end_to_end_layers.csv,
 end_to_end_correlation.csv, end_to_end_generation.csv, end_to_end_paths.csv, end_to_end_claims.json,
-end_to_end_definitions.json. Cells are stored as they finish (kvstats.sweep) and run on joblib workers (all
+end_to_end_definitions.json. Cells are stored as they finish (kvstats.study.sweep) and run on joblib workers (all
 cores; ``--n-jobs 1``: in this process) or a Dask cluster (``--scheduler``); each worker loads the model once.
 """
 
@@ -67,6 +67,7 @@ import torch
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from kvstats import study
 from kvstats._random import spawn_seeds
 from kvstats.hf.baselines import output_metrics
 from kvstats.measure.metrics import attention_kl_from_scores
@@ -81,10 +82,10 @@ from kvstats.measure.stats import (
 )
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, measured, number
 from kvstats.measure.verdicts import equivalence as equivalence_rule
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
 #: the teacher-forced and paths sweeps' version: 5 since the output metrics come from
@@ -95,7 +96,7 @@ VERSION = "5"
 CALIBRATION_VERSION = "4"
 #: the generation sweep's version: 5 since one cell generates every prompt of a (scheme, n) in one batch
 GENERATION_VERSION = "5"
-POSITION = 90  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 90  # place in figures/REPORT.md (kvstats.study.report.study_order)
 #: D'Alberto's three schemes, then what deployments run: KIVI-style min-max, TurboQuant_mse on K and V (as vLLM's
 #: TurboQuant cache), NOVA-KV (calibrated)
 SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse", "nova")
@@ -133,7 +134,7 @@ def _quiet():
 
 @functools.lru_cache(maxsize=2)
 def _model(dtype: str = "float32"):
-    """SmolLM2 (kvstats.data.real.load_model) in ``dtype`` and the tokenized text; once per process."""
+    """SmolLM2 (kvstats.hf.capture.load_model) in ``dtype`` and the tokenized text; once per process."""
     _quiet()
     from kvstats.hf.capture import default_text, load_model
 
@@ -226,7 +227,7 @@ def _nova_layers(n: int, seed: int, calibration_tokens: int | None) -> tuple:
 
     The k-means fits are the quick scale's largest cost, and every worker process that meets a NOVA-KV cell
     (teacher-forced and generation) needs them: they are stored once in kvstats' cache folder
-    (``kvstats.data.real.cache_dir``), keyed by n, seed, token count, the document's text and CALIBRATION_VERSION,
+    (``kvstats.hf.capture.cache_dir``), keyed by n, seed, token count, the document's text and CALIBRATION_VERSION,
     and reloaded (a damaged file is fitted again)."""
     import hashlib
 
@@ -1295,7 +1296,7 @@ def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict, docs: dic
         verdict=measured("our own measurement of the quantized caches transformers ships"),
         data=(f"SmolLM2-135M-Instruct, the same {per_seg['segment'].nunique()} segments of "
               f"{int(base.loc[base['kind'] == 'cell', 'segment_tokens'].iloc[0])} tokens as the other claims, fed "
-              "token by token through transformers' QuantizedCache (kvstats.baselines)"),
+              "token by token through transformers' QuantizedCache (kvstats.hf.baselines)"),
         claim=("transformers' own quantized KV caches (optimum-quanto / HQQ: per-group round-to-nearest with a "
                "scale and zero point, an exact residual window) measured with the same output metrics as "
                "kvstats' schemes."),
@@ -1308,7 +1309,7 @@ def baseline_record(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict, docs: dic
 
 
 def baseline_claim(base: pd.DataFrame, segs: pd.DataFrame, cfg: dict, docs: dict[int, str]) -> dict:
-    """:func:`baseline_record` as the dict :func:`kvstats.report.validate_claim` reads (its verdict a Verdict)."""
+    """:func:`baseline_record` as the dict :func:`kvstats.study.report.validate_claim` reads (its verdict a Verdict)."""
     return baseline_record(base, segs, cfg, docs).to_dict()
 
 
@@ -1365,7 +1366,7 @@ def definitions(cfg: dict, scale: str, n_docs: int | None = None) -> dict[str, s
 
 def baseline_cell(backend: str, n: int, residual_length: int, segment_tokens: int, segments: int | None) -> list[dict]:
     """transformers' own quantized cache (quanto / HQQ, the optional [baselines] extra) over the same segments:
-    token rows as cell() (no attention metrics), fed token by token (kvstats.baselines)."""
+    token rows as cell() (no attention metrics), fed token by token (kvstats.hf.baselines)."""
     from kvstats.hf.baselines import baseline_rows
 
     _quiet()
@@ -1401,7 +1402,7 @@ def print_summary(summary: pd.DataFrame) -> None:
 
 
 class EndToEnd(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): the teacher-forced, paths, generation and (when
+    """The study on the protocol (kvstats.study.protocol.Study): the teacher-forced, paths, generation and (when
     transformers' quantized caches are installed) baselines sweeps, three figures and up to ten claims.
 
     The generation sweep has its own cache version (``versions``); ``main`` is the protocol's but for what it

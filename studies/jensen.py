@@ -27,18 +27,19 @@ import pandas as pd
 import scipy.special
 import scipy.stats
 
+from kvstats import study
 from kvstats.measure import metrics, verdicts
 from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
 from kvstats.measure.stats import wilcoxon
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.schemes import scheme
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "jensen"
 VERSION = "2"  # the bias sweep has its own cells (new params); the others unchanged
-POSITION = 60  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 60  # place in figures/REPORT.md (kvstats.study.report.study_order)
 D, SEQ, N_Q = 128, 256, 16
 ROWS = "srht"  # the sketch of every QJL stage: D'Alberto's eq. (3), S = H·diag(s′)
 SCHEMES = ("kv", "kqv", "qkqv")
@@ -455,7 +456,7 @@ def bias_claim(a: Analysis) -> Claim:
 
 
 class Jensen(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): two sweeps (noise curves, schemes), one figure and
+    """The study on the protocol (kvstats.study.protocol.Study): two sweeps (noise curves, schemes), one figure and
     two claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__

@@ -13,8 +13,8 @@ Writes (data beside each figure in figures/data/):
   figures/data/kv_anatomy_outliers.csv   layer, tensor, top channels, max/median ratio
   figures/data/kv_anatomy_ks.csv         layer, KS statistic and p-value of raw and rotated coordinates
 
-quick: 1024 tokens; paper: 2048 tokens. The capture is cached (kvstats.data.real.load_default_capture),
-so only the first run loads the model. Each layer is a kvstats.sweep cell (channel magnitudes, KS distances,
+quick: 1024 tokens; paper: 2048 tokens. The capture is cached (kvstats.hf.capture.load_default_capture),
+so only the first run loads the model. Each layer is a kvstats.study.sweep cell (channel magnitudes, KS distances,
 histograms), run and stored like every study's.
 """
 
@@ -33,22 +33,23 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from kvstats import study
 from kvstats.hf.capture import load_default_capture  # noqa: E402
 from kvstats.measure import verdicts  # noqa: E402
 from kvstats.measure.stats import wilcoxon  # noqa: E402
 from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.rotations import fwht  # noqa: E402
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim  # noqa: E402
-from kvstats.run.paths import figure_path  # noqa: E402
-from kvstats.run.sweep import grid  # noqa: E402
+from kvstats.study import plots
+from kvstats.study.claims import Claim  # noqa: E402
+from kvstats.study.paths import figure_path  # noqa: E402
+from kvstats.study.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
 VERSION = "2"
 SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
 HIST_LAYERS = (0, 1, 7, 15, 22, 29)
 HIST_BINS = np.linspace(-0.6, 0.6, 81)
-POSITION = 20  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 20  # place in figures/REPORT.md (kvstats.study.report.study_order)
 ALPHA = 0.05
 KEY_RANGE, VALUE_RANGE = (3.0, 5.6), (1.7, 3.8)  # max/median channel magnitude quoted in docs/references.md §8
 EXPECTED_CHANNELS = (22, 23, 24, 54, 55, 56)
@@ -61,7 +62,7 @@ OUTLIER_CHANNELS, ROWS_PER_OUTLIER, SIGN_BITS, QUERY_TOKENS = 4, 8, 2, 32
 
 
 def _sphere_ks(x: np.ndarray, d: int):
-    """KS test of x against the sphere law f_d: kvstats.sphere.goodness_of_fit when present, else scipy."""
+    """KS test of x against the sphere law f_d: kvstats.quant.sphere.goodness_of_fit when present, else scipy."""
     try:
         from kvstats.quant.sphere import goodness_of_fit
     except ImportError:
@@ -282,7 +283,7 @@ def definitions(scale: str, d: int | None = None) -> dict[str, str]:
     """The study's terms, generated from its configuration constants."""
     return {
         "capture": f"SmolLM2-135M-Instruct over the shipped public-domain text, first {SCALE[scale]['tokens']} "
-                   f"tokens (kvstats.data.real.load_default_capture), post-RoPE keys and values of every layer",
+                   f"tokens (kvstats.hf.capture.load_default_capture), post-RoPE keys and values of every layer",
         "channel magnitude": "mean |x| per head-dim channel pooled over batch, heads and tokens; a layer's outlier "
                              f"ratio is max/median over channels; a layer has an outlier channel when the ratio > "
                              f"{OUTLIER_RATIO}; QJL's \"first layers\" are layers 0–{FIRST_LAYERS - 1}",
@@ -418,7 +419,7 @@ def print_summary(a: Analysis) -> None:
 
 
 class KVAnatomy(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): one sweep over the capture's layers, four figures
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep over the capture's layers, four figures
     and up to four claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__

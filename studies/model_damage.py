@@ -7,10 +7,10 @@ p90–p99.9, max of the next-token KL, "same top p"), perplexity, and — an ope
 KV-quantization tracker — which layers to keep in higher precision. This study measures both for KQV
 (TurboQuant_mse keys, TurboQuant_prod values) on SmolLM2-135M-Instruct, with the public commands a user runs:
 
-* ``kvstats.evaluate(..., model="smollm2")`` (kvstats.run.model_eval): teacher-forced segments of the shipped
+* ``kvstats.evaluate(..., model="smollm2")`` (kvstats.evaluation.model_engine): teacher-forced segments of the shipped
   public-domain documents (one per document: the documents are the independent units) through KVStatsCache on
   the estimator path; the KL tail over every token with cluster bootstrap CIs over documents;
-* ``kvstats.run.sensitivity.sensitivity``: every layer quantized alone and every layer kept exact alone, the
+* ``kvstats.evaluation.sensitivity.sensitivity``: every layer quantized alone and every layer kept exact alone, the
   saved damage paired over documents, and the fewest layers (in the order of their own damage) that, kept
   exact, halve the damage — measured.
 
@@ -27,15 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvstats import study
 from kvstats.measure import verdicts
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim
+from kvstats.study import plots
+from kvstats.study.claims import Claim
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
 # the max), studentized per-document CIs
 VERSION = "3"
-POSITION = 95  # place in figures/REPORT.md (kvstats.report.study_order): after end_to_end
+POSITION = 95  # place in figures/REPORT.md (kvstats.study.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
 SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "sens_documents": 2, "sens_segment": 64,
@@ -88,7 +89,7 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
     bisection's keep-exact sets."""
     if task == "tail":
         return tail_cell(bits, documents, segment, resamples)
-    from kvstats.run.sensitivity import sensitivity
+    from kvstats.evaluation.sensitivity import sensitivity
 
     args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
     if task == "part":
@@ -236,7 +237,7 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                  "get a cluster bootstrap CI over documents (kvstats.stats.cluster_bootstrap_ci)",
         "scheme": f"KQV: keys TurboQuant_mse, values TurboQuant_prod with the QJL sketch rows={ROWS!r} (D'Alberto's "
                   "eq. 3, as end_to_end), kvstats.scheme('kqv', ...), one scheme for every layer, its seed 0 + unit",
-        "damage": "next-token KL(p_exact ‖ p_quantized) in nats, fp64 (kvstats.baselines.output_metrics): p_exact "
+        "damage": "next-token KL(p_exact ‖ p_quantized) in nats, fp64 (kvstats.hf.baselines.output_metrics): p_exact "
                   "from the model's own attention with no cache, p_quantized through kvstats.cache.KVStatsCache on "
                   "the estimator path (every layer's K and V as codes, no exact window)",
         "sensitivity": f"n = {cfg['sens_bits']}: 'only L' quantizes layer L alone (the others lossless), 'all but L' "
@@ -250,7 +251,7 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
 
 
 class ModelDamage(study.Study):
-    """The study on the protocol (kvstats.run.study.Study), with a second sweep: the tail cells and the parts of
+    """The study on the protocol (kvstats.study.protocol.Study), with a second sweep: the tail cells and the parts of
     the sensitivity, then the sensitivity's join from the parts' damages (its cell depends on the first sweep's
     results, so :meth:`main` runs it between the sweeps and the analysis)."""
 
@@ -275,7 +276,7 @@ class ModelDamage(study.Study):
                 plots.write_csv(f"{STUDY}_{kind}_n{bits}", part.dropna(axis=1, how="all"))
         plots.write_csv(f"{STUDY}_sensitivity", a.sens.drop(columns=["known"]).dropna(axis=1, how="all"))
         tail_figure(a.tails)
-        from kvstats.run.sensitivity import sensitivity_figure
+        from kvstats.evaluation.sensitivity import sensitivity_figure
 
         sensitivity_figure(a.layers.to_dict(orient="records"), a.summary["all_mean"], a.summary["target"],
                            [int(k) for k in a.keep_exact],

@@ -23,7 +23,7 @@ Statistics: per n and metric, nova against each other scheme by the Wilcoxon sig
 (layer, KV head) units (:func:`kvstats.stats.wilcoxon`: the metrics averaged over the KV head's 3 query heads,
 which share its quantized keys; every scheme sees the same keys and queries, so the design is paired),
 matched-pairs rank-biserial r of nova − other (negative: nova smaller), Holm over the whole table. The figure
-keeps the Mann–Whitney r over (layer, query head) units. Verdicts (kvstats.verdicts): "NOVA beats the scalar
+keeps the Mann–Whitney r over (layer, query head) units. Verdicts (kvstats.measure.verdicts): "NOVA beats the scalar
 methods" by the direction rule over the comparisons (baseline × {KL, top-5 recall}, min-max included); the
 bit count by the identity rule at half a unit of the printed 2.22; Parseval by the identity rule per (layer,
 KV head); equal-volume grouping by the direction rule over stratified − contiguous differences.
@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvstats import study
 from kvstats.measure import metrics
 from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
 from kvstats.measure.verdicts import (
@@ -88,16 +89,16 @@ from kvstats.quant.quantizers.nova import (
     parseval_terms,
 )
 from kvstats.quant.schemes import NovaScheme, Scheme, scheme
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim, measurement
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim, measurement
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "nova"
 VERSION = "6"  # 6: the transform × quantizer ablation and the value-transform rows; 5: kqv/qkqv with rows="srht"
 #: the QJL stages of the kqv/qkqv baselines: D'Alberto's eq. 3 sketch (his schemes, his definition; as end_to_end)
 QJL_ROWS = "srht"
-POSITION = 80  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 80  # place in figures/REPORT.md (kvstats.study.report.study_order)
 BUDGETS = (2, 3)
 OBLIVIOUS = ("kqv", "qkqv", "kv", "minmax")
 SPLIT_AT = "The Preamble to the Constitution"
@@ -115,7 +116,7 @@ METRICS = {"kl": ("attention KL [nats]", True, "low"), "top5": ("top-5 recall", 
 CLAIM_METRICS = {"kl": -1, "top5": +1}
 ALPHA = 0.05
 #: tolerance of the Parseval identity ‖y − ŷ‖² = (k − k̂)ᵀ Σ_Q (k − k̂) with fp16 side information: T is rounded
-#: to fp16, so TᵀT equals Σ_Q to about 1e-3 relative (kvstats.quantizers.nova)
+#: to fp16, so TᵀT equals Σ_Q to about 1e-3 relative (kvstats.quant.quantizers.nova)
 PARSEVAL_RTOL = 1e-3
 #: NOVA-KV's published storage at its 2-bit setting (arXiv 2608.04074), as printed
 PUBLISHED_BITS = "2.22"
@@ -214,7 +215,7 @@ def regrouped(head: NovaQuantizer, keys: torch.Tensor, order: torch.Tensor) -> N
 
     ``order[p]`` is the eigen-rank stored at position p (group-major: group j holds positions j·g … j·g + g − 1);
     ``torch.arange(d)`` gives contiguous groups (ranks j·g … j·g + g − 1 in group j: very unequal volumes),
-    :func:`kvstats.quantizers.nova.stratified_ranks` NOVA-KV's own grouping (rank r → group r mod G). The
+    :func:`kvstats.quant.quantizers.nova.stratified_ranks` NOVA-KV's own grouping (rank r → group r mod G). The
     transform's rows are only permuted (same fp16 values), the codebooks are refitted on the calibration
     ``keys`` [n, d] exactly as :meth:`NovaQuantizer.calibrate` fits them (same seed, same iterations): only the
     grouping differs.
@@ -815,7 +816,7 @@ def bits_claim(a: Analysis) -> Claim:
                      f"(2 payload + 16/128 scale + {b128['k_side']:.4f} calibration), V {b128['v_total']:.4f} "
                      f"(2 + 32/128 min-max lo/step), mean {b128['mean_total']:.4f}. At SmolLM2's d = 64: "
                      f"{b64['mean_total']:.4f}."),
-        data="bit accounting (kvstats.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
+        data="bit accounting (kvstats.quant.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
         verdict=bv,
         discrepancy=(None if bv.verdict == "reproduced" else
                      f"our accounting gives {b128['mean_total']:.4f} bits per element, {gap:+.4f} from the "
@@ -1046,7 +1047,7 @@ def _times(ratio: float) -> str:
 
 
 class Nova(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): one sweep over layers and seeds, its tables, three
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep over layers and seeds, its tables, three
     figures and up to nine claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__

@@ -36,6 +36,7 @@ import pandas as pd
 import scipy.stats
 import torch
 
+from kvstats import study
 from kvstats.measure import verdicts
 from kvstats.measure.inference import spherical_abs_moment
 from kvstats.measure.stats import wilcoxon
@@ -43,14 +44,14 @@ from kvstats.quant.codebooks import beta_codebook
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.rotations import spherical_sign_scale
 from kvstats.quant.sphere import sample_sphere
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim, listing, measurement
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim, listing, measurement
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "qjl_variance"
 VERSION = "4"  # 3: variance cells of the Hadamard sketch (rows="srht", m = d); 4: Lemma 3.5 per sketch, δ = 0.01
-POSITION = 50  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 50  # place in figures/REPORT.md (kvstats.study.report.study_order)
 D = 128
 M_VALUES = (32, 64, 128, 256, 512)
 COS_VALUES = (0.0, 0.3, 0.6, 0.8, 0.95)
@@ -590,7 +591,7 @@ def scale_factor_claim(a: Analysis) -> Claim:
                  f"constant: {ratio_e['bias']:+.2g}."),
         discrepancy=(f"Orthogonalised QJL rows need the exact spherical constant: the Gaussian √(π/2) "
                      f"over-scales by the factor {predicted:.4f} at d = 64 (measured {rg[0]:.4f} [95% CI "
-                     f"{rg[1]:.4f}, {rg[2]:.4f}]; kvstats.rotations.spherical_sign_scale)."
+                     f"{rg[1]:.4f}, {rg[2]:.4f}]; kvstats.quant.rotations.spherical_sign_scale)."
                      if abs(predicted - 1) > 1e-3 else None))
 
 
@@ -860,7 +861,7 @@ FURTHER_TABLES = ("spiky", "lemma35", "theorem36", "outliers", "theorem36_scalin
 
 
 class QjlVariance(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): six sweeps, two figures and eleven claims."""
+    """The study on the protocol (kvstats.study.protocol.Study): six sweeps, two figures and eleven claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 

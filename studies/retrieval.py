@@ -52,13 +52,14 @@ import pandas as pd
 import torch
 from statsmodels.stats.multitest import multipletests
 
+from kvstats import study
 from kvstats._random import unit_seed
 from kvstats.measure.stats import cluster_bootstrap_ci, mcnemar, proportion_ci
 from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim
-from kvstats.run.report import fmt_p
-from kvstats.run.sweep import cell_seed
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+from kvstats.study.report import fmt_p
+from kvstats.study.sweep import cell_seed
 
 STUDY = "retrieval"
 VERSION = "2"  # 2: NOVA-KV cells always on the kvstats path with their records (dc05222)
@@ -605,7 +606,7 @@ def accuracy_vs_kl(a: Analysis) -> None:
 
 
 class Retrieval(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): one cell per prompt."""
+    """The study on the protocol (kvstats.study.protocol.Study): one cell per prompt."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 

@@ -9,7 +9,7 @@ Writes (each figure's data beside it in figures/data/<name>.csv):
   figures/data/sphere_law_turboquant_dmse_table.csv  D_mse at d = 128: exact, Gaussian limit, TurboQuant's printed
 
 Everything here is closed-form or a cheap solve; the only sampling is the histograms. Each figure's numbers
-come from kvstats.run.sweep cells (per dimension, per bit width), run and stored like every study's.
+come from kvstats.study.sweep cells (per dimension, per bit width), run and stored like every study's.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from kvstats import study
 from kvstats.measure import verdicts  # noqa: E402
 from kvstats.quant.codebooks import beta_codebook, gaussian_codebook  # noqa: E402
 from kvstats.quant.sphere import coordinate_law, gaussian_limit_distance, goodness_of_fit, sample_sphere  # noqa: E402
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim, listing  # noqa: E402
-from kvstats.run.paths import figure_path  # noqa: E402
-from kvstats.run.sweep import grid  # noqa: E402
+from kvstats.study import plots
+from kvstats.study.claims import Claim, listing  # noqa: E402
+from kvstats.study.paths import figure_path  # noqa: E402
+from kvstats.study.sweep import grid  # noqa: E402
 
 STUDY = "sphere_law"
 VERSION = "2"
@@ -40,7 +41,7 @@ SCALE = {"quick": {"n_vectors": 20_000, "max_dim": 32768, "n_dims": 25, "max_cod
          "paper": {"n_vectors": 200_000, "max_dim": 2**20, "n_dims": 61, "max_codebook_dim": 32768}}
 CODEBOOK_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096, 32768)
 DENSITY_DIMS = (2, 3, 4, 8, 16, 1024)
-POSITION = 10  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 10  # place in figures/REPORT.md (kvstats.study.report.study_order)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}  # TurboQuant (arXiv 2504.19874), as printed
 MAX_1960_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}  # Max (1960), table; docs/references.md §2
 ALPHA = 0.05  # family-wise level of the KS checks (Bonferroni over DENSITY_DIMS)
@@ -192,14 +193,14 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
     """The study's terms, generated from its configuration constants."""
     return {
         "f_d": "law of one coordinate of a uniform point on S^{d−1}: Beta((d−1)/2, (d−1)/2) on [−1, 1] "
-               "(kvstats.sphere.coordinate_law)",
+               "(kvstats.quant.sphere.coordinate_law)",
         "histograms": f"first coordinate of {cfg['n_vectors']} uniform points on S^{{d−1}} per d in {DENSITY_DIMS} "
                       f"(one coordinate per vector: i.i.d. draws); KS test against f_d, level {ALPHA} Bonferroni "
                       f"over {len(DENSITY_DIMS)} dimensions ({scale} scale)",
         "distances": f"total variation and KL(f_d ‖ N(0, 1/d)) by quadrature at {cfg['n_dims']} dimensions from 2 to "
                      f"{cfg['max_dim']}; asymptotes {TV_ASYMPTOTE}/d and 3/(4d²)",
-        "codebooks": f"exact b-bit Lloyd–Max codebooks of f_d (kvstats.codebooks.beta_codebook), b = 2, 3, d up to "
-                     f"{cfg['max_codebook_dim']}; Gaussian codebooks by Newton (gaussian_codebook)",
+        "codebooks": f"exact b-bit Lloyd–Max codebooks of f_d (kvstats.quant.codebooks.beta_codebook), b = 2, 3, d up "
+                     f"to {cfg['max_codebook_dim']}; Gaussian codebooks by Newton (gaussian_codebook)",
     }
 
 
@@ -244,7 +245,7 @@ def lloyd_max_claim(a: Analysis) -> Claim:
         source="Max 1960, IRE Trans. Inform. Theory IT-6, table I; docs/references.md §2",
         measurement=("exact solver: " + listing(gauss.items(), "b={}: {:.6f}")
                      + f"; largest relative difference {100 * worst:.2f}%."),
-        data="Newton-solved Lloyd–Max codebooks (kvstats.codebooks.gaussian_codebook)",
+        data="Newton-solved Lloyd–Max codebooks (kvstats.quant.codebooks.gaussian_codebook)",
         verdict=verdicts.identity([gauss[b] for b in MAX_1960_MSE], [MAX_1960_MSE[b] for b in MAX_1960_MSE],
                                   rtol=RTOL_MAX, what="bit widths"))
 
@@ -272,7 +273,7 @@ def codebook_claim(a: Analysis) -> Claim:
 
 
 class SphereLaw(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): four sweeps, their figures and three claims."""
+    """The study on the protocol (kvstats.study.protocol.Study): four sweeps, their figures and three claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 

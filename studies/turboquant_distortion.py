@@ -5,7 +5,7 @@
 Monte Carlo through the real quantizers (kvstats.quantizer("turbo_mse"/"turbo_prod")) at d = 128, b = 1..6:
 unit vectors x uniform on the sphere, an independent unit y per x, fresh quantizer seeds per replicate;
 D_mse = E‖x − x̂‖², D_prod = E(⟨y, x⟩ − ⟨y, x̂⟩)² (reported as d·D_prod, the numbers TurboQuant prints).
-Exact values: D_mse from the exact Lloyd–Max codebook of f_d (kvstats.codebooks.beta_codebook(d, b).d_mse),
+Exact values: D_mse from the exact Lloyd–Max codebook of f_d (kvstats.quant.codebooks.beta_codebook(d, b).d_mse),
 D_prod = (π/2 − 1/d)·D_mse(b−1)/d (docs/references.md §3, derived; D_mse(0) = 1). Bounds (TurboQuant Thm 1, 2):
 4^−b ≤ D_mse ≤ (√3π/2)·4^−b and 4^−b/d ≤ D_prod ≤ (√3π²/d)·4^−b for unit y.
 
@@ -41,19 +41,20 @@ import pandas as pd
 import scipy.stats
 import torch
 
+from kvstats import study
 from kvstats.measure import verdicts
 from kvstats.measure.inference import orthogonal_sketch_prod_distortion, turbo_prod_distortion
 from kvstats.measure.stats import wilcoxon
 from kvstats.quant.codebooks import beta_codebook, gaussian_codebook
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.sphere import sample_sphere
-from kvstats.run import plots, study
-from kvstats.run.claims import Claim, listing, measurement
-from kvstats.run.sweep import cell_seed, grid
+from kvstats.study import plots
+from kvstats.study.claims import Claim, listing, measurement
+from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "turboquant_distortion"
 VERSION = "3"  # 3: turbo_prod with the Hadamard sketch (D'Alberto eq. 3) for the 2π claim
-POSITION = 40  # place in figures/REPORT.md (kvstats.report.study_order)
+POSITION = 40  # place in figures/REPORT.md (kvstats.study.report.study_order)
 D = 128
 BITS = (1, 2, 3, 4, 5, 6)
 PRINTED_DMSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}
@@ -596,7 +597,7 @@ def outlier_claim(a: Analysis) -> Claim:
 
 
 class TurboQuantDistortion(study.Study):
-    """The study on the protocol (kvstats.run.study.Study): three sweeps (distortions, worst case, outlier
+    """The study on the protocol (kvstats.study.protocol.Study): three sweeps (distortions, worst case, outlier
     configuration), two figures and seven claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__

@@ -24,10 +24,10 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
+from kvstats.evaluation.evaluator import evaluate  # noqa: E402
 from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs, kvstats_attention, use_estimator_attention  # noqa: E402
 from kvstats.hf.capture import capture_qkv  # noqa: E402
 from kvstats.quant.attention import soft_cap, window_visible  # noqa: E402
-from kvstats.run.evaluation import evaluate  # noqa: E402
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, max_position_embeddings=512,
               pad_token_id=0, bos_token_id=None, eos_token_id=None, initializer_range=0.2)
@@ -154,7 +154,7 @@ def test_softcapped_attention_kl_is_computed_on_the_capped_logits(ids, tmp_path)
     path = capture_qkv(model, input_ids=ids).save(tmp_path / "g2.safetensors")
     ev = evaluate("turbo_mse", bits=2, data=path, window=16, layers=[1], n_resamples=999)
     from kvstats.data.io import load_qkv
-    from kvstats.run.evaluation import resolve_scheme
+    from kvstats.evaluation.evaluator import resolve_scheme
 
     f = load_qkv(path)
     q, k, v = (t[:, :, :16].float() for t in (f.queries(1), f.keys(1), f.values(1)))
@@ -202,8 +202,8 @@ def test_without_a_mask_the_sliding_window_is_applied_by_kvstats():
 def test_cli_capture_of_a_saved_model_folder(family, tmp_path, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    from kvstats.cli.parser import main
     from kvstats.data.io import load_qkv
-    from kvstats.run.cli import main
 
     folder = tmp_path / family
     _tiny(family).save_pretrained(folder)

@@ -1,10 +1,10 @@
-"""Attention in one place (kvstats.attention): every caller gets the same numbers, and they are right.
+"""Attention in one place (kvstats.quant.attention): every caller gets the same numbers, and they are right.
 
 Oracle: a float64 einsum reference written here (explicit repetition of the KV heads, the causal mask from
-its definition j ≤ query_offset + i, numpy softmax). Callers checked: kvstats.attention itself,
+its definition j ≤ query_offset + i, numpy softmax). Callers checked: kvstats.quant.attention itself,
 kvstats.metrics, Scheme.scores / Scheme.attention, the transformers cache (KVStatsLayer.attend and
 kvstats_attention) and budget_sweep's trial metrics. Same-arithmetic callers must agree with
-kvstats.attention exactly (==); every caller must match the reference to the rounding of its dtype.
+kvstats.quant.attention exactly (==); every caller must match the reference to the rounding of its dtype.
 Deterministic (fixed seeds, no sampling statistics).
 """
 
@@ -108,7 +108,7 @@ def test_causal_visible_rejects_what_it_cannot_place():
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("causal, offset", [(False, None), (True, None), (True, 1)])
 def test_metrics_use_the_same_attention(ratio, dtype, causal, offset):
-    """metrics.attention_scores is kvstats.attention.scores; the metrics' mask and weights are the reference's.
+    """metrics.attention_scores is kvstats.quant.attention.scores; the metrics' mask and weights are the reference's.
 
     Weights oracle: adding the same vector c to every value shifts the output by exactly c (weights sum to 1),
     so attention_output_error(q, k, v, k, v + c) = ‖c‖ / ‖o‖ with o the reference output.
@@ -132,7 +132,7 @@ def test_metrics_use_the_same_attention(ratio, dtype, causal, offset):
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_scheme_scores_and_attention_use_the_same_attention(ratio, dtype, causal):
-    """Scheme.scores / Scheme.attention with a lossless scheme: exactly kvstats.attention, and the reference."""
+    """Scheme.scores / Scheme.attention with a lossless scheme: exactly kvstats.quant.attention, and the reference."""
     q, k, v = _data(ratio, dtype, seed=2)
     logits, w, out = _reference(q, k, v, causal)
     s = _identity_scheme(16)

@@ -1,4 +1,4 @@
-"""kvstats.baselines: transformers' own quantized caches (quanto, HQQ) through end_to_end's output metrics.
+"""kvstats.hf.baselines: transformers' own quantized caches (quanto, HQQ) through end_to_end's output metrics.
 
 * ``output_metrics`` against scipy (KL via ``scipy.special.rel_entr``, NLL via ``logsumexp``), and exact logits
   give KL 0, top-1 agreement 1, NLL equal to the reference's.

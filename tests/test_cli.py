@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstats.run.cli import CAPTURE_TOKENS, main
+from kvstats.cli.capture import CAPTURE_TOKENS
+from kvstats.cli.parser import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,9 +46,9 @@ def _nothing_left(folder: Path, before: set[str]) -> None:
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_import_neither_torch_nor_transformers(flag):
     code = (
-        "import sys, kvstats.cli\n"
+        "import sys, kvstats.cli.parser\n"
         "try:\n"
-        f"    kvstats.cli.main([{flag!r}])\n"
+        f"    kvstats.cli.parser.main([{flag!r}])\n"
         "except SystemExit:\n"
         "    pass\n"
         "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'pandas', 'scipy') if m in sys.modules))\n"
@@ -66,7 +67,7 @@ def test_default_token_count_matches_the_data_layer():
 
 @pytest.mark.parametrize("target", ["inf", "nan", "-1"])
 def test_sensitivity_target_must_be_finite_and_non_negative_before_any_work(target, tmp_path, capsys):
-    from kvstats.run.sensitivity import sensitivity
+    from kvstats.evaluation.sensitivity import sensitivity
 
     missing = str(tmp_path / "no_model")  # never reached: the target is refused first
     assert main(["sensitivity", "--quantizer", "kqv", "--bits", "2", "--model", missing, "--target", target]) == 2
@@ -211,7 +212,7 @@ def test_tokens_must_be_positive_or_all(tiny_folder, text_file, out_dir, capsys)
 def test_default_tokens_are_bounded_and_progress_is_shown(tiny_folder, text_file, out_dir, capsys, monkeypatch):
     """Without --tokens: at most CAPTURE_TOKENS (here patched to 20) of a longer text, the whole text when it
     is shorter; a tqdm bar counts the layers (2 of the tiny model) on stderr. --tokens all: the whole text."""
-    import kvstats.run.cli as cli
+    import kvstats.cli.capture as cli
     from kvstats.data.io import load_qkv
 
     monkeypatch.setattr(cli, "CAPTURE_TOKENS", 20)

@@ -14,8 +14,8 @@ from kvstats.data.io import LayerQKV, load_qkv, save_qkv
 
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
+from kvstats.cli.parser import main as cli_main  # noqa: E402
 from kvstats.hf.capture import capture, capture_qkv, default_text, load_model  # noqa: E402
-from kvstats.run.cli import main as cli_main  # noqa: E402
 
 WORDS = "we the people of united states in order to form a more perfect union establish justice".split()
 

@@ -16,9 +16,15 @@ import kvstats
 from kvstats._random import spawn_seeds, unit_seed
 from kvstats.data.io import save_qkv
 from kvstats.data.synthetic import generate
+from kvstats.evaluation.comparison import plan_comparison, units_needed
+from kvstats.evaluation.evaluator import (
+    METRICS,
+    InconclusiveWarning,
+    QuantizerCheckError,
+    evaluate,
+    resolve_scheme,
+)
 from kvstats.quant.quantizers import BitBudget
-from kvstats.run.comparison import plan_comparison, units_needed
-from kvstats.run.evaluation import METRICS, InconclusiveWarning, QuantizerCheckError, evaluate, resolve_scheme
 from tests.test_conformance import Int4PerToken as Int4  # symmetric per-token int4: 4 + 32/d bits
 
 SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
@@ -147,7 +153,7 @@ def test_capture_softmax_scale_is_the_models(tmp_path):
 # ------------------------------------------------------------------------------------------ the comparison
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_compare_is_paired_over_a_family_of_distinct_metrics_and_holm_corrected():
     ev = evaluate("kqv", bits=3, data="gaussian", units=8, compare="qkqv", **SMALL)
     # K differs (turbo_mse vs turbo_prod); V is turbo_prod with the same seed in both: its errors are equal;
@@ -215,7 +221,7 @@ def test_non_significant_rows_carry_a_detectable_shift():
         assert shift.extra["shift"] == pytest.approx(shift.effect_size * sd, rel=1e-12) and shift.extra["shift"] > 0
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_unequal_bits_are_flagged_and_match_bits_picks_the_comparators_budget():
     ev = evaluate("turbo_mse", bits=4, data="gaussian", units=3, compare="qkqv", **SMALL)
     assert ev.bits["matched"] is False and "not bit-matched" in ev.table()
@@ -267,7 +273,7 @@ def test_a_failing_quantizer_is_refused_naming_the_check(cls, check):
         evaluate(cls, bits=bits, data="gaussian", units=2, **SMALL)
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_a_quantizer_that_changes_its_input_is_measured_against_the_data_as_drawn(tmp_path):
     """Its codes are those of the honest int4, so every metric of every unit must be too: the references (exact
     attention, the 6D errors) come from the data as drawn, whatever encode does to the tensors it is given;
@@ -355,7 +361,9 @@ def test_a_ready_schemes_budget_is_its_own():
     with pytest.raises(ValueError, match=r"^match_bits=True cannot set the budget of compare='kv', a Scheme built"):
         evaluate(at2, bits=2, data="gaussian", units=2, compare=kvstats.scheme("kv", bits=3, dim=32, seed=0),
                  match_bits=True, **SMALL)
-    from kvstats.run.sides import Side  # every engine (synthetic, capture, model, sensitivity) builds its sides so
+    from kvstats.evaluation.quantizer_sides import (
+        Side,  # every engine (synthetic, capture, model, sensitivity) builds its sides so
+    )
     assert Side("compare", kvstats.scheme("kv", bits=3, dim=32, seed=0), 2, {}).bits == 3
 
 
@@ -392,7 +400,7 @@ def test_bad_input():
 # ---------------------------------------------------------------------------------------- files and resume
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_results_are_strict_json_with_provenance(tmp_path):
     out = tmp_path / "r.json"
     ev = evaluate("kqv", bits=3, data="gaussian", units=3, compare="qkqv", out=out, **SMALL)
@@ -411,7 +419,7 @@ def test_results_are_strict_json_with_provenance(tmp_path):
 
 
 def test_an_interrupted_run_resumes_from_its_stored_units(tmp_path, monkeypatch):
-    import kvstats.run.units as units_module
+    import kvstats.evaluation.units as units_module
 
     out = tmp_path / "r.json"
     args = dict(bits=2, data="gaussian", units=5, out=out, **SMALL)
@@ -436,7 +444,7 @@ def test_an_interrupted_run_resumes_from_its_stored_units(tmp_path, monkeypatch)
 
 
 def test_out_is_checked_before_any_work(tmp_path, monkeypatch):
-    import kvstats.run.units as units_module
+    import kvstats.evaluation.units as units_module
 
     monkeypatch.setattr(units_module, "unit_metrics", lambda *a, **k: pytest.fail("a unit ran"))
     existing = tmp_path / "done.json"
@@ -493,7 +501,7 @@ def test_out_never_destroys_a_device_a_fifo_a_symlink_or_the_input(tmp_path):
 
 
 def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     out = tmp_path / "synthetic.json"
     assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--data", "gaussian", "--units", "3",
@@ -517,7 +525,7 @@ def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
 
 
 def test_cli_imports_module_class_from_the_current_folder(tmp_path, capsys, monkeypatch):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     (tmp_path / "myquant.py").write_text(textwrap.dedent('''
         from kvstats.quant.quantizers import quantizer
@@ -533,7 +541,7 @@ def test_cli_imports_module_class_from_the_current_folder(tmp_path, capsys, monk
 
 
 def test_cli_evaluate_errors_are_one_line(tmp_path, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     assert main(["evaluate", "--quantizer", "nope", "--bits", "3"]) == 2
     err = capsys.readouterr().err
@@ -575,7 +583,7 @@ def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
     before the table, in one piece; nothing is replaced, nothing fails after the work."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "kvstats.run.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
+    cmd = [sys.executable, "-m", "kvstats.cli.parser", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
            "--units", "2", "--dim", "32", "--out", "/dev/stdout", "--no-progress"]
     if sink == "pipe":
         text = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
@@ -591,7 +599,7 @@ def test_out_dev_stdout_is_written_through_the_descriptor(sink, tmp_path):
 def test_json_with_out_dev_stdout_prints_the_json_once():
     import subprocess
 
-    cmd = [sys.executable, "-m", "kvstats.run.cli", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
+    cmd = [sys.executable, "-m", "kvstats.cli.parser", "evaluate", "--quantizer", "turbo_mse", "--bits", "2",
            "--units", "2", "--dim", "32", "--out", "/dev/stdout", "--json", "--no-progress"]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     assert _strict_json(text)["config"]["units"] == 2  # one document: json.loads refuses "Extra data"
@@ -600,7 +608,7 @@ def test_json_with_out_dev_stdout_prints_the_json_once():
 @pytest.mark.parametrize("flags, named", [
     (["--layers", "0"], "--layers"), (["--window", "16"], "--window"), (["--match-bits"], "--match-bits")])
 def test_cli_flags_that_would_have_no_effect_are_refused_by_name(flags, named, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     assert main(["evaluate", "--quantizer", "kqv", "--bits", "3", "--units", "2", "--dim", "32", "--no-progress",
                  *flags]) == 2
@@ -689,7 +697,7 @@ class NonLinear(Int4):
         return 1.05 * super()._inner(query, code)
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_a_nonlinear_estimator_is_checked_as_such_and_keeps_the_decoded_kl():
     with pytest.raises(QuantizerCheckError, match=r"check_quantizer\[inner\].*--nonlinear"):
         evaluate(NonLinear, bits=4, data="gaussian", units=2, **SMALL)
@@ -712,7 +720,7 @@ def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
 
 
 def test_repeated_layers_and_cli_values_are_refused_by_their_own_names(tmp_path, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     path, _ = _capture(tmp_path)
     with pytest.raises(ValueError, match=r"layers must name each layer once"):
@@ -731,7 +739,7 @@ def test_a_resumed_run_never_reuses_units_of_changed_code(tmp_path, monkeypatch)
     run and its rerun, and the stored units are not reused (every user file loaded is part of the key)."""
     import importlib
 
-    import kvstats.run.units as units_module
+    import kvstats.evaluation.units as units_module
 
     folder = tmp_path / "user"
     folder.mkdir()

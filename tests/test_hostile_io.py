@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvstats.data.io import load_qkv, save_qkv
 from kvstats.data.synthetic import generate
-from kvstats.run.sweep import BadCellWarning, Sweep, check_cell, grid
+from kvstats.study.sweep import BadCellWarning, Sweep, check_cell, grid
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
                      derandomize=True)
@@ -380,7 +380,7 @@ def test_a_capture_without_documents_or_rules_still_opens(documents_capture, tmp
 
 def test_the_unit_builder_never_sees_a_document_past_the_stored_tokens(documents_capture, tmp_path):
     # a 6-token document claimed as 6..20: windows of 4 at tokens 6, 10 and 14 were built, of 4, 2 and 0 tokens
-    from kvstats.run.units import capture_units
+    from kvstats.evaluation.units import capture_units
 
     bad = _edited(documents_capture, tmp_path, _set("documents", 1, "stop", 20))
     with pytest.raises(ValueError, match=r"bad\.safetensors: metadata 'documents'\[1\]"):

@@ -269,7 +269,7 @@ def test_meta_tensors_are_refused_naming_the_argument():
 ])
 def test_dense_matrices_above_the_memory_limit_are_refused_with_their_size(build, what):
     with pytest.raises(ValueError, match=rf"{what} would be a dense float64 \[\d+, \d+\] matrix of \d+ MiB, "
-                                         r"above the limit kvstats.rotations.MAX_DENSE_BYTES = 256 MiB"):
+                                         r"above the limit kvstats.quant.rotations.MAX_DENSE_BYTES = 256 MiB"):
         build()
 
 

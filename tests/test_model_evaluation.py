@@ -18,8 +18,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
 import kvstats  # noqa: E402
+from kvstats.evaluation.model_engine import TAIL, model_source, model_unit  # noqa: E402
 from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
-from kvstats.run.model_eval import TAIL, model_source, model_unit  # noqa: E402
 from tests.test_data_real import WORDS  # noqa: E402
 
 _RNG = np.random.default_rng(7)
@@ -64,7 +64,7 @@ def test_unit_metrics_match_a_float64_recomputation_through_the_dense_path(sourc
     assert row["out_kl"] > 1e-4  # a 3-bit cache does damage this tiny model measurably
 
 
-@pytest.mark.filterwarnings("ignore::kvstats.evaluation.InconclusiveWarning")
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
 def test_evaluate_on_a_model_pools_tokens_and_compares_over_documents(tiny_folder, tmp_path):
     out = tmp_path / "model.json"
     ev = kvstats.evaluate("kqv", bits=3, model=tiny_folder, compare="kv", segment=32, segments_per_document=2,
@@ -89,7 +89,7 @@ def test_evaluate_on_a_model_pools_tokens_and_compares_over_documents(tiny_folde
 
 
 def test_cli_evaluate_model(tiny_folder, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     assert main(["evaluate", "--model", str(tiny_folder), "--quantizer", "turbo_mse", "--bits", "4", "--segment",
                  "32", "--no-progress"]) == 0
@@ -104,8 +104,8 @@ def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp
     """Oracles: quantizing no layer is exact (a lossless scheme on every layer gives KL 0); 'only L' and 'all but
     L' are the mean over documents of model_unit's KL under those per-layer schemes, recomputed here; the
     recommended set's damage is measured and at most the target when reached."""
+    from kvstats.evaluation.sensitivity import sensitivity
     from kvstats.hf.cache import IdentityScheme
-    from kvstats.run.sensitivity import sensitivity
 
     s = sensitivity("qkqv", bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS, target=1e-9)
     assert s.layers == 2 and s.config["documents"] == 3
@@ -125,7 +125,7 @@ def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp
 
 
 def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     out = tmp_path / "sens.json"
     assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--documents", "2",
@@ -137,7 +137,7 @@ def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
 def test_sensitivity_in_parts_equals_one_run(tiny_folder):
     """A study splits the configurations over workers and joins them with known=: the same numbers, and the join
     measures only the bisection's sets."""
-    from kvstats.run.sensitivity import sensitivity
+    from kvstats.evaluation.sensitivity import sensitivity
 
     args = dict(bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS)
     whole = sensitivity("kqv", **args)
@@ -155,7 +155,7 @@ def test_sensitivity_in_parts_equals_one_run(tiny_folder):
 
 
 def test_no_output_is_written_over_the_models_own_files(tiny_folder, tmp_path, capsys):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     weights = next(p for p in tiny_folder.iterdir() if p.suffix == ".safetensors")
     before = weights.read_bytes()

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the [models] extra (t
 
 from transformers import DynamicCache, StaticCache  # noqa: E402
 
+from kvstats.evaluation.model_engine import ModelSource, model_unit  # noqa: E402
 from kvstats.hf.cache import (  # noqa: E402
     IdentityScheme,
     KVStatsCache,
@@ -32,7 +33,6 @@ from kvstats.hf.cache import (  # noqa: E402
 )
 from kvstats.hf.capture import capture_qkv  # noqa: E402
 from kvstats.quant.schemes import scheme  # noqa: E402
-from kvstats.run.model_eval import ModelSource, model_unit  # noqa: E402
 from tests.test_architectures import COMMON, _head_dim, _tiny  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning"),

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from kvstats.quantizers import QUANTIZERS, IdentityQuantizer, Quantizer, quantizer
-from kvstats.quantizers import config as C
 
 import kvstats
+from kvstats.quant.quantizers import config as C
+from kvstats.quantizers import QUANTIZERS, IdentityQuantizer, Quantizer, quantizer
 
 REGISTERED = [("lloyd", {}), ("turbo_mse", {"rotation": "haar"}), ("turbo_prod", {"rows": "srht"}),
               ("qjl", {"outliers": [3, 1]}), ("minmax", {"axis": "channel", "group_size": 8}),
@@ -127,7 +127,7 @@ def test_the_fingerprint_follows_the_config():
 
 
 def test_evaluate_records_the_configs_of_both_sides(tmp_path):
-    from kvstats.run.evaluation import evaluate
+    from kvstats.evaluation.evaluator import evaluate
 
     out = tmp_path / "ev.json"
     with pytest.warns(UserWarning, match="cannot conclude"):  # 2 units: only the record is checked here

@@ -4,7 +4,7 @@ must print the same report).
 Small cells of the studies are rerun in fresh processes with torch (and OpenMP/MKL) at 1 and at 2 threads and
 must return the same rows bit for bit; the study shell itself, run with 1 worker at 1 thread and with 2
 workers at 2 threads, must write the same claims (measurements, verdicts, details). The sweeps pin each cell to
-one thread (kvstats.sweep, threads=1), so the driver's setting reaches the cells only through these paths;
+one thread (kvstats.study.sweep, threads=1), so the driver's setting reaches the cells only through these paths;
 the cell tests hold even where a user passes threads=None.
 
 Cross-machine differences (another CPU's BLAS kernels) are outside what a test on one machine can pin; the

@@ -1,7 +1,7 @@
 """Scores from the codes with many queries per key group (the CPU kernels' queries-innermost tables, their
 GEMM fallback for wide codes, and the per-query tables for one query) against a float64 oracle.
 
-The oracle decodes the codes with kvstats.packing (pure torch) and takes the dot products in float64. The
+The oracle decodes the codes with kvstats.quant.packing (pure torch) and takes the dot products in float64. The
 kernels sum the same products in another order (and in fp32 for fp32 inputs), so each score may differ by
 the rounding of a sum of n = d + m + 4 terms: |error| <= n · u · Σ|terms| (u = 2^-24 in fp32, 2^-53 in
 fp64; Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., §3.1, eq. 3.5, for any order of
@@ -163,7 +163,7 @@ def test_public_inner_under_inference_mode_with_two_threads(name, bits):
 
 
 def test_unpack_oracle_round_trips():
-    # The oracle's decoding (kvstats.packing) is the layout's definition: a self-check of the helper.
+    # The oracle's decoding (kvstats.quant.packing) is the layout's definition: a self-check of the helper.
     g = torch.Generator().manual_seed(5)
     for bits in range(1, 9):
         codes, packed = _codes(g, (3,), 37, bits)

@@ -10,7 +10,8 @@ import pytest
 import scipy.stats
 from statsmodels.stats.proportion import confint_proportions_2indep
 
-from kvstats import stats, verdicts
+from kvstats import stats
+from kvstats.measure import verdicts
 from kvstats.measure.stats._binary import _paired_difference_ci
 
 

@@ -238,7 +238,7 @@ def test_a_mean_difference_beyond_float64_is_refused_naming_its_magnitude():
 
 def test_evaluate_prints_no_interval_for_a_constant_metric():
     # bits_total is the same at every unit: its row printed "[3, 3]" under "95% CI of A"
-    from kvstats.run.evaluation import evaluate
+    from kvstats.evaluation.evaluator import evaluate
 
     ev = evaluate("turbo_mse", bits=2, data="heavy_tail", units=5, dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8,
                   n_resamples=999)

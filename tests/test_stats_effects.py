@@ -49,7 +49,7 @@ def test_evaluate_units_use_the_spawned_seeds():
 
     from kvstats._random import unit_seed
     from kvstats.data.synthetic import generate
-    from kvstats.run.units import synthetic_units
+    from kvstats.evaluation.units import synthetic_units
 
     source = synthetic_units("gaussian", seed=3, dim=16, kv_heads=1, q_heads=2, seq=8, n_q=2)
     q, k, v = generate("gaussian", 1, 1, 8, 16, unit_seed(3, 2), q_heads=2, n_q=2)

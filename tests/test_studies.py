@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kvstats.measure import verdicts as V
-from kvstats.run.report import (
+from kvstats.study.report import (
     VERDICTS,
     build_report,
     fmt_p,
@@ -25,7 +25,7 @@ from kvstats.run.report import (
     write_claims,
     write_definitions,
 )
-from kvstats.run.sweep import Sweep, grid
+from kvstats.study.sweep import Sweep, grid
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
@@ -94,7 +94,7 @@ def test_budget_sweep_cell_equals_the_public_api(data, scheme_name):
     from kvstats.data.synthetic import generate
     from kvstats.measure import metrics
     from kvstats.measure.error6d import ERROR6D_COMPONENTS, error6d
-    from kvstats.run.sweep import cell_seed
+    from kvstats.study.sweep import cell_seed
 
     bs = load_study("budget_sweep")
     assert bs.E6 == ERROR6D_COMPONENTS
@@ -195,7 +195,7 @@ def _old_claim(i: int) -> dict:
 
 
 def test_verdicts_must_come_from_a_rule(tmp_path):
-    with pytest.raises(ValueError, match="kvstats.verdicts.Verdict"):
+    with pytest.raises(ValueError, match="kvstats.measure.verdicts.Verdict"):
         write_claims("alpha", [_claim(1) | {"verdict": "reproduced"}], figures_dir=tmp_path)
     with pytest.raises(ValueError, match="not 'measured'"):
         write_claims("alpha", [_claim(1) | {"verdict": V.measured("x")}], figures_dir=tmp_path)
@@ -271,7 +271,7 @@ def test_build_report_assembles_claims_in_study_order(tmp_path):
 
 def test_study_order_comes_from_the_studies(tmp_path):
     """Every study script declares POSITION; the order is theirs (report.py lists no study)."""
-    import kvstats.run.report as report
+    import kvstats.study.report as report
 
     assert not hasattr(report, "STUDY_ORDER")
     scripts = {p.stem: p for p in STUDIES.glob("*.py") if not p.name.startswith("_")}
@@ -316,7 +316,7 @@ def test_preamble_numbers_are_computed():
     """The conventions quote Mann–Whitney extremes at 70 vs 70; oracle: scipy on completely separated samples."""
     import scipy.stats
 
-    from kvstats.run.report import _mann_whitney_extremes
+    from kvstats.study.report import _mann_whitney_extremes
 
     r_max, p_exact, p_normal = _mann_whitney_extremes(70)
     exact = scipy.stats.mannwhitneyu(np.arange(70), np.arange(70, 140), method="exact").pvalue
@@ -327,7 +327,7 @@ def test_preamble_numbers_are_computed():
 
 
 def report_preamble() -> str:
-    from kvstats.run.report import DEFAULT_PREAMBLE
+    from kvstats.study.report import DEFAULT_PREAMBLE
 
     return DEFAULT_PREAMBLE
 
@@ -354,12 +354,12 @@ def test_fmt_p_and_verdicts():
 
 
 def test_reproduce_runs_studies_and_builds_the_report(tmp_path, monkeypatch):
-    from kvstats.run.cli import main
+    from kvstats.cli.parser import main
 
     studies = tmp_path / "studies"
     studies.mkdir()
     (studies / "alpha.py").write_text(
-        "import sys\nfrom kvstats.report import write_claims\nfrom kvstats.verdicts import measured\n"
+        "import sys\nfrom kvstats.study.report import write_claims\nfrom kvstats.measure.verdicts import measured\n"
         "if __name__ == '__main__':\n"
         "    assert sys.argv[1:] == ['--scale', 'quick'], sys.argv\n"
         "    write_claims('alpha', [{'id': 'a', 'claim': 'c', 'source': 'kvstats', 'measurement': 'm', 'data': 'd',"
@@ -473,7 +473,7 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
 
 def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
     """nova's cell on stand-in tensors of SmolLM2's layout (9 query / 3 KV heads, d = 64): its causal mask is
-    kvstats.attention's, and its reference output the float64 GQA attention (explicit head repetition)."""
+    kvstats.quant.attention's, and its reference output the float64 GQA attention (explicit head repetition)."""
     nv = load_study("nova")
     gen = torch.Generator().manual_seed(8)
     # 260 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens

@@ -13,8 +13,8 @@ import scipy.stats
 import torch
 
 import kvstats
-from kvstats.run.report import read_claims
-from kvstats.run.sweep import cell_seed
+from kvstats.study.report import read_claims
+from kvstats.study.sweep import cell_seed
 from tests.test_studies import load_study, run_tiny
 
 bs = load_study("budget_sweep")

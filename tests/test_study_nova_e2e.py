@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kvstats.run.report import read_claims, read_definitions
+from kvstats.study.report import read_claims, read_definitions
 from tests.test_studies import load_study
 
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from kvstats import study
 from kvstats.measure import verdicts
-from kvstats.run import study
-from kvstats.run.claims import Claim, listing, measurement
-from kvstats.run.report import read_claims, write_claims
-from kvstats.run.sweep import grid
+from kvstats.study.claims import Claim, listing, measurement
+from kvstats.study.report import read_claims, write_claims
+from kvstats.study.sweep import grid
 
 RULED = verdicts.identity([1.0], 1.0, rtol=1e-9, what="values")
 
@@ -22,7 +22,7 @@ def _claim(**changes) -> Claim:
 
 
 def test_a_claim_is_checked_when_it_is_made():
-    with pytest.raises(TypeError, match="verdict must be a kvstats.verdicts.Verdict"):
+    with pytest.raises(TypeError, match="verdict must be a kvstats.measure.verdicts.Verdict"):
         _claim(verdict="reproduced")
     with pytest.raises(ValueError, match=r"\['measurement'\] must be a non-empty string"):
         _claim(measurement=" ")

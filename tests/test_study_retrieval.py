@@ -12,7 +12,7 @@ import torch
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from kvstats.run.report import read_claims
+from kvstats.study.report import read_claims
 from tests.test_studies import load_study
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvstats.run.sweep import BadCellWarning, Sweep, cell_seed, grid, study_args
+from kvstats.study.sweep import BadCellWarning, Sweep, cell_seed, grid, study_args
 
 _FAIL_ON: set[int] = set()
 
@@ -97,7 +97,7 @@ def test_interrupted_run_resumes_where_it_stopped(sweep_env):
 
 _SCRIPT = """
 import functools, json, sys
-from kvstats.run.sweep import Sweep, grid, cell_seed
+from kvstats.study.sweep import Sweep, grid, cell_seed
 
 @functools.lru_cache(maxsize=None)          # module state: fine only if workers import the script
 def shared(x):
@@ -205,7 +205,7 @@ _BAD_CELLS = {
 
 @pytest.mark.parametrize("case", sorted(_BAD_CELLS))
 def test_bad_cell_file_is_reported_moved_aside_and_recomputed(case, sweep_env):
-    from kvstats.run.sweep import BadCellWarning
+    from kvstats.study.sweep import BadCellWarning
 
     sweep, root, log = sweep_env
     first = sweep.run(n_jobs=1, cache_dir=root, progress=False)
@@ -271,7 +271,7 @@ def test_a_cell_file_moved_aside_between_the_look_and_the_read_is_pending(sweep_
 
 _KILLED_DRIVER = """
 import os, sys, time
-from kvstats.run.sweep import Sweep, grid
+from kvstats.study.sweep import Sweep, grid
 
 def cell(x, log):
     with open(log, "a") as fh:
@@ -342,7 +342,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvstats.run.workers import ScriptFunction as _ScriptFunction
+    from kvstats.study.workers import ScriptFunction as _ScriptFunction
 
     script = tmp_path / "slowstudy_race.py"
     counter = tmp_path / "imports.txt"
@@ -366,7 +366,7 @@ def test_script_function_resolves_once_under_concurrent_threads(tmp_path):
 def test_script_function_failed_import_leaves_no_half_module(tmp_path):
     import sys
 
-    from kvstats.run.workers import ScriptFunction as _ScriptFunction
+    from kvstats.study.workers import ScriptFunction as _ScriptFunction
 
     script = tmp_path / "brokenstudy_race.py"
     script.write_text("raise RuntimeError('broken at import')\n")
@@ -379,7 +379,7 @@ def test_script_function_failed_import_leaves_no_half_module(tmp_path):
 _MAP_SCRIPT = """
 import json, os, sys
 import torch
-from kvstats.run.sweep import parallel_map
+from kvstats.study.sweep import parallel_map
 
 def draw(seed, n):
     g = torch.Generator().manual_seed(seed)
@@ -419,7 +419,7 @@ def test_parallel_map_yields_in_order_from_workers_the_in_process_results(tmp_pa
 _HOLD_SCRIPT = """
 import json, os, time
 import numpy as np
-from kvstats.run.sweep import parallel_map
+from kvstats.study.sweep import parallel_map
 
 CALLS, HELD = [0], []
 
@@ -458,7 +458,7 @@ def test_workers_that_keep_what_they_load_are_not_restarted(tmp_path):
 
 
 def test_parallel_map_refuses_zero_jobs():
-    from kvstats.run.sweep import parallel_map
+    from kvstats.study.sweep import parallel_map
 
     with pytest.raises(ValueError, match="n_jobs must be a positive number of workers .* got 0"):
         list(parallel_map(dict, [{"a": 1}, {"a": 2}], n_jobs=0))

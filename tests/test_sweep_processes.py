@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
     import os, sys, time
-    from kvstats.run.sweep import Sweep, grid
+    from kvstats.study.sweep import Sweep, grid
 
     LOG = sys.argv[2]
 
@@ -69,7 +69,7 @@ def _computed(tmp_path: Path) -> list[int]:
 
 
 # the driver's import of torch and pandas takes ~2-4 s; loky starts its workers after "running", and a worker's
-# own start (interpreter, loky, kvstats.run.workers) takes ~1-2 s more: the delays cover a kill before any
+# own start (interpreter, loky, kvstats.study.workers) takes ~1-2 s more: the delays cover a kill before any
 # worker exists, while they start, and while they run cells
 @pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5, 6.0])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -134,7 +134,7 @@ HOLDER = textwrap.dedent('''
 def test_recompute_does_not_take_a_stale_file_for_a_cell_another_driver_held(tmp_path):
     # a driver that held cell 0's claim and died without storing it: recompute=True must compute cell 0 itself,
     # not accept the file stored before this run
-    from kvstats.run.sweep import Sweep, grid
+    from kvstats.study.sweep import Sweep, grid
 
     log = tmp_path / "log"
 

@@ -64,7 +64,7 @@ def quantized_cache(model_or_config, backend: str, nbits: int = 4, *, residual_l
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     config = getattr(model_or_config, "config", model_or_config)
     if "config" not in inspect.signature(QuantizedCache.__init__).parameters:  # pragma: no cover - transformers < 5
-        raise ImportError("kvstats.baselines needs transformers >= 5 (QuantizedCache(backend, config, ...))")
+        raise ImportError("kvstats.hf.baselines needs transformers >= 5 (QuantizedCache(backend, config, ...))")
     return QuantizedCache(backend=backend, config=config, nbits=nbits, axis_key=axis_key, axis_value=axis_value,
                           q_group_size=q_group_size, residual_length=residual_length)
 

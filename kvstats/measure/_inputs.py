@@ -60,7 +60,7 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, k_name: str = "k") -> int:
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, k_name: str = "k") -> torch.Tensor:
-    """``q kᵀ/√d`` in ``dtype`` (kvstats.attention.scores); fp32 logits that overflow are recomputed in fp64.
+    """``q kᵀ/√d`` in ``dtype`` (kvstats.quant.attention.scores); fp32 logits that overflow are recomputed in fp64.
 
     Finite inputs can overflow fp32 in the product (|q|·|k| above ~1e38): the logits are then computed in
     fp64; if even fp64 overflows, ValueError names the arguments (never a silent inf/NaN downstream).

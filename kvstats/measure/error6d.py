@@ -150,7 +150,7 @@ def error6d(
         k, k_hat: ``[T, B, Hkv, S, d]``; v, v_hat: ``[T, B, Hkv, S, dv]`` (or without ``T``).
         scores_hat: optional estimated logits ``[T, B, Hq, Nq, S]`` (or without ``T``).
         scores: optional reference logits of the same shape (needs ``scores_hat``; not with ``reference``).
-        causal, query_offset: causal mask, see :mod:`kvstats.attention`.
+        causal, query_offset: causal mask, see :mod:`kvstats.quant.attention`.
         double: fp64 arithmetic (default: the 6D cloud feeds statistics).
         reference: ``Error6DReference(q, k, v, causal=causal, query_offset=query_offset, double=double)``
             when already computed (one serves every scheme of a trial): the same numbers, without recomputing

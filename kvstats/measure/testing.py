@@ -25,6 +25,7 @@ import torch
 
 from kvstats._validation import check_int_range
 from kvstats.measure.inference import check_unbiased
+from kvstats.quant.conformance import check_quantizer  # re-exported: the conformance kit
 
 try:
     from hypothesis import strategies as st
@@ -35,6 +36,7 @@ __all__ = [
     "assert_unbiased",
     "assert_variance_matches",
     "caches",
+    "check_quantizer",
     "head_dims",
     "query_key_pairs",
     "unit_vectors",
@@ -267,5 +269,3 @@ def assert_variance_matches(estimator, q, k, variance: float, *, n_seeds: int = 
             f"{r.variance_ratio:.4g}, {1 - alpha:.6g} CI [{lo:.4g}, {hi:.4g}] excludes 1 (p = {r.variance_pvalue:.3g},"
             f" kurtosis {r.kurtosis:.3g}, {r.n} draws)"
         )
-
-from kvstats.quant.conformance import check_quantizer  # noqa: E402, F401  (re-exported: the conformance kit)

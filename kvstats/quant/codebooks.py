@@ -14,7 +14,7 @@ docs/theory_lloyd_max.md.
 
 * :class:`Codebook` — levels, thresholds, mse, d_mse, index entropy; ``quantize`` / ``dequantize``.
 * :func:`lloyd_max` — any continuous frozen scipy distribution, bits 1..8.
-* :func:`beta_codebook` — the sphere law f_d (kvstats.sphere.coordinate_law), any d ≥ 2: what
+* :func:`beta_codebook` — the sphere law f_d (kvstats.quant.sphere.coordinate_law), any d ≥ 2: what
   TurboQuant_mse applies to the coordinates of a rotated unit vector. d_mse = d·mse is its D_mse.
 * :func:`gaussian_codebook` — the N(0, 1) limit (Max 1960).
 

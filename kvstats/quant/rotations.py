@@ -63,7 +63,7 @@ def check_dense_size(rows: int, cols: int, what: str) -> None:
     size = rows * cols * 8
     if size > MAX_DENSE_BYTES:
         raise ValueError(f"{what} would be a dense float64 [{rows}, {cols}] matrix of {size / 2**20:.0f} MiB, above "
-                         f"the limit kvstats.rotations.MAX_DENSE_BYTES = {MAX_DENSE_BYTES // 2**20} MiB; use a "
+                         f"the limit kvstats.quant.rotations.MAX_DENSE_BYTES = {MAX_DENSE_BYTES // 2**20} MiB; use a "
                          "smaller dim or m, or the WHT rotation")
 
 

@@ -12,7 +12,7 @@ Budget n (payload bits per element, the same for K and V; norms counted in ``bit
 * ``minmax`` — KIVI-style min-max (:class:`~kvstats.quantizers.MinMaxQuantizer`), deterministic: K per channel
   (each coordinate over groups of ``k_group_size`` = d consecutive tokens), V per token (groups of
   ``v_group_size`` = d coordinates), lo and step in ``side_dtype`` (fp16): 32/d side bits per element.
-* ``nova`` — NOVA-KV (calibrated; :mod:`kvstats.quantizers.nova`): K: per-head transform + stratified group VQ,
+* ``nova`` — NOVA-KV (calibrated; :mod:`kvstats.quant.quantizers.nova`): K: per-head transform + stratified group VQ,
   V: rotation + n-bit min-max. ``NovaScheme.calibrate(queries, keys, values, bits=n)`` or
   ``scheme("nova", bits=n, dim=d, queries=..., keys=...)``. Kept out of ``SCHEMES`` (which lists the
   data-oblivious schemes) in ``CALIBRATED_SCHEMES``.
@@ -57,7 +57,7 @@ def _set_on_instance(obj, *methods: str) -> bool:
 @dataclass(frozen=True)
 class SchemeConfig:
     """A scheme as a pair of configs: its name, budget n, seed, and the K and V quantizers' configs
-    (:mod:`kvstats.quantizers.config`; None for a quantizer that is not a kvstats Quantizer)."""
+    (:mod:`kvstats.quant.quantizers.config`; None for a quantizer that is not a kvstats Quantizer)."""
 
     name: str
     bits: int
@@ -349,7 +349,7 @@ CALIBRATED_SCHEMES: dict[str, tuple[Callable, int]] = {"nova": (_nova, 1)}
 
 
 class NovaScheme(Scheme):
-    """NOVA-KV for one layer: per-KV-head calibrated keys (:class:`~kvstats.quantizers.nova.NovaQuantizer`)
+    """NOVA-KV for one layer: per-KV-head calibrated keys (:class:`~kvstats.quant.quantizers.nova.NovaQuantizer`)
     and rotated min-max values (or, with ``value_codec="nova"``, per-KV-head calibrated values: the KLT
     transform and the same group VQ); same encode / scores / attention as every :class:`Scheme`."""
 
@@ -359,7 +359,7 @@ class NovaScheme(Scheme):
         """Calibrate on one layer's queries [B, H_q, N, d], keys [B, H_kv, S, d] and values (same shape as keys;
         calibration data with ``value_codec="nova"``, a shape check otherwise).
 
-        ``options`` go to :func:`kvstats.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype,
+        ``options`` go to :func:`kvstats.quant.quantizers.nova.calibrate_cache` (ridge, rotation, side_dtype,
         value_codec, transform, ...).
         """
         check_int_range(bits, "bits", 1, 8)
@@ -415,7 +415,7 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     ``rows=`` ("gaussian", "orthogonal", "srht") sets the sketch of every QJL stage of the scheme (the V of
     ``kqv``, K and V of ``qkqv``); schemes without a QJL stage (``kv``, ``minmax``, ``nova``) accept and
     ignore it. ``sketch_domain=`` ("rotated", the default, or "original") sets where the QJL stages of
-    ``kqv``/``qkqv`` sketch their residual (:class:`~kvstats.quantizers.config.TurboProdConfig`). ``minmax``
+    ``kqv``/``qkqv`` sketch their residual (:class:`~kvstats.quant.quantizers.config.TurboProdConfig`). ``minmax``
     options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"), ``v_group_size`` (d),
     ``side_dtype`` (fp16). ``qjl_cache`` (QJL's own cache): keys ``m = bits·d`` sign bits (``rows``, default
     "orthogonal"; ``norm_dtype`` fp16; ``outliers=`` channels with ``outlier_m`` of those rows), values

@@ -17,7 +17,7 @@ One module per op family — :mod:`~kvstats.quant.ops.hadamard` (fwht), :mod:`~k
   :func:`use_reference`.
 
 No other module touches ``torch.ops.kvstats``. Wrappers assume inputs their callers validated; argument checks
-that name the user's argument live in the public functions (e.g. :func:`kvstats.rotations.fwht`).
+that name the user's argument live in the public functions (e.g. :func:`kvstats.quant.rotations.fwht`).
 """
 
 from __future__ import annotations

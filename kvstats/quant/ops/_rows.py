@@ -35,7 +35,7 @@ def row_norm(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(xs, dim=-1) * pow2(e, x.dtype)
 
 
-# signs: [P, B] random ±1 of the randomized Hadamard rotation (kvstats.rotations.RandomizedHadamard):
+# signs: [P, B] random ±1 of the randomized Hadamard rotation (kvstats.quant.rotations.RandomizedHadamard):
 # P = 0 (no rotation), 1 (B = d) or 3 (blocks [0, B), [d − B, d), [0, B)).
 
 

@@ -19,7 +19,7 @@ _SIGN_DECODE_BLOCK = 16384
 def sign_tables(s: torch.Tensor) -> torch.Tensor | None:
     """Byte tables of a sketch s [m, d']: T[256·p + v] = Σ_t (bit t of v ? +1 : −1) · s[8p + t] over the rows
     8p + t < m, [ceil(m/8)·256, d'] in s's dtype (summed in fp64, rounded once). For packed signs (LSB first,
-    kvstats.packing) Σ_p T[256·p + byte_p] = sᵀ b. None when larger than :data:`SIGN_TABLE_LIMIT` values."""
+    kvstats.quant.packing) Σ_p T[256·p + byte_p] = sᵀ b. None when larger than :data:`SIGN_TABLE_LIMIT` values."""
     m, d = s.shape
     mb = (m + 7) // 8
     if mb * 256 * d > SIGN_TABLE_LIMIT:

@@ -301,7 +301,7 @@ class Quantizer:
     estimator is not decode-then-dot) and bits_per_coordinate.
 
     Configuration: a quantizer is built from a frozen, validated ``config`` (an instance of exactly its class's
-    ``Config``, :mod:`kvstats.quantizers.config`), checked once when it is made. The constructor's keywords are
+    ``Config``, :mod:`kvstats.quant.quantizers.config`), checked once when it is made. The constructor's keywords are
     the config's fields; :meth:`from_config` builds from a config; the options read as attributes
     (``q.norm_dtype`` is ``q.config.norm_dtype``). A subclass without a ``Config`` of its own gets one whose bit
     range is its ``min_bits`` / ``max_bits``; derived state is set up in :meth:`_setup_from_config`. kvstats
@@ -328,8 +328,9 @@ class Quantizer:
         super().__init_subclass__(**kwargs)
         base = cls.Config
         if not (isinstance(base, type) and issubclass(base, QuantizerConfig)):
-            raise TypeError(f"{cls.__name__}.Config must be a subclass of kvstats.quantizers.config.QuantizerConfig "
-                            f"(Config is the quantizer's configuration class), got {base!r}")
+            raise TypeError(f"{cls.__name__}.Config must be a subclass of "
+                            f"kvstats.quant.quantizers.config.QuantizerConfig (Config is the quantizer's configuration "
+                            f"class), got {base!r}")
         if "Config" not in cls.__dict__ and (base.min_bits, base.max_bits) != (cls.min_bits, cls.max_bits):
             # named <class>.Config, so pickle finds it as an attribute of the quantizer class
             cls.Config = dataclass(frozen=True)(type("Config", (base,), {

@@ -34,7 +34,7 @@ __all__ = ["QuantizerConfig", "PerHeadConfig", "LloydConfig", "TurboMSEConfig", 
            "SKETCH_DOMAINS", "MAX_HAAR_DIM", "NOVA_TRANSFORMS", "check_norm_dtype"]
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: The rotations of the rotated quantizers (kvstats.rotations.make_rotation).
+#: The rotations of the rotated quantizers (kvstats.quant.rotations.make_rotation).
 ROTATIONS = ("wht", "haar")
 #: The sketch kinds of every QJL stage (qjl, turbo_prod's residual).
 ROWS = ("gaussian", "orthogonal", "srht")
@@ -55,7 +55,7 @@ def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-#: Largest dim of a Haar rotation (a dense d × d matrix; kvstats.rotations.HaarRotation)
+#: Largest dim of a Haar rotation (a dense d × d matrix; kvstats.quant.rotations.HaarRotation)
 MAX_HAAR_DIM = 1 << 14
 
 
@@ -290,7 +290,7 @@ class RotatedMinMaxConfig(QuantizerConfig):
         return MinMaxConfig(bits=self.bits, dim=self.dim, seed=0, axis="token", side_dtype=self.side_dtype)
 
 
-#: the transforms a :class:`NovaConfig` can calibrate (kvstats.quantizers.nova)
+#: the transforms a :class:`NovaConfig` can calibrate (kvstats.quant.quantizers.nova)
 NOVA_TRANSFORMS = ("attention", "klt", "rotation")
 
 

@@ -2,7 +2,7 @@
 
 Both store ‖x‖ and, per coordinate of the unit vector u = x/‖x‖ (after the rotation Π for
 turbo_mse), the index of its cell in the b-bit Lloyd–Max codebook of the sphere law f_d
-(:func:`kvstats.codebooks.beta_codebook`):
+(:func:`kvstats.quant.codebooks.beta_codebook`):
 
     encode:  idx_j = cell of (Π u)_j,            stored: idx (b bits each, packed), ‖x‖
     decode:  x̂ = ‖x‖ · Πᵀ c[idx],               c = codebook levels
@@ -99,14 +99,15 @@ class LloydStage:
     def decode_parts(self, code: Code, dtype: torch.dtype) -> ops.CodeParts:
         """The stage's code for :func:`kvstats.ops.decode_attention`: the rotation's signs and the Lloyd part (the
         kernels :meth:`scores_plan` and :meth:`weighted_rotated_plan` call). The rotation must pass
-        :func:`kvstats.rotations.one_pass`."""
+        :func:`kvstats.quant.rotations.one_pass`."""
         packed = code.payload["indices"]
         return ops.CodeParts(rotation=one_pass_signs(self.rotation, packed.device, dtype), packed=flat_keys(packed, 1),
                              norm=flat_keys(code.scalars["norm"], 0), levels=self._levels.on(packed.device, dtype),
                              bits=self.bits)
 
     def scores_plan(self, code: Code) -> GroupedPlan:
-        """:meth:`scores` against one code, planned for many queries (:class:`~kvstats.quantizers.base.GroupedPlan`)."""
+        """:meth:`scores` against one code, planned for many queries
+        (:class:`~kvstats.quant.quantizers.base.GroupedPlan`)."""
         return GroupedPlan(self._scores_kernel, code.payload["indices"], code.scalars["norm"], key_dims=(1, 0))
 
     def weighted_rotated_plan(self, code: Code) -> GroupedPlan:
@@ -127,7 +128,7 @@ class LloydStage:
 class LloydQuantizer(Quantizer):
     """b-bit Lloyd–Max codebook of f_d on the raw coordinates of x/‖x‖, plus ‖x‖ (no rotation).
 
-    Args (:class:`~kvstats.quantizers.config.LloydConfig`):
+    Args (:class:`~kvstats.quant.quantizers.config.LloydConfig`):
         bits: b in [1, 8]; dim: d ≥ 2; seed: unused (kept for the common signature).
         norm_dtype: precision ‖x‖ is stored in (fp32 default: no hidden bias; fp16 halves the cost).
     """
@@ -192,7 +193,7 @@ class TurboMSE(LloydQuantizer):
     """TurboQuant_mse: random rotation Π, then the b-bit Lloyd–Max codebook of f_d per coordinate.
 
     Arguments other than ``rotation`` as :class:`LloydQuantizer`; the seed fixes Π
-    (:class:`~kvstats.quantizers.config.TurboMSEConfig`).
+    (:class:`~kvstats.quant.quantizers.config.TurboMSEConfig`).
 
     Args:
         rotation: ``"wht"`` (randomized Walsh–Hadamard, O(d log d), default) or ``"haar"`` (dense QR).

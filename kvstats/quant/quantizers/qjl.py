@@ -9,12 +9,12 @@ Rows of S:
 * ``"orthogonal"`` (default, the QJL paper's practice): rows orthogonalised in blocks of d, each of norm
   √d, so each row is uniform on the sphere of radius √d. The Gaussian constant √(π/2) would then be
   slightly biased (by ≈ 0.4% at d = 64); kvstats uses the exact constant
-  c = √π Γ((d+1)/2) / (√d Γ(d/2)) (:func:`kvstats.rotations.spherical_sign_scale`) so it stays unbiased.
+  c = √π Γ((d+1)/2) / (√d Γ(d/2)) (:func:`kvstats.quant.rotations.spherical_sign_scale`) so it stays unbiased.
   Building it costs one float64 QR of a d×d Gaussian per block of d rows, O(d³): 0.14 s at d = 1,024 and
   3.8 s at d = 4,096 on a 2-core CPU per block (``"gaussian"`` rows: 0.4 s at d = 4,096) — exact Haar rows
   have no cheaper construction, so build the quantizer once and reuse it.
 * ``"srht"``: D'Alberto's randomized Hadamard sketch (arXiv 2605.08114 §2.2, eq. 3), S = H·diag(s′) with H
-  the unnormalised ±1 Sylvester–Hadamard matrix and s′ Rademacher signs (:func:`kvstats.rotations.srht_sketch`),
+  the unnormalised ±1 Sylvester–Hadamard matrix and s′ Rademacher signs (:func:`kvstats.quant.rotations.srht_sketch`),
   c = √(π/2). With m = d, r̂ = (√(π/2)·‖r‖/d)·s′⊙(H q). Unbiased only approximately (averaged over s′, for
   spread vectors whose signed sums are near Gaussian); for a spike r = e₁ it returns exactly √(π/2)·e₁
   for every s′ (biased by the factor √(π/2)). Needs the sketched width d to be a power of two.
@@ -56,7 +56,7 @@ class SignSketch:
     """One QJL sketch S [m, d] with its unbiasing constant c; the building block of qjl and turbo_prod."""
 
     def __init__(self, m: int, d: int, rows: str, seed: int, rotation=None):
-        """``rotation`` (a :class:`~kvstats.rotations.Rotation` Π, optional): sketch Πᵀ x instead of x, i.e. use
+        """``rotation`` (a :class:`~kvstats.quant.rotations.Rotation` Π, optional): sketch Πᵀ x instead of x, i.e. use
         S·Πᵀ (rows Π sᵢ) on inputs given in Π's domain (turbo_prod's residual sketched in the original domain)."""
         if rows not in ROWS:
             raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")

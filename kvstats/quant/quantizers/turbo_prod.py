@@ -43,13 +43,13 @@ __all__ = ["TurboProd"]
 class TurboProd(Quantizer):
     """TurboQuant_prod at b bits per coordinate: (b−1)-bit TurboQuant_mse + 1-bit QJL on the residual.
 
-    Args (:class:`~kvstats.quantizers.config.TurboProdConfig`):
+    Args (:class:`~kvstats.quant.quantizers.config.TurboProdConfig`):
         bits: b in [1, 8] (b − 1 bits of MSE codes + 1 sign bit per coordinate).
         dim: d ≥ 2. seed: fixes the rotation and the sketch (independent child seeds).
         rotation: ``"wht"`` (default) or ``"haar"`` for the MSE stage.
         rows: ``"gaussian"`` (default, as in the paper), ``"orthogonal"`` or ``"srht"`` (D'Alberto's randomized
             Hadamard sketch, arXiv 2605.08114 §2.2 eq. 3; d a power of two) for the residual sketch
-            (see :mod:`kvstats.quantizers.qjl`).
+            (see :mod:`kvstats.quant.quantizers.qjl`).
         sketch_domain: ``"rotated"`` (default: S r, r the residual in the rotated domain, as D'Alberto §2.2 and
             TurboQuant's algorithm) or ``"original"`` (S Πᵀ r: the residual de-rotated first). Equal in law for
             Gaussian rows (S Πᵀ is Gaussian too), not for the Hadamard sketch, whose sign-sum bias depends on the

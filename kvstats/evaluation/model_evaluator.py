@@ -1,6 +1,6 @@
 """``kvstats.evaluate(..., model=...)``: a quantizer on a language model, checked, planned, resumable, with provenance.
 
-The units, the metrics and their statistics are those of :mod:`kvstats.run.model_eval`; the sides, the checks,
+The units, the metrics and their statistics are those of :mod:`kvstats.evaluation.model_engine`; the sides, the checks,
 the plan, the unit store, the strict results file and the provenance block are the synthetic evaluation's
 (docs/evaluate.md, "On a model").
 """
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstats.run.evaluation import Evaluation
-from kvstats.run.model_eval import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
+from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
+from kvstats.evaluation.results import Evaluation
 
 __all__ = ["MODEL_SCHEMA", "ModelEvaluation", "evaluate_model"]
 
@@ -30,13 +30,13 @@ _WORDS = {"out_kl": "next-token KL (nats)", "top1": "top-1 agreement", "delta_nl
 
 @dataclass(frozen=True)
 class ModelEvaluation(Evaluation):
-    """What :func:`evaluate_model` measured: the fields of :class:`kvstats.evaluation.Evaluation`, with
+    """What :func:`evaluate_model` measured: the fields of :class:`kvstats.evaluation.results.Evaluation`, with
 
     * ``units``: one dict per segment: ``unit``, ``document``, ``title``, the metrics of
-      :func:`kvstats.run.model_eval.model_unit` (``other:``-prefixed for the compared scheme);
-    * ``summary``: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.run.model_eval.unit_summary` (means
-      over documents with CIs, per layer too) under ``"documents"``, and
-      :func:`~kvstats.run.model_eval.pooled_summary` (the KL tail, top-1, perplexity ratio over every token,
+      :func:`kvstats.evaluation.model_engine.model_unit` (``other:``-prefixed for the compared scheme);
+    * ``summary``: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.evaluation.model_engine.unit_summary`
+      (means over documents with CIs, per layer too) under ``"documents"``, and
+      :func:`~kvstats.evaluation.model_engine.pooled_summary` (the KL tail, top-1, perplexity ratio over every token,
       cluster bootstrap CIs) under ``"tokens"``;
     * ``comparison``, ``excluded``, ``plan``, ``family_plan``: over documents;
     * ``bits``: the measured bits per element of each side, and whether they match.
@@ -55,9 +55,9 @@ class ModelEvaluation(Evaluation):
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
         and the comparison when present (A: the evaluated quantizer, B: the compared one)."""
+        from kvstats.evaluation.comparison import shift_text
+        from kvstats.evaluation.results import comparison_footnotes
         from kvstats.measure.stats import interval_text
-        from kvstats.run.comparison import shift_text
-        from kvstats.run.evaluation import comparison_footnotes
 
         cfg, ev = self.config, self.summary["evaluated"]
         level = ev["documents"]["out_kl"].confidence_level
@@ -114,7 +114,7 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
                    linear: bool = True, out=None,
                    force: bool = False, store=None, progress: bool = False, dtype: torch.dtype = torch.float32,
                    documents: dict[str, str] | None = None, **options) -> ModelEvaluation:
-    """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.run.model_eval`).
+    """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.evaluation.model_engine`).
 
     Args:
         quantizer, bits, compare, match_bits, seed, alpha, confidence_level, check, linear, out, force, store,
@@ -130,11 +130,12 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
     from kvstats._files import check_output_path, is_stream
     from kvstats._random import check_seed, unit_seed
     from kvstats._validation import check_int_range
-    from kvstats.run import sides, unit_store
-    from kvstats.run.comparison import compare_units, per_document, plan_comparison
-    from kvstats.run.evaluation import InconclusiveWarning
-    from kvstats.run.model_eval import model_source, model_unit, pooled_summary, reference_logits, unit_summary
-    from kvstats.run.provenance import provenance
+    from kvstats.evaluation import quantizer_sides as sides
+    from kvstats.evaluation import unit_store
+    from kvstats.evaluation.comparison import compare_units, per_document, plan_comparison
+    from kvstats.evaluation.model_engine import model_source, model_unit, pooled_summary, reference_logits, unit_summary
+    from kvstats.evaluation.results import InconclusiveWarning
+    from kvstats.study.provenance import provenance
 
     started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)

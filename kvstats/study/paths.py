@@ -4,7 +4,7 @@
     figure_path("budget_sweep_kl")   # <figures>/budget_sweep_kl.png (folder created)
     data_path("budget_sweep_kl")     # <figures>/data/budget_sweep_kl.csv (folder created)
 
-Every writer of figures, tables and claims files (kvstats.plots, kvstats.report, the studies) asks here.
+Every writer of figures, tables and claims files (kvstats.study.plots, kvstats.study.report, the studies) asks here.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ def figures_dir() -> Path:
     env = os.environ.get("KVSTATS_FIGURES_DIR")
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]  # kvstats/study/paths.py -> the checkout
     if (repo / "pyproject.toml").is_file() and (repo / "studies").is_dir():
         return repo / "figures"
     return Path.cwd() / "figures"
 
 
-#: The historical name of :func:`figures_dir` (kvstats.sweep and kvstats.report export it).
+#: The historical name of :func:`figures_dir` (kvstats.study.sweep and kvstats.study.report export it).
 default_figures_dir = figures_dir
 
 

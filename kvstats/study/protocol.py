@@ -2,18 +2,18 @@
 
 A study script (``studies/<name>.py``) declares its name and its place in the report and runs like this::
 
-    from kvstats.run import study
+    from kvstats import study
 
     STUDY = "budget_sweep"
-    POSITION = 70                                   # report order: smaller first (see kvstats.report)
+    POSITION = 70                                   # report order: smaller first (see kvstats.study.report)
 
     def main(argv=None) -> int:
         run = study.start(STUDY, __doc__, argv, position=POSITION)
-        table = run.sweep(cell, cells, version=VERSION)       # kvstats.sweep.Sweep with the run's options
-        ...                                                   # figures, tables (kvstats.plots), claims
+        table = run.sweep(cell, cells, version=VERSION)       # kvstats.study.sweep.Sweep with the run's options
+        ...                                                   # figures, tables (kvstats.study.plots), claims
         return run.finish(claims)                             # write_claims + "<study> done in …" + exit code 0
 
-``start`` parses the common command line (:func:`kvstats.sweep.study_args`: ``--scale``, ``--scheduler``,
+``start`` parses the common command line (:func:`kvstats.study.sweep.study_args`: ``--scale``, ``--scheduler``,
 ``--n-jobs``, ``--no-progress``, ``--recompute``) and starts the clock; ``sweep`` runs a sweep with those
 options and counts computed and cached cells; ``finish`` writes the claims (with the scale and the study's
 position) and prints the wall time.
@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvstats.run.report import write_claims, write_definitions
-from kvstats.run.sweep import Sweep, study_args
+from kvstats.study.report import write_claims, write_definitions
+from kvstats.study.sweep import Sweep, study_args
 
 __all__ = ["Study", "StudyRun", "Sweeps", "start"]
 
@@ -56,7 +56,7 @@ class StudyRun:
 
     def sweep(self, cell: Callable[..., list[dict]], cells: Sequence[Mapping[str, Any]], *, version: str,
               name: str | None = None) -> pd.DataFrame:
-        """Run ``cells`` through :class:`kvstats.sweep.Sweep` (named ``name``, default the study's) with the run's
+        """Run ``cells`` through :class:`kvstats.study.sweep.Sweep` (named ``name``, default the study's) with the run's
         scheduler, workers, progress bar and recompute flag; return its table."""
         table = Sweep(name or self.name, cell, list(cells), version=version).run(
             scheduler=self.args.scheduler, n_jobs=self.args.n_jobs, progress=not self.args.no_progress,
@@ -73,7 +73,7 @@ class StudyRun:
     def finish(self, claims: Sequence[Mapping[str, Any]], *, definitions: Mapping[str, str] | None = None,
                echo: bool = True) -> int:
         """Write the claims (``figures/data/<study>_claims.json``, with scale and position) and the definitions
-        (:func:`kvstats.report.write_definitions`: what the study's terms mean, generated from its
+        (:func:`kvstats.study.report.write_definitions`: what the study's terms mean, generated from its
         configuration), print the wall time and the cell counts; return 0, the study's exit code."""
         write_claims(self.name, claims, scale=self.scale, position=self.position, echo=echo)
         if definitions is not None:
@@ -98,8 +98,8 @@ class Study:
     * ``cells(scale)`` -> :data:`Sweeps`, ``{sweep name: (cell function, cells)}``, run in that order;
     * ``analyse(tables, scale)`` -> the study's analysis (any object; typically a frozen dataclass) from the
       sweeps' tables;
-    * ``figures(tables, analysis)`` — write figures and CSVs (kvstats.plots);
-    * ``claims(analysis)`` -> a list of :class:`kvstats.run.claims.Claim`;
+    * ``figures(tables, analysis)`` — write figures and CSVs (kvstats.study.plots);
+    * ``claims(analysis)`` -> a list of :class:`kvstats.study.claims.Claim`;
     * ``definitions(analysis)`` -> ``{term: definition}`` or None (default).
 
     ``main(argv)`` is the script's entry point: ``sys.exit(MyStudy().main())``; ``echo`` prints each claim's verdict

@@ -1,6 +1,6 @@
 """The registry of ``kvstats`` subcommands and the option types they share.
 
-A subcommand is a decorated function ``fn(args) -> exit code``; :mod:`kvstats.run.cli` builds the parser from
+A subcommand is a decorated function ``fn(args) -> exit code``; :mod:`kvstats.cli.parser` builds the parser from
 :data:`COMMANDS` (in registration order)::
 
     @subcommand("codebook", help="print one codebook", args=[arg("--dim", type=int, required=True)])

@@ -21,7 +21,7 @@ failing one is refused with the check's message (:class:`QuantizerCheckError`); 
 anyway and the results record that the checks were skipped. A quantizer that needs calibration (``nova``) is
 refused uncalibrated: pass a calibrated Scheme.
 
-**Units** (:mod:`kvstats.run.units`): synthetic unit ``i`` is a fresh draw with the unit seed
+**Units** (:mod:`kvstats.evaluation.units`): synthetic unit ``i`` is a fresh draw with the unit seed
 ``unit_seed(seed, i)`` (child i of ``numpy.random.SeedSequence(seed)``) and a scheme built from that seed; a
 capture's unit ``i`` is its ``i``-th disjoint window of ``window`` tokens, queries attending causally within it,
 averaged over the stored layers, at each layer's own softmax scale and soft cap (the capture's ``attention``
@@ -37,7 +37,7 @@ units; from there on an interval for units with two values or values at 0/1 boun
 bootstrap; a metric constant over the units is printed with no interval).
 
 **Comparison** (``compare=``): a second scheme runs on the same units; each metric of the family — the
-distinct, non-constant metrics (:mod:`kvstats.run.comparison`) — is compared with the paired Wilcoxon
+distinct, non-constant metrics (:mod:`kvstats.evaluation.comparison`) — is compared with the paired Wilcoxon
 signed-rank test, Holm-corrected over the family, with the detectable shift beside each non-significant row.
 Before any work the smallest attainable corrected p is computed: a run that cannot conclude says so and how
 many units it would need. Comparisons at unequal measured bits are flagged; ``match_bits=True`` runs the
@@ -53,14 +53,11 @@ device, threads, date, wall time, command line, seeds) and its schema version (:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import textwrap
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,155 +66,19 @@ import torch
 
 from kvstats._random import check_seed, unit_seed
 from kvstats._validation import check_int_range
-from kvstats.run import sides
-from kvstats.run.sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
-from kvstats.run.strict import strict_json
-from kvstats.run.units import METRICS
+from kvstats.evaluation import quantizer_sides as sides
+from kvstats.evaluation.quantizer_sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
+from kvstats.evaluation.results import (
+    DEFAULT_SYNTHETIC_UNITS,
+    DEFAULT_WINDOW,
+    SCHEMA,
+    Evaluation,
+    InconclusiveWarning,
+)
+from kvstats.evaluation.units import METRICS
 
 __all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "METRICS",
            "QuantizerCheckError", "SCHEMA", "evaluate", "resolve_scheme"]
-
-#: Version of the results file's layout.
-SCHEMA = "kvstats-evaluation/2"
-#: Synthetic units by default: enough for a family of 8 Wilcoxon tests to reach p < 0.05 after Holm
-#: (8 · 2/2¹⁶ = 2.4e-4), i.e. the documented comparisons can conclude.
-DEFAULT_SYNTHETIC_UNITS = 16
-#: Tokens of a capture unit by default: a default capture (1,024 tokens) gives 16 disjoint windows.
-DEFAULT_WINDOW = 64
-
-
-class InconclusiveWarning(UserWarning):
-    """A comparison that cannot reach its level whatever the data (too few units for the family)."""
-
-
-# ------------------------------------------------------------------------------------------------ the result
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What :func:`evaluate` measured.
-
-    Attributes:
-        config: how it ran (quantizer, compare, bits of both sides, data, units, seeds, options, whether the
-            conformance checks ran).
-        units: one dict per unit: ``unit``, every metric of :data:`METRICS`, ``bits_claimed``, and
-            ``other:<metric>`` for the compared scheme.
-        summary: ``{metric: MeanResult}``, the mean over units with its CI (:func:`kvstats.stats.mean_ci`).
-        comparison: ``{metric: {"test": WilcoxonResult, "pvalue_holm": float, "significant": bool,
-            "detectable_shift": PowerResult or None}}`` for the family's metrics, when ``compare`` was given.
-        excluded: ``{metric: reason}`` for the metrics left out of the family.
-        plan: the :class:`~kvstats.run.comparison.ComparisonPlan` made before running, for the family the
-            comparison could have at most (None without compare).
-        family_plan: the same for the family actually tested (constant and repeated metrics left out).
-        bits: measured and claimed bits per element of each side, and whether the sides match.
-        provenance: versions, commit, device, threads, date, wall time, command line, seeds.
-    """
-
-    config: dict[str, Any]
-    units: list[dict[str, float]]
-    summary: dict[str, Any]
-    comparison: dict[str, Any] = field(default_factory=dict)
-    excluded: dict[str, str] = field(default_factory=dict)
-    plan: Any = None
-    family_plan: Any = None
-    bits: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    #: the results file's ``schema``
-    schema = SCHEMA
-
-    def _summary_dict(self) -> dict[str, Any]:
-        return {m: r.to_dict() for m, r in self.summary.items()}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The results file's content: strict-JSON-ready (no NaN or inf: null, with ``null_reasons``)."""
-        comparison = {m: {"test": c["test"].to_dict(), "pvalue_holm": c["pvalue_holm"],
-                          "significant": c["significant"],
-                          "detectable_shift": None if c["detectable_shift"] is None else
-                          c["detectable_shift"].to_dict()} for m, c in self.comparison.items()}
-        return strict_json({"schema": self.schema, "config": self.config, "bits": self.bits,
-                            "plan": None if self.plan is None else {"before_running": self.plan.to_dict(),
-                                                                    "family_tested": self.family_plan.to_dict()},
-                            "units": self.units, "summary": self._summary_dict(), "comparison": comparison,
-                            "excluded": self.excluded, "provenance": self.provenance})
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as strict JSON (``allow_nan=False``: every standard parser reads it)."""
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-
-    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
-        """Write :meth:`to_json` to ``path`` without destroying anything (:mod:`kvstats._files`): an existing file
-        needs ``force``, the input capture is refused, a device or FIFO is written through; returns the path."""
-        from kvstats._files import check_output_path, write_output
-
-        path = check_output_path(path, "path", force=force, inputs=self.config.get("inputs", ()))
-        return write_output(path, self.to_json().encode("utf-8"))
-
-    def table(self) -> str:
-        """A plain-text table: each metric's mean and CI over units, and the paired comparison when present. The
-        two sides are A (the evaluated quantizer) and B (the compared one), named in full above the table."""
-        from kvstats.measure.stats import interval_text
-        from kvstats.run.comparison import per_document, shift_text
-
-        cfg = self.config
-        first = next(iter(self.summary.values()))
-        me, other = cfg["quantizer"], cfg["compare"]
-        by_document = str(cfg.get("inference_units", "")).startswith("documents")
-        units = per_document(self.units, METRICS) if by_document else self.units
-        width = max(18, *(len(m) for m in self.summary))
-        head = f"{'metric':<{width}} {'A mean':>11} {f'{first.confidence_level:.0%} CI of A':>25}"
-        if other is not None:
-            head += f" {'B mean':>11} {'r':>7} {'p (Holm)':>9} {'detectable':>10}"
-        bits = self.bits
-        count = (f"{len(units)} documents, {len(self.units)} windows" if by_document else f"{len(self.units)} units")
-        lines = [f"A = {me} at {cfg['bits']} bits on {cfg['data']} ({count}: {cfg['unit']})",
-                 _bits_line("A", me, bits["evaluated"])]
-        if other is not None:
-            lines.append(_bits_line("B", other, bits["compared"]))
-            if not bits["matched"]:
-                lines += textwrap.wrap(
-                    f"! the sides hold different bits per element ({bits['evaluated']['measured']:.4g} vs "
-                    f"{bits['compared']['measured']:.4g}): the comparison is not bit-matched (match_bits=True, "
-                    "--match-bits, runs the comparator at its largest budget that holds no more bits)", 110,
-                    initial_indent="  ", subsequent_indent="    ")
-        lines += [head, "-" * len(head)]
-        for m, r in self.summary.items():
-            row = f"{m:<{width}} {r.statistic:>11.4g} {interval_text(r):>25}"
-            if other is not None:
-                row += f" {float(np.mean([u[f'other:{m}'] for u in units])):>11.4g}"
-                if m in self.comparison:
-                    c = self.comparison[m]
-                    mark = "*" if c["significant"] else " "
-                    row += (f" {c['test'].effect_size:>7.3f} {c['pvalue_holm']:>8.2g}{mark}"
-                            f" {shift_text(c['detectable_shift']):>10}")
-            lines.append(row)
-        if other is not None:
-            lines += comparison_footnotes(self, "A", "B")
-        return "\n".join(lines)
-
-
-def _bits_line(letter: str, name: str, b: dict) -> str:
-    claimed = b.get("claimed")
-    claim = "" if claimed is None or abs(claimed - b["measured"]) <= 1e-9 * max(1.0, b["measured"]) else \
-        f"; it claims {claimed:.4g} (bits_per_coordinate)"
-    return f"  {letter} = {name}: budget n = {b['budget']}, {b['measured']:.4g} bits per element held (measured){claim}"
-
-
-def comparison_footnotes(ev, me: str, other: str) -> list[str]:
-    """What the comparison columns mean (r's sign, p's correction, the detectable shift, what blank means)."""
-    family = len(ev.comparison)
-    notes = [f"r: matched-pairs rank-biserial of {me} − {other} over the units (−1: {me} lower in every unit, +1: "
-             f"higher); p: paired Wilcoxon signed-rank, Holm-corrected over the {family} metric(s) tested, * below "
-             f"alpha = {ev.config['alpha']:g}; detectable: the mean difference the test would find with 80% power "
-             "at this many units (non-significant rows; 'none': no difference can be significant here)."]
-    by_reason: dict[str, list[str]] = {}
-    for m, why in ev.excluded.items():
-        by_reason.setdefault(why, []).append(m)
-    if by_reason:
-        notes.append("blank r/p: " + "; ".join(f"{', '.join(ms)} — {why}" for why, ms in by_reason.items()) + ".")
-    if ev.family_plan is not None and not ev.family_plan.can_conclude:
-        notes.append("! " + ev.family_plan.message() + ".")
-    return [line for note in notes for line in textwrap.wrap(note, 110, subsequent_indent="  ")]
-
 
 # ------------------------------------------------------------------------------------------------- evaluate
 
@@ -250,7 +111,7 @@ def _refuse_without_effect(quantizer, bits, *, data, model, compare, match_bits,
 
 def _source(data, units, *, seed, window, layers, shape, data_params):
     from kvstats.data.synthetic import KINDS
-    from kvstats.run.units import capture_units, synthetic_units
+    from kvstats.evaluation.units import capture_units, synthetic_units
 
     if isinstance(data, str) and data in KINDS:
         source = synthetic_units(data, seed=seed, params=data_params, **shape)
@@ -272,7 +133,7 @@ def _copied(parts):
 
 
 def _plan(main_checked: bool, n_units: int, alpha: float, source) -> Any:
-    from kvstats.run.comparison import candidate_family, plan_comparison
+    from kvstats.evaluation.comparison import candidate_family, plan_comparison
 
     plan = plan_comparison(n_units, len(candidate_family(linear=main_checked)), alpha)
     if not plan.can_conclude:
@@ -358,8 +219,8 @@ def evaluate(
         data_params: extra parameters of the synthetic generator (e.g. ``{"df": 3}``).
         model: evaluate on a language model instead (``"smollm2"``, a model folder or a .gguf file): its output
             damage over teacher-forced segments of the shipped documents, returning a
-            :class:`~kvstats.run.model_evaluation.ModelEvaluation`
-            (:func:`~kvstats.run.model_evaluation.evaluate_model`).
+            :class:`~kvstats.evaluation.model_evaluator.ModelEvaluation`
+            (:func:`~kvstats.evaluation.model_evaluator.evaluate_model`).
         segment, segments_per_document, full_precision_window, documents: the model evaluation's segments
             (default 128 tokens, one per document), the cache's exact window, ``{title: text}`` to use instead of
             the shipped documents, and the model's dtype (default float32).
@@ -371,7 +232,7 @@ def evaluate(
         if data != "gaussian" or units is not None:
             raise ValueError("give data= (and units=) or model=, not both: a model evaluation's units are the "
                              "segments of its documents")
-        from kvstats.run.model_evaluation import DEFAULT_SEGMENT, evaluate_model
+        from kvstats.evaluation.model_evaluator import DEFAULT_SEGMENT, evaluate_model
 
         return evaluate_model(quantizer, bits=bits, model=model, compare=compare, match_bits=match_bits,
                               segment=DEFAULT_SEGMENT if segment is None else segment,
@@ -385,11 +246,11 @@ def evaluate(
                          "their own")
     n_resamples = 9999 if n_resamples is None else n_resamples
     from kvstats._files import check_output_path, is_stream
+    from kvstats.evaluation import unit_store
+    from kvstats.evaluation.comparison import compare_units, per_document
+    from kvstats.evaluation.units import unit_metrics
     from kvstats.measure import stats
-    from kvstats.run import unit_store
-    from kvstats.run.comparison import compare_units, per_document
-    from kvstats.run.provenance import provenance
-    from kvstats.run.units import unit_metrics
+    from kvstats.study.provenance import provenance
 
     started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)

@@ -1,6 +1,6 @@
 """Figure helpers for the studies: one look for every figure, PNG + CSV side by side, no LaTeX.
 
-    from kvstats.run import plots
+    from kvstats.study import plots
     plots.setup()                                   # Agg backend, sizes, grid
     fig, axes = plots.panels(2, 3, "Title")         # a grid of axes with a suptitle
     ...
@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvstats.run.paths import data_path, figure_path  # noqa: E402
+from kvstats.study.paths import data_path, figure_path  # noqa: E402
 
 __all__ = ["DPI", "SCHEME_STYLE", "boxplot", "panels", "save", "setup", "sphere_histogram", "style", "write_csv"]
 

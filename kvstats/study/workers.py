@@ -301,7 +301,7 @@ def _dask_results(cell, todo, scheduler, threads, name: str, key: Callable[[dict
 
 
 _WARM_MODULES = ("torch", "numpy", "pandas", "scipy.stats", "statsmodels.stats.multitest", "matplotlib.pyplot",
-                 "kvstats.run.sweep", "kvstats.run.plots", "kvstats.run.report", "kvstats.measure.stats",
+                 "kvstats.study.sweep", "kvstats.study.plots", "kvstats.study.report", "kvstats.measure.stats",
                  "kvstats.measure.metrics", "kvstats.quant.schemes", "kvstats.data.synthetic",
                  "kvstats.measure.inference")
 

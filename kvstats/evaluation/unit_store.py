@@ -1,5 +1,5 @@
 """Resumable units: each finished unit of an evaluation is stored at once, and a rerun with the same arguments
-computes only the missing ones (the study runner's cell store, :class:`kvstats.sweep.Sweep`, one cell a unit).
+computes only the missing ones (the study runner's cell store, :class:`kvstats.study.sweep.Sweep`, one cell a unit).
 
     rows, reused = run_units(compute, 16, key=key, store=Path("results.json.units"), progress=True)
 
@@ -116,7 +116,7 @@ def store_key(fields: dict) -> str:
 
 
 def _sweep(compute: Callable[[int], dict] | None, n: int, key: str):
-    from kvstats.run.sweep import Sweep
+    from kvstats.study.sweep import Sweep
 
     def cell(evaluation: str, unit: int) -> list[dict]:
         return [compute(unit)]

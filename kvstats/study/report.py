@@ -18,13 +18,13 @@ key            meaning
 ``position``   optional: the study's place in the report (an int, smaller first), set by ``write_claims(position=)``
 ``discrepancy`` optional: one sentence, computed by the study from its numbers, stating where a published
                number or statement disagrees with ours; listed under "Known discrepancies" in REPORT.md
-``rule``       the verdict rule that produced ``verdict`` (:mod:`kvstats.verdicts`); set from a ``Verdict``
+``rule``       the verdict rule that produced ``verdict`` (:mod:`kvstats.measure.verdicts`); set from a ``Verdict``
 ``reason``     the rule's sentence, generated from the numbers it saw; set from a ``Verdict``
 =============  ==============================================================================================
 
 Files written before ``position`` and ``discrepancy`` existed stay valid (the keys are optional).
 
-    from kvstats.run.report import write_claims
+    from kvstats.study.report import write_claims
     write_claims("budget_sweep", [{"id": ..., "claim": ..., "source": ..., "measurement": ..., "data": ...,
                                    "verdict": "reproduced", "figure": "budget_sweep_kl.png"}])
 
@@ -47,11 +47,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstats.measure import verdicts as _verdicts
 from kvstats.measure.stats._common import EXACT_MAX_PAIRS
-from kvstats.run.paths import data_dir, default_figures_dir
-from kvstats.run.provenance import git_commit
-from kvstats.run.sweep import SCALES
+from kvstats.study.claims import _REQUIRED, CLAIM_KEYS, VERDICTS, Claim, _check_position, validate_claim
+from kvstats.study.paths import data_dir, default_figures_dir
+from kvstats.study.provenance import git_commit
+from kvstats.study.sweep import SCALES
 
 __all__ = [
     "CLAIM_KEYS",
@@ -70,69 +70,16 @@ __all__ = [
     "write_claims",
 ]
 
-#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule`` and ``reason``
-#: are required.
-CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale", "position",
-              "discrepancy", "rule", "reason")
-_REQUIRED = CLAIM_KEYS[:-6]
-#: Allowed verdicts (:data:`kvstats.verdicts.VERDICTS`). ``measured``: our own measurement (source kvstats).
-VERDICTS = _verdicts.VERDICTS
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
     """``<figures_dir>/data/<study>_claims.json``."""
     return data_dir(figures_dir) / f"{study}_claims.json"
 
 
-def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bool = False) -> dict[str, Any]:
-    """Check one claim object; return it as a plain dict with the optional keys filled in (None when absent).
-
-    ``claim["verdict"]`` may be a :class:`kvstats.verdicts.Verdict`: its verdict, rule and reason are stored.
-    With ``strict`` (what :func:`write_claims` uses) the verdict must come from a rule: a bare verdict string
-    is refused. ``measured`` is for the project's own measurements only (source ``"kvstats"``).
-
-    Raises ValueError/TypeError naming the key and the value seen.
-    """
-    if not isinstance(claim, Mapping):
-        raise TypeError(f"{where} must be a dict, got {type(claim).__name__}")
-    if isinstance(claim.get("verdict"), _verdicts.Verdict):
-        v = claim["verdict"]
-        claim = {**claim, "verdict": v.verdict, "rule": v.rule, "reason": v.reason}
-    missing = [k for k in _REQUIRED if k not in claim]
-    if missing:
-        raise ValueError(f"{where} lacks the key(s) {missing} (required: {list(_REQUIRED)})")
-    unknown = sorted(set(claim) - set(CLAIM_KEYS))
-    if unknown:
-        raise ValueError(f"{where} has unknown key(s) {unknown} (allowed: {list(CLAIM_KEYS)})")
-    out = {k: claim.get(k) for k in CLAIM_KEYS}
-    for key in ("id", "claim", "source", "measurement", "data"):
-        if not isinstance(out[key], str) or not out[key].strip():
-            raise ValueError(f"{where}[{key!r}] must be a non-empty string, got {out[key]!r}")
-    if out["verdict"] not in VERDICTS:
-        raise ValueError(f"{where}['verdict'] must be one of {list(VERDICTS)}, got {out['verdict']!r}")
-    if out["verdict"] == "measured" and out["source"] != "kvstats":
-        raise ValueError(f"{where}: a published claim (source {out['source']!r}) needs a verdict by a rule "
-                         "(kvstats.verdicts), not 'measured'")
-    if strict and (out["rule"] is None or out["reason"] is None):
-        raise ValueError(f"{where}['verdict'] must be a kvstats.verdicts.Verdict (computed by a rule, with its "
-                         f"reason), got the bare string {out['verdict']!r}")
-    for key in ("figure", "details", "discrepancy", "rule", "reason"):
-        if out[key] is not None and not isinstance(out[key], str):
-            raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
-    if out["scale"] is not None and out["scale"] not in SCALES:
-        raise ValueError(f"{where}['scale'] must be one of {list(SCALES)} or None, got {out['scale']!r}")
-    _check_position(out["position"], f"{where}['position']")
-    return out
-
-
-def _check_position(position: Any, where: str) -> None:
-    if position is not None and (isinstance(position, bool) or not isinstance(position, int)):
-        raise TypeError(f"{where} must be an int or None, got {position!r}")
-
-
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
                  position: int | None = None, figures_dir: str | os.PathLike | None = None,
                  echo: bool = False) -> Path:
-    """Validate ``claims`` (:class:`kvstats.run.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write them to
-    ``figures/data/<study>_claims.json`` (atomically); return the path.
+    """Validate ``claims`` (:class:`kvstats.study.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write
+    them to ``figures/data/<study>_claims.json`` (atomically); return the path.
 
     Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
     a report assembled from studies run at different scales says which ran at which; ``position`` (the
@@ -147,8 +94,6 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
     if scale is not None and scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
     _check_position(position, "position")
-    from kvstats.run.claims import Claim
-
     checked = [validate_claim(c.to_dict() if isinstance(c, Claim) else c, f"claims[{i}]", strict=True)
                for i, c in enumerate(claims)]
     if scale is not None:
@@ -430,7 +375,8 @@ def build_report(
            "run, not the paper-scale numbers; `kvstats reproduce --scale paper` reruns at the sizes the claims need."
            if any_quick else ""),
         "",
-        "Do not edit: this file is regenerated from `figures/data/*_claims.json` by `kvstats.report.build_report`.",
+        "Do not edit: this file is regenerated from `figures/data/*_claims.json` by "
+        "`kvstats.study.report.build_report`.",
         "",
     ]
     if failed:

@@ -3,7 +3,7 @@
 A study declares its sweep — a list of *cells*, each a dict of parameters (scheme, budget n, distribution,
 dim, layer, seed, sizes, ...) — and a *cell function* ``cell(**params) -> list[dict]`` returning tidy rows::
 
-    from kvstats.run.sweep import Sweep, grid, cell_seed
+    from kvstats.study.sweep import Sweep, grid, cell_seed
 
     def cell(scheme, n, dist, trials):
         rng = cell_seed("data", dist, n)            # seeds come from the parameters: deterministic
@@ -37,7 +37,7 @@ Every stored cell is validated when it is read (:func:`check_cell`): a JSON obje
 empty, not JSON, another cell's payload, ``{"rows": []}``, an edited row — is reported with its path (a
 :class:`BadCellWarning`), moved aside to ``<key>.json.bad`` and computed again.
 
-Workers (:mod:`kvstats.run.workers`). joblib's loky workers outlive a driver killed by SIGKILL (nothing runs
+Workers (:mod:`kvstats.study.workers`). joblib's loky workers outlive a driver killed by SIGKILL (nothing runs
 in a killed process). So every worker that runs a cell starts a watchdog thread that ends the worker
 (``os._exit``) within ``WATCHDOG_SECONDS`` of its parent's death (its parent pid changes when it is
 re-parented), and the driver shuts the reusable executor down at exit (``atexit``) and on SIGTERM.
@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstats.run.paths import default_figures_dir  # the figures folder: one home, kvstats.paths
-from kvstats.run.workers import parallel_map, run_cells, warm_workers
+from kvstats.study.paths import default_figures_dir  # the figures folder: one home, kvstats.study.paths
+from kvstats.study.workers import parallel_map, run_cells, warm_workers
 
 __all__ = [
     "SCALES",
@@ -214,7 +214,7 @@ class Sweep:
         study: the study name (``"budget_sweep"``), part of every cell's key and of the storage path.
         cell: ``cell(**params) -> list[dict]`` (a dict or a DataFrame is accepted too). Must be picklable
             for parallel runs: a module-level function (a study script's functions are fine: they travel to
-            the workers by path and name, :class:`~kvstats.run.workers.ScriptFunction`).
+            the workers by path and name, :class:`~kvstats.study.workers.ScriptFunction`).
         cells: the parameter dicts, e.g. from :func:`grid`; duplicates are refused.
         version: part of the key: bump it when the cell function's output changes meaning.
     """

@@ -6,7 +6,7 @@
     kvstats sensitivity --model smollm2 --quantizer kqv --bits 2 --out sensitivity.json
 
 Every configuration runs the same teacher-forced segments (the first ``segment`` tokens of ``documents_used``
-shipped documents, :mod:`kvstats.run.model_eval`) through a :class:`~kvstats.cache.KVStatsCache` whose layers
+shipped documents, :mod:`kvstats.evaluation.model_engine`) through a :class:`~kvstats.cache.KVStatsCache` whose layers
 are either quantized by the scheme or kept exact (a lossless scheme), and measures the output damage: the mean
 next-token KL(p_exact ‖ p_quantized) of each document, averaged over documents with a CI
 (:func:`kvstats.stats.mean_ci`). The configurations:
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvstats.evaluation.model_engine import DEFAULT_SEGMENT
 from kvstats.measure.stats import interval_text
-from kvstats.run.model_eval import DEFAULT_SEGMENT
 
 __all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity", "sensitivity_figure"]
 
@@ -71,7 +71,7 @@ class Sensitivity:
         return int(self.config["layers"])
 
     def to_dict(self) -> dict[str, Any]:
-        from kvstats.run.strict import strict_json
+        from kvstats.study.strict_json import strict_json
 
         rec = None if self.recommendation is None else \
             dict(self.recommendation) | {"damage": self.recommendation["damage"].to_dict()}
@@ -200,11 +200,11 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     from kvstats._files import check_output_path
     from kvstats._random import check_seed
     from kvstats._validation import check_int_range
+    from kvstats.evaluation import quantizer_sides as sides
+    from kvstats.evaluation.model_engine import model_source, model_unit, reference_logits
     from kvstats.hf.cache import IdentityScheme
     from kvstats.measure import stats
-    from kvstats.run import sides
-    from kvstats.run.model_eval import model_source, model_unit, reference_logits
-    from kvstats.run.provenance import provenance
+    from kvstats.study.provenance import provenance
 
     started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)

@@ -132,8 +132,8 @@ class Side:
         return label(self.spec)
 
     def identity(self) -> dict | None:
+        from kvstats.evaluation.unit_store import code_identity
         from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
-        from kvstats.run.unit_store import code_identity
 
         if isinstance(self.spec, Scheme):
             parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstats.run.units import METRICS
+from kvstats.evaluation.units import METRICS
 
 __all__ = ["COMPARED_METRICS", "ComparisonPlan", "compare_units", "per_document", "plan_comparison", "units_needed"]
 

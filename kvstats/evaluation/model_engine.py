@@ -12,7 +12,7 @@ for a prefill equals token-by-token decoding (docs/cache.md). Documents are the 
 segments per document, per-document means are what the t intervals average, and the pooled statistics resample
 documents, then segments (:func:`kvstats.stats.cluster_bootstrap_ci`).
 
-**Metrics** (fp64, :func:`kvstats.baselines.output_metrics`):
+**Metrics** (fp64, :func:`kvstats.hf.baselines.output_metrics`):
 
 * per unit: ``out_kl`` — mean next-token KL(p_exact ‖ p_quantized) over the segment's tokens (nats);
   ``top1`` — fraction of tokens whose top-1 next token agrees (llama.cpp's "same top p"); ``delta_nll`` — mean
@@ -52,7 +52,7 @@ class ModelSource:
     """A loaded model and the segments that are the evaluation's units.
 
     Attributes:
-        model, tokenizer, name: from :func:`kvstats.data.real.load_model`.
+        model, tokenizer, name: from :func:`kvstats.hf.capture.load_model`.
         dims: :func:`kvstats.cache.model_dims` of its config (head_dim, kv_heads, q_heads, layers).
         segments: ``(document index, title, ids [1, T])`` per unit.
         skipped: titles of the documents shorter than one segment.

@@ -54,7 +54,7 @@ class UnitSource:
         dim: the head dimension d.
         kv_heads: KV heads of a unit's cache ``[B, kv_heads, S, d]``.
         available: how many units exist (a capture's disjoint windows), None when unbounded (synthetic draws).
-        causal, query_offset: the attention mask of a unit (see :mod:`kvstats.attention`).
+        causal, query_offset: the attention mask of a unit (see :mod:`kvstats.quant.attention`).
         rules: one :class:`PartRules` per part of a unit (the softmax scale, the soft cap).
         identity: what identifies the data (kind and parameters, or the capture file's sha256), for the unit store.
         unit: ``unit(i) -> [(q, k, v), ...]``, the tensors of unit ``i`` (fp32).
