@@ -25,14 +25,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: run one cell of studies/<name>.py with torch at <threads> threads; print its rows as JSON (floats exact: repr)
 CELL_DRIVER = r"""
-import importlib.util, json, sys
+import importlib, importlib.util, json, sys
 import torch
 name, fn, params, threads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
-spec = importlib.util.spec_from_file_location(name, f"{sys.argv[5]}/studies/{name}.py")
-mod = importlib.util.module_from_spec(spec)
-sys.modules[name] = mod
-spec.loader.exec_module(mod)
+import os
+if os.path.isdir(f"{sys.argv[5]}/studies/{name}"):  # a study package: kvstats.studies.<name>
+    mod = importlib.import_module(f"kvstats.studies.{name}")
+else:
+    spec = importlib.util.spec_from_file_location(name, f"{sys.argv[5]}/studies/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
 if len(sys.argv) > 6:  # the study's own preparation (e.g. nova's captures), as its main() would run it first
     getattr(mod, sys.argv[6])()
 print(json.dumps(getattr(mod, fn)(**params), default=repr))
@@ -40,12 +44,16 @@ print(json.dumps(getattr(mod, fn)(**params), default=repr))
 
 #: run studies/<name>.py main() at a tiny 'quick' scale (SCALE patched) with --n-jobs <jobs>
 SHELL_DRIVER = r"""
-import importlib.util, json, sys
+import importlib, importlib.util, json, sys
 name, tiny, jobs, root = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
-spec = importlib.util.spec_from_file_location(name, f"{root}/studies/{name}.py")
-mod = importlib.util.module_from_spec(spec)
-sys.modules[name] = mod
-spec.loader.exec_module(mod)
+import os
+if os.path.isdir(f"{root}/studies/{name}"):  # a study package: kvstats.studies.<name>
+    mod = importlib.import_module(f"kvstats.studies.{name}")
+else:
+    spec = importlib.util.spec_from_file_location(name, f"{root}/studies/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
 mod.SCALE["quick"] = tiny
 sys.exit(mod.main(["--scale", "quick", "--n-jobs", jobs, "--no-progress"]))
 """

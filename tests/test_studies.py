@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import importlib.util
 import json
 import math
@@ -30,8 +31,19 @@ from kvstats.study.sweep import Sweep, grid
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
 
+def study_paths() -> dict[str, Path]:
+    """Every study: name -> its script studies/<name>.py or its package studies/<name>/ (kvstats.cli.reproduce)."""
+    from kvstats.cli.reproduce import study_entries
+
+    return {p.stem: p for p in study_entries(STUDIES)}
+
+
 def load_study(name: str):
-    """Import studies/<name>.py as a module (studies/ is not a package)."""
+    """A study as a module: a package ``studies/<name>/`` is ``kvstats.studies.<name>`` (its ``__init__`` holds what
+    tests read: SCALE, POSITION, main, its cells and rules); a script ``studies/<name>.py`` is imported from its file
+    as the module ``<name>``."""
+    if (STUDIES / name).is_dir():
+        return importlib.import_module(f"kvstats.studies.{name}")
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, STUDIES / f"{name}.py")
@@ -274,7 +286,7 @@ def test_study_order_comes_from_the_studies(tmp_path):
     import kvstats.study.report as report
 
     assert not hasattr(report, "STUDY_ORDER")
-    scripts = {p.stem: p for p in STUDIES.glob("*.py") if not p.name.startswith("_")}
+    scripts = study_paths()
     positions = {name: report.script_position(path) for name, path in scripts.items()}
     assert all(isinstance(p, int) for p in positions.values()), positions
     assert len(set(positions.values())) == len(positions)  # no ties: the order is defined
@@ -285,6 +297,31 @@ def test_study_order_comes_from_the_studies(tmp_path):
     (tmp_path / "plain.py").write_text("x = 1\n")
     assert study_order({"plain": tmp_path / "plain.py", "late": tmp_path / "late.py",
                         "sphere_law": scripts["sphere_law"]}) == ["late", "sphere_law", "plain"]
+    (tmp_path / "packaged").mkdir()  # a study package declares its POSITION in its __init__.py
+    (tmp_path / "packaged" / "__init__.py").write_text("POSITION = 3\n")
+    assert study_order({"late": tmp_path / "late.py", "packaged": tmp_path / "packaged"}) == ["packaged", "late"]
+
+
+def test_reproduce_runs_study_packages_beside_scripts_in_report_order(tmp_path, capfd):
+    """A study that outgrew one file is a package studies/<name>/ with a __main__.py (docs/studies.md)."""
+    from kvstats.cli import main
+
+    studies, figures = tmp_path / "studies", tmp_path / "figures"
+    (studies / "packaged").mkdir(parents=True)
+    (studies / "packaged" / "__init__.py").write_text("POSITION = 1\n")
+    (studies / "packaged" / "__main__.py").write_text("import sys\nprint('packaged ran', sys.argv[1:])\n")
+    (studies / "_helper").mkdir()  # not a study: a leading underscore
+    (studies / "_helper" / "__main__.py").write_text("raise SystemExit(3)\n")
+    (studies / "notes").mkdir()  # not a study: no __main__.py
+    (studies / "script.py").write_text("POSITION = 2\nprint('script ran')\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVSTATS_FIGURES_DIR", str(figures))
+        assert main(["reproduce", "--studies-dir", str(studies), "--isolate"]) == 0
+        out = capfd.readouterr().out  # --isolate: each study a subprocess writing to the file descriptor
+        assert main(["reproduce", "--studies-dir", str(studies)]) == 0  # in this process (runpy) too
+    assert out.index("[1/2] packaged") < out.index("packaged ran ['--scale', 'quick']") < out.index("[2/2] script")
+    assert "script ran" in out and "_helper" not in out and "notes" not in out
+    assert "packaged ran ['--scale', 'quick']" in capfd.readouterr().out
 
 
 def test_known_discrepancies_are_generated_from_the_claims(tmp_path):
@@ -520,7 +557,7 @@ def test_old_claims_files_are_ordered_by_the_scripts_beside_them(tmp_path):
 def test_every_committed_figure_and_data_file_is_named_after_its_study():
     # docs/studies.md, "Writing a study": figures/<study>_*.png and figures/data/<study>[_*].csv|json, so a
     # file says which script regenerates it
-    names = sorted(p.stem for p in STUDIES.glob("*.py") if p.stem != "__init__")
+    names = sorted(study_paths())
     figures = STUDIES.parent / "figures"
     files = [*figures.glob("*.png"), *(figures / "data").glob("*.csv"), *(figures / "data").glob("*.json")]
     assert files

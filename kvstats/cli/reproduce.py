@@ -33,7 +33,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     studies_dir = Path(args.studies_dir) if args.studies_dir else _shipped_studies()
     if not studies_dir.is_dir():
         raise FileNotFoundError(f"--studies-dir {studies_dir} is not a folder")
-    scripts = sorted(p for p in studies_dir.glob("*.py") if not p.name.startswith("_"))
+    scripts = sorted(study_entries(studies_dir), key=lambda p: p.stem)
     if args.only:
         unknown = set(args.only) - {p.stem for p in scripts}
         if unknown:
@@ -75,6 +75,13 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def study_entries(studies_dir):
+    """The studies of a folder: each script ``<name>.py`` and each package ``<name>/`` that runs as a program (has a
+    ``__main__.py``); names starting with ``_`` are helpers, not studies."""
+    return [p for p in studies_dir.iterdir() if not p.name.startswith(("_", "."))
+            and ((p.suffix == ".py" and p.is_file()) or (p.is_dir() and (p / "__main__.py").is_file()))]
+
+
 def _shipped_studies():
     """The folder of the study scripts installed with kvstats (``kvstats.studies``; ``studies/`` in the repository)."""
     from importlib.resources import files
@@ -84,7 +91,7 @@ def _shipped_studies():
 
 
 def _run_script(path, argv: list[str]) -> int:
-    """Run a study script in this process as ``__main__`` (like ``python path *argv``); its exit code."""
+    """Run a study script or package in this process as ``__main__`` (like ``python path *argv``); its exit code."""
     import os
     import runpy
     import traceback

@@ -174,9 +174,13 @@ def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def script_position(path: str | os.PathLike) -> int | None:
-    """The ``POSITION = <int>`` a study script declares at module level (read without importing it), or None."""
+    """The ``POSITION = <int>`` a study declares at module level (read without importing it), or None: a study
+    script ``studies/<name>.py``, or a study package ``studies/<name>/`` (its ``__init__.py``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "__init__.py"
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:
@@ -200,8 +204,8 @@ def study_order(names: Iterable[str] | Mapping[str, str | os.PathLike],
     """Studies in report order: by the position each declares, then by name; those without one last, by name.
 
     ``names``: study names (their position is read from their claims files in ``figures_dir``, else from
-    ``studies/<name>.py`` beside that folder), or a mapping name -> study script (the ``POSITION`` the script
-    declares; else its claims file's).
+    ``studies/<name>.py`` or the package ``studies/<name>/`` beside that folder), or a mapping name -> study script
+    or package (the ``POSITION`` it declares; else its claims file's).
     """
     scripts = names if isinstance(names, Mapping) else {}
     names = list(names)
@@ -213,7 +217,8 @@ def study_order(names: Iterable[str] | Mapping[str, str | os.PathLike],
         if pos is None:
             pos = _claims_position(claims_path(name, figures_dir))
         if pos is None and name not in scripts:
-            pos = script_position(studies_dir / f"{name}.py")
+            script = studies_dir / f"{name}.py"
+            pos = script_position(script if script.is_file() else studies_dir / name)
         positions[name] = pos
     return sorted(names, key=lambda n: (positions[n] is None, positions[n] or 0, n))
 
