@@ -115,10 +115,10 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
                    force: bool = False, store=None, progress: bool = False, dtype: torch.dtype = torch.float32,
                    documents: dict[str, str] | None = None, **options) -> ModelEvaluation:
     """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.evaluation.model_engine`).
+    ``quantizer``, ``bits``, ``compare``, ``match_bits``, ``seed``, ``alpha``, ``confidence_level``, ``check``,
+    ``linear``, ``out``, ``force``, ``store``, ``progress`` and ``**options`` are as in :func:`kvstats.evaluate`.
 
     Args:
-        quantizer, bits, compare, match_bits, seed, alpha, confidence_level, check, linear, out, force, store,
-            progress, **options: as :func:`kvstats.evaluate`.
         model: ``"smollm2"``, a local Hugging Face model folder or a .gguf file.
         segment: tokens per segment; segments_per_document: how many disjoint segments of each document (None:
             all).
