@@ -12,12 +12,14 @@ seeds), an importable ``"module:Class"``, a class or factory ``factory(bits=, di
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvstats._random import spawn_seeds
 
-__all__ = ["QuantizerCheckError", "Side", "check_side", "label", "match_bits", "measured_bits", "resolve_scheme"]
+__all__ = ["QuantizerCheckError", "Side", "check_side", "label", "match_bits", "measured_bits", "resolve_scheme",
+           "scheme_builder"]
 
 _PROTOCOL = ("encode", "decode", "inner", "bits_per_coordinate")
 
@@ -75,31 +77,49 @@ def _check_protocol(q, role: str, label: str, part: str) -> None:
         raise ValueError(f"{role} {label!r}: its {part} quantizer {q!r} needs calibration and is not calibrated")
 
 
-def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
-    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
-    the ``role`` ("quantizer" or "compare") and the spec."""
+def scheme_builder(spec, *, role: str = "quantizer", **options) -> Callable[..., Any]:
+    """``spec`` (see the module doc) resolved once into ``build(bits=, dim=, seed=) -> Scheme``: a registry lookup,
+    an import or a refusal happens here, not at every unit; errors name the ``role`` ("quantizer" or "compare")
+    and the spec."""
     from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
 
     if isinstance(spec, Scheme):
-        if spec.dim != dim:
-            raise ValueError(f"{role} {spec.name!r} is a Scheme of dim {spec.dim}, but the data have head dim {dim}")
-        return spec
+        def ready(bits: int, dim: int, seed: int) -> Scheme:
+            if spec.dim != dim:
+                raise ValueError(f"{role} {spec.name!r} is a Scheme of dim {spec.dim}, but the data have head dim "
+                                 f"{dim}")
+            return spec
+
+        return ready
     if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
         _factory(spec, role, options)  # the calibration refusal, worded once
     if isinstance(spec, str) and spec in SCHEMES:
+        def registered(bits: int, dim: int, seed: int) -> Scheme:
+            try:
+                return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{role} {spec!r}: {exc}") from None
+
+        return registered
+    name, factory = _factory(spec, role, options)
+
+    def built(bits: int, dim: int, seed: int) -> Scheme:
+        seed_k, seed_v = spawn_seeds(seed, 2)
         try:
-            return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
+            k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
         except (ValueError, TypeError) as exc:
-            raise type(exc)(f"{role} {spec!r}: {exc}") from None
-    label, factory = _factory(spec, role, options)
-    seed_k, seed_v = spawn_seeds(seed, 2)
-    try:
-        k, v = factory(bits=bits, dim=dim, seed=seed_k), factory(bits=bits, dim=dim, seed=seed_v)
-    except (ValueError, TypeError) as exc:
-        raise type(exc)(f"{role} {label!r}: {exc}") from None
-    for part, q in (("K", k), ("V", v)):
-        _check_protocol(q, role, str(label), part)
-    return Scheme(str(label), bits, k, v, seed)
+            raise type(exc)(f"{role} {name!r}: {exc}") from None
+        for part, q in (("K", k), ("V", v)):
+            _check_protocol(q, role, str(name), part)
+        return Scheme(str(name), bits, k, v, seed)
+
+    return built
+
+
+def resolve_scheme(spec, *, bits: int, dim: int, seed: int = 0, role: str = "quantizer", **options):
+    """Build the scheme that ``spec`` names (see the module doc) at budget ``bits`` and head dim ``dim``; errors name
+    the ``role`` ("quantizer" or "compare") and the spec."""
+    return scheme_builder(spec, role=role, **options)(bits=bits, dim=dim, seed=seed)
 
 
 def label(spec) -> str:
@@ -123,9 +143,11 @@ class Side:
 
         if isinstance(self.spec, Scheme):  # a ready Scheme's budget is its own: the label and records say so
             self.bits = self.spec.bits
+        self._build = scheme_builder(self.spec, role=self.role, **self.options)  # resolved once, not per unit
 
     def scheme(self, dim: int, seed: int):
-        return resolve_scheme(self.spec, bits=self.bits, dim=dim, seed=seed, role=self.role, **self.options)
+        """The side's scheme for one unit: its budget, head dim ``dim`` and the unit's ``seed``."""
+        return self._build(bits=self.bits, dim=dim, seed=seed)
 
     @property
     def label(self) -> str:
