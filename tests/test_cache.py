@@ -767,7 +767,7 @@ def test_smollm2_assisted_decoding_through_the_cache():
 def test_query_blocks_give_the_same_attention(window, est, ids, monkeypatch):
     """attend() in blocks of 5 queries (32 tokens: 7 blocks, the last one short) equals one block: the same
     logits, the same attention records, and the same attention weights when output_attentions asks for them."""
-    import kvstats.hf.cache_layer as cache_mod
+    import kvstats.hf.code_attention as cache_mod
 
     s = scheme("qkqv", bits=3, dim=D, seed=4)
 
@@ -822,7 +822,7 @@ def test_blocked_attend_equals_its_definition(name, mask_kind, values, monkeypat
     mask, a boolean or an additive causal mask, left padding, and a mask that shows later keys (every column
     formed); with the output taken from the value codes (what a decode step does: every built-in value quantizer,
     lloyd, turbo_prod, min-max per token, without decoding V̂) and from V̂ decoded once (a long forward)."""
-    import kvstats.hf.cache_layer as cache_mod
+    import kvstats.hf.code_attention as cache_mod
 
     monkeypatch.setattr(cache_mod, "QUERY_BLOCK", 5)
     monkeypatch.setattr(cache_mod, "CODE_VALUES_MAX_QUERIES", 10 ** 9 if values == "codes" else 0)

@@ -258,7 +258,7 @@ from kvstats.quant.schemes import Scheme, scheme  # noqa: E402
 @pytest.fixture
 def fused_calls(monkeypatch):
     """The decode steps that ran the fused op (each call's key count)."""
-    import kvstats.hf.cache_layer as cache_layer
+    import kvstats.hf.code_attention as code_attention
 
     calls = []
     real = ops.decode_attention
@@ -267,7 +267,7 @@ def fused_calls(monkeypatch):
         calls.append(args[3])
         return real(*args)
 
-    monkeypatch.setattr(cache_layer.ops, "decode_attention", counting)
+    monkeypatch.setattr(code_attention.ops, "decode_attention", counting)
     return calls
 
 

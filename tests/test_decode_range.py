@@ -18,7 +18,7 @@ import kvstats
 from kvstats.data.synthetic import generate
 from kvstats.quant import ops
 from kvstats.quant.quantizers import QUANTIZERS, PerHeadQuantizer
-from kvstats.quant.quantizers.base import decode_headroom, saturating_cast
+from kvstats.quant.quantizers.numerics import decode_headroom, saturating_cast
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from kvstats.hf._transformers import AttentionInterface, AttentionMaskInterface, sdpa_mask
 from kvstats.hf.logit_rules import logit_rules
 from kvstats.quant import attention as _attention
-from kvstats.quant.quantizers.base import acc_dtype
+from kvstats.quant.quantizers.numerics import acc_dtype
 
 #: Name under which :func:`kvstats_attention` is registered in transformers' AttentionInterface.
 ATTN_IMPLEMENTATION = "kvstats"

@@ -1,6 +1,7 @@
 """What a model's attention does to its logits besides ``scaling · q·kᵀ``, read from the keywords transformers
-passes an attention function (soft capping, sliding window, sinks; anything else refused), and the masking of a
-block of logits with the model's mask."""
+passes an attention function (soft capping, sliding window, sinks; anything else refused), and the model's mask:
+the masking of a block of logits (:func:`mask_block`) and what a mask shows (:func:`mask_shows`,
+:func:`mask_shows_any`, :func:`mask_shows_later_keys`)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def logit_rules(module, kwargs: dict) -> LogitRules:
     return rules
 
 
-def _mask_block(logits: torch.Tensor, mask: torch.Tensor | None, first: int, n: int, width: int,
-                window: int | None) -> None:
+def mask_block(logits: torch.Tensor, mask: torch.Tensor | None, first: int, n: int, width: int,
+               window: int | None) -> None:
     """Mask, in place, the logits [B, H_q, N, width] of the queries at positions [first, first + N): with the
     model's mask (its rows, cut to ``width`` columns; bool True = attend, or additive), or without one causally
     (and within the sliding ``window``). Masked logits get the dtype's most negative finite value, so padded
@@ -72,11 +73,19 @@ def _mask_block(logits: torch.Tensor, mask: torch.Tensor | None, first: int, n: 
         logits += mask[..., :width].to(logits.dtype)
 
 
-def _shown(mask: torch.Tensor) -> torch.Tensor:
+def mask_shows(mask: torch.Tensor) -> torch.Tensor:
     """Where an attention mask (bool: True = attend; float: added to the logits) lets a query see a key."""
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
-def _reveals(mask: torch.Tensor) -> bool:
-    """Whether an attention mask lets any query see a key (:func:`_shown` anywhere)."""
-    return bool(_shown(mask).any())
+def mask_shows_any(mask: torch.Tensor) -> bool:
+    """Whether an attention mask lets any query see a key (:func:`mask_shows` anywhere)."""
+    return bool(mask_shows(mask).any())
+
+
+def mask_shows_later_keys(mask: torch.Tensor, n: int) -> bool:
+    """Whether the mask rows of the last ``n`` positions (bool: True = attend; float: added to the logits; keys aligned
+    to the end) let a query see a key after its own position."""
+    rows = mask[..., -n:]  # a later key of one of the last n queries is one of the last n keys
+    rows = rows if rows.shape[-2] in (1, n) else rows[..., -n:, :]  # one row broadcast to every query, or theirs
+    return bool((mask_shows(rows) & ~_attention.causal_visible(n, n, 0, device=rows.device)).any())

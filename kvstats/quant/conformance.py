@@ -46,8 +46,9 @@ exception raised inside the quantizer during a check is reported the same way, a
   appended token by token decode and score as their parts, and their first tokens (crop) as those tokens; a
   quantizer that declares ``codes_per_vector = True`` has codes indexed by token, and tokens encoded a few at a
   time decode and score as the same tokens encoded at once (the cache then encodes window tokens ahead; a
-  vector or two in 27 may differ, see ``_vectors_apart``); ``inner_plan`` and ``weighted_sum_plan`` (what the
-  cache's decode steps call) give the numbers of ``inner`` and ``weighted_sum``.
+  vector or two in 27 may differ, see ``kvstats.quant._checks.vectors_apart``); ``inner_plan`` and
+  ``weighted_sum_plan`` (what the cache's decode steps call) give the numbers of ``inner`` and ``weighted_sum``.
+  Code: :mod:`kvstats.quant._cache_checks`.
 * ``bad input``     — NaN, ±inf, a wrong last dim, an empty tensor, an integer tensor, a non-tensor and a
   non-Code are refused with ValueError or TypeError (never accepted, never another exception).
 
@@ -61,14 +62,14 @@ coordinates checked.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 
-from kvstats.quant._guard import InputGuard
+from kvstats.quant._cache_checks import check_cache
+from kvstats.quant._checks import BATCH, HEADS, Check, CheckFailed, close, draw
 from kvstats.quant.quantizers.base import Code, held_bytes
 
 __all__ = ["CHECKS", "check_quantizer", "decode_in_fresh_process"]
@@ -82,45 +83,6 @@ STORED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RD_FACTOR = math.exp(-2.0)
 #: At its widest bit width a quantizer must reconstruct x with ‖x − x̂‖²/‖x‖² below this.
 WIDEST_MAX_RELATIVE_ERROR = 0.5
-#: Batch rows and heads of the test data (x [B, H, n, d]).
-BATCH, HEADS = 2, 3
-
-
-class CheckFailed(AssertionError):
-    """A failed conformance check; the message starts with ``check_quantizer[<check>]``."""
-
-
-class _Check:
-    """Raise :class:`CheckFailed` naming the check and the quantizer."""
-
-    def __init__(self, quantizer):
-        self.quantizer = quantizer
-
-    def fail(self, check: str, message: str):
-        raise CheckFailed(f"check_quantizer[{check}] failed for {self.quantizer!r}: {message}")
-
-    def guarded(self, quantizer):
-        """``quantizer`` with every input of every call compared after the call with a copy taken before it."""
-        return InputGuard(quantizer, lambda message: self.fail("input", message))
-
-    def that(self, ok: bool, check: str, message: str) -> None:
-        if not ok:
-            self.fail(check, message)
-
-    @contextlib.contextmanager
-    def running(self, check: str, doing: str = ""):
-        """Report an exception raised inside the quantizer as a failure of ``check``."""
-        try:
-            yield
-        except CheckFailed:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any exception of the quantizer fails the check it happened in
-            where = f" while {doing}" if doing else ""
-            self.fail(check, f"the quantizer raised {type(exc).__name__}{where}: {exc}")
-
-
-def _draw(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
 
 
 def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None,
@@ -147,17 +109,17 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
             anything but the code and the seed — a module-level stash keyed by the code's content, a file — fails
             there. Costs the start of a process (seconds).
     """
-    check = _Check(quantizer)
+    check = Check(quantizer)
     q = check.guarded(quantizer)
     budget = _protocol(check, q, n_tokens)
     h = HEADS if heads is None else heads
-    x = _draw((BATCH, h, n_tokens, q.dim), seed)
-    query = _draw((BATCH, h, 5, q.dim), seed + 1)
+    x = draw((BATCH, h, n_tokens, q.dim), seed)
+    query = draw((BATCH, h, 5, q.dim), seed + 1)
     code, x_hat, scores = _shapes(check, q, x, query, any_shape=heads is None)
     _inputs_and_dtypes(check, q, x, query)
     _reconstruction(check, q, x, build, seed)
     _determinism(check, q, x, query, code, x_hat, factory, build)
-    _cache(check, q, seed, h)
+    check_cache(check, q, seed, h)
     _bits(check, q, budget, n_tokens, seed, h)
     if linear:
         _inner(check, query, x_hat, scores)
@@ -173,7 +135,7 @@ def check_quantizer(quantizer, *, factory: Callable[[int], object] | None = None
 # ------------------------------------------------------------------------------------------------- checks
 
 
-def _protocol(check: _Check, q, n_tokens: int):
+def _protocol(check: Check, q, n_tokens: int):
     for method in ("encode", "decode", "inner", "bits_per_coordinate"):
         check.that(callable(getattr(q, method, None)), "protocol", f"no method {method}()")
     d = getattr(q, "dim", None)
@@ -189,7 +151,7 @@ def _protocol(check: _Check, q, n_tokens: int):
     return budget
 
 
-def _budget(check: _Check, budget, what: str) -> None:
+def _budget(check: Check, budget, what: str) -> None:
     fields = {}
     for name in ("payload", "norms", "side", "total"):
         value = getattr(budget, name, None)
@@ -204,7 +166,7 @@ def _budget(check: _Check, budget, what: str) -> None:
                f"{what}.total = {fields['total']!r} is not payload + norms + side = {parts!r}")
 
 
-def _code_fields(check: _Check, code, where: str) -> None:
+def _code_fields(check: Check, code, where: str) -> None:
     check.that(isinstance(code, Code), "code fields", f"{where} must return a kvstats Code, got {type(code).__name__}")
     names = {f.name for f in dataclasses.fields(Code)}
     extra = sorted(set(vars(code)) - names)
@@ -218,7 +180,7 @@ def _code_fields(check: _Check, code, where: str) -> None:
         _code_fields(check, part, f"{where} (part {key!r})")
 
 
-def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor, any_shape: bool):
+def _shapes(check: Check, q, x: torch.Tensor, query: torch.Tensor, any_shape: bool):
     b, h, n, d = x.shape
     with check.running("shapes", f"encoding x of shape {tuple(x.shape)}"):
         code = q.encode(x)
@@ -241,7 +203,7 @@ def _shapes(check: _Check, q, x: torch.Tensor, query: torch.Tensor, any_shape: b
     return code, x_hat, scores
 
 
-def _inputs_and_dtypes(check: _Check, q, x: torch.Tensor, query: torch.Tensor) -> None:
+def _inputs_and_dtypes(check: Check, q, x: torch.Tensor, query: torch.Tensor) -> None:
     for dtype in (*STORED_DTYPES, torch.float64):
         xd, qd = x.to(dtype), query.to(dtype)
         with check.running("dtypes", f"encoding {dtype} input"):
@@ -272,7 +234,7 @@ def _inputs_and_dtypes(check: _Check, q, x: torch.Tensor, query: torch.Tensor) -
     check.that(bool(torch.isfinite(zero_hat).all()), "dtypes", "zero vectors decode to non-finite values")
 
 
-def _reconstruction(check: _Check, q, x: torch.Tensor, build, seed: int) -> None:
+def _reconstruction(check: Check, q, x: torch.Tensor, build, seed: int) -> None:
     with check.running("reconstruction", "encoding x"):
         code = q.encode(x)
         x_hat = q.decode(code)
@@ -298,7 +260,7 @@ def _reconstruction(check: _Check, q, x: torch.Tensor, build, seed: int) -> None
                f"‖x − x̂‖²/‖x‖² = {err:.3g} (>= {WIDEST_MAX_RELATIVE_ERROR}): its decode does not recover x")
 
 
-def _determinism(check: _Check, q, x, query, code, x_hat, factory, build) -> None:
+def _determinism(check: Check, q, x, query, code, x_hat, factory, build) -> None:
     with check.running("determinism", "encoding x again"):
         again = q.encode(x)
         check.that(code.equal(again), "determinism", "encoding the same x twice gave different codes")
@@ -307,7 +269,7 @@ def _determinism(check: _Check, q, x, query, code, x_hat, factory, build) -> Non
     with check.running("determinism", "encoding a strided view of x"):
         strided = q.encode(wide[..., x.shape[-2]:, :])
         strided_hat = q.decode(strided)
-    check.that(code.equal(strided) or _close(strided_hat, x_hat), "determinism",
+    check.that(code.equal(strided) or close(strided_hat, x_hat), "determinism",
                "encoding a strided view of x (x[..., a:b, :] of a longer tensor, what the cache passes) gave other "
                "codes than encoding x itself")
     if factory is None and build is None:
@@ -319,7 +281,7 @@ def _determinism(check: _Check, q, x, query, code, x_hat, factory, build) -> Non
         fresh_code = fresh.encode(x)
         check.that(code.equal(fresh_code), "determinism",
                    f"a quantizer rebuilt with the same seed {seed} gave different codes")
-        other = _draw(tuple(x.shape), 1234567)
+        other = draw(tuple(x.shape), 1234567)
         q.encode(other)  # anything a cheat stashes about the last input now describes another x
         rebuilt = dataclasses.replace(code, **_cloned_fields(code))
         fresh_hat = fresh.decode(rebuilt)
@@ -327,7 +289,7 @@ def _determinism(check: _Check, q, x, query, code, x_hat, factory, build) -> Non
     check.that(torch.equal(fresh_hat, x_hat), "determinism",
                "a quantizer rebuilt with the same seed decodes the code (copied tensor by tensor) to another x̂: "
                "decode must depend on the code and the seed only")
-    check.that(_close(fresh_scores, q.inner(query, code)), "determinism",
+    check.that(close(fresh_scores, q.inner(query, code)), "determinism",
                "a quantizer rebuilt with the same seed scores the code (copied tensor by tensor) differently")
 
 
@@ -343,12 +305,12 @@ def _cloned_fields(code: Code) -> dict:
             "parts": {k: dataclasses.replace(p, **_cloned_fields(p)) for k, p in code.parts.items()}}
 
 
-def _bits(check: _Check, q, budget, n_tokens: int, seed: int, heads: int) -> None:
+def _bits(check: Check, q, budget, n_tokens: int, seed: int, heads: int) -> None:
     for n in (n_tokens, 2 * n_tokens + 9):
         with check.running("bits", f"bits_per_coordinate(n_tokens={n})"):
             at_n = budget if n == n_tokens else q.bits_per_coordinate(n_tokens=n)
         _budget(check, at_n, f"bits_per_coordinate(n_tokens={n})")
-        x = _draw((BATCH, heads, n, q.dim), seed + 2)
+        x = draw((BATCH, heads, n, q.dim), seed + 2)
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             with check.running("bits", f"encoding {dtype} input of {n} tokens"):
                 code = q.encode(x.to(dtype))
@@ -364,7 +326,7 @@ def _bits(check: _Check, q, budget, n_tokens: int, seed: int, heads: int) -> Non
                                               "; codes of fp16/bf16 input may hold fewer bits, never more"))
 
 
-def _inner(check: _Check, query, x_hat, scores) -> None:
+def _inner(check: Check, query, x_hat, scores) -> None:
     exact = query.double() @ x_hat.double().transpose(-1, -2)
     gap = float((scores.double() - exact).abs().max())
     tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
@@ -373,11 +335,11 @@ def _inner(check: _Check, query, x_hat, scores) -> None:
                "pass linear=False (kvstats evaluate --nonlinear) if the estimator has no such reconstruction")
 
 
-def _weighted_sum(check: _Check, q, code, x_hat, seed: int) -> None:
+def _weighted_sum(check: Check, q, code, x_hat, seed: int) -> None:
     weighted_sum = getattr(q, "weighted_sum", None)
     if weighted_sum is None:  # optional: the cache decodes, then multiplies
         return
-    logits = _draw((*x_hat.shape[:-2], 5, x_hat.shape[-2]), seed + 2) * 3
+    logits = draw((*x_hat.shape[:-2], 5, x_hat.shape[-2]), seed + 2) * 3
     weights = torch.softmax(logits, dim=-1)
     with check.running("weighted sum", "weighted_sum(weights [..., 5, n], code)"):
         got = weighted_sum(weights, code)
@@ -391,115 +353,16 @@ def _weighted_sum(check: _Check, q, code, x_hat, seed: int) -> None:
                f"(> {tol:.3g})")
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal up to fp32 rounding: a rotation applied as a matmul rounds differently for another number of rows."""
-    return a.shape == b.shape and not bool(_apart(a, b).any())
-
-
-def _apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Where a and b (of one shape) differ beyond fp32 rounding: 1e-5 of max|b| plus 1e-5 of |b|."""
-    a, b = a.double(), b.double()
-    return (a - b).abs() > 1e-5 * b.abs().amax().clamp_min(1e-30) + 1e-5 * b.abs()
-
-
-def _vectors_apart(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many vectors (rows over the last axis) of a and b differ beyond fp32 rounding (:func:`_close` row by row).
-
-    Codes of the same vectors formed in other groups of rows may differ in a few vectors: a rotation or sketch
-    computed by a matmul rounds differently for another number of rows, and a coordinate within an ulp of a cell
-    boundary then takes the neighbouring cell (about 1e-4 per vector of 64 coordinates, so three or more of 54
-    vectors apart has probability below 1e-7); a code that depends on the other rows moves most of them."""
-    return int(_apart(a, b).any(-1).sum())
-
-
-def _cache(check: _Check, q, seed: int, heads: int) -> None:
-    n = 9  # odd; split below as 1 + 1 + 3 + 4 tokens: one-token decode steps and odd prefill chunks
-    x = _draw((BATCH, heads, n, q.dim), seed + 3)
-    query = _draw((BATCH, heads, 5, q.dim), seed + 4)
-    with check.running("cache", "encoding one token"):
-        one = q.encode(x[..., :1, :])
-        one_hat = q.decode(one)
-        one_scores = q.inner(query, one)
-    check.that(tuple(one_hat.shape) == (BATCH, heads, 1, q.dim) and tuple(one_scores.shape) == (BATCH, heads, 5, 1),
-               "cache", f"a one-token x [{BATCH}, {heads}, 1, d] decoded to {tuple(one_hat.shape)} and scored "
-               f"{tuple(one_scores.shape)}")
-    with check.running("cache", f"encoding {n} tokens"):
-        code = q.encode(x)
-        x_hat = q.decode(code)
-        scores = q.inner(query, code)
-    for key, t in code.named_tensors():
-        check.that(t.dim() >= 1 and t.shape[0] == BATCH, "cache",
-                   f"code tensor {key!r} has shape {tuple(t.shape)}: the cache selects beams along axis 0 of every "
-                   f"code tensor, which must be the batch axis of x [B, H, n, d] (B = {BATCH})")
-    for what, select in (("index_select(0, [1, 0, 1]) (beam search reordering)",
-                          lambda t: t.index_select(0, torch.tensor([1, 0, 1], device=t.device))),
-                         ("repeat_interleave(2, dim=0) (beam search expansion)",
-                          lambda t: t.repeat_interleave(2, dim=0))):
-        with check.running("cache", f"decoding a code after {what}"):
-            chosen = code.map_batch(select)
-            chosen_hat = q.decode(chosen)
-            chosen_scores = q.inner(select(query), chosen)
-        check.that(_close(chosen_hat, select(x_hat)) and _close(chosen_scores, select(scores)), "cache",
-                   f"{what} on every code tensor did not give the code of those rows of x")
-    cuts = (0, 1, 2, 5, n)
-    with check.running("cache", "encoding the tokens 1 + 1 + 3 + 4 at a time"):
-        pieces = [q.encode(x[..., a:b, :]) for a, b in zip(cuts, cuts[1:])]
-        piece_hats = [q.decode(p) for p in pieces]
-    _plans(check, q, code, query, seed)
-    declared = getattr(q, "codes_per_vector", None)
-    if not all(p.is_per_vector() for p in (*pieces, code)):
-        check.that(declared is not True, "cache",
-                   "codes_per_vector is True, but its codes are not indexed by token (Code.is_per_vector() is False)")
-        return  # groups across tokens: the cache keeps each chunk's code whole, which the checks above cover
-    with check.running("cache", "appending per-vector codes along the token axis"):
-        joined = pieces[0]
-        for p in pieces[1:]:
-            joined = joined.cat(p)
-        joined_hat = q.decode(joined)
-        joined_scores = q.inner(query, joined)
-    check.that(_close(joined_hat, torch.cat(piece_hats, dim=-2)), "cache",
-               "per-vector codes appended along the token axis do not decode to their parts' x̂ side by side")
-    check.that(_close(joined_scores, torch.cat([q.inner(query, p) for p in pieces], dim=-1)), "cache",
-               "per-vector codes appended along the token axis do not score as their parts")
-    if declared is True:  # the cache encodes window tokens ahead, in other groups than they would leave the window
-        apart = max(_vectors_apart(joined_hat, x_hat), _vectors_apart(joined_scores.transpose(-1, -2),
-                                                                      scores.transpose(-1, -2)))
-        allowed = max(2, BATCH * heads * n // 27)
-        check.that(apart <= allowed, "cache",
-                   f"codes_per_vector is True, but {apart} of the {BATCH * heads * n} tokens encoded 1 + 1 + 3 + 4 at "
-                   "a time do not decode or score as the same tokens encoded at once: a token's code depends on the "
-                   "other tokens encoded with it (declare codes_per_vector = False)")
-    with check.running("cache", "cutting a per-vector code to its first 5 tokens (crop)"):
-        head = code.narrow(5)
-        head_hat = q.decode(head)
-    check.that(_close(head_hat, x_hat[..., :5, :]), "cache",
-               "the first 5 tokens of a per-vector code (crop) do not decode to the first 5 rows of x̂")
-
-
-def _plans(check: _Check, q, code, query: torch.Tensor, seed: int) -> None:
-    """The cache's decode steps call ``inner_plan(code)`` and ``weighted_sum_plan(code)`` (a kvstats Quantizer has
-    both): they must give what ``inner`` and ``weighted_sum`` give."""
-    weights = torch.softmax(_draw((*query.shape[:-1], code.shape[-2]), seed + 5) * 3, dim=-1)
-    for method, make, arg in (("inner", "inner_plan", query), ("weighted_sum", "weighted_sum_plan", weights)):
-        if getattr(q, make, None) is None or getattr(q, method, None) is None:
-            continue
-        with check.running("cache", f"{make}(code) against {method}"):
-            got = getattr(q, make)(code)(arg)
-            want = getattr(q, method)(arg, code)
-        check.that(_close(got, want), "cache", f"{make}(code)(x) differs from {method}(x, code): a decode step of the "
-                   f"cache would not compute what {method} does")
-
-
-def _bad_input(check: _Check, q, x: torch.Tensor, query: torch.Tensor, seed: int, any_shape: bool) -> None:
+def _bad_input(check: Check, q, x: torch.Tensor, query: torch.Tensor, seed: int, any_shape: bool) -> None:
     d = q.dim
     with check.running("bad input", "encoding x"):
         flat = q.encode(x[0, 0] if any_shape else x)
     good_query = query[0, 0] if any_shape else query
     nan_query = good_query.clone().index_fill_(-1, torch.tensor([0]), float("nan"))
-    wrong_query = _draw((*good_query.shape[:-1], d + 1), seed)
+    wrong_query = draw((*good_query.shape[:-1], d + 1), seed)
     bad_x = {"NaN": x.clone().index_fill_(-1, torch.tensor([0]), float("nan")),
              "inf": x.clone().index_fill_(-1, torch.tensor([0]), float("inf")),
-             "a wrong last dim": _draw((4, d + 1), seed),
+             "a wrong last dim": draw((4, d + 1), seed),
              "an empty tensor": torch.empty(0, d),
              "an integer tensor": torch.ones(4, d, dtype=torch.int64),
              "a list": [[0.0] * d]}
@@ -550,8 +413,8 @@ def decode_in_fresh_process(tasks, *, heads: int | None = None, timeout: float =
 
     sent, expected = [], []
     for i, (build, bits, dim, seed, q) in enumerate(tasks):
-        x = _draw((BATCH, HEADS if heads is None else heads, 24, dim), 4242 + i)
-        query = _draw((BATCH, HEADS if heads is None else heads, 5, dim), 4343 + i)
+        x = draw((BATCH, HEADS if heads is None else heads, 24, dim), 4242 + i)
+        query = draw((BATCH, HEADS if heads is None else heads, 5, dim), 4343 + i)
         code = q.encode(x)
         sent.append((build, bits, dim, seed, code, query))
         expected.append((q.decode(code), q.inner(query, code)))
@@ -569,7 +432,7 @@ def decode_in_fresh_process(tasks, *, heads: int | None = None, timeout: float =
         if status != "ok":
             return (f"built in a fresh process (bits={bits}, dim={dim}, seed={seed}), the quantizer raised {got} while "
                     "decoding a code made here: decode depends on state outside the code and the seed")
-        if not (_close(got, x_hat) and _close(scores, want_scores)):
+        if not (close(got, x_hat) and close(scores, want_scores)):
             return (f"built in a fresh process (bits={bits}, dim={dim}, seed={seed}), the quantizer decodes a code "
                     "made here to another x̂: decode depends on state outside the code and the seed (a stash, a global)")
     return ""

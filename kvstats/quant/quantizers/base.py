@@ -9,6 +9,10 @@
 Provenance: every code records which quantizer made it (:class:`CodeSource`: name, dim, bits and a
 fingerprint of the seed and the options); ``decode`` and ``inner`` refuse a code made by another
 quantizer (other method, seed, dim, bits or options) with a ValueError naming both.
+
+The numerics every quantizer shares (accumulation dtype, decode headroom, saturating cast, the range checks of
+its inputs and results) live in :mod:`kvstats.quant.quantizers.numerics`, the kernel plans of one code in
+:mod:`kvstats.quant.quantizers.plans`; the names kvstats' modules import from here are re-exported.
 """
 
 from __future__ import annotations
@@ -16,65 +20,29 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from kvstats._validation import all_finite, check_float_tensor, check_not_meta, finite_max_abs
+from kvstats._validation import all_finite, check_float_tensor, check_not_meta
 from kvstats.quant.quantizers.config import QuantizerConfig
+from kvstats.quant.quantizers.numerics import (  # noqa: F401 - InnerOverflowError re-exported
+    ACC_DTYPES,
+    InnerOverflowError,
+    RangeChecks,
+    acc_dtype,
+    decode_headroom,
+    saturating_cast,
+)
+from kvstats.quant.quantizers.plans import GroupedPlan, broadcast_groups, flat_keys  # noqa: F401 - re-exported
 
 __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "ACC_DTYPES", "held_bytes", "decode_headroom",
            "saturating_cast"]
 
-#: Inputs of any float dtype are computed in fp32, except fp64 inputs (references and oracles).
-ACC_DTYPES = {torch.float64: torch.float64}
-
-
-class InnerOverflowError(ValueError):
-    """Scores of finite inputs beyond the range of their dtype (:meth:`Quantizer.inner`)."""
-
 
 #: marks a constructor argument left to the config's default
 _GIVEN_BY_CONFIG = object()
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return ACC_DTYPES.get(dtype, torch.float32)
-
-
-def decode_headroom(dtype: torch.dtype, dim: int) -> float:
-    """The largest max |x| of a vector of dim d that ``encode`` accepts in this dtype: finfo(acc).max / (4·d).
-
-    A decode accumulates in acc (fp32, fp64 for fp64 x), and its largest intermediate is at most
-    √d · ‖x̂‖ ≤ 1.5·d · max |x| (an unnormalised Walsh–Hadamard butterfly sums d terms of ‖x̂‖ ≤ 1.5‖x‖,
-    ‖x‖ ≤ √d · max |x|), so below this bound nothing overflows. Only fp32/bf16/fp64 inputs can reach it
-    (fp16's largest value, 65,504, is far below it for any d).
-    """
-    return torch.finfo(acc_dtype(dtype)).max / (4 * dim)
-
-
-def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x cast to dtype with values beyond its largest finite value clamped to ±finfo(dtype).max (never inf).
-
-    For a reconstruction x̂ of a finite x in dtype this is the projection onto the box [−max, max]^d, which
-    contains x, so it never moves a coordinate of x̂ away from x: |clamp(x̂ⱼ) − xⱼ| ≤ |x̂ⱼ − xⱼ|. Only finite
-    values are clamped: x holding NaN or ±inf (arithmetic that overflowed x's own dtype, a fault of whatever
-    computed it) raises ValueError. One aminmax pass; the clamp (a copy: x may be a stored payload) only when a
-    value lies beyond the range.
-    """
-    if x.dtype == dtype or not x.is_floating_point() or torch.finfo(x.dtype).max <= torch.finfo(dtype).max:
-        return x.to(dtype)
-    if x.numel():
-        lo, hi = (float(v) for v in torch.aminmax(x))
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError(f"a reconstruction in {x.dtype} holds {lo if not math.isfinite(lo) else hi}: its "
-                             "arithmetic overflowed before the cast to " + str(dtype))
-        big = torch.finfo(dtype).max
-        if hi > big or lo < -big:
-            x = x.clamp(-big, big)
-    return x.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -241,62 +209,7 @@ def held_bytes(code: Code) -> int:
             + sum(held_bytes(part) for part in field(code, "parts").values()))
 
 
-def broadcast_groups(query: torch.Tensor, *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
-    """Broadcast the leading dims of query [..., n_q, d] and of per-key tensors [..., n_k, *key_dims]
-    and flatten them into one group axis G, as the score kernels take them.
-
-    Returns (lead shape, query [G, n_q, d], [tensor as [G, n_k, *rest] for each code tensor]).
-    """
-    leads = [t.shape[: t.dim() - 1 - k] for t, k in zip(code_tensors, key_dims)]
-    lead = query.shape[:-2]
-    if any(other != lead for other in leads):  # (equal shapes, a decode step's case, need no broadcast)
-        lead = torch.broadcast_shapes(lead, *leads)
-
-    def flatten(t: torch.Tensor, t_lead: torch.Size, tail: torch.Size) -> torch.Tensor:
-        return (t if t_lead == lead else t.expand(*lead, *tail)).reshape(-1, *tail)
-
-    q3 = flatten(query, query.shape[:-2], query.shape[-2:])
-    flat = [flatten(t, t_lead, t.shape[t.dim() - 1 - k:]) for t, t_lead, k in zip(code_tensors, leads, key_dims)]
-    return lead, q3, flat
-
-
-def flat_keys(t: torch.Tensor, key_dims: int) -> torch.Tensor:
-    """A code's per-key tensor [*lead, n_k, *rest] (``key_dims`` = len(rest)) as [G, n_k, *rest], G = prod(lead):
-    the layout of the kernels (:class:`GroupedPlan`'s flattening)."""
-    return t.reshape(-1, *t.shape[t.dim() - 1 - key_dims:])
-
-
-class GroupedPlan:
-    """A kernel call planned for one code: ``plan(x)`` for x [*lead, n_q, w] runs ``kernel(x [G, n_q, w], *flat)``
-    with the code's per-key tensors [*lead, n_k, *rest] as ``flat`` [G, n_k, *rest] and returns [*lead, n_q, X].
-
-    The flattening (:func:`broadcast_groups`) is done once, when x has the code's leading dims — a cache's decode
-    steps call the same code's kernels once per layer and token; an x whose leading dims must be broadcast with the
-    code's is flattened with it on each call (:meth:`broadcast`)."""
-
-    def __init__(self, kernel: Callable[..., torch.Tensor], *code_tensors: torch.Tensor, key_dims: tuple[int, ...]):
-        self.kernel, self.code_tensors, self.key_dims = kernel, code_tensors, key_dims
-        leads = {t.shape[:t.dim() - 1 - k] for t, k in zip(code_tensors, key_dims)}
-        # None: the code's own tensors broadcast among themselves, so every call flattens them
-        self.lead = leads.pop() if len(leads) == 1 else None
-        self._flat: list[torch.Tensor] | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-2] != self.lead:
-            return self.broadcast(x)
-        if self._flat is None:
-            self._flat = [flat_keys(t, k) for t, k in zip(self.code_tensors, self.key_dims)]
-        out = self.kernel(x.reshape(-1, *x.shape[-2:]), *self._flat)
-        return out.view(*self.lead, *out.shape[-2:])
-
-    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
-        """The call for x whose leading dims broadcast with the code's."""
-        lead, x3, flat = broadcast_groups(x, *self.code_tensors, key_dims=self.key_dims)
-        out = self.kernel(x3, *flat)
-        return out.reshape(*lead, *out.shape[-2:])
-
-
-class Quantizer:
+class Quantizer(RangeChecks):
     """Base class. Subclasses set ``name`` and implement _encode/_decode (and _inner when the method's
     estimator is not decode-then-dot) and bits_per_coordinate.
 
@@ -435,22 +348,6 @@ class Quantizer:
             scores = self._inner(query, code)
             return scores if all_finite(scores) else self._inner_rescaled(query, code)
 
-    def _inner_rescaled(self, query: torch.Tensor, code: Code) -> torch.Tensor:
-        """``2^e · _inner(2^-e · query)`` in float64 with ``2^e ≥ max |query|`` (see :meth:`inner`), cast to the
-        scores' dtype; refused naming the magnitude when the scores lie beyond that dtype's range."""
-        big = float(query.detach().abs().amax())
-        e = math.frexp(big)[1]  # big = m · 2^e with 1/2 ≤ m < 1
-        small = self._inner((query.double() * 2.0**-e).to(query.dtype), code)
-        dtype = small.dtype
-        wide = small.double() * 2.0 ** (e // 2) * 2.0 ** (e - e // 2)  # two factors: 2^1024 is beyond a float
-        peak = float(wide.abs().max()) if wide.numel() else 0.0
-        if not math.isfinite(peak) or peak > torch.finfo(dtype).max:
-            wider = "pass the query as float64 or rescale it" if dtype != torch.float64 else "rescale the query"
-            raise InnerOverflowError(f"inner(query, code) of {self!r} reaches |⟨query, x⟩| = {peak:.4g}, beyond "
-                             f"{str(dtype)[6:]}'s largest finite value {torch.finfo(dtype).max:.4g} (max |query| = "
-                             f"{big:.4g}): {wider}")
-        return wide.to(dtype)
-
     def weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
         """Σⱼ wᵢⱼ x̂ⱼ for weights [..., n_q, n_k] and the code of x [..., n_k, d] -> [..., n_q, d].
 
@@ -563,58 +460,7 @@ class Quantizer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bits={self.bits}, dim={self.dim}, seed={self.seed})"
 
-    # -------------------------------------------------------------------------------- for subclasses
-    def _check_stored(self, code: Code, x: torch.Tensor) -> None:
-        """Refuse a code whose stored scalars overflowed their storage dtype (never return inf silently)."""
-        for key, t in code.named_scalars():
-            if t.numel() and t.is_floating_point() and not all_finite(t):
-                big = float(x.detach().abs().amax())
-                nan = torch.isnan(t)
-                if bool(nan.any()):  # not an overflow: an undefined operation (0/0, inf − inf) in the encode
-                    row = tuple(int(i) for i in nan.nonzero()[0])
-                    if t.shape == x.shape[:-1]:  # one scalar per vector: say which vector
-                        at = f"x[{', '.join(map(str, row))}] (‖x‖ = {float(x.detach()[row].double().norm()):.4g})"
-                    else:
-                        at = f"x (its entry [{', '.join(map(str, row))}] of shape {list(t.shape)})"
-                    raise ValueError(
-                        f"{self!r} stored NaN as {key} of {at}, max |x| = {big:.4g}: its encode computed an undefined "
-                        "value there (0/0 on a zero or constant vector, inf − inf) — a fault of the quantizer for this "
-                        "input, not an overflow")
-                option = self.storage_options.get(key.rsplit(".", 1)[-1], "its storage dtype")
-                fix = "rescale x" if t.dtype in (torch.float32, torch.float64) else \
-                    f"pass {option}=torch.float32 or rescale x"
-                raise ValueError(
-                    f"x (max |x| = {big:.4g}) is too large for {self!r}: its stored {key} overflows {t.dtype} "
-                    f"(largest finite {torch.finfo(t.dtype).max:.6g}); {fix}")
-
-    def _check_storable(self, x: torch.Tensor, dtype: torch.dtype, name: str, arg: str) -> None:
-        """Refuse x whose values the storage dtype cannot hold (|x| above its largest finite value)."""
-        if x.numel() and x.is_floating_point() and torch.finfo(x.dtype).max > torch.finfo(dtype).max:
-            big = float(x.detach().abs().amax())
-            if big > torch.finfo(dtype).max:
-                raise ValueError(f"{name} has max |{name}| = {big:.4g}, which {arg}={dtype} cannot hold (largest "
-                                 f"finite {torch.finfo(dtype).max:.6g})")
-
-    def _check_headroom(self, x: torch.Tensor) -> None:
-        """Refuse non-finite x, and x too large for its decode's accumulation dtype (one aminmax pass)."""
-        big = finite_max_abs(x, "x")
-        limit = self.input_limit(x.dtype)
-        if big > limit:
-            acc = acc_dtype(x.dtype)
-            wider = " or encode it as float64" if acc != torch.float64 else ""
-            raise ValueError(f"x (max |x| = {big:.4g}) is too large for {self!r}: its decode accumulates in {acc}, "
-                             f"whose sums could overflow above max |x| = {limit:.4g}; rescale x{wider}")
-
-    def input_limit(self, dtype: torch.dtype) -> float:
-        """The largest max |x| the range check of encode admits in dtype (:func:`decode_headroom`; larger for a decode
-        without sums). A stored scalar can still overflow below it (NOVA's calibrated scales): refused by name."""
-        return decode_headroom(dtype, self.dim)
-
-    def _check_vectors(self, x: torch.Tensor, name: str, check_finite: bool = True) -> None:
-        check_float_tensor(x, name, check_finite=check_finite)
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"{name}.shape[-1] must equal the quantizer's dim {self.dim}, got {x.shape[-1]}")
-
+    # ------------------------------------ for subclasses (the range checks they call: RangeChecks, numerics.py)
     def _encode(self, x: torch.Tensor) -> Code:
         raise NotImplementedError
 
