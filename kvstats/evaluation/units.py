@@ -202,7 +202,8 @@ def unit_metrics(scheme, parts, *, top_k: int, causal: bool, query_offset: int |
     """
     from kvstats.measure import error6d, metrics
     from kvstats.quant.attention import soft_cap
-    from kvstats.quant.quantizers.base import InnerOverflowError, held_bytes
+    from kvstats.quant.quantizers.base import held_bytes
+    from kvstats.quant.quantizers.numerics import InnerOverflowError
 
     per_part, held, elements = [], 0, 0
     for (q, k, v), rule in zip(parts, rules):

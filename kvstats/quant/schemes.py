@@ -39,9 +39,9 @@ from kvstats._random import check_seed, spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant import attention as _attention
 from kvstats.quant.quantizers import BitBudget, Code, Quantizer, quantizer
-from kvstats.quant.quantizers.base import acc_dtype
 from kvstats.quant.quantizers.config import ROWS, QuantizerConfig
 from kvstats.quant.quantizers.identity import IdentityQuantizer
+from kvstats.quant.quantizers.numerics import acc_dtype
 
 __all__ = ["CacheCode", "Scheme", "SchemeConfig", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES",
            "scheme", "register_scheme", "causal_mask", "gqa_groups"]

@@ -26,8 +26,10 @@ from kvstats.quant import ops
 from kvstats.quant.codebooks import beta_codebook
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, GroupedPlan, Quantizer, acc_dtype, flat_keys
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import LloydConfig, TurboMSEConfig
+from kvstats.quant.quantizers.numerics import acc_dtype
+from kvstats.quant.quantizers.plans import GroupedPlan, flat_keys
 from kvstats.quant.rotations import NoRotation, Rotation, make_rotation, one_pass, one_pass_signs
 
 __all__ = ["LloydInputs", "LloydStage", "LloydQuantizer", "TurboMSE"]

@@ -25,8 +25,10 @@ import torch
 from kvstats.quant import ops
 from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer, acc_dtype, broadcast_groups
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import MinMaxConfig, RotatedMinMaxConfig
+from kvstats.quant.quantizers.numerics import acc_dtype
+from kvstats.quant.quantizers.plans import broadcast_groups
 from kvstats.quant.rotations import Rotation, make_rotation
 
 __all__ = ["MinMaxQuantizer", "RotatedMinMax"]

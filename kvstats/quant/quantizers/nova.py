@@ -72,7 +72,7 @@ from kvstats._random import spawn_seeds
 from kvstats._validation import check_float_tensor, check_int_range
 from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits, store_scalar
-from kvstats.quant.quantizers.base import _GIVEN_BY_CONFIG, BitBudget, Code, Quantizer, acc_dtype
+from kvstats.quant.quantizers.base import _GIVEN_BY_CONFIG, BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import NovaConfig
 from kvstats.quant.quantizers.minmax import RotatedMinMax
 from kvstats.quant.quantizers.nova_calibration import (
@@ -89,6 +89,7 @@ from kvstats.quant.quantizers.nova_calibration import (
     one_thread,
     stratified_ranks,
 )
+from kvstats.quant.quantizers.numerics import acc_dtype
 from kvstats.quant.quantizers.per_head import PerHeadQuantizer
 from kvstats.quant.rotations import make_rotation
 

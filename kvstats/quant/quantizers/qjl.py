@@ -37,16 +37,10 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import DeviceCache, dtype_bits
-from kvstats.quant.quantizers.base import (
-    BitBudget,
-    Code,
-    GroupedPlan,
-    Quantizer,
-    acc_dtype,
-    broadcast_groups,
-    flat_keys,
-)
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import ROWS, QJLConfig
+from kvstats.quant.quantizers.numerics import acc_dtype
+from kvstats.quant.quantizers.plans import GroupedPlan, broadcast_groups, flat_keys
 from kvstats.quant.rotations import gaussian_sketch, orthogonal_sketch, spherical_sign_scale, srht_sketch
 
 __all__ = ["ROWS", "SignSketch", "QJLQuantizer"]

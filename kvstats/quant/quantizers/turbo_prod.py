@@ -23,17 +23,11 @@ from kvstats._random import spawn_seeds
 from kvstats.quant import ops
 from kvstats.quant.packing import packed_nbytes
 from kvstats.quant.quantizers._common import dtype_bits
-from kvstats.quant.quantizers.base import (
-    BitBudget,
-    Code,
-    GroupedPlan,
-    Quantizer,
-    acc_dtype,
-    flat_keys,
-    saturating_cast,
-)
+from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import TurboProdConfig
 from kvstats.quant.quantizers.lloyd import LloydStage
+from kvstats.quant.quantizers.numerics import acc_dtype, saturating_cast
+from kvstats.quant.quantizers.plans import GroupedPlan, flat_keys
 from kvstats.quant.quantizers.qjl import SignSketch
 from kvstats.quant.rotations import make_rotation, one_pass
 
