@@ -10,10 +10,7 @@ Deterministic (fixed seeds, no sampling statistics).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +20,7 @@ import torch
 from kvstats.measure import metrics
 from kvstats.quant import attention
 from kvstats.quant.schemes import Scheme
+from tests.test_studies import load_study
 
 RATIOS = (1, 2, 4, 7)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -60,17 +58,6 @@ def _identity_scheme(d: int) -> Scheme:
     from kvstats.hf.cache import IdentityScheme
 
     return IdentityScheme(d)
-
-
-def _budget_sweep():
-    if "budget_sweep" in sys.modules:
-        return sys.modules["budget_sweep"]
-    path = Path(__file__).resolve().parents[1] / "studies" / "budget_sweep.py"
-    spec = importlib.util.spec_from_file_location("budget_sweep", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["budget_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ------------------------------------------------------------------------------------------ the module
@@ -179,7 +166,7 @@ def test_cache_attention_uses_the_same_attention(ratio, dtype, window):
 @pytest.mark.parametrize("causal", [False, True])
 def test_budget_sweep_trial_uses_the_same_attention(ratio, causal):
     """budget_sweep's per-trial attention numbers against the float64 reference on the scheme's own logits."""
-    bs = _budget_sweep()
+    bs = load_study("budget_sweep")
     q, k, v = _data(ratio, torch.float32, seed=4, d=32, s=12)
     s = bs.make_scheme("kqv", 3, 32, seed=5)
     row = bs.trial_metrics(s, q, k, v, causal)

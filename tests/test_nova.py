@@ -28,6 +28,7 @@ from kvstats.quant.quantizers.nova import (
     stratified_ranks,
 )
 from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, NovaScheme, scheme
+from tests.test_studies import load_study
 
 D = 16
 
@@ -323,16 +324,8 @@ def test_rotated_minmax_values():
 
 # ------------------------------------------------------------------------------------------- the study
 def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
-    """studies/nova.py end to end on small stand-ins of SmolLM2's tensors (GQA 3/1, d = 16, 300 tokens)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "studies" / "nova.py"
-    spec = importlib.util.spec_from_file_location("nova_study", path)
-    study = importlib.util.module_from_spec(spec)
-    sys.modules["nova_study"] = study
-    spec.loader.exec_module(study)
+    """studies/nova/ end to end on small stand-ins of SmolLM2's tensors (GQA 3/1, d = 16, 300 tokens)."""
+    study = load_study("nova")
 
     def stand_in(name, layer):
         seed = 100 * layer + (name == study.TEXTS[1])
@@ -341,7 +334,7 @@ def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
         v = gaussian(300, D, seed + 9, torch.ones(D))
         return q.reshape(1, 3, 300, D).float(), k.reshape(1, 1, 300, D).float(), v.reshape(1, 1, 300, D).float()
 
-    monkeypatch.setattr(study, "layer_qkv", stand_in)
+    monkeypatch.setattr(study.cells, "layer_qkv", stand_in)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the sweep runs cells
     try:

@@ -26,7 +26,7 @@ from kvstats.study.report import (
     write_claims,
     write_definitions,
 )
-from kvstats.study.sweep import Sweep, grid
+from kvstats.study.sweep import Sweep, cell_seed, grid
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
@@ -86,8 +86,8 @@ def test_budget_sweep_cell_real_branch(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     fake = (torch.randn(1, 9, 80, 64, generator=gen), torch.randn(1, 3, 80, 64, generator=gen),
             torch.randn(1, 3, 80, 64, generator=gen))
-    monkeypatch.setattr(bs, "_real", lambda doc, layer: fake)
-    monkeypatch.setattr(bs, "document_tokens", lambda: [80])
+    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer: fake)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [80])
     bs.trial_data.cache_clear()
     try:
         rows = bs.cell("smollm2", 7, "kqv", "srht", 4, 64, 32, 8, 2)
@@ -516,9 +516,10 @@ def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
     # 260 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
     fake = {name: (torch.randn(1, 9, 260, 64, generator=gen), torch.randn(1, 3, 260, 64, generator=gen),
                    torch.randn(1, 3, 260, 64, generator=gen)) for name in nv.TEXTS}
-    monkeypatch.setattr(nv, "layer_qkv", lambda name, layer: fake[name])
-    monkeypatch.setattr(nv, "BUDGETS", (2,))  # one budget keeps the test short
-    assert nv._visible(3, 5).tolist() == [[j <= 2 + i for j in range(5)] for i in range(3)]
+    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer: fake[name])
+    for module in (nv, nv.cells):  # one budget keeps the test short
+        monkeypatch.setattr(module, "BUDGETS", (2,))
+    assert nv.cells._visible(3, 5).tolist() == [[j <= 2 + i for j in range(5)] for i in range(3)]
     rows = [r for r in nv.cell(0, 0, 4, False) if r["kind"] == "unit"]
     assert {r["scheme"] for r in rows} == {"nova", *nv.OBLIVIOUS}
     assert len(rows) == 9 * len(nv.BUDGETS) * (1 + len(nv.OBLIVIOUS))  # one row per query head
@@ -526,7 +527,7 @@ def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
     # one row recomputed by hand: kqv at the first budget, head 0
     q, k, v = fake[nv.TEXTS[1]]
     n, name = nv.BUDGETS[0], "kqv"
-    s = nv.make_scheme(name, n, 64, nv.cell_seed(nv.STUDY, name, n, 0, 0))
+    s = nv.make_scheme(name, n, 64, cell_seed(nv.STUDY, name, n, 0, 0))
     code = s.encode(k, v)
     qn = q[:, :, -4:]
     vis = np.array([[j <= 256 + i for j in range(260)] for i in range(4)])

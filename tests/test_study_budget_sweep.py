@@ -1,5 +1,6 @@
-"""studies/budget_sweep.py: its verdict code (every verdict each rule can return), its p-value arithmetic against
-scipy, the sketch and query models its D'Alberto rows ran, and a tiny run of main() through the study shell."""
+"""studies/budget_sweep/: its verdict code (every verdict each rule can return), its reading of the paper's published
+triple against scipy, the sketch and query models its D'Alberto rows ran, and a tiny run of main() through the study
+shell. (Its Mann–Whitney p-value arithmetic is kvstats.stats', tested in tests/test_stats_mann_whitney_reported.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import scipy.stats
 import torch
 
 import kvstats
+from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_u_pvalue
 from kvstats.study.report import read_claims
 from kvstats.study.sweep import cell_seed
 from tests.test_studies import load_study, run_tiny
@@ -105,24 +107,6 @@ def test_energy_shape_of_the_verdict_on_synthetic_clouds():
     assert bs.energy_verdict(rows.iloc[1:]).verdict == "reproduced"
 
 
-# ------------------------------------------------------------------------------------- p-value arithmetic
-
-
-def test_smallest_group_size_for_p_below_1e_23_matches_scipy():
-    """The corrected statement: exact p at complete separation n vs n is 2/C(2n, n); 41 per group suffice
-    (not 70); the normal approximation needs 68. Oracle: scipy.stats.mannwhitneyu on separated samples."""
-    exact, normal = bs.min_n_for_p(1e-23, exact=True), bs.min_n_for_p(1e-23, exact=False)
-    for n, method, cont in ((exact, "exact", True), (normal, "asymptotic", True)):
-        a, b = np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)
-        p_n = scipy.stats.mannwhitneyu(a, b, method=method, use_continuity=cont).pvalue
-        p_before = scipy.stats.mannwhitneyu(a[:-1], b[:-1], method=method, use_continuity=cont).pvalue
-        assert p_n < 1e-23 <= p_before
-    assert (exact, normal) == (41, 68)
-    assert bs.separation_p(70, exact=True) == pytest.approx(2 / math.comb(140, 70), rel=1e-12)
-    with pytest.raises(ValueError, match="target"):
-        bs.min_n_for_p(0.0, exact=True)
-
-
 # -------------------------------------------------------------------------------- data and configuration
 
 
@@ -130,7 +114,7 @@ def test_documents_are_the_five_texts_and_windows_are_disjoint(monkeypatch):
     docs = bs.documents()
     assert [t for t, _ in docs] == list(bs.DOCUMENT_TITLES)
     assert all(text.startswith(title) for title, text in docs)
-    monkeypatch.setattr(bs, "document_tokens", lambda: [300, 50, 128])
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [300, 50, 128])
     w = bs.real_windows(128)
     assert w == [(0, 0), (0, 128), (2, 0)]  # floor(300/128) = 2 windows, none in a 50-token document
 
@@ -179,9 +163,9 @@ def fake_smollm2(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     fake = {doc: (torch.randn(1, 9, 60, 64, generator=gen), torch.randn(1, 3, 60, 64, generator=gen),
                   torch.randn(1, 3, 60, 64, generator=gen)) for doc in range(3)}
-    monkeypatch.setattr(bs, "capture_documents", lambda verbose=True: None)
-    monkeypatch.setattr(bs, "document_tokens", lambda: [60, 60, 60])
-    monkeypatch.setattr(bs, "_real", lambda doc, layer: fake[doc])
+    monkeypatch.setattr(bs.cells, "capture_documents", lambda verbose=True: None)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [60, 60, 60])
+    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer: fake[doc])
     bs.trial_data.cache_clear()
     bs.trial_reference.cache_clear()
     bs.trial_error6d_reference.cache_clear()
@@ -247,7 +231,7 @@ def test_docs_state_the_computed_group_sizes():
     from pathlib import Path
 
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text().split())
-    exact, normal = bs.min_n_for_p(bs.PAPER_P, exact=True), bs.min_n_for_p(bs.PAPER_P, exact=False)
+    exact, normal = mann_whitney_min_n(bs.PAPER_P, method="exact"), mann_whitney_min_n(bs.PAPER_P, method="asymptotic")
     assert f"n ≥ {exact} per group with the exact two-sided p = 2/C(2n, n)" in text
     assert f"n ≥ {normal} with the normal approximation" in text
     assert "≥ 70 trials per group" not in text
@@ -272,8 +256,9 @@ def test_published_triple_against_scipy():
     a[-1] = b[u - 1] + 0.5  # exactly u pairs with a > b
     assert scipy.stats.mannwhitneyu(a, b).statistic == u
     asym = scipy.stats.mannwhitneyu(a, b, method="asymptotic", use_continuity=False).pvalue
-    assert bs.normal_p_of_u(u, n) == pytest.approx(asym, rel=1e-9)
-    assert bs.exact_p_of_u(u, n) == pytest.approx(scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-12)
+    assert mann_whitney_u_pvalue(u, n, n, method="asymptotic") == pytest.approx(asym, rel=1e-9)
+    assert mann_whitney_u_pvalue(u, n, n, method="exact") == pytest.approx(
+        scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-12)
     t = bs.published_triple()
     assert t["u_integers"] == [41, 42] and t["p_normal"] > bs.PAPER_P > t["p_normal_min"]
     assert "does not hold with the normal approximation" in bs.triple_text(t)

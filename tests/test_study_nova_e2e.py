@@ -1,4 +1,4 @@
-"""The verdict code of studies/nova.py and studies/end_to_end.py: each rule is fed numbers for which it must return
+"""The verdict code of studies/nova/ and studies/end_to_end/: each rule is fed numbers for which it must return
 each verdict it can, and the studies' own pieces (NOVA's regrouping, end_to_end's windows) against oracles."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from kvstats.quant.quantizers.nova import DEFAULT_RIDGE
 from kvstats.study.report import read_claims, read_definitions
 from tests.test_studies import load_study
 
@@ -148,9 +149,10 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     fake = {(name, layer): (torch.randn(1, 9, 300, 64, generator=gen),
                             torch.randn(1, 3, 300, 64, generator=gen) * scales,
                             torch.randn(1, 3, 300, 64, generator=gen)) for name in nv.TEXTS for layer in (0, 1)}
-    monkeypatch.setattr(nv, "layer_qkv", lambda name, layer: fake[(name, layer)])
+    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer: fake[(name, layer)])
     monkeypatch.setattr(nv, "ensure_captures", lambda: None)
-    monkeypatch.setattr(nv, "BUDGETS", (2,))
+    for module in (nv, nv.cells, nv.analysis, nv.figures, nv.claims):  # each module that reads BUDGETS
+        monkeypatch.setattr(module, "BUDGETS", (2,))
     monkeypatch.setitem(nv.SCALE, "quick", {"layers": (0, 1), "seeds": (0,), "n_q": 4, "insample": False})
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
@@ -165,7 +167,7 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     assert all(c["verdict"] != "measured" or c["source"] == "kvstats" for c in claims.values())
     defs = read_definitions(tmp_path / "figures" / "data" / "nova_definitions.json")
     assert "r mod G" in defs["grouping"] and "rows srht" in defs["kqv, n = 2"]
-    assert str(nv.DEFAULT_RIDGE) in defs["calibration"] or f"{nv.DEFAULT_RIDGE:g}" in defs["calibration"]
+    assert str(DEFAULT_RIDGE) in defs["calibration"] or f"{DEFAULT_RIDGE:g}" in defs["calibration"]
 
 
 # ------------------------------------------------------------------------------------------ end_to_end
@@ -205,11 +207,13 @@ def test_e2e_ratio_verdict_is_the_number_rule_on_the_printed_ratio(e2e):
 
 
 def test_e2e_segments_are_disjoint_round_robin_and_inside_one_document(e2e):
-    got = e2e.segment_starts({"a": 10, "b": 25, "c": 3}, 4)
+    from kvstats.evaluation.model_engine import round_robin_segments
+
+    got = round_robin_segments({"a": 10, "b": 25, "c": 3}, 4)
     assert got == [("a", 0), ("b", 0), ("a", 4), ("b", 4), ("b", 8), ("b", 12), ("b", 16), ("b", 20)]
-    assert e2e.segment_starts({"a": 10, "b": 25}, 4, 3) == [("a", 0), ("b", 0), ("a", 4)]
+    assert round_robin_segments({"a": 10, "b": 25}, 4, 3) == [("a", 0), ("b", 0), ("a", 4)]
     with pytest.raises(ValueError, match="fewer than 9"):
-        e2e.segment_starts({"a": 10, "b": 25}, 4, 9)
+        round_robin_segments({"a": 10, "b": 25}, 4, 9)
     docs = e2e.documents()
     assert list(docs) == list(e2e.DOCUMENTS)
     text = "\n".join(docs.values())
@@ -227,17 +231,23 @@ def test_e2e_paired_tests_pair_segments_across_schemes(e2e):
 
 
 def test_e2e_mse_scheme_is_turbo_mse_on_both(e2e):
-    s = e2e.build_scheme("mse", 3, 7)
+    from kvstats.evaluation.layer_schemes import build_scheme
+
+    s = build_scheme("mse", 3, 7, dim=e2e.cells.HEAD_DIM, rows=e2e.cells.QJL_ROWS)
     assert s.k.name == s.v.name == "turbo_mse" and s.k.seed != s.v.seed and s.bits == 3
 
 
 def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
+    import kvstats.evaluation.layer_schemes as layer_schemes
+    from kvstats.evaluation.layer_schemes import nova_layers
+    from kvstats.study.sweep import cell_seed
+
     tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
             "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "qjl_budgets": (2,), "prompts": (0,),
             "gen_budgets": (2,), "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
-    monkeypatch.setattr(e2e, "SCHEMES", ("kqv", "qkqv", "minmax", "mse", "nova"))
-    monkeypatch.setattr(e2e, "_nova_cache_dir", lambda: tmp_path / "nova")
-    e2e._nova_layers.cache_clear()
+    monkeypatch.setattr(e2e.cells, "SCHEMES", ("kqv", "qkqv", "minmax", "mse", "nova"))
+    monkeypatch.setattr(layer_schemes, "_calibration_folder", lambda: tmp_path / "nova")
+    nova_layers.cache_clear()
     monkeypatch.setitem(e2e.SCALE, "quick", tiny)
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
@@ -258,27 +268,30 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     defs = read_definitions(data / "end_to_end_definitions.json")
     assert "12 consecutive tokens" in defs["unit"] and defs["mse"].startswith("K turbo_mse")
     # NOVA-KV's calibration was stored once and reloads to the same codes
-    (stored,) = (tmp_path / "nova").glob("end_to_end_nova_*.pt")
-    fitted = e2e._nova_layers(2, 0, 300)
-    e2e._nova_layers.cache_clear()
-    loaded = e2e._nova_layers(2, 0, 300)
+    (stored,) = (tmp_path / "nova").glob("nova_calibration_*.pt")
+    root = cell_seed(e2e.STUDY, "nova", 2, 0)  # the cell seed end_to_end spawns the layers' seeds from
+    fitted = nova_layers(2, root, 300)
+    nova_layers.cache_clear()
+    loaded = nova_layers(2, root, 300)
     assert loaded is not fitted and len(loaded) == 30
     k = torch.randn(1, 3, 5, 64, generator=torch.Generator().manual_seed(2))
     assert torch.equal(loaded[7].k.decode(loaded[7].k.encode(k)), fitted[7].k.decode(fitted[7].k.encode(k)))
-    e2e._nova_layers.cache_clear()
+    nova_layers.cache_clear()
 
 
 def test_e2e_generation_cell_batches_prompts_each_row_its_own(e2e, smollm2):
     # one batched generate for every prompt: each row must carry its own prompt's exact greedy continuation
     # (oracle: a single-prompt model.generate of the exact model) and, with a lossless cache, reproduce it
-    model, tokenizer, _ = e2e._model()
-    e2e._set_attention(model, "sdpa")
+    from kvstats.evaluation.model_engine import set_attention, shared_model
+
+    model, tokenizer, _ = shared_model()
+    set_attention(model, "sdpa")
     offsets, prompt_len, new = (0, 40), 8, 4
     rows = e2e.generation_cell("identity", 0, 0, 0, list(offsets), prompt_len, new, None)
     assert [r["offset"] for r in rows] == list(offsets)
     for r, o in zip(rows, offsets):
         prompt = e2e._heldout_ids()[:, o:o + prompt_len]
-        e2e._set_attention(model, "sdpa")
+        set_attention(model, "sdpa")
         with torch.inference_mode():
             single = model.generate(prompt, max_new_tokens=new, do_sample=False,
                                     attention_mask=torch.ones_like(prompt))[0, prompt_len:]

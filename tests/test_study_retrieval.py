@@ -1,4 +1,4 @@
-"""studies/retrieval.py: its statistics against scipy/statsmodels on designed trials, its pass rule, its prompts
+"""studies/retrieval/: its statistics against scipy/statsmodels on designed trials, its pass rule, its prompts
 (answers where the chunk says), and a tiny run through the shell in which the lossless scheme must reproduce the fp
 model's every outcome (the oracle of the protocol: full-precision prefill, codes, questions through the cache)."""
 
@@ -86,7 +86,7 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
                                                                                      smollm2):
     monkeypatch.setitem(rt.SCALE, "quick", {"tasks": {"lookup": {160: 1}, "induction": {160: 1}}, "bits": (2,),
                                             "calibration_tokens": 300})
-    monkeypatch.setattr(rt, "SCHEMES", ("identity", "kqv"))
+    monkeypatch.setattr(rt.cells, "SCHEMES", ("identity", "kqv"))
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
     assert rt.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
@@ -122,30 +122,31 @@ def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
     model its attention implementation back: it left sdpa behind, so the chunk ran on the dense path without records
     (attn_kl NaN for the first NOVA-KV cells of a cold run). A cell whose chunk did not reach the kvstats path now
     raises instead of reporting it; one that did has a finite attention KL."""
-    import kvstats.studies.end_to_end as e2e
     import kvstats.studies.retrieval as ret
 
     import kvstats.hf.baselines as baselines
+    from kvstats.evaluation.layer_schemes import calibration_capture
+    from kvstats.evaluation.model_engine import set_attention, shared_model
 
-    model, _, _ = e2e._model()
-    e2e._set_attention(model, "kvstats")
-    e2e._calibration_capture.cache_clear()
+    model, _, _ = shared_model()
+    set_attention(model, "kvstats")
+    calibration_capture.cache_clear()
     try:
-        e2e._calibration_capture(64)
+        calibration_capture(64)
         assert model.config._attn_implementation == "kvstats"
     finally:
-        e2e._calibration_capture.cache_clear()
-    monkeypatch.setattr(ret, "SCHEMES", ("mse",))
+        calibration_capture.cache_clear()
+    monkeypatch.setattr(ret.cells, "SCHEMES", ("mse",))
     monkeypatch.setattr(baselines, "available_backends", lambda: ())
     rows = ret.cell("passkey", 256, 0, (2,), None)
     mse = [r for r in rows if r["scheme"] == "mse"]
     assert mse and all(np.isfinite(r["attn_kl"]) and r["attn_kl"] > 0 for r in mse)
-    build = e2e.layer_schemes
+    build = ret.cells.layer_schemes
 
     def leaves_sdpa(*args, **kwargs):  # what the capture did before
-        e2e._set_attention(model, "sdpa")
+        set_attention(model, "sdpa")
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(e2e, "layer_schemes", leaves_sdpa)
+    monkeypatch.setattr(ret.cells, "layer_schemes", leaves_sdpa)
     with pytest.raises(RuntimeError, match=r"passkey/256/0, mse n = 2: 0 attention records for 30 layers"):
         ret.cell("passkey", 256, 0, (2,), None)

@@ -3,6 +3,16 @@
     ev = kvstats.evaluate("kqv", bits=4, model="smollm2")      # teacher-forced segments of the shipped documents
     print(ev.table())                                          # KL tail as llama.cpp reports it, top-1, perplexity
 
+**The engine.** Every evaluation on a model runs these pieces: ``kvstats.evaluate(model=...)`` and ``kvstats
+sensitivity`` (through :func:`model_source` and :func:`model_unit`), the studies end_to_end, retrieval and
+model_damage. The model (:func:`model_source` loads it for one evaluation, :func:`shared_model` once per
+process); the units, disjoint segments of documents taken first-per-document (:func:`document_segments`) or
+round-robin over the documents (:func:`round_robin_segments`); the reference forward, the model's own attention
+with no cache (:func:`plain_logits`; :func:`shared_reference` computes a batch of segments once per process); the
+quantized forward through a :class:`~kvstats.cache.KVStatsCache` with a scheme per layer, each with its own K and V
+quantizers, on the estimator path (:func:`quantized_logits`); the per-layer schemes and the calibration cache in
+:mod:`kvstats.evaluation.layer_schemes`.
+
 **Units.** Segment ``j`` of document ``i``: the first ``segment`` tokens of each shipped document
 (:func:`kvstats.data.texts.documents`, 25 public-domain texts of varied genre), or its first
 ``segments_per_document`` disjoint segments. Each segment is fed from position 0, teacher-forced, twice: through
@@ -23,8 +33,10 @@ documents, then segments (:func:`kvstats.stats.cluster_bootstrap_ci`).
   with a cluster bootstrap CI over documents.
 """
 
+
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -36,8 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "model_source", "model_unit", "pooled_summary",
-           "reference_logits", "unit_summary"]
+__all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "document_segments", "model_source", "model_unit",
+           "plain_logits", "pooled_summary", "quantized_logits", "reference_logits", "round_robin_segments",
+           "set_attention", "shared_model", "shared_reference", "unit_summary"]
 
 #: Tokens per segment by default: 24 of the 25 shipped documents hold at least this many (with SmolLM2's tokenizer).
 DEFAULT_SEGMENT = 128
@@ -66,6 +79,58 @@ class ModelSource:
     segments: list[tuple[int, str, torch.Tensor]]
     skipped: list[str]
     identity: dict = field(default_factory=dict)
+
+
+def shared_model(model: str = "smollm2", dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer, name)`` of :func:`kvstats.hf.models.load_model`, loaded once per process: what the cells
+    of a study share (each worker process loads it once). Callers that change its attention implementation set it
+    again before they rely on it (:func:`set_attention`)."""
+    return _shared_model(str(model), dtype)
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_model(model: str, dtype: torch.dtype):  # one key per model, however the arguments are passed
+    from kvstats.hf.models import load_model
+
+    return load_model(model, dtype=dtype)
+
+
+def set_attention(model, name: str) -> None:
+    """Switch ``model`` to the attention implementation ``name`` (``"sdpa"``; ``"kvstats"``, registered first: the
+    estimator path) unless it already runs it."""
+    from kvstats.hf.cache import register_attention
+
+    register_attention()
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+
+
+def _check_size(size: int) -> None:
+    if size < 2:
+        raise ValueError(f"size must be at least 2 tokens, got {size}")
+
+
+def document_segments(lengths: dict[str, int], size: int, per_document: int | None = None) -> list[tuple[str, int]]:
+    """Disjoint segments of ``size`` tokens, each inside one document, document by document: segment ``j`` of
+    document ``t`` is ``(t, j * size)`` for ``j < min(lengths[t] // size, per_document)`` (None: every one); a
+    document shorter than ``size`` gives none."""
+    _check_size(size)
+    return [(t, j * size) for t, n in lengths.items()
+            for j in range(n // size if per_document is None else min(n // size, per_document))]
+
+
+def round_robin_segments(lengths: dict[str, int], size: int, count: int | None = None) -> list[tuple[str, int]]:
+    """Disjoint segments of ``size`` tokens, each inside one document: (title, first token), taken round-robin
+    over the documents (first segment of each, then the second, ...) and cut to ``count`` (None: all)."""
+    _check_size(size)
+    per_doc = {t: [(t, i * size) for i in range(n // size)] for t, n in lengths.items()}
+    order = [seg for k in range(max((len(v) for v in per_doc.values()), default=0))
+             for v in per_doc.values() if k < len(v) for seg in [v[k]]]
+    if count is not None:
+        if len(order) < count:
+            raise ValueError(f"the documents hold {len(order)} disjoint segments of {size} tokens, fewer than {count}")
+        order = order[:count]
+    return order
 
 
 def _model_identity(model: str | os.PathLike, loaded) -> dict:
@@ -98,14 +163,11 @@ def model_source(model: str | os.PathLike = "smollm2", *, segment: int = DEFAULT
     limit = getattr(lm.config, "max_position_embeddings", None)
     if limit is not None and segment > limit:
         raise ValueError(f"segment must be at most the model's max_position_embeddings={limit}, got {segment}")
-    segments, skipped = [], []
-    for i, (title, text) in enumerate(texts.items()):
-        ids = tokenizer(text, return_tensors="pt").input_ids
-        count = ids.shape[1] // segment
-        if count == 0:
-            skipped.append(title)
-        for j in range(count if segments_per_document is None else min(count, segments_per_document)):
-            segments.append((i, title, ids[:, j * segment:(j + 1) * segment]))
+    ids = {title: tokenizer(text, return_tensors="pt").input_ids for title, text in texts.items()}
+    index = {title: i for i, title in enumerate(texts)}
+    segments = [(index[t], t, ids[t][:, a:a + segment])
+                for t, a in document_segments({t: v.shape[1] for t, v in ids.items()}, segment, segments_per_document)]
+    skipped = [t for t, v in ids.items() if v.shape[1] < segment]
     if len({doc for doc, _, _ in segments}) < 2:
         raise ValueError(f"segments of {segment} tokens come from fewer than 2 documents ({len(texts)} given, "
                          f"{len(skipped)} shorter than a segment): use a smaller segment")
@@ -115,12 +177,33 @@ def model_source(model: str | os.PathLike = "smollm2", *, segment: int = DEFAULT
     return ModelSource(lm, tokenizer, name, model_dims(lm.config), segments, skipped, identity)
 
 
-def _plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
+def plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """The model's own forward of ``ids`` [B, T] with no cache (its attention implementation as set): fp32 logits
+    [B, T, V] on the CPU."""
     with torch.inference_mode():
         return model(ids.to(next(model.parameters()).device)).logits.float().cpu()
 
 
-def _cache_logits(model, scheme, ids: torch.Tensor, full_precision_window: int, record: bool):
+def shared_reference(segments, model: str = "smollm2") -> torch.Tensor:
+    """The reference logits [B, T, V] of equally long segments (token ids [B][T], nested sequences) through
+    :func:`shared_model`'s sdpa attention with no cache, in one batched forward, computed once per process (a
+    batched fp32 forward rounds apart from one segment at a time: every cell compared with it shares it)."""
+    return _shared_reference(tuple(map(tuple, segments)), str(model))
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_reference(segments: tuple[tuple[int, ...], ...], model: str) -> torch.Tensor:
+    lm = shared_model(model)[0]
+    set_attention(lm, "sdpa")
+    return plain_logits(lm, torch.tensor(segments))
+
+
+def quantized_logits(model, scheme, ids: torch.Tensor, *, full_precision_window: int = 0, record: bool = True):
+    """``ids`` [B, T] teacher-forced through a :class:`~kvstats.cache.KVStatsCache` of ``scheme`` (one Scheme for
+    every layer, or a callable ``layer -> Scheme``: each layer its own K and V quantizers) keeping the last
+    ``full_precision_window`` tokens exact, on the estimator path (verified after the forward; the model's
+    attention implementation is given back): ``(fp32 logits [B, T, V] on the CPU, the cache)``; ``record``: the
+    cache records each layer's attention KL and top-5 recall."""
     from kvstats.hf.cache import KVStatsCache, cache_kwargs, use_estimator_attention
 
     previous = model.config._attn_implementation
@@ -145,10 +228,10 @@ def reference_logits(source: ModelSource, ids: torch.Tensor) -> tuple[torch.Tens
     from kvstats.hf.baselines import output_metrics
     from kvstats.hf.cache import IdentityScheme
 
-    plain = _plain_logits(source.model, ids)
+    plain = plain_logits(source.model, ids)
     if next(source.model.parameters()).dtype in (torch.float32, torch.float64):
         return plain, None
-    lossless, _ = _cache_logits(source.model, IdentityScheme(source.dims["head_dim"]), ids, 0, False)
+    lossless, _ = quantized_logits(source.model, IdentityScheme(source.dims["head_dim"]), ids, record=False)
     return lossless, float(output_metrics(plain, lossless, ids)["out_kl"].mean())
 
 
@@ -161,7 +244,8 @@ def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision
     from kvstats.hf.baselines import output_metrics
 
     ref = reference_logits(source, ids)[0] if reference is None else reference
-    logits, cache = _cache_logits(source.model, scheme, ids, full_precision_window, record)
+    logits, cache = quantized_logits(source.model, scheme, ids, full_precision_window=full_precision_window,
+                                     record=record)
     m = output_metrics(ref, logits, ids)
     kl, top1 = m["out_kl"][0], m["top1"][0]
     nll, nll_ref = m["nll"][0], m["nll_ref"][0]

@@ -2,8 +2,9 @@
 CIs (means, ratios, Spearman ρ), power, binary outcomes (Wilson / Clopper–Pearson, exact McNemar) and
 equivalence (TOST, non-inferiority). See docs/statistics.md.
 
-One private module per family of tests (``_mann_whitney``, ``_wilcoxon``, ``_compare``, ``_bootstrap``,
-``_correlation``, ``_power``, ``_binary``, ``_equivalence``); the public names are the ones below.
+One private module per family of tests (``_mann_whitney``, ``_mann_whitney_reported``, ``_wilcoxon``, ``_compare``,
+``_bootstrap``, ``_correlation``, ``_power``, ``_binary``, ``_equivalence``, ``_normal_theory``); the public names are
+the ones below.
 
 Conventions (docs/references.md §5):
 
@@ -39,9 +40,24 @@ from kvstats.measure.stats._common import EXACT_CI_MAX_PAIRS as EXACT_CI_MAX_PAI
 from kvstats.measure.stats._common import EXACT_MAX_PAIRS as EXACT_MAX_PAIRS
 from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
 from kvstats.measure.stats._compare import compare
-from kvstats.measure.stats._correlation import CorrelationResult, spearman
+from kvstats.measure.stats._correlation import CorrelationResult, ols_slope, spearman
 from kvstats.measure.stats._equivalence import EquivalenceResult, equivalence, noninferiority
 from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
+from kvstats.measure.stats._mann_whitney_reported import (
+    RankBiserialReport,
+    mann_whitney_min_n,
+    mann_whitney_min_pvalue,
+    mann_whitney_u_pvalue,
+    rank_biserial_report,
+)
+from kvstats.measure.stats._normal_theory import (
+    TIntervalResult,
+    ZTestResult,
+    log_ratio_t_interval,
+    t_interval,
+    t_standard_error,
+    z_difference_test,
+)
 from kvstats.measure.stats._power import (
     PowerResult,
     detectable_shift,
@@ -64,6 +80,9 @@ __all__ = [
     "PowerResult",
     "WilcoxonResult",
     "MeanResult",
+    "RankBiserialReport",
+    "TIntervalResult",
+    "ZTestResult",
     "bootstrap_ci",
     "cluster_bootstrap_ci",
     "compare",
@@ -71,18 +90,27 @@ __all__ = [
     "detectable_shift",
     "equivalence",
     "hodges_lehmann",
+    "log_ratio_t_interval",
     "mann_whitney",
+    "mann_whitney_min_n",
+    "mann_whitney_min_pvalue",
+    "mann_whitney_u_pvalue",
     "mcnemar",
     "mean_ci",
     "mwu_null_cdf",
     "noninferiority",
+    "ols_slope",
     "paired_t_power",
     "proportion_ci",
+    "rank_biserial_report",
     "ratio_ci",
     "spearman",
+    "t_interval",
+    "t_standard_error",
     "wilcoxon",
     "wilcoxon_min_pvalue",
     "wilcoxon_power",
+    "z_difference_test",
 ]
 
 # Users see (and pickle) these names as ``kvstats.measure.stats.<name>``, wherever their family module lives.

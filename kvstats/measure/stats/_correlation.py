@@ -1,4 +1,4 @@
-"""Spearman ρ with its bootstrap CI."""
+"""Association of paired values: Spearman ρ with its bootstrap CI, and the least-squares slope."""
 
 from __future__ import annotations
 
@@ -86,3 +86,17 @@ def spearman(
         ci_method=how,
         n_resamples=n_resamples,
     )
+
+
+def ols_slope(points) -> float:
+    """The ordinary least-squares slope of y on x, ``β = Σ(xᵢ − x̄)(yᵢ − ȳ) / Σ(xᵢ − x̄)²``, for ``points``
+    [n, 2] (column 0 x, column 1 y): ``scipy.stats.linregress``'s slope. A plain statistic (no interval, no
+    validation beyond the shape), so that a bootstrap can call it on every resample: e.g.
+    ``cluster_bootstrap_ci(units, ols_slope, clusters=...)`` with units of rows (x, y) gives the slope's cluster
+    bootstrap CI. nan when x is constant."""
+    xy = np.asarray(points, dtype=np.float64)
+    if xy.ndim != 2 or xy.shape[1] != 2:
+        raise ValueError(f"points must be [n, 2] (x, y), got shape {xy.shape}")
+    x, y = xy[:, 0] - xy[:, 0].mean(), xy[:, 1] - xy[:, 1].mean()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float((x * y).sum() / (x * x).sum())

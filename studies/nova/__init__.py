@@ -1,0 +1,182 @@
+"""Study: NOVA-KV (calibrated, attention-aware transform coding) against the data-oblivious schemes on real K/V.
+
+    python studies/nova --scale quick|paper [--scheduler ADDR] [--n-jobs N]
+
+Data: SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads, d = 64) over the shipped public-domain text,
+cut in two at "The Preamble to the Constitution": NOVA-KV is *calibrated* on one forward pass over the first
+part (the Declaration of Independence, ≈1700 tokens: Σ_Q from its 3 query heads per KV head, μ_K, C_K, the
+k-means codebooks) and *measured* on a separate forward pass over the rest (Constitution, Bill of Rights,
+Lincoln, ≈1850 tokens), whose queries never enter the calibration.
+
+Per layer and budget n ∈ {2, 3}: the held-out cache (all its tokens) is encoded by nova, kqv, qkqv, kv and
+a KIVI-style min-max (K per channel in groups of d tokens, V per token; as in studies/budget_sweep.py),
+and the last ``n_q`` held-out queries attend causally. Per (layer, query head) unit: mean attention
+KL(p_ref ‖ p_quant) over the queries (scores from each scheme's own estimator), mean top-5 recall, mean
+relative attention-output error, mean squared logit error; and KL and top-5 recall again with the attention
+sink (token 0, which draws ≈40% of the attention mass in mid layers) kept in full precision: the cache without
+token 0 is encoded and token 0's exact logit prepended, as deployments of 2-bit caches usually do (the
+primary numbers quantize every token). At ``--scale paper`` also ``nova_insample``
+(calibrated on the measured text itself: the price of holding the queries out). With several seeds
+(``SCALE[...]["seeds"]``) units are averaged over seeds before the tests.
+
+Statistics: per n and metric, nova against each other scheme by the Wilcoxon signed-rank test over
+(layer, KV head) units (:func:`kvstats.stats.wilcoxon`: the metrics averaged over the KV head's 3 query heads,
+which share its quantized keys; every scheme sees the same keys and queries, so the design is paired),
+matched-pairs rank-biserial r of nova − other (negative: nova smaller), Holm over the whole table. The figure
+keeps the Mann–Whitney r over (layer, query head) units. Verdicts (kvstats.measure.verdicts): "NOVA beats the scalar
+methods" by the direction rule over the comparisons (baseline × {KL, top-5 recall}, min-max included); the
+bit count by the identity rule at half a unit of the printed 2.22; Parseval by the identity rule per (layer,
+KV head); equal-volume grouping by the direction rule over stratified − contiguous differences.
+
+Grouping (n = 2): each nova KV head regrouped with contiguous eigen-ranks (:func:`regrouped`: same transform
+rows, codebooks refitted with the same seed and iterations), held-out coefficient MSE and attention KL of both.
+
+Ablation (n = 2, :data:`ABLATION_ARMS`): the key transform (attention-aware vs a randomized Hadamard rotation)
+crossed with the key quantizer (group VQ vs a per-coefficient scalar codebook, ``group_dim=1``), and the value
+path (rotated min-max vs the KLT value transform with group VQ, ``value_codec="nova"``), every arm calibrated on
+the calibration text with nova's seed; Wilcoxon over (layer, KV head) units, Holm per claim family
+(figures/data/nova_ablation.csv).
+
+Generalized Parseval on real data (per layer and KV head, nova at n = 2): mean ‖y − ŷ‖² over the held-out keys
+vs the mean squared logit error E_q[(qᵀ(k − k̂))²] over the calibration queries (equal up to the ridge)
+and over the held-out queries (how far the calibrated metric carries over).
+
+Writes figures/nova_attention.png, nova_layers.png, nova_parseval.png and in figures/data/: nova_units.csv
+(every unit × scheme × n × seed), nova_tests.csv, nova_parseval.csv, nova_bits.csv, nova_grouping.csv,
+nova_ablation.csv, nova_claims.json,
+nova_definitions.json.
+quick: layers 0, 5, ..., 25 (6 layers, 54 units per scheme), 64 queries; paper: all 30 layers (270
+units), 256 queries, nova_insample.
+
+A package (docs/studies.md, "A study that outgrows one file"): cells (the study's declarations, the captures, the
+schemes, the cell with its grouping, ablation and Parseval rows), analysis (units, tests, bit counts), verdicts (the
+rules), figures, claims (and the definitions); here the study on kvstats.study.protocol.Study and main.
+"""
+
+from __future__ import annotations
+
+from kvstats.studies.nova.analysis import (
+    Analysis,
+    ablation_tests,
+    bits_table,
+    data_text,
+    grouping_tests,
+    kv_units,
+    tests,
+    unit_table,
+)
+from kvstats.studies.nova.cells import (
+    ABLATION_ARMS,
+    ABLATION_BUDGETS,
+    ABLATION_FAMILIES,
+    ALPHA,
+    BUDGETS,
+    CLAIM_METRICS,
+    GROUPING_BUDGETS,
+    METRICS,
+    OBLIVIOUS,
+    PARSEVAL_RTOL,
+    PUBLISHED_BITS,
+    QJL_ROWS,
+    SCALE,
+    SPLIT_AT,
+    STUDY,
+    TEXTS,
+    VERSION,
+    WILCOXON_RESAMPLES,
+    ablation_scheme,
+    cell,
+    contiguous,
+    ensure_captures,
+    layer_qkv,
+    make_scheme,
+    regrouped,
+)
+from kvstats.studies.nova.claims import (
+    ablation_claims,
+    beats_claim,
+    bits_claim,
+    definitions,
+    grouping_claim,
+    heldout_claim,
+    minmax_claim,
+    parseval_claim,
+    ruler_claim,
+    sink_claim,
+)
+from kvstats.studies.nova.figures import attention_figure, layers_figure, parseval_figure
+from kvstats.studies.nova.verdicts import (
+    ablation_verdict,
+    beats_verdict,
+    bits_verdict,
+    grouping_verdict,
+    parseval_verdict,
+)
+
+from kvstats import study
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+from kvstats.study.sweep import grid
+
+__all__ = ["POSITION", "ABLATION_ARMS", "ABLATION_BUDGETS", "ABLATION_FAMILIES", "ALPHA", "BUDGETS", "CLAIM_METRICS",
+           "GROUPING_BUDGETS", "METRICS", "OBLIVIOUS", "PARSEVAL_RTOL", "PUBLISHED_BITS", "QJL_ROWS", "SCALE",
+           "SPLIT_AT", "STUDY", "TEXTS", "VERSION", "WILCOXON_RESAMPLES", "ablation_scheme", "ablation_tests",
+           "ablation_verdict", "Analysis", "beats_verdict", "bits_verdict", "cell", "contiguous", "ensure_captures",
+           "grouping_tests", "grouping_verdict", "kv_units", "layer_qkv", "main", "make_scheme", "Nova",
+           "parseval_verdict", "regrouped", "tests", "unit_table"]
+
+POSITION = 80  # place in figures/REPORT.md (kvstats.study.report.study_order)
+
+
+class Nova(study.Study):
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep over layers and seeds, its tables, three
+    figures and up to nine claims."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        ensure_captures()  # once here (cached), never in parallel workers
+        return {STUDY: (cell, grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"],
+                                   insample=cfg["insample"]))}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        cfg, table = SCALE[scale], tables[STUDY]
+        pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
+        pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
+        units = unit_table(table)
+        tst = tests(units)
+        bits = bits_table()
+        grp = table[table["kind"] == "grouping"].dropna(axis=1, how="all")
+        grp = grp.groupby(["n", "layer", "kv_head"], as_index=False).mean(numeric_only=True)
+        gtst = grouping_tests(grp)
+        schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
+        abl = table[table["kind"] == "ablation"].dropna(axis=1, how="all")
+        abl = abl.groupby(["scheme", "n", "layer", "head", "kv_head"], as_index=False).mean(numeric_only=True)
+        return Analysis(cfg, scale, units, tst, pars, bits, gtst, schemes, data_text(units, cfg, scale),
+                        abl, ablation_tests(abl))
+
+    def figures(self, tables, a: Analysis) -> None:
+        table = tables[STUDY]
+        plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
+        plots.write_csv(f"{STUDY}_parseval", a.pars)
+        plots.write_csv(f"{STUDY}_tests", a.tst)
+        plots.write_csv(f"{STUDY}_bits", a.bits)
+        plots.write_csv(f"{STUDY}_grouping", a.grp)
+        plots.write_csv(f"{STUDY}_ablation", a.ablation_tests)
+        plots.setup()
+        attention_figure(a.units, a.tst, a.schemes, a.scale)
+        layers_figure(a.units, a.schemes)
+        parseval_figure(a.pars)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        out = [*(beats_claim(a, n) for n in BUDGETS), minmax_claim(a), sink_claim(a), bits_claim(a),
+               parseval_claim(a), grouping_claim(a), *ablation_claims(a), ruler_claim(), heldout_claim(a)]
+        return [c for c in out if c is not None]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Nova().main(argv, echo=True)

@@ -1,0 +1,118 @@
+"""Study: retrieval through a quantized KV cache — pass/fail per trial, with intervals and paired exact tests.
+
+    python studies/retrieval --scale quick|paper [--scheduler ADDR]
+
+The field judges KV quantizers by retrieval (needle-in-a-haystack, passkey, RULER; NOVA-KV's headline result,
+arXiv 2608.04074, RULER and LongBench results: needle retrieval at 2 bits on Qwen3-8B, 75.4 for NOVA-KV vs 25.3
+for the best scalar method) and reports it as one accuracy, one seed, no interval, no paired test. This study
+measures retrieval on SmolLM2-135M-Instruct (fp32) through kvstats.cache.KVStatsCache with every trial a pass or
+a fail, so each accuracy gets a Wilson interval and each comparison an exact McNemar test on the same trials.
+
+Tasks (a trial is one needle; every scheme and the fp model see the same prompts; docs/studies.md, "retrieval"):
+
+* ``passkey``: a sentence "The pass key is 48213. Remember it. 48213 is the pass key." hidden in text, then
+  "What is the pass key?" in SmolLM2's chat format; one needle per prompt. Small models lose it fast with length
+  so it runs at short lengths only.
+* ``induction``: five spans of 12 random tokens, each on its own line, at depths 10%, 30%, 50%, 70%, 90% of the
+  text; the question repeats the first 6 tokens of each span on a new line, the answer is the next 3 (copying a
+  span seen once: induction heads). Reaches 8,192 tokens (the model's context).
+* ``lookup``: a list "id 0417: 58213" lines filling the context; the question asks five ids, at the five depths.
+
+Protocol. The context (text with needles) goes through the model once in full precision (sdpa); its K/V are
+handed to each cache (:meth:`KVStatsCache.prefill`: every token stored as codes, no full-precision window; for
+transformers' QuantizedCache its first ``update``), and the questions with their answers go through the cache in
+one teacher-forced forward — the serving protocol of a full-precision prefill and a quantized cache that every
+later token reads. A trial passes when the model's greedy prediction is every answer token (teacher forcing
+gives exactly the logits of greedy decoding as long as it is right, so "all argmax right" = "greedy generation
+returns the answer"). Attention KL: KL(p_exact ‖ p_quantized) of every question and answer query, every layer,
+from the cache's records (kvstats schemes only).
+
+Statistics. Accuracy with its Wilson 95% interval (kvstats.stats.proportion_ci); exact McNemar of each scheme
+against the fp model and between schemes on the same trials (kvstats.stats.mcnemar), Holm within each (task,
+length) family and, pooled over lengths, within each task; the needles of one prompt share its text (not
+independent trials: the p-values describe these prompts). "Within δ" is tested on the paired difference's
+Newcombe interval at 90% (TOST at α = 0.05) with δ = 0.05.
+
+quick: passkey at 256 tokens (4 prompts), induction at 256 (2) and 1,024 (1), lookup at 256 (2), n ∈ {2, 4}
+(NOVA-KV at 2);
+paper: passkey at 256, 512 and 1,024 (10 prompts each), induction at 256–8,192, lookup at 256–2,048, n ∈ {2, 3, 4}.
+Writes figures/retrieval_heatmap_n2.png (and _n4), figures/retrieval_accuracy_vs_kl.png,
+figures/data/retrieval_*.csv and the claims file. Needs the [models] extra (and [baselines] for transformers'
+quantized caches).
+
+The package: :mod:`~kvstats.studies.retrieval.cells` (the constants, the prompts, the cell; the model and the
+per-layer schemes are kvstats.evaluation's model engine), :mod:`~kvstats.studies.retrieval.analysis`,
+:mod:`~kvstats.studies.retrieval.figures`, :mod:`~kvstats.studies.retrieval.claims`.
+"""
+
+from __future__ import annotations
+
+from kvstats.studies.retrieval.analysis import (
+    NOVA_BITS,
+    Analysis,
+    accuracy_table,
+    analyse,
+    equivalence_rows,
+    recovered_fraction,
+    tests_table,
+)
+from kvstats.studies.retrieval.cells import (
+    INDUCTION_ANSWER,
+    INDUCTION_CUE,
+    SCALE,
+    STUDY,
+    VERSION,
+    Prompt,
+    build_prompt,
+    cell,
+    passed,
+)
+from kvstats.studies.retrieval.claims import definitions, fp_claim, neutral_claim, nova_claim, schemes_claim
+from kvstats.studies.retrieval.figures import accuracy_vs_kl, heatmap
+
+from kvstats import study
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+
+__all__ = ["INDUCTION_ANSWER", "INDUCTION_CUE", "POSITION", "SCALE", "STUDY", "VERSION", "Analysis", "Prompt",
+           "Retrieval", "accuracy_table", "analyse", "build_prompt", "cell", "equivalence_rows", "main", "passed",
+           "recovered_fraction", "tests_table"]
+
+POSITION = 97  # place in figures/REPORT.md: after model_damage
+
+
+class Retrieval(study.Study):
+    """The study on the protocol (kvstats.study.protocol.Study): one cell per prompt."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        cfg = SCALE[scale]
+        nova = {"nova_bits": list(cfg["nova_bits"])} if "nova_bits" in cfg else {}
+        cells = [{"task": task, "length": length, "prompt": i, "bits": list(cfg["bits"]),
+                  "calibration_tokens": cfg["calibration_tokens"], **nova}
+                 for task, lengths in cfg["tasks"].items() for length, prompts in lengths.items()
+                 for i in range(prompts)]
+        return {STUDY: (cell, sorted(cells, key=lambda c: -c["length"]))}  # the longest first: they bound the wall
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        return analyse(tables[STUDY], scale)
+
+    def figures(self, tables, a: Analysis) -> None:
+        plots.write_csv(f"{STUDY}_trials", a.trials)
+        plots.write_csv(f"{STUDY}_accuracy", a.accuracy)
+        plots.write_csv(f"{STUDY}_depth", a.grid)
+        plots.write_csv(f"{STUDY}_tests", a.tests)
+        for n in sorted({NOVA_BITS, 4} & set(a.cfg["bits"])):
+            heatmap(a, n)
+        accuracy_vs_kl(a)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [c for c in (fp_claim(a), schemes_claim(a), nova_claim(a), neutral_claim(a)) if c is not None]
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Retrieval().main(argv)

@@ -1,0 +1,131 @@
+"""retrieval's analysis: accuracies with Wilson intervals, exact McNemar tests on the same trials (Holm within each
+family), the paired differences' Newcombe intervals for the equivalence claim, NOVA-KV's recovered fraction, and the
+:class:`Analysis` the figures and claims read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from kvstats.studies.retrieval import cells
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, SCALE, STUDY
+from statsmodels.stats.multitest import multipletests
+
+from kvstats.measure.stats import cluster_bootstrap_ci, mcnemar, proportion_ci
+from kvstats.study.sweep import cell_seed
+
+#: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a
+#: Lloyd codebook per coordinate and TurboQuant_mse (a codebook per coordinate after a rotation)
+SCALAR = ("minmax", BASELINE, "kv", "mse")
+#: scheme pairs tested against each other at each n (besides every scheme against the fp model)
+PAIRS = (("nova", "minmax"), ("nova", "mse"), ("nova", "kv"), ("nova", BASELINE), ("kqv", "qkqv"), ("kqv", "mse"))
+ALPHA = 0.05
+NOVA_BITS = 2
+
+
+def accuracy_table(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Accuracy per group with its Wilson 95% interval."""
+    rows = []
+    for key, g in trials.groupby(by, sort=False):
+        r = proportion_ci(g["success"].to_numpy())
+        rows.append({**dict(zip(by, key)), "passed": r.successes, "trials": r.n, "accuracy": r.statistic,
+                     "ci_low": r.confidence_interval.low, "ci_high": r.confidence_interval.high,
+                     "attn_kl": float(g["attn_kl"].mean()), "bits_per_element": float(g["bits_per_element"].mean())})
+    return pd.DataFrame(rows)
+
+
+TRIAL = ["task", "length", "prompt", "needle"]
+
+
+def _outcomes(trials: pd.DataFrame, scheme: str, n: int) -> pd.Series:
+    sel = trials[(trials["scheme"] == scheme) & (trials["n"] == (FP_BITS if scheme == FP else n))]
+    return sel.set_index(TRIAL)["success"]
+
+
+def _mcnemar_row(trials: pd.DataFrame, a: str, b: str, n: int, level: float = 0.95) -> dict | None:
+    x, y = _outcomes(trials, a, n), _outcomes(trials, b, n)
+    x, y = x.align(y, join="inner")
+    if x.empty:
+        return None
+    r = mcnemar(x.to_numpy(), y.to_numpy(), confidence_level=level)
+    (n11, n10), (n01, n00) = r.table
+    return {"a": a, "b": b, "n": n, "trials": r.n, "accuracy_a": r.proportions[0], "accuracy_b": r.proportions[1],
+            "difference": r.effect_size, "diff_low": r.confidence_interval.low, "diff_high": r.confidence_interval.high,
+            "a_only": n10, "b_only": n01, "p": r.pvalue}
+
+
+def tests_table(trials: pd.DataFrame, bits: tuple, schemes: tuple | None = None) -> pd.DataFrame:
+    """Exact McNemar per (task, length) and pooled over lengths ("all"): every scheme (``schemes``, default the
+    cells' :data:`~kvstats.studies.retrieval.cells.SCHEMES`, then transformers' cache) against the fp model
+    (``family = "vs fp"``) and the :data:`PAIRS` (``"between"``), Holm within each (task, length, family)."""
+    rows = []
+    schemes = [s for s in (*(cells.SCHEMES if schemes is None else schemes), BASELINE) if s in set(trials["scheme"])]
+    for task, tt in trials.groupby("task", sort=False):
+        for length, g in [*tt.groupby("length"), ("all", tt)]:
+            for family, pairs in (("vs fp", [(s, FP) for s in schemes]), ("between", PAIRS)):
+                part = [r for n in bits for a, b in pairs if (r := _mcnemar_row(g, a, b, n)) is not None]
+                if not part:
+                    continue
+                holm = multipletests([r["p"] for r in part], method="holm")[1]
+                rows += [{"task": task, "length": str(length), "family": family, **r, "p_holm": float(h)}
+                         for r, h in zip(part, holm)]
+    return pd.DataFrame(rows)
+
+
+def equivalence_rows(trials: pd.DataFrame, scheme: str, n: int) -> list[dict]:
+    """Per task, the paired difference scheme − fp with Newcombe's 90% interval: TOST at α = 0.05 (margin δ)."""
+    out = []
+    for task, g in trials.groupby("task", sort=False):
+        r = _mcnemar_row(g, scheme, FP, n, level=1 - 2 * ALPHA)
+        if r is not None:
+            out.append({"task": task, **r})
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Analysis:
+    """The trials (one row per scheme, n and needle), the accuracies (per task, length, scheme, n; per task
+    pooled over lengths; per task, length and depth) and the McNemar tests; ``schemes``, the kvstats schemes the
+    cells ran (:data:`~kvstats.studies.retrieval.cells.SCHEMES`, as the run read it)."""
+
+    cfg: dict
+    scale: str
+    schemes: tuple[str, ...]
+    trials: pd.DataFrame
+    accuracy: pd.DataFrame
+    pooled: pd.DataFrame
+    grid: pd.DataFrame
+    tests: pd.DataFrame
+
+
+def analyse(trials: pd.DataFrame, scale: str) -> Analysis:
+    cfg, schemes = SCALE[scale], tuple(cells.SCHEMES)
+    trials = trials.assign(success=trials["success"].astype(bool))
+    return Analysis(cfg, scale, schemes, trials, accuracy_table(trials, ["task", "length", "scheme", "n"]),
+                    accuracy_table(trials, ["task", "scheme", "n"]),
+                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]),
+                    tests_table(trials, cfg["bits"], schemes))
+
+
+def _recovered(rows: np.ndarray) -> float:
+    """(accuracy of column 1 − of column 2) / (of column 0 − of column 2): the share of what the scalar method
+    (column 2) loses against fp (column 0) that NOVA-KV (column 1) recovers; nan where nothing is lost."""
+    fp, nova, scalar = rows.mean(axis=0)
+    return float((nova - scalar) / (fp - scalar)) if fp > scalar else float("nan")
+
+
+def recovered_fraction(trials: pd.DataFrame, scalar: str) -> tuple[float, tuple[float, float]]:
+    """NOVA-KV's recovered fraction at 2 bits over every trial, with a cluster bootstrap CI over prompts (a prompt's
+    needles share its text): the estimate and (low, high), nan when some resample loses nothing."""
+    cols = [_outcomes(trials, name, NOVA_BITS) for name in (FP, "nova", scalar)]
+    table = pd.concat(cols, axis=1, join="inner").astype(float)
+    prompts = [key[:3] for key in table.index]  # (task, length, prompt)
+    units = [row[None, :] for row in table.to_numpy()]
+    estimate = _recovered(table.to_numpy())
+    if not np.isfinite(estimate) or len(set(prompts)) < 3:
+        return estimate, (float("nan"), float("nan"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = cluster_bootstrap_ci(units, _recovered, clusters=prompts, n_resamples=1999, method="percentile",
+                                 seed=cell_seed(STUDY, "recovered", scalar))
+    return estimate, tuple(r.confidence_interval)

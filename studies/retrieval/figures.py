@@ -1,0 +1,74 @@
+"""retrieval's figures: accuracy over length × needle depth per task (one heatmap per budget) and pooled accuracy
+against attention KL."""
+
+from __future__ import annotations
+
+from kvstats.studies.retrieval.analysis import NOVA_BITS, Analysis
+from kvstats.studies.retrieval.cells import BASELINE, DEPTHS, FP, FP_BITS, STUDY
+
+from kvstats.study import plots
+
+STYLE = {FP: {"color": "#000000", "marker": "o", "label": "fp32 (no quantization)"},
+         BASELINE: {"color": "#8c564b", "marker": "P", "label": "transformers QuantizedCache (quanto)"},
+         "mse": {"color": "#17becf", "marker": "v", "label": "TurboQuant_mse on K and V"},
+         "nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated)"}}
+
+
+def style(name: str) -> dict[str, str]:
+    return STYLE.get(name) or plots.style(name)
+
+
+def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
+    """Accuracy over length × depth: one row of panels per task, fp and the schemes at ``n``."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(a.cfg["tasks"])
+    cols = [(FP, FP_BITS)] + [(s, n) for s in ("kqv", "minmax", "mse", "nova", BASELINE)
+                         if ((a.grid["scheme"] == s) & (a.grid["n"] == n)).any()]
+    fig, axes = plots.panels(len(tasks), len(cols), f"Retrieval accuracy over context length × needle depth "
+                             f"(SmolLM2-135M; quantized caches at n = {n})", width=2.1, height=1.9)
+    for i, task in enumerate(tasks):
+        lengths = sorted(a.cfg["tasks"][task])
+        for j, (s, b) in enumerate(cols):
+            ax = axes[i, j]
+            g = a.grid[(a.grid["task"] == task) & (a.grid["scheme"] == s) & (a.grid["n"] == b)]
+            m = g.pivot_table(index="length", columns="depth", values="accuracy").reindex(index=lengths,
+                                                                                           columns=list(DEPTHS))
+            im = ax.imshow(m.to_numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            ax.set_xticks(range(len(DEPTHS)), [f"{d:g}" for d in DEPTHS], fontsize=6)
+            ax.set_yticks(range(len(lengths)), [str(x) for x in lengths], fontsize=6)
+            ax.grid(False)
+            if i == 0:
+                ax.set_title(style(s)["label"] if s in (FP, BASELINE) else s, fontsize=7)
+            if j == 0:
+                ax.set_ylabel(f"{task}\ntokens", fontsize=7)
+            if i == len(tasks) - 1:
+                ax.set_xlabel("needle depth", fontsize=7)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="accuracy")
+    plots.save(fig, f"{STUDY}_heatmap_n{n}")
+    plt.close(fig)
+
+
+def accuracy_vs_kl(a: Analysis) -> None:
+    """Pooled accuracy (Wilson interval) against the mean attention KL, one point per (scheme, n), per task."""
+    tasks = list(a.cfg["tasks"])
+    fig, axes = plots.panels(1, len(tasks), "Retrieval accuracy against attention KL (SmolLM2-135M)", width=3.4,
+                             height=3.0)
+    for ax, task in zip(axes[0], tasks):
+        g = a.pooled[a.pooled["task"] == task]
+        fp = g[g["scheme"] == FP].iloc[0]
+        ax.axhspan(fp["ci_low"], fp["ci_high"], color="0.85", label="fp32 (95% CI)")
+        for s in a.schemes:
+            r = g[g["scheme"] == s].sort_values("n")
+            if r.empty:
+                continue
+            st = style(s)
+            ax.errorbar(r["attn_kl"], r["accuracy"], yerr=[r["accuracy"] - r["ci_low"], r["ci_high"] - r["accuracy"]],
+                        color=st["color"], marker=st["marker"], ls="-", lw=0.8, ms=4, capsize=2, label=s)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("mean attention KL (nats)")
+        ax.set_title(task)
+    axes[0, 0].set_ylabel("accuracy (Wilson 95% CI)")
+    axes[0, -1].legend(fontsize=6, frameon=False, loc="lower left")
+    plots.save(fig, f"{STUDY}_accuracy_vs_kl")
