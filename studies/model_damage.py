@@ -60,9 +60,10 @@ def _triple(r, prefix: str) -> dict[str, float]:
 def tail_cell(bits: int, documents: int | None, segment: int, resamples: int) -> list[dict]:
     """kvstats.evaluate on SmolLM2: the pooled KL statistics, per-document metrics, per-layer attention KL."""
     import kvstats
+    from kvstats.measure.stats import InferenceOptions
 
     ev = kvstats.evaluate(SCHEME, bits=bits, model="smollm2", segment=segment, documents=_documents(documents),
-                          n_resamples=resamples, rows=ROWS)
+                          inference=InferenceOptions(n_resamples=resamples), rows=ROWS)
     ev_docs, tok = ev.summary["evaluated"]["documents"], ev.summary["evaluated"]["tokens"]
     rows = [{"kind": "pooled", "statistic": name, **_triple(r, "value")} for name, r in tok.items()]
     rows += [{"kind": "document", "document": u["document"], "title": u["title"], "out_kl": u["out_kl"],

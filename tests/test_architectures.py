@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers", reason="the [models] extra (t
 from kvstats.evaluation.evaluator import evaluate  # noqa: E402
 from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs, kvstats_attention, use_estimator_attention  # noqa: E402
 from kvstats.hf.capture import capture_qkv  # noqa: E402
+from kvstats.measure.stats import InferenceOptions  # noqa: E402
 from kvstats.quant.attention import soft_cap, window_visible  # noqa: E402
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, max_position_embeddings=512,
@@ -139,7 +140,7 @@ def test_capture_reproduces_the_models_attention_weights(family, ids):
 def test_capture_then_evaluate(family, ids, tmp_path):
     model = _tiny(family)
     path = capture_qkv(model, input_ids=ids, model_name=family).save(tmp_path / "cap.safetensors")
-    ev = evaluate("kqv", bits=4, data=path, window=16, n_resamples=999)
+    ev = evaluate("kqv", bits=4, data=path, window=16, inference=InferenceOptions(n_resamples=999))
     assert len(ev.units) == ids.shape[1] // 16 and ev.summary["attention_kl"].statistic > 0
     if family == "gemma2":
         assert ev.config["softcap"] == [5.0] * 4
@@ -152,7 +153,7 @@ def test_softcapped_attention_kl_is_computed_on_the_capped_logits(ids, tmp_path)
     """Oracle: attention KL of a unit written out in float64 on softcap(scale · q kᵀ) for Gemma2's first layer."""
     model = _tiny("gemma2")
     path = capture_qkv(model, input_ids=ids).save(tmp_path / "g2.safetensors")
-    ev = evaluate("turbo_mse", bits=2, data=path, window=16, layers=[1], n_resamples=999)
+    ev = evaluate("turbo_mse", bits=2, data=path, window=16, layers=[1], inference=InferenceOptions(n_resamples=999))
     from kvstats.data.io import load_qkv
     from kvstats.evaluation.evaluator import resolve_scheme
 

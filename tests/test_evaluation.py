@@ -24,10 +24,11 @@ from kvstats.evaluation.evaluator import (
     evaluate,
     resolve_scheme,
 )
+from kvstats.measure.stats import InferenceOptions
 from kvstats.quant.quantizers import BitBudget
 from tests.test_conformance import Int4PerToken as Int4  # symmetric per-token int4: 4 + 32/d bits
 
-SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, n_resamples=999)
+SMALL = dict(dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8, inference=InferenceOptions(n_resamples=999))
 
 
 def _kl_and_recall_fp64(q, k, scores_hat, top_k, causal=False, scale=None):
@@ -117,7 +118,8 @@ def _capture(tmp_path, tokens=64, d=16, layers=2, seed=3, **meta):
 def test_capture_file_units_are_disjoint_windows(tmp_path):
     path, layers = _capture(tmp_path)
     out = tmp_path / "res" / "eval.json"
-    ev = evaluate("turbo_mse", bits=3, data=path, units=None, window=16, out=out, n_resamples=999)
+    ev = evaluate("turbo_mse", bits=3, data=path, units=None, window=16, out=out,
+                  inference=InferenceOptions(n_resamples=999))
     assert len(ev.units) == 4  # 64 tokens / 16
     # unit 1 = tokens 16..31 of both layers, causal within the window, mean over layers
     scheme = resolve_scheme("turbo_mse", bits=3, dim=16, seed=unit_seed(0, 1))  # unit 1's spawned seed
@@ -139,7 +141,7 @@ def test_capture_file_units_are_disjoint_windows(tmp_path):
 def test_capture_softmax_scale_is_the_models(tmp_path):
     """A capture records attn_scaling (Gemma's query_pre_attn_scalar, ...): the logits use it, not 1/√d."""
     path, layers = _capture(tmp_path, attn_scaling=0.6)
-    ev = evaluate("turbo_mse", bits=2, data=path, window=32, n_resamples=999)
+    ev = evaluate("turbo_mse", bits=2, data=path, window=32, inference=InferenceOptions(n_resamples=999))
     assert ev.config["softmax_scale"] == 0.6
     scheme = resolve_scheme("turbo_mse", bits=2, dim=16, seed=unit_seed(0, 0))
     kls = []
@@ -393,8 +395,10 @@ def test_bad_input():
         evaluate("turbo_mse", bits=3, data="gaussian", units=1)
     with pytest.raises(ValueError, match="bits"):
         evaluate("turbo_mse", bits=9, data="gaussian")
-    with pytest.raises(ValueError, match="alpha"):
-        evaluate("turbo_mse", bits=3, data="gaussian", alpha=1.5)
+    with pytest.raises(ValueError, match=r"InferenceOptions\.alpha must be in \(0, 1\), got 1\.5"):
+        evaluate("turbo_mse", bits=3, data="gaussian", inference=InferenceOptions(alpha=1.5))
+    with pytest.raises(TypeError, match=r"inference must be a kvstats.stats.InferenceOptions .* got dict"):
+        evaluate("turbo_mse", bits=3, data="gaussian", inference={"alpha": 0.1})
 
 
 # ---------------------------------------------------------------------------------------- files and resume
@@ -509,7 +513,8 @@ def test_cli_evaluate_on_synthetic_data_and_a_capture(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "turbo_mse at 3 bits on gaussian (3 units" in table and "attention_kl" in table
     saved = _strict_json(out.read_text())
-    direct = evaluate("turbo_mse", bits=3, data="gaussian", units=3, dim=32, n_resamples=999)
+    direct = evaluate("turbo_mse", bits=3, data="gaussian", units=3, dim=32,
+                      inference=InferenceOptions(n_resamples=999))
     assert [u["attention_kl"] for u in saved["units"]] == [u["attention_kl"] for u in direct.units]
     assert main(["evaluate", "--quantizer", "turbo_mse", "--bits", "3", "--units", "3", "--dim", "32", "--out",
                  str(out), "--no-progress"]) == 2
@@ -570,7 +575,7 @@ def test_a_calibrated_nova_scheme_is_checked_on_cache_shapes_and_evaluated():
     q, k, v = generate("low_rank", 1, 2, 600, 32, 99, q_heads=4, n_q=64)  # calibration data, held out
     nova = NovaScheme.calibrate(q, k, v, bits=2, seed=0)
     ev = evaluate(nova, bits=2, data="low_rank", units=2, kv_heads=2, q_heads=4, dim=32, seq=48, n_q=8,
-                  n_resamples=999)
+                  inference=InferenceOptions(n_resamples=999))
     checks = ev.config["checks"]["quantizer"]
     assert checks["K"] == checks["V"] == "passed" and checks["fresh process"].startswith("not run: a ready Scheme")
     code = nova.encode(*generate("low_rank", 1, 2, 48, 32, 0, q_heads=4, n_q=8)[1:])
@@ -711,7 +716,7 @@ def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
     layer = tuple(torch.randn(1, h, 96, 16, generator=gen) for h in (2, 1, 1))
     path = save_qkv(tmp_path / "docs.safetensors", [layer], {"model": "random", "documents": [
         {"source": s, "text_sha256": s * 64, "start": a, "stop": b} for s, a, b in (("a", 0, 64), ("b", 64, 96))]})
-    ev = evaluate("turbo_mse", bits=2, data=path, window=16, n_resamples=999)
+    ev = evaluate("turbo_mse", bits=2, data=path, window=16, inference=InferenceOptions(n_resamples=999))
     assert [u["document"] for u in ev.units] == [0, 0, 0, 0, 1, 1]
     assert ev.config["inference_units"].startswith("documents") and ev.summary["attention_kl"].n == 2
     per_doc = [np.mean([u["attention_kl"] for u in ev.units if u["document"] == d]) for d in (0, 1)]

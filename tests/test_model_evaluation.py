@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers", reason="the [models] extra (t
 import kvstats  # noqa: E402
 from kvstats.evaluation.model_engine import TAIL, model_source, model_unit  # noqa: E402
 from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
+from kvstats.measure.stats import InferenceOptions  # noqa: E402
 from tests.test_data_real import WORDS  # noqa: E402
 
 _RNG = np.random.default_rng(7)
@@ -68,7 +69,7 @@ def test_unit_metrics_match_a_float64_recomputation_through_the_dense_path(sourc
 def test_evaluate_on_a_model_pools_tokens_and_compares_over_documents(tiny_folder, tmp_path):
     out = tmp_path / "model.json"
     ev = kvstats.evaluate("kqv", bits=3, model=tiny_folder, compare="kv", segment=32, segments_per_document=2,
-                          documents=DOCS, out=out, n_resamples=499)
+                          documents=DOCS, out=out, inference=InferenceOptions(n_resamples=499))
     assert len(ev.units) == 10 and ev.config["documents"] == 5
     pooled = np.concatenate([u["tokens_out_kl"] for u in ev.units])
     tok = ev.summary["evaluated"]["tokens"]
@@ -179,7 +180,7 @@ def test_a_half_precision_model_is_measured_against_the_lossless_kvstats_path(ti
     the kvstats path with a lossless scheme, so a lossless scheme does no damage, and the floor is reported."""
     ev = kvstats.evaluate(lambda bits, dim, seed: __import__("kvstats.hf.cache", fromlist=["x"]).IdentityQuantizer(dim),
                           bits=8, model=tiny_folder, segment=32, documents=DOCS, dtype=torch.bfloat16, check=False,
-                          n_resamples=99)
+                          inference=InferenceOptions(n_resamples=99))
     assert ev.config["reference"].startswith("the kvstats path with a lossless scheme")
     assert ev.summary["evaluated"]["documents"]["out_kl"].statistic < 1e-9
     assert ev.config["lossless_floor"] > 1e-7  # measured on the tiny model: ~1e-4

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvstats
+from kvstats.measure.stats import InferenceOptions
 from kvstats.quant.quantizers import config as C
 from kvstats.quantizers import QUANTIZERS, IdentityQuantizer, Quantizer, quantizer
 
@@ -132,7 +133,7 @@ def test_evaluate_records_the_configs_of_both_sides(tmp_path):
     out = tmp_path / "ev.json"
     with pytest.warns(UserWarning, match="cannot conclude"):  # 2 units: only the record is checked here
         ev = evaluate("kqv", bits=3, data="gaussian", units=2, seed=5, compare="minmax", out=out, dim=16,
-                      kv_heads=1, q_heads=2, seq=32, n_q=4, n_resamples=99)
+                      kv_heads=1, q_heads=2, seq=32, n_q=4, inference=InferenceOptions(n_resamples=99))
     schemes = json.loads(out.read_text())["config"]["schemes"]
     assert schemes == json.loads(json.dumps(ev.config["schemes"]))
     k, v = schemes["evaluated"]["k"], schemes["evaluated"]["v"]

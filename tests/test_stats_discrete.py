@@ -14,6 +14,7 @@ import pytest
 import scipy.stats
 
 from kvstats import stats
+from kvstats.measure.stats import InferenceOptions
 from kvstats.measure.stats._bootstrap import _studentized_interval
 
 P_GRID = np.unique(np.concatenate([np.linspace(0.005, 0.995, 199), [0.1, 0.5, 0.9]]))
@@ -241,7 +242,7 @@ def test_evaluate_prints_no_interval_for_a_constant_metric():
     from kvstats.evaluation.evaluator import evaluate
 
     ev = evaluate("turbo_mse", bits=2, data="heavy_tail", units=5, dim=32, kv_heads=1, q_heads=2, seq=48, n_q=8,
-                  n_resamples=999)
+                  inference=InferenceOptions(n_resamples=999))
     assert ev.summary["bits_total"].ci_method == NO_INTERVAL
     row = next(line for line in ev.table().splitlines() if line.startswith("bits_total"))
     assert row.endswith("no interval (constant)") and "[" not in row

@@ -67,6 +67,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:  # module:Class from the current folder, as python -m
         sys.path.insert(0, os.getcwd())
     from kvstats.evaluation.evaluator import evaluate
+    from kvstats.measure.stats import InferenceOptions
 
     _check_evaluate_options(args)
     options = {"rows": args.rows} if args.rows else {}
@@ -80,7 +81,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():
         warnings.showwarning = note
-        common = dict(compare=args.compare, match_bits=args.match_bits, alpha=args.alpha, seed=args.seed,
+        common = dict(compare=args.compare, match_bits=args.match_bits, inference=InferenceOptions(alpha=args.alpha),
+                      seed=args.seed,
                       check=not args.no_check, linear=not args.nonlinear, out=args.out, force=args.force,
                       progress=not args.no_progress, **options)
         if args.model is not None:

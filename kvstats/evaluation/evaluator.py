@@ -54,20 +54,18 @@ device, threads, date, wall time, command line, seeds) and its schema version (:
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvstats._random import check_seed, unit_seed
 from kvstats._validation import check_int_range
-from kvstats.evaluation import quantizer_sides as sides
-from kvstats.evaluation.quantizer_sides import QuantizerCheckError, Side, check_side, measured_bits, resolve_scheme
+from kvstats.evaluation import unit_store
+from kvstats.evaluation.quantizer_sides import QuantizerCheckError, prepare_sides, resolve_scheme
 from kvstats.evaluation.results import (
     DEFAULT_SYNTHETIC_UNITS,
     DEFAULT_WINDOW,
@@ -76,6 +74,8 @@ from kvstats.evaluation.results import (
     InconclusiveWarning,
 )
 from kvstats.evaluation.units import METRICS
+from kvstats.measure.stats._options import InferenceOptions, inference_options
+from kvstats.study.provenance import provenance
 
 __all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "METRICS",
            "QuantizerCheckError", "SCHEMA", "evaluate", "resolve_scheme"]
@@ -165,9 +165,7 @@ def evaluate(
     n_q: int = 32,
     window: int | None = None,
     layers: Sequence[int] | None = None,
-    confidence_level: float = 0.95,
-    n_resamples: int | None = None,
-    alpha: float = 0.05,
+    inference: InferenceOptions | None = None,
     check: bool = True,
     linear: bool = True,
     out: str | os.PathLike | None = None,
@@ -203,9 +201,9 @@ def evaluate(
         window: capture: tokens per unit (causal attention within the window; default :data:`DEFAULT_WINDOW`).
         layers: capture: the stored layers to use (default all). ``window`` and ``layers`` are refused for synthetic
             data and a model, where they would have no effect.
-        confidence_level, n_resamples: the CIs (bootstrap resamples: default 9999, 1999 for the cluster bootstrap
-            of a model evaluation).
-        alpha: level of the comparison (Holm-corrected over its family).
+        inference: :class:`kvstats.stats.InferenceOptions`: the CIs' confidence level, the comparison's level alpha
+            (Holm-corrected over its family), the bootstrap's resamples (default 9999; 1999 for the cluster
+            bootstrap of a model evaluation) and seed (default ``seed``).
         check: run :func:`kvstats.testing.check_quantizer` on every quantizer first (refusing a failing one), check
             the bits at the units' own length, and decode in a fresh process (a user's picklable quantizer).
         linear: whether the K estimators must be linear in the code (``inner(q, code) = ⟨q, decode(code)⟩``, every
@@ -226,6 +224,7 @@ def evaluate(
             the shipped documents, and the model's dtype (default float32).
         **options: passed to the scheme / quantizer constructor (e.g. ``rows="srht"``).
     """
+    inference = inference_options(inference)
     _refuse_without_effect(quantizer, bits, data=data, model=model, compare=compare, match_bits=match_bits,
                            window=window, layers=layers, store=store)
     if model is not None:
@@ -237,80 +236,98 @@ def evaluate(
         return evaluate_model(quantizer, bits=bits, model=model, compare=compare, match_bits=match_bits,
                               segment=DEFAULT_SEGMENT if segment is None else segment,
                               segments_per_document=segments_per_document,
-                              full_precision_window=full_precision_window, seed=seed, alpha=alpha,
-                              confidence_level=confidence_level, n_resamples=n_resamples or 1999, check=check,
-                              linear=linear, out=out, force=force, store=store, progress=progress,
+                              full_precision_window=full_precision_window, seed=seed, inference=inference,
+                              check=check, linear=linear, out=out, force=force, store=store, progress=progress,
                               documents=documents, dtype=torch.float32 if dtype is None else dtype, **options)
     if documents is not None or dtype is not None:
         raise ValueError("documents= and dtype= are for a model evaluation (model=); synthetic data and captures have "
                          "their own")
-    n_resamples = 9999 if n_resamples is None else n_resamples
-    from kvstats._files import check_output_path, is_stream
-    from kvstats.evaluation import unit_store
-    from kvstats.evaluation.comparison import compare_units, per_document
-    from kvstats.evaluation.units import unit_metrics
-    from kvstats.measure import stats
-    from kvstats.study.provenance import provenance
-
     started = time.time()
     bits = check_int_range(bits, "bits", 1, 8)
     if units is not None:
         units = check_int_range(units, "units", 2, 100_000)
     top_k = check_int_range(top_k, "top_k", 1, 1 << 30)
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     fresh_seed = seed is None
     seed = check_seed(seed)
-    kv_heads = check_int_range(kv_heads, "kv_heads", 1, 1 << 16)
-    q_heads = check_int_range(q_heads, "q_heads", 1, 1 << 16)
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads must be a multiple of kv_heads={kv_heads} (grouped-query attention), got {q_heads}")
-    shape = dict(kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
-    source, n_units = _source(data, units, seed=seed, window=window, layers=layers, shape=shape,
-                              data_params=data_params)
-    if out is not None:
-        out = check_output_path(out, "out", force=force, inputs=source.inputs)
-    if store is None and out is not None and not is_stream(out):  # a device or FIFO has no folder beside it
-        store = Path(str(out) + ".units")
-        if store.exists() and not store.is_dir():
-            raise ValueError(f"the unit store beside out= ({str(store)!r}, where an interrupted run resumes from) is "
-                             "a file: move it, or pass store= a folder")
-    d = source.dim
-    main = Side("quantizer", quantizer, bits, dict(options))
-    other = None if compare is None else Side("compare", compare, bits, dict(options))
+    source, n_units = _source(data, units, seed=seed, window=window, layers=layers,
+                              shape=_synthetic_shape(kv_heads, q_heads, seq, dim, n_q), data_params=data_params)
+    out, store = _output(out, store, force, source)
     parts0 = source.unit(0)
-    seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
-    scheme0 = main.scheme(d, seed0)
-    heads = source.kv_heads
-    opts = dict(linear=linear, parts=_copied(parts0))  # copies: no encode can change the data unit 0 is measured on
-    checks = {"quantizer": check_side(main, scheme0, d, seed0, heads, **opts) if check else "skipped (check=False)"}
-    records = {"evaluated": sides.scheme_record(scheme0)}
-    if other is not None:
-        if match_bits:
-            other.bits = sides.match_bits(other, measured_bits(scheme0, _copied(parts0)), d, seed0,
-                                          _copied(parts0))[0]
-        other_scheme0 = other.scheme(d, seed0)
-        records["compared"] = sides.scheme_record(other_scheme0)
-        checks["compare"] = (check_side(other, other_scheme0, d, seed0, heads, **opts) if check else
-                             "skipped (check=False)")
+    sides = prepare_sides(quantizer, compare, bits, options, dim=source.dim, heads=source.kv_heads,
+                          seed0=unit_seed(seed, 0), parts=lambda: _copied(parts0), check=check, linear=linear,
+                          match=match_bits)  # copies: no encode can change the data unit 0 is measured on
     # documents, not their windows, are the independent units when a capture holds several
     doc_ids = None if source.documents is None else source.documents[:n_units]
     by_document = doc_ids is not None and len(set(doc_ids)) >= 2
     n_inference = len(set(doc_ids)) if by_document else n_units
-    plan = None if other is None else _plan(check and linear, n_inference, alpha, source)
+    plan = None if sides.other is None else _plan(check and linear, n_inference, inference.alpha, source)
+    key, store = _store_key(sides, source, seed, top_k, store)
+    compute = _unit_function(sides, source, seed, top_k, parts0)
+    rows, reused = unit_store.run_resumable(compute, n_units, key=key, store=store, progress=progress,
+                                            desc=f"evaluate {sides.main.label}", seed=seed, fresh_seed=fresh_seed)
+    summary, comparison = _statistics(rows, sides.other is not None, by_document, inference, seed)
+    config = {"quantizer": sides.main.label, "compare": None if sides.other is None else sides.other.label,
+              "bits": bits, "compare_bits": None if sides.other is None else sides.other.bits,
+              "match_bits": bool(match_bits), "data": str(data), "units": len(rows), "unit": source.description,
+              "seed": seed, "top_k": top_k, "softmax_scale": source.scale, "softcap": [r.softcap for r in source.rules],
+              "documents": None if doc_ids is None else len(set(doc_ids)),
+              "inference_units": "documents (per-document means of their windows)" if by_document else
+              ("windows of one text" if source.kind == "capture" else "independent draws"),
+              "alpha": inference.alpha, "confidence_level": inference.confidence_level,
+              "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
+              "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
+              "checks": sides.checks, "inputs": list(source.inputs), "units_reused": reused,
+              "schemes": sides.records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"}}
+    ev = Evaluation(config, rows, summary, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
+                    comparison.get("plan"), sides.budgets(rows, claimed=True),
+                    provenance(started=started, seeds={"seed": seed,
+                                                       "unit i": "unit_seed(seed, i) = child i of SeedSequence(seed) "
+                                                                 "(data and schemes)",
+                                                       "bootstrap": inference.bootstrap_seed(seed)}))
+    return unit_store.save_results(ev, out, force=force, store=store, n=n_units, key=key)
 
-    identities = [main.identity()] + ([] if other is None else [other.identity()])
+
+def _synthetic_shape(kv_heads: int, q_heads: int, seq: int, dim: int, n_q: int) -> dict:
+    kv_heads = check_int_range(kv_heads, "kv_heads", 1, 1 << 16)
+    q_heads = check_int_range(q_heads, "q_heads", 1, 1 << 16)
+    if q_heads % kv_heads:
+        raise ValueError(f"q_heads must be a multiple of kv_heads={kv_heads} (grouped-query attention), got {q_heads}")
+    return dict(kv_heads=kv_heads, q_heads=q_heads, seq=seq, dim=dim, n_q=n_q)
+
+
+def _output(out, store, force: bool, source):
+    """``out`` checked (never one of the inputs; an existing file needs ``force``) and the unit store: ``store``, or
+    ``<out>.units`` beside a file ``out`` (a device or FIFO has no folder beside it)."""
+    from kvstats._files import check_output_path, is_stream
+
+    if out is not None:
+        out = check_output_path(out, "out", force=force, inputs=source.inputs)
+    if store is None and out is not None and not is_stream(out):
+        store = Path(str(out) + ".units")
+        if store.exists() and not store.is_dir():
+            raise ValueError(f"the unit store beside out= ({str(store)!r}, where an interrupted run resumes from) is "
+                             "a file: move it, or pass store= a folder")
+    return out, store
+
+
+def _store_key(sides, source, seed: int, top_k: int, store):
+    """The evaluation's key in the unit store (None, and no store, when a side's source cannot be identified)."""
+    identities = sides.identities()
     key = None if None in identities else unit_store.store_key(
         {"sides": identities, "data": source.identity, "units_seed": seed, "top_k": top_k, "kvstats":
          unit_store.kvstats_digest()})
     if store is not None and key is None:
-        warnings.warn(f"units are not stored in {str(store)!r}: the source of {main.label!r} or of the comparator "
-                      "cannot be read to identify it, so an interrupted run cannot resume", stacklevel=2)
+        warnings.warn(f"units are not stored in {str(store)!r}: the source of {sides.main.label!r} or of the "
+                      "comparator cannot be read to identify it, so an interrupted run cannot resume", stacklevel=3)
         store = None
-    if progress and store is not None and key is not None:
-        have = unit_store.stored_units(n_units, key, store)
-        if have:
-            print(f"resuming: {have} of {n_units} units are stored in {store}", file=sys.stderr)
+    return key, store
+
+
+def _unit_function(sides, source, seed: int, top_k: int, parts0):
+    """``compute(i)``: unit i's row — its metrics under each side's scheme for unit i (``unit_seed(seed, i)``)."""
+    from kvstats.evaluation.units import unit_metrics
+
+    main, other, d = sides.main, sides.other, source.dim
 
     def compute(i: int) -> dict:
         parts = parts0 if i == 0 else source.unit(i)
@@ -323,44 +340,19 @@ def evaluate(
                                                              **opts).items()}
         return row
 
-    try:
-        rows, reused = unit_store.run_units(compute, n_units, key=key, store=store, progress=progress,
-                                            desc=f"evaluate {main.label}")
-    except KeyboardInterrupt:
-        if store is not None:
-            have = unit_store.stored_units(n_units, key, store)
-            again = (f"rerun with seed={seed} (--seed {seed}): the seed was drawn fresh" if fresh_seed else
-                     "run the same command again")
-            print(f"interrupted: {have} of {n_units} units are stored in {store}; {again} to resume", file=sys.stderr)
-        raise
-    inference = per_document(rows, (*METRICS, "bits_claimed")) if by_document else rows
-    summary = {m: stats.mean_ci([r[m] for r in inference], confidence_level, n_resamples=n_resamples, seed=seed)
-               for m in METRICS}
-    comparison = {} if other is None else compare_units(inference, alpha=alpha, confidence_level=confidence_level,
-                                                        n_resamples=n_resamples, seed=seed)
-    by_side = {"evaluated": ("", main)} | ({} if other is None else {"compared": ("other:", other)})
-    bits_info = {name: {"budget": side.bits, "measured": float(np.mean([r[p + "bits_total"] for r in rows])),
-                        "claimed": float(np.mean([r[p + "bits_claimed"] for r in rows]))}
-                 for name, (p, side) in by_side.items()}
-    if other is not None:
-        a, b = bits_info["evaluated"]["measured"], bits_info["compared"]["measured"]
-        bits_info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
-    config = {"quantizer": main.label, "compare": None if other is None else other.label, "bits": bits,
-              "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
-              "data": str(data), "units": len(rows), "unit": source.description, "seed": seed, "top_k": top_k,
-              "softmax_scale": source.scale, "softcap": [r.softcap for r in source.rules],
-              "documents": None if doc_ids is None else len(set(doc_ids)),
-              "inference_units": "documents (per-document means of their windows)" if by_document else
-              ("windows of one text" if source.kind == "capture" else "independent draws"),
-              "alpha": float(alpha), "confidence_level": confidence_level,
-              "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
-              "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),
-              "checks": checks, "inputs": list(source.inputs), "units_reused": reused,
-              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"}}
-    ev = Evaluation(config, rows, summary, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
-                    comparison.get("plan"), bits_info,
-                    provenance(started=started, seeds={"seed": seed,
-                                                       "unit i": "unit_seed(seed, i) = child i of SeedSequence(seed) "
-                                                                 "(data and schemes)",
-                                                       "bootstrap": seed}))
-    return unit_store.save_results(ev, out, force=force, store=store, n=n_units, key=key)
+    return compute
+
+
+def _statistics(rows: list[dict], compared: bool, by_document: bool, inference: InferenceOptions, seed: int):
+    """Each metric's mean over the inference units with its CI, and the paired comparison when ``compared``."""
+    from kvstats.evaluation.comparison import compare_units, per_document
+    from kvstats.measure import stats
+
+    units = per_document(rows, (*METRICS, "bits_claimed")) if by_document else rows
+    n_resamples, boot = inference.resamples(9999), inference.bootstrap_seed(seed)
+    summary = {m: stats.mean_ci([r[m] for r in units], inference.confidence_level, n_resamples=n_resamples,
+                                seed=boot) for m in METRICS}
+    comparison = {} if not compared else compare_units(units, alpha=inference.alpha,
+                                                      confidence_level=inference.confidence_level,
+                                                      n_resamples=n_resamples, seed=boot)
+    return summary, comparison

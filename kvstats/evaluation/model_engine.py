@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvstats.measure.stats._options import InferenceOptions, inference_options
+
 __all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "document_segments", "model_source", "model_unit",
            "plain_logits", "pooled_summary", "quantized_logits", "reference_logits", "round_robin_segments",
            "set_attention", "shared_model", "shared_reference", "unit_summary"]
@@ -268,20 +270,24 @@ def _by_document(rows: list[dict], key: str, prefix: str = "") -> np.ndarray:
     return np.array([np.mean(v) for v in docs.values()])
 
 
-def unit_summary(rows: list[dict], *, prefix: str = "", confidence_level: float = 0.95, seed: int = 0) -> dict:
-    """Each per-unit metric's mean over documents with its CI (:func:`kvstats.stats.mean_ci`), and each layer's
+def unit_summary(rows: list[dict], *, prefix: str = "", inference: InferenceOptions | None = None,
+                 seed: int = 0) -> dict:
+    """Each per-unit metric's mean over documents with its CI (:func:`kvstats.stats.mean_ci` at ``inference``'s
+    level, its bootstrap seeded by ``inference.seed`` or else ``seed``; always mean_ci's 9999 resamples, cheap at a
+    few dozen documents: ``inference.n_resamples`` is the pooled statistics' cluster bootstrap's), and each layer's
     attention KL and top-5 recall likewise."""
     from kvstats.measure import stats
 
-    out = {m: stats.mean_ci(_by_document(rows, m, prefix), confidence_level, seed=seed)
-           for m in (*MODEL_METRICS, "bits_total")}
+    inference = inference_options(inference)
+    level, opts = inference.confidence_level, dict(seed=inference.bootstrap_seed(seed))
+    out = {m: stats.mean_ci(_by_document(rows, m, prefix), level, **opts) for m in (*MODEL_METRICS, "bits_total")}
     layers = len(rows[0][prefix + "layer_attention_kl"])
     for name in ("layer_attention_kl", "layer_topk_recall"):
         docs: dict[int, list] = {}
         for r in rows:
             docs.setdefault(r["document"], []).append(r[prefix + name])
         table = np.array([np.mean(v, axis=0) for v in docs.values()])  # [documents, layers]
-        out[name] = [stats.mean_ci(table[:, i], confidence_level, seed=seed) for i in range(layers)]
+        out[name] = [stats.mean_ci(table[:, i], level, **opts) for i in range(layers)]
     return out
 
 
@@ -304,16 +310,20 @@ def _without_interval(values: np.ndarray, level: float, clusters: int, units: in
                                                  "so it cannot cover: the maximum is reported without one"})
 
 
-def pooled_summary(rows: list[dict], *, prefix: str = "", confidence_level: float = 0.95, n_resamples: int = 1999,
+def pooled_summary(rows: list[dict], *, prefix: str = "", inference: InferenceOptions | None = None,
                    seed: int = 0) -> dict:
     """Statistics over every token pooled, each with a cluster BCa bootstrap CI (documents, then segments): the KL
     tail (:data:`TAIL`; the maximum without an interval: none covers), top-1 agreement and the perplexity ratio
     exp(mean NLL − mean NLL_exact). The intervals' coverage is that of a bootstrap over few clusters
-    (:func:`kvstats.stats.cluster_bootstrap_ci`: 87.5–93.5% simulated at 24 documents for a nominal 95%)."""
+    (:func:`kvstats.stats.cluster_bootstrap_ci`: 87.5–93.5% simulated at 24 documents for a nominal 95%); 1999
+    resamples unless ``inference`` says otherwise, seeded by ``inference.seed`` or else ``seed``."""
     from kvstats.measure import stats
 
+    inference = inference_options(inference)
+    confidence_level = inference.confidence_level
     docs = [r["document"] for r in rows]
-    opts = dict(clusters=docs, confidence_level=confidence_level, n_resamples=n_resamples, seed=seed)
+    opts = dict(clusters=docs, confidence_level=confidence_level, n_resamples=inference.resamples(1999),
+                seed=inference.bootstrap_seed(seed))
     kl = [np.array(r[prefix + "tokens_out_kl"]) for r in rows]
     out = {f"kl_{name}": stats.cluster_bootstrap_ci(kl, _quantile(q), **opts) for name, q in TAIL.items() if q != 1.0}
     out["kl_max"] = _without_interval(np.concatenate(kl), confidence_level, len(set(docs)), len(rows))

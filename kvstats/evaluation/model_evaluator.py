@@ -7,7 +7,6 @@ the plan, the unit store, the strict results file and the provenance block are t
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ import torch
 
 from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
 from kvstats.evaluation.results import Evaluation
+from kvstats.measure.stats._options import InferenceOptions, inference_options
+from kvstats.study.provenance import provenance
 
 __all__ = ["MODEL_SCHEMA", "ModelEvaluation", "evaluate_model"]
 
@@ -109,72 +110,50 @@ class ModelEvaluation(Evaluation):
 
 def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match_bits: bool = False,
                    segment: int = DEFAULT_SEGMENT, segments_per_document: int | None = 1,
-                   full_precision_window: int = 0, seed: int | None = 0, alpha: float = 0.05,
-                   confidence_level: float = 0.95, n_resamples: int = 1999, check: bool = True,
-                   linear: bool = True, out=None,
-                   force: bool = False, store=None, progress: bool = False, dtype: torch.dtype = torch.float32,
-                   documents: dict[str, str] | None = None, **options) -> ModelEvaluation:
+                   full_precision_window: int = 0, seed: int | None = 0, inference: InferenceOptions | None = None,
+                   check: bool = True, linear: bool = True, out=None, force: bool = False, store=None,
+                   progress: bool = False, dtype: torch.dtype = torch.float32, documents: dict[str, str] | None = None,
+                   **options) -> ModelEvaluation:
     """Evaluate ``quantizer`` at ``bits`` on ``model`` (module doc of :mod:`kvstats.evaluation.model_engine`).
-    ``quantizer``, ``bits``, ``compare``, ``match_bits``, ``seed``, ``alpha``, ``confidence_level``, ``check``,
-    ``linear``, ``out``, ``force``, ``store``, ``progress`` and ``**options`` are as in :func:`kvstats.evaluate`.
+    ``quantizer``, ``bits``, ``compare``, ``match_bits``, ``seed``, ``inference``, ``check``, ``linear``, ``out``,
+    ``force``, ``store``, ``progress`` and ``**options`` are as in :func:`kvstats.evaluate`; ``inference.n_resamples``
+    sets the pooled statistics' cluster bootstrap (default 1999), the per-document means and the comparison keep
+    9999 (cheap at a few dozen documents).
 
     Args:
         model: ``"smollm2"``, a local Hugging Face model folder or a .gguf file.
         segment: tokens per segment; segments_per_document: how many disjoint segments of each document (None:
             all).
         full_precision_window: W, the most recent tokens the cache keeps exact (KIVI/QJL style).
-        n_resamples: the cluster bootstrap's resamples (pooled statistics).
         dtype: the model's dtype.
         documents: ``{title: text}`` instead of the shipped documents.
     """
     from kvstats._files import check_output_path, is_stream
     from kvstats._random import check_seed, unit_seed
     from kvstats._validation import check_int_range
-    from kvstats.evaluation import quantizer_sides as sides
     from kvstats.evaluation import unit_store
-    from kvstats.evaluation.comparison import compare_units, per_document, plan_comparison
-    from kvstats.evaluation.model_engine import model_source, model_unit, pooled_summary, reference_logits, unit_summary
-    from kvstats.evaluation.results import InconclusiveWarning
-    from kvstats.study.provenance import provenance
-
-    started = time.time()
-    bits = check_int_range(bits, "bits", 1, 8)
-    full_precision_window = check_int_range(full_precision_window, "full_precision_window", 0, 1 << 30)
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-    fresh_seed = seed is None
-    seed = check_seed(seed)
+    from kvstats.evaluation.model_engine import model_source
+    from kvstats.evaluation.quantizer_sides import prepare_sides
     from kvstats.hf.capture import model_files
 
+    started = time.time()
+    inference = inference_options(inference)
+    bits = check_int_range(bits, "bits", 1, 8)
+    full_precision_window = check_int_range(full_precision_window, "full_precision_window", 0, 1 << 30)
+    fresh_seed = seed is None
+    seed = check_seed(seed)
     if out is not None:  # before the model loads; never one of the model's own files
         out = check_output_path(out, "out", force=force, inputs=model_files(model))
     source = model_source(model, segment=segment, segments_per_document=segments_per_document, documents=documents,
                           dtype=dtype)
     d, heads = source.dims["head_dim"], source.dims["kv_heads"]
-    main = sides.Side("quantizer", quantizer, bits, dict(options))
-    other = None if compare is None else sides.Side("compare", compare, bits, dict(options))
     probe_gen = torch.Generator().manual_seed(0)
     probe = [(None, *(torch.randn(1, heads, segment, d, generator=probe_gen) for _ in range(2)))]
-    seed0 = unit_seed(seed, 0)  # unit 0's schemes: checked, recorded, and the budget the comparator is matched to
-    scheme0 = main.scheme(d, seed0)
-    opts = dict(linear=linear, parts=probe)
-    checks = {"quantizer": sides.check_side(main, scheme0, d, seed0, heads, **opts) if check else
-              "skipped (check=False)"}
-    records = {"evaluated": sides.scheme_record(scheme0)}
-    if other is not None:
-        if match_bits:
-            other.bits = sides.match_bits(other, sides.measured_bits(scheme0, probe), d, seed0, probe)[0]
-        other_scheme0 = other.scheme(d, seed0)
-        records["compared"] = sides.scheme_record(other_scheme0)
-        checks["compare"] = (sides.check_side(other, other_scheme0, d, seed0, heads, **opts) if check else
-                             "skipped (check=False)")
+    sides = prepare_sides(quantizer, compare, bits, options, dim=d, heads=heads, seed0=unit_seed(seed, 0),
+                          parts=lambda: probe, check=check, linear=linear, match=match_bits)
     n_docs = len({doc for doc, _, _ in source.segments})
-    plan = None
-    if other is not None:
-        plan = plan_comparison(n_docs, len(MODEL_METRICS), alpha)
-        if not plan.can_conclude:
-            warnings.warn(InconclusiveWarning(f"{plan.message()}: pass more documents"), stacklevel=3)
-    identities = [main.identity()] + ([] if other is None else [other.identity()])
+    plan = None if sides.other is None else _plan(n_docs, inference.alpha)
+    identities = sides.identities()
     key = None if None in identities else unit_store.store_key(
         {"mode": "model", "sides": identities, "source": source.identity, "seed": seed,
          "window": full_precision_window, "kvstats": unit_store.kvstats_digest()})
@@ -182,62 +161,73 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
         store = Path(str(out) + ".units")
     if key is None:
         store = None
-
-    def compute(i: int) -> dict:
-        doc, title, ids = source.segments[i]
-        ref, floor = reference_logits(source, ids)
-        row = {"unit": i, "document": doc, "title": title, "lossless_floor": floor,
-               **model_unit(source, main.scheme(d, unit_seed(seed, i)), ids,
-                            full_precision_window=full_precision_window, reference=ref)}
-        if other is not None:
-            row |= {f"other:{k}": v for k, v in model_unit(source, other.scheme(d, unit_seed(seed, i)), ids,
-                                                              full_precision_window=full_precision_window,
-                                                              reference=ref).items()}
-        return row
-
-    try:
-        rows, reused = unit_store.run_units(compute, len(source.segments), key=key, store=store, progress=progress,
-                                            desc=f"evaluate {main.label} on {source.name}")
-    except KeyboardInterrupt:
-        if store is not None:
-            have = unit_store.stored_units(len(source.segments), key, store)
-            again = (f"rerun with seed={seed} (--seed {seed}): the seed was drawn fresh" if fresh_seed else
-                     "run the same command again")
-            print(f"interrupted: {have} of {len(source.segments)} units are stored in {store}; {again} to resume",
-                  file=sys.stderr)
-        raise
-    summaries = {"evaluated": {"documents": unit_summary(rows, confidence_level=confidence_level, seed=seed),
-                               "tokens": pooled_summary(rows, confidence_level=confidence_level,
-                                                        n_resamples=n_resamples, seed=seed)}}
-    comparison: dict = {}
-    if other is not None:
-        summaries["compared"] = {
-            "documents": unit_summary(rows, prefix="other:", confidence_level=confidence_level, seed=seed),
-            "tokens": pooled_summary(rows, prefix="other:", confidence_level=confidence_level,
-                                     n_resamples=n_resamples, seed=seed)}
-        comparison = compare_units(per_document(rows, MODEL_METRICS), alpha=alpha, confidence_level=confidence_level,
-                                   seed=seed, metrics=MODEL_METRICS)
-    bits_info = {"evaluated": {"budget": bits, "measured": float(np.mean([r["bits_total"] for r in rows]))}}
-    if other is not None:
-        bits_info["compared"] = {"budget": other.bits,
-                                 "measured": float(np.mean([r["other:bits_total"] for r in rows]))}
-        a, b = bits_info["evaluated"]["measured"], bits_info["compared"]["measured"]
-        bits_info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
-    config = {"quantizer": main.label, "compare": None if other is None else other.label, "bits": bits,
-              "compare_bits": None if other is None else other.bits, "match_bits": bool(match_bits),
-              "model": source.name, "model_dims": source.dims, "documents": n_docs, "segment": segment,
-              "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
-              "full_precision_window": full_precision_window, "seed": seed, "alpha": float(alpha),
-              "confidence_level": confidence_level, "options": {k: str(v) for k, v in options.items()},
-              "checks": checks,
-              "schemes": records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"},
+    rows, reused = unit_store.run_resumable(
+        _segment_function(sides, source, seed, full_precision_window), len(source.segments), key=key, store=store,
+        progress=progress, desc=f"evaluate {sides.main.label} on {source.name}", seed=seed, fresh_seed=fresh_seed)
+    summaries, comparison = _statistics(rows, sides.other is not None, inference, seed)
+    config = {"quantizer": sides.main.label, "compare": None if sides.other is None else sides.other.label,
+              "bits": bits, "compare_bits": None if sides.other is None else sides.other.bits,
+              "match_bits": bool(match_bits), "model": source.name, "model_dims": source.dims, "documents": n_docs,
+              "segment": segment, "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
+              "full_precision_window": full_precision_window, "seed": seed, "alpha": inference.alpha,
+              "confidence_level": inference.confidence_level, "options": {k: str(v) for k, v in options.items()},
+              "checks": sides.checks,
+              "schemes": sides.records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"},
               "units_reused": reused, "dtype": str(dtype).removeprefix("torch."),
               "reference": ("the model's own attention, no cache" if rows[0]["lossless_floor"] is None else
                             "the kvstats path with a lossless scheme (the model is not fp32)"),
               "lossless_floor": None if rows[0]["lossless_floor"] is None else
               float(np.mean([r["lossless_floor"] for r in rows]))}
     ev = ModelEvaluation(config, rows, summaries, comparison.get("tests", {}), comparison.get("excluded", {}), plan,
-                         comparison.get("plan"), bits_info,
+                         comparison.get("plan"), sides.budgets(rows, claimed=False),
                          provenance(started=started, seeds={"seed": seed, "unit i": "unit_seed(seed, i) (the schemes)",
-                                                            "bootstrap": seed}))
+                                                            "bootstrap": inference.bootstrap_seed(seed)}))
     return unit_store.save_results(ev, out, force=force, store=store, n=len(source.segments), key=key)
+
+
+def _plan(n_docs: int, alpha: float):
+    """Whether a comparison over ``n_docs`` documents can conclude at ``alpha`` (warned when it cannot)."""
+    from kvstats.evaluation.comparison import plan_comparison
+    from kvstats.evaluation.results import InconclusiveWarning
+
+    plan = plan_comparison(n_docs, len(MODEL_METRICS), alpha)
+    if not plan.can_conclude:
+        warnings.warn(InconclusiveWarning(f"{plan.message()}: pass more documents"), stacklevel=4)
+    return plan
+
+
+def _segment_function(sides, source, seed: int, window: int):
+    """``compute(i)``: segment i's row — the reference pass once, then each side's quantized pass."""
+    from kvstats._random import unit_seed
+    from kvstats.evaluation.model_engine import model_unit, reference_logits
+
+    d = source.dims["head_dim"]
+
+    def compute(i: int) -> dict:
+        doc, title, ids = source.segments[i]
+        ref, floor = reference_logits(source, ids)
+        row = {"unit": i, "document": doc, "title": title, "lossless_floor": floor,
+               **model_unit(source, sides.main.scheme(d, unit_seed(seed, i)), ids, full_precision_window=window,
+                            reference=ref)}
+        if sides.other is not None:
+            row |= {f"other:{k}": v for k, v in model_unit(source, sides.other.scheme(d, unit_seed(seed, i)), ids,
+                                                              full_precision_window=window, reference=ref).items()}
+        return row
+
+    return compute
+
+
+def _statistics(rows: list[dict], compared: bool, inference: InferenceOptions, seed: int):
+    """Each side's per-document means and pooled token statistics, and the paired comparison when ``compared``."""
+    from kvstats.evaluation.comparison import compare_units, per_document
+    from kvstats.evaluation.model_engine import pooled_summary, unit_summary
+
+    def side(prefix: str) -> dict:
+        return {"documents": unit_summary(rows, prefix=prefix, inference=inference, seed=seed),
+                "tokens": pooled_summary(rows, prefix=prefix, inference=inference, seed=seed)}
+
+    summaries = {"evaluated": side("")} | ({"compared": side("other:")} if compared else {})
+    comparison = {} if not compared else compare_units(
+        per_document(rows, MODEL_METRICS), alpha=inference.alpha, confidence_level=inference.confidence_level,
+        seed=inference.bootstrap_seed(seed), metrics=MODEL_METRICS)  # 9999 resamples: cheap at document counts
+    return summaries, comparison

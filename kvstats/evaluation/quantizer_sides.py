@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kvstats._random import spawn_seeds
 
-__all__ = ["QuantizerCheckError", "Side", "check_side", "label", "match_bits", "measured_bits", "resolve_scheme",
-           "scheme_builder"]
+__all__ = ["QuantizerCheckError", "Side", "Sides", "check_side", "label", "match_bits", "measured_bits",
+           "prepare_sides", "resolve_scheme", "scheme_builder"]
 
 _PROTOCOL = ("encode", "decode", "inner", "bits_per_coordinate")
 
@@ -303,3 +305,53 @@ def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[i
         raise ValueError(f"compare {side.label!r} builds at no budget in 1..8 for dim {dim}")
     fitting = [o for o in options if o[1] <= target * (1 + 1e-12)]
     return max(fitting, key=lambda o: o[0]) if fitting else options[0]
+
+
+@dataclass
+class Sides:
+    """The two sides of an evaluation once built and checked on unit 0: ``main`` and ``other`` (None without a
+    comparison), what their checks said and what the results record of their unit-0 schemes."""
+
+    main: Side
+    other: Side | None
+    checks: dict[str, Any]
+    records: dict[str, Any]
+
+    def identities(self) -> list[dict | None]:
+        return [self.main.identity()] + ([] if self.other is None else [self.other.identity()])
+
+    def budgets(self, rows: list[dict], *, claimed: bool) -> dict[str, Any]:
+        """Each side's budget and the bits per element its codes held (mean over the units), with the
+        quantizers' own claim when ``claimed``, and whether the two sides' measured bits match."""
+        by_side = {"evaluated": ("", self.main)} | ({} if self.other is None else {"compared": ("other:", self.other)})
+        info = {}
+        for name, (prefix, side) in by_side.items():
+            info[name] = {"budget": side.bits, "measured": float(np.mean([r[prefix + "bits_total"] for r in rows]))}
+            if claimed:
+                info[name]["claimed"] = float(np.mean([r[prefix + "bits_claimed"] for r in rows]))
+        if self.other is not None:
+            a, b = info["evaluated"]["measured"], info["compared"]["measured"]
+            info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
+        return info
+
+
+def prepare_sides(quantizer, compare, bits: int, options: dict, *, dim: int, heads: int, seed0: int, parts,
+                  check: bool, linear: bool, match: bool) -> Sides:
+    """Build the sides, check each on unit 0's scheme (``check_side``) and, with ``match``, set the comparator's
+    budget to the evaluated quantizer's measured bits (:func:`match_bits`). ``parts()`` gives the unit-0 tensors
+    the checks and the bit matching read (each call its own copy where the caller measures on the originals)."""
+    main = Side("quantizer", quantizer, bits, dict(options))
+    other = None if compare is None else Side("compare", compare, bits, dict(options))
+    scheme0 = main.scheme(dim, seed0)
+    skipped = "skipped (check=False)"
+    checks = {"quantizer": check_side(main, scheme0, dim, seed0, heads, linear=linear, parts=parts()) if check
+              else skipped}
+    records = {"evaluated": scheme_record(scheme0)}
+    if other is not None:
+        if match:
+            other.bits = match_bits(other, measured_bits(scheme0, parts()), dim, seed0, parts())[0]
+        other_scheme0 = other.scheme(dim, seed0)
+        records["compared"] = scheme_record(other_scheme0)
+        checks["compare"] = (check_side(other, other_scheme0, dim, seed0, heads, linear=linear, parts=parts())
+                             if check else skipped)
+    return Sides(main, other, checks, records)

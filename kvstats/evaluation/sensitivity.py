@@ -38,6 +38,7 @@ import torch
 
 from kvstats.evaluation.model_engine import DEFAULT_SEGMENT
 from kvstats.measure.stats import interval_text
+from kvstats.measure.stats._options import InferenceOptions, inference_options
 
 __all__ = ["SENSITIVITY_SCHEMA", "Sensitivity", "sensitivity", "sensitivity_figure"]
 
@@ -174,14 +175,14 @@ def _ci(r) -> str:
 
 def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | None = 8,
                 segment: int = DEFAULT_SEGMENT, target: float | None = None, seed: int | None = 0,
-                confidence_level: float = 0.95, check: bool = True, linear: bool = True, out=None,
-                force: bool = False,
-                progress: bool = False, documents: dict[str, str] | None = None,
+                inference: InferenceOptions | None = None, check: bool = True, linear: bool = True, out=None,
+                force: bool = False, progress: bool = False, documents: dict[str, str] | None = None,
                 dtype: torch.dtype = torch.float32, configurations=None, known=None, **options) -> Sensitivity:
     """Per-layer sensitivity of ``model`` to ``quantizer`` at ``bits`` (module doc).
 
     Args:
-        quantizer, bits, seed, check, linear, out, force, progress, **options: as :func:`kvstats.evaluate`.
+        quantizer, bits, seed, inference, check, linear, out, force, progress, **options: as
+            :func:`kvstats.evaluate`.
         model: ``"smollm2"``, a Hugging Face model folder or a .gguf file.
         documents_used: how many of the shipped documents (the first ones holding a full segment; None: all).
         segment: tokens per document segment.
@@ -201,27 +202,64 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     from kvstats._random import check_seed
     from kvstats._validation import check_int_range
     from kvstats.evaluation import quantizer_sides as sides
-    from kvstats.evaluation.model_engine import model_source, model_unit, reference_logits
-    from kvstats.hf.cache import IdentityScheme
-    from kvstats.measure import stats
+    from kvstats.evaluation.model_engine import model_unit
+    from kvstats.hf.capture import model_files
     from kvstats.study.provenance import provenance
 
     started = time.time()
+    inference = inference_options(inference)
     bits = check_int_range(bits, "bits", 1, 8)
     seed = check_seed(seed)
-    from kvstats.hf.capture import model_files
-
     if out is not None:  # before the model loads; never one of the model's own files
         out = check_output_path(out, "out", force=force, inputs=model_files(model))
-    source = model_source(model, segment=segment, segments_per_document=1, documents=documents, dtype=dtype)
-    if documents_used is not None:
-        documents_used = check_int_range(documents_used, "documents_used", 2, 1 << 20)
-        source.segments = source.segments[:documents_used]
+    source = _documents_source(model, segment, documents, dtype, documents_used)
     d, heads, n_layers = source.dims["head_dim"], source.dims["kv_heads"], source.dims["layers"]
     side = sides.Side("quantizer", quantizer, bits, dict(options))
     quantized = side.scheme(d, seed)
     checks = sides.check_side(side, quantized, d, seed, heads, linear=linear) if check else "skipped (check=False)"
-    exact = IdentityScheme(d)
+    damage, references = _damage_function(source, quantized, progress)
+    per_doc = _measured(n_layers, len(source.segments), configurations, known, damage)
+    interval = _interval(inference, seed)
+    results = {k: interval(v) for k, v in per_doc.items()}
+    for i in range(n_layers):  # paired over documents: what keeping layer i exact saves
+        if "all" in per_doc and f"all but {i}" in per_doc:
+            results[f"saved {i}"] = interval(np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"]))
+    config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
+              "layers": n_layers, "documents": len(source.segments),
+              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
+              "confidence_level": inference.confidence_level, "checks": checks,
+              "bits_per_element": model_unit(source, quantized, source.segments[0][2], reference=references[0],
+                                             record=False)["bits_total"],
+              "options": {k: str(v) for k, v in options.items()}}
+    seeds = {"seed": seed, "schemes": "one seed for every unit"}
+    if configurations is not None:  # a part: no recommendation
+        return Sensitivity(config, results, per_doc, None, provenance(started=started, seeds=seeds))
+    recommendation = _recommend(results, per_doc, damage, interval, n_layers, target)
+    result = Sensitivity(config, results, per_doc, recommendation, provenance(started=started, seeds=seeds))
+    if out is not None:
+        result.save(out, force=force)
+    return result
+
+
+def _documents_source(model, segment: int, documents, dtype, documents_used):
+    """The model and one segment of each of the first ``documents_used`` documents."""
+    from kvstats._validation import check_int_range
+    from kvstats.evaluation.model_engine import model_source
+
+    source = model_source(model, segment=segment, segments_per_document=1, documents=documents, dtype=dtype)
+    if documents_used is not None:
+        documents_used = check_int_range(documents_used, "documents_used", 2, 1 << 20)
+        source.segments = source.segments[:documents_used]
+    return source
+
+
+def _damage_function(source, quantized, progress: bool):
+    """(``damage(keep_exact, name)``: each document's next-token KL with every layer quantized but those kept exact,
+    the reference logits of each document)."""
+    from kvstats.evaluation.model_engine import model_unit, reference_logits
+    from kvstats.hf.cache import IdentityScheme
+
+    exact = IdentityScheme(source.dims["head_dim"])
     references = [reference_logits(source, ids)[0] for _, _, ids in source.segments]
 
     def damage(keep_exact: set[int], name: str) -> list[float]:
@@ -234,6 +272,11 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
             print(f"  {name}: {np.mean(values):.4g}", file=sys.stderr, flush=True)
         return values
 
+    return damage, references
+
+
+def _measured(n_layers: int, n_documents: int, configurations, known, damage) -> dict[str, list[float]]:
+    """Each wanted configuration's per-document damage: ``known`` ones as given, the others measured."""
     everything = set(range(n_layers))
     standard = {"all": set()} | {f"only {i}": everything - {i} for i in range(n_layers)} | \
         {f"all but {i}": {i} for i in range(n_layers)}
@@ -244,27 +287,26 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
                          f"got {unknown}")
     per_doc = {k: [float(x) for x in v] for k, v in dict(known or {}).items()}
     for name, values in per_doc.items():
-        if len(values) != len(source.segments):
-            raise ValueError(f"known[{name!r}] holds {len(values)} damages, one per document ({len(source.segments)}) "
+        if len(values) != n_documents:
+            raise ValueError(f"known[{name!r}] holds {len(values)} damages, one per document ({n_documents}) "
                              "needed: measured with other arguments?")
     for name in wanted:
         if name not in per_doc:
             per_doc[name] = damage(standard[name], name)
-    results = {k: stats.mean_ci(v, confidence_level, seed=seed) for k, v in per_doc.items()}
-    for i in range(n_layers):  # paired over documents: what keeping layer i exact saves
-        if "all" in per_doc and f"all but {i}" in per_doc:
-            saved = np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"])
-            results[f"saved {i}"] = stats.mean_ci(saved, confidence_level, seed=seed)
-    config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
-              "layers": n_layers, "documents": len(source.segments),
-              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
-              "confidence_level": confidence_level, "checks": checks,
-              "bits_per_element": model_unit(source, quantized, source.segments[0][2], reference=references[0],
-                                             record=False)["bits_total"],
-              "options": {k: str(v) for k, v in options.items()}}
-    if configurations is not None:  # a part: no recommendation
-        return Sensitivity(config, results, per_doc, None,
-                           provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
+    return per_doc
+
+
+def _interval(inference: InferenceOptions, seed: int):
+    """``values -> mean_ci(values)`` at the options' level (documents are the units)."""
+    from kvstats.measure import stats
+
+    opts = dict(n_resamples=inference.resamples(9999), seed=inference.bootstrap_seed(seed))
+    return lambda values: stats.mean_ci(values, inference.confidence_level, **opts)
+
+
+def _recommend(results: dict, per_doc: dict, damage, interval, n_layers: int, target: float | None) -> dict:
+    """The fewest layers kept exact, the most damaging first, whose damage reaches ``target`` (default half of
+    every layer quantized): a bisection over k, each step measured (or reused) with its interval."""
     full = results["all"].statistic
     target = full / 2 if target is None else float(target)
     order = sorted(range(n_layers), key=lambda i: -results[f"only {i}"].statistic)  # most damaging first
@@ -274,7 +316,7 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         name = "all" if k == 0 else "exact " + ",".join(map(str, kept))
         if name not in results:
             per_doc[name] = per_doc[f"all but {kept[0]}"] if k == 1 else damage(set(kept), name)
-            results[name] = stats.mean_ci(per_doc[name], confidence_level, seed=seed)
+            results[name] = interval(per_doc[name])
         return results[name]
 
     low, high = 0, n_layers  # bisection for the fewest k with damage <= target (k = n_layers: every layer exact)
@@ -287,10 +329,5 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
         else:
             low = mid
     chosen = measured(high)
-    recommendation = {"keep_exact": sorted(order[:high]), "damage": chosen, "target": target,
-                      "reached": bool(chosen.statistic <= target), "order": order}
-    result = Sensitivity(config, results, per_doc, recommendation,
-                         provenance(started=started, seeds={"seed": seed, "schemes": "one seed for every unit"}))
-    if out is not None:
-        result.save(out, force=force)
-    return result
+    return {"keep_exact": sorted(order[:high]), "damage": chosen, "target": target,
+            "reached": bool(chosen.statistic <= target), "order": order}

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_units", "save_results",
-           "store_key", "user_code_digest"]
+__all__ = ["STORE_VERSION", "code_identity", "kvstats_digest", "remove_units", "run_resumable", "run_units",
+           "save_results", "store_key", "user_code_digest"]
 
 #: Part of every unit's key: bump when what a unit row means changes.
 STORE_VERSION = "2"
@@ -171,3 +171,24 @@ def save_results(result, out, *, force: bool, store, n: int, key: str | None):
         if store is not None and key is not None:
             remove_units(n, key, store)
     return result
+
+
+def run_resumable(compute: Callable[[int], dict], n: int, *, key: str | None, store, progress: bool, desc: str,
+                  seed: int, fresh_seed: bool) -> tuple[list[dict], int]:
+    """:func:`run_units`, saying how to resume when interrupted (Ctrl-C): how many units are stored, and the seed
+    to pass again when it was drawn fresh."""
+    import sys
+
+    if progress and store is not None and key is not None:
+        have = stored_units(n, key, store)
+        if have:
+            print(f"resuming: {have} of {n} units are stored in {store}", file=sys.stderr)
+    try:
+        return run_units(compute, n, key=key, store=store, progress=progress, desc=desc)
+    except KeyboardInterrupt:
+        if store is not None and key is not None:
+            have = stored_units(n, key, store)
+            again = (f"rerun with seed={seed} (--seed {seed}): the seed was drawn fresh" if fresh_seed else
+                     "run the same command again")
+            print(f"interrupted: {have} of {n} units are stored in {store}; {again} to resume", file=sys.stderr)
+        raise

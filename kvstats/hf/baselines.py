@@ -90,7 +90,7 @@ def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4
 
 def output_metrics(reference_logits: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-token output damage of ``logits`` against the exact model's ``reference_logits`` (both [B, T, V]) on the
-    tokens ``ids`` [B, T], as studies/end_to_end.py measures every kvstats scheme (fp64):
+    tokens ``ids`` [B, T], as the end_to_end study (studies/end_to_end/) measures every kvstats scheme (fp64):
 
     * ``out_kl`` [B, T]: KL(p_exact ‖ p_quantized) of the next-token distributions (nats, clamped at 0);
     * ``nll_ref``, ``nll`` [B, T−1]: −log p(ids[:, t+1]) under the exact and the quantized model;
@@ -112,7 +112,7 @@ def output_metrics(reference_logits: torch.Tensor, logits: torch.Tensor, ids: to
 
 def baseline_rows(model, ids: torch.Tensor, reference_logits: torch.Tensor, backend: str, nbits: int, *,
                   residual_length: int = 1, **cache_options) -> list[dict]:
-    """The rows studies/end_to_end.py keeps per cell, for transformers' quantized cache over the segments ``ids``
+    """The rows the end_to_end study keeps per cell, for transformers' quantized cache over the segments ``ids``
     [B, T]: one ``"token"`` row per (segment, t) with out_kl, top1, nll_ref, nll (None at the last token), and
     one ``"cell"`` row (seconds, max_abs_dlogit, the cache's options). No attention metrics: the cache never
     sees the exact keys of what it quantized."""

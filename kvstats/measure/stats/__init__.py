@@ -58,6 +58,7 @@ from kvstats.measure.stats._normal_theory import (
     t_standard_error,
     z_difference_test,
 )
+from kvstats.measure.stats._options import InferenceOptions, inference_options
 from kvstats.measure.stats._power import (
     PowerResult,
     detectable_shift,
@@ -72,6 +73,8 @@ from kvstats.measure.stats._wilcoxon import WilcoxonResult, wilcoxon
 
 __all__ = [
     "BootstrapResult",
+    "InferenceOptions",
+    "inference_options",
     "CorrelationResult",
     "EquivalenceResult",
     "McNemarResult",
