@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "checks/common.h"
+#include "prologue/common.h"
 
 namespace kvstats {
 namespace {

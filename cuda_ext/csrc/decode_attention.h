@@ -1,4 +1,4 @@
-// decode_attention (schemas.h): one decode step of attention from the codes in one call. It is composed from
+// decode_attention: one decode step of attention from the codes in one call. It is composed from
 // the library's own ops, called through the dispatcher in the namespace of the backend that registered it, and
 // from ATen's matmul and softmax, in the order the unfused path calls them (kvstats/hf/cache_layer.py:
 // KVStatsLayer._attend_last with the quantizers' plans), so that its numbers are that path's on every backend.
@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
@@ -36,5 +37,22 @@ using DecodeAttention = std::tuple<at::Tensor, at::Tensor>(
 
 template <OpNamespace NS>
 DecodeAttention decode_attention;
+
+inline void define_decode_attention_ops(torch::Library& m) {
+  // One decode step of attention from the codes: G key groups, each with n_q queries q [G, n_q, d], n_code
+  // keys read through the K part's codes and an exact window win_k / win_v [G, w, d]:
+  //   logits  = [K-part scores of keys 0 .. n_code - 1, q · win_k^T] * scaling, then softcap * tanh(. / softcap)
+  //   weights = softmax over the keys (with one sink logit per query row [G, n_q] joining the sum, then dropped)
+  //   out     = weights[..., n_code:] @ win_v + V part's sum_j weights_j * v_hat_j over the code keys
+  // A part (k_ or v_): rotation signs [d] (q -> fwht(q * s) before scoring, y -> fwht(y) * s after summing;
+  // absent: none), Lloyd codes (packed [G, n_k, .], norm [G, n_k], levels, bits) and/or QJL signs (sketch
+  // S [m, d], packed signs [G, n_k, .], norm, scale): the library's ops, in the order the unfused path calls them.
+  m.def(
+      "decode_attention(Tensor q, Tensor win_k, Tensor win_v, int n_code, float scaling, float? softcap, "
+      "Tensor? sinks, Tensor? k_rotation, Tensor? k_packed, Tensor? k_norm, Tensor? k_levels, int k_bits, "
+      "Tensor? k_sketch, Tensor? k_signs, Tensor? k_sign_norm, float k_sign_scale, Tensor? v_rotation, "
+      "Tensor? v_packed, Tensor? v_norm, Tensor? v_levels, int v_bits, Tensor? v_sketch, Tensor? v_signs, "
+      "Tensor? v_sign_norm, float v_sign_scale) -> (Tensor, Tensor)");
+}
 
 }  // namespace kvstats

@@ -5,27 +5,9 @@
 #include <Python.h>
 #include <torch/library.h>
 
-#include "kernels.h"
 #include "schemas.h"
 
 namespace kvstats {
-
-math::Stored stored_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return math::Stored::kFloat32;
-    case at::kHalf: return math::Stored::kFloat16;
-    case at::kBFloat16: return math::Stored::kBFloat16;
-    default: return math::Stored::kKeep;
-  }
-}
-
-math::Rotation rotation_of(const at::Tensor& signs) {
-  math::Rotation rot;
-  rot.signs = signs.const_data_ptr();
-  rot.passes = signs.size(0);
-  rot.block = rot.passes > 0 ? signs.size(1) : 0;
-  return rot;
-}
 
 TORCH_LIBRARY(kvstats, m) { define_ops(m); }
 

@@ -53,14 +53,13 @@ inline void parallel_for_tls(int64_t begin, int64_t end, int64_t grain, const F&
   });
 }
 
-// A new [rows, cols] output that the kernel writes once, in full. Large outputs come fresh from the
-// kernel (glibc serves them with mmap), and faulting them in 4 KiB at a time cost more than the decode
-// itself (a 128 MiB output on a 2-core Zen 4: 2.2 M rows/s of d = 128 for empty + fill, against 9.4 M
-// with the advice). So its 2 MiB-aligned interior is advised to be backed by transparent huge pages
-// (Linux, THP in "madvise" or "always" mode; a hint — when refused, the ordinary pages serve). Every
-// byte is written by the caller, so no memory is committed that would not be anyway.
-inline at::Tensor empty_output(int64_t rows, int64_t cols, const at::TensorOptions& options) {
-  at::Tensor out = at::empty({rows, cols}, options);
+// Advice for a new output that the kernel writes once, in full (the decode outputs, allocated by the op's
+// prologue). Large outputs come fresh from the kernel (glibc serves them with mmap), and faulting them in 4 KiB
+// at a time cost more than the decode itself (a 128 MiB output on a 2-core Zen 4: 2.2 M rows/s of d = 128 for
+// empty + fill, against 9.4 M with the advice). So its 2 MiB-aligned interior is advised to be backed by
+// transparent huge pages (Linux, THP in "madvise" or "always" mode; a hint — when refused, the ordinary pages
+// serve). Every byte is written by the caller, so no memory is committed that would not be anyway.
+inline void advise_huge_pages(const at::Tensor& out) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{1} << 21;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(out.data_ptr());
@@ -68,6 +67,12 @@ inline at::Tensor empty_output(int64_t rows, int64_t cols, const at::TensorOptio
   const uintptr_t last = (begin + out.nbytes()) & ~(kHugePage - 1);
   if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 #endif
+}
+
+// A new [rows, cols] scratch that the kernel writes once, in full, on huge pages (advise_huge_pages).
+inline at::Tensor empty_output(int64_t rows, int64_t cols, const at::TensorOptions& options) {
+  at::Tensor out = at::empty({rows, cols}, options);
+  advise_huge_pages(out);
   return out;
 }
 

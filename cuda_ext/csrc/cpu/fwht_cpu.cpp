@@ -10,8 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../checks/fwht.h"
-#include "../kernels.h"
+#include "../prologue/fwht.h"
 #include "wht.h"
 
 namespace kvstats {
@@ -38,17 +37,13 @@ void fwht_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t d) {
 }  // namespace
 
 at::Tensor fwht_cpu(const at::Tensor& x) {
-  check_fwht_input(x);
+  const FwhtArgs a = fwht_prologue(x);
   TORCH_CHECK_VALUE(x.device().is_cpu(), "fwht_cpu: x must be a CPU tensor, got ", x.device());
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  const int64_t d = xc.size(-1);
-  const int64_t rows = xc.numel() / d;
-  if (rows == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "fwht_cpu", [&] {
-    fwht_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), rows, d);
+  if (a.rows == 0) return a.y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "fwht_cpu", [&] {
+    fwht_rows<scalar_t>(a.x.const_data_ptr<scalar_t>(), a.y.mutable_data_ptr<scalar_t>(), a.rows, a.d);
   });
-  return y;
+  return a.y;
 }
 
 TORCH_LIBRARY_IMPL(kvstats, CPU, m) {

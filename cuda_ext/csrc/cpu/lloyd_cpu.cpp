@@ -11,9 +11,8 @@
 #include <vector>
 
 #include "../bitpack.h"
-#include "../checks/lloyd.h"
-#include "../checks/turbo_prod.h"
-#include "../kernels.h"
+#include "../prologue/lloyd.h"
+#include "../prologue/turbo_prod.h"
 #include "common_cpu.h"
 #include "score_codes.h"
 #include "wht.h"
@@ -137,35 +136,28 @@ math::RowNorm<acc_t> encode_row(const scalar_t* x, int64_t d, const acc_t* signs
   return {norm, e};
 }
 
-at::Tensor empty_rows(int64_t n, int64_t cols, const at::Tensor& like, at::ScalarType dtype) {
-  return at::empty({n, cols}, like.options().dtype(dtype));
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> lloyd_encode_cpu(const at::Tensor& x, const at::Tensor& signs,
                                                     const at::Tensor& thresholds, int64_t bits,
                                                     at::ScalarType norm_dtype) {
-  check_lloyd_encode_input(x, signs, thresholds, bits);
-  const at::Tensor xc = x.contiguous(), sg = signs.contiguous(), th = thresholds.contiguous();
-  const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits);
-  const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
-  at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
-  at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "lloyd_encode_cpu", [&] {
+  const LloydEncodeArgs a = lloyd_encode_prologue(x, signs, thresholds, bits, norm_dtype);
+  const int64_t d = a.d, nb = a.nb;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "lloyd_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm);
-    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+    const auto p = a.params<scalar_t, acc_t>();
+    const acc_t* sp = static_cast<const acc_t*>(p.rotation.signs);
+    at::parallel_for(0, p.n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<acc_t> buf(d), u(d);
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
-        p.norm[r] = encode_row(p.x + r * d, d, static_cast<const acc_t*>(p.rotation.signs), passes, block,
-                               p.thresholds, bits, buf.data(), u.data(), codes.data(), p.packed + r * nb)
+        p.norm[r] = encode_row(p.x + r * d, d, sp, p.rotation.passes, p.rotation.block, p.thresholds, bits,
+                               buf.data(), u.data(), codes.data(), p.packed + r * nb)
                         .norm();
       }
     });
   });
-  return {packed, norm.to(storage_dtype(x, norm_dtype))};
+  return a.result();
 }
 
 namespace cpu {
@@ -199,83 +191,62 @@ template void lloyd_decode_rows<double>(const uint8_t*, const double*, const dou
 
 at::Tensor lloyd_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
                             const at::Tensor& levels, int64_t bits, int64_t d) {
-  check_lloyd_decode_input(packed, norm, signs, levels, bits, d);
-  const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
-  const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
-  const int64_t n = pc.size(0);
-  at::Tensor out = cpu::empty_output(n, d, lv.options());
-  AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "lloyd_decode_cpu", [&] {
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const scalar_t* np = nc.const_data_ptr<scalar_t>();
-    const scalar_t* lp = lv.const_data_ptr<scalar_t>();
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    const math::Rotation rot = rotation_of(sg);
-    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+  const LloydDecodeArgs a = lloyd_decode_prologue(packed, norm, signs, levels, bits, d);
+  cpu::advise_huge_pages(a.out);
+  AT_DISPATCH_FLOATING_TYPES(a.levels.scalar_type(), "lloyd_decode_cpu", [&] {
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const scalar_t* np = a.norm.const_data_ptr<scalar_t>();
+    const scalar_t* lp = a.levels.const_data_ptr<scalar_t>();
+    scalar_t* op = a.out.mutable_data_ptr<scalar_t>();
+    const math::Rotation rot = a.rotation();
+    at::parallel_for(0, a.n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       cpu::lloyd_decode_rows(pp, np, lp, bits, d, rot, op, begin, end, codes.data());
     });
   });
-  return out;
+  return a.out;
 }
 
 at::Tensor lloyd_scores_cpu(const at::Tensor& q, const at::Tensor& packed, const at::Tensor& norm,
                             const at::Tensor& levels, int64_t bits) {
-  check_lloyd_scores_input(q, packed, norm, levels, bits);
-  const at::Tensor qc = q.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
-  const at::Tensor nc = norm.to(qc.scalar_type()).contiguous();
-  at::Tensor out;
-  AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "lloyd_scores_cpu", [&] {
-    const auto keys = cpu::code_keys<scalar_t>(pc, nc, lv, bits, qc.size(2));
-    out = cpu::score_packed(keys, qc, at::Tensor(), qc.size(1), qc.options());
+  const LloydScoresArgs a = lloyd_scores_prologue(q, packed, norm, levels, bits);
+  AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "lloyd_scores_cpu", [&] {
+    const auto keys = cpu::code_keys<scalar_t>(a.packed, a.norm, a.levels, bits, a.q.size(2));
+    cpu::score_packed(keys, a.q, at::Tensor(), a.out);
   });
-  return out;
+  return a.out;
 }
 
 at::Tensor turbo_prod_scores_cpu(const at::Tensor& q, const at::Tensor& q_sketch, const at::Tensor& packed,
                                  const at::Tensor& norm, const at::Tensor& levels, int64_t bits,
                                  const at::Tensor& signs_packed, const at::Tensor& gamma, double scale) {
-  check_turbo_prod_scores_input(q, q_sketch, packed, norm, levels, bits, signs_packed, gamma);
-  const at::Tensor qc = q.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
-  const at::Tensor qsc = q_sketch.contiguous(), spc = signs_packed.contiguous();
-  const at::Tensor nc = norm.to(qc.scalar_type()).contiguous();
-  const at::Tensor gc = cpu::qjl_weights(gamma, qc.scalar_type(), scale);
-  at::Tensor out;
-  AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "turbo_prod_scores_cpu", [&] {
-    const auto keys = cpu::with_signs(cpu::code_keys<scalar_t>(pc, nc, lv, bits, qc.size(2)), spc, gc, qsc.size(2));
-    out = cpu::score_packed(keys, qc, qsc, qc.size(1), qc.options());
+  const TurboProdScoresArgs a = turbo_prod_scores_prologue(q, q_sketch, packed, norm, levels, bits, signs_packed,
+                                                           gamma, scale, &qjl_weights_cpu);
+  AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "turbo_prod_scores_cpu", [&] {
+    const auto keys = cpu::with_signs(cpu::code_keys<scalar_t>(a.packed, a.norm, a.levels, bits, a.q.size(2)),
+                                      a.signs_packed, a.gamma_w, a.q_sketch.size(2));
+    cpu::score_packed(keys, a.q, a.q_sketch, a.out);
   });
-  return out;
+  return a.out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu(
     const at::Tensor& x, const at::Tensor& signs, const at::Tensor& thresholds, const at::Tensor& levels,
     int64_t bits, const at::Tensor& sketch, at::ScalarType norm_dtype) {
-  check_turbo_prod_encode_input(x, signs, thresholds, levels, bits, sketch);
-  const at::Tensor xc = x.contiguous(), sg = signs.contiguous(), th = thresholds.contiguous();
-  const at::Tensor lv = levels.contiguous(), sk = sketch.contiguous();
-  const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits), m = sk.size(0), mb = packed_bytes(m, 1);
-  const int64_t passes = sg.size(0), block = passes > 0 ? sg.size(1) : 0;
-  const at::ScalarType stored = storage_dtype(x, norm_dtype);
-  const math::Stored stored_kind = stored_of(stored);
-  at::Tensor packed = empty_rows(n, nb, xc, at::kByte);
-  at::Tensor sign_packed = empty_rows(n, mb, xc, at::kByte);
-  at::Tensor norm = at::empty({n}, xc.options().dtype(th.scalar_type()));
-  at::Tensor gamma = at::empty({n}, xc.options().dtype(th.scalar_type()));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "turbo_prod_encode_cpu", [&] {
+  const TurboProdEncodeArgs a = turbo_prod_encode_prologue(x, signs, thresholds, levels, bits, sketch, norm_dtype);
+  const int64_t n = a.n, d = a.d, nb = a.nb, m = a.m, mb = a.mb;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "turbo_prod_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    auto p = lloyd_encode_params<scalar_t, acc_t>(xc, sg, th, bits, packed, norm);
-    p.levels = lv.const_data_ptr<acc_t>();
-    p.norm_stored = stored_kind;
-    p.gamma = gamma.mutable_data_ptr<acc_t>();
-    const acc_t* sp = sg.const_data_ptr<acc_t>();
-    uint8_t* spk = sign_packed.mutable_data_ptr<uint8_t>();
+    const auto p = a.params<scalar_t, acc_t>();
+    const acc_t* sp = static_cast<const acc_t*>(p.rotation.signs);
+    uint8_t* spk = a.sign_packed.mutable_data_ptr<uint8_t>();
     // Per task: the residuals of one block of rows and their projection (extra memory: threads x
     // kSketchBlock x (d + m) values); the block goes through the sketch while it is in cache. The
     // residual is kept scaled by 2^-e per row (r' = r · 2^-e): its sign bits are those of r.
     const int64_t blocks = (n + cpu::kSketchBlock - 1) / cpu::kSketchBlock;
     cpu::parallel_for_tls(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      at::Tensor residual = at::empty({std::min(n, cpu::kSketchBlock), d}, th.options());
-      at::Tensor proj = at::empty({std::min(n, cpu::kSketchBlock), m}, th.options());
+      at::Tensor residual = at::empty({std::min(n, cpu::kSketchBlock), d}, a.thresholds.options());
+      at::Tensor proj = at::empty({std::min(n, cpu::kSketchBlock), m}, a.thresholds.options());
       acc_t* rp = residual.mutable_data_ptr<acc_t>();
       std::vector<acc_t> u(d);
       std::vector<uint8_t> codes(d);
@@ -286,17 +257,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> turbo_prod_encode_cpu
           acc_t* y = rp + r * d;
           // encode_row leaves y' = Pi x · 2^-e in the buffer; the residual is y' − |x|_stored · 2^-e ·
           // levels[codes], with the norm rounded as it is stored, so decode reproduces what it was taken from.
-          const math::RowNorm<acc_t> rn = encode_row(p.x + row * d, d, sp, passes, block, p.thresholds, bits, y,
-                                                     u.data(), codes.data(), p.packed + row * nb);
+          const math::RowNorm<acc_t> rn = encode_row(p.x + row * d, d, sp, p.rotation.passes, p.rotation.block,
+                                                     p.thresholds, bits, y, u.data(), codes.data(), p.packed + row * nb);
           p.norm[row] = rn.norm();
-          const acc_t w = math::round_to_stored(rn.norm(), stored_kind) * math::pow2<acc_t>(-rn.exponent);
+          const acc_t w = math::round_to_stored(rn.norm(), p.norm_stored) * math::pow2<acc_t>(-rn.exponent);
           p.gamma[row] = RowSteps<acc_t>::subtract(y, codes.data(), p.levels, w, d) * math::pow2<acc_t>(rn.exponent);
         }
-        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), sk, proj, spk + r0 * mb);
+        cpu::sketch_signs_block<acc_t>(residual.narrow(0, 0, k), a.sketch, proj, spk + r0 * mb);
       }
     });
   });
-  return {packed, norm.to(stored), sign_packed, gamma.to(stored)};
+  return a.result();
 }
 
 TORCH_LIBRARY_IMPL(kvstats, CPU, m) {

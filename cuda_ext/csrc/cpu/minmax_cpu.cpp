@@ -8,30 +8,23 @@
 #include <vector>
 
 #include "../bitpack.h"
-#include "../checks/minmax.h"
-#include "../kernels.h"
+#include "../prologue/minmax.h"
 #include "common_cpu.h"
 
 namespace kvstats {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tensor& x, int64_t group, int64_t bits,
                                                                  at::ScalarType side_dtype) {
-  check_minmax_encode_input(x, group, bits);
-  const at::Tensor xc = x.contiguous();
-  const int64_t n = xc.size(0), d = xc.size(1), nb = packed_bytes(d, bits), ng = d / group;
-  const at::ScalarType acc = xc.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::ScalarType side = storage_dtype(x, side_dtype);
-  at::Tensor packed = at::empty({n, nb}, xc.options().dtype(at::kByte));
-  at::Tensor lo_t = at::empty({n, ng}, xc.options().dtype(acc));
-  at::Tensor scale_t = at::empty({n, ng}, xc.options().dtype(acc));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "minmax_encode_cpu", [&] {
+  const MinMaxEncodeArgs a = minmax_encode_prologue(x, group, bits, side_dtype);
+  const int64_t d = a.d, nb = a.nb, ng = a.ng;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "minmax_encode_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
-    uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
-    acc_t* lp = lo_t.mutable_data_ptr<acc_t>();
-    acc_t* sp = scale_t.mutable_data_ptr<acc_t>();
-    const math::Stored stored = stored_of(side);
-    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+    const scalar_t* xp = a.x.const_data_ptr<scalar_t>();
+    uint8_t* pp = a.packed.mutable_data_ptr<uint8_t>();
+    acc_t* lp = a.lo.mutable_data_ptr<acc_t>();
+    acc_t* sp = a.step.mutable_data_ptr<acc_t>();
+    const math::Stored stored = stored_of(a.side);
+    at::parallel_for(0, a.n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
         for (int64_t gi = 0; gi < ng; ++gi) {
@@ -44,22 +37,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> minmax_encode_cpu(const at::Tenso
       }
     });
   });
-  return {packed, lo_t.to(side), scale_t.to(side)};
+  return a.result();
 }
 
 at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& scale,
                              int64_t group, int64_t bits, int64_t d) {
-  check_minmax_decode_input(packed, lo, scale, group, bits, d);
-  const at::ScalarType acc = lo.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor pc = packed.contiguous(), lc = lo.to(acc).contiguous(), sc = scale.to(acc).contiguous();
-  const int64_t n = pc.size(0), nb = pc.size(1), ng = d / group;
-  at::Tensor out = at::empty({n, d}, lc.options());
-  AT_DISPATCH_FLOATING_TYPES(acc, "minmax_decode_cpu", [&] {
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const scalar_t* lp = lc.const_data_ptr<scalar_t>();
-    const scalar_t* sp = sc.const_data_ptr<scalar_t>();
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
+  const MinMaxDecodeArgs a = minmax_decode_prologue(packed, lo, scale, group, bits, d);
+  const int64_t nb = a.nb, ng = a.ng;
+  AT_DISPATCH_FLOATING_TYPES(a.lo.scalar_type(), "minmax_decode_cpu", [&] {
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const scalar_t* lp = a.lo.const_data_ptr<scalar_t>();
+    const scalar_t* sp = a.step.const_data_ptr<scalar_t>();
+    scalar_t* op = a.out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, a.n, std::max<int64_t>(1, 2048 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       for (int64_t r = begin; r < end; ++r) {
         cpu::unpack_row(pp + r * nb, d, bits, codes.data());
@@ -70,7 +60,7 @@ at::Tensor minmax_decode_cpu(const at::Tensor& packed, const at::Tensor& lo, con
       }
     });
   });
-  return out;
+  return a.out;
 }
 
 TORCH_LIBRARY_IMPL(kvstats, CPU, m) {

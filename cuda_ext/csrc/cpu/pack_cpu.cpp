@@ -3,36 +3,29 @@
 #include <torch/library.h>
 
 #include "../bitpack.h"
-#include "../checks/pack.h"
-#include "../kernels.h"
+#include "../prologue/pack.h"
 #include "common_cpu.h"
 
 namespace kvstats {
 
 at::Tensor pack_bits_cpu(const at::Tensor& codes, int64_t bits) {
-  check_pack_input(codes, bits);
-  const at::Tensor c = codes.contiguous();
-  const int64_t n = c.size(0), d = c.size(1), nb = packed_bytes(d, bits);
-  at::Tensor out = at::empty({n, nb}, c.options());
-  const uint8_t* src = c.const_data_ptr<uint8_t>();
-  uint8_t* dst = out.mutable_data_ptr<uint8_t>();
-  at::parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) cpu::pack_row(src + r * d, d, bits, dst + r * nb);
+  const BitPackArgs a = pack_bits_prologue(codes, bits);
+  const uint8_t* src = a.codes.const_data_ptr<uint8_t>();
+  uint8_t* dst = a.packed.mutable_data_ptr<uint8_t>();
+  at::parallel_for(0, a.n, std::max<int64_t>(1, 4096 / std::max<int64_t>(a.d, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) cpu::pack_row(src + r * a.d, a.d, bits, dst + r * a.nb);
   });
-  return out;
+  return a.packed;
 }
 
 at::Tensor unpack_bits_cpu(const at::Tensor& packed, int64_t bits, int64_t d) {
-  check_unpack_input(packed, bits, d);
-  const at::Tensor p = packed.contiguous();
-  const int64_t n = p.size(0), nb = p.size(1);
-  at::Tensor out = at::empty({n, d}, p.options());
-  const uint8_t* src = p.const_data_ptr<uint8_t>();
-  uint8_t* dst = out.mutable_data_ptr<uint8_t>();
-  at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) cpu::unpack_row(src + r * nb, d, bits, dst + r * d);
+  const BitPackArgs a = unpack_bits_prologue(packed, bits, d);
+  const uint8_t* src = a.packed.const_data_ptr<uint8_t>();
+  uint8_t* dst = a.codes.mutable_data_ptr<uint8_t>();
+  at::parallel_for(0, a.n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) cpu::unpack_row(src + r * a.nb, d, bits, dst + r * d);
   });
-  return out;
+  return a.codes;
 }
 
 TORCH_LIBRARY_IMPL(kvstats, CPU, m) {

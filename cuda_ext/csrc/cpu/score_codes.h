@@ -45,7 +45,6 @@
 #include <vector>
 
 #include "../bitpack.h"
-#include "../kernels.h"
 #include "../quant_math.h"
 #include "../score_params.h"
 #include "code_rows.h"
@@ -66,11 +65,6 @@ constexpr int64_t kMaxAdcTableBytes = int64_t{2} << 20;
 constexpr int64_t kScoreBlock = 256;
 // Most memory the per-query lookup tables of one call may take (above: the GEMM path).
 constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
-
-// The sign part's per-key weights w = scale · γ (or ‖k‖), in dtype: math::qjl_key_weight.
-inline at::Tensor qjl_weights(const at::Tensor& norm, at::ScalarType dtype, double scale) {
-  return qjl_weights_cpu(norm, dtype, scale);
-}
 
 // The packed keys of G groups of nk keys. codes: [G, nk, ceil(d·bits/8)] (nullptr: no MSE part);
 // signs: [G, nk, ceil(m/8)] (nullptr: no sign part); weights [G, nk].
@@ -310,17 +304,17 @@ int64_t table_bytes(const PackedKeys<acc_t>& k, int64_t nq) {
   return k.G * nq * (code_size + sign_size) * static_cast<int64_t>(sizeof(acc_t));
 }
 
-// out [G, nq, nk] from the packed keys; picks per-query tables, queries-innermost tables or GEMM by the
-// number of queries, the code width and the tables' size (see the top of this file).
+// Fills out [G, nq, nk] (the op's prologue allocates it) from the packed keys; picks per-query tables,
+// queries-innermost tables or GEMM by the number of queries, the code width and the tables' size (see the top
+// of this file).
 template <typename acc_t>
-at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, int64_t nq,
-                        const at::TensorOptions& opts) {
-  at::Tensor out = at::empty({k.G, nq, k.nk}, opts);
-  if (out.numel() == 0) return out;
+void score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const at::Tensor& qs, at::Tensor out) {
+  if (out.numel() == 0) return;
+  const int64_t nq = out.size(1);
   if constexpr (std::is_same_v<acc_t, float>) {
     if ((!k.codes || rows_apply(nq, k.bits, k.d)) && (!k.signs || rows_apply(nq, 1, k.m))) {
       score_packed_rows(k, q, qs, out);
-      return out;
+      return;
     }
   }
   if (nq >= kAdcQueries && (!k.codes || k.bits <= kAdcMaxBits) &&
@@ -331,7 +325,6 @@ at::Tensor score_packed(const PackedKeys<acc_t>& k, const at::Tensor& q, const a
   } else {
     score_packed_tables(k, q, qs, out);
   }
-  return out;
 }
 
 }  // namespace cpu

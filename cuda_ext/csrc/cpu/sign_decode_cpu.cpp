@@ -18,9 +18,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../checks/sign_decode.h"
-#include "../checks/turbo_prod.h"
-#include "../kernels.h"
+#include "../prologue/sign_decode.h"
+#include "../prologue/turbo_prod.h"
 #include "common_cpu.h"
 
 namespace kvstats {
@@ -225,36 +224,33 @@ bool sign_decode_blocked_probe(int64_t rows, int64_t d, bool fp32) {
 
 at::Tensor sign_decode_cpu(const at::Tensor& packed, const at::Tensor& tables, const at::Tensor& weight,
                            const std::optional<at::Tensor>& base) {
-  check_sign_decode_input(packed, tables, weight, base);
-  const at::Tensor pc = packed.contiguous(), tc = tables.contiguous();
-  const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
-  const at::Tensor bc = base.has_value() ? base->contiguous() : at::Tensor();
-  const int64_t n = pc.size(0), mb = pc.size(1), d = tc.size(1);
-  at::Tensor out = cpu::empty_output(n, d, tc.options());
-  if (sign_decode_takes_blocked_sum(tc.scalar_type(), n, d)) {
-    const at::Tensor slices = slice_tables(tc, mb, d);
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
+  const SignDecodeArgs a = sign_decode_prologue(packed, tables, weight, base);
+  const int64_t n = a.n, mb = a.mb, d = a.d;
+  cpu::advise_huge_pages(a.out);
+  if (sign_decode_takes_blocked_sum(a.tables.scalar_type(), n, d)) {
+    const at::Tensor slices = slice_tables(a.tables, mb, d);
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
     const float* sp = slices.const_data_ptr<float>();
-    const float* wp = wc.const_data_ptr<float>();
-    const float* bp = bc.defined() ? bc.const_data_ptr<float>() : nullptr;
-    float* op = out.mutable_data_ptr<float>();
+    const float* wp = a.weight.const_data_ptr<float>();
+    const float* bp = a.base.defined() ? a.base.const_data_ptr<float>() : nullptr;
+    float* op = a.out.mutable_data_ptr<float>();
     at::parallel_for(0, n, kBlockRows, [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(kBlockRows * kSliceCols);
       sign_decode_blocked_f32(pp, mb, sp, d, wp, bp, op, scratch.data(), begin, end);
     });
-    return out;
+    return a.out;
   }
-  AT_DISPATCH_FLOATING_TYPES(tc.scalar_type(), "sign_decode_cpu", [&] {
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const scalar_t* tp = tc.const_data_ptr<scalar_t>();
-    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
-    const scalar_t* bp = bc.defined() ? bc.const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(a.tables.scalar_type(), "sign_decode_cpu", [&] {
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const scalar_t* tp = a.tables.const_data_ptr<scalar_t>();
+    const scalar_t* wp = a.weight.const_data_ptr<scalar_t>();
+    const scalar_t* bp = a.base.defined() ? a.base.const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* op = a.out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
       sign_decode_range(pp, mb, tp, d, wp, bp, op, begin, end);
     });
   });
-  return out;
+  return a.out;
 }
 
 // The MSE part of each block of rows is decoded into out (lloyd_decode's row steps), and the sign part
@@ -266,23 +262,20 @@ constexpr int64_t kTurboProdBlockRows = 1024;
 at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& norm, const at::Tensor& signs,
                                  const at::Tensor& levels, int64_t bits, int64_t d, const at::Tensor& signs_packed,
                                  const at::Tensor& tables, const at::Tensor& weight) {
-  check_turbo_prod_decode_input(packed, norm, signs, levels, bits, d, signs_packed, tables, weight);
-  const at::Tensor pc = packed.contiguous(), sg = signs.contiguous(), lv = levels.contiguous();
-  const at::Tensor nc = norm.to(lv.scalar_type()).contiguous();
-  const at::Tensor spc = signs_packed.contiguous(), tc = tables.contiguous();
-  const at::Tensor wc = weight.to(tc.scalar_type()).contiguous();
-  const int64_t n = pc.size(0), mb = spc.size(1);
-  at::Tensor out = cpu::empty_output(n, d, lv.options());
-  const math::Rotation rot = rotation_of(sg);
-  if (sign_decode_takes_blocked_sum(lv.scalar_type(), n, d)) {
-    const at::Tensor slices = slice_tables(tc, mb, d);
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const float* np = nc.const_data_ptr<float>();
-    const float* lp = lv.const_data_ptr<float>();
-    const uint8_t* spp = spc.const_data_ptr<uint8_t>();
+  const TurboProdDecodeArgs a =
+      turbo_prod_decode_prologue(packed, norm, signs, levels, bits, d, signs_packed, tables, weight);
+  const int64_t n = a.n, mb = a.mb;
+  cpu::advise_huge_pages(a.out);
+  const math::Rotation rot = a.rotation();
+  if (sign_decode_takes_blocked_sum(a.levels.scalar_type(), n, d)) {
+    const at::Tensor slices = slice_tables(a.tables, mb, d);
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const float* np = a.norm.const_data_ptr<float>();
+    const float* lp = a.levels.const_data_ptr<float>();
+    const uint8_t* spp = a.signs_packed.const_data_ptr<uint8_t>();
     const float* slp = slices.const_data_ptr<float>();
-    const float* wp = wc.const_data_ptr<float>();
-    float* op = out.mutable_data_ptr<float>();
+    const float* wp = a.weight.const_data_ptr<float>();
+    float* op = a.out.mutable_data_ptr<float>();
     at::parallel_for(0, n, kBlockRows, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
       std::vector<float> scratch(kTurboProdBlockRows * kSliceCols);  // blocks of kTurboProdBlockRows rows
@@ -292,16 +285,16 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
         sign_decode_blocked_f32(spp, mb, slp, d, wp, op, op, scratch.data(), r0, r1);
       }
     });
-    return out;
+    return a.out;
   }
-  AT_DISPATCH_FLOATING_TYPES(lv.scalar_type(), "turbo_prod_decode_cpu", [&] {
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const scalar_t* np = nc.const_data_ptr<scalar_t>();
-    const scalar_t* lp = lv.const_data_ptr<scalar_t>();
-    const uint8_t* spp = spc.const_data_ptr<uint8_t>();
-    const scalar_t* tp = tc.const_data_ptr<scalar_t>();
-    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(a.levels.scalar_type(), "turbo_prod_decode_cpu", [&] {
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const scalar_t* np = a.norm.const_data_ptr<scalar_t>();
+    const scalar_t* lp = a.levels.const_data_ptr<scalar_t>();
+    const uint8_t* spp = a.signs_packed.const_data_ptr<uint8_t>();
+    const scalar_t* tp = a.tables.const_data_ptr<scalar_t>();
+    const scalar_t* wp = a.weight.const_data_ptr<scalar_t>();
+    scalar_t* op = a.out.mutable_data_ptr<scalar_t>();
     constexpr int64_t kBlock = 64;  // rows decoded, then summed with their signs, while in L1/L2
     at::parallel_for(0, n, std::max<int64_t>(kBlock, 4096 / d), [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(d);
@@ -312,7 +305,7 @@ at::Tensor turbo_prod_decode_cpu(const at::Tensor& packed, const at::Tensor& nor
       }
     });
   });
-  return out;
+  return a.out;
 }
 
 TORCH_LIBRARY_IMPL(kvstats, CPU, m) {

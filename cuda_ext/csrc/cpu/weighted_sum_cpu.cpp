@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "../checks/lloyd.h"
-#include "../checks/minmax.h"
-#include "../checks/qjl.h"
-#include "../kernels.h"
+#include "../prologue/lloyd.h"
+#include "../prologue/minmax.h"
+#include "../prologue/qjl.h"
 #include "../score_params.h"
 #include "../weighted_params.h"
 #include "code_rows.h"
@@ -39,7 +38,7 @@ int64_t chunk_size(int64_t n, int64_t outer, int64_t max_items, int64_t min_item
 // out [G, nq, d] = Σ_j w[g, i, j] · key_w[g, j] · levels[code[g, j, t]] through the tables (weighted_sum.h).
 template <typename acc_t, int NQ>
 void weighted_tables(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& key_w, const acc_t* levels,
-                     int64_t bits, at::Tensor& out) {
+                     int64_t bits, const at::Tensor& out) {
   const int64_t G = w.size(0), nq = w.size(1), nk = w.size(2), d = out.size(2);
   const FieldLayout L = field_layout(bits, d);
   const int64_t nqb = (nq + NQ - 1) / NQ;
@@ -86,7 +85,7 @@ void weighted_tables(const at::Tensor& w, const at::Tensor& packed, const at::Te
 
 template <typename acc_t>
 void weighted_levels(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& key_w, const acc_t* levels,
-                     int64_t bits, at::Tensor& out) {
+                     int64_t bits, const at::Tensor& out) {
   const int64_t nq = w.size(1);
   if constexpr (std::is_same_v<acc_t, float>) {
     if (rows_apply(nq, bits, out.size(2))) {  // a decode step's few queries: code_rows.h
@@ -108,46 +107,37 @@ void weighted_levels(const at::Tensor& w, const at::Tensor& packed, const at::Te
 
 at::Tensor lloyd_weighted_sum_cpu(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm,
                                   const at::Tensor& levels, int64_t bits, int64_t d) {
-  check_lloyd_weighted_sum_input(w, packed, norm, levels, bits, d);
-  const at::Tensor wc = w.contiguous(), pc = packed.contiguous(), lv = levels.contiguous();
-  const at::Tensor nc = norm.to(wc.scalar_type()).contiguous();
-  at::Tensor out = at::empty({wc.size(0), wc.size(1), d}, wc.options());
-  if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "lloyd_weighted_sum_cpu", [&] {
-    weighted_levels<scalar_t>(wc, pc, nc, lv.const_data_ptr<scalar_t>(), bits, out);
+  const LloydWeightedSumArgs a = lloyd_weighted_sum_prologue(w, packed, norm, levels, bits, d);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES(a.w.scalar_type(), "lloyd_weighted_sum_cpu", [&] {
+    weighted_levels<scalar_t>(a.w, a.packed, a.norm, a.levels.const_data_ptr<scalar_t>(), bits, a.out);
   });
-  return out;
+  return a.out;
 }
 
 at::Tensor qjl_weighted_sum_cpu(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& norm, double scale,
                                 int64_t m) {
-  check_qjl_weighted_sum_input(w, packed, norm, m);
-  const at::Tensor wc = w.contiguous(), pc = packed.contiguous();
-  const at::Tensor kw = qjl_weights_cpu(norm, wc.scalar_type(), scale);
-  at::Tensor out = at::empty({wc.size(0), wc.size(1), m}, wc.options());
-  if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "qjl_weighted_sum_cpu", [&] {
+  const QjlWeightedSumArgs a = qjl_weighted_sum_prologue(w, packed, norm, scale, m, &qjl_weights_cpu);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES(a.w.scalar_type(), "qjl_weighted_sum_cpu", [&] {
     // Signs are 1-bit codes whose levels are −1 and +1 (math::sign_value of a unit weight).
     const scalar_t signs[2] = {math::sign_value<scalar_t>(0u, scalar_t(1)), math::sign_value<scalar_t>(1u, scalar_t(1))};
-    weighted_levels<scalar_t>(wc, pc, kw, signs, 1, out);
+    weighted_levels<scalar_t>(a.w, a.packed, a.key_w, signs, 1, a.out);
   });
-  return out;
+  return a.out;
 }
 
 at::Tensor minmax_weighted_sum_cpu(const at::Tensor& w, const at::Tensor& packed, const at::Tensor& lo,
                                    const at::Tensor& scale, int64_t group, int64_t bits, int64_t d) {
-  check_minmax_weighted_sum_input(w, packed, lo, scale, group, bits, d);
-  const at::Tensor wc = w.contiguous(), pc = packed.contiguous();
-  const at::Tensor lc = lo.to(wc.scalar_type()).contiguous(), sc = scale.to(wc.scalar_type()).contiguous();
-  const int64_t G = wc.size(0), nq = wc.size(1), nk = wc.size(2), nb = pc.size(2), ng = d / group;
-  at::Tensor out = at::empty({G, nq, d}, wc.options());
-  if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(wc.scalar_type(), "minmax_weighted_sum_cpu", [&] {
-    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
-    const uint8_t* pp = pc.const_data_ptr<uint8_t>();
-    const scalar_t* lp = lc.const_data_ptr<scalar_t>();
-    const scalar_t* sp = sc.const_data_ptr<scalar_t>();
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+  const MinMaxWeightedSumArgs a = minmax_weighted_sum_prologue(w, packed, lo, scale, group, bits, d);
+  const int64_t G = a.w.size(0), nq = a.w.size(1), nk = a.w.size(2), nb = a.packed.size(2), ng = d / group;
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES(a.w.scalar_type(), "minmax_weighted_sum_cpu", [&] {
+    const scalar_t* wp = a.w.const_data_ptr<scalar_t>();
+    const uint8_t* pp = a.packed.const_data_ptr<uint8_t>();
+    const scalar_t* lp = a.lo.const_data_ptr<scalar_t>();
+    const scalar_t* sp = a.step.const_data_ptr<scalar_t>();
+    scalar_t* op = a.out.mutable_data_ptr<scalar_t>();
     const int64_t nqb = (nq + kWeightedMinMaxQueries - 1) / kWeightedMinMaxQueries;
     const int64_t ndc = (d + kWeightedDimChunk - 1) / kWeightedDimChunk;
     at::parallel_for(0, G * nqb * ndc, 1, [&](int64_t begin, int64_t end) {
@@ -174,7 +164,7 @@ at::Tensor minmax_weighted_sum_cpu(const at::Tensor& w, const at::Tensor& packed
       }
     });
   });
-  return out;
+  return a.out;
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // Device helpers shared by the CUDA kernels: block reductions and BlockLanes, the thread block as the
-// `Lanes` of the row programs in quant_math.h (the arithmetic itself lives there, shared with the CPU).
+// `Lanes` of the row programs in quant_math.h (the arithmetic itself lives there, shared with the CPU), and
+// the launch geometry every family's kernels use.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kvstats {
@@ -57,6 +60,21 @@ inline int threads_for(int64_t d) {
   int64_t t = 32;
   while (t < d / 2 && t < 512) t <<= 1;
   return static_cast<int>(t);
+}
+
+// Threads per block of the one-thread-per-item kernels (keys, bytes, groups, elements).
+constexpr int kThreads = 256;
+// Rows per chunk where a scratch residual or projection is needed (turbo_prod and qjl encode).
+constexpr int64_t kChunkRows = 65536;
+
+inline unsigned int blocks_for(int64_t n, int threads = kThreads) {
+  return static_cast<unsigned int>((n + threads - 1) / threads);
+}
+
+// Lets `kernel` take `smem` bytes of dynamic shared memory where that is above the default 48 KiB.
+inline void ensure_smem(const void* kernel, size_t smem) {
+  if (smem > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
 }  // namespace cuda

@@ -8,10 +8,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cmath>
+#include <limits>
 
-#include "../checks/fwht.h"
-#include "../kernels.h"
+#include "../prologue/fwht.h"
 #include "../quant_math.h"
 #include "device_utils.cuh"
 
@@ -28,30 +27,24 @@ __global__ void fwht_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict
 }
 
 at::Tensor fwht_cuda(const at::Tensor& x) {
-  check_fwht_input(x);
+  const FwhtArgs a = fwht_prologue(x);
   TORCH_CHECK_VALUE(x.is_cuda(), "fwht_cuda: x must be a CUDA tensor, got ", x.device());
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  const int64_t d = xc.size(-1);
-  const int64_t rows = xc.numel() / d;
-  if (rows == 0) return y;
+  const c10::cuda::CUDAGuard device_guard(a.x.device());
+  const int64_t d = a.d, rows = a.rows;
+  if (rows == 0) return a.y;
   TORCH_CHECK_VALUE(rows <= std::numeric_limits<int32_t>::max(), "fwht_cuda: too many vectors (", rows, ")");
   const int threads = cuda::threads_for(d);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "fwht_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "fwht_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const size_t smem = static_cast<size_t>(d) * sizeof(acc_t);
     auto kernel = fwht_kernel<scalar_t, acc_t>;
-    if (smem > 48 * 1024) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    }
-    kernel<<<static_cast<unsigned int>(rows), threads, smem, stream>>>(xc.const_data_ptr<scalar_t>(),
-                                                                        y.mutable_data_ptr<scalar_t>(), d);
+    cuda::ensure_smem(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<static_cast<unsigned int>(rows), threads, smem, stream>>>(a.x.const_data_ptr<scalar_t>(),
+                                                                        a.y.mutable_data_ptr<scalar_t>(), d);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return y;
+  return a.y;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@ One module per op family — :mod:`~kvstats.quant.ops.hadamard` (fwht), :mod:`~k
 (decode_attention, composed of the others) — holds, for each of its ops, side by side:
 
 * ``<op>_fake`` — the op's contract in Python: its checks (shapes, dtypes, devices; ValueError or TypeError
-  naming the op and the argument, as the C++ checks in ``cuda_ext/csrc/checks/``) and its empty outputs. It is
+  naming the op and the argument, as the C++ checks in ``cuda_ext/csrc/prologue/``) and its empty outputs. It is
   registered with ``torch.library.register_fake``, so the op traces under ``torch.compile`` and passes
   ``torch.library.opcheck``, and every reference runs it first;
 * ``<op>_reference`` — a pure-torch implementation: the oracle in tests and the fallback when the extension

@@ -7,7 +7,7 @@ tensors' device — the shared backend for CPU tensors inside :func:`shared_path
 module then runs the pure-torch reference (no extension, or inside :func:`use_reference`).
 
 The contract helpers below are the rules every op's fake shares; each raises ValueError or TypeError naming
-the op and the argument, with the messages of ``cuda_ext/csrc/checks/common.h`` (TORCH_CHECK_VALUE,
+the op and the argument, with the messages of ``cuda_ext/csrc/prologue/common.h`` (TORCH_CHECK_VALUE,
 TORCH_CHECK_TYPE), so that a malformed input is refused alike on every path.
 """
 
@@ -138,7 +138,7 @@ def kernel_devices(ops: tuple[str, ...]) -> dict[str, list[str]]:
 # ---------------------------------------------------------------------------------------- dtypes
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-#: Largest head dimension the Walsh–Hadamard kernels accept (checks/common.h: kMaxFwhtDim).
+#: Largest head dimension the Walsh–Hadamard kernels accept (prologue/common.h: kMaxFwhtDim).
 MAX_FWHT_DIM = 32768
 
 

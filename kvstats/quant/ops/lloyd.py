@@ -2,7 +2,7 @@
 
 signs [P, B]: the randomized-Hadamard rotation Π (:mod:`kvstats.quant.ops._rows`); thresholds [2^b − 1] and
 levels [2^b] of the codebook in the accumulation dtype. Kernels: ``cuda_ext/csrc/cpu/lloyd_cpu.cpp``,
-``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+``cuda_ext/csrc/cuda/lloyd_cuda.cu``, ``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """KIVI-style min-max quantization along the vector, in groups of ``group`` coordinates (arXiv 2402.02750).
 
-Kernels: ``cuda_ext/csrc/cpu/minmax_cpu.cpp``, ``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+Kernels: ``cuda_ext/csrc/cpu/minmax_cpu.cpp``, ``cuda_ext/csrc/cuda/minmax_cuda.cu``, ``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Dense bit packing of codes (layout: :mod:`kvstats.quant.packing`, the one definition; C++: bitpack.h).
 
-Kernels: ``cuda_ext/csrc/cpu/pack_cpu.cpp``, ``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+Kernels: ``cuda_ext/csrc/cpu/pack_cpu.cpp``, ``cuda_ext/csrc/cuda/pack_cuda.cu``, ``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The QJL sketch (arXiv 2406.03482): encode to packed signs of S x with ‖x‖, and scores from the signs.
 
-Kernels: ``cuda_ext/csrc/cpu/qjl_cpu.cpp``, ``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+Kernels: ``cuda_ext/csrc/cpu/qjl_cpu.cpp``, ``cuda_ext/csrc/cuda/qjl_cuda.cu``, ``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

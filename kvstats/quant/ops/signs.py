@@ -1,6 +1,7 @@
 """The sign decode from byte tables: Bᵀ b for packed sign rows b ∈ {±1}^m (the QJL reconstruction).
 
-Kernels: ``cuda_ext/csrc/cpu/sign_decode_cpu.cpp``, ``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+Kernels: ``cuda_ext/csrc/cpu/sign_decode_cpu.cpp``, ``cuda_ext/csrc/cuda/sign_decode_cuda.cu``,
+``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

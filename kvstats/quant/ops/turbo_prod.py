@@ -2,7 +2,7 @@
 encoded, scored and decoded in one pass each.
 
 Kernels: ``cuda_ext/csrc/cpu/lloyd_cpu.cpp`` (encode, scores), ``cuda_ext/csrc/cpu/sign_decode_cpu.cpp``
-(decode), ``cuda_ext/csrc/cuda/quant_cuda.cu``, ``cuda_ext/csrc/shared/``.
+(decode), ``cuda_ext/csrc/cuda/turbo_prod_cuda.cu``, ``cuda_ext/csrc/shared/``.
 """
 
 from __future__ import annotations

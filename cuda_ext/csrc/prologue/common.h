@@ -1,13 +1,20 @@
-// The rules every op's checks share: code widths, devices, float dtypes, rotations, tables and packed rows.
-// Each check raises as torch's TORCH_CHECK_VALUE (ValueError) or TORCH_CHECK_TYPE (TypeError), naming the op
-// and the argument; every backend (cpu/, shared/, cuda/) runs its op's checks before touching memory.
+// What every op's prologue shares: the input rules (code widths, devices, float dtypes, rotations, tables,
+// packed rows), the dtype a stored scalar is kept in, and the rotation and stored-dtype rounding as the row
+// programs take them.
+//
+// An op's prologue (prologue/<family>.h: `<op>_prologue`) is the host side every backend (cpu/, shared/,
+// cuda/) runs before its kernel: the checks, then the inputs made contiguous (tables and per-key scalars in
+// the accumulation dtype) and the outputs allocated, returned as one `<Op>Args` struct whose `params<...>()`
+// fills the kernel's math:: parameter struct. It is the C++ twin of the op's fake in kvstats/quant/ops/: the
+// same checks, the same output shapes. Each check raises as torch's TORCH_CHECK_VALUE (ValueError) or
+// TORCH_CHECK_TYPE (TypeError), naming the op and the argument.
 #pragma once
 
 #include <ATen/ATen.h>
-
-#include <optional>
+#include <torch/library.h>
 
 #include "../bitpack.h"
+#include "../quant_math.h"
 
 namespace kvstats {
 
@@ -89,5 +96,27 @@ inline void check_weighted_keys(const at::Tensor& w, const at::Tensor& packed, c
   TORCH_CHECK_TYPE(is_float_dtype(key.scalar_type()), op, ": ", key_name, " must be a float tensor, got ",
                    key.scalar_type());
 }
+
+// How a stored scalar of dtype `t` is rounded (math::round_to_stored).
+inline math::Stored stored_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return math::Stored::kFloat32;
+    case at::kHalf: return math::Stored::kFloat16;
+    case at::kBFloat16: return math::Stored::kBFloat16;
+    default: return math::Stored::kKeep;
+  }
+}
+
+// The randomized-Hadamard rotation of signs [P, B] (P passes of B signs) as the row programs take it.
+inline math::Rotation rotation_of(const at::Tensor& signs) {
+  math::Rotation rot;
+  rot.signs = signs.const_data_ptr();
+  rot.passes = signs.size(0);
+  rot.block = rot.passes > 0 ? signs.size(1) : 0;
+  return rot;
+}
+
+// t as the kernels read a table or a per-row scalar: contiguous, in `dtype` (t itself when it already is).
+inline at::Tensor contiguous_in(const at::Tensor& t, at::ScalarType dtype) { return t.to(dtype).contiguous(); }
 
 }  // namespace kvstats
