@@ -13,7 +13,7 @@ CUDA_VENV ?= .venv-cuda
 CUDA_TORCH ?= torch==2.14.1
 CUDA_HOME ?= /usr/local/cuda
 
-.PHONY: all setup extension test lint pytest docs figures bench cuda-check gpu-check clean distclean
+.PHONY: all setup extension test test-fast lint pytest docs figures bench cuda-check gpu-check clean distclean
 
 all: test
 
@@ -51,6 +51,13 @@ pytest: setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 test: lint pytest
+
+# The contributors' loop: every tier's tests but those marked slow (statistical simulations, subprocesses, real
+# models), about 3 min of CPU; `make test` (CI) still runs everything.
+test-fast: setup
+	@echo ">> pytest -m 'not slow'"
+	@$(PY) -m pytest -q -m "not slow" tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # The docs site from docs/*.md and the docstrings (mkdocs.yml), into build/docs; any warning fails it.
 # mkdocstrings reads kvstats statically, so the compiled extension is not needed.

@@ -3,7 +3,7 @@
 import torch
 
 from kvstats.quant import ops
-from tests.op_suite import block_boundary_cases, sample_cases, width_cases
+from tests.helpers.ops import block_boundary_cases, sample_cases, width_cases
 
 for d in (2, 64, 128, 4096, 32768):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

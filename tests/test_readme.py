@@ -7,11 +7,12 @@ import pytest
 import scipy.stats
 
 from kvstats.measure.stats import mann_whitney
-from tests.test_docs import python_blocks
+from tests.helpers.docs import python_blocks
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow
 def test_readme_example_compares_independent_trials(tmp_path, monkeypatch):
     blocks = [b for b in python_blocks(README) if b.no_run is None]
     assert blocks, "README.md has no runnable python example"

@@ -312,7 +312,7 @@ class CodeAttention:
                       scaling: float, rules: LogitRules, parts) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_attend_last` in one call of :func:`kvstats.ops.decode_attention` (no mask, no sliding window, no
         dropout, one chunk of codes the op reads): the same ops in the same order, so the same values, bit for bit
-        (tests/test_decode_attention.py). q [B, H_q, 1, d] in the accumulation dtype."""
+        (tests/quant/test_decode_attention.py). q [B, H_q, 1, d] in the accumulation dtype."""
         span_start, span_k, span_v = span
         seq, hi = self.cumulative_length, self.n_quantized
         b, hq, _, d = q.shape

@@ -176,7 +176,7 @@ def gaussian_limit_distance(d: int) -> GaussianLimitDistance:
         if hi > lo:
             # at d ≳ 10^4 quad reports "roundoff detected" while its error estimate is < 1e-17 (the
             # integrand is ~1e-9 there, O(1/d²)); the value is checked against the 0.75/d² asymptote
-            # in tests/test_sphere.py, so the warning is silenced rather than shown to every caller.
+            # in tests/quant/test_sphere.py, so the warning is silenced rather than shown to every caller.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", integrate.IntegrationWarning)
                 val, _ = integrate.quad(integrand, lo, hi, limit=200, epsabs=0.0, epsrel=1e-10)

@@ -271,7 +271,7 @@ def _preamble() -> str:
   ratio of medians (of means where a claim says so), paired where the units are, and cluster bootstraps (the
   documents, then their segments or windows) where units share a document.
 - **Reproducibility.** On one machine this report is the same at any thread or worker count: every cell runs
-  on one thread, and `tests/test_reproducibility.py` reruns cells at 1 and 2 threads and the study shell with
+  on one thread, and `tests/study/test_reproducibility.py` reruns cells at 1 and 2 threads and the study shell with
   1 and 2 workers and compares them bit for bit. Across machines, BLAS kernels differ in the last bits; what
   passes through k-means or through a model's 30 layers (one flipped code cascades) can then move beyond the
   printed digits, while verdicts hold (docs/studies.md, "Reproducibility").

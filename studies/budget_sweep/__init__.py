@@ -32,6 +32,7 @@ study on kvstats.study.protocol.Study and main.
 
 from __future__ import annotations
 
+from kvstats import study
 from kvstats.studies.budget_sweep.analysis import (
     Analysis,
     add_d6,
@@ -93,8 +94,6 @@ from kvstats.studies.budget_sweep.verdicts import (
     ratio_verdict,
     superlinear_verdict,
 )
-
-from kvstats import study
 from kvstats.study.claims import Claim
 
 __all__ = ["POSITION", "ALPHA", "BUDGETS", "CROSSOVER", "DOCUMENT_TITLES", "E6", "FINDING1_METRICS", "METRICS",

@@ -9,6 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from kvstats.measure.error6d import distance_6d, energy_test
+from kvstats.measure.stats import (
+    cluster_bootstrap_ci,
+    compare,
+    mann_whitney,
+    ols_slope,
+    ratio_ci,
+)
 from kvstats.studies.budget_sweep.cells import (
     ALPHA,
     BUDGETS,
@@ -25,15 +34,6 @@ from kvstats.studies.budget_sweep.cells import (
     STUDY,
     SYNTHETIC,
     real_windows,
-)
-
-from kvstats.measure.error6d import distance_6d, energy_test
-from kvstats.measure.stats import (
-    cluster_bootstrap_ci,
-    compare,
-    mann_whitney,
-    ols_slope,
-    ratio_ci,
 )
 from kvstats.study import plots
 from kvstats.study.sweep import cell_seed

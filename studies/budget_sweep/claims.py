@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
+from kvstats.measure import verdicts as V
+from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_min_pvalue, rank_biserial_report
 from kvstats.studies.budget_sweep.analysis import SUPERLINEAR_RESAMPLES, Analysis, superlinear_table
 from kvstats.studies.budget_sweep.cells import (
     ALPHA,
@@ -31,9 +34,6 @@ from kvstats.studies.budget_sweep.verdicts import (
     ratio_verdict,
     superlinear_verdict,
 )
-
-from kvstats.measure import verdicts as V
-from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_min_pvalue, rank_biserial_report
 from kvstats.study.claims import Claim, measurement
 from kvstats.study.report import fmt_p
 

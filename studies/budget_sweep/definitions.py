@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 
+from kvstats.measure.stats import (
+    WILCOXON_EXACT_MAX_N,
+    wilcoxon_min_pvalue,
+)
 from kvstats.studies.budget_sweep.analysis import paired_family_size
 from kvstats.studies.budget_sweep.cells import (
     ALPHA,
@@ -21,11 +25,6 @@ from kvstats.studies.budget_sweep.cells import (
     SYNTHETIC,
     SYNTHETIC_HEADS,
     make_scheme,
-)
-
-from kvstats.measure.stats import (
-    WILCOXON_EXACT_MAX_N,
-    wilcoxon_min_pvalue,
 )
 
 

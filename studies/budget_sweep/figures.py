@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.budget_sweep.cells import BUDGETS, PAPER_RATIO, SCHEMES, SKETCH, STUDY
 
+from kvstats.studies.budget_sweep.cells import BUDGETS, PAPER_RATIO, SCHEMES, SKETCH, STUDY
 from kvstats.study import plots
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-from kvstats.studies.budget_sweep.cells import ALPHA, CROSSOVER, PAPER_RATIO
 
 from kvstats.measure import verdicts as V
+from kvstats.studies.budget_sweep.cells import ALPHA, CROSSOVER, PAPER_RATIO
 
 
 def kqv_lower(cells) -> V.Verdict:

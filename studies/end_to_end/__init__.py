@@ -58,6 +58,8 @@ and quantized forwards and the calibration are kvstats.evaluation's model engine
 from __future__ import annotations
 
 import pandas as pd
+
+from kvstats import study
 from kvstats.studies.end_to_end.analysis import (
     Analysis,
     analyse,
@@ -89,8 +91,6 @@ from kvstats.studies.end_to_end.cells import (
 from kvstats.studies.end_to_end.claims import CLAIMS, baseline_claim, definitions
 from kvstats.studies.end_to_end.claims import claims as study_claims
 from kvstats.studies.end_to_end.figures import figures as study_figures
-
-from kvstats import study
 from kvstats.study.claims import Claim
 
 __all__ = ["CLAIMS", "DOCUMENTS", "POSITION", "SCALE", "STUDY", "VERSION", "Analysis", "EndToEnd", "_heldout_ids",

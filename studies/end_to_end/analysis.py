@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.end_to_end import cells
-from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, spearman, wilcoxon
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, number
+from kvstats.studies.end_to_end import cells
+from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
 from kvstats.study.sweep import cell_seed
 
 ALPHA = 0.05

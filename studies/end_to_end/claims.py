@@ -6,6 +6,12 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from statsmodels.stats.multitest import multipletests
+
+from kvstats.evaluation.layer_schemes import build_scheme
+from kvstats.measure.stats import equivalence, mcnemar, proportion_ci
+from kvstats.measure.verdicts import equivalence as equivalence_rule
+from kvstats.measure.verdicts import measured
 from kvstats.studies.end_to_end.analysis import (
     ALPHA,
     PAPER_RATIO_N4,
@@ -17,12 +23,6 @@ from kvstats.studies.end_to_end.analysis import (
     ratio_verdict,
 )
 from kvstats.studies.end_to_end.cells import DOCUMENTS, HEAD_DIM, QJL_CACHE, QJL_ROWS, STUDY
-from statsmodels.stats.multitest import multipletests
-
-from kvstats.evaluation.layer_schemes import build_scheme
-from kvstats.measure.stats import equivalence, mcnemar, proportion_ci
-from kvstats.measure.verdicts import equivalence as equivalence_rule
-from kvstats.measure.verdicts import measured
 from kvstats.study.claims import Claim
 from kvstats.study.report import fmt_p
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
+
 from kvstats.studies.end_to_end.analysis import Analysis
 from kvstats.studies.end_to_end.cells import STUDY
-
 from kvstats.study import plots
 
 STYLE = {"mse": {"color": "#17becf", "marker": "v", "label": "TurboQuant_mse on K and V"},

@@ -55,6 +55,7 @@ rules), figures, claims (and the definitions); here the study on kvstats.study.p
 
 from __future__ import annotations
 
+from kvstats import study
 from kvstats.studies.nova.analysis import (
     Analysis,
     ablation_tests,
@@ -112,8 +113,6 @@ from kvstats.studies.nova.verdicts import (
     grouping_verdict,
     parseval_verdict,
 )
-
-from kvstats import study
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 from kvstats.study.sweep import grid

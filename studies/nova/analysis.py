@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
+from kvstats.quant.quantizers.nova import (
+    DEFAULT_AMORTIZE_TOKENS,
+    RotatedMinMax,
+)
 from kvstats.studies.nova.cells import (
     ABLATION_FAMILIES,
     ALPHA,
@@ -17,12 +23,6 @@ from kvstats.studies.nova.cells import (
     STUDY,
     WILCOXON_RESAMPLES,
     make_scheme,
-)
-
-from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
-from kvstats.quant.quantizers.nova import (
-    DEFAULT_AMORTIZE_TOKENS,
-    RotatedMinMax,
 )
 from kvstats.study.sweep import cell_seed
 

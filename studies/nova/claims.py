@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 import pandas as pd
+
+from kvstats.measure.verdicts import (
+    implementation_check,
+    measured,
+    not_testable,
+    printed_half_unit,
+)
+from kvstats.quant.quantizers.nova import (
+    DEFAULT_AMORTIZE_TOKENS,
+    DEFAULT_RIDGE,
+    NovaQuantizer,
+    RotatedMinMax,
+)
 from kvstats.studies.nova.analysis import Analysis
 from kvstats.studies.nova.cells import (
     ABLATION_ARMS,
@@ -28,19 +41,6 @@ from kvstats.studies.nova.verdicts import (
     bits_verdict,
     grouping_verdict,
     parseval_verdict,
-)
-
-from kvstats.measure.verdicts import (
-    implementation_check,
-    measured,
-    not_testable,
-    printed_half_unit,
-)
-from kvstats.quant.quantizers.nova import (
-    DEFAULT_AMORTIZE_TOKENS,
-    DEFAULT_RIDGE,
-    NovaQuantizer,
-    RotatedMinMax,
 )
 from kvstats.study.claims import Claim, measurement
 from kvstats.study.report import fmt_p
@@ -208,7 +208,7 @@ def parseval_claim(a: Analysis) -> Claim:
                      f"calibration queries / ‖y − ŷ‖² = {cal_ratio:.4f} in total (the ridge takes the rest); over "
                      f"the held-out queries {held_ratio.median():.2f} (median, range "
                      f"{held_ratio.min():.2f}–{held_ratio.max():.2f}). Exact to float64 round-off at ρ = 0 in "
-                     "tests/test_nova.py."),
+                     "tests/quant/test_nova.py."),
         data=a.data + "; nova at n = 2",
         # T is built so that TᵀT = Σ_Q (+ ridge): the identity holds by construction, whatever the data, so agreeing
         # with it checks kvstats' transform and its storage, not the paper; the held-out ratio above is the part

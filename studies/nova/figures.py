@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pandas as pd
-from kvstats.studies.nova.cells import BUDGETS, METRICS, STUDY
 
 from kvstats.quant.quantizers.nova import (
     DEFAULT_RIDGE,
 )
+from kvstats.studies.nova.cells import BUDGETS, METRICS, STUDY
 from kvstats.study import plots
 
 STYLE = {"nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated, held-out text)"},

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from kvstats.studies.nova.cells import ALPHA, CLAIM_METRICS, PARSEVAL_RTOL, PUBLISHED_BITS
-
 from kvstats.measure.verdicts import (
     Verdict,
     cell_direction,
@@ -11,6 +9,7 @@ from kvstats.measure.verdicts import (
     identity,
     printed_half_unit,
 )
+from kvstats.studies.nova.cells import ALPHA, CLAIM_METRICS, PARSEVAL_RTOL, PUBLISHED_BITS
 
 
 def beats_verdict(rows) -> Verdict:

@@ -31,6 +31,7 @@ rules), figures, claims (and the definitions); here the study on kvstats.study.p
 
 from __future__ import annotations
 
+from kvstats import study
 from kvstats.studies.qjl_variance.analysis import Analysis, aggregate, error_summary, jl_comparison
 from kvstats.studies.qjl_variance.cells import (
     ALPHA,
@@ -95,8 +96,6 @@ from kvstats.studies.qjl_variance.verdicts import (
     tail_verdict,
     z_identity,
 )
-
-from kvstats import study
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 from kvstats.study.sweep import grid

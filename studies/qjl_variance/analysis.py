@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import scipy.stats
-from kvstats.studies.qjl_variance.cells import SPIKY_ROWS, D
 
 from kvstats.measure.stats import t_interval
 from kvstats.quant.codebooks import beta_codebook
+from kvstats.studies.qjl_variance.cells import SPIKY_ROWS, D
 
 
 def aggregate(table: pd.DataFrame) -> pd.DataFrame:

@@ -6,6 +6,11 @@ import math
 
 import numpy as np
 import scipy.stats
+
+from kvstats.measure import verdicts
+from kvstats.measure.inference import spherical_abs_moment
+from kvstats.measure.stats import t_interval, t_standard_error
+from kvstats.quant.rotations import spherical_sign_scale
 from kvstats.studies.qjl_variance.analysis import Analysis, jl_comparison, spiky_means
 from kvstats.studies.qjl_variance.cells import (
     COS_AT_M,
@@ -37,11 +42,6 @@ from kvstats.studies.qjl_variance.verdicts import (
     tail_verdict,
     z_identity,
 )
-
-from kvstats.measure import verdicts
-from kvstats.measure.inference import spherical_abs_moment
-from kvstats.measure.stats import t_interval, t_standard_error
-from kvstats.quant.rotations import spherical_sign_scale
 from kvstats.study.claims import Claim, listing, measurement
 from kvstats.study.report import fmt_p
 

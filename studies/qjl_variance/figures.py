@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.qjl_variance.analysis import method_errors
-from kvstats.studies.qjl_variance.cells import COS_AT_M, M_AT_COS, STUDY, D
 
 from kvstats.measure.stats import t_interval
+from kvstats.studies.qjl_variance.analysis import method_errors
+from kvstats.studies.qjl_variance.cells import COS_AT_M, M_AT_COS, STUDY, D
 from kvstats.study import plots
 
 

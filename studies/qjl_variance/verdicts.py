@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pandas as pd
 import scipy.stats
-from kvstats.studies.qjl_variance.cells import ALPHA, TAIL_PAIRS, THEOREM_36, UNBIASED_ATOL, D
 
 from kvstats.measure import verdicts
 from kvstats.measure.stats import t_interval, t_standard_error, wilcoxon, z_difference_test
+from kvstats.studies.qjl_variance.cells import ALPHA, TAIL_PAIRS, THEOREM_36, UNBIASED_ATOL, D
 
 
 def z_identity(estimates, expected, ses, *, what: str) -> verdicts.Verdict:

@@ -47,6 +47,7 @@ per-layer schemes are kvstats.evaluation's model engine), :mod:`~kvstats.studies
 
 from __future__ import annotations
 
+from kvstats import study
 from kvstats.studies.retrieval.analysis import (
     NOVA_BITS,
     Analysis,
@@ -69,8 +70,6 @@ from kvstats.studies.retrieval.cells import (
 )
 from kvstats.studies.retrieval.claims import definitions, fp_claim, neutral_claim, nova_claim, schemes_claim
 from kvstats.studies.retrieval.figures import accuracy_vs_kl, heatmap
-
-from kvstats import study
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 

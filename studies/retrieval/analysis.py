@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.retrieval import cells
-from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, SCALE, STUDY
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.measure.stats import cluster_bootstrap_ci, mcnemar, proportion_ci
+from kvstats.studies.retrieval import cells
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, SCALE, STUDY
 from kvstats.study.sweep import cell_seed
 
 #: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a

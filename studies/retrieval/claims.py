@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
 from kvstats.studies.retrieval.analysis import (
     ALPHA,
     NOVA_BITS,
@@ -24,8 +26,6 @@ from kvstats.studies.retrieval.cells import (
     INDUCTION_CUE,
     STUDY,
 )
-
-from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
 from kvstats.study.claims import Claim
 from kvstats.study.report import fmt_p
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from kvstats.studies.retrieval.analysis import NOVA_BITS, Analysis
 from kvstats.studies.retrieval.cells import BASELINE, DEPTHS, FP, FP_BITS, STUDY
-
 from kvstats.study import plots
 
 STYLE = {FP: {"color": "#000000", "marker": "o", "label": "fp32 (no quantization)"},

@@ -37,6 +37,8 @@ definitions); here the study on kvstats.study.protocol.Study and main.
 from __future__ import annotations
 
 import pandas as pd
+
+from kvstats import study
 from kvstats.studies.turboquant_distortion.analysis import Analysis, bits_row, paired_ratios, two_pi_closed_form
 from kvstats.studies.turboquant_distortion.cells import (
     ALPHA,
@@ -82,8 +84,6 @@ from kvstats.studies.turboquant_distortion.verdicts import (
     two_pi_verdict,
     value_verdict,
 )
-
-from kvstats import study
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 from kvstats.study.sweep import grid

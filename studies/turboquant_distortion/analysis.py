@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import scipy.stats
+
+from kvstats.measure.inference import orthogonal_sketch_prod_distortion, turbo_prod_distortion
+from kvstats.measure.stats import log_ratio_t_interval
+from kvstats.quant.codebooks import gaussian_codebook
 from kvstats.studies.turboquant_distortion.cells import (
     ALPHA,
     BITS,
@@ -17,10 +21,6 @@ from kvstats.studies.turboquant_distortion.cells import (
     exact_dmse,
     exact_dprod,
 )
-
-from kvstats.measure.inference import orthogonal_sketch_prod_distortion, turbo_prod_distortion
-from kvstats.measure.stats import log_ratio_t_interval
-from kvstats.quant.codebooks import gaussian_codebook
 
 
 def summary(table: pd.DataFrame, method: str, column: str) -> tuple[pd.Series, pd.Series, pd.Series]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
+from kvstats.measure import verdicts
+from kvstats.quant.codebooks import gaussian_codebook
 from kvstats.studies.turboquant_distortion.analysis import Analysis, two_pi_closed_form
 from kvstats.studies.turboquant_distortion.cells import (
     ALPHA,
@@ -28,9 +31,6 @@ from kvstats.studies.turboquant_distortion.verdicts import (
     two_pi_verdict,
     value_verdict,
 )
-
-from kvstats.measure import verdicts
-from kvstats.quant.codebooks import gaussian_codebook
 from kvstats.study.claims import Claim, listing, measurement
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.turboquant_distortion.cells import BITS, STUDY, D, exact_dmse
 
+from kvstats.studies.turboquant_distortion.cells import BITS, STUDY, D, exact_dmse
 from kvstats.study import plots
 
 

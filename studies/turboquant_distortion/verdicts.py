@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pandas as pd
-from kvstats.studies.turboquant_distortion.cells import ALPHA, OUTLIER_CLAIMED_BITS, PRINTED_RTOL
 
 from kvstats.measure import verdicts
 from kvstats.measure.stats import wilcoxon
+from kvstats.studies.turboquant_distortion.cells import ALPHA, OUTLIER_CLAIMED_BITS, PRINTED_RTOL
 
 
 def two_pi_verdict(ratios: dict) -> verdicts.Verdict:

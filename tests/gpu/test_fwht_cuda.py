@@ -3,7 +3,7 @@
 import torch
 
 from kvstats.quant import ops
-from tests.op_suite import check_fwht_correctness, check_fwht_opcheck
+from tests.helpers.ops import check_fwht_correctness, check_fwht_opcheck
 
 
 def test_cuda_kernel_is_registered():

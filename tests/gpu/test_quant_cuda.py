@@ -5,7 +5,7 @@ import torch
 
 from kvstats.quant import ops
 from kvstats.quant.quantizers import quantizer
-from tests.op_suite import (
+from tests.helpers.ops import (
     as_tuple,
     assert_outputs_agree,
     block_boundary_cases,
@@ -56,7 +56,7 @@ def test_public_api_on_cuda_matches_cpu(name, d):
 @pytest.mark.parametrize("name", ["turbo_mse", "turbo_prod", "qjl", "minmax", "rotated_minmax"])
 def test_weighted_sum_on_cuda_equals_decode_then_multiply(name):
     # Attention's output from the value codes on the GPU (the cache's decode step) against decode-then-matmul
-    # of the same codes in float64: the fp32 summation bound of tests/test_weighted_values.py.
+    # of the same codes in float64: the fp32 summation bound of tests/quant/test_weighted_values.py.
     qz = quantizer(name, bits=4, dim=128, seed=5)
     g = torch.Generator().manual_seed(7)
     code = qz.encode(torch.randn(1, 8, 2000, 128, generator=g).cuda())
@@ -71,7 +71,7 @@ def test_weighted_sum_on_cuda_equals_decode_then_multiply(name):
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_cuda_matches_the_cpu_shared_path(bits):
     # The CPU's shared path runs the CUDA kernels' own arithmetic (quant_math.h): codes and floats agree.
-    from tests.op_suite import width_cases
+    from tests.helpers.ops import width_cases
 
     for name, args in width_cases("cpu", bits):
         cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]

@@ -354,9 +354,10 @@ def mean_ci(
     Why: BCa's coverage of a mean collapses at few units (normal data, 300 simulations each: 52% at 2 units, 83% at
     5, 91% at 8, 92.5% at 20–24) and the t interval's, exact for normal data, falls to 86–88% for skewed data
     (lognormal σ = 1, 20–40 units), as a metric averaged over units usually is; the studentized bootstrap kept
-    94–96% on normal data at 5–40 units and 90–93% on that lognormal (1000 simulations each, tests/test_stats.py).
+    94–96% on normal data at 5–40 units and 90–93% on that lognormal (1000 simulations each,
+    tests/measure/test_stats.py).
     On units with few values it covered 35–86% (issue 43); the intervals above cover ≥ 95.8% exactly for binary and
-    two-valued units at 5–20 units and 96–98% for a recall near 1 (tests/test_stats_discrete.py).
+    two-valued units at 5–20 units and 96–98% for a recall near 1 (tests/measure/test_stats_discrete.py).
     ``n_resamples`` and ``seed`` are the bootstrap's (unused by the other intervals).
     """
     x = _sample(data, "data", min_size=2)

@@ -49,7 +49,7 @@ def korn_graubard(x: np.ndarray, level: float) -> tuple[float, float, float]:
     from the bound where a t interval or the bootstrap-t collapses onto it. Exact coverage of units Binomial(m, p)/m,
     m = 2, 3, at 5–20 units, p ∈ [0.005, 0.995], among the samples that get an interval (as used by ``mean_ci``):
     ≥ 0.958; simulated, units the mean of 640 hits at 0.999 (a top-k recall, half the units at 1): 0.966–0.986 at
-    5–20 units, where the studentized bootstrap gave 0.855 at 8 (tests/test_stats_discrete.py).
+    5–20 units, where the studentized bootstrap gave 0.855 at 8 (tests/measure/test_stats_discrete.py).
     """
     n, p = x.size, float(x.mean())
     a = (1 - level) / 2
@@ -67,7 +67,7 @@ def two_point(x: np.ndarray, level: float) -> tuple[float, float]:
     Why both: Clopper–Pearson is exact for units that can only be a or b but lies inside [a, b], so it misses when
     the units can take other values (a count that showed only 0 and 1); t reaches beyond but alone falls to 86%
     at some p. Exact coverage of the hull, over p ∈ [0.005, 0.995] and among the samples that are not constant: ≥
-    0.958 at 5, 8, 12 and 20 units (tests/test_stats_discrete.py).
+    0.958 at 5, 8, 12 and 20 units (tests/measure/test_stats_discrete.py).
     """
     a, b = np.unique(x)
     k, n = int((x == b).sum()), x.size

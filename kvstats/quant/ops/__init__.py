@@ -45,7 +45,8 @@ from kvstats.quant.ops.turbo_prod import *  # noqa: F403
 
 #: The op families, each a module with its ops' fakes, references and wrappers.
 FAMILIES = (hadamard, pack, lloyd, qjl, turbo_prod, minmax, signs, decode)
-#: Every op of the library (one per schema of cuda_ext/csrc/schemas.h; tests/test_shared_path.py checks both ways).
+#: Every op of the library (one per schema of cuda_ext/csrc/schemas.h; tests/quant/test_shared_path.py checks
+#: both ways).
 OPS = tuple(_library.CONTRACTS)
 
 __all__ = ["HAS_EXTENSION", "EXTENSION_ERROR", "OPS", "FAMILIES", "kernel_devices", "use_reference",

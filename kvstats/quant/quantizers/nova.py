@@ -200,7 +200,7 @@ class NovaQuantizer(Quantizer):
                              f"got {k.shape[0]}")
         # every sum over tokens, the transform and the coefficients the k-means sees on one thread: a
         # multithreaded GEMM changes last bits with the thread count, and the eigenvalues, the ridge and the
-        # k-means would carry them into the reports (tests/test_reproducibility.py)
+        # k-means would carry them into the reports (tests/study/test_reproducibility.py)
         with one_thread():
             self._set_calibration(self._fit(q if self.transform == "attention" else None, k))
         return self

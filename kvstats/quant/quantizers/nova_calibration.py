@@ -49,7 +49,8 @@ def stratified_ranks(dim: int, group_dim: int) -> torch.Tensor:
 def one_thread():
     """torch on one thread for the block: MKL's multithreaded GEMM (a tall XᵀX is split along the token axis on
     some CPUs) and LAPACK's eigensolver return last bits that depend on the thread count, and the eigenvalues,
-    the ridge and the k-means that follow would carry them into printed numbers (tests/test_reproducibility.py)."""
+    the ridge and the k-means that follow would carry them into printed numbers
+    (tests/study/test_reproducibility.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,0 +1,1 @@
+"""Tests of the tier cli (the kvstats command)."""

@@ -1,0 +1,1 @@
+"""Tests of the tier data (synthetic K/V, the capture file format)."""

@@ -1,0 +1,190 @@
+"""kvstats.evaluate(..., model=...): output damage on a language model, against independent recomputations.
+
+On the tiny random Llama of tests/conftest.py (saved as a model folder with a word-level tokenizer): a lossless
+scheme gives zero damage; a real scheme's per-segment KL, top-1 and NLL change equal a float64 recomputation
+from logits obtained through the other (dense, decode-then-dot) path; the pooled KL tail is numpy's quantiles of
+the pooled token KLs; documents are the units; the CLI, strict JSON and provenance work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
+
+import kvstats  # noqa: E402
+from kvstats.evaluation.model_engine import TAIL, model_source, model_unit  # noqa: E402
+from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
+from kvstats.measure.stats import InferenceOptions  # noqa: E402
+from tests.helpers.texts import WORDS  # noqa: E402
+
+_RNG = np.random.default_rng(7)
+DOCS = {f"doc {i}": " ".join(_RNG.choice(WORDS, 70)) for i in range(5)}  # 70 words: two 32-token segments each
+
+
+@pytest.fixture(scope="module")
+def source(tiny_folder):
+    return model_source(tiny_folder, segment=32, segments_per_document=2, documents=DOCS)
+
+
+def test_segments_are_disjoint_and_documents_are_the_units(source):
+    assert len(source.segments) == 10 and {d for d, _, _ in source.segments} == set(range(5))
+    first, second = source.segments[0][2], source.segments[1][2]
+    assert first.shape == second.shape == (1, 32) and not torch.equal(first, second)
+
+
+def test_a_lossless_scheme_does_no_damage(source):
+    row = model_unit(source, IdentityScheme(source.dims["head_dim"]), source.segments[0][2])
+    assert row["out_kl"] < 1e-9 and row["top1"] == 1.0 and abs(row["delta_nll"]) < 1e-6
+    assert max(row["layer_attention_kl"]) < 1e-9 and min(row["layer_topk_recall"]) == 1.0
+
+
+def test_unit_metrics_match_a_float64_recomputation_through_the_dense_path(source):
+    """Oracle: the dense path (the model's sdpa on decoded keys; linear estimators: the same logits up to fp32
+    rounding) and the KL, top-1 and NLL written out in float64 with torch alone."""
+    scheme = kvstats.scheme("kqv", bits=3, dim=source.dims["head_dim"], seed=4)
+    ids = source.segments[3][2]
+    row = model_unit(source, scheme, ids)
+    model = source.model
+    with torch.inference_mode():
+        ref = model(ids).logits.double()
+        dense = model(ids, **cache_kwargs(model, KVStatsCache(scheme)), use_cache=True).logits.double()
+    lp, lq = ref.log_softmax(-1), dense.log_softmax(-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1)[0]
+    assert row["out_kl"] == pytest.approx(float(kl.mean()), rel=1e-3)
+    assert row["top1"] == pytest.approx(float((ref.argmax(-1) == dense.argmax(-1)).double().mean()), abs=1 / 32)
+    target = ids[0, 1:]
+    nll = -lq[0, :-1].gather(-1, target[:, None])[:, 0]
+    nll_ref = -lp[0, :-1].gather(-1, target[:, None])[:, 0]
+    assert row["delta_nll"] == pytest.approx(float((nll - nll_ref).mean()), rel=1e-3, abs=1e-6)
+    assert row["out_kl"] > 1e-4  # a 3-bit cache does damage this tiny model measurably
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
+def test_evaluate_on_a_model_pools_tokens_and_compares_over_documents(tiny_folder, tmp_path):
+    out = tmp_path / "model.json"
+    ev = kvstats.evaluate("kqv", bits=3, model=tiny_folder, compare="kv", segment=32, segments_per_document=2,
+                          documents=DOCS, out=out, inference=InferenceOptions(n_resamples=499))
+    assert len(ev.units) == 10 and ev.config["documents"] == 5
+    pooled = np.concatenate([u["tokens_out_kl"] for u in ev.units])
+    tok = ev.summary["evaluated"]["tokens"]
+    for name, q in TAIL.items():
+        want = pooled.mean() if q is None else np.quantile(pooled, q)
+        assert tok[f"kl_{name}"].statistic == pytest.approx(want, rel=1e-12)
+    deltas = np.concatenate([np.array(u["tokens_nll"]) - np.array(u["tokens_nll_ref"]) for u in ev.units])
+    assert tok["ppl_ratio"].statistic == pytest.approx(math.exp(deltas.mean()), rel=1e-12)
+    per_doc = [np.mean([u["out_kl"] for u in ev.units if u["document"] == d]) for d in range(5)]
+    assert ev.summary["evaluated"]["documents"]["out_kl"].statistic == pytest.approx(np.mean(per_doc), rel=1e-12)
+    assert ev.summary["evaluated"]["documents"]["out_kl"].n == 5  # documents, not segments
+    assert set(ev.comparison) <= {"out_kl", "top1", "delta_nll"} and ev.comparison
+    for c in ev.comparison.values():
+        assert c["test"].n == 5
+    saved = json.loads(out.read_text(), parse_constant=lambda t: pytest.fail(f"not strict JSON: {t}"))
+    assert saved["schema"] == "kvstats-model-evaluation/1" and "torch" in saved["provenance"]["versions"]
+    assert "KL p99.9" in ev.table() and "same top p" in ev.table()
+
+
+@pytest.mark.slow
+def test_cli_evaluate_model(tiny_folder, capsys):
+    from kvstats.cli.parser import main
+
+    assert main(["evaluate", "--model", str(tiny_folder), "--quantizer", "turbo_mse", "--bits", "4", "--segment",
+                 "32", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "turbo_mse at 4 bits on" in out and "KL p99" in out and "PPL ratio" in out
+    assert main(["evaluate", "--model", str(tiny_folder), "--data", "gaussian", "--quantizer", "kqv",
+                 "--bits", "4"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp_path):
+    """Oracles: quantizing no layer is exact (a lossless scheme on every layer gives KL 0); 'only L' and 'all but
+    L' are the mean over documents of model_unit's KL under those per-layer schemes, recomputed here; the
+    recommended set's damage is measured and at most the target when reached."""
+    from kvstats.evaluation.sensitivity import sensitivity
+    from kvstats.hf.cache import IdentityScheme
+
+    s = sensitivity("qkqv", bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS, target=1e-9)
+    assert s.layers == 2 and s.config["documents"] == 3
+    src = model_source(tiny_folder, segment=32, documents=DOCS)
+    quant = kvstats.scheme("qkqv", bits=2, dim=src.dims["head_dim"], seed=0)
+    exact = IdentityScheme(src.dims["head_dim"])
+    for name, keep in (("only 0", {1}), ("all but 0", {0}), ("all", set())):
+        want = np.mean([model_unit(src, lambda i, k=keep: exact if i in k else quant, ids)["out_kl"]
+                        for _, _, ids in src.segments[:3]])
+        assert s.damage[name].statistic == pytest.approx(want, rel=1e-9)
+    rec = s.recommendation  # target 1e-9: only keeping every layer exact reaches it
+    assert rec["keep_exact"] == [0, 1] and rec["reached"] and rec["damage"].statistic < 1e-9
+    png = s.figure(tmp_path / "s.png")
+    assert png.stat().st_size > 1000
+    assert "keep exact: 0, 1" in s.table()
+    json.loads(s.to_json(), parse_constant=lambda t: pytest.fail(f"not strict JSON: {t}"))
+
+
+def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
+    from kvstats.cli.parser import main
+
+    out = tmp_path / "sens.json"
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--documents", "2",
+                 "--segment", "32", "--out", str(out), "--no-progress"]) == 0
+    assert out.is_file() and (tmp_path / "sens.png").is_file()
+    assert "all but this layer" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sensitivity_in_parts_equals_one_run(tiny_folder):
+    """A study splits the configurations over workers and joins them with known=: the same numbers, and the join
+    measures only the bisection's sets."""
+    from kvstats.evaluation.sensitivity import sensitivity
+
+    args = dict(bits=2, model=tiny_folder, documents_used=3, segment=32, documents=DOCS)
+    whole = sensitivity("kqv", **args)
+    a = sensitivity("kqv", configurations=["all", "only 0", "only 1"], **args)
+    b = sensitivity("kqv", configurations=["all but 0", "all but 1"], **args)
+    assert a.recommendation is None and b.recommendation is None
+    with pytest.raises(ValueError, match="partial sensitivity"):
+        a.table()
+    joined = sensitivity("kqv", known={**a.per_document, **b.per_document}, **args)
+    for name in ("all", "only 0", "only 1", "all but 0", "saved 1"):
+        assert joined.damage[name].statistic == pytest.approx(whole.damage[name].statistic, rel=1e-12)
+    assert joined.recommendation["keep_exact"] == whole.recommendation["keep_exact"]
+    with pytest.raises(ValueError, match="configurations must name"):
+        sensitivity("kqv", configurations=["only 7"], **args)
+
+
+def test_no_output_is_written_over_the_models_own_files(tiny_folder, tmp_path, capsys):
+    from kvstats.cli.parser import main
+
+    weights = next(p for p in tiny_folder.iterdir() if p.suffix == ".safetensors")
+    before = weights.read_bytes()
+    with pytest.raises(ValueError, match="is the input"):
+        kvstats.evaluate("kqv", bits=4, model=tiny_folder, segment=32, documents=DOCS, out=weights, force=True)
+    assert main(["capture", "--model", str(tiny_folder), "--out", str(weights), "--force", "--no-progress"]) == 2
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out",
+                 str(weights), "--force", "--no-progress"]) == 2
+    assert weights.read_bytes() == before
+    out = tmp_path / "s.png"
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out", str(out),
+                 "--no-progress"]) == 2  # the default figure path would be --out itself
+    assert "its own path" in capsys.readouterr().err and not out.exists()
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kqv", "--bits", "2", "--out",
+                 str(tmp_path / "s.json"), "--figure", str(tmp_path / "f.json"), "--no-progress"]) == 2
+    assert "matplotlib writes" in capsys.readouterr().err and not (tmp_path / "s.json").exists()
+
+
+def test_a_half_precision_model_is_measured_against_the_lossless_kvstats_path(tiny_folder):
+    """bf16: the model's own sdpa rounds in bf16 where the kvstats path accumulates in fp32; the reference is then
+    the kvstats path with a lossless scheme, so a lossless scheme does no damage, and the floor is reported."""
+    ev = kvstats.evaluate(lambda bits, dim, seed: __import__("kvstats.hf.cache", fromlist=["x"]).IdentityQuantizer(dim),
+                          bits=8, model=tiny_folder, segment=32, documents=DOCS, dtype=torch.bfloat16, check=False,
+                          inference=InferenceOptions(n_resamples=99))
+    assert ev.config["reference"].startswith("the kvstats path with a lossless scheme")
+    assert ev.summary["evaluated"]["documents"]["out_kl"].statistic < 1e-9
+    assert ev.config["lossless_floor"] > 1e-7  # measured on the tiny model: ~1e-4

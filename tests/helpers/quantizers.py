@@ -1,0 +1,30 @@
+"""A quantizer from outside kvstats: symmetric per-token int4 on the protocol, for the kit's and evaluate's tests."""
+
+from __future__ import annotations
+
+import torch
+
+from kvstats.quant.packing import pack_bits, packed_nbytes, unpack_bits
+from kvstats.quant.quantizers import BitBudget, Code, Quantizer
+
+
+# ------------------------------------------------------------------------- an external int4 quantizer
+class Int4PerToken(Quantizer):
+    """Symmetric per-token int4: scale = max|x|/7 (fp32), codes round(x/scale) + 8 in [0, 15], packed."""
+
+    name = "int4_per_token"
+    min_bits = max_bits = 4
+
+    def _encode(self, x):
+        xa = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        scale = xa.abs().amax(-1) / 7
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = (torch.round(xa / safe.unsqueeze(-1)).clamp(-8, 7) + 8).to(torch.int64)
+        return Code(x.shape, x.dtype, payload={"codes": pack_bits(codes, 4)}, scalars={"scale": scale.float()})
+
+    def _decode(self, code):
+        codes = unpack_bits(code.payload["codes"], 4, self.dim).float() - 8
+        return (codes * code.scalars["scale"].unsqueeze(-1)).to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=8 * packed_nbytes(self.dim, 4) / self.dim, side=32 / self.dim)

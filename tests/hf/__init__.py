@@ -1,0 +1,1 @@
+"""Tests of the tier hf (the cache inside transformers, architectures, capture, baselines)."""

@@ -1,0 +1,1 @@
+"""Tests of the tier quant (ops, kernels, quantizers, schemes, the conformance kit)."""

@@ -1,0 +1,292 @@
+"""studies/budget_sweep/: its verdict code (every verdict each rule can return), its reading of the paper's published
+triple against scipy, the sketch and query models its D'Alberto rows ran, and a tiny run of main() through the study
+shell. (Its Mann–Whitney p-value arithmetic is kvstats.stats', tested in
+tests/measure/test_stats_mann_whitney_reported.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+import torch
+
+import kvstats
+from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_u_pvalue
+from kvstats.study.report import read_claims
+from kvstats.study.sweep import cell_seed
+from tests.helpers.studies import load_study, run_tiny
+
+bs = load_study("budget_sweep")
+
+# --------------------------------------------------------------------------------------------- verdict code
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(1e-6, -0.9), (1e-4, -0.5)], "reproduced"),       # significant, KQV lower, everywhere
+    ([(1e-6, -0.9), (0.3, -0.1)], "partly"),             # one cell inconclusive
+    ([(1e-6, -0.9), (1e-6, +0.9)], "partly"),            # one cell the other way
+    ([(0.5, -0.2), (1e-6, +0.9)], "not reproduced"),     # no cell for the claim
+])
+def test_kqv_lower_returns_each_verdict(cells, expected):
+    v = bs.kqv_lower(cells)
+    assert v.verdict == expected and v.rule == "direction"
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(1e-6, 0.9), (1e-3, 0.4)], "reproduced"),
+    ([(1e-6, 0.9), (1e-3, -0.4)], "partly"),
+    ([(1e-6, -0.9), (0.2, 0.4)], "not reproduced"),
+])
+def test_kqv_higher_returns_each_verdict(cells, expected):
+    assert bs.kqv_higher(cells).verdict == expected
+
+
+def test_crossover_verdict_uses_the_budget_dependent_direction():
+    # r = rank-biserial of KQV − QKQV on the K error: > 0 means QKQV better (claimed at n = 2, 3, 5)
+    claimed = [(n, 1e-6, 0.8 if bs.CROSSOVER[n] == "qkqv" else -0.8) for n in bs.BUDGETS]
+    assert bs.crossover_verdict(claimed).verdict == "reproduced"
+    flipped = [(n, p, -r) for n, p, r in claimed]
+    assert bs.crossover_verdict(flipped).verdict == "not reproduced"
+    # KQV better everywhere (our typical finding): QKQV is never better, so the crossover is not reproduced; the
+    # n = 4 and 6 cells (KQV better, finding 1's claim) do not count for it
+    kqv_everywhere = [(n, 1e-6, -0.8) for n in bs.BUDGETS]
+    v = bs.crossover_verdict(kqv_everywhere)
+    assert v.verdict == "not reproduced" and "n ∈ {2, 3, 5}" in v.reason
+    # QKQV better at two of the three distinctive budgets: partly, whatever happens at n = 4 and 6
+    two = [(n, 1e-6, 0.8 if n in (2, 3) else -0.8) for n in bs.BUDGETS]
+    assert bs.crossover_verdict(two).verdict == "partly"
+
+
+@pytest.mark.parametrize("ci, expected", [
+    ((2.0, 2.5), "reproduced"),          # 2.25 inside, above 1
+    ((2.254, 2.6), "partly"),            # 2.25 just below the CI: the printed digits give no slack
+    ((1.2, 1.6), "partly"),              # 2.25 outside, direction holds
+    ((2.3, 4.0), "partly"),
+    ((0.7, 1.1), "not reproduced"),      # the CI contains 1
+])
+def test_ratio_verdict_returns_each_verdict(ci, expected):
+    v = bs.ratio_verdict(ci, estimate=sum(ci) / 2)
+    assert v.verdict == expected and v.rule == "number"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cells, expected", [
+    # (KL separates, energy p, energy distance): only the cells KL leaves open decide (Holm over them)
+    ([(True, 0.9, 0.1), (False, 1e-4, 2.0), (False, 0.01, 1.5)], "reproduced"),
+    ([(True, 1e-4, 2.0), (False, 1e-4, 2.0), (False, 0.4, 0.1)], "partly"),
+    ([(True, 1e-4, 2.0), (False, 0.3, 0.2), (False, 0.6, 0.1)], "not reproduced"),  # KL's cell does not count
+    ([(True, 1e-4, 2.0), (True, 1e-4, 3.0)], "not testable here"),  # KL separates everywhere: nothing beyond it
+])
+def test_energy_verdict_returns_each_verdict(cells, expected):
+    import pandas as pd
+
+    energy = pd.DataFrame(cells, columns=["kl_separates", "p", "energy_distance"])
+    assert bs.energy_verdict(energy).verdict == expected
+
+
+@pytest.mark.slow
+def test_energy_shape_of_the_verdict_on_synthetic_clouds():
+    """The rule on clouds it must pass and fail: two schemes whose 6D errors differ only in a component KL does not
+    see are separated by the energy test (p at its floor), identical laws are not. Sizing: 200 points per cloud,
+    a 3-sd shift in one component gives ℰ far above the permutation null (p = 1/(999 + 1)); under H0 the
+    p-value is uniform, so the seed is fixed to keep the test deterministic."""
+    import numpy as np
+    import pandas as pd
+
+    from kvstats.measure.error6d import energy_test
+
+    rng = np.random.default_rng(3)
+    a, b, c = rng.normal(size=(200, 6)), rng.normal(size=(200, 6)), rng.normal(size=(200, 6))
+    c[:, 5] += 3.0  # a V-side component moves, the K-side ones (which KL reads) do not
+    same, moved = energy_test(a, b, n_resamples=999, seed=1), energy_test(a, c, n_resamples=999, seed=1)
+    assert moved.pvalue == pytest.approx(1 / 1000) and same.pvalue > 0.01
+    rows = pd.DataFrame([{"kl_separates": False, "p": same.pvalue, "energy_distance": same.statistic},
+                         {"kl_separates": False, "p": moved.pvalue, "energy_distance": moved.statistic}])
+    assert bs.energy_verdict(rows).verdict == "partly"
+    assert bs.energy_verdict(rows.iloc[1:]).verdict == "reproduced"
+
+
+# -------------------------------------------------------------------------------- data and configuration
+
+
+def test_documents_are_the_five_texts_and_windows_are_disjoint(monkeypatch):
+    docs = bs.documents()
+    assert [t for t, _ in docs] == list(bs.DOCUMENT_TITLES)
+    assert all(text.startswith(title) for title, text in docs)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [300, 50, 128])
+    w = bs.real_windows(128)
+    assert w == [(0, 0), (0, 128), (2, 0)]  # floor(300/128) = 2 windows, none in a 50-token document
+
+
+def test_isotropic_queries_are_standard_normal_and_independent_of_the_keys():
+    """4 heads × 64 queries × 128 coordinates = 32768 draws: the mean's SE is 1/√32768 ≈ 0.0055 and the
+    variance's ≈ √(2/32768) ≈ 0.0078; tolerances of 0.04 and 0.06 are > 7 SE (false failure < 1e-11)."""
+    queries, k, _, _ = bs.trial_data.__wrapped__("low_rank_r1", None, 128, 64, 64, 0)
+    iso, peaked = queries["isotropic"], queries["peaked"]
+    assert iso.shape == peaked.shape == (1, 4, 64, 128)
+    assert abs(iso.mean().item()) < 0.04 and abs(iso.var().item() - 1.0) < 0.06
+    # peaked queries aim at keys of the rank-1 cache; isotropic ones do not: |cos| to the keys' span
+    span = torch.linalg.svd(k[0, 0].double(), full_matrices=False).Vh[0]
+    cos_iso = (iso[0].double() @ span).abs() / iso[0].double().norm(dim=-1)
+    cos_peaked = (peaked[0].double() @ span).abs() / peaked[0].double().norm(dim=-1)
+    assert cos_iso.mean() < 0.2 < cos_peaked.mean()
+
+
+def test_the_dalberto_cells_use_the_srht_sketch():
+    """Every kqv/qkqv cell of the primary grid runs rows='srht'; the other sketches only at n = 4; and a cell
+    with sketch 'srht' gives exactly kvstats.scheme(..., rows='srht')'s numbers (not the Gaussian sketch's)."""
+    cells = pd.DataFrame(bs.sweep_cells("quick", n_windows=3))
+    qjl = cells[cells["scheme_name"].isin(bs.QJL_SCHEMES)]
+    assert set(qjl[qjl["sketch"] == "srht"]["n"]) == set(bs.BUDGETS)
+    assert set(qjl[qjl["sketch"] != "srht"]["n"]) == set(bs.SENSITIVITY_BUDGETS)
+    assert set(cells[~cells["scheme_name"].isin(bs.QJL_SCHEMES)]["sketch"]) == {"none"}
+    n, d, seq, n_q = 4, 32, 48, 4
+    row = bs.cell("gaussian", None, "qkqv", "srht", n, d, seq, n_q, 1)[0]
+    queries, k, v, _ = bs.trial_data("gaussian", None, d, seq, n_q, 0)
+    seed = cell_seed("budget_sweep", "quant", "qkqv", n, 0)
+    for rows, equal in (("srht", True), ("gaussian", False)):
+        s = kvstats.scheme("qkqv", bits=n, dim=d, seed=seed, rows=rows)
+        again = bs.trial_metrics(s, queries["peaked"], k, v, False)  # its own references, not the cached ones
+        assert (again["attention_kl"] == row["attention_kl"]) is equal
+        if equal:  # every number (the 6D error from the cached fp64 reference, top-5 and logit variance from
+            # the cached fp32 one) bit for bit
+            assert {m: row[m] for m in again} == again
+
+
+# ------------------------------------------------------------------------------------ main() at tiny scale
+
+
+@pytest.fixture
+def fake_smollm2(monkeypatch):
+    """Stand-in SmolLM2 documents (3 of 60 tokens, GQA 9/3, d = 64): no model is loaded in the test."""
+    gen = torch.Generator().manual_seed(0)
+    fake = {doc: (torch.randn(1, 9, 60, 64, generator=gen), torch.randn(1, 3, 60, 64, generator=gen),
+                  torch.randn(1, 3, 60, 64, generator=gen)) for doc in range(3)}
+    monkeypatch.setattr(bs.cells, "capture_documents", lambda verbose=True: None)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [60, 60, 60])
+    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer: fake[doc])
+    bs.trial_data.cache_clear()
+    bs.trial_reference.cache_clear()
+    bs.trial_error6d_reference.cache_clear()
+    yield
+    bs.trial_data.cache_clear()
+    bs.trial_reference.cache_clear()
+    bs.trial_error6d_reference.cache_clear()
+
+
+@pytest.mark.slow
+def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
+    tiny = {"trials": 6, "seq": 32, "n_q": 4, "d": 16, "layers": (2,), "window": 24, "resamples": 99,
+            "paired_resamples": 49}
+    claims = {c["id"]: c for c in run_tiny("budget_sweep", tiny, tmp_path, monkeypatch)}
+    for sketch in ("", "-sketch-gaussian", "-sketch-orthogonal"):
+        for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
+            assert base + sketch in claims
+    for extra in ("dalberto-finding3-crossover", "dalberto-6d-discriminates-n4", "dalberto-qjl-on-v-useful",
+                  "dalberto-top5-routing", "kvstats-minmax-baseline"):
+        assert extra in claims
+    for c in claims.values():
+        assert c["rule"] and c["reason"]
+        assert (c["verdict"] == "measured") == (c["source"] == "kvstats")
+    # the D'Alberto rows say which sketch they ran; the primary ones the paper's
+    assert claims["dalberto-kl-ratio-2.25"]["measurement"].startswith("srht sketch (D'Alberto eq. 3)")
+    assert claims["dalberto-kl-ratio-2.25"]["rule"] == "combine"  # peaked and isotropic queries, combined
+    assert "peaked q" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    assert "isotropic q" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    assert claims["dalberto-kl-ratio-2.25-sketch-gaussian"]["measurement"].startswith("dense Gaussian")
+    # the corrected attainability statement is computed
+    details = claims["dalberto-kl-ratio-2.25"]["details"]
+    assert "from 41 trials per group with the exact p" in details and "from 68 with the normal" in details
+    assert "≥ 70" not in details
+    data = tmp_path / "figures" / "data"
+    # the ratio in the claim is that of the srht rows of the ratio table, which were computed from srht trials
+    ratios = pd.read_csv(data / "budget_sweep_kl_ratio.csv")
+    g = ratios[(ratios["sketch"] == "srht") & (ratios["label"] == "gaussian") & (ratios["n"] == 4)].iloc[0]
+    assert f"QKQV/KQV = {g['ratio']:.2f}×" in claims["dalberto-kl-ratio-2.25"]["measurement"]
+    trials = pd.read_csv(data / "budget_sweep_trials.csv")
+    t = trials[(trials["label"] == "gaussian") & (trials["n"] == 4) & (trials["sketch"] == "srht")]
+    a = t[t["scheme"] == "kqv"].sort_values("trial")["attention_kl"]
+    b = t[t["scheme"] == "qkqv"].sort_values("trial")["attention_kl"]
+    assert g["ratio"] == pytest.approx(np.median(b) / np.median(a), rel=1e-5)  # the CSV keeps 6 digits
+    # real trials: one per disjoint window (3 documents × ⌊60/24⌋)
+    real = trials[(trials["data"] == "smollm2") & (trials["scheme"] == "kv") & (trials["n"] == 4)]
+    assert sorted(real["trial"]) == list(range(6))
+    defs = json.loads((data / "budget_sweep_definitions.json").read_text())
+    text = json.dumps(defs, ensure_ascii=False)
+    assert "rows='srht'" in text and "isotropic = q ~ N(0, I_d)" in text and "6 windows" in text
+    wil = pd.read_csv(data / "budget_sweep_wilcoxon.csv")
+    assert len(wil) == bs.paired_family_size(tiny) + sum(bs.paired_family_size(tiny, s)
+                                                         for s in bs.SENSITIVITY_SKETCHES)
+    # Holm within each sketch's family: the paper's sketch's p_holm equal Holm over its own rows alone
+    from statsmodels.stats.multitest import multipletests
+
+    own = wil[wil["sketch"] == bs.SKETCH]
+    assert len(own) == bs.paired_family_size(tiny)
+    np.testing.assert_allclose(own["p_holm"], multipletests(own["p"], method="holm")[1], rtol=1e-9)
+    assert read_claims(data / "budget_sweep_claims.json")
+
+
+def test_docs_state_the_computed_group_sizes():
+    """docs/studies.md's statement of the trials a p < 1e−23 needs is the computed one."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text().split())
+    exact, normal = mann_whitney_min_n(bs.PAPER_P, method="exact"), mann_whitney_min_n(bs.PAPER_P, method="asymptotic")
+    assert f"n ≥ {exact} per group with the exact two-sided p = 2/C(2n, n)" in text
+    assert f"n ≥ {normal} with the normal approximation" in text
+    assert "≥ 70 trials per group" not in text
+
+
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_synthetic_trials_can_pass_holm_over_the_paper_sketch_family(scale):
+    """A direction cell must be able to pass: the smallest exact paired p (all N differences of one sign,
+    2/2^N, scipy's exact Wilcoxon) is below alpha / (tests in the Holm family)."""
+    cfg = bs.SCALE[scale]
+    n = min(cfg["trials"], 25)  # scipy's exact null for n <= 50; p only falls further with more trials
+    p_min = scipy.stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue
+    assert p_min == pytest.approx(2 / 2 ** n, rel=1e-12)
+    assert p_min < bs.ALPHA / bs.paired_family_size(cfg)
+
+
+def test_published_triple_against_scipy():
+    """D'Alberto's r = −0.983 at 70 vs 70: the normal p of its U₁ against scipy's asymptotic Mann–Whitney (no
+    continuity correction) on samples with that U₁, and the exact p against scipy's exact one."""
+    n, u = bs.PAPER_N, 42
+    a, b = np.arange(n, dtype=float), np.arange(n, 2 * n, dtype=float)
+    a[-1] = b[u - 1] + 0.5  # exactly u pairs with a > b
+    assert scipy.stats.mannwhitneyu(a, b).statistic == u
+    asym = scipy.stats.mannwhitneyu(a, b, method="asymptotic", use_continuity=False).pvalue
+    assert mann_whitney_u_pvalue(u, n, n, method="asymptotic") == pytest.approx(asym, rel=1e-9)
+    assert mann_whitney_u_pvalue(u, n, n, method="exact") == pytest.approx(
+        scipy.stats.mannwhitneyu(a, b, method="exact").pvalue, rel=1e-12)
+    t = bs.published_triple()
+    assert t["u_integers"] == [41, 42] and t["p_normal"] > bs.PAPER_P > t["p_normal_min"]
+    assert "does not hold with the normal approximation" in bs.triple_text(t)
+
+
+def test_superlinear_slope_recovers_a_known_exponent():
+    """log KL = log c + β·log(direction error) + noise over trials and budgets: the fitted β recovers the true β
+    (2 or 1). Sizing: 40 trials × 5 budgets, noise sd 0.05 on log KL over a 2-decade spread of the error: the
+    slope's SE is ≈ 0.004, so |β̂ − β| < 0.05 is a 12-SE margin (a correct fit fails with probability < 1e-30)
+    and the β = 2 CI lies far above 1. The rule is then fed tables for each verdict."""
+    import pandas as pd
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for scheme, beta in (("kqv", 2.0), ("qkqv", 1.0)):
+        for t in range(40):
+            for n, kd in zip(bs.BUDGETS, np.geomspace(1e-1, 1e-3, len(bs.BUDGETS))):
+                kd_t = kd * rng.uniform(0.8, 1.25)
+                rows.append({"label": "gaussian", "data": "gaussian", "scheme": scheme, "trial": t, "n": n,
+                             "k_direction": kd_t, "attention_kl": 0.3 * kd_t ** beta * math.exp(rng.normal(0, 0.05))})
+    tab = bs.superlinear_table(pd.DataFrame(rows)).set_index("scheme")
+    assert abs(tab.loc["kqv", "slope"] - 2.0) < 0.05 and abs(tab.loc["qkqv", "slope"] - 1.0) < 0.05
+    assert tab.loc["kqv", "lo"] > 1.5 and (tab["hi"] - tab["lo"]).max() < 0.1
+    cells = pd.DataFrame({"lo": [1.5, 0.9, 0.5], "hi": [2.5, 1.1, 0.8]})  # above 1, inconclusive, below 1
+    assert bs.superlinear_verdict(cells).verdict == "partly"
+    assert bs.superlinear_verdict(cells.iloc[:1]).verdict == "reproduced"
+    assert bs.superlinear_verdict(cells.iloc[1:]).verdict == "not reproduced"

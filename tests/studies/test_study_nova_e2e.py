@@ -1,0 +1,336 @@
+"""The verdict code of studies/nova/ and studies/end_to_end/: each rule is fed numbers for which it must return
+each verdict it can, and the studies' own pieces (NOVA's regrouping, end_to_end's windows) against oracles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kvstats.quant.quantizers.nova import DEFAULT_RIDGE
+from kvstats.study.report import read_claims, read_definitions
+from tests.helpers.studies import load_study
+
+
+@pytest.fixture(scope="module")
+def nv():
+    return load_study("nova")
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    return load_study("end_to_end")
+
+
+# ------------------------------------------------------------------------------------------------ nova
+
+
+def _cmp(other, metric, p, r):
+    return {"nova_vs": other, "metric": metric, "w_p_holm": p, "w_r": r}
+
+
+def test_nova_beats_verdict_returns_each_verdict(nv):
+    # lower KL is r < 0, higher recall r > 0 (r of nova - other)
+    good = [_cmp("kqv", "kl", 1e-4, -0.8), _cmp("kqv", "top5", 1e-4, 0.7),
+            _cmp("minmax", "kl", 1e-3, -0.5), _cmp("minmax", "top5", 1e-3, 0.4)]
+    assert nv.beats_verdict(good).verdict == "reproduced"
+    # min-max beats nova on KL (significant the other way): a part fails
+    mixed = good[:3] + [_cmp("minmax", "kl", 1e-3, +0.5)]
+    v = nv.beats_verdict(mixed)
+    assert v.verdict == "partly" and "minmax on kl" in v.reason and "opposite direction in 1" in v.reason
+    # significant but in the wrong direction everywhere, or nowhere significant
+    assert nv.beats_verdict([_cmp("kv", "kl", 1e-4, 0.9), _cmp("kv", "top5", 1e-4, -0.9)]).verdict == "not reproduced"
+    assert nv.beats_verdict([_cmp("kv", "kl", 0.2, -0.9)]).verdict == "not reproduced"
+
+
+def test_nova_grouping_verdict_returns_each_verdict(nv):
+    row = lambda p, r: {"w_p": p, "w_r": r}  # noqa: E731 - r of stratified - contiguous
+    assert nv.grouping_verdict([row(1e-3, -0.9), row(1e-3, -0.6)]).verdict == "reproduced"
+    assert nv.grouping_verdict([row(1e-3, -0.9), row(0.4, -0.1)]).verdict == "partly"
+    assert nv.grouping_verdict([row(1e-3, 0.9), row(0.4, -0.1)]).verdict == "not reproduced"
+
+
+def test_nova_ablation_verdict_returns_each_verdict(nv):
+    def row(p, r, sign=-1, a="nova", b="rot_vq", metric="kl"):
+        return {"p_holm": p, "w_r": r, "expected_sign": sign, "a": a, "b": b, "metric": metric}
+
+    assert nv.ablation_verdict([row(1e-3, -0.8), row(1e-3, 0.7, +1, metric="top5")]).verdict == "reproduced"
+    mixed = nv.ablation_verdict([row(1e-3, -0.8), row(1e-3, 0.8, a="nova_scalar", b="rot_scalar")])
+    assert mixed.verdict == "partly" and "nova_scalar vs rot_scalar on kl" in mixed.reason
+    assert nv.ablation_verdict([row(0.3, -0.8), row(1e-3, -0.7, +1, metric="top5")]).verdict == "not reproduced"
+
+
+@pytest.mark.slow
+def test_nova_ablation_tests_pair_units_and_apply_holm_per_family(nv):
+    # Synthetic units: nova lower than rot_vq by a shift in every (layer, KV head); the test must pair the units
+    # (Wilcoxon of the 12 differences, all negative: exact p = 2/2^12) and Holm within the transform family only.
+    rng = np.random.default_rng(0)
+    rows = []
+    for arm in nv.ABLATION_ARMS:
+        for layer in range(4):
+            for head in range(9):
+                base = 0.5 + 0.1 * layer + 0.01 * head
+                shift = {"nova": -0.1, "nova_values": -0.1, "rot_scalar": 0.1, "nova_scalar": 0.1}.get(arm, 0.0)
+                noise = 1e-3 * rng.standard_normal(3)
+                rows.append({"scheme": arm, "n": 2, "layer": layer, "head": head, "kv_head": head // 3,
+                             "kl": base + shift + noise[0], "top5": 0.5 - shift + noise[1],
+                             "output_error": base - (0.05 if arm == "nova_values" else 0.0) + noise[2]})
+    t = nv.ablation_tests(pd.DataFrame(rows))
+    assert set(t["family"]) == set(nv.ABLATION_FAMILIES)
+    r = t[(t["a"] == "nova") & (t["b"] == "rot_vq") & (t["metric"] == "kl")].iloc[0]
+    assert r["units"] == 12 and r["w_r"] == pytest.approx(-1.0)
+    assert r["w_p"] == pytest.approx(2 / 2 ** 12)
+    fam = t[t["family"] == "transform"]
+    assert len(fam) == 4
+    from statsmodels.stats.multitest import multipletests
+
+    assert np.allclose(fam["p_holm"], multipletests(fam["w_p"], method="holm")[1])
+    assert nv.ablation_verdict(t[t["family"] == "values"].to_dict("records")).verdict == "reproduced"
+
+
+def test_nova_bits_verdict_holds_the_printed_number_to_half_a_unit(nv):
+    assert nv.bits_verdict(2.224).verdict == "reproduced"  # |2.224 - 2.22| <= 0.005
+    v = nv.bits_verdict(2.211)
+    assert v.verdict == "not reproduced" and "0 of 1" in v.reason
+    assert nv.bits_verdict(2.0, published="2.0").verdict == "reproduced"
+
+
+def test_nova_parseval_verdict_returns_each_verdict(nv):
+    coef = [1.0, 2.0, 4.0]
+    assert nv.parseval_verdict(coef, [1.0005, 2.0, 3.999]).verdict == "reproduced"  # within 1e-3 relative
+    assert nv.parseval_verdict(coef, [1.0, 2.1, 4.0]).verdict == "partly"
+    assert nv.parseval_verdict(coef, [1.1, 2.1, 4.4]).verdict == "not reproduced"
+
+
+def _calibrated(nv, bits=2, seed=3):
+    from kvstats.quant.schemes import NovaScheme
+
+    g = torch.Generator().manual_seed(11)
+    scales = torch.linspace(0.2, 3.0, 64)  # an anisotropic key spectrum: the eigen-ranks matter
+    q = torch.randn(1, 9, 400, 64, generator=g)
+    k = torch.randn(1, 3, 400, 64, generator=g, dtype=torch.float32) * scales
+    v = torch.randn(1, 3, 400, 64, generator=g)
+    return NovaScheme.calibrate(q, k, v, bits=bits, seed=seed), q, k, v
+
+
+def test_regrouped_in_the_stratified_order_is_the_calibrated_quantizer(nv):
+    """Oracle: regrouping a head into its own order refits exactly the codebooks calibrate() fitted."""
+    s, _, k, _ = _calibrated(nv)
+    head = s.k.heads[1]
+    same = nv.regrouped(head, k[:, 1], head.calibration.ranks)
+    assert torch.equal(same.calibration.codebooks, head.calibration.codebooks)
+    assert torch.equal(same.calibration.transform, head.calibration.transform)
+    x = k[0, 1, :50]
+    assert torch.equal(same.decode(same.encode(x)), head.decode(head.encode(x)))
+    with pytest.raises(ValueError, match="order must be a permutation"):
+        nv.regrouped(head, k[:, 1], torch.zeros(64, dtype=torch.int64))
+
+
+def test_contiguous_groups_hold_consecutive_eigen_ranks(nv):
+    """Contiguous group j holds the eigen-values ranked j·g … j·g + g − 1: its log-volumes are the block sums of
+    the sorted spectrum (independent oracle: numpy over the descending eigenvalues)."""
+    s, q, k, v = _calibrated(nv)
+    c = nv.contiguous(s, k)
+    for strat, cont in zip(s.k.heads, c.k.heads):
+        lam = np.sort(strat.calibration.eigenvalues.numpy())[::-1]
+        want = 0.5 * np.log(lam.reshape(-1, strat.group_dim)).sum(-1)
+        np.testing.assert_allclose(cont.calibration.group_log_volumes().numpy(), want, rtol=1e-12)
+        # same transform up to the order of its rows
+        assert torch.equal(cont.calibration.transform.sum(0), strat.calibration.transform.sum(0)) or \
+            torch.allclose(cont.calibration.transform.sum(0), strat.calibration.transform.sum(0), rtol=1e-12)
+    code = c.encode(k, v)
+    assert c.scores(q[:, :, -2:], code).shape == (1, 9, 2, 400)
+
+
+@pytest.mark.slow
+def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path, monkeypatch, nv):
+    gen = torch.Generator().manual_seed(5)
+    scales = torch.linspace(0.3, 2.0, 64)
+    # 300 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
+    fake = {(name, layer): (torch.randn(1, 9, 300, 64, generator=gen),
+                            torch.randn(1, 3, 300, 64, generator=gen) * scales,
+                            torch.randn(1, 3, 300, 64, generator=gen)) for name in nv.TEXTS for layer in (0, 1)}
+    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer: fake[(name, layer)])
+    monkeypatch.setattr(nv, "ensure_captures", lambda: None)
+    for module in (nv, nv.cells, nv.analysis, nv.figures, nv.claims):  # each module that reads BUDGETS
+        monkeypatch.setattr(module, "BUDGETS", (2,))
+    monkeypatch.setitem(nv.SCALE, "quick", {"layers": (0, 1), "seeds": (0,), "n_q": 4, "insample": False})
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert nv.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    claims = {c["id"]: c for c in read_claims(tmp_path / "figures" / "data" / "nova_claims.json")}
+    assert claims["nova-ruler-longbench"]["verdict"] == "not testable here"
+    assert claims["nova-beats-scalar-n2"]["rule"] == "direction"
+    assert claims["nova-equal-volume-grouping"]["rule"] == "direction"
+    assert claims["nova-bits-per-element"]["rule"] == "identity"
+    # the Parseval identity holds on any keys (fp16 T): the rule must say so
+    assert claims["nova-generalized-parseval"]["verdict"] == "implementation check"  # holds by construction
+    assert all(c["verdict"] != "measured" or c["source"] == "kvstats" for c in claims.values())
+    defs = read_definitions(tmp_path / "figures" / "data" / "nova_definitions.json")
+    assert "r mod G" in defs["grouping"] and "rows srht" in defs["kqv, n = 2"]
+    assert str(DEFAULT_RIDGE) in defs["calibration"] or f"{DEFAULT_RIDGE:g}" in defs["calibration"]
+
+
+# ------------------------------------------------------------------------------------------ end_to_end
+
+
+def _row(p, r, b="kqv", metric="out_kl", n=2):
+    return {"p": p, "p_holm": p, "r": r, "b": b, "metric": metric, "n": n}
+
+
+def test_e2e_direction_verdict_returns_each_verdict(e2e):
+    # NOVA lower than each baseline: r of nova - baseline < 0
+    assert e2e.direction_verdict([_row(1e-3, -1.0), _row(0.01, -0.7, "mse")], -1, "cells").verdict == "reproduced"
+    v = e2e.direction_verdict([_row(1e-3, -1.0), _row(0.01, +0.7, "minmax")], -1, "cells")
+    assert v.verdict == "partly" and "minmax on out_kl at n = 2" in v.reason
+    assert e2e.direction_verdict([_row(0.3, -1.0), _row(0.01, +0.7)], -1, "cells").verdict == "not reproduced"
+    # the rule reads the claim's Holm-adjusted p, not the raw one
+    assert e2e.direction_verdict([_row(0.01, -1.0) | {"p_holm": 0.2}], -1, "cells").verdict == "not reproduced"
+
+
+def test_e2e_paired_tests_holm_over_the_claims_family(e2e):
+    import pandas as pd
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    rows = [{"scheme": s, "n": 2, "window": 0, "segment": i, "out_kl": rng.random() + (0.2 if s == "qkqv" else 0),
+             "attn_kl": rng.random()} for s in ("kqv", "qkqv") for i in range(12)]
+    t = e2e.paired_tests(pd.DataFrame(rows), [("qkqv", "kqv")], metrics=("out_kl", "attn_kl"), resamples=99)
+    assert len(t) == 2
+    np.testing.assert_allclose(t["p_holm"], multipletests(t["p"], method="holm")[1])
+
+
+def test_e2e_ratio_verdict_is_the_number_rule_on_the_printed_ratio(e2e):
+    assert e2e.ratio_verdict(2.3, 2.1, 2.4).verdict == "reproduced"           # 2.25 inside the CI
+    assert e2e.ratio_verdict(1.6, 1.4, 1.8).verdict == "partly"               # outside, but above 1
+    assert e2e.ratio_verdict(1.0, 0.8, 1.2).verdict == "not reproduced"       # the direction fails
+    assert e2e.ratio_verdict(2.2, 2.1, 2.246).verdict == "partly"             # no slack from the printed digits
+
+
+def test_e2e_segments_are_disjoint_round_robin_and_inside_one_document(e2e):
+    from kvstats.evaluation.model_engine import round_robin_segments
+
+    got = round_robin_segments({"a": 10, "b": 25, "c": 3}, 4)
+    assert got == [("a", 0), ("b", 0), ("a", 4), ("b", 4), ("b", 8), ("b", 12), ("b", 16), ("b", 20)]
+    assert round_robin_segments({"a": 10, "b": 25}, 4, 3) == [("a", 0), ("b", 0), ("a", 4)]
+    with pytest.raises(ValueError, match="fewer than 9"):
+        round_robin_segments({"a": 10, "b": 25}, 4, 9)
+    docs = e2e.documents()
+    assert list(docs) == list(e2e.DOCUMENTS)
+    text = "\n".join(docs.values())
+    assert sum(len(d) for d in docs.values()) <= len(text) and all(d.startswith(t) for t, d in docs.items())
+
+
+def test_e2e_paired_tests_pair_segments_across_schemes(e2e):
+    """Wilcoxon over segments: a scheme lower on every one of 8 segments gives r = -1 and the exact p = 2/2^8."""
+    rows = []
+    for seg in range(8):
+        for scheme, kl in (("nova", 0.1 + 0.01 * seg), ("kqv", 0.5 + 0.02 * seg)):
+            rows.append({"scheme": scheme, "n": 2, "seed": 0, "window": 0, "segment": seg, "out_kl": kl})
+    t = e2e.paired_tests(pd.DataFrame(rows), [("nova", "kqv")], metrics=("out_kl",)).iloc[0]
+    assert t["r"] == -1.0 and t["p"] == pytest.approx(2 / 2 ** 8) and t["segments"] == 8
+
+
+def test_e2e_mse_scheme_is_turbo_mse_on_both(e2e):
+    from kvstats.evaluation.layer_schemes import build_scheme
+
+    s = build_scheme("mse", 3, 7, dim=e2e.cells.HEAD_DIM, rows=e2e.cells.QJL_ROWS)
+    assert s.k.name == s.v.name == "turbo_mse" and s.k.seed != s.v.seed and s.bits == 3
+
+
+@pytest.mark.slow
+def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, smollm2):
+    import kvstats.evaluation.layer_schemes as layer_schemes
+    from kvstats.evaluation.layer_schemes import nova_layers
+    from kvstats.study.sweep import cell_seed
+
+    tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
+            "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "qjl_budgets": (2,), "prompts": (0,),
+            "gen_budgets": (2,), "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
+    monkeypatch.setattr(e2e.cells, "SCHEMES", ("kqv", "qkqv", "minmax", "mse", "nova"))
+    monkeypatch.setattr(layer_schemes, "_calibration_folder", lambda: tmp_path / "nova")
+    nova_layers.cache_clear()
+    monkeypatch.setitem(e2e.SCALE, "quick", tiny)
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert e2e.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    data = tmp_path / "figures" / "data"
+    claims = {c["id"]: c for c in read_claims(data / "end_to_end_claims.json")}
+    assert claims["e2e-nova-2bit-output"]["rule"] == "direction"
+    assert claims["e2e-qkqv-worse-than-kqv"]["rule"] == "direction"
+    assert "6 disjoint segments of 12 tokens" in claims["e2e-nova-2bit-output"]["data"]
+    # QJL's cache ran in its own sweep and is compared with min-max at its budget
+    assert claims["qjl-cache-smollm2"]["rule"] == "direction" and "n = 2" in claims["qjl-cache-smollm2"]["measurement"]
+    segs = pd.read_csv(data / "end_to_end_segments.csv")
+    # every scheme saw the same 6 segments; the lossless control is exact to fp32 rounding
+    assert segs.groupby(["scheme", "n", "window"])["segment"].nunique().eq(6).all()
+    assert claims["e2e-lossless-control"]["verdict"] == "measured"
+    ctrl = segs[segs["scheme"] == "identity"]
+    assert ctrl["out_kl"].max() < 1e-6
+    defs = read_definitions(data / "end_to_end_definitions.json")
+    assert "12 consecutive tokens" in defs["unit"] and defs["mse"].startswith("K turbo_mse")
+    # NOVA-KV's calibration was stored once and reloads to the same codes
+    (stored,) = (tmp_path / "nova").glob("nova_calibration_*.pt")
+    root = cell_seed(e2e.STUDY, "nova", 2, 0)  # the cell seed end_to_end spawns the layers' seeds from
+    fitted = nova_layers(2, root, 300)
+    nova_layers.cache_clear()
+    loaded = nova_layers(2, root, 300)
+    assert loaded is not fitted and len(loaded) == 30
+    k = torch.randn(1, 3, 5, 64, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded[7].k.decode(loaded[7].k.encode(k)), fitted[7].k.decode(fitted[7].k.encode(k)))
+    nova_layers.cache_clear()
+
+
+@pytest.mark.slow
+def test_e2e_generation_cell_batches_prompts_each_row_its_own(e2e, smollm2):
+    # one batched generate for every prompt: each row must carry its own prompt's exact greedy continuation
+    # (oracle: a single-prompt model.generate of the exact model) and, with a lossless cache, reproduce it
+    from kvstats.evaluation.model_engine import set_attention, shared_model
+
+    model, tokenizer, _ = shared_model()
+    set_attention(model, "sdpa")
+    offsets, prompt_len, new = (0, 40), 8, 4
+    rows = e2e.generation_cell("identity", 0, 0, 0, list(offsets), prompt_len, new, None)
+    assert [r["offset"] for r in rows] == list(offsets)
+    for r, o in zip(rows, offsets):
+        prompt = e2e._heldout_ids()[:, o:o + prompt_len]
+        set_attention(model, "sdpa")
+        with torch.inference_mode():
+            single = model.generate(prompt, max_new_tokens=new, do_sample=False,
+                                    attention_mask=torch.ones_like(prompt))[0, prompt_len:]
+        assert r["reference_text"] == tokenizer.decode(single.tolist())
+        assert r["text"] == r["reference_text"] and r["tokens_before_divergence"] == new
+        assert abs(r["fp_nll"] - r["fp_nll_reference"]) < 1e-6
+        with torch.inference_mode():
+            full = torch.cat([prompt, single[None]], dim=1)
+            logp = torch.log_softmax(model(full).logits[0, prompt_len - 1:-1].double(), dim=-1)
+        assert abs(r["fp_nll_reference"] + float(logp.gather(-1, single[:, None]).mean())) < 1e-4
+
+
+def test_e2e_baseline_claim_tabulates_per_segment_means(e2e):
+    """The baselines claim averages tokens within a segment, then segments (the units), with a cluster bootstrap
+    CI (documents, then segments) that contains that mean; kvstats' own schemes at the same budgets stand beside
+    them."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seg in range(4):
+        for t in range(3):
+            rows.append({"kind": "token", "backend": "quanto", "n": 2, "residual_length": 16, "segment": seg,
+                         "t": t, "out_kl": float(seg + t), "top1": float(t % 2), "nll": 2.0 + seg, "nll_ref": 2.0})
+    rows.append({"kind": "cell", "backend": "quanto", "n": 2, "residual_length": 16, "segment_tokens": 3})
+    base = pd.DataFrame(rows)
+    segs = pd.DataFrame({"scheme": ["kqv"] * 4 + ["kqv"] * 4, "n": [2] * 4 + [4] * 4, "seed": 0,
+                         "window": 0, "segment": list(range(4)) * 2,
+                         "out_kl": rng.random(8), "d_nll": rng.random(8), "top1": rng.random(8)})
+    claim = e2e.baseline_claim(base, segs, {"resamples": 999}, {0: "a", 1: "a", 2: "b", 3: "c"})
+    # segment means of out_kl: seg + 1 -> mean over segments 2.5; d_nll: seg -> 1.5; top1: 1/3
+    assert "quanto n = 2 residual 16: 2.5" in claim["measurement"]
+    line = next(x for x in claim["details"].splitlines() if x.startswith("| transformers quanto"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "2" and cells[2].startswith("2.5000 [") and cells[3] == "+1.5000" and cells[4] == "0.333"
+    lo, hi = (float(v) for v in cells[2].split("[")[1].rstrip("]").split(","))
+    assert lo <= 2.5 <= hi and lo >= 1.0 and hi <= 4.0
+    ours = [x for x in claim["details"].splitlines() if x.startswith("| kvstats kqv")]
+    assert len(ours) == 1 and f"{segs['out_kl'][:4].mean():.4f}" in ours[0]  # only n = 2, the baselines' budget
+    assert claim["verdict"].verdict == "measured"

@@ -1,0 +1,154 @@
+"""studies/retrieval/: its statistics against scipy/statsmodels on designed trials, its pass rule, its prompts
+(answers where the chunk says), and a tiny run through the shell in which the lossless scheme must reproduce the fp
+model's every outcome (the oracle of the protocol: full-precision prefill, codes, questions through the cache)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+import torch
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
+
+from kvstats.study.report import read_claims
+from tests.helpers.studies import load_study
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return load_study("retrieval")
+
+
+def _trials(outcomes: dict[tuple[str, int], list[bool]]) -> pd.DataFrame:
+    rows = []
+    for (scheme, n), passed in outcomes.items():
+        for i, ok in enumerate(passed):
+            rows.append({"task": "lookup", "length": 256 if i < 10 else 1024, "prompt": i // 5, "needle": i % 5,
+                         "depth": 0.1, "scheme": scheme, "n": n, "success": ok, "attn_kl": np.nan if scheme == "fp"
+                         else 0.1 * n, "bits_per_element": np.nan})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.slow
+def test_accuracy_and_paired_tests_on_designed_trials(rt):
+    """20 trials: fp passes 18; kqv at n = 2 passes 6 of them (12 fp-only, 0 kqv-only); minmax passes 16 of fp's and
+    2 fp misses. Wilson intervals are statsmodels', McNemar's exact p is the binomial test on the discordant
+    pairs, Holm is statsmodels' over the family."""
+    fp = [True] * 18 + [False] * 2
+    kqv = [True] * 6 + [False] * 14
+    minmax = [True] * 16 + [False] * 2 + [True] * 2
+    t = _trials({("fp", 16): fp, ("kqv", 2): kqv, ("minmax", 2): minmax})
+    acc = rt.accuracy_table(t, ["task", "scheme", "n"]).set_index("scheme")
+    low, high = proportion_confint(18, 20, method="wilson")
+    assert acc.loc["fp", "passed"] == 18 and acc.loc["fp", "ci_low"] == pytest.approx(low)
+    assert acc.loc["fp", "ci_high"] == pytest.approx(high)
+    tests = rt.tests_table(t, (2,))
+    vs = tests[(tests["length"] == "all") & (tests["family"] == "vs fp")].set_index("a")
+    assert (vs.loc["kqv", "a_only"], vs.loc["kqv", "b_only"]) == (0, 12)
+    assert vs.loc["kqv", "p"] == pytest.approx(scipy.stats.binomtest(0, 12, 0.5).pvalue)
+    assert vs.loc["kqv", "difference"] == pytest.approx((6 - 18) / 20)
+    assert (vs.loc["minmax", "a_only"], vs.loc["minmax", "b_only"]) == (2, 2) and vs.loc["minmax", "p"] == 1.0
+    assert list(vs["p_holm"]) == pytest.approx(list(multipletests(vs["p"], method="holm")[1]))
+    per_length = tests[(tests["length"] == "256") & (tests["family"] == "vs fp")]
+    assert set(per_length["trials"]) == {10}  # the first 10 trials are the 256-token ones
+    between = tests[(tests["family"] == "between") & (tests["length"] == "all")]
+    assert between.empty  # no PAIRS among kqv, minmax
+
+
+def test_pass_rule_is_every_answer_token_greedy(rt):
+    p = rt.Prompt(context=[1, 2], chunk=[5, 6, 7, 8, 9], depths=(0.5, 0.9), answers=((2, (7, 8)), (4, (9,))))
+    logits = torch.zeros(5, 12)
+    logits[1, 7] = logits[2, 8] = logits[3, 9] = 1.0  # logits at offset - 1 + j predict answer token j
+    assert rt.passed(logits, p) == [True, True]
+    logits[2, 3] = 2.0
+    assert rt.passed(logits, p) == [False, True]
+
+
+def test_prompts_hold_their_answers_where_the_chunk_says(rt, smollm2):
+    for task, length in (("passkey", 256), ("induction", 512), ("lookup", 256)):
+        p = rt.build_prompt(task, length, 1)
+        assert abs(len(p.context) - length) <= 5 * 12 + 2 and len(p.answers) == len(p.depths)
+        for offset, answer in p.answers:
+            assert tuple(p.chunk[offset:offset + len(answer)]) == answer
+        if task == "induction":  # each needle's cue and answer sit in the context, once
+            text = " ".join(map(str, p.context))
+            for offset, answer in p.answers:
+                span = p.chunk[offset - rt.INDUCTION_CUE:offset] + list(answer)
+                assert text.count(" ".join(map(str, span))) == 1
+    assert rt.build_prompt("lookup", 256, 1) == rt.build_prompt("lookup", 256, 1)  # its own seed
+    assert rt.build_prompt("lookup", 256, 1) != rt.build_prompt("lookup", 256, 2)
+    with pytest.raises(ValueError, match="task must be"):
+        rt.build_prompt("ruler", 256, 0)
+
+
+@pytest.mark.slow
+def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_model(tmp_path, monkeypatch, rt,
+                                                                                     smollm2):
+    monkeypatch.setitem(rt.SCALE, "quick", {"tasks": {"lookup": {160: 1}, "induction": {160: 1}}, "bits": (2,),
+                                            "calibration_tokens": 300})
+    monkeypatch.setattr(rt.cells, "SCHEMES", ("identity", "kqv"))
+    monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
+    assert rt.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
+    data = tmp_path / "figures" / "data"
+    trials = pd.read_csv(data / "retrieval_trials.csv")
+    assert len(trials[trials["scheme"] == "fp"]) == 10  # 5 needles × 2 prompts
+    fp = trials[trials["scheme"] == "fp"].set_index(["task", "needle"])["success"]
+    lossless = trials[trials["scheme"] == "identity"].set_index(["task", "needle"])["success"]
+    assert fp.sum() >= 5 and lossless.equals(fp)
+    assert trials.loc[trials["scheme"] == "identity", "attn_kl"].max() < 1e-5
+    assert trials.loc[trials["scheme"] == "kqv", "attn_kl"].min() > 1e-3
+    claims = {c["id"]: c for c in read_claims(data / "retrieval_claims.json")}
+    assert set(claims) == {"retrieval-fp", "retrieval-schemes"}  # no NOVA-KV and no n = 4: those claims are absent
+    assert (tmp_path / "figures" / "retrieval_heatmap_n2.png").is_file()
+
+
+def test_recovered_fraction_and_its_interval(rt):
+    """fp passes all 40 trials (8 prompts × 5 needles), the scalar method none, NOVA-KV 3 of each prompt's 5: it
+    recovers 60% of what the scalar method loses. The interval (prompts, then needles within them) holds it and
+    is about that of a proportion of 40 needles (± 2·√(0.24/40) ≈ ± 0.15): resampled needles vary, prompts do not."""
+    rows = []
+    for prompt in range(8):
+        for needle in range(5):
+            for scheme, ok in (("fp", True), ("minmax", False), ("nova", needle < 3)):
+                rows.append({"task": "lookup", "length": 256, "prompt": prompt, "needle": needle, "scheme": scheme,
+                             "n": 16 if scheme == "fp" else 2, "success": ok})
+    estimate, (low, high) = rt.recovered_fraction(pd.DataFrame(rows), "minmax")
+    assert estimate == pytest.approx(0.6) and 0.35 < low < 0.6 < high < 0.85
+
+
+@pytest.mark.slow
+def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
+    """NOVA-KV's calibration capture (run inside a cell, after the cell set the "kvstats" attention) gives the shared
+    model its attention implementation back: it left sdpa behind, so the chunk ran on the dense path without records
+    (attn_kl NaN for the first NOVA-KV cells of a cold run). A cell whose chunk did not reach the kvstats path now
+    raises instead of reporting it; one that did has a finite attention KL."""
+    import kvstats.hf.baselines as baselines
+    import kvstats.studies.retrieval as ret
+    from kvstats.evaluation.layer_schemes import calibration_capture
+    from kvstats.evaluation.model_engine import set_attention, shared_model
+
+    model, _, _ = shared_model()
+    set_attention(model, "kvstats")
+    calibration_capture.cache_clear()
+    try:
+        calibration_capture(64)
+        assert model.config._attn_implementation == "kvstats"
+    finally:
+        calibration_capture.cache_clear()
+    monkeypatch.setattr(ret.cells, "SCHEMES", ("mse",))
+    monkeypatch.setattr(baselines, "available_backends", lambda: ())
+    rows = ret.cell("passkey", 256, 0, (2,), None)
+    mse = [r for r in rows if r["scheme"] == "mse"]
+    assert mse and all(np.isfinite(r["attn_kl"]) and r["attn_kl"] > 0 for r in mse)
+    build = ret.cells.layer_schemes
+
+    def leaves_sdpa(*args, **kwargs):  # what the capture did before
+        set_attention(model, "sdpa")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(ret.cells, "layer_schemes", leaves_sdpa)
+    with pytest.raises(RuntimeError, match=r"passkey/256/0, mse n = 2: 0 attention records for 30 layers"):
+        ret.cell("passkey", 256, 0, (2,), None)

@@ -1,0 +1,343 @@
+"""Verdict code of the theory studies (jensen, sphere_law, qjl_variance, turboquant_distortion, beta_figures,
+kv_anatomy): each verdict function is fed numbers for which it must return each verdict it can, and the
+statements the studies compute (σ⁴ coefficient, norm errors, bit accounting) are checked against oracles."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
+from tests.helpers.studies import load_study, run_tiny
+
+# ------------------------------------------------------------------------------------------------ jensen
+
+
+def test_sigma4_coefficient_closed_forms_and_monte_carlo():
+    # closed forms: p = (0.9, 0.1) uniform noise -> +0.0207 (by hand from the expansion); flat p -> -(S-1)/(4S²)
+    assert kl_sigma4_coefficient([0.9, 0.1], 1.0) == pytest.approx(0.0207, abs=1e-12)
+    for s in (2, 5, 64):
+        assert kl_sigma4_coefficient(np.full(s, 1 / s), 1.0) == pytest.approx(-(s - 1) / (4 * s * s), rel=1e-12)
+    # Monte Carlo, common random numbers (one seed at both levels): E[KL]/σ² rises for p = (0.9, 0.1) and falls
+    # for flat p over 64 keys. Predicted changes 0.0207·0.45 ≈ +0.0093 and −0.0038·0.45 ≈ −0.0017 per unit;
+    # measured over 6 seeds the changes are 0.73 and 1.20 times the predictions (the σ⁶ and higher terms at
+    # σ² = 0.5), with sd 0.017 and 0.026 of the prediction (the paired difference's SE 1.6e-4 and 4.5e-5).
+    # The window [0.5, 1.5] of the prediction is > 11 sd from both: a correct implementation fails w.p.
+    # < 1e-20 under any seed, a wrong sign or a factor of 2 in the σ⁴ coefficient fails it.
+    for p in ([0.9, 0.1], np.full(64, 1 / 64)):
+        s = np.log(np.asarray(p))
+        lo, hi = (jensen_simulation(s, v, n_draws=200_000, seed=3).statistic / v for v in (0.05, 0.5))
+        assert 0.5 < (hi - lo) / (kl_sigma4_coefficient(p, 1.0) * 0.45) < 1.5
+    with pytest.raises(ValueError, match="p must"):
+        kl_sigma4_coefficient([0.5, 0.6], 1.0)
+    with pytest.raises(ValueError, match="profile"):
+        kl_sigma4_coefficient([0.5, 0.5], -1.0)
+
+
+def test_jensen_inflation_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    s2 = [0.1, 1.0]
+    tiny = [1e-4, 1e-4]
+    v = js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.6], tiny)
+    assert v.verdict == "reproduced" and v.rule == "combine"
+    assert js.inflation_verdict(s2, [0.04, 0.4], tiny, [0.06, 0.4], tiny).verdict == "partly"  # one level equal
+    v = js.inflation_verdict(s2, [0.08, 0.8], tiny, [0.08, 0.8], tiny)  # above σ²/2 and no correlated excess
+    assert v.verdict == "not reproduced" and "significantly outside" in v.reason
+
+
+@pytest.mark.slow
+def test_jensen_mechanism_verdict_returns_each_verdict():
+    js = load_study("jensen")
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, 10)
+
+    def arrays(s2_factor, kl_factor, rho):
+        jitter = 1 + 0.01 * rng.standard_normal(10)
+        return {"sigma2_kqv": base, "sigma2_qkqv": base * s2_factor * jitter, "kl_kqv": base,
+                "kl_qkqv": base * kl_factor * jitter[::-1], "rho_qkqv": rho + 0.01 * rng.standard_normal(10)}
+
+    # 10 pairs of one sign: exact two-sided Wilcoxon p = 2/1024 < 0.05
+    assert js.mechanism_verdict({2: arrays(2.0, 3.0, 0.3), 4: arrays(2.0, 3.0, 0.3)}).verdict == "reproduced"
+    assert js.mechanism_verdict({2: arrays(2.0, 1.5, -0.3), 4: arrays(2.0, 1.5, -0.3)}).verdict == "partly"
+    assert js.mechanism_verdict({2: arrays(0.5, 0.4, -0.3), 4: arrays(0.5, 0.4, -0.3)}).verdict == "not reproduced"
+
+
+@pytest.mark.slow
+def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
+    tiny = {"draws": 200, "queries": 2, "trials": 6, "bias_seeds": 4}
+    claims = {c["id"]: c for c in run_tiny("jensen", tiny, tmp_path, monkeypatch)}
+    assert claims["jensen-inflation"]["rule"] == "implementation check"
+    assert claims["jensen-inflation"]["verdict"] in ("implementation check", "check failed")
+    assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
+    assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
+    assert claims["dalberto-per-instance-bias"]["rule"] == "combine"
+    assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
+
+
+@pytest.mark.slow
+def test_jensen_bias_rule_returns_each_verdict():
+    """bias_table on errors of a known law — a bias of −0.01·logit for "MSE", none for "QJL" (with twice the
+    noise) — then the rule fed tables for each verdict. Sizing: 256 keys × 32 seeds; a key's mean error has sd
+    0.1/√32 = 0.018 (QJL), the slope's SE over 256 keys of logit sd 2 is ≈ 5.5e-4: MSE's −0.01 is 18 SE from 0
+    and |QJL's slope| < 0.003 fails with probability ≈ 1e-7; 4 or more Holm-significant keys out of 256 under
+    H0 need 4 p-values below ≈ 2e-4 (probability ≈ 3e-7)."""
+    import pandas as pd
+
+    js = load_study("jensen")
+    rng = np.random.default_rng(2)
+    score = rng.normal(0, 2, 256)
+    rows = []
+    for method, slope, sd in (("turbo_mse", -0.01, 0.05), ("turbo_prod", 0.0, 0.1)):
+        errs = slope * score + rng.normal(0, sd, (32, 256))
+        rows += [{"method": method, "kind": "key", "query": 0, "key": i, "score": score[i],
+                  "mean_err": errs[:, i].mean(), "var_err": errs[:, i].var(ddof=1), "ms_err": (errs[:, i] ** 2).mean()}
+                 for i in range(256)]
+        rows += [{"method": method, "kind": "instance", "seed": r, "key_specific_share": 0.99} for r in range(32)]
+    tab = js.bias_table(pd.DataFrame(rows), 32)
+    assert tab["turbo_mse"]["slope_hi"] < 0 and abs(tab["turbo_prod"]["slope"]) < 0.003
+    assert tab["turbo_prod"]["significant_keys"] <= 3
+    tab["turbo_prod"]["significant_keys"] = 0
+    assert js.bias_verdict(tab, 1).verdict == "reproduced"
+    assert js.bias_verdict(tab, 0).verdict == "partly"
+    flat = {**tab, "turbo_mse": {**tab["turbo_mse"], "slope_lo": -0.001, "slope_hi": 0.001}}
+    biased = {**flat, "turbo_prod": {**tab["turbo_prod"], "significant_keys": 12,
+                                     "ms_err": tab["turbo_mse"]["ms_err"] * 0.5}}
+    assert js.bias_verdict(biased, -1).verdict == "not reproduced"
+
+
+# -------------------------------------------------------------------------------------------- sphere_law
+
+
+def test_sphere_law_verdicts_return_each_verdict():
+    sl = load_study("sphere_law")
+    crit = sl.ks_critical(1000, 3)
+    from scipy import stats
+
+    # oracle: P(KS > crit) = ALPHA/3 under H0 (scipy's exact distribution of the KS statistic)
+    assert stats.kstwo.sf(crit, 1000) == pytest.approx(sl.ALPHA / 3, rel=1e-6)
+    ok = {2: 0.5 * crit, 8: 0.9 * crit, 64: 0.1 * crit}
+    assert sl.sphere_law_verdict(ok, 1000, 4096, 0.3501 / 4096).verdict == "reproduced"
+    assert sl.sphere_law_verdict(ok | {8: 1.5 * crit}, 1000, 4096, 0.3501 / 4096).verdict == "partly"
+    bad = {d: 2 * crit for d in ok}
+    assert sl.sphere_law_verdict(bad, 1000, 4096, 0.5 / 4096).verdict == "not reproduced"
+    lev = [-1.5, -0.45, 0.45, 1.5]
+    assert sl.codebook_verdict(lev, lev, 0.05).verdict == "reproduced"
+    assert sl.codebook_verdict(lev, lev, 0.001).verdict == "partly"
+    assert sl.codebook_verdict([1.05 * v for v in lev], lev, 0.001).verdict == "not reproduced"
+
+
+@pytest.mark.slow
+def test_sphere_law_claims_are_verdicted_by_rules(tmp_path, monkeypatch):
+    tiny = {"n_vectors": 500, "max_dim": 64, "n_dims": 4, "max_codebook_dim": 1024}
+    claims = {c["id"]: c for c in run_tiny("sphere_law", tiny, tmp_path, monkeypatch)}
+    # exact codebooks at d = 1024 are within 0.12% of the Gaussian levels, d = 8 is 5.5% off (computed above)
+    assert claims["codebook-gaussian-limit"]["verdict"] == "reproduced"
+    assert claims["sphere-law-gaussian-limit"]["rule"] == "combine"
+    assert claims["lloyd-max-gaussian-table"]["rule"] == "identity"
+
+
+# ------------------------------------------------------------------------- docs/metrics_error6d.md norms
+
+
+def test_turboquant_norm_errors_stated_in_the_docs():
+    """docs/metrics_error6d.md states the relative norm errors of turbo_mse and turbo_prod at b = 2, d = 128
+    and the closed forms of E‖x̂‖². Sized: 64 quantizer seeds × 500 unit vectors; measured over 200 seeds
+    (two vector samples), the sd over seeds of the per-seed mean is 0.0014 / 0.0054 (relative norm error,
+    mse / prod) and 0.0028 / 0.0136 (‖x̂‖²), so the SE of the pooled means is ≤ 0.00068 and ≤ 0.0017. The
+    means sit 0.0009 (mse: 0.0609 against the printed 0.060) and 0.0005 (prod: 0.2495 against 0.25) from the
+    printed values, so the tolerances 0.006 and 0.015 leave margins of ≥ 7.8 SE: P < 1e-14 per check."""
+    import torch
+
+    from kvstats.quant.codebooks import beta_codebook
+    from kvstats.quant.quantizers import quantizer
+    from kvstats.quant.sphere import sample_sphere
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics_error6d.md").read_text()
+    x = sample_sphere(500, 128, seed=11).float()
+    d_mse = {b: beta_codebook(128, b).d_mse for b in (1, 2)}
+    for method, printed, sq_norm in (("turbo_mse", "0.060", 1 - d_mse[2]),
+                                     ("turbo_prod", "0.25", 1 + (math.pi / 2 - 1 / 128) * d_mse[1])):
+        norms = torch.cat([torch.linalg.vector_norm(q.decode(q.encode(x)).double(), dim=-1) for q in
+                           (quantizer(method, bits=2, dim=128, seed=200 + s) for s in range(64))])
+        assert float((norms - 1).abs().mean()) == pytest.approx(float(printed), abs=0.006), method
+        assert float(norms.pow(2).mean()) == pytest.approx(sq_norm, abs=0.015), method
+        assert f"relative norm error of {printed} at b = 2" in text or f"|‖x̂‖ − ‖x‖|/‖x‖ of {printed}" in text
+
+
+# --------------------------------------------------------------------------------- turboquant_distortion
+
+
+def test_turboquant_distortion_verdicts_return_each_verdict():
+    td = load_study("turboquant_distortion")
+    assert td.two_pi_verdict({5: (6.2, 6.0, 6.5), 6: (6.3, 6.1, 6.6)}).verdict == "reproduced"
+    assert td.two_pi_verdict({2: (4.9, 4.7, 5.1), 6: (6.3, 6.1, 6.6)}).verdict == "partly"
+    assert td.two_pi_verdict({2: (0.9, 0.8, 0.95)}).verdict == "not reproduced"
+    # printed values against the exact ones with one 5% tolerance: the printed digits give no slack
+    assert td.value_verdict({1: 0.36}, {1: 0.3608}).verdict == "reproduced"
+    assert td.value_verdict({1: 0.36, 3: 0.03}, {1: 0.3608, 3: 0.033966}).verdict == "partly"  # 0.03: −11.7%
+    assert td.value_verdict({3: 0.03}, {3: 0.05}).verdict == "partly"
+    assert td.value_verdict({3: 0.03}, {3: -0.01}).verdict == "not reproduced"
+    assert "is 0.033966 rounded to 2 decimals" in td.rounding_text({3: 0.03}, {3: 0.033966})
+    # the closed forms of the 2π ratio: Gaussian rows → 2π, the Hadamard (orthogonal, m = d) sketch → 4(π/2 − 1)
+    assert td.two_pi_closed_form("gaussian", 6) == pytest.approx(6.08, abs=0.01)
+    assert td.two_pi_closed_form("srht", 2) == pytest.approx(
+        (math.pi / 2 - 1) * td.exact_dmse(128, 1) / td.exact_dmse(128, 2), rel=0.01)
+    rng = np.random.default_rng(1)
+    u2 = rng.uniform(0.11, 0.12, 10)
+    ok = {"float16": {"total": 2.5}, "float32": {"total": 2.5}}
+    assert td.outlier_verdict(ok, u2 * 0.8, u2).verdict == "reproduced"  # 10 pairs one sign: p = 2/1024
+    assert td.outlier_verdict(ok | {"float32": {"total": 2.75}}, u2 * 0.8, u2).verdict == "partly"
+    assert td.outlier_verdict({"float32": {"total": 2.75}}, u2 * 1.2, u2).verdict == "not reproduced"
+    # bit accounting oracle: payload (32·3 + 96·2)/128 = 2.25; two norms of 16 / 32 bits over 128 coordinates
+    assert td.split_bits(torch.float16) == pytest.approx({"payload": 2.25, "total": 2.5})
+    assert td.split_bits(torch.float32) == pytest.approx({"payload": 2.25, "total": 2.75})
+
+
+def test_turboquant_distortion_bounds_verdict():
+    import pandas as pd
+
+    td = load_study("turboquant_distortion")
+    row = {"lower_d_mse": 0.25, "upper_d_mse": 0.68, "lower_d_prod_x_d": 0.25, "upper_d_prod_x_d": 4.2}
+    good = {"turbo_mse_d_mse": 0.117, "turbo_mse_d_mse_lo": 0.116, "turbo_mse_d_mse_hi": 0.118}
+    prod = {"turbo_prod_d_prod_x_d": 0.56, "turbo_prod_d_prod_x_d_lo": 0.55, "turbo_prod_d_prod_x_d_hi": 0.57}
+    row = {**row, "lower_d_mse": 0.0625}
+    assert td.bounds_verdict(pd.DataFrame([row | good | prod])).verdict == "reproduced"
+    bad = {"turbo_mse_d_mse": 0.9, "turbo_mse_d_mse_lo": 0.8, "turbo_mse_d_mse_hi": 1.0}
+    assert td.bounds_verdict(pd.DataFrame([row | bad | prod])).verdict == "partly"
+
+
+# ---------------------------------------------------------------------------------------------- beta_figures
+
+
+def test_beta_figures_verdicts_return_each_verdict():
+    import pandas as pd
+
+    bf = load_study("beta_figures")
+    mw = pd.DataFrame({"sketch": "srht", "p_holm": [1e-5, 1e-5], "rank_biserial": [-0.9, -0.8]})
+    assert bf.mse_wins_verdict(mw).verdict == "reproduced"
+    # only the primary (Hadamard) sketch's cells decide: a sensitivity sketch against the claim changes nothing
+    other = mw.assign(sketch="gaussian", rank_biserial=[0.9, 0.8])
+    assert bf.mse_wins_verdict(pd.concat([mw, other])).verdict == "reproduced"
+    assert bf.mse_wins_verdict(pd.concat([mw, other]), "gaussian").verdict == "not reproduced"
+    assert bf.mse_wins_verdict(mw.assign(p_holm=[1e-5, 0.3])).verdict == "partly"
+    assert bf.mse_wins_verdict(mw.assign(rank_biserial=[0.9, 0.8])).verdict == "not reproduced"
+    crit = bf.ks_critical(4096, 2)
+    ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 4096,
+                       "ks": [0.5 * crit, 0.5 * crit, 0.2]})
+    assert bf.sphere_law_verdict(ks).verdict == "reproduced"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.5 * crit, 0.5 * crit, 0.001])).verdict == "partly"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.3, 0.3, 0.001])).verdict == "not reproduced"
+
+
+@pytest.mark.slow
+def test_beta_figures_runs_through_the_shell(tmp_path, monkeypatch):
+    tiny = {"trials": 3, "seq": 16, "n_q": 2, "hist_vectors": 64}
+    claims = {c["id"]: c for c in run_tiny("beta_figures", tiny, tmp_path, monkeypatch)}
+    assert claims["dalberto-beta-figures-mse-wins"]["rule"] == "direction"
+    assert "Hadamard sketch" in claims["dalberto-beta-figures-mse-wins"]["measurement"]
+    assert "sensitivity" in claims["dalberto-beta-figures-mse-wins-sketch-gaussian"]["claim"]
+    assert claims["dalberto-beta-figures-sphere-law"]["rule"] == "combine"
+    assert (tmp_path / "figures" / "data" / "beta_figures_definitions.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ kv_anatomy
+
+
+def test_kv_anatomy_verdicts_return_each_verdict():
+    ka = load_study("kv_anatomy")
+    kr, vr = np.array([4.0, 5.0, 3.5]), np.array([2.0, 3.0, 2.5])
+    assert ka.range_verdict(kr, vr, [True] * 3).verdict == "reproduced"
+    assert ka.range_verdict(np.array([4.0, 9.0, 3.5]), vr, [True] * 3).verdict == "partly"
+    # a value cannot lie above and below a range at once: the lower sides hold, so "not reproduced" cannot occur
+    assert ka.range_verdict(np.array([9.0] * 3), np.array([9.0] * 3), [False] * 3).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([1.5, 2.0, 4.0, 5.0])).verdict == "reproduced"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 4.0, 5.0])).verdict == "partly"
+    assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 1.5, 1.2])).verdict == "not reproduced"
+    from scipy import stats
+
+    n = np.array([2000, 2000])
+    crit = stats.kstwo.isf(ka.ALPHA / 2, 2000)
+    assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
+    assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
+    assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
+    single = np.linspace(1.0, 2.0, 10)  # 10 layers of one sign: exact Wilcoxon p = 2/1024
+    assert ka.qjl_outlier_verdict(single, 0.5 * single).verdict == "reproduced"
+    assert ka.qjl_outlier_verdict(single, 2.0 * single).verdict == "not reproduced"
+
+
+# ---------------------------------------------------------------------------------------------- qjl_variance
+
+
+def test_qjl_variance_verdicts_return_each_verdict():
+    import pandas as pd
+
+    qv = load_study("qjl_variance")
+    # z-identity: the Bonferroni critical value for 2 values at ALPHA = 0.05 is z = 2.24
+    assert qv.z_identity([1.0, 2.0], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "reproduced"
+    assert qv.z_identity([1.0, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "partly"
+    assert qv.z_identity([1.5, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "not reproduced"
+    with pytest.raises(ValueError, match="ses"):
+        qv.z_identity([1.0], [1.0], [0.0], what="x")
+    assert qv.spiky_verdict({1: 1.01, 128: 0.995}).verdict == "reproduced"
+    assert qv.spiky_verdict({1: math.sqrt(math.pi / 2), 128: 0.998}).verdict == "partly"
+    assert qv.spiky_verdict({1: 1.2533, 2: 0.8862}).verdict == "not reproduced"
+    def tail(per_sketch, delta):  # per-sketch hit counts out of qv.TAIL_PAIRS pairs each
+        return {"hits_per_sketch": per_sketch, "delta": delta}
+
+    p = qv.TAIL_PAIRS
+    ok = [tail([int(0.06 * p) + i % 3 for i in range(10)], 0.1), tail([int(0.04 * p) + i % 3 for i in range(10)], 0.05)]
+    assert qv.tail_verdict(ok).verdict == "reproduced"
+    # above δ but the CI over the 10 sketches reaches it (one sketch has many hits)
+    spread = [int(0.02 * p)] * 9 + [int(0.4 * p)]  # mean 0.057 > δ, CI over sketches ± 0.09
+    assert qv.tail_verdict(ok[:1] + [tail(spread, 0.05)]).verdict == "partly"
+    assert qv.tail_verdict(ok[:1] + [tail([int(0.08 * p) + i % 3 for i in range(10)], 0.05)]).verdict \
+        == "not reproduced"
+    assert qv.scores_verdict([{"failures": 0, "n": 200}]).verdict == "reproduced"
+    assert qv.scores_verdict([{"failures": 1, "n": 200}]).verdict == "partly"  # 1/200 > 1/256, CI reaches 0
+    assert qv.scores_verdict([{"failures": 20, "n": 200}]).verdict == "not reproduced"
+    base = np.linspace(1.0, 2.0, 10)
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 0.4 * base)}).verdict == "reproduced"
+    assert qv.outlier_verdict({5.0: (base, 0.5 * base), 10.0: (base, 2 * base)}).verdict == "partly"
+    assert qv.outlier_verdict({5.0: (base, 2 * base)}).verdict == "not reproduced"
+    # bit accounting: d = 128, m = 384 sign bits + one fp16 norm = 3.125 bits, 16/3.125 = 5.12×; the split adds a norm
+    bits = qv.qjl_bits()
+    assert bits["plain_total"] == pytest.approx(3 + 16 / 128) and bits["split_total"] == pytest.approx(3 + 32 / 128)
+    assert qv.bits_verdict(bits).verdict == "partly"  # 16 / 3.25 = 4.92 < 5
+    assert qv.bits_verdict(bits | {"split_total": 3.125, "split_ratio": 5.12}).verdict == "reproduced"
+    assert qv.bits_verdict({f"{c}_{k}": v for c in ("plain", "split") for k, v in
+                            (("total", 4.0), ("side", 1.0), ("ratio", 4.0))}).verdict == "not reproduced"
+    g = pd.DataFrame({"m": [64, 64], "cos": [0.0, 0.3], "var": [0.02, 0.02], "var_lo": [0.019, 0.019],
+                      "var_hi": [0.021, 0.021], "sketches": [30, 30]})
+    assert qv.orthogonal_verdict(g, g.assign(var=0.01, var_lo=0.0095, var_hi=0.0105)).verdict == "reproduced"
+    assert qv.orthogonal_verdict(g, g.assign(var=[0.01, 0.02], var_lo=[0.0095, 0.019], var_hi=[0.0105, 0.021])
+                                 ).verdict == "partly"
+    assert qv.orthogonal_verdict(g, g.assign(var=0.03, var_lo=0.029, var_hi=0.031)).verdict == "not reproduced"
+
+
+def test_hadamard_sketch_spike_is_biased_by_sqrt_pi_over_2():
+    """D'Alberto's eq. (3) with S = H·diag(s′): for r = ±e_i, H(s′⊙r) = ±(column i of H), so sign(·) recovers it
+    and r̂ = √(π/2)·r for every s′ (closed form)."""
+    qv = load_study("qjl_variance")
+    rows = qv.spiky_cell("srht", 1, 128, 3, 8)
+    assert all(r["ratio"] == pytest.approx(math.sqrt(math.pi / 2), rel=1e-6) for r in rows)
+
+
+def test_qjl_jl_comparison_matches_the_closed_forms_and_its_rule_returns_each_verdict():
+    qv = load_study("qjl_variance")
+    # One cell against the closed forms: Var QJL = ((π/2) − c²)/m, Var JL = (1 + c²)/m (Gaussian S). Sizing:
+    # 60 sketches × 256 pairs = 15,360 errors per estimator; the relative SE of a mean squared error is
+    # ≈ √(2/15,360) ≈ 1.1% (plus the between-sketch spread, of the same order), so 8% is > 5 SE: P(fail) < 1e-6.
+    rows = qv.jl_cell(m=64, cos=0.0, d=64, sketches=60, pairs=256)
+    t = qv.jl_comparison(pd.DataFrame(rows).assign(m=64, cos=0.0)).iloc[0]
+    assert t["var_qjl"] * 64 == pytest.approx(math.pi / 2, rel=0.08)
+    assert t["var_jl"] * 64 == pytest.approx(1.0, rel=0.08)
+    assert t["ratio_closed_form"] == pytest.approx(math.pi / 2) and t["p"] < 1e-6
+    cell = lambda p, diff: {"p": p, "mean_diff": diff}  # noqa: E731
+    assert qv.jl_verdict([cell(1e-4, -0.01), cell(1e-3, -0.02)]).verdict == "reproduced"
+    assert qv.jl_verdict([cell(1e-4, -0.01), cell(1e-4, 0.02)]).verdict == "partly"
+    assert qv.jl_verdict([cell(0.5, -0.01), cell(1e-4, 0.02)]).verdict == "not reproduced"
