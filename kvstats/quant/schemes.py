@@ -12,6 +12,10 @@ Budget n (payload bits per element, the same for K and V; norms counted in ``bit
 * ``minmax`` — KIVI-style min-max (:class:`~kvstats.quantizers.MinMaxQuantizer`), deterministic: K per channel
   (each coordinate over groups of ``k_group_size`` = d consecutive tokens), V per token (groups of
   ``v_group_size`` = d coordinates), lo and step in ``side_dtype`` (fp16): 32/d side bits per element.
+* ``kivi`` — KIVI as published (arXiv 2402.02750 §3), at n = 2 or 4 only: K min-max per channel over groups of
+  ``group_size`` = 32 tokens, V min-max per token over groups of 32 channels, fp16 lo and step (1 side bit per
+  element each); its full-precision residual of the recent 128 tokens is the cache's window
+  (:func:`kvstats.hf.cache.kivi_cache`).
 * ``nova`` — NOVA-KV (calibrated; :mod:`kvstats.quant.quantizers.nova`): K: per-head transform + stratified group VQ,
   V: rotation + n-bit min-max. ``NovaScheme.calibrate(queries, keys, values, bits=n)`` or
   ``scheme("nova", bits=n, dim=d, queries=..., keys=...)``. Kept out of ``SCHEMES`` (which lists the
@@ -44,7 +48,8 @@ from kvstats.quant.quantizers.identity import IdentityQuantizer
 from kvstats.quant.quantizers.numerics import acc_dtype
 
 __all__ = ["CacheCode", "Scheme", "SchemeConfig", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES",
-           "scheme", "register_scheme", "causal_mask", "gqa_groups"]
+           "KIVI_BITS", "KIVI_GROUP_SIZE", "KIVI_RESIDUAL_LENGTH", "scheme", "register_scheme", "causal_mask",
+           "gqa_groups"]
 
 
 def _set_on_instance(obj, *methods: str) -> bool:
@@ -309,6 +314,28 @@ def _minmax(bits, dim, seeds, *, k_axis: str = "channel", k_group_size: int | No
                   side_dtype=side_dtype)
 
 
+#: KIVI's budgets, group size G and residual length R as published (arXiv 2402.02750 §3–4: KIVI-2 and KIVI-4,
+#: G = 32, R = 128)
+KIVI_BITS, KIVI_GROUP_SIZE, KIVI_RESIDUAL_LENGTH = (2, 4), 32, 128
+
+
+def _kivi(bits, dim, seeds, *, group_size: int = KIVI_GROUP_SIZE, side_dtype: torch.dtype = torch.float16,
+          rows=None):
+    """KIVI (Liu et al., arXiv 2402.02750 §3, Algorithm 1; the authors' code, jy-yuan/KIVI): keys min-max per channel
+    over groups of ``group_size`` consecutive tokens, values min-max per token over groups of ``group_size``
+    consecutive channels (it must divide d), lo and step in ``side_dtype`` (fp16: KIVI's kernels keep them in the
+    model's dtype, fp16), at 2 or 4 bits. The residual (the recent tokens in full precision, flushed in blocks of G)
+    is the cache's window: ``KVStatsCache(scheme, full_precision_window=128, flush_size=32)``. Deterministic; no QJL
+    stage (rows ignored)."""
+    if bits not in KIVI_BITS:
+        raise ValueError(f"bits must be one of {KIVI_BITS} for scheme 'kivi' (KIVI-2 and KIVI-4 as published), "
+                         f"got {bits}; scheme('minmax', ...) takes any budget")
+    return quantizer("minmax", bits=bits, dim=dim, seed=seeds[0], axis="channel", group_size=group_size,
+                     side_dtype=side_dtype), \
+        quantizer("minmax", bits=bits, dim=dim, seed=seeds[1], axis="token", group_size=group_size,
+                  side_dtype=side_dtype)
+
+
 def _qjl_cache(bits, dim, seeds, *, outliers=None, outlier_m: int | None = None, rows: str | None = None,
          norm_dtype: torch.dtype = torch.float16, v_group_size: int | None = None,
          side_dtype: torch.dtype = torch.float16):
@@ -343,7 +370,8 @@ def _nova(bits, dim, seeds, *, queries=None, keys=None, values=None, rows=None, 
 
 #: name -> (builder(bits, dim, seeds, **options) -> (K quantizer, V quantizer), smallest budget n)
 SCHEMES: dict[str, tuple[Callable, int]] = {"kv": (_kv, 1), "kqv": (_kqv, 2), "qkqv": (_qkqv, 2),
-                                            "minmax": (_minmax, 1), "qjl_cache": (_qjl_cache, 1)}
+                                            "minmax": (_minmax, 1), "qjl_cache": (_qjl_cache, 1),
+                                            "kivi": (_kivi, 2)}
 #: schemes that need calibration data (``queries=``, ``keys=``) among their options
 CALIBRATED_SCHEMES: dict[str, tuple[Callable, int]] = {"nova": (_nova, 1)}
 
@@ -419,7 +447,8 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     options: ``k_axis`` ("channel"), ``k_group_size`` (d), ``v_axis`` ("token"), ``v_group_size`` (d),
     ``side_dtype`` (fp16). ``qjl_cache`` (QJL's own cache): keys ``m = bits·d`` sign bits (``rows``, default
     "orthogonal"; ``norm_dtype`` fp16; ``outliers=`` channels with ``outlier_m`` of those rows), values
-    per-token min-max at ``bits`` (``v_group_size``, ``side_dtype``).
+    per-token min-max at ``bits`` (``v_group_size``, ``side_dtype``). ``kivi``: bits 2 or 4 only (refused
+    otherwise), ``group_size`` (32: K's tokens per channel group, V's channels per token group), ``side_dtype``.
     """
     known = {**SCHEMES, **CALIBRATED_SCHEMES}
     if name not in known:

@@ -28,3 +28,12 @@ class Int4PerToken(Quantizer):
 
     def bits_per_coordinate(self, n_tokens=None):
         return BitBudget(payload=8 * packed_nbytes(self.dim, 4) / self.dim, side=32 / self.dim)
+
+
+def supported_bits(name: str, bits: int) -> int:
+    """``bits`` within what the registered quantizer ``name`` takes (a format of one width, fp8 or nvfp4, only its
+    own): the tests that sweep every quantizer at a low budget build each at the nearest width it has."""
+    from kvstats.quant.quantizers import QUANTIZERS
+
+    cls = QUANTIZERS[name]
+    return min(max(bits, cls.min_bits), cls.max_bits)

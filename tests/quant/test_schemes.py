@@ -25,7 +25,7 @@ def reference_attention(q, k_hat, v_hat, causal=False):
 
 @pytest.mark.slow
 @given(
-    name=st.sampled_from(sorted(SCHEMES)),
+    name=st.sampled_from(sorted(set(SCHEMES) - {"kivi"})),  # kivi: n = 2, 4 and groups dividing d (test_kivi.py)
     bits=st.integers(2, 8),
     d=st.sampled_from([2, 7, 16, 33, 64, 96, 128]),
     kv_heads=st.integers(1, 3),

@@ -3,7 +3,9 @@
     q = kvstats.quantizer("turbo_prod", bits=4, dim=128, seed=0)
 
 Names: ``lloyd`` (scalar Lloyd–Max, no rotation), ``turbo_mse``, ``turbo_prod``, ``qjl``, ``minmax``,
-``rotated_minmax``, ``nova`` (calibrated: call ``.calibrate(queries, keys)`` before encoding). Not registered
+``rotated_minmax``, ``int_token`` (min-max per token and head), ``nvfp4`` (NVIDIA's NVFP4), ``fp8_e4m3`` and
+``fp8_e5m2`` (OCP FP8, vLLM's and SGLang's caches), ``nova`` (calibrated: call
+``.calibrate(queries, keys)`` before encoding). Not registered
 (other signatures): :class:`IdentityQuantizer` (lossless), :class:`PerHeadQuantizer` (one quantizer per KV head).
 Each class documents what it stores, its estimator and its bit count; see also docs/quantizers.md.
 """
@@ -11,17 +13,21 @@ Each class documents what it stores, its estimator and its bit count; see also d
 from __future__ import annotations
 
 from kvstats.quant.quantizers.base import BitBudget, Code, CodeSource, Quantizer, held_bytes
+from kvstats.quant.quantizers.fp8 import FP8E4M3, FP8E5M2, FP8Quantizer
 from kvstats.quant.quantizers.identity import IdentityQuantizer
+from kvstats.quant.quantizers.int_token import IntTokenQuantizer
 from kvstats.quant.quantizers.lloyd import LloydQuantizer, TurboMSE
 from kvstats.quant.quantizers.minmax import MinMaxQuantizer, RotatedMinMax
 from kvstats.quant.quantizers.nova import NovaQuantizer
+from kvstats.quant.quantizers.nvfp4 import NVFP4Quantizer
 from kvstats.quant.quantizers.per_head import PerHeadQuantizer
 from kvstats.quant.quantizers.qjl import QJLQuantizer
 from kvstats.quant.quantizers.turbo_prod import TurboProd
 
 __all__ = ["BitBudget", "Code", "CodeSource", "Quantizer", "QUANTIZERS", "held_bytes", "quantizer", "register",
            "LloydQuantizer", "TurboMSE", "TurboProd", "QJLQuantizer", "MinMaxQuantizer", "RotatedMinMax",
-           "NovaQuantizer", "IdentityQuantizer", "PerHeadQuantizer"]
+           "NovaQuantizer", "IdentityQuantizer", "PerHeadQuantizer", "NVFP4Quantizer", "IntTokenQuantizer",
+           "FP8Quantizer", "FP8E4M3", "FP8E5M2"]
 
 QUANTIZERS: dict[str, type[Quantizer]] = {}
 
@@ -43,7 +49,8 @@ def register(cls: type[Quantizer] | None = None, *, replace: bool = False):
     return cls
 
 
-for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer, RotatedMinMax, NovaQuantizer):
+for _cls in (LloydQuantizer, TurboMSE, TurboProd, QJLQuantizer, MinMaxQuantizer, RotatedMinMax, NovaQuantizer,
+             IntTokenQuantizer, NVFP4Quantizer, FP8E4M3, FP8E5M2):
     register(_cls)
 
 

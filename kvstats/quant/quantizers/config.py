@@ -31,7 +31,8 @@ from kvstats.quant.quantizers.nova_calibration import (
 
 __all__ = ["QuantizerConfig", "PerHeadConfig", "LloydConfig", "TurboMSEConfig", "TurboProdConfig", "QJLConfig",
            "MinMaxConfig", "RotatedMinMaxConfig", "NovaConfig", "IdentityConfig", "NORM_DTYPES", "ROTATIONS", "ROWS",
-           "SKETCH_DOMAINS", "MAX_HAAR_DIM", "NOVA_TRANSFORMS", "check_norm_dtype"]
+           "SKETCH_DOMAINS", "MAX_HAAR_DIM", "NOVA_TRANSFORMS", "check_norm_dtype", "IntTokenConfig", "NVFP4Config",
+           "FP8Config", "FP8E4M3Config", "FP8E5M2Config", "FP8_SCALES", "FP8_GRANULARITIES"]
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The rotations of the rotated quantizers (kvstats.quant.rotations.make_rotation).
@@ -275,6 +276,21 @@ class MinMaxConfig(QuantizerConfig):
 
 
 @dataclass(frozen=True)
+class IntTokenConfig(MinMaxConfig):
+    """``int_token``: min-max per token and head — axis "token" and one group of all d coordinates, both fixed
+    (set here, not options: a code holds one lo and one step per vector); side_dtype of lo and step (fp16)."""
+
+    axis: str = field(default="token", init=False)
+    group_size: int | None = field(default=None, init=False)
+    method: ClassVar[str] = "int_token"
+
+    def validate(self) -> None:
+        self._set("axis", "token")
+        self._set("group_size", self.dim)
+        check_norm_dtype(self.side_dtype, "side_dtype")
+
+
+@dataclass(frozen=True)
 class RotatedMinMaxConfig(QuantizerConfig):
     """``rotated_minmax``: rotation ("wht" or "haar"), then per-token min-max with side_dtype."""
 
@@ -330,6 +346,93 @@ class NovaConfig(QuantizerConfig):
         check_int_range(self.amortize_tokens, "amortize_tokens", 1, 1 << 40)
         if self.transform not in NOVA_TRANSFORMS:
             raise ValueError(f"transform must be one of {NOVA_TRANSFORMS}, got {self.transform!r}")
+
+
+#: what one NVFP4 global scale covers (NVFP4Config.granularity)
+NVFP4_GRANULARITIES = ("head", "token")
+
+
+@dataclass(frozen=True)
+class NVFP4Config(QuantizerConfig):
+    """``nvfp4``: bits is 4 (E2M1 codes; nothing else exists), dim a multiple of 16 (the NVFP4 block),
+    granularity of the fp32 global scale (:data:`NVFP4_GRANULARITIES`: "head", one per leading index over all the
+    tokens of one encode, x [..., n, d] -> [...]; "token", one per vector, -> [..., n])."""
+
+    bits: int = 4
+    dim: int = 128
+    granularity: str = "head"
+    method: ClassVar[str] = "nvfp4"
+    min_bits: ClassVar[int] = 4
+    max_bits: ClassVar[int] = 4
+
+    def check_bits(self, bits):
+        if check_int_range(bits, "bits", 1, 8) != 4:
+            raise ValueError(f"bits must be 4 for nvfp4 (4-bit E2M1 codes; the e4m3 block scales and the fp32 "
+                             f"global scale are counted on top), got {bits!r}")
+        return 4
+
+    def validate(self) -> None:
+        if self.dim % 16:
+            raise ValueError(f"dim must be a multiple of 16 for nvfp4 (blocks of 16 values along d, each with its "
+                             f"e4m3 scale), got {self.dim}")
+        _check_choice(self.granularity, "granularity", NVFP4_GRANULARITIES)
+
+
+#: the scales of the FP8 formats (kvstats.quant.quantizers.fp8): none, from each encode call, from calibration
+FP8_SCALES = ("unity", "dynamic", "calibrated")
+#: what one FP8 scale covers: a sequence's whole tensor (all its KV heads), or one KV head
+FP8_GRANULARITIES = ("tensor", "head")
+
+
+@dataclass(frozen=True)
+class FP8Config(QuantizerConfig):
+    """``fp8_e4m3`` / ``fp8_e5m2``: bits is 8 (one OFP8 byte per element); scale (:data:`FP8_SCALES`), granularity
+    (:data:`FP8_GRANULARITIES`; "head" needs a scale), heads H of x [..., H, n, d] (needed for "tensor" scales, whose
+    bits are spread over H heads, and calibrated "head" scales, one per head; int in [1, 65536] or None)."""
+
+    bits: int = 8
+    dim: int = 128
+    scale: str = "unity"
+    granularity: str = "tensor"
+    heads: int | None = None
+    method: ClassVar[str] = ""
+    min_bits: ClassVar[int] = 8
+    max_bits: ClassVar[int] = 8
+
+    def check_bits(self, bits):
+        if check_int_range(bits, "bits", -(1 << 62), 1 << 62) != 8:  # an int (else a TypeError naming bits), then 8
+            raise ValueError(f"bits must be 8 for an FP8 format (one byte per element; the scales are counted on "
+                             f"top), got {bits!r}")
+        return 8
+
+    def validate(self) -> None:
+        _check_choice(self.scale, "scale", FP8_SCALES)
+        _check_choice(self.granularity, "granularity", FP8_GRANULARITIES)
+        if self.heads is not None:
+            self._set("heads", check_int_range(self.heads, "heads", 1, 1 << 16))
+        if self.scale == "unity" and self.granularity == "head":
+            raise ValueError("granularity must be 'tensor' with scale='unity' (there are no scales to keep per "
+                             "head), got 'head'")
+        per_call_head = self.scale == "dynamic" and self.granularity == "head"  # a scale per [n, d] slab of x
+        if self.heads is None and self.scale != "unity" and not per_call_head:
+            raise ValueError(f"heads must be given (the KV heads H of x [..., H, n, d]) for scale={self.scale!r} with "
+                             f"granularity={self.granularity!r}: "
+                             + ("one scale per head is kept" if self.granularity == "head" else
+                                "a scale covers all H heads, and its bits are counted over them"))
+
+
+@dataclass(frozen=True)
+class FP8E4M3Config(FP8Config):
+    """``fp8_e4m3``: OFP8 E4M3 (torch.float8_e4m3fn, largest 448)."""
+
+    method: ClassVar[str] = "fp8_e4m3"
+
+
+@dataclass(frozen=True)
+class FP8E5M2Config(FP8Config):
+    """``fp8_e5m2``: OFP8 E5M2 (torch.float8_e5m2, largest 57344)."""
+
+    method: ClassVar[str] = "fp8_e5m2"
 
 
 @dataclass(frozen=True)
