@@ -13,7 +13,9 @@ What is stored. Each layer holds the K and V of every token *as codes of the sch
 packed payloads + per-vector scalars, counted by ``Code.nbytes``), except the most recent
 ``full_precision_window`` = W tokens, kept exactly in the model's dtype (as KIVI and QJL do). A token is
 encoded once, when it leaves the window (W = 0: as soon as it arrives), and never re-encoded; with
-``flush_size`` = G > 1 tokens leave in blocks of G (KIVI's residual groups).
+``flush_size`` = G > 1 tokens leave in blocks of G (KIVI's residual groups). With ``sink_tokens`` = S > 0 the
+first S tokens are kept exact too and never encoded (attention sinks), on both paths; :func:`kivi_cache` is KIVI
+as published (the ``kivi`` scheme, R = 128 recent tokens exact, flushed in blocks of G = 32).
 
 How attention reads it — two paths, chosen by the model's attention implementation:
 
@@ -79,7 +81,7 @@ from kvstats.hf.logit_rules import LogitRules, logit_rules
 from kvstats.hf.models import refuse_latent_attention
 from kvstats.hf.records import AttentionRecord, CacheMemory
 from kvstats.quant.quantizers.identity import IdentityQuantizer
-from kvstats.quant.schemes import IdentityScheme, Scheme
+from kvstats.quant.schemes import KIVI_GROUP_SIZE, KIVI_RESIDUAL_LENGTH, IdentityScheme, Scheme
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -91,6 +93,7 @@ __all__ = [
     "KVStatsLayer",
     "LogitRules",
     "cache_kwargs",
+    "kivi_cache",
     "kvstats_attention",
     "kvstats_cache",
     "logit_rules",
@@ -119,6 +122,10 @@ class KVStatsCache(Cache):
             (assisted decoding crops the rejected drafts of the last forward, ~5–20 tokens), a deeper one raises.
             Costs R exact tokens per layer (transient: not counted by :meth:`memory`); 0 allows crops inside
             the window only.
+        sink_tokens: S ≥ 0, the first S tokens of every layer kept exact and never encoded (attention sinks, as
+            StreamingLLM's and OSCAR's full-precision sinks), besides the window: the codes hold the tokens
+            between them, S + G·⌊max(0, seq − S − W)/G⌋ tokens are held outside the window. Both attention paths
+            read the sinks exactly; :meth:`memory` counts them with the window (``window_bytes``). 0: none.
 
     Construction from a model's config (no head dimension by hand): :meth:`from_config` or :func:`kvstats_cache`.
 
@@ -129,12 +136,13 @@ class KVStatsCache(Cache):
     """
 
     def __init__(self, scheme: Scheme | Callable[[int], Scheme], full_precision_window: int = 0, *,
-                 flush_size: int = 1, record_attention: bool = False, rollback_tokens: int = 128):
+                 flush_size: int = 1, record_attention: bool = False, rollback_tokens: int = 128,
+                 sink_tokens: int = 0):
         for name, value, low in (("full_precision_window", full_precision_window, 0), ("flush_size", flush_size, 1),
-                                 ("rollback_tokens", rollback_tokens, 0)):
+                                 ("rollback_tokens", rollback_tokens, 0), ("sink_tokens", sink_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        self.flush_size, self.rollback_tokens = flush_size, rollback_tokens
+        self.flush_size, self.rollback_tokens, self.sink_tokens = flush_size, rollback_tokens, sink_tokens
         if not isinstance(scheme, Scheme) and not callable(scheme):
             raise TypeError(f"scheme must be a kvstats Scheme or a callable layer_idx -> Scheme, got "
                             f"{type(scheme).__name__}")
@@ -165,7 +173,7 @@ class KVStatsCache(Cache):
         i = len(self.layers)
         self.layers.append(KVStatsLayer(self._scheme_for(i), self.window, self.flush_size, layer_idx=i,
                                         record=self.record_attention, records=self.attention_records,
-                                        rollback=self.rollback_tokens))
+                                        rollback=self.rollback_tokens, sinks=self.sink_tokens))
         return self.layers[i]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -250,7 +258,7 @@ class KVStatsCache(Cache):
             bits: the budget n, when ``scheme`` is a name.
             seed: the scheme's seed; ``per_layer_seeds=True`` gives layer i the seed ``seed + i``.
             full_precision_window, **kwargs: as :class:`KVStatsCache` (``flush_size``, ``record_attention``,
-                ``rollback_tokens``).
+                ``rollback_tokens``, ``sink_tokens``).
         """
         from kvstats.quant.schemes import scheme as build_scheme
 
@@ -274,7 +282,8 @@ class KVStatsCache(Cache):
         return cache
 
     def memory(self) -> CacheMemory:
-        """Bytes held now: codes (Σ Code.nbytes) + fp window, vs an fp16 cache of the same tokens."""
+        """Bytes held now: codes (Σ Code.nbytes) + the exact tokens (window and sinks), vs an fp16 cache of the same
+        tokens."""
         codes = window = fp16 = elements = 0
         for layer in self.layers:
             c, w = layer.nbytes()
@@ -291,8 +300,9 @@ class KVStatsCache(Cache):
 
     def __repr__(self) -> str:
         name = repr(self.scheme) if isinstance(self.scheme, Scheme) else getattr(self.scheme, "__name__", "per-layer")
+        sinks = f"sink_tokens={self.sink_tokens}, " if self.sink_tokens else ""
         return (f"KVStatsCache(scheme={name}, full_precision_window={self.window}, flush_size={self.flush_size}, "
-                f"tokens={self.get_seq_length()})")
+                f"{sinks}tokens={self.get_seq_length()})")
 
 
 def _past_pairs(past) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -383,3 +393,34 @@ def kvstats_cache(model_or_config, scheme: str | Scheme | Callable[[int], Scheme
     """
     config = getattr(model_or_config, "config", model_or_config)
     return KVStatsCache.from_config(config, scheme, nbits, full_precision_window=residual_length, **cache_config)
+
+
+def kivi_cache(model_or_config, bits: int = 2, *, group_size: int = KIVI_GROUP_SIZE,
+               residual_length: int = KIVI_RESIDUAL_LENGTH, sink_tokens: int = 0, seed: int = 0,
+               **cache_config) -> KVStatsCache:
+    """KIVI as published (arXiv 2402.02750 §3): the ``kivi`` scheme at ``bits`` = 2 or 4 (keys per channel in groups
+    of ``group_size`` = G tokens, values per token in groups of G channels, fp16 lo and step) in a cache that keeps
+    the recent ``residual_length`` = R tokens in full precision and encodes the older ones in blocks of G:
+    ``KVStatsCache(scheme("kivi", bits, d, group_size=G), full_precision_window=R, flush_size=G)`` (G = 32,
+    R = 128 as published). The residual is counted in :meth:`KVStatsCache.memory` (``window_bytes``).
+
+    One departure from KIVI's Algorithm 1: there the key residual holds l mod R tokens (quantized R at a time)
+    and the value residual exactly R; here K and V share one window of R to R + G − 1 tokens, so every token
+    KIVI keeps exact is exact here too, and at most G − 1 more values and R + G − 1 more keys (docs/cache.md).
+
+        cache = kivi_cache(model, 2)
+        model.generate(ids, **cache_kwargs(model, cache), max_new_tokens=40)
+    """
+    from kvstats._validation import check_int_range
+    from kvstats.quant.schemes import scheme as build_scheme
+
+    check_int_range(group_size, "group_size", 1, 1 << 20)
+    check_int_range(residual_length, "residual_length", 0, 1 << 40)
+    if residual_length % group_size:
+        raise ValueError(f"residual_length must be a multiple of group_size = {group_size} (KIVI flushes its "
+                         f"residual in whole groups), got {residual_length}")
+    config = getattr(model_or_config, "config", model_or_config)
+    dim = model_dims(config)["head_dim"]
+    s = build_scheme("kivi", bits=bits, dim=dim, seed=seed, group_size=group_size)
+    return KVStatsCache.from_config(config, s, full_precision_window=residual_length, flush_size=group_size,
+                                    sink_tokens=sink_tokens, **cache_config)

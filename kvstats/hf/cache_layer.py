@@ -20,11 +20,13 @@ from kvstats.quant.schemes import CacheCode, Scheme
 class KVStatsLayer(CodeAttention, CacheLayerMixin):
     """One layer of a :class:`KVStatsCache`: codes of the quantized tokens + the exact window.
 
-    State: ``chunks`` (a list of :class:`~kvstats.schemes.CacheCode` covering cache positions
-    ``[0, n_coded)``; per-vector codes are merged into one chunk, codes with groups across tokens stay
-    separate; n_coded ≥ n_quantized: when a per-vector code is due, the whole window is encoded with it, so the
-    next W steps append nothing — a token's code is a function of its own K/V, the same whenever it is formed),
-    ``keys``/``values`` (the exact window, positions ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
+    State: ``sink_keys``/``sink_values`` (the first ``sinks`` = S tokens, exact and never encoded: positions
+    ``[0, n_sinks)``, n_sinks = min(seq, S); None while S = 0), ``chunks`` (a list of
+    :class:`~kvstats.schemes.CacheCode` covering cache positions ``[n_sinks, n_coded)``; per-vector codes are merged
+    into one chunk, codes with groups across tokens stay separate; n_coded ≥ n_quantized: when a per-vector code is
+    due, the whole window is encoded with it, so the next W steps append nothing — a token's code is a function of
+    its own K/V, the same whenever it is formed), ``keys``/``values`` (the exact window, positions
+    ``[n_quantized, seq)``, ``[B, H_kv, w, d]``).
     Attention from the codes (:meth:`attend`, :meth:`attend_shared`): :class:`~kvstats.hf.code_attention.CodeAttention`.
     """
 
@@ -33,9 +35,13 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
     is_sliding = False
 
     def __init__(self, scheme: Scheme, window: int = 0, flush_size: int = 1, *, layer_idx: int = -1,
-                 record: bool = False, records: list | None = None, rollback: int = 128):
+                 record: bool = False, records: list | None = None, rollback: int = 128, sinks: int = 0):
         super().__init__()
         self.scheme, self.window, self.flush_size, self.layer_idx = scheme, window, flush_size, layer_idx
+        #: S: the first S tokens are kept exact (attention sinks), besides the window; never encoded
+        self.sinks = sinks
+        self.sink_keys: torch.Tensor | None = None  # [B, H_kv, n_sinks, d] in the model's dtype (S > 0)
+        self.sink_values: torch.Tensor | None = None
         self.rollback = rollback
         # exact K/V of the most recently quantized tokens, positions [start, n_quantized): what crop() puts back
         self._undo: tuple[int, torch.Tensor, torch.Tensor] | None = None
@@ -102,6 +108,10 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
         seq = old + key_states.shape[-2]
         self.cumulative_length = seq
         target = self.quantized_count(seq)
+        if old < self.sinks:  # tokens among the first S: kept exact (the window is empty: span_start = old)
+            stop = min(seq, self.sinks)
+            self._add_sinks(span_k[..., :stop - old, :], span_v[..., :stop - old, :])
+            self.n_quantized, self.n_coded = stop, max(self.n_coded, stop)
         if target > self.n_quantized:
             a, b = self.n_quantized - span_start, target - span_start
             if target > self.n_coded:  # per-vector codes: the whole window too, so the next steps need no encode
@@ -193,11 +203,15 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
         return self._declared() is True and last is not None and last.k.is_per_vector() and last.v.is_per_vector()
 
     def quantized_count(self, seq):
-        """How many of the first ``seq`` tokens are stored as codes: G·⌊max(0, seq − W)/G⌋ (int or tensor)."""
-        g = self.flush_size
+        """How many of the first ``seq`` tokens are held outside the window — as codes, and the sinks exact:
+        G·⌊max(0, seq − W)/G⌋, or with S sinks min(seq, S) + G·⌊max(0, seq − S − W)/G⌋ (int or tensor)."""
+        g, s = self.flush_size, self.sinks
         if isinstance(seq, torch.Tensor):
+            if s:
+                return seq.clamp_max(s) + torch.div((seq - s - self.window).clamp_min(0), g,
+                                                    rounding_mode="floor") * g
             return torch.div((seq - self.window).clamp_min(0), g, rounding_mode="floor") * g
-        return max(0, seq - self.window) // g * g
+        return min(seq, s) + max(0, seq - s - self.window) // g * g
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cumulative_length + query_length, 0
@@ -211,6 +225,7 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
     def reset(self) -> None:
         self.chunks, self.n_quantized, self.n_coded, self.cumulative_length, self._span = [], 0, 0, 0, None
         self._undo = self._reference = None
+        self.sink_keys = self.sink_values = None
         self._chunk_plans = []
         self.estimator_attention = self.dense_attention = False
         self.last_attention = None
@@ -302,13 +317,15 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
         self.values = torch.cat([back_v, self.values[..., :in_window, :]], dim=-2).clone()
         self.n_quantized, self.n_coded = new_nq, coded
         self.cumulative_length, self._span = keep, None
+        if self.n_sinks > keep:  # sinks after the kept tokens go too
+            self.sink_keys, self.sink_values = (t[..., :keep, :].clone() for t in (self.sink_keys, self.sink_values))
         if self._reference is not None:
             self._reference = (self._reference[0][..., :new_nq, :], self._reference[1][..., :new_nq, :])
 
     def _truncate_codes(self, stop: int) -> None:
         """Keep the codes of tokens [0, stop): whole chunks, then the first tokens of a per-vector chunk; a chunk
         with groups across tokens is encoded again from the exact states of its kept tokens."""
-        kept, start = [], 0
+        kept, start = [], self.n_sinks
         for chunk in self.chunks:
             n = chunk.k.shape[chunk.k.token_axis]
             if start + n <= stop:
@@ -332,6 +349,8 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
             return
         self.chunks, self._chunk_plans = [CacheCode(c.k.map_batch(fn), c.v.map_batch(fn)) for c in self.chunks], []
         self.keys, self.values, self._span = fn(self.keys), fn(self.values), None
+        if self.sink_keys is not None:
+            self.sink_keys, self.sink_values = fn(self.sink_keys), fn(self.sink_values)
         if self._undo is not None:
             self._undo = (self._undo[0], fn(self._undo[1]), fn(self._undo[2]))
         if self._reference is not None:
@@ -356,24 +375,42 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
             self.chunks.append(code)
 
     def decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K̂, V̂) of the quantized tokens, ``[B, H_kv, n_quantized, d]``, in the model's dtype."""
+        """(K̂, V̂) of the tokens before the window, ``[B, H_kv, n_quantized, d]``, in the model's dtype: the sinks
+        exact, then the decoded codes."""
         if not self.n_quantized:
             return self.keys[..., :0, :], self.values[..., :0, :]
         parts = [self.scheme.decode(c) for _, c in self._chunks_before(self.n_quantized)]
+        if self.n_sinks:
+            parts.insert(0, (self.sink_keys, self.sink_values))
         return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-2)
 
     def nbytes(self) -> tuple[int, int]:
-        """(bytes of the quantized tokens' codes, bytes of the exact window), K and V together: the cache's format.
-        Window tokens encoded ahead (``n_coded`` > ``n_quantized``) are not counted, like the rollback record: both
-        are buffers of this implementation, at most W + G tokens' codes and ``rollback`` tokens' states."""
+        """(bytes of the quantized tokens' codes, bytes of the exact tokens: window and sinks), K and V together: the
+        cache's format. Window tokens encoded ahead (``n_coded`` > ``n_quantized``) are not counted, like the rollback
+        record: both are buffers of this implementation, at most W + G tokens' codes and ``rollback`` tokens' states."""
         codes = sum(held_bytes(c.k) + held_bytes(c.v) for _, c in self._chunks_before(self.n_quantized))
-        window = 0 if self.keys is None else sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        exact = (self.keys, self.values, self.sink_keys, self.sink_values)
+        window = sum(t.numel() * t.element_size() for t in exact if t is not None)
         return codes, window
+
+    @property
+    def n_sinks(self) -> int:
+        """How many sink tokens the layer holds exact: min(seq, S)."""
+        return 0 if self.sink_keys is None else self.sink_keys.shape[-2]
+
+    def _add_sinks(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append the exact K/V of tokens among the first S (own tensors: never views of a forward's states)."""
+        if self.sink_keys is None:
+            self.sink_keys, self.sink_values = k.clone(), v.clone()
+        else:
+            self.sink_keys = torch.cat([self.sink_keys, k], dim=-2)
+            self.sink_values = torch.cat([self.sink_values, v], dim=-2)
 
     def _chunks_before(self, stop: int):
         """``(first token, code)`` of the chunks that hold keys [0, stop): whole chunks, the last per-vector chunk cut
-        at ``stop`` (a view); a chunk that cannot be cut (groups across tokens) whole, reaching past ``stop``."""
-        start = 0
+        at ``stop`` (a view); a chunk that cannot be cut (groups across tokens) whole, reaching past ``stop``. The
+        codes begin after the sinks: the first chunk at position n_sinks."""
+        start = self.n_sinks
         for chunk in self.chunks:
             if start >= stop:
                 break

@@ -52,11 +52,12 @@ def _weights_requested() -> bool:
 class CodeAttention:
     """The attention of a :class:`~kvstats.hf.cache_layer.KVStatsLayer` computed from its codes (:meth:`attend`).
 
-    A mixin of the layer, whose storage it reads: ``scheme``, ``chunks`` (the codes of positions [0, n_coded),
-    cut by ``_chunks_before``), ``n_quantized``, ``n_coded``, ``cumulative_length``, ``quantized_count``, the exact
-    span ``_span`` = (first position, K, V) that ``update`` left for this forward, ``record`` / ``records`` and
-    ``layer_idx``. It owns ``_chunk_plans``, the scheme's plans of each chunk (:meth:`_plans`), which the storage
-    drops when it replaces chunks.
+    A mixin of the layer, whose storage it reads: ``scheme``, ``chunks`` (the codes of positions [n_sinks, n_coded),
+    cut by ``_chunks_before``), the exact sinks ``sink_keys`` / ``sink_values`` (positions [0, n_sinks), read with
+    the codes: every query reads them exactly), ``n_quantized``, ``n_coded``, ``cumulative_length``,
+    ``quantized_count``, the exact span ``_span`` = (first position, K, V) that ``update`` left for this forward,
+    ``record`` / ``records`` and ``layer_idx``. It owns ``_chunk_plans``, the scheme's plans of each chunk
+    (:meth:`_plans`), which the storage drops when it replaces chunks.
     """
 
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
@@ -122,8 +123,10 @@ class CodeAttention:
         joined into one per layer and forward."""
         n, seq = query.shape[2], self.cumulative_length
         v_hat = None
-        if n > CODE_VALUES_MAX_QUERIES and self.chunks:
-            v_hat = torch.cat([self.scheme.v.decode(c.v) for c in self.chunks], dim=-2).to(acc_dtype(query.dtype))
+        if n > CODE_VALUES_MAX_QUERIES and (self.chunks or self.n_sinks):
+            parts = [self.sink_values] if self.n_sinks else []  # the sinks' exact values, then the codes' V̂
+            parts += [self.scheme.v.decode(c.v) for c in self.chunks]
+            v_hat = torch.cat(parts, dim=-2).to(acc_dtype(query.dtype))
         keep_weights = _weights_requested() or n <= QUERY_BLOCK
         first_record = len(self.records)
         out, weights = None, []
@@ -297,7 +300,10 @@ class CodeAttention:
 
     def _decode_parts(self, acc: torch.dtype):
         """(K, V) parts of the codes for the fused decode step (:meth:`Scheme.decode_parts`, made once per chunk and
-        dtype), or None: more than one chunk, or a chunk the op cannot read."""
+        dtype), or None: more than one chunk, a chunk the op cannot read, or sinks (exact keys before the codes, which
+        the op does not read: the plans then run, with the sinks' exact columns joined to the codes')."""
+        if self.n_sinks:
+            return None
         plans = self._plans()
         if len(plans) != 1:
             return None
@@ -347,17 +353,23 @@ class CodeAttention:
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
         """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key
-        so the result is never empty. q in the accumulation dtype."""
+        so the result is never empty. q in the accumulation dtype. The sinks (keys [0, n_sinks)) are scored
+        exactly, q·kᵀ, before the codes."""
         plans = self._plans()
         parts = [plans[i][1](q) if code is plans[i][0] else self.scheme.own_scores(q, code)
                  for i, (_, code) in enumerate(self._chunks_before(max(stop, 1)))]
+        if self.n_sinks:
+            parts.insert(0, _attention.scores(q, _as_dtype(self.sink_keys, q.dtype), scale=1.0))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _code_values(self, weights: torch.Tensor) -> torch.Tensor:
         """Σⱼ wᵢⱼ v̂ⱼ over the quantized tokens [0, stop), stop = weights.shape[-1] (weights [B, H_q, N, stop] in the
         accumulation dtype), from the value codes (``scheme.weighted_values``) of :meth:`_chunks_before`; a chunk
-        reaching past ``stop`` gets zero weights there."""
+        reaching past ``stop`` gets zero weights there. The sinks' part (keys [0, n_sinks)) from their exact values."""
         plans, out = self._plans(), None
+        if self.n_sinks:
+            s = min(self.n_sinks, weights.shape[-1])
+            out = _attention.apply_weights(weights[..., :s], _as_dtype(self.sink_values[..., :s, :], weights.dtype))
         for i, (start, code) in enumerate(self._chunks_before(weights.shape[-1])):
             n = code.v.shape[code.v.token_axis]
             w = weights[..., start:start + n]

@@ -14,7 +14,8 @@ class CacheMemory:
     """Bytes a :class:`KVStatsCache` holds between forwards, against an fp16 cache of the same tokens.
 
     code_bytes: Σ ``Code.nbytes`` over the quantized tokens of all layers (K and V);
-    window_bytes: the full-precision window (K and V) at its stored dtype;
+    window_bytes: the exact tokens (K and V) at their stored dtype: the full-precision window and the sinks
+    (``sink_tokens``);
     fp16_bytes: 2 bytes × 2 tensors × B × H_kv × tokens × d summed over layers;
     elements: number of cached K and V elements (2 × B × H_kv × tokens × d summed over layers).
     """
