@@ -187,7 +187,7 @@ def plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def shared_reference(segments, model: str = "smollm2") -> torch.Tensor:
-    """The reference logits [B, T, V] of equally long segments (token ids [B][T], nested sequences) through
+    """The reference logits [B, T, V] of equally long segments (B sequences of T token ids) through
     :func:`shared_model`'s sdpa attention with no cache, in one batched forward, computed once per process (a
     batched fp32 forward rounds apart from one segment at a time: every cell compared with it shares it)."""
     return _shared_reference(tuple(map(tuple, segments)), str(model))
