@@ -19,3 +19,11 @@ def _tiny(attn="sdpa", init=0.1):
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def logits(model, ids, cache=None, **kw):
+    """The model's logits over ``ids``, through ``cache`` when one is given."""
+    from kvstats.hf.cache import cache_kwargs
+
+    with torch.inference_mode():
+        return model(ids, **cache_kwargs(model, cache), use_cache=cache is not None, **kw).logits

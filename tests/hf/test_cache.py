@@ -36,34 +36,13 @@ from kvstats.hf.cache import (  # noqa: E402
 )
 from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.schemes import Scheme, scheme  # noqa: E402
-from tests.helpers.llama import HKV, HQ, D, T, _tiny  # noqa: E402, F401
+from tests.helpers.llama import HKV, HQ, D, T, _tiny  # noqa: E402
+from tests.helpers.llama import logits as _logits  # noqa: E402, F401
 
 SCHEMES = ("kv", "kqv", "qkqv")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def ids():
-    return torch.randint(1, 100, (1, T), generator=torch.Generator().manual_seed(1))
-
-
-@pytest.fixture(scope="module")
-def dense():
-    """The model on the default path (sdpa): KVStatsCache returns decoded tensors."""
-    return _tiny("sdpa")
-
-
-@pytest.fixture(scope="module")
-def est():
-    """The same model on the estimator path (attn_implementation="kvstats")."""
-    return use_estimator_attention(_tiny("sdpa"))
-
-
-def _logits(model, ids, cache=None, **kw):
-    with torch.inference_mode():
-        return model(ids, **cache_kwargs(model, cache), use_cache=cache is not None, **kw).logits
 
 
 def _incremental(model, ids, cache, prefill):
