@@ -18,8 +18,10 @@ __all__: list[str] = []
          "damage on a language model (next-token KL tail, top-1, perplexity); optionally a paired comparison",
     args=[
         arg("--quantizer", required=True,
-            help="a scheme (kv, kqv, qkqv, minmax), a quantizer (turbo_mse, ...) used for K and V, or module:Class "
-                 "(imported from the current folder too, as python -m does)"),
+            help="a scheme (kv, kqv, qkqv, minmax, kivi), a quantizer (turbo_mse, fp8_e4m3, nvfp4, int_token, ...) "
+                 "used for K and V, a pair K/V of quantizers with optional widths (fp8_e4m3/nvfp4 at --bits 6, "
+                 "int_token@8/int_token@4; the budget is the mean width), or module:Class (imported from the "
+                 "current folder too, as python -m does)"),
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
         arg("--data", default=None,
             help="a synthetic kind (gaussian, heavy_tail, low_rank; default gaussian) or a capture file from "

@@ -65,8 +65,15 @@ def _factory(spec, role: str, options: dict):
         return getattr(spec, "__name__", type(spec).__name__), spec
     from kvstats.quant.schemes import SCHEMES
 
-    raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), "
-                     f"'module:Class', a class/factory or a Scheme, got {spec!r}")
+    raise ValueError(f"{role} must be a scheme ({sorted(SCHEMES)}), a quantizer ({sorted(QUANTIZERS)}), a pair "
+                     f"'K/V' of quantizers (e.g. 'fp8_e4m3/nvfp4'), 'module:Class', a class/factory or a Scheme, "
+                     f"got {spec!r}")
+
+
+def _is_pair(spec) -> bool:
+    """Whether ``spec`` is a pair ``"K/V"`` of registered quantizers (:func:`kvstats.schemes.pair_widths`), built by
+    :func:`kvstats.scheme` like a registered scheme."""
+    return isinstance(spec, str) and "/" in spec
 
 
 def _check_protocol(q, role: str, label: str, part: str) -> None:
@@ -95,7 +102,7 @@ def scheme_builder(spec, *, role: str = "quantizer", **options) -> Callable[...,
         return ready
     if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
         _factory(spec, role, options)  # the calibration refusal, worded once
-    if isinstance(spec, str) and spec in SCHEMES:
+    if isinstance(spec, str) and (spec in SCHEMES or _is_pair(spec)):
         def registered(bits: int, dim: int, seed: int) -> Scheme:
             try:
                 return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
@@ -168,7 +175,13 @@ class Side:
             return {"scheme": repr(self.spec), "code": parts, "provenance": prov, "bits": self.bits}
         from kvstats.quant.quantizers import QUANTIZERS
 
-        if isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
+        if _is_pair(self.spec):  # the two registered classes and their widths at this budget
+            from kvstats.quant.schemes import pair_widths
+
+            widths = pair_widths(self.spec, self.bits)
+            parts = [code_identity(QUANTIZERS[name]) for name, _ in widths]
+            code = None if None in parts else {"pair": parts, "widths": [w for _, w in widths]}
+        elif isinstance(self.spec, str) and self.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
             code = code_identity({**SCHEMES, **CALIBRATED_SCHEMES}[self.spec][0])
         elif isinstance(self.spec, str) and self.spec in QUANTIZERS:  # the registered class itself (kvstats' or not)
             code = code_identity(QUANTIZERS[self.spec])
@@ -190,7 +203,7 @@ def _portable_builder(side: Side):
 
     if isinstance(side.spec, Scheme):
         return None, "a ready Scheme cannot be rebuilt in a fresh process"
-    if isinstance(side.spec, str) and side.spec in {**SCHEMES, **CALIBRATED_SCHEMES}:
+    if isinstance(side.spec, str) and (side.spec in {**SCHEMES, **CALIBRATED_SCHEMES} or _is_pair(side.spec)):
         return None, "a registered scheme"
     if isinstance(side.spec, str) and side.spec in QUANTIZERS:
         cls = QUANTIZERS[side.spec]
@@ -218,7 +231,8 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: b
     from kvstats.quant.schemes import SCHEMES, Scheme
 
     builder = None
-    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and side.spec in SCHEMES):
+    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and (side.spec in SCHEMES
+                                                                                  or _is_pair(side.spec))):
         builder = _factory(side.spec, side.role, side.options)[1]
     result: dict[str, str] = {}
 

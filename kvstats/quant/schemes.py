@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ from kvstats.quant.quantizers.numerics import acc_dtype
 
 __all__ = ["CacheCode", "Scheme", "SchemeConfig", "NovaScheme", "IdentityScheme", "SCHEMES", "CALIBRATED_SCHEMES",
            "KIVI_BITS", "KIVI_GROUP_SIZE", "KIVI_RESIDUAL_LENGTH", "scheme", "register_scheme", "causal_mask",
-           "gqa_groups"]
+           "gqa_groups", "is_quantizer_spec", "pair_widths"]
 
 
 def _set_on_instance(obj, *methods: str) -> bool:
@@ -433,6 +434,87 @@ def register_scheme(name: str, factory: Callable, *, min_bits: int = 1, calibrat
     return factory
 
 
+#: "name" or "name@b" of one part of a pair spec "K/V"
+_PART = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:@(?P<bits>[0-9]+))?$")
+
+
+def is_quantizer_spec(name) -> bool:
+    """Whether ``name`` is a scheme spec built from registered quantizers: a quantizer name (K and V), or a pair
+    ``"K/V"`` of quantizer names, each optionally with its width (``"fp8_e4m3/nvfp4"``, ``"int_token@8/int_token@4"``).
+    A malformed pair (a ``/`` with parts that are not registered quantizers) is a spec too: :func:`scheme` refuses
+    it by name."""
+    from kvstats.quant.quantizers import QUANTIZERS
+
+    return isinstance(name, str) and (name in QUANTIZERS or "/" in name)
+
+
+def _fixed_width(cls) -> int | None:
+    """The only width a quantizer class takes (fp8: 8, nvfp4: 4), or None when it takes a range."""
+    return cls.min_bits if cls.min_bits == cls.max_bits else None
+
+
+def pair_widths(name: str, bits) -> tuple[tuple[str, int], tuple[str, int]]:
+    """((K quantizer, its width), (V quantizer, its width)) of a quantizer spec at budget n = ``bits``.
+
+    The budget of a spec is the mean of its two nominal widths, n = (b_K + b_V)/2, so that an asymmetric pair is
+    named by the bits it stands for: ``"fp8_e4m3/nvfp4"`` (widths 8 and 4, the only ones those formats have) is
+    n = 6, ``"int_token@8/int_token@4"`` is n = 6, ``"int_token@8/int_token"`` at n = 6 gives V the width
+    2n − 8 = 4, and ``"turbo_mse/minmax"`` (neither width given) builds both at n. A part's width is its ``@b``,
+    else the only width its format has, else what the budget leaves it; a budget the widths do not add up to is
+    refused, naming the widths."""
+    from kvstats.quant.quantizers import QUANTIZERS
+
+    parts = name.split("/")
+    if len(parts) == 1:
+        parts = [name, name]
+    if len(parts) != 2:
+        raise ValueError(f"name {name!r}: a pair is 'K/V' (two quantizers), got {len(parts)} parts")
+    found = []
+    for role, part in zip("KV", parts):
+        match = _PART.match(part)
+        if match is None or match["name"] not in QUANTIZERS:
+            raise ValueError(f"name {name!r}: its {role} part {part!r} must be a registered quantizer "
+                             f"({sorted(QUANTIZERS)}), optionally with its width as name@b")
+        cls = QUANTIZERS[match["name"]]
+        width = int(match["bits"]) if match["bits"] is not None else _fixed_width(cls)
+        found.append((match["name"], width))
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not (2 * bits) == int(2 * bits):
+        raise TypeError(f"bits must be a whole or half number of bits (the mean of the K and V widths), got {bits!r}")
+    (k, kb), (v, vb) = found
+    if kb is None and vb is None:
+        kb = vb = bits
+    elif kb is None or vb is None:
+        known = kb if vb is None else vb
+        other = 2 * bits - known
+        kb, vb = (other, vb) if kb is None else (kb, other)
+    if (kb + vb) != 2 * bits or kb != int(kb) or vb != int(vb):
+        raise ValueError(f"name {name!r} holds K at {kb} and V at {vb} bits: its budget n is their mean, "
+                         f"{(kb + vb) / 2:g}, got bits={bits}")
+    return (k, int(kb)), (v, int(vb))
+
+
+def _pair(name: str, bits, dim: int, seed, *, k_options: dict | None = None, v_options: dict | None = None,
+          **options) -> Scheme:
+    """The scheme of a quantizer spec (:func:`pair_widths`): K and V built by :func:`kvstats.quantizer` at their
+    widths with the scheme's K and V child seeds, ``options`` to both, ``k_options`` / ``v_options`` to one."""
+    from kvstats.quant.quantizers import QUANTIZERS
+
+    (k, kb), (v, vb) = pair_widths(name, bits)
+    seed = check_seed(seed)
+    seeds = spawn_seeds(seed, 2)
+    built = []
+    for role, qname, width, own, child in (("K", k, kb, k_options, seeds[0]), ("V", v, vb, v_options, seeds[1])):
+        if getattr(QUANTIZERS[qname], "needs_calibration", False):
+            raise ValueError(f"scheme {name!r}: its {role} quantizer {qname} needs calibration, which a scheme built "
+                             "by name does not do; calibrate it (kvstats.schemes.NovaScheme.calibrate)")
+        try:
+            built.append(quantizer(qname, bits=width, dim=dim, seed=child, **options, **(own or {})))
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"scheme {name!r}, its {role} quantizer {qname} at {width} bits: {exc}") from None
+    label = name if "/" not in name else f"{k}@{kb}/{v}@{vb}"
+    return Scheme(label, int(bits) if bits == int(bits) else bits, built[0], built[1], seed)
+
+
 def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     """Build a scheme by name (``kv``, ``kqv``, ``qkqv``, ``minmax``, ``nova`` or one added with
     :func:`register_scheme`) at budget n = ``bits`` ∈ [2, 8].
@@ -449,10 +531,18 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     "orthogonal"; ``norm_dtype`` fp16; ``outliers=`` channels with ``outlier_m`` of those rows), values
     per-token min-max at ``bits`` (``v_group_size``, ``side_dtype``). ``kivi``: bits 2 or 4 only (refused
     otherwise), ``group_size`` (32: K's tokens per channel group, V's channels per token group), ``side_dtype``.
+
+    A registered quantizer's name (``"fp8_e4m3"``) builds it for K and V; a pair ``"K/V"`` of them
+    (``"fp8_e4m3/nvfp4"``, the engines' FP8-K/NVFP4-V; ``"int_token@8/int_token@4"``, asymmetric widths) builds
+    each part at its width, the budget n being the mean of the two (:func:`pair_widths`; ``k_options=`` /
+    ``v_options=`` go to one part only). The scheme's name then carries the widths (``"fp8_e4m3@8/nvfp4@4"``).
     """
     known = {**SCHEMES, **CALIBRATED_SCHEMES}
+    if name not in known and is_quantizer_spec(name):
+        return _pair(name, bits, dim, seed, **options)
     if name not in known:
-        raise ValueError(f"name must be one of {sorted(known)}, got {name!r}")
+        raise ValueError(f"name must be one of {sorted(known)}, a registered quantizer or a pair 'K/V' of them, "
+                         f"got {name!r}")
     builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
     seed = check_seed(seed)

@@ -1,4 +1,5 @@
-"""A quantizer from outside kvstats: symmetric per-token int4 on the protocol, for the kit's and evaluate's tests."""
+"""Quantizers from outside kvstats for the tests: symmetric per-token int4 on the protocol (the kit's and evaluate's
+tests) and the dequantized store of any quantizer (the cache's oracle)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,27 @@ class Int4PerToken(Quantizer):
 
     def bits_per_coordinate(self, n_tokens=None):
         return BitBudget(payload=8 * packed_nbytes(self.dim, 4) / self.dim, side=32 / self.dim)
+
+
+class Dequantized(Quantizer):
+    """The oracle's store: ``decode(encode(x))`` of the wrapped quantizer, kept in fp32."""
+
+    name = "dequantized"
+    min_bits, max_bits = 32, 32
+
+    def __init__(self, inner: Quantizer):
+        super().__init__(32, inner.dim, 0)
+        self.inner_quantizer = inner
+
+    def _encode(self, x):
+        return Code(x.shape, x.dtype, payload={"x_hat": self.inner_quantizer.decode(self.inner_quantizer.encode(x))
+                                               .float()})
+
+    def _decode(self, code):
+        return code.payload["x_hat"].to(code.dtype)
+
+    def bits_per_coordinate(self, n_tokens=None):
+        return BitBudget(payload=32.0)
 
 
 def supported_bits(name: str, bits: int) -> int:

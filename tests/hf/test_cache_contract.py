@@ -22,6 +22,7 @@ from kvstats.measure.testing import check_quantizer  # noqa: E402
 from kvstats.quant.packing import pack_bits, unpack_bits  # noqa: E402
 from kvstats.quant.quantizers import BitBudget, Code, Quantizer  # noqa: E402
 from kvstats.quant.schemes import Scheme  # noqa: E402
+from tests.helpers.quantizers import Dequantized  # noqa: E402
 
 D, HQ, HKV = 16, 4, 2
 
@@ -96,27 +97,6 @@ class QuantoPacked(QuantoPerToken):
         rows = code.scalars["scale"].numel()
         codes = torch.cat([packed & 15, packed >> 4])[:rows].float().reshape(code.shape)
         return (codes * code.scalars["scale"][..., None] - code.scalars["shift"][..., None]).to(code.dtype)
-
-
-class Dequantized(Quantizer):
-    """The oracle's store: ``decode(encode(x))`` of the wrapped quantizer, kept in fp32."""
-
-    name = "dequantized"
-    min_bits, max_bits = 32, 32
-
-    def __init__(self, inner: Quantizer):
-        super().__init__(32, inner.dim, 0)
-        self.inner_quantizer = inner
-
-    def _encode(self, x):
-        return Code(x.shape, x.dtype, payload={"x_hat": self.inner_quantizer.decode(self.inner_quantizer.encode(x))
-                                               .float()})
-
-    def _decode(self, code):
-        return code.payload["x_hat"].to(code.dtype)
-
-    def bits_per_coordinate(self, n_tokens=None):
-        return BitBudget(payload=32.0)
 
 
 def _tiny(attn: str):
