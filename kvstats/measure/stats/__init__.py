@@ -1,10 +1,11 @@
 """Statistics for comparing quantizers: Mann–Whitney and Wilcoxon with effect sizes, multiple testing, bootstrap
 CIs (means, ratios, Spearman ρ), power, binary outcomes (Wilson / Clopper–Pearson, exact McNemar) and
-equivalence (TOST, non-inferiority). See docs/statistics.md.
+equivalence (TOST, non-inferiority), significance groups at one budget (a compact letter display). See
+docs/statistics.md.
 
 One private module per family of tests (``_mann_whitney``, ``_mann_whitney_reported``, ``_wilcoxon``, ``_compare``,
-``_bootstrap``, ``_correlation``, ``_power``, ``_binary``, ``_equivalence``, ``_normal_theory``); the public names are
-the ones below.
+``_bootstrap``, ``_correlation``, ``_power``, ``_binary``, ``_equivalence``, ``_normal_theory``, ``_groups``); the
+public names are the ones below.
 
 Conventions (docs/references.md §5):
 
@@ -42,6 +43,7 @@ from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
 from kvstats.measure.stats._compare import compare
 from kvstats.measure.stats._correlation import CorrelationResult, ols_slope, spearman
 from kvstats.measure.stats._equivalence import EquivalenceResult, equivalence, noninferiority
+from kvstats.measure.stats._groups import SignificanceGroups, compact_letters, significance_groups
 from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
 from kvstats.measure.stats._mann_whitney_reported import (
     RankBiserialReport,
@@ -86,8 +88,10 @@ __all__ = [
     "RankBiserialReport",
     "TIntervalResult",
     "ZTestResult",
+    "SignificanceGroups",
     "bootstrap_ci",
     "cluster_bootstrap_ci",
+    "compact_letters",
     "compare",
     "interval_text",
     "detectable_shift",
@@ -107,6 +111,7 @@ __all__ = [
     "proportion_ci",
     "rank_biserial_report",
     "ratio_ci",
+    "significance_groups",
     "spearman",
     "t_interval",
     "t_standard_error",
