@@ -89,8 +89,15 @@ def table(results: dict) -> str:
 
 
 def cache_table(results: dict) -> str:
-    """The generation benchmark (benchmarks/bench_cache.py): DynamicCache against KVStatsCache, pair by pair, for
-    each prompt length."""
+    """The generation benchmark (benchmarks/bench_cache.py): DynamicCache against each cache row (``config["caches"]``,
+    :func:`cache_rows_table`), or, in results written before the rows (one KVStatsCache scheme, ``config["scheme"]``),
+    against KVStatsCache (:func:`single_cache_table`)."""
+    return cache_rows_table(results) if "caches" in results["config"] else single_cache_table(results)
+
+
+def single_cache_table(results: dict) -> str:
+    """The generation benchmark as written before its cache rows: DynamicCache against one KVStatsCache scheme,
+    pair by pair, for each prompt length."""
     c = results["config"]
     lines = [f"## Generation through the cache ({results['date']}, torch {results['torch']}, {c['threads']} torch "
              f"thread(s) per run)", "",
@@ -139,6 +146,130 @@ def cache_table(results: dict) -> str:
             t = r["per_token_cpu_s"]
             lines.append(f"| {r['prompt_tokens']} | {t['dynamic'] * 1e3:.1f} / {t['kvstats'] * 1e3:.1f} | "
                          f"{r['ratio_per_token_cpu']:.2f}× | {r['load_average'][0]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _times(x) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def _describe_cache(c: dict) -> str:
+    """One cache row of bench_cache.py in words, with why it did not run where it did not."""
+    if c["kind"] == "kvstats":
+        text = (f"`{c['cache']}`: KVStatsCache, scheme {c['scheme']} at {c['bits']} bits, a {c['window']}-token "
+                "full-precision window, estimator path")
+    else:
+        text = (f"`{c['cache']}`: transformers' QuantizedCache, backend {c['backend']} at {c['bits']} bits (groups "
+                f"of {c['q_group_size']}, residual_length {c['residual_length']}), sdpa on its dequantized states")
+    return text + (f" — **not run: {c['not_run']}**" if "not_run" in c else "")
+
+
+def _summary_row(n: int, cache: str, records: list[dict], interleaved: dict | None) -> str:
+    """One cache at one prompt length: bits per element and bytes held against DynamicCache (the first pair that
+    ran: the same in every pair), the per-token and prefill CPU ratios of each pair, the interleaved ratio."""
+    ran = [r for r in records if "run" in r]
+    if not ran:
+        why = "; ".join(sorted({r["not_run"] for r in records})) or "no pair"
+        return f"| {n} | {cache} | not run: {why} | — | — | — | — |"
+    first = ran[0]
+    bits = first["run"].get("bits_per_element")
+    bits = f"{bits:.2f}" if bits is not None else f"not counted: {first['run'].get('not_counted', 'unknown')}"
+
+    def each(key: str) -> str:
+        return ", ".join(_times(r["ratio"][key]) if "run" in r else f"not run: {r['not_run']}" for r in records)
+
+    if interleaved is None:
+        inter = "—"
+    elif "not_run" in interleaved:
+        inter = f"not run: {interleaved['not_run']}"
+    elif cache in interleaved.get("caches_not_run", {}):
+        inter = f"not run: {interleaved['caches_not_run'][cache]}"
+    else:
+        inter = _times(interleaved["ratio_per_token_cpu"].get(cache))
+    return (f"| {n} | {cache} | {bits} | {_times(first['ratio']['cache_bytes'])} | {each('per_token_cpu')} | "
+            f"{each('prefill_cpu')} | {inter} |")
+
+
+def _pair_row(n: int, i: int, r: dict) -> str:
+    """One pair of one cache: its run against the DynamicCache run just before it."""
+    if "run" not in r:
+        return f"| {n} | {i} | {r['cache']} | not run: {r['not_run']} | | | | | | |"
+    d, k, q = r["dynamic"], r["run"], r["ratio"]
+
+    def mb(key: str, ratio: str) -> str:
+        if d.get(key) is None or k.get(key) is None:
+            return "—"
+        return f"{d[key]:.0f} / {k[key]:.0f} MB ({_times(q[ratio])})"
+
+    held = "—" if k.get("cache_bytes") is None else f"{k['cache_bytes'] / 2**20:.1f}"
+    return (f"| {n} | {i} | {r['cache']} | {d['per_token_cpu_s'] * 1e3:.1f} / {k['per_token_cpu_s'] * 1e3:.1f} | "
+            f"{_times(q['per_token_cpu'])} ({_times(q['per_token'])}) | {_times(q['prefill_cpu'])} "
+            f"({_times(q['prefill'])}) | {mb('peak_rss_above_start_mb', 'peak_rss')} | "
+            f"{mb('peak_live_above_start_mb', 'peak_live')} | {d['cache_bytes'] / 2**20:.1f} / {held} MiB | "
+            f"{d['load_average'][0]:.2f}, {k['load_average'][0]:.2f} |")
+
+
+def _interleaved_rows(results: dict) -> list[str]:
+    """The in-process alternation of every length: per-token CPU ms of DynamicCache and each cache, and ratios."""
+    found = [x["interleaved"] for x in results["lengths"] if "interleaved" in x]
+    ran = [r for r in found if "not_run" not in r]
+    if not found:
+        return []
+    lines = ["", "Decode steps of DynamicCache and every cache alternated in one process"
+             + (f" ({ran[0]['rounds']} rounds of {ran[0]['block']} steps each" if ran else " (")
+             + ", after one full-precision prefill that every cache holds; median CPU time per token): the ratios "
+               "that load drifting between processes does not move.", "",
+             "| prompt | cache | per token (ms, CPU), Dynamic / cache | per token | load (1 min) |",
+             "|---:|---|---:|---:|---:|"]
+    for r in found:
+        if "not_run" in r:
+            lines.append(f"| {r['prompt_tokens']} | all | not run: {r['not_run']} | | |")
+            continue
+        t = r["per_token_cpu_s"]
+        lines += [f"| {r['prompt_tokens']} | {cache} | {t['dynamic'] * 1e3:.1f} / {t[cache] * 1e3:.1f} | "
+                  f"{_times(ratio)} | {r['load_average'][0]:.2f} |"
+                  for cache, ratio in r["ratio_per_token_cpu"].items()]
+        lines += [f"| {r['prompt_tokens']} | {cache} | not run: {why} | | |"
+                  for cache, why in r.get("caches_not_run", {}).items()]
+    return lines
+
+
+def cache_rows_table(results: dict) -> str:
+    """The generation benchmark with its cache rows (benchmarks/bench_cache.py ``--caches``): one summary row per
+    cache and prompt length (bits per element held, bytes held and per-token / prefill CPU time against
+    DynamicCache), then every pair, then the in-process alternation. A cache that did not run says why."""
+    c = results["config"]
+    caches = results.get("caches", [])
+    lines = [f"## Generation through the cache ({results['date']}, torch {results['torch']}, {c['threads']} torch "
+             f"thread(s) per run)", "",
+             f"SmolLM2-135M (fp32), prompts of {', '.join(str(x['prompt_tokens']) for x in results['lengths'])} "
+             f"tokens from the shipped texts, then {c['new_tokens']} greedy tokens, through DynamicCache (sdpa) and "
+             "each of these caches:", ""]
+    lines += [f"- {_describe_cache(x)}" for x in caches]
+    lines += ["", "Each run is a fresh process; each cache's run follows a DynamicCache run of its own, and its ratios "
+                  "divide it by that run (CPU time of the generating thread; wall time in brackets in the pairs' "
+                  "table; per-token times are medians over the generated tokens). Bits per element: 8 × the bytes the "
+                  "cache holds at the end over the K and V elements it stands for (DynamicCache: 32, fp32). Load "
+                  "average (1, 5, 15 min) before the benchmark: "
+              + ", ".join(f"{v:.2f}" for v in results["load_average_before"]) + "; after: "
+              + ", ".join(f"{v:.2f}" for v in results["load_average_after"]) + ".", "",
+              "| prompt | cache | bits per element held | bytes held vs Dynamic | per token vs Dynamic, CPU (each "
+              "pair) | prefill vs Dynamic, CPU (each pair) | per token vs Dynamic, CPU, interleaved |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
+    for length in results["lengths"]:
+        n = length["prompt_tokens"]
+        for cache in c["caches"]:
+            records = [r for pair in length["pairs"] for r in pair["rows"] if r["cache"] == cache]
+            lines.append(_summary_row(n, cache, records, length.get("interleaved")))
+    lines += ["", "Every pair (a cache's run and the DynamicCache run just before it):", "",
+              "| prompt | pair | cache | per token (ms, CPU), Dynamic / cache | per token | prefill | peak RSS above "
+              "start, Dynamic / cache | peak live heap above start, Dynamic / cache | cache bytes, Dynamic / cache "
+              "| load (1 min) |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for length in results["lengths"]:
+        for i, pair in enumerate(length["pairs"], 1):
+            lines += [_pair_row(length["prompt_tokens"], i, r) for r in pair["rows"]]
+    lines += _interleaved_rows(results)
     return "\n".join(lines) + "\n"
 
 
