@@ -41,10 +41,13 @@ def tiny_run(study, cell, cells, tmp_path):
     return Sweep(f"test_{study}", cell, cells).run(n_jobs=1, cache_dir=tmp_path, progress=False)
 
 
-def run_tiny(name: str, tiny: dict, tmp_path, monkeypatch) -> list[dict]:
-    """Run studies/<name>.py main() through the study shell at a tiny 'quick' scale into tmp_path; its claims."""
+def run_tiny(name: str, tiny: dict, tmp_path, monkeypatch, patch: dict | None = None) -> list[dict]:
+    """Run studies/<name>.py main() through the study shell at a tiny 'quick' scale into tmp_path, with the module
+    attributes in ``patch`` replaced (e.g. a shorter list of methods); its claims."""
     mod = load_study(name)
     monkeypatch.setitem(mod.SCALE, "quick", tiny)
+    for attribute, value in (patch or {}).items():
+        monkeypatch.setattr(mod, attribute, value)
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
     assert mod.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0

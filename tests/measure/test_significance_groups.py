@@ -77,6 +77,9 @@ def test_p_values_means_and_groups_against_scipy_and_statsmodels():
     e = g.table.set_index("method").loc["E"]
     assert not e.grouped and e.letters == "" and "holds 6 bits per element, outside 4.5 ± 0.25" in e.note
     assert "not grouped: holds 6 bits" in g.markdown()
+    unknown = units.assign(bits=np.where(units.method == "E", np.nan, units.bits))
+    e = significance_groups(unknown, "kl", "method", "unit", bits="bits", budget=4.5, tolerance=0.25).table
+    assert e.set_index("method").loc["E", "note"] == "bits held not measured"
 
 
 def test_higher_is_better_orders_the_other_way():

@@ -153,7 +153,8 @@ def _summary_rows(table, metric, by, bits, budget, tolerance, confidence_level, 
             mean, (low, high), how = m.statistic, m.confidence_interval, m.ci_method
         else:
             mean, low, high, how = float(x.mean()), math.nan, math.nan, "no interval (one unit)"
-        note = "" if grouped else f"holds {held:.4g} bits per element, outside {budget:g} ± {tolerance:g}"
+        note = "" if grouped else "bits held not measured" if math.isnan(held) else \
+            f"holds {held:.4g} bits per element, outside {budget:g} ± {tolerance:g}"
         rows.append({"method": method, "units": int(x.size), "mean": mean, "ci_low": low, "ci_high": high,
                      "ci_method": how, "bits": held, "grouped": grouped, "letters": "", "note": note})
     return rows

