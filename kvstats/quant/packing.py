@@ -24,10 +24,29 @@ def packed_nbytes(d: int, bits: int) -> int:
     return (d * bits + 7) // 8
 
 
-def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack integer codes [..., d] in [0, 2^bits) into uint8 [..., ceil(d·bits/8)] (layout above)."""
+def _check_bits(bits: int) -> None:
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be in [1, 8], got {bits}")
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack integer codes [..., d] in [0, 2^bits) into uint8 [..., ceil(d·bits/8)] (layout above)."""
+    _check_bits(bits)
+    if 8 % bits:
+        return _pack_stream(codes, bits)
+    # 1, 2, 4 or 8 bits: whole codes per byte, code i at bit (i mod 8/bits)·bits of byte i // (8/bits)
+    per, d = 8 // bits, codes.shape[-1]
+    nbytes = packed_nbytes(d, bits)
+    c = codes.to(torch.int32) & ((1 << bits) - 1)
+    if nbytes * per != d:
+        c = torch.nn.functional.pad(c, (0, nbytes * per - d))
+    c = c.reshape(*codes.shape[:-1], nbytes, per)
+    shifts = torch.arange(0, 8, bits, device=codes.device, dtype=torch.int32)
+    return (c << shifts).sum(-1, dtype=torch.int32).to(torch.uint8)
+
+
+def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`pack_bits` as the layout states it, one bit at a time (any width; the reference of the fast path)."""
     d = codes.shape[-1]
     lead = codes.shape[:-1]
     shifts = torch.arange(bits, device=codes.device, dtype=torch.int32)
@@ -42,14 +61,23 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: uint8 [..., nbytes] -> int64 codes [..., d]."""
-    if not 1 <= bits <= 8:
-        raise ValueError(f"bits must be in [1, 8], got {bits}")
+    _check_bits(bits)
     if packed.dtype != torch.uint8:
         raise TypeError(f"packed must be uint8, got {packed.dtype}")
     nbytes = packed_nbytes(d, bits)
     if packed.shape[-1] != nbytes:
         raise ValueError(f"packed.shape[-1] must be ceil(d*bits/8) = {nbytes} for d={d}, bits={bits}, "
                          f"got {packed.shape[-1]}")
+    if 8 % bits:
+        return _unpack_stream(packed, bits, d)
+    shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.int32)
+    codes = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], nbytes * (8 // bits))[..., :d].to(torch.int64)
+
+
+def _unpack_stream(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
+    """:func:`unpack_bits` one bit at a time (any width; the reference of the fast path)."""
+    nbytes = packed_nbytes(d, bits)
     lead = packed.shape[:-1]
     shifts = torch.arange(8, device=packed.device, dtype=torch.int32)
     stream = ((packed.to(torch.int32).unsqueeze(-1) >> shifts) & 1).reshape(*lead, nbytes * 8)

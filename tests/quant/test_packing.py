@@ -50,3 +50,17 @@ def test_rejects_bits_out_of_range(bits):
 def test_unpack_rejects_wrong_length():
     with pytest.raises(ValueError, match="packed.shape\\[-1\\] must be ceil"):
         unpack_bits(torch.zeros(3, dtype=torch.uint8), 3, 16)
+
+
+@given(bits=st.sampled_from([1, 2, 4, 8]), d=st.integers(1, 130), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_whole_codes_per_byte_unpack_any_bytes_as_the_bit_stream_does(bits, d, seed):
+    """The fast path of 1/2/4/8 bits against the bit-at-a-time stream on arbitrary bytes (padding bits set too),
+    and codes beyond 2^bits packed by their low bits, as the stream packs them."""
+    from kvstats.quant.packing import _pack_stream, _unpack_stream
+
+    rng = np.random.default_rng(seed)
+    raw = torch.from_numpy(rng.integers(0, 256, size=(3, packed_nbytes(d, bits)), dtype=np.uint8))
+    assert torch.equal(unpack_bits(raw, bits, d), _unpack_stream(raw, bits, d))
+    wide = torch.from_numpy(rng.integers(0, 1 << 12, size=(3, d)))
+    assert torch.equal(pack_bits(wide, bits), _pack_stream(wide, bits))

@@ -37,10 +37,12 @@ Inner products: decode-then-dot.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvstats._validation import check_int_range
-from kvstats.quant.packing import pack_bits, unpack_bits
+from kvstats.quant.packing import pack_bits
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import NVFP4Config
 from kvstats.quant.quantizers.fp8 import E4M3 as E4M3_FORMAT
@@ -77,6 +79,14 @@ def e2m1_values(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     table = torch.tensor(E2M1_VALUES, dtype=dtype, device=codes.device)
     table = torch.cat([table, -table])
     return table[codes]
+
+
+@functools.lru_cache(maxsize=16)
+def _byte_values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the E2M1 values of the two codes a packed byte holds (its low nibble first, as
+    :func:`kvstats.quant.packing.pack_bits` packs them), so that decoding is one lookup per byte."""
+    byte = torch.arange(256, device=device)
+    return torch.stack([e2m1_values(byte & 15, dtype), e2m1_values(byte >> 4, dtype)], dim=-1)
 
 
 class NVFP4Quantizer(Quantizer):
@@ -132,8 +142,9 @@ class NVFP4Quantizer(Quantizer):
 
     def _decode(self, code: Code) -> torch.Tensor:
         acc = acc_dtype(code.dtype)
-        codes = unpack_bits(code.payload["codes"], 4, self.dim)
-        values = e2m1_values(codes, acc).reshape(*code.shape[:-1], self.dim // BLOCK, BLOCK)
+        packed = code.payload["codes"]
+        values = _byte_values(acc, packed.device)[packed.long()]  # [..., d/2, 2]: unpack and look up at once
+        values = values.reshape(*code.shape[:-1], self.dim // BLOCK, BLOCK)
         scales = code.payload["scales"].view(torch.float8_e4m3fn).to(acc)
         p = scales * self._per_block(code.scalars["global_scale"].to(acc), len(code.shape))
         return (values * p.unsqueeze(-1)).reshape(code.shape)
