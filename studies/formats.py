@@ -30,7 +30,7 @@ from kvstats.study import plots
 from kvstats.study.claims import Claim
 
 STUDY = "formats"
-VERSION = "2"  # 2: quanto rows keyed by the document index, as evaluate's units
+VERSION = "2"  # 2: quanto rows keyed by the document index, as evaluate's units (the retrieval sweep: its own)
 POSITION = 99  # place in figures/REPORT.md: after retrieval, the last
 #: (spec, budget n) of every kvstats method: names as docs/quantizers.md gives them
 METHODS = (("int_token", 2), ("kivi", 2), ("kqv", 2),
@@ -40,6 +40,8 @@ METHODS = (("int_token", 2), ("kivi", 2), ("kqv", 2),
            ("int_token", 8), ("fp8_e4m3", 8), ("fp8_e5m2", 8))
 #: transformers' QuantizedCache with the quanto backend: nbits (its residual: 0 tokens, as kvstats' rows)
 QUANTO_BITS = (2, 4)
+#: the exact cache's rows in the retrieval trials (the fp model)
+FP = "fp (exact cache)"
 #: budgets of measured bits per element (SmolLM2: d = 64) and the tolerance of a group
 BUDGETS, TOLERANCE = (2.625, 3.25, 3.75, 4.625, 5.0, 6.375, 8.25), 0.25
 #: (column, lower is better, what it is)
@@ -47,8 +49,13 @@ METRICS = (("out_kl", True, "next-token KL (nats), mean over a document's tokens
            ("kl_p95", True, "next-token KL, 95th percentile of a document's tokens (the tail)"),
            ("top1", False, "top-1 agreement with the fp model"),
            ("attention_kl", True, "attention KL of the estimator's logits, mean over layers"))
-SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499},
-         "paper": {"documents": None, "segment": 128, "resamples": 1999}}
+#: retrieval trials (studies/retrieval's prompts: task -> {context length: prompts}; passkey one needle a prompt,
+#: induction and lookup five)
+SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499,
+                   "retrieval": {"passkey": {256: 2}, "induction": {256: 1}, "lookup": {256: 1}}},
+         "paper": {"documents": None, "segment": 128, "resamples": 1999,
+                   "retrieval": {"passkey": {256: 10, 512: 10}, "induction": {256: 4, 1024: 4},
+                                 "lookup": {256: 4, 1024: 4}}}}
 
 
 def _documents(count: int | None) -> dict[str, str]:
@@ -65,7 +72,7 @@ def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> li
 
     ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=_documents(documents),
                           inference=InferenceOptions(n_resamples=99), progress=False)
-    return [{"method": f"{spec}@{bits}" if "@" not in spec else spec, "document": u["document"],
+    return [{"method": _label(spec, bits), "document": u["document"],
              "out_kl": u["out_kl"], "kl_p95": float(np.quantile(u["tokens_out_kl"], 0.95)), "top1": u["top1"],
              "attention_kl": float(np.mean(u["layer_attention_kl"])), "bits_held": u["bits_total"]}
             for u in ev.units]
@@ -98,31 +105,90 @@ def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int) -
     return quanto_cell(bits, documents, segment)
 
 
+def _label(spec: str, bits: int) -> str:
+    return spec if "@" in spec else f"{spec}@{bits}"
+
+
+def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
+    """One retrieval prompt (studies/retrieval's prompts and pass rule): the exact prefill once, then the questions
+    through a cache of every method (one scheme for every layer, every token as codes, no exact window),
+    transformers' quanto cache and the exact cache; one row per (method, needle): pass or fail, bits held."""
+    import torch
+
+    import kvstats
+    from kvstats.evaluation.model_engine import set_attention, shared_model
+    from kvstats.hf.baselines import available_backends, quantized_cache
+    from kvstats.hf.cache import KVStatsCache, cache_kwargs, model_dims
+    from kvstats.studies.retrieval.cells import build_prompt, passed
+
+    model = shared_model()[0]
+    p = build_prompt(task, length, prompt)
+    context, chunk = torch.tensor([p.context]), torch.tensor([p.chunk])
+    rows = []
+
+    def add(method: str, cache, bits_held: float) -> None:
+        logits = model(chunk, use_cache=True, **cache_kwargs(model, cache)).logits[0].float()
+        rows.extend({"method": method, "trial": f"{task}/{length}/{prompt}/{i}", "success": float(ok),
+                     "bits_held": bits_held} for i, ok in enumerate(passed(logits, p)))
+
+    with torch.inference_mode():
+        set_attention(model, "sdpa")
+        past = model(context, use_cache=True, logits_to_keep=1).past_key_values
+        if "quanto" in available_backends():
+            for nbits in QUANTO_BITS:
+                q = quantized_cache(model, "quanto", nbits=nbits)
+                for i, layer in enumerate(past.layers):
+                    q.update(layer.keys, layer.values, i)
+                add(f"transformers quanto int{nbits}", q, math.nan)
+        set_attention(model, "kvstats")
+        for spec, bits in METHODS:
+            cache = KVStatsCache(kvstats.scheme(spec, bits=bits, dim=model_dims(model.config)["head_dim"], seed=prompt))
+            add(_label(spec, bits), cache.prefill(past), cache.memory().bits_per_element)
+            cache.require_estimator_path(model)
+        set_attention(model, "sdpa")
+        add(FP, past, math.nan)  # last: this forward extends past itself
+    return rows
+
+
+def retrieval_cells(cfg: dict) -> list[dict]:
+    return [{"task": task, "length": length, "prompt": prompt}
+            for task, lengths in cfg["retrieval"].items() for length, prompts in lengths.items()
+            for prompt in range(prompts)]
+
+
 @dataclass(frozen=True)
 class Analysis:
-    """The units (one row per method and document) and, per budget and metric, the significance groups."""
+    """The units (one row per method and document; one per method and retrieval trial) and, per budget and metric,
+    the significance groups; each method against the fp model."""
 
     cfg: dict
     scale: str
     units: pd.DataFrame
-    groups: dict  # (budget, metric) -> SignificanceGroups
+    trials: pd.DataFrame
+    groups: dict  # (budget, metric) -> SignificanceGroups; metric "success": the retrieval trials
     versus_fp: pd.DataFrame  # per method: Holm-corrected Wilcoxon p of its top-1 disagreement (1 − top1) against 0
+    retrieval_versus_fp: pd.DataFrame  # per method: exact McNemar against the exact cache on the same trials, Holm
 
 
-def analyse(units: pd.DataFrame, cfg: dict, scale: str) -> Analysis:
+def _budget_groups(data: pd.DataFrame, metric: str, lower: bool, paired_by: str, budget: float, cfg: dict):
+    """significance_groups of the methods holding budget ± TOLERANCE bits (those whose bits are not measured
+    listed beside them), or None when fewer than two are in the band."""
+    from kvstats.measure.stats import significance_groups
+
+    data = data.dropna(subset=[metric])
+    inside = data[((data.bits - budget).abs() <= TOLERANCE) | data.bits.isna()]
+    if inside[inside.bits.notna()].method.nunique() < 2:
+        return None
+    return significance_groups(inside, metric, "method", paired_by, bits="bits", budget=budget, tolerance=TOLERANCE,
+                               lower_is_better=lower, n_resamples=cfg["resamples"])
+
+
+def _versus_fp(units: pd.DataFrame) -> pd.DataFrame:
+    """Each method's top-1 disagreement with the fp model (1 − top1 per document) against 0: Wilcoxon, Holm."""
     from statsmodels.stats.multitest import multipletests
 
-    from kvstats.measure.stats import significance_groups, wilcoxon
+    from kvstats.measure.stats import wilcoxon
 
-    groups = {}
-    for budget in BUDGETS:
-        for metric, lower, _ in METRICS:
-            data = units.dropna(subset=[metric])
-            inside = data[((data.bits - budget).abs() <= TOLERANCE) | data.bits.isna()]  # unmeasured: listed
-            if inside[inside.bits.notna()].method.nunique() >= 2:
-                groups[(budget, metric)] = significance_groups(
-                    inside, metric, "method", "document", bits="bits", budget=budget, tolerance=TOLERANCE,
-                    lower_is_better=lower, n_resamples=cfg["resamples"])
     tests = []
     for method, part in units.groupby("method", sort=True):
         miss = 1.0 - part.top1.to_numpy()
@@ -130,7 +196,36 @@ def analyse(units: pd.DataFrame, cfg: dict, scale: str) -> Analysis:
         tests.append({"method": method, "p": p, "disagreement": float(miss.mean()), "bits": float(part.bits.mean())})
     versus = pd.DataFrame(tests)
     versus["p_holm"] = multipletests(versus.p.to_numpy(), method="holm")[1]
-    return Analysis(cfg, scale, units, groups, versus)
+    return versus
+
+
+def _retrieval_versus_fp(trials: pd.DataFrame) -> pd.DataFrame:
+    """Each method's passes against the exact cache's on the same trials: exact McNemar, Holm over the methods."""
+    from statsmodels.stats.multitest import multipletests
+
+    from kvstats.measure.stats import mcnemar
+
+    fp = trials[trials.method == FP].set_index("trial").success
+    tests = []
+    for method, part in trials[trials.method != FP].groupby("method", sort=True):
+        own = part.set_index("trial").success.reindex(fp.index)
+        m = mcnemar(own.to_numpy().astype(bool), fp.to_numpy().astype(bool))
+        tests.append({"method": method, "pass_rate": float(own.mean()), "fp_pass_rate": float(fp.mean()),
+                      "difference": m.effect_size, "p": m.pvalue, "trials": int(fp.size)})
+    versus = pd.DataFrame(tests)
+    versus["p_holm"] = multipletests(versus.p.to_numpy(), method="holm")[1]
+    return versus
+
+
+def analyse(units: pd.DataFrame, trials: pd.DataFrame, cfg: dict, scale: str) -> Analysis:
+    groups = {}
+    for budget in BUDGETS:
+        for metric, lower, _ in METRICS:
+            groups[(budget, metric)] = _budget_groups(units, metric, lower, "document", budget, cfg)
+        groups[(budget, "success")] = _budget_groups(trials[trials.method != FP], "success", False, "trial", budget,
+                                                     cfg)
+    groups = {k: g for k, g in groups.items() if g is not None}
+    return Analysis(cfg, scale, units, trials, groups, _versus_fp(units), _retrieval_versus_fp(trials))
 
 
 def pareto_figure(a: Analysis) -> None:
@@ -167,7 +262,7 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
     from kvstats.measure.stats import wilcoxon_min_pvalue
 
     parts = []
-    for metric, _, what in METRICS:
+    for metric, _, what in METRICS + (("success", False, "retrieval pass rate (studies/retrieval's trials)"),):
         g = a.groups.get((budget, metric))
         if g is None:
             continue
@@ -181,6 +276,8 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
     apart = sum(bool(p.significant) for p in pairs)
     fp = a.versus_fp.set_index("method")
     from_fp = [m for m in methods if m in fp.index and fp.loc[m, "p_holm"] < 0.05]
+    rfp = a.retrieval_versus_fp.set_index("method")
+    fewer = [m for m in methods if m in rfp.index and rfp.loc[m, "p_holm"] < 0.05]
     undecided = [n for n in g.notes if "undecided" in n]
     docs, tested = a.units.document.nunique(), len(a.versus_fp)
     if tested * wilcoxon_min_pvalue(docs) >= 0.05:
@@ -193,7 +290,9 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
         measurement="; ".join(parts) + f". Letters: methods sharing one are not significantly different (paired "
                     f"Wilcoxon over documents, Holm over the {len(pairs)} pairs); {apart} of {len(pairs)} pairs "
                     f"differ in next-token KL; {len(from_fp)} of {len(methods)} put another token first than the fp "
-                    f"model significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods)."
+                    f"model significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods); "
+                    f"{len(fewer)} of {len(methods)} pass a different share of the {int(rfp.trials.iloc[0])} "
+                    f"retrieval trials than the exact cache ({rfp.fp_pass_rate.iloc[0]:.3g}; exact McNemar, Holm)."
                     + "".join(f" {n[0].upper()}{n[1:]}." for n in undecided),
         data=f"SmolLM2-135M-Instruct (fp32, d = 64), {a.units.document.nunique()} shipped documents, the first "
              f"{a.cfg['segment']} tokens of each, teacher-forced ({a.scale} scale)",
@@ -250,17 +349,21 @@ class Formats(study.Study):
         cells = [{"kind": "kvstats", "spec": s, "bits": b, **common} for s, b in METHODS]
         if "quanto" in available_backends():
             cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common} for b in QUANTO_BITS]
-        return {STUDY: (cell, cells)}
+        return {STUDY: (cell, cells), f"{STUDY}_retrieval": (retrieval_cell, retrieval_cells(cfg))}
 
     def analyse(self, tables, scale: str) -> Analysis:
         units = tables[STUDY].drop(columns=["kind", "spec", "bits", "segment", "documents"])  # the cells' params
-        return analyse(units.rename(columns={"bits_held": "bits"}), SCALE[scale], scale)
+        trials = tables[f"{STUDY}_retrieval"][["method", "trial", "success", "bits_held"]]
+        return analyse(units.rename(columns={"bits_held": "bits"}), trials.rename(columns={"bits_held": "bits"}),
+                       SCALE[scale], scale)
 
     def figures(self, tables, a: Analysis) -> None:
         plots.write_csv(f"{STUDY}_units", a.units)
         for (budget, metric), g in a.groups.items():
             plots.write_csv(f"{STUDY}_groups_{budget:g}_{metric}", g.table)
         plots.write_csv(f"{STUDY}_versus_fp", a.versus_fp)
+        plots.write_csv(f"{STUDY}_retrieval_trials", a.trials)
+        plots.write_csv(f"{STUDY}_retrieval_versus_fp", a.retrieval_versus_fp)
         pareto_figure(a)
 
     def claims(self, a: Analysis) -> list[Claim]:

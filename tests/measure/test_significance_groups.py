@@ -112,3 +112,15 @@ def test_methods_without_shared_units_and_bad_arguments_are_refused_by_name():
         compact_letters("ab", [("a", "z")])
     with pytest.raises(ValueError, match="each method once"):
         compact_letters("aa", [])
+
+
+def test_methods_equal_on_every_unit_share_a_letter_with_p_one():
+    """Pass/fail outcomes of two methods are often equal trial for trial: no difference to test, p = 1 (the
+    signed-rank test itself refuses all-zero differences)."""
+    outcomes = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    units = pd.DataFrame([{"method": m, "trial": t, "success": v} for m in ("a", "b") for t, v in enumerate(outcomes)]
+                         + [{"method": "c", "trial": t, "success": 0.0} for t in range(6)])
+    g = significance_groups(units, "success", "method", "trial", lower_is_better=False)
+    row = g.pairs[(g.pairs.level_a == "a") & (g.pairs.level_b == "b")].iloc[0]
+    assert (row.p, row.p_method, row.rank_biserial, row.n_zero) == (1.0, "none: equal on every unit", 0.0, 6)
+    assert set(g.table.set_index("method").letters[["a", "b"]]) == {"a"} and g.distinguishable("a", "b") is False

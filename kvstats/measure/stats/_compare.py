@@ -58,6 +58,16 @@ def _paired_values(by_level: dict, la, lb, metric: str):
     return a.to_numpy(dtype=np.float64), b.to_numpy(dtype=np.float64)
 
 
+def _identical_pairs(x: np.ndarray) -> dict:
+    """The paired row of two levels equal on every one of their units: no difference to rank, p = 1 (as McNemar's
+    with no discordant pair), r = 0 with the point as its interval."""
+    median = float(np.median(x))
+    return {"n_pairs": x.size, "n_zero": x.size, "w_plus": 0.0, "w_minus": 0.0, "p": 1.0,
+            "p_method": "none: equal on every unit", "rank_biserial": 0.0, "rb_ci_low": 0.0, "rb_ci_high": 0.0,
+            "median_difference": 0.0, "median_a": median, "median_b": median,
+            "median_ratio": 1.0 if median != 0 else float("nan")}
+
+
 def compare(
     table: pd.DataFrame,
     metric: str | Sequence[str],
@@ -84,7 +94,9 @@ def compare(
     * paired (``paired_by`` = the column(s) naming the unit both levels were measured on, e.g. "seed" or
       ["seed", "query"]): rows of A and B are matched on that key (units present in both only) and
       ``wilcoxon(metric | A, metric | B)`` tests the differences, with the rank-biserial CI from
-      ``n_resamples`` paired bootstrap resamples (``seed``).
+      ``n_resamples`` paired bootstrap resamples (``seed``); two levels equal on every shared unit (pass/fail
+      outcomes often are) get p = 1, r = 0 and ``p_method`` "none: equal on every unit" (no evidence of a
+      difference, as McNemar's test without discordant pairs) rather than the signed-rank test's refusal.
 
     Pairs where either group is empty (or no unit is shared) are skipped.
 
@@ -138,6 +150,10 @@ def compare(
                 if pair:
                     xa, xb = _paired_values(split[key], la, lb, m)
                     if xa.size == 0:
+                        continue
+                    if np.array_equal(xa, xb):  # equal on every unit (pass/fail outcomes often are): no evidence
+                        rows.append(head | _identical_pairs(xa))
+                        differences.append(xa - xb)
                         continue
                     w = wilcoxon(xa, xb, alternative=alternative, confidence_level=confidence_level,
                                  n_resamples=n_resamples, seed=seed)
