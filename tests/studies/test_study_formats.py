@@ -19,21 +19,23 @@ from tests.helpers.studies import run_tiny
 def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
     pytest.importorskip("optimum.quanto", reason="optimum-quanto (the [baselines] extra) is not installed")
     tiny = {"documents": 6, "segment": 16, "resamples": 99, "retrieval": {"passkey": {256: 1}, "lookup": {256: 1}}}
-    patch = {"METHODS": (("int_token", 4), ("nvfp4", 4), ("int_token", 8), ("fp8_e4m3", 8)), "QUANTO_BITS": (4,),
-             "BUDGETS": (4.625, 8.25)}
+    patch = {"METHODS": (("int_token", 4), ("nvfp4", 4), ("kqv", 4), ("int_token", 8), ("fp8_e4m3", 8)),
+             "QUANTO_BITS": (4,), "BUDGETS": (4.5, 4.875, 8.25)}
     claims = {c["id"]: c for c in run_tiny("formats", tiny, tmp_path, monkeypatch, patch)}
-    assert set(claims) == {"formats-at-4.625-bits", "formats-at-8.25-bits", "formats-nvfp4-gsm8k",
-                           "formats-int4-token-head"}
+    assert set(claims) == {"formats-at-4.5-bits", "formats-at-4.875-bits", "formats-at-8.25-bits",
+                           "formats-nvfp4-gsm8k", "formats-int4-token-head"}
     assert claims["formats-nvfp4-gsm8k"]["verdict"] == "not testable here"
     figs = tmp_path / "figures"
     assert (figs / "formats_pareto.png").is_file()
     units = pd.read_csv(figs / "data" / "formats_units.csv")
     assert units.groupby("method").document.apply(sorted).map(tuple).nunique() == 1  # every method: same documents
-    assert sorted(units.method.unique()) == ["fp8_e4m3@8", "int_token@4", "int_token@8", "nvfp4@4",
+    assert sorted(units.method.unique()) == ["fp8_e4m3@8", "int_token@4", "int_token@8", "kqv@4", "nvfp4@4",
                                              "transformers quanto int4"]
-    groups = pd.read_csv(figs / "data" / "formats_groups_4.625_out_kl.csv").set_index("method")
-    assert groups.loc["transformers quanto int4", "note"] == "bits held not measured"
-    assert set(groups[groups.grouped].index) == {"int_token@4", "nvfp4@4"}  # 4.5 and 4.508 bits: in 4.625 ± 0.25
+    groups = pd.read_csv(figs / "data" / "formats_groups_4.5_out_kl.csv").set_index("method")
+    assert set(groups.index) == set(groups[groups.grouped].index) == {"int_token@4", "nvfp4@4", "kqv@4"}  # 4.5-4.75
+    groups = pd.read_csv(figs / "data" / "formats_groups_4.875_out_kl.csv").set_index("method")
+    quanto = groups.loc["transformers quanto int4"]  # int4 codes + an fp32 scale and shift per 64: 5 bits, + residual
+    assert 5.0 <= quanto.bits <= 5.125 and quanto.grouped and groups.grouped.sum() == 2  # beside kqv@4 (4.75)
     eight = pd.read_csv(figs / "data" / "formats_groups_8.25_out_kl.csv").set_index("method")
     grouped = eight[eight.grouped].index.tolist()
     assert set(grouped) == {"int_token@8", "fp8_e4m3@8"}  # 8.5 and 8 bits

@@ -92,32 +92,6 @@ def test_measure_pair_records_ratios_skips_and_failures(bench, monkeypatch):
     assert not any("quanto@4" in c for c in calls)  # a skipped row starts no process, not even its DynamicCache
 
 
-@pytest.mark.slow  # transformers and optimum-quanto's imports
-def test_quantized_cache_bytes_are_its_codes_scales_shifts_and_residual(bench):
-    transformers = pytest.importorskip("transformers")
-    from kvstats.hf.baselines import available_backends, quantized_cache
-
-    if "quanto" not in available_backends():
-        pytest.skip("optimum-quanto is not installed")
-    import torch
-
-    config = transformers.LlamaConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64,
-                                      num_hidden_layers=2, intermediate_size=64, vocab_size=32)
-    cache = quantized_cache(config, "quanto", 4, residual_length=4)
-    gen = torch.Generator().manual_seed(0)
-    for tokens in (64, 1, 1):  # a prefill quantized whole, then two exact tokens in the residual
-        for layer in range(2):
-            cache.update(torch.randn(1, 2, tokens, 64, generator=gen), torch.randn(1, 2, tokens, 64, generator=gen),
-                         layer)
-    held = bench.held_memory(cache)
-    quantized, residual = 1 * 2 * 64 * 64, 1 * 2 * 2 * 64  # elements of K (or V) per layer
-    codes = quantized // 2 + 2 * 4 * quantized // 64  # int4 codes two per byte, an fp32 scale and shift per 64
-    expected = 2 * (2 * codes + 2 * residual * 4)
-    assert held["cache_bytes"] == expected
-    assert held["quantized_memory"]["residual_bytes"] == 2 * 2 * residual * 4
-    assert held["bits_per_element"] == pytest.approx(8 * expected / (2 * 2 * (quantized + residual)))
-
-
 def _new_results(interleaved: dict | None) -> dict:
     length = {"prompt_tokens": 512, "pairs": [{"rows": [
         {"cache": "kqv@4", "dynamic": _run("dynamic", 0.1, 4000), "run": _run("kqv@4", 0.2, 1000),
