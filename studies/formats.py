@@ -332,7 +332,10 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                    + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits held counted from "
                      "the tensors of its quantized states and residual (kvstats.hf.baselines.quantized_cache_memory)",
         "units": "documents: one teacher-forced segment each from position 0, every method on the same segments; "
-                 "next-token KL and top-1 against the model's own attention with no cache, fp64",
+                 "next-token KL and top-1 against the model's own attention with no cache, fp64. Retrieval: a unit is "
+                 "a needle (studies/retrieval's prompts, the same for every method); the five needles of an induction "
+                 "or lookup prompt share its text, so, as in the retrieval study, the retrieval p-values describe "
+                 "these prompts rather than independent trials",
         "groups": f"per budget b in {', '.join(map(str, BUDGETS))}: the methods holding b ± {TOLERANCE} bits per "
                   "element (measured: the bytes of the codes), kvstats.stats.significance_groups (paired Wilcoxon "
                   "over documents, Holm, compact letter display)",
