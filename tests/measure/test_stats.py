@@ -455,7 +455,8 @@ def test_docs_statistics_examples_run_as_written():
 
     text = (pathlib.Path(__file__).parents[2] / "docs" / "statistics.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 5  # the page's examples: overview, bootstrap, power, binary outcomes, equivalence
+    # the page's examples: overview, bootstrap, significance groups, power, binary outcomes, equivalence
+    assert len(blocks) == 6
     for block in blocks:
         exec(compile(block, "docs/statistics.md", "exec"), {})
 
