@@ -59,19 +59,13 @@ SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499,
                                  "lookup": {256: 4, 1024: 4}}}}
 
 
-def _documents(count: int | None) -> dict[str, str]:
-    from kvstats.data.texts import documents
-
-    docs = documents()
-    return docs if count is None else dict(list(docs.items())[:count])
-
-
 def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> list[dict]:
     """One kvstats method on SmolLM2: per document its output damage and the bits held."""
     import kvstats
+    from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=_documents(documents),
+    ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=99), progress=False)
     return [{"method": _label(spec, bits), "document": u["document"],
              "out_kl": u["out_kl"], "kl_p95": float(np.quantile(u["tokens_out_kl"], 0.95)), "top1": u["top1"],
@@ -84,10 +78,11 @@ def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
     segments evaluate reads, fed token by token, against the same reference (the model's own attention, no cache);
     its bits held: every tensor of its quantized states and its residual at the segment's end
     (:func:`kvstats.hf.baselines.quantized_cache_memory`)."""
+    from kvstats.data.texts import documents as shipped
     from kvstats.evaluation.model_engine import model_source, plain_logits, set_attention
     from kvstats.hf.baselines import output_metrics, quantized_cache_memory, teacher_forced_logits
 
-    source = model_source("smollm2", segment=segment, documents=_documents(documents))
+    source = model_source("smollm2", segment=segment, documents=shipped(documents))
     set_attention(source.model, "sdpa")
     rows = []
     for document, _, ids in source.segments:  # the document's index, as evaluate's units name it

@@ -45,13 +45,6 @@ SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "sens_documents"
                    "sens_bits": 2, "resamples": 1999}}
 
 
-def _documents(count: int | None) -> dict[str, str]:
-    from kvstats.data.texts import documents
-
-    docs = documents()
-    return docs if count is None else dict(list(docs.items())[:count])
-
-
 def _triple(r, prefix: str) -> dict[str, float]:
     return {f"{prefix}_mean": r.statistic, f"{prefix}_low": r.confidence_interval.low,
             f"{prefix}_high": r.confidence_interval.high}
@@ -60,9 +53,10 @@ def _triple(r, prefix: str) -> dict[str, float]:
 def tail_cell(bits: int, documents: int | None, segment: int, resamples: int) -> list[dict]:
     """kvstats.evaluate on SmolLM2: the pooled KL statistics, per-document metrics, per-layer attention KL."""
     import kvstats
+    from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(SCHEME, bits=bits, model="smollm2", segment=segment, documents=_documents(documents),
+    ev = kvstats.evaluate(SCHEME, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=resamples), rows=ROWS)
     ev_docs, tok = ev.summary["evaluated"]["documents"], ev.summary["evaluated"]["tokens"]
     rows = [{"kind": "pooled", "statistic": name, **_triple(r, "value")} for name, r in tok.items()]

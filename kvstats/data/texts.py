@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvstats._validation import check_int_range
+
 __all__ = ["GOVERNMENT_TITLES", "TEXTS", "document_files", "documents", "split_titled"]
 
 #: The folder of the shipped texts.
@@ -55,9 +57,9 @@ def document_files() -> list[Path]:
     return sorted((TEXTS / "documents").glob("*.txt"))
 
 
-def documents() -> dict[str, str]:
+def documents(count: int | None = None) -> dict[str, str]:
     """Every shipped document, ``{title: text}``: the five of ``public_domain.txt``, then the twenty files (title =
-    the first line of the text)."""
+    the first line of the text); with ``count``, the first ``count`` of them."""
     out = split_titled(_body(TEXTS / "public_domain.txt"), GOVERNMENT_TITLES)
     for path in document_files():
         body = _body(path)
@@ -65,4 +67,7 @@ def documents() -> dict[str, str]:
         if title in out:
             raise ValueError(f"{path.name}: the title {title!r} is already used by another document")
         out[title] = body
-    return out
+    if count is None:
+        return out
+    check_int_range(count, "count", 1, len(out))
+    return dict(list(out.items())[:count])
