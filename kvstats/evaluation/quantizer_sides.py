@@ -71,9 +71,16 @@ def _factory(spec, role: str, options: dict):
 
 
 def _is_pair(spec) -> bool:
-    """Whether ``spec`` is a pair ``"K/V"`` of registered quantizers (:func:`kvstats.schemes.pair_widths`), built by
-    :func:`kvstats.scheme` like a registered scheme."""
+    """Whether ``spec`` is a pair ``"K/V"`` of registered quantizers (:func:`kvstats.schemes.pair_widths`)."""
     return isinstance(spec, str) and "/" in spec
+
+
+def _by_scheme(spec) -> bool:
+    """Whether :func:`kvstats.scheme` builds ``spec``: a registered data-oblivious scheme or a pair of quantizers
+    (a bare quantizer name is built by :func:`_factory`, K and V by the quantizer's own class)."""
+    from kvstats.quant.schemes import SCHEMES
+
+    return isinstance(spec, str) and (spec in SCHEMES or _is_pair(spec))
 
 
 def _check_protocol(q, role: str, label: str, part: str) -> None:
@@ -90,7 +97,7 @@ def scheme_builder(spec, *, role: str = "quantizer", **options) -> Callable[...,
     """``spec`` (see the module doc) resolved once into ``build(bits=, dim=, seed=) -> Scheme``: a registry lookup,
     an import or a refusal happens here, not at every unit; errors name the ``role`` ("quantizer" or "compare")
     and the spec."""
-    from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme, scheme
+    from kvstats.quant.schemes import CALIBRATED_SCHEMES, Scheme, scheme
 
     if isinstance(spec, Scheme):
         def ready(bits: int, dim: int, seed: int) -> Scheme:
@@ -102,7 +109,7 @@ def scheme_builder(spec, *, role: str = "quantizer", **options) -> Callable[...,
         return ready
     if isinstance(spec, str) and spec in CALIBRATED_SCHEMES:
         _factory(spec, role, options)  # the calibration refusal, worded once
-    if isinstance(spec, str) and (spec in SCHEMES or _is_pair(spec)):
+    if _by_scheme(spec):
         def registered(bits: int, dim: int, seed: int) -> Scheme:
             try:
                 return scheme(spec, bits=bits, dim=dim, seed=seed, **options)
@@ -199,11 +206,11 @@ def _portable_builder(side: Side):
     import pickle
 
     from kvstats.quant.quantizers import QUANTIZERS
-    from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
+    from kvstats.quant.schemes import CALIBRATED_SCHEMES, Scheme
 
     if isinstance(side.spec, Scheme):
         return None, "a ready Scheme cannot be rebuilt in a fresh process"
-    if isinstance(side.spec, str) and (side.spec in {**SCHEMES, **CALIBRATED_SCHEMES} or _is_pair(side.spec)):
+    if _by_scheme(side.spec) or (isinstance(side.spec, str) and side.spec in CALIBRATED_SCHEMES):
         return None, "a registered scheme"
     if isinstance(side.spec, str) and side.spec in QUANTIZERS:
         cls = QUANTIZERS[side.spec]
@@ -228,11 +235,10 @@ def check_side(side: Side, scheme, dim: int, seed: int, heads: int, *, linear: b
     fresh process decodes the codes to the same x̂ (a decoder that keeps anything outside the code fails).
     QuantizerCheckError naming the side and the check."""
     from kvstats.quant.conformance import check_quantizer, decode_in_fresh_process
-    from kvstats.quant.schemes import SCHEMES, Scheme
+    from kvstats.quant.schemes import Scheme
 
     builder = None
-    if not isinstance(side.spec, Scheme) and not (isinstance(side.spec, str) and (side.spec in SCHEMES
-                                                                                  or _is_pair(side.spec))):
+    if not isinstance(side.spec, Scheme) and not _by_scheme(side.spec):
         builder = _factory(side.spec, side.role, side.options)[1]
     result: dict[str, str] = {}
 

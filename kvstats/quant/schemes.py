@@ -478,7 +478,8 @@ def pair_widths(name: str, bits) -> tuple[tuple[str, int], tuple[str, int]]:
         cls = QUANTIZERS[match["name"]]
         width = int(match["bits"]) if match["bits"] is not None else _fixed_width(cls)
         found.append((match["name"], width))
-    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not (2 * bits) == int(2 * bits):
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not math.isfinite(bits) \
+            or (2 * bits) != int(2 * bits):
         raise TypeError(f"bits must be a whole or half number of bits (the mean of the K and V widths), got {bits!r}")
     (k, kb), (v, vb) = found
     if kb is None and vb is None:

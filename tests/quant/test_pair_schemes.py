@@ -65,6 +65,8 @@ def test_fp8_k_nvfp4_v_holds_the_mean_of_the_two_formats_closed_forms():
     ("nova/int_token", 4, ValueError, r"its K quantizer nova needs calibration"),
     ("int_token@4/int_token", 2.25, TypeError, r"bits must be a whole or half number of bits"),
     ("int_token@4/int_token", True, TypeError, r"bits must be a whole or half number of bits"),
+    ("int_token@4/int_token", float("nan"), TypeError, r"bits must be a whole or half number of bits .*, got nan"),
+    ("int_token@4/int_token", float("inf"), TypeError, r"bits must be a whole or half number of bits .*, got inf"),
 ])
 def test_a_spec_that_cannot_be_built_exactly_is_refused_by_name(name, bits, error, match):
     if "at 6 bits" in match:  # int_token@8 with n = 7 leaves V 6 bits: that builds
