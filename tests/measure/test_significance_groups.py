@@ -106,6 +106,8 @@ def test_methods_without_shared_units_and_bad_arguments_are_refused_by_name():
                           ({"bits": "bits", "budget": 4.5, "tolerance": -1}, "tolerance must be a finite number")]:
         with pytest.raises(ValueError, match=match):
             significance_groups(units, "kl", "method", "unit", **kwargs)
+    with pytest.raises(ValueError, match=r"table has no rows"):
+        significance_groups(units.iloc[:0], "kl", "method", "unit")
     with pytest.raises(ValueError, match=r"metric column 'kl' holds 1 non-finite"):
         significance_groups(units.assign(kl=units.kl.where(units.index != 3, np.nan)), "kl", "method", "unit")
     with pytest.raises(ValueError, match=r"significant pair .* names 'z'"):

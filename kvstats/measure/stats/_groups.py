@@ -137,6 +137,8 @@ def _check(table, metric, by, paired_by, bits, budget, tolerance, alpha) -> None
                 raise ValueError(f"{name} must be a finite number >= 0 (bits per element), got {v!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    if table.empty:
+        raise ValueError("table has no rows: there is no method to group")
     values = table[metric].to_numpy(dtype=np.float64)
     if not np.isfinite(values).all():
         raise ValueError(f"metric column {metric!r} holds {int((~np.isfinite(values)).sum())} non-finite value(s)")
