@@ -115,7 +115,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
 
     import kvstats
     from kvstats.evaluation.model_engine import set_attention, shared_model
-    from kvstats.hf.baselines import available_backends, quantized_cache, quantized_cache_memory
+    from kvstats.hf.baselines import available_backends, quantized_cache_memory, quantized_prefill
     from kvstats.hf.cache import KVStatsCache, cache_kwargs, model_dims
     from kvstats.studies.retrieval.cells import build_prompt, passed
 
@@ -134,9 +134,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
         past = model(context, use_cache=True, logits_to_keep=1).past_key_values
         if "quanto" in available_backends():
             for nbits in QUANTO_BITS:
-                q = quantized_cache(model, "quanto", nbits=nbits)
-                for i, layer in enumerate(past.layers):
-                    q.update(layer.keys, layer.values, i)
+                q = quantized_prefill(model, past, "quanto", nbits=nbits)
                 add(f"transformers quanto int{nbits}", q, quantized_cache_memory(q)["bits_per_element"])
         set_attention(model, "kvstats")
         for spec, bits in METHODS:

@@ -23,7 +23,7 @@ import time
 import torch
 
 __all__ = ["BACKENDS", "available_backends", "baseline_rows", "output_metrics", "quantized_cache",
-           "quantized_cache_memory", "teacher_forced_logits"]
+           "quantized_cache_memory", "quantized_prefill", "teacher_forced_logits"]
 
 #: transformers backend name -> the package it needs (the ``[baselines]`` extra installs both).
 BACKENDS = {"quanto": "optimum.quanto", "hqq": "hqq"}
@@ -67,6 +67,16 @@ def quantized_cache(model_or_config, backend: str, nbits: int = 4, *, residual_l
         raise ImportError("kvstats.hf.baselines needs transformers >= 5 (QuantizedCache(backend, config, ...))")
     return QuantizedCache(backend=backend, config=config, nbits=nbits, axis_key=axis_key, axis_value=axis_value,
                           q_group_size=q_group_size, residual_length=residual_length)
+
+
+def quantized_prefill(model, past, backend: str, nbits: int = 4, **cache_options):
+    """A fresh :func:`quantized_cache` holding an exact prefill's states: ``past`` (a transformers cache, e.g. the
+    ``past_key_values`` of a full-precision forward) handed over layer by layer through ``update``, as the prefill
+    forward would have written them (the serving protocol of a full-precision prefill and a quantized cache)."""
+    cache = quantized_cache(model, backend, nbits, **cache_options)
+    for i, layer in enumerate(past.layers):
+        cache.update(layer.keys, layer.values, i)
+    return cache
 
 
 def teacher_forced_logits(model, ids: torch.Tensor, backend: str, nbits: int = 4, *, residual_length: int = 128,

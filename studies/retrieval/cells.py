@@ -187,7 +187,7 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
     """One prompt: the exact prefill once, then the questions through the fp cache, every kvstats scheme at every n
     (NOVA-KV at ``nova_bits``, default every n: its calibration is the quick scale's largest cost) and
     transformers' quantized cache: one row per (scheme, n, needle)."""
-    from kvstats.hf.baselines import available_backends, quantized_cache
+    from kvstats.hf.baselines import available_backends, quantized_prefill
     from kvstats.hf.cache import KVStatsCache
 
     model, _, _ = _model()
@@ -206,9 +206,7 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
         layers = len(past.layers)
         if BASELINE in available_backends():
             for n in (b for b in bits if b in (2, 4)):  # quanto's nbits
-                q = quantized_cache(model, BASELINE, nbits=n)
-                for i, layer in enumerate(past.layers):
-                    q.update(layer.keys, layer.values, i)
+                q = quantized_prefill(model, past, BASELINE, nbits=n)
                 add(BASELINE, n, passed(_chunk_logits(model, chunk, q), p))
         set_attention(model, "kvstats")
         for name in SCHEMES:

@@ -24,6 +24,7 @@ from kvstats.hf.baselines import (  # noqa: E402
     baseline_rows,
     output_metrics,
     quantized_cache,
+    quantized_prefill,
     teacher_forced_logits,
 )
 
@@ -132,3 +133,23 @@ def test_quantized_cache_bytes_are_its_codes_scales_shifts_and_residual():
     assert held["cache_bytes"] == expected
     assert held["quantized_memory"]["residual_bytes"] == 2 * 2 * residual * 4
     assert held["bits_per_element"] == pytest.approx(8 * expected / (2 * 2 * (quantized + residual)))
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_a_quantized_prefill_holds_what_the_prefill_forward_would_have_written(nbits):
+    """The oracle is transformers itself: the same QuantizedCache filled by the prefill forward. The next token's
+    logits through either cache are equal bit for bit (the cache quantizes a forward's states after the forward)."""
+    if "quanto" not in available_backends():
+        pytest.skip("optimum-quanto is not installed")
+    model = _tiny()
+    ids = torch.randint(1, V, (1, 33), generator=torch.Generator().manual_seed(4))  # 32 prompt tokens: groups of 64
+    with torch.inference_mode():
+        by_forward = quantized_cache(model, "quanto", nbits, residual_length=2)
+        model(ids[:, :-1], past_key_values=by_forward, use_cache=True)
+        want = model(ids[:, -1:], past_key_values=by_forward, use_cache=True).logits
+        past = model(ids[:, :-1], use_cache=True).past_key_values
+        handed = quantized_prefill(model, past, "quanto", nbits, residual_length=2)
+        got = model(ids[:, -1:], past_key_values=handed, use_cache=True).logits
+        exact = model(ids).logits[:, -1:]
+    assert torch.equal(got, want) and not torch.allclose(got, exact, atol=1e-4)  # quantized, the same way
+
