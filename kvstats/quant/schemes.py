@@ -36,6 +36,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -494,6 +495,14 @@ def pair_widths(name: str, bits) -> tuple[tuple[str, int], tuple[str, int]]:
     return (k, int(kb)), (v, int(vb))
 
 
+def _takes_rows(cls) -> bool:
+    """Whether a quantizer class has a QJL sketch (its config has ``rows``): the parts of a pair that ``rows=``
+    reaches; the others (fp8, nvfp4, int_token, ...) have no sketch and take no ``rows``, as :func:`scheme` documents
+    for schemes without a QJL stage."""
+    config = getattr(cls, "Config", None)
+    return config is not None and any(f.name == "rows" for f in dataclasses.fields(config))
+
+
 def _pair(name: str, bits, dim: int, seed, *, k_options: dict | None = None, v_options: dict | None = None,
           **options) -> Scheme:
     """The scheme of a quantizer spec (:func:`pair_widths`): K and V built by :func:`kvstats.quantizer` at their
@@ -503,13 +512,17 @@ def _pair(name: str, bits, dim: int, seed, *, k_options: dict | None = None, v_o
     (k, kb), (v, vb) = pair_widths(name, bits)
     seed = check_seed(seed)
     seeds = spawn_seeds(seed, 2)
+    rows = options.pop("rows", None)
+    if rows is not None and rows not in ROWS:
+        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {rows!r}")
     built = []
     for role, qname, width, own, child in (("K", k, kb, k_options, seeds[0]), ("V", v, vb, v_options, seeds[1])):
         if getattr(QUANTIZERS[qname], "needs_calibration", False):
             raise ValueError(f"scheme {name!r}: its {role} quantizer {qname} needs calibration, which a scheme built "
                              "by name does not do; calibrate it (kvstats.schemes.NovaScheme.calibrate)")
+        sketch = {} if rows is None or not _takes_rows(QUANTIZERS[qname]) else {"rows": rows}
         try:
-            built.append(quantizer(qname, bits=width, dim=dim, seed=child, **options, **(own or {})))
+            built.append(quantizer(qname, bits=width, dim=dim, seed=child, **options, **sketch, **(own or {})))
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"scheme {name!r}, its {role} quantizer {qname} at {width} bits: {exc}") from None
     label = name if "/" not in name else f"{k}@{kb}/{v}@{vb}"

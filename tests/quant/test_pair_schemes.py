@@ -85,6 +85,16 @@ def test_options_reach_both_parts_and_k_options_v_options_one():
         scheme("fp8_e4m3/nvfp4", bits=6, dim=32, scale="dynamic", granularity="head")  # nvfp4 has no scale option
 
 
+def test_rows_reach_the_parts_with_a_sketch_and_no_other():
+    """rows= sets the QJL sketch of the parts that have one (turbo_prod, qjl) and is not passed to the formats, which
+    have none (as kvstats.scheme documents for schemes without a QJL stage); a bad rows is refused by name."""
+    s = scheme("turbo_prod/fp8_e4m3", bits=6, dim=32, rows="srht")
+    assert s.k.config.rows == "srht" and "rows" not in s.v.config.options()
+    assert scheme("fp8_e4m3/nvfp4", bits=6, dim=32, rows="gaussian").k.config.scale == "unity"
+    with pytest.raises(ValueError, match=r"rows must be one of .*, got 'hadamard'"):
+        scheme("fp8_e4m3", bits=8, dim=32, rows="hadamard")
+
+
 def test_evaluate_takes_a_pair_and_compares_it():
     """evaluate on synthetic data (cache [1, 2, 512, 32]) with the FP8-K/NVFP4-V pair against int8-K/int4-V per
     token-head: the records carry each part's config and width, the bits held are the closed forms: (8 + 4.5 +
