@@ -39,6 +39,10 @@ METHODS = (("int_token", 2), ("kivi", 2), ("kqv", 2),
            ("int_token", 4), ("nvfp4", 4), ("kivi", 4), ("kqv", 4),
            ("fp8_e4m3/nvfp4", 6), ("int_token@8/int_token@4", 6),
            ("int_token", 8), ("fp8_e4m3", 8), ("fp8_e5m2", 8))
+#: (spec, budget n) of the deployed formats the other model studies (end_to_end, model_damage, budget_sweep's real
+#: rows) carry beside their own schemes: int4/int2 per token-head, KIVI as published, NVFP4, FP8-K/NVFP4-V, FP8 e4m3
+DEPLOYED = (("int_token", 2), ("kivi", 2), ("int_token", 4), ("kivi", 4), ("nvfp4", 4), ("fp8_e4m3/nvfp4", 6),
+            ("fp8_e4m3", 8))
 #: transformers' QuantizedCache with the quanto backend: nbits (its residual: 0 tokens, as kvstats' rows)
 QUANTO_BITS = (2, 4)
 #: the exact cache's rows in the retrieval trials (the fp model)
@@ -67,7 +71,7 @@ def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> li
 
     ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=99), progress=False)
-    return [{"method": _label(spec, bits), "document": u["document"],
+    return [{"method": method_label(spec, bits), "document": u["document"],
              "out_kl": u["out_kl"], "kl_p95": float(np.quantile(u["tokens_out_kl"], 0.95)), "top1": u["top1"],
              "attention_kl": float(np.mean(u["layer_attention_kl"])), "bits_held": u["bits_total"]}
             for u in ev.units]
@@ -103,7 +107,8 @@ def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int) -
     return quanto_cell(bits, documents, segment)
 
 
-def _label(spec: str, bits: int) -> str:
+def method_label(spec: str, bits: int) -> str:
+    """A method's name in tables: ``spec@n`` (``fp8_e4m3@8``), a pair's spec as given (its widths in it)."""
     return spec if "@" in spec else f"{spec}@{bits}"
 
 
@@ -139,7 +144,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
         set_attention(model, "kvstats")
         for spec, bits in METHODS:
             cache = KVStatsCache(kvstats.scheme(spec, bits=bits, dim=model_dims(model.config)["head_dim"], seed=prompt))
-            add(_label(spec, bits), cache.prefill(past), cache.memory().bits_per_element)
+            add(method_label(spec, bits), cache.prefill(past), cache.memory().bits_per_element)
             cache.require_estimator_path(model)
         set_attention(model, "sdpa")
         add(FP, past, math.nan)  # last: this forward extends past itself
@@ -319,7 +324,7 @@ def published_claims() -> list[Claim]:
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return {
-        "methods": "kvstats.evaluate(spec, bits, model='smollm2') for " + ", ".join(_label(s, b) for s, b in METHODS)
+        "methods": "kvstats.evaluate(spec, bits, model='smollm2') for " + ", ".join(method_label(s, b) for s, b in METHODS)
                    + " (docs/quantizers.md; kivi without its residual window: the codes themselves); transformers' "
                      "QuantizedCache (optimum-quanto, q_group_size 64, residual 1 token) at int"
                    + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits held counted from "

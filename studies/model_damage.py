@@ -9,7 +9,8 @@ KV-quantization tracker — which layers to keep in higher precision. This study
 
 * ``kvstats.evaluate(..., model="smollm2")`` (kvstats.evaluation.model_engine): teacher-forced segments of the shipped
   public-domain documents (one per document: the documents are the independent units) through KVStatsCache on
-  the estimator path; the KL tail over every token with cluster bootstrap CIs over documents;
+  the estimator path; the KL tail over every token with cluster bootstrap CIs over documents — for KQV and, on the
+  same documents, for the deployed formats (FP8 e4m3, NVFP4, FP8-K/NVFP4-V, int per token-head, KIVI);
 * ``kvstats.evaluation.sensitivity.sensitivity``: every layer quantized alone and every layer kept exact alone, the
   saved damage paired over documents, and the fewest layers (in the order of their own damage) that, kept
   exact, halve the damage — measured.
@@ -31,18 +32,21 @@ from kvstats import study
 from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.studies.formats import DEPLOYED, method_label
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
 # the max), studentized per-document CIs
-VERSION = "3"
+# 4: the deployed formats' tail cells beside KQV's (each tail cell names its scheme);
+VERSION = "4"
 POSITION = 95  # place in figures/REPORT.md (kvstats.study.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
-SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "sens_documents": 2, "sens_segment": 64,
-                   "sens_bits": 2, "resamples": 499},
-         "paper": {"documents": None, "segment": 128, "bits": (2, 4), "sens_documents": 6, "sens_segment": 128,
-                   "sens_bits": 2, "resamples": 1999}}
+#: ``bits``: KQV's budgets; ``formats``: the deployed formats' (spec, n) measured on the same documents
+SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "formats": (("nvfp4", 4), ("fp8_e4m3", 8)),
+                   "sens_documents": 2, "sens_segment": 64, "sens_bits": 2, "resamples": 499},
+         "paper": {"documents": None, "segment": 128, "bits": (2, 4), "formats": DEPLOYED, "sens_documents": 6,
+                   "sens_segment": 128, "sens_bits": 2, "resamples": 1999}}
 
 
 def _triple(r, prefix: str) -> dict[str, float]:
@@ -50,13 +54,14 @@ def _triple(r, prefix: str) -> dict[str, float]:
             f"{prefix}_high": r.confidence_interval.high}
 
 
-def tail_cell(bits: int, documents: int | None, segment: int, resamples: int) -> list[dict]:
-    """kvstats.evaluate on SmolLM2: the pooled KL statistics, per-document metrics, per-layer attention KL."""
+def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, scheme: str = SCHEME) -> list[dict]:
+    """kvstats.evaluate of ``scheme`` (KQV or a deployed format's spec) on SmolLM2: the pooled KL statistics,
+    per-document metrics, per-layer attention KL."""
     import kvstats
     from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(SCHEME, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
+    ev = kvstats.evaluate(scheme, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=resamples), rows=ROWS)
     ev_docs, tok = ev.summary["evaluated"]["documents"], ev.summary["evaluated"]["tokens"]
     rows = [{"kind": "pooled", "statistic": name, **_triple(r, "value")} for name, r in tok.items()]
@@ -78,12 +83,12 @@ LAYERS = 30  # SmolLM2-135M
 
 
 def cell(task: str, bits: int, documents: int | None, segment: int, resamples: int = 0, part: str = "",
-         known: str = "") -> list[dict]:
-    """``tail``: the model evaluation at ``bits``; ``part``: one part of the sensitivity's configurations (its
+         known: str = "", scheme: str = SCHEME) -> list[dict]:
+    """``tail``: the model evaluation of ``scheme`` at ``bits``; ``part``: one part of the sensitivity's configurations (its
     per-document damages); ``join``: the sensitivity from the parts' damages (``known``, JSON), measuring only the
     bisection's keep-exact sets."""
     if task == "tail":
-        return tail_cell(bits, documents, segment, resamples)
+        return tail_cell(bits, documents, segment, resamples, scheme)
     from kvstats.evaluation.sensitivity import sensitivity
 
     args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
@@ -103,24 +108,45 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
     return rows
 
 
-def tail_figure(tables: dict[int, pd.DataFrame]) -> None:
-    """The complementary CDF of the per-token KL, one curve per budget, with the mean and p99 marked."""
+def tail_rows(cfg: dict) -> list[tuple[str, int]]:
+    """The (scheme, n) of the tail cells: KQV at its budgets, then the deployed formats."""
+    return [(SCHEME, b) for b in cfg["bits"]] + [tuple(f) for f in cfg.get("formats", ())]
+
+
+def tail_name(scheme: str, bits: int) -> str:
+    """A tail row's name in claims and the figure: ``KQV at n = 2``, a format's ``spec@n`` (``fp8_e4m3@8``)."""
+    return f"{SCHEME.upper()} at n = {bits}" if scheme == SCHEME else method_label(scheme, bits)
+
+
+def tail_file(scheme: str, bits: int) -> str:
+    """A tail row's part of its CSV names: ``n2`` for KQV (as before the formats), ``fp8_e4m3-nvfp4_6`` for a
+    format."""
+    return f"n{bits}" if scheme == SCHEME else f"{scheme.replace('/', '-').replace('@', '_')}_{bits}"
+
+
+def tail_figure(tables: dict[tuple[str, int], pd.DataFrame]) -> None:
+    """The complementary CDF of the per-token KL, one curve per tail row (KQV's budgets solid, with the mean and p99
+    marked; the deployed formats thinner)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.6, 3.6), constrained_layout=True)
-    for bits, table in sorted(tables.items()):
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), constrained_layout=True)
+    for (scheme, bits), table in tables.items():
         docs = table[table["kind"] == "document"]
+        held = table[table["kind"] == "meta"].iloc[0]["bits_total"]
         kl = np.sort(np.concatenate([np.asarray(v, dtype=float) for v in docs["tokens_out_kl"]]))
         ccdf = 1.0 - np.arange(kl.size) / kl.size
-        line, = ax.loglog(np.maximum(kl, 1e-6), ccdf, label=f"{SCHEME.upper()} at n = {bits} ({kl.size} tokens)")
-        for q, ls in ((None, "--"), (0.99, ":")):
-            x = kl.mean() if q is None else np.quantile(kl, q)
-            ax.axvline(x, color=line.get_color(), ls=ls, lw=0.8)
+        ours = scheme == SCHEME
+        line, = ax.loglog(np.maximum(kl, 1e-6), ccdf, lw=1.6 if ours else 0.9, ls="-" if ours else "--",
+                          label=f"{tail_name(scheme, bits)} ({held:.3g} bits held)")
+        if ours:
+            for q, ls in ((None, "--"), (0.99, ":")):
+                x = kl.mean() if q is None else np.quantile(kl, q)
+                ax.axvline(x, color=line.get_color(), ls=ls, lw=0.8)
     ax.set_xlim(1e-4, None)
     ax.set_xlabel("next-token KL(p_exact ‖ p_quantized) of a token (nats)")
     ax.set_ylabel("fraction of tokens with a larger KL")
-    ax.set_title("SmolLM2-135M: the tail of the output damage (dashed: mean, dotted: p99)", fontsize=9)
-    ax.legend(fontsize=7, frameon=False)
+    ax.set_title("SmolLM2-135M: the tail of the output damage (KQV's mean dashed, p99 dotted)", fontsize=9)
+    ax.legend(fontsize=6.5, frameon=False, ncol=2)
     fig.savefig(plots.figure_path(f"{STUDY}_kl_tail"), dpi=130)
     plt.close(fig)
 
@@ -138,12 +164,12 @@ def _sens_args(cfg: dict) -> dict:
 
 @dataclass(frozen=True)
 class Analysis:
-    """What the figures and claims read: the scale and its configuration, the tail cells' rows per budget and
+    """What the figures and claims read: the scale and its configuration, the tail cells' rows per (scheme, n) and
     the sensitivity's rows (per layer, and its summary)."""
 
     cfg: dict
     scale: str
-    tails: dict[int, pd.DataFrame]
+    tails: dict[tuple[str, int], pd.DataFrame]
     sens: pd.DataFrame
 
     @property
@@ -168,21 +194,28 @@ def _ci(pooled: pd.DataFrame, name: str, scale_: float = 1.0, digits: str = ".3g
             f"{scale_ * r['value_high']:{digits}}]")
 
 
-def _tail_part(bits: int, table: pd.DataFrame) -> tuple[str, float]:
-    """One budget's part of the KL-tail measurement, and its p99 / mean ratio."""
+def _tail_part(name: str, table: pd.DataFrame) -> tuple[str, float]:
+    """One tail row's part of the KL-tail measurement (``name``: :func:`tail_name`), and its p99 / mean ratio."""
     pooled = table[table["kind"] == "pooled"].set_index("statistic")
     meta = table[table["kind"] == "meta"].iloc[0]
     ratio = pooled.loc["kl_p99", "value_mean"] / pooled.loc["kl_mean", "value_mean"]
-    return (f"n = {bits} ({meta['bits_total']:.3g} bits per element held, {int(meta['documents'])} documents, "
+    return (f"{name} ({meta['bits_total']:.3g} bits per element held, {int(meta['documents'])} documents, "
             f"{int(meta['tokens'])} tokens): KL mean {_ci(pooled, 'kl_mean')}, median {_ci(pooled, 'kl_median')}, "
             f"p99 {_ci(pooled, 'kl_p99')}, p99.9 {_ci(pooled, 'kl_p99.9')}, max {_ci(pooled, 'kl_max')} nats; same "
             f"top p {_ci(pooled, 'same_top1', 100, '.1f')}%; perplexity ratio {_ci(pooled, 'ppl_ratio', 1, '.4g')}",
             ratio)
 
 
-def kl_tail_claim(a: Analysis) -> Claim:
-    parts, ratios = zip(*(_tail_part(bits, table) for bits, table in sorted(a.tails.items())))
+def _tail_data(a: Analysis) -> str:
     cfg = a.cfg
+    return (f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
+            f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
+            f"KVStatsCache on the estimator path ({a.scale} scale)")
+
+
+def kl_tail_claim(a: Analysis) -> Claim:
+    parts, ratios = zip(*(_tail_part(f"n = {bits}", table) for (scheme, bits), table in a.tails.items()
+                          if scheme == SCHEME))
     return Claim(
         id="model-kl-tail",
         claim="Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
@@ -190,10 +223,28 @@ def kl_tail_claim(a: Analysis) -> Claim:
         source="kvstats",
         measurement="; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents (simulated coverage "
                     "87.5-93.5% at 24 documents); the maximum has none.",
-        data=f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
-             f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
-             f"KVStatsCache on the estimator path ({a.scale} scale)",
+        data=_tail_data(a),
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
+        figure=f"{STUDY}_kl_tail.png")
+
+
+def formats_tail_claim(a: Analysis) -> Claim | None:
+    """The deployed formats' KL tail on the same documents as KQV's (None when the scale runs none)."""
+    rows = [(scheme, bits, table) for (scheme, bits), table in a.tails.items() if scheme != SCHEME]
+    if not rows:
+        return None
+    parts, ratios = zip(*(_tail_part(tail_name(scheme, bits), table) for scheme, bits, table in rows))
+    worst = max(zip(ratios, (tail_name(s, b) for s, b, _ in rows)))
+    return Claim(
+        id="model-kl-tail-formats",
+        claim="The deployed formats' output damage by the same tail statistics (FP8, NVFP4, int per token-head, "
+              "KIVI as published, FP8-K/NVFP4-V), beside KQV's",
+        source="kvstats",
+        measurement="; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents; the maximum has none. "
+                    "Which of them differ significantly at equal measured bits: the formats study.",
+        data=_tail_data(a) + "; kvstats.evaluate(spec, bits, model='smollm2') as docs/quantizers.md names the formats",
+        verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean (the "
+                                  f"largest ratio: {worst[1]})"),
         figure=f"{STUDY}_kl_tail.png")
 
 
@@ -232,6 +283,14 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                  "get a cluster bootstrap CI over documents (kvstats.stats.cluster_bootstrap_ci)",
         "scheme": f"KQV: keys TurboQuant_mse, values TurboQuant_prod with the QJL sketch rows={ROWS!r} (D'Alberto's "
                   "eq. 3, as end_to_end), kvstats.scheme('kqv', ...), one scheme for every layer, its seed 0 + unit",
+        "formats": "the deployed formats on the same documents and reference: "
+                   + ", ".join(method_label(s_, b) for s_, b in cfg.get("formats", ()))
+                   + " (kvstats.evaluate by the names docs/quantizers.md gives: int_token = int per token-head with a "
+                     "scale and zero per token and head; kivi = K per channel in groups of 32 tokens, V per token; "
+                     "nvfp4 = E2M1 values with an E4M3 scale per 16 and an fp32 global scale; fp8_e4m3 = OFP8 E4M3 "
+                     "with unity scale; a pair K/V its parts at their widths, n the mean); every token as codes, no "
+                     "exact window (KIVI's residual window and sinks are cache options the formats study does not "
+                     "use either), bits held measured from the cache",
         "damage": "next-token KL(p_exact ‖ p_quantized) in nats, fp64 (kvstats.hf.baselines.output_metrics): p_exact "
                   "from the model's own attention with no cache, p_quantized through kvstats.cache.KVStatsCache on "
                   "the estimator path (every layer's K and V as codes, no exact window)",
@@ -254,21 +313,22 @@ class ModelDamage(study.Study):
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]
-        cells = [{"task": "tail", "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
-                  "resamples": cfg["resamples"]} for b in cfg["bits"]]
+        cells = [{"task": "tail", "scheme": s, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
+                  "resamples": cfg["resamples"]} for s, b in tail_rows(cfg)]
         cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
         return {STUDY: (cell, cells)}
 
     def analyse(self, tables, scale: str) -> Analysis:
         first = tables[STUDY]
-        tails = {b: first[(first["task"] == "tail") & (first["bits"] == b)] for b in SCALE[scale]["bits"]}
+        tails = {(s, b): first[(first["task"] == "tail") & (first["scheme"] == s) & (first["bits"] == b)]
+                 for s, b in tail_rows(SCALE[scale])}
         return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"])
 
     def figures(self, tables, a: Analysis) -> None:
-        for bits, table in a.tails.items():
+        for (scheme, bits), table in a.tails.items():
             for kind in ("pooled", "document", "layer"):
                 part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
-                plots.write_csv(f"{STUDY}_{kind}_n{bits}", part.dropna(axis=1, how="all"))
+                plots.write_csv(f"{STUDY}_{kind}_{tail_file(scheme, bits)}", part.dropna(axis=1, how="all"))
         plots.write_csv(f"{STUDY}_sensitivity", a.sens.drop(columns=["known"]).dropna(axis=1, how="all"))
         tail_figure(a.tails)
         from kvstats.evaluation.sensitivity import sensitivity_figure
@@ -279,7 +339,7 @@ class ModelDamage(study.Study):
                            plots.figure_path(f"{STUDY}_sensitivity"))
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [kl_tail_claim(a), sensitivity_claim(a)]
+        return [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a)) if c is not None]
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)
