@@ -62,7 +62,8 @@ def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, sc
     from kvstats.measure.stats import InferenceOptions
 
     ev = kvstats.evaluate(scheme, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
-                          inference=InferenceOptions(n_resamples=resamples), rows=ROWS)
+                          inference=InferenceOptions(n_resamples=resamples),
+                          **({"rows": ROWS} if scheme == SCHEME else {}))  # the formats have no QJL sketch
     ev_docs, tok = ev.summary["evaluated"]["documents"], ev.summary["evaluated"]["tokens"]
     rows = [{"kind": "pooled", "statistic": name, **_triple(r, "value")} for name, r in tok.items()]
     rows += [{"kind": "document", "document": u["document"], "title": u["title"], "out_kl": u["out_kl"],

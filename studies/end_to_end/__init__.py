@@ -72,6 +72,7 @@ from kvstats.studies.end_to_end.analysis import (
 )
 from kvstats.studies.end_to_end.cells import (
     DOCUMENTS,
+    FORMATS_VERSION,
     GENERATION_VERSION,
     QJL_VERSION,
     SCALE,
@@ -117,7 +118,8 @@ class EndToEnd(study.Study):
     the definitions."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
-    versions = {f"{STUDY}_generation": GENERATION_VERSION, f"{STUDY}_qjl": QJL_VERSION}
+    versions = {f"{STUDY}_generation": GENERATION_VERSION, f"{STUDY}_qjl": QJL_VERSION,
+                f"{STUDY}_formats": FORMATS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         return sweeps(SCALE[scale])

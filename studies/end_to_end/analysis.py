@@ -188,6 +188,8 @@ class Analysis:
     base: pd.DataFrame | None = None
     qjl_segs: pd.DataFrame | None = None
     qjl_summary: pd.DataFrame | None = None
+    formats_segs: pd.DataFrame | None = None
+    formats_summary: pd.DataFrame | None = None
 
     @functools.cached_property
     def budgets(self) -> list[int]:
@@ -249,10 +251,11 @@ def analyse(tables, scale: str) -> Analysis:
     summary = summary_table(segs, table[table["kind"] == "cell"], cfg["resamples"], docs)
     corr = correlations(summary, tokens, cfg["resamples"])
     gen = tables[f"{STUDY}_generation"].drop(columns="offsets")  # each row names its prompt (offset)
-    qjl_segs = qjl_summary = None
-    qt = tables.get(f"{STUDY}_qjl")
-    if qt is not None and len(qt):
-        qjl_segs = segment_means(qt[qt["kind"] == "token"][tokens.columns])
-        qjl_summary = summary_table(qjl_segs, qt[qt["kind"] == "cell"], cfg["resamples"], docs)
+    side = {}
+    for name in ("qjl", "formats"):  # the sweeps measured beside the main one: (segment means, summary) or None
+        t = tables.get(f"{STUDY}_{name}")
+        ok = t is not None and len(t)
+        segs_ = segment_means(t[t["kind"] == "token"][tokens.columns]) if ok else None
+        side[name] = (segs_, summary_table(segs_, t[t["kind"] == "cell"], cfg["resamples"], docs) if ok else None)
     return Analysis(cfg, scale, tuple(cells.SCHEMES), summary, segs, tokens, layers, corr, gen,
-                    tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), qjl_segs, qjl_summary)
+                    tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"])

@@ -25,6 +25,7 @@ from kvstats.evaluation.model_engine import (
 )
 from kvstats.hf.baselines import output_metrics
 from kvstats.measure.metrics import attention_kl_from_scores
+from kvstats.studies.formats import DEPLOYED
 from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
@@ -46,11 +47,11 @@ HEAD_DIM = 64
 SCALE = {
     "quick": {"segment_tokens": 64, "segments": 8, "budgets": (2, 4), "seeds": (0,), "windows": (0,),
               "window_budget": 4, "calibration_tokens": 1024, "nova_budgets": (2,), "qjl_budgets": (2,),
-              "prompts": (0,),
+              "prompts": (0,), "formats": (("nvfp4", 4),),
               "gen_budgets": (2,), "prompt_len": 48, "new": 24, "agree_tokens": 64, "resamples": 999},
     "paper": {"segment_tokens": 128, "segments": None, "budgets": (2, 3, 4, 5, 6), "seeds": (0,), "windows": (0, 16),
               "window_budget": 4, "calibration_tokens": None, "nova_budgets": (2, 3, 4, 5, 6), "qjl_budgets": (3,),
-              "prompts": (0, 480, 960), "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
+              "prompts": (0, 480, 960), "formats": DEPLOYED, "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
               "agree_tokens": 256, "resamples": 4999},
 }
 #: QJL's own cache (kvstats.scheme("qjl_cache"), arXiv 2406.03482 §4-5): keys m = n·d sign bits on orthogonalised rows
@@ -60,6 +61,9 @@ SCALE = {
 QJL_CACHE = {"outliers": 4, "rows_per_outlier": 8}
 #: the QJL cache sweep's version (its own sweep, so the main cells stay cached)
 QJL_VERSION = "1"
+#: the deployed formats' sweep (``formats``: (spec, n) of kvstats.studies.formats.DEPLOYED at paper scale):
+#: teacher-forced as every scheme (:func:`cell`, no window), measured beside the same-n schemes; its own version
+FORMATS_VERSION = "1"
 #: The sketch of every QJL stage (kqv's V, qkqv's K and V): D'Alberto's randomized Hadamard sketch, arXiv
 #: 2605.08114 §2.2 eq. 3 (S = H·diag(s′), m = d = 64), the definition the D'Alberto claims below are held to.
 QJL_ROWS = "srht"
@@ -301,8 +305,8 @@ def cell_grid(cfg: dict) -> list[dict]:
 
 
 def sweeps(cfg: dict) -> study.Sweeps:
-    """The study's sweeps at one scale: the teacher-forced cells (:func:`cell_grid`), QJL's cache (its own sweep and
-    version), the two paths, the generation and, when transformers' quantized caches are installed, the
+    """The study's sweeps at one scale: the teacher-forced cells (:func:`cell_grid`), QJL's cache and the deployed
+    formats (each its own sweep and version), the two paths, the generation and, when transformers' quantized caches are installed, the
     baselines."""
     from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
 
@@ -311,6 +315,10 @@ def sweeps(cfg: dict) -> study.Sweeps:
         f"{STUDY}_qjl": (cell, grid(scheme="qjl", n=list(cfg["qjl_budgets"]), seed=list(cfg["seeds"]), window=0,
                                     segment_tokens=cfg["segment_tokens"], segments=cfg["segments"],
                                     calibration_tokens=cfg["calibration_tokens"])),
+        f"{STUDY}_formats": (cell, [{"scheme": spec, "n": n, "seed": cfg["seeds"][0], "window": 0,
+                                     "segment_tokens": cfg["segment_tokens"], "segments": cfg["segments"],
+                                     "calibration_tokens": cfg["calibration_tokens"]}
+                                    for spec, n in cfg.get("formats", ())]),
         f"{STUDY}_paths": (agreement_cell, grid(scheme=list(DALBERTO), n=4, tokens=cfg["agree_tokens"])),
         f"{STUDY}_generation": (generation_cell, grid(
             scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,

@@ -226,6 +226,46 @@ def qjl_cache_claim(a: Analysis) -> Claim | None:
                  "are found on the calibration document (the paper finds them in each prompt)."))
 
 
+#: the same-n schemes each deployed format is tested against (where run at its n): KQV, TurboQuant_mse on K and V,
+#: KIVI-style min-max with d-token groups
+FORMATS_AGAINST = ("kqv", "mse", "minmax")
+
+
+def formats_claim(a: Analysis) -> Claim | None:
+    """The deployed formats (kvstats.studies.formats.DEPLOYED) teacher-forced as every scheme, each against the
+    same-n schemes of the main sweep (paired Wilcoxon over segments, Holm over this claim's tests); None without the
+    formats sweep."""
+    if a.formats_segs is None:
+        return None
+    from kvstats.studies.formats import method_label
+
+    fs = a.formats_summary
+    specs = list(dict.fromkeys(fs["scheme"]))
+    segs = pd.concat([a.formats_segs, a.segs[a.segs["n"].isin(set(fs["n"]))]], ignore_index=True)
+    tests = paired_tests(segs, [(x, y) for x in specs for y in FORMATS_AGAINST], metrics=("out_kl", "d_nll"),
+                         resamples=min(a.cfg["resamples"], 999))
+    parts = [f"{method_label(r.scheme, int(r.n))}: {r.bits_per_element:.3g} bits held, next-token KL {r.out_kl:.3g} "
+             f"[{r.out_kl_lo:.3g}, {r.out_kl_hi:.3g}] nats, top-1 {r.top1:.3f}, perplexity ×{r.ppl_ratio:.3f}"
+             for r in fs.itertuples()]
+    kl = tests[tests["metric"] == "out_kl"] if len(tests) else tests
+    lower = [f"{r.a} < {r.b} at n = {r.n}" for r in kl.itertuples() if r.p_holm < ALPHA and r.r < 0]
+    higher = [f"{r.a} > {r.b} at n = {r.n}" for r in kl.itertuples() if r.p_holm < ALPHA and r.r > 0]
+    return Claim(
+        id="e2e-formats", figure=None, source="kvstats",
+        data=a.data + "; the deployed formats " + ", ".join(method_label(x, int(n)) for x, n in zip(fs["scheme"],
+                                                                                                     fs["n"])),
+        claim="The formats the field deploys (int per token-head, KIVI as published, NVFP4, FP8-K/NVFP4-V, FP8 "
+              "e4m3) teacher-forced on the same segments as kvstats' schemes, beside the schemes of the same n.",
+        measurement=("; ".join(parts) + f". Next-token KL against {', '.join(FORMATS_AGAINST)} at the same n "
+                     f"({len(kl)} tests of {len(tests)}, Holm): significantly lower in {len(lower)}"
+                     + (f" ({', '.join(lower)})" if lower else "") + f", higher in {len(higher)}"
+                     + (f" ({', '.join(higher)})" if higher else "") + ". The same n is not the same bits held: "
+                     "the formats study compares at equal measured bits."),
+        verdict=measured(f"{len(lower)} of {len(kl)} same-n comparisons favour the format, {len(higher)} the scheme"),
+        details=(TEST_HEADER + _test_lines(tests) + "\n\n" + a.unit
+                 + " n of a pair K/V is the mean of its widths; fp8_e4m3 at n = 8 has no same-n scheme here."))
+
+
 def _side_by_side(a: Analysis) -> str:
     """The perplexity claim's table rows: next-token KL / perplexity / bits per element per scheme and budget."""
     def cell_txt(x, n):
@@ -445,7 +485,8 @@ def baselines_claim(a: Analysis) -> Claim | None:
 
 
 #: the claims in the order the report lists them; each returns None where its cells were not run
-CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim, perplexity_claim,
+CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim, formats_claim,
+          perplexity_claim,
           neutral_claim,
           top1_claim, predictivity_claim, window_claim, generation_claim, baselines_claim)
 

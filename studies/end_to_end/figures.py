@@ -168,6 +168,8 @@ def figures(a: Analysis) -> None:
     if a.base is not None:
         plots.write_csv(f"{STUDY}_baselines", a.base)
     plots.write_csv(STUDY, a.summary)
+    if a.formats_summary is not None:
+        plots.write_csv(f"{STUDY}_formats", a.formats_summary)
     plots.write_csv(f"{STUDY}_segments", a.segs)
     plots.write_csv(f"{STUDY}_tokens", a.tokens)
     plots.write_csv(f"{STUDY}_layers", a.layers)

@@ -12,7 +12,7 @@ from tests.helpers.studies import run_tiny
 
 @pytest.mark.slow
 def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
-    tiny = {"documents": 3, "segment": 12, "bits": (4,), "formats": (("fp8_e4m3/nvfp4", 6),), "sens_documents": 2,
+    tiny = {"documents": 3, "segment": 12, "bits": (4,), "formats": (("fp8_e4m3/nvfp4", 6), ("int_token", 2)), "sens_documents": 2,
             "sens_segment": 12, "sens_bits": 2, "resamples": 99}
     claims = {c["id"]: c for c in run_tiny("model_damage", tiny, tmp_path, monkeypatch)}
     assert set(claims) == {"model-kl-tail", "model-kl-tail-formats", "model-layer-sensitivity"}
@@ -23,7 +23,7 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     import json
 
     stored = [json.loads(p.read_text()) for p in (tmp_path / "cells" / "model_damage").glob("*.json")]
-    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail", "tail"]  # KQV, the pair, 2 parts
+    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail", "tail", "tail"]  # KQV, 2 formats, 2 parts
     rows = next(c["rows"] for c in stored if c["params"]["task"] == "tail" and c["params"]["scheme"] == "kqv")
     tokens = np.concatenate([r["tokens_out_kl"] for r in rows if r["kind"] == "document"])
     assert tokens.size == 3 * 12
@@ -36,5 +36,6 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     assert (figs / "data" / "model_damage_pooled_fp8_e4m3-nvfp4_6.csv").is_file()
     assert "fp8_e4m3/nvfp4@6 (" in claims["model-kl-tail-formats"]["measurement"]
     assert meta["bits_total"] == pytest.approx((8 + 4 + 8 / 16 + 32 / (12 * 64)) / 2, rel=1e-12)
+    assert "int_token@2 (2.5 bits per element held" in claims["model-kl-tail-formats"]["measurement"]  # 2 + 32/64
     sens = pd.read_csv(figs / "data" / "model_damage_sensitivity.csv")
     assert (sens["kind"] == "layer").sum() == 30

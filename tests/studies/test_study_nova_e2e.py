@@ -247,7 +247,8 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
 
     tiny = {"segment_tokens": 12, "segments": 6, "budgets": (2,), "seeds": (0,), "windows": (0, 4),
             "window_budget": 2, "calibration_tokens": 300, "nova_budgets": (2,), "qjl_budgets": (2,), "prompts": (0,),
-            "gen_budgets": (2,), "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99}
+            "gen_budgets": (2,), "prompt_len": 8, "new": 3, "agree_tokens": 12, "resamples": 99,
+            "formats": (("int_token", 2), ("fp8_e4m3", 8))}
     monkeypatch.setattr(e2e.cells, "SCHEMES", ("kqv", "qkqv", "minmax", "mse", "nova"))
     monkeypatch.setattr(layer_schemes, "_calibration_folder", lambda: tmp_path / "nova")
     nova_layers.cache_clear()
@@ -262,6 +263,14 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     assert "6 disjoint segments of 12 tokens" in claims["e2e-nova-2bit-output"]["data"]
     # QJL's cache ran in its own sweep and is compared with min-max at its budget
     assert claims["qjl-cache-smollm2"]["rule"] == "direction" and "n = 2" in claims["qjl-cache-smollm2"]["measurement"]
+    # the deployed formats in their own sweep: bits held their closed forms at d = 64 (int2 per token-head: 2 + an
+    # fp16 scale and zero per 64 elements = 2.5; fp8 e4m3 with unity scale: 8), int_token@2 tested against the three
+    # same-n schemes on two metrics, fp8_e4m3@8 against none (no scheme at n = 8)
+    formats = pd.read_csv(data / "end_to_end_formats.csv").set_index("scheme")
+    assert formats.loc["int_token", "bits_per_element"] == 2.5 and formats.loc["fp8_e4m3", "bits_per_element"] == 8
+    assert claims["e2e-formats"]["verdict"] == "measured"
+    assert "of 3 same-n comparisons" in claims["e2e-formats"]["reason"]
+    assert "int_token@2: 2.5 bits held" in claims["e2e-formats"]["measurement"]
     segs = pd.read_csv(data / "end_to_end_segments.csv")
     # every scheme saw the same 6 segments; the lossless control is exact to fp32 rounding
     assert segs.groupby(["scheme", "n", "window"])["segment"].nunique().eq(6).all()
