@@ -324,7 +324,8 @@ def published_claims() -> list[Claim]:
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return {
-        "methods": "kvstats.evaluate(spec, bits, model='smollm2') for " + ", ".join(method_label(s, b) for s, b in METHODS)
+        "methods": "kvstats.evaluate(spec, bits, model='smollm2') for "
+                   + ", ".join(method_label(s, b) for s, b in METHODS)
                    + " (docs/quantizers.md; kivi without its residual window: the codes themselves); transformers' "
                      "QuantizedCache (optimum-quanto, q_group_size 64, residual 1 token) at int"
                    + "/".join(map(str, QUANTO_BITS)) + " through kvstats.hf.baselines, its bits held counted from "

@@ -30,9 +30,9 @@ import pandas as pd
 
 from kvstats import study
 from kvstats.measure import verdicts
+from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.studies.formats import DEPLOYED, method_label
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -85,8 +85,8 @@ LAYERS = 30  # SmolLM2-135M
 
 def cell(task: str, bits: int, documents: int | None, segment: int, resamples: int = 0, part: str = "",
          known: str = "", scheme: str = SCHEME) -> list[dict]:
-    """``tail``: the model evaluation of ``scheme`` at ``bits``; ``part``: one part of the sensitivity's configurations (its
-    per-document damages); ``join``: the sensitivity from the parts' damages (``known``, JSON), measuring only the
+    """``tail``: the model evaluation of ``scheme`` at ``bits``; ``part``: one part of the sensitivity's configurations
+    (its per-document damages); ``join``: the sensitivity from the parts' damages (``known``, JSON), measuring only the
     bisection's keep-exact sets."""
     if task == "tail":
         return tail_cell(bits, documents, segment, resamples, scheme)

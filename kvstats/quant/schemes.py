@@ -32,11 +32,11 @@ cache positions: query i sits at position S − N + i and sees keys 0 .. S − N
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 
 import torch

@@ -306,8 +306,8 @@ def cell_grid(cfg: dict) -> list[dict]:
 
 def sweeps(cfg: dict) -> study.Sweeps:
     """The study's sweeps at one scale: the teacher-forced cells (:func:`cell_grid`), QJL's cache and the deployed
-    formats (each its own sweep and version), the two paths, the generation and, when transformers' quantized caches are installed, the
-    baselines."""
+    formats (each its own sweep and version), the two paths, the generation and, when transformers' quantized caches
+    are installed, the baselines."""
     from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
 
     out = {

@@ -12,8 +12,8 @@ from tests.helpers.studies import run_tiny
 
 @pytest.mark.slow
 def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
-    tiny = {"documents": 3, "segment": 12, "bits": (4,), "formats": (("fp8_e4m3/nvfp4", 6), ("int_token", 2)), "sens_documents": 2,
-            "sens_segment": 12, "sens_bits": 2, "resamples": 99}
+    tiny = {"documents": 3, "segment": 12, "bits": (4,), "formats": (("fp8_e4m3/nvfp4", 6), ("int_token", 2)),
+            "sens_documents": 2, "sens_segment": 12, "sens_bits": 2, "resamples": 99}
     claims = {c["id"]: c for c in run_tiny("model_damage", tiny, tmp_path, monkeypatch)}
     assert set(claims) == {"model-kl-tail", "model-kl-tail-formats", "model-layer-sensitivity"}
     assert all(c["verdict"] == "measured" for c in claims.values())
@@ -23,7 +23,7 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     import json
 
     stored = [json.loads(p.read_text()) for p in (tmp_path / "cells" / "model_damage").glob("*.json")]
-    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail", "tail", "tail"]  # KQV, 2 formats, 2 parts
+    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail", "tail", "tail"]  # 2 formats
     rows = next(c["rows"] for c in stored if c["params"]["task"] == "tail" and c["params"]["scheme"] == "kqv")
     tokens = np.concatenate([r["tokens_out_kl"] for r in rows if r["kind"] == "document"])
     assert tokens.size == 3 * 12
