@@ -74,6 +74,7 @@ from kvstats.studies.budget_sweep.cells import (
     VERSION,
     cell,
     documents,
+    formats_cells,
     make_scheme,
     real_windows,
     sweep_cells,
@@ -115,10 +116,12 @@ class BudgetSweep(study.Study):
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
     def cells(self, scale: str) -> study.Sweeps:
-        return {STUDY: (cell, sweep_cells(scale, window_count(SCALE[scale], capture=True)))}
+        n_windows = window_count(SCALE[scale], capture=True)
+        return {STUDY: (cell, sweep_cells(scale, n_windows)),
+                f"{STUDY}_formats": (cell, formats_cells(scale, n_windows))}
 
     def analyse(self, tables, scale: str) -> Analysis:
-        return analyse(trial_table(tables[STUDY]), scale, window_count(SCALE[scale]))
+        return analyse(trial_table(tables[STUDY]), scale, window_count(SCALE[scale]), tables.get(f"{STUDY}_formats"))
 
     def figures(self, tables, a: Analysis) -> None:
         write_tables(a)

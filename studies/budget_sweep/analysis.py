@@ -214,6 +214,34 @@ def superlinear_table(primary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: the metrics on which each deployed format is tested against KQV at the same n (the 6D distance is left out: its
+#: scales are the primary grid's medians, of D'Alberto's schemes)
+FORMAT_METRICS = ("attention_kl", "top5", "output_error", "v_rel_mse")
+
+
+def formats_tests(formats: pd.DataFrame, table: pd.DataFrame, resamples: int) -> pd.DataFrame:
+    """Paired Wilcoxon tests (over the real windows) of each deployed format against KQV (srht sketch) at the same
+    n, per layer and metric; Holm over all of them (this family alone). Empty where no format has a KQV row."""
+    from statsmodels.stats.multitest import multipletests
+
+    ours = table[(table["data"] == "smollm2") & (table["scheme"] == "kqv") & (table["sketch"] == SKETCH)]
+    parts = []
+    for spec in dict.fromkeys(formats["scheme"]):
+        for n in sorted(formats.loc[formats["scheme"] == spec, "n"].unique()):
+            kqv = ours[ours["n"] == n]
+            if kqv.empty:
+                continue
+            pair = pd.concat([formats[(formats["scheme"] == spec) & (formats["n"] == n)], kqv], ignore_index=True)
+            parts.append(compare(pair, list(FORMAT_METRICS), "scheme", within=["label", "n"], levels=[spec, "kqv"],
+                                 paired_by="trial", n_resamples=resamples))
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True)
+    out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
+    out["p_adj"] = out["p_holm"]
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class Analysis:
     """What the figures and the claims read: the scale's configuration, the real windows, every trial
@@ -229,10 +257,13 @@ class Analysis:
     ratios: pd.DataFrame  # ratio_table
     cross: pd.DataFrame  # crossover_table
     energy: pd.DataFrame  # energy_table
+    formats: pd.DataFrame | None = None  # the deployed formats' real trials (trial_table's columns, no 6D distance)
+    formats_tests: pd.DataFrame | None = None  # formats_tests
 
 
-def analyse(table: pd.DataFrame, scale: str, n_windows: int) -> Analysis:
-    """The tests of the trial table (:func:`trial_table`) at ``scale``."""
+def analyse(table: pd.DataFrame, scale: str, n_windows: int, formats: pd.DataFrame | None = None) -> Analysis:
+    """The tests of the trial table (:func:`trial_table`) at ``scale``; ``formats``: the deployed formats' real
+    trials (the formats sweep's rows), tested against KQV at the same n."""
     cfg = SCALE[scale]
     primary = view(table, SKETCH)
     labels = list(dict.fromkeys(primary["label"]))
@@ -240,7 +271,14 @@ def analyse(table: pd.DataFrame, scale: str, n_windows: int) -> Analysis:
     ratios = ratio_table(table, cfg["resamples"])
     cross = crossover_table(table, pairs)
     energy = energy_table(primary, labels, cfg["resamples"], pairs)
-    return Analysis(cfg, scale, n_windows, table, primary, labels, pairs, ratios, cross, energy)
+    tests = None
+    if formats is not None and len(formats):
+        formats = formats.rename(columns={"scheme_name": "scheme"})
+        formats["label"] = formats.apply(data_label, axis=1)
+        tests = formats_tests(formats, table, cfg["paired_resamples"])
+    else:
+        formats = None
+    return Analysis(cfg, scale, n_windows, table, primary, labels, pairs, ratios, cross, energy, formats, tests)
 
 
 def write_tables(a: Analysis) -> None:
@@ -253,3 +291,7 @@ def write_tables(a: Analysis) -> None:
         ["sketch", "label", "n", "n_trials", "mw_rank_biserial", "mw_r_z", "mw_p", "mw_p_method", "mw_p_asymptotic"]])
     plots.write_csv(f"{STUDY}_crossover", a.cross)
     plots.write_csv(f"{STUDY}_energy", a.energy)
+    if a.formats is not None:
+        plots.write_csv(f"{STUDY}_formats", a.formats.groupby(["scheme", "n", "label"], sort=False)[
+            ["attention_kl", "top5", "output_error", "v_rel_mse", "bits_k", "bits_v"]].median().reset_index())
+        plots.write_csv(f"{STUDY}_formats_wilcoxon", a.formats_tests)

@@ -190,7 +190,8 @@ def trial_error6d_reference(data: str, layer: int | None, d: int, seq: int, n_q:
 
 
 def make_scheme(name: str, n: int, d: int, seed: int, sketch: str = SKETCH) -> Scheme:
-    """The registered scheme ``kvstats.scheme(name, bits=n, dim=d, seed=seed, **SKETCH_OPTIONS[sketch])``;
+    """The registered scheme (or format spec) ``kvstats.scheme(name, bits=n, dim=d, seed=seed,
+    **SKETCH_OPTIONS[sketch])``;
     ``sketch`` sets every QJL stage (kqv's V, qkqv's K and V); "none" for kv and minmax, which have none. ``minmax``
     (KIVI-style): K per channel (groups of d tokens), V per token (groups of d coordinates), fp16 min and
     scale: 32/d side bits per element, as the fp32 norm of the other schemes."""
@@ -244,6 +245,20 @@ def cell(data: str, layer: int | None, scheme_name: str, sketch: str, n: int, d:
             rows.append({"trial": t, "queries": model, **trial_metrics(
                 s, q, k, v, causal, code=code, decoded=decoded, reference=ref, exact=exact), **side})
     return rows
+
+
+def formats_cells(scale: str, n_windows: int) -> list[dict]:
+    """The deployed formats (kvstats.studies.formats.DEPLOYED: spec, n) on the real windows, as the real rows of the
+    primary grid (same layers, windows, queries; a fresh scheme seed per trial, unused by these deterministic
+    formats): their own sweep, so the primary grid's tables and its 6D scales stay D'Alberto's schemes alone."""
+    from kvstats.studies.formats import DEPLOYED
+
+    cfg = SCALE[scale]
+    if not n_windows:
+        return []
+    return [{"data": "smollm2", "layer": layer, "scheme_name": spec, "sketch": NO_SKETCH, "n": n, "d": REAL_D,
+             "seq": cfg["window"], "n_q": cfg["n_q"] // 2, "trials": n_windows}
+            for spec, n in cfg.get("formats", DEPLOYED) for layer in cfg["layers"]]
 
 
 def sweep_cells(scale: str, n_windows: int) -> list[dict]:

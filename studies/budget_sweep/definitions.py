@@ -26,6 +26,7 @@ from kvstats.studies.budget_sweep.cells import (
     SYNTHETIC_HEADS,
     make_scheme,
 )
+from kvstats.studies.formats import DEPLOYED
 
 
 def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
@@ -77,6 +78,11 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
                        "of medians with a paired BCa bootstrap CI (on the real windows a cluster BCa bootstrap: "
                        "the documents, then their windows; windows of one document are not independent, and the "
                        "real windows' Wilcoxon p-values describe these documents' windows)",
+        "formats": "the deployed formats on the real windows (their own sweep, the same windows, layers and queries): "
+                   + ", ".join(f"{s}@{n}" if "@" not in s else s for s, n in cfg.get("formats", DEPLOYED))
+                   + " (kvstats.scheme by the names docs/quantizers.md gives; a pair K/V at n = the mean of its "
+                     "widths), each tested against KQV at the same n per layer (paired Wilcoxon over windows, Holm "
+                     "over those tests alone: figures/data/budget_sweep_formats_wilcoxon.csv)",
         "top-k": "top-5 recall: share of the reference top-5 keys among the estimate's top 5, ties broken by index "
                  "(kvstats.metrics.topk_recall_from_scores); causal rows see only visible keys",
     }

@@ -181,7 +181,7 @@ def fake_smollm2(monkeypatch):
 @pytest.mark.slow
 def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     tiny = {"trials": 6, "seq": 32, "n_q": 4, "d": 16, "layers": (2,), "window": 24, "resamples": 99,
-            "paired_resamples": 49}
+            "paired_resamples": 49, "formats": (("int_token", 4), ("fp8_e4m3", 8))}
     claims = {c["id"]: c for c in run_tiny("budget_sweep", tiny, tmp_path, monkeypatch)}
     for sketch in ("", "-sketch-gaussian", "-sketch-orthogonal"):
         for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
@@ -228,6 +228,14 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     assert len(own) == bs.paired_family_size(tiny)
     np.testing.assert_allclose(own["p_holm"], multipletests(own["p"], method="holm")[1], rtol=1e-9)
     assert read_claims(data / "budget_sweep_claims.json")
+    # the deployed formats on the same 6 real windows, in their own sweep: int_token@4 against KQV at n = 4 on the
+    # four format metrics (Holm over those 4 alone), fp8_e4m3@8 against nothing (no KQV at n = 8); bits per element
+    # their closed forms at d = 64: int4 + an fp16 scale and zero per 64 elements = 4.5, fp8 e4m3 unity = 8
+    fw = pd.read_csv(data / "budget_sweep_formats_wilcoxon.csv")
+    assert len(fw) == 4 and set(fw["level_a"]) == {"int_token"} and (fw["n_pairs"] == 6).all()
+    np.testing.assert_allclose(fw["p_holm"], multipletests(fw["p"], method="holm")[1], rtol=1e-9)
+    fm = claims["budget-sweep-formats"]["measurement"]
+    assert "int_token@4 (4.5 bits per element)" in fm and "fp8_e4m3@8 (8 bits per element)" in fm
 
 
 def test_docs_state_the_computed_group_sizes():
