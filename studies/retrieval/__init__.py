@@ -58,6 +58,7 @@ from kvstats.studies.retrieval.analysis import (
     tests_table,
 )
 from kvstats.studies.retrieval.cells import (
+    FORMATS_VERSION,
     INDUCTION_ANSWER,
     INDUCTION_CUE,
     SCALE,
@@ -66,9 +67,17 @@ from kvstats.studies.retrieval.cells import (
     Prompt,
     build_prompt,
     cell,
+    formats_cell,
     passed,
 )
-from kvstats.studies.retrieval.claims import definitions, fp_claim, neutral_claim, nova_claim, schemes_claim
+from kvstats.studies.retrieval.claims import (
+    definitions,
+    formats_claim,
+    fp_claim,
+    neutral_claim,
+    nova_claim,
+    schemes_claim,
+)
 from kvstats.studies.retrieval.figures import accuracy_vs_kl, heatmap
 from kvstats.study import plots
 from kvstats.study.claims import Claim
@@ -84,6 +93,7 @@ class Retrieval(study.Study):
     """The study on the protocol (kvstats.study.protocol.Study): one cell per prompt."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    versions = {f"{STUDY}_formats": FORMATS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]
@@ -92,10 +102,14 @@ class Retrieval(study.Study):
                   "calibration_tokens": cfg["calibration_tokens"], **nova}
                  for task, lengths in cfg["tasks"].items() for length, prompts in lengths.items()
                  for i in range(prompts)]
-        return {STUDY: (cell, sorted(cells, key=lambda c: -c["length"]))}  # the longest first: they bound the wall
+        formats = [{"task": c["task"], "length": c["length"], "prompt": c["prompt"],
+                     "formats": [list(f) for f in cfg.get("formats", ())]} for c in cells] if cfg.get("formats") else []
+        by_length = lambda c: -c["length"]  # noqa: E731 - the longest first: they bound the wall time
+        return {STUDY: (cell, sorted(cells, key=by_length)), f"{STUDY}_formats": (formats_cell, sorted(formats,
+                                                                                                   key=by_length))}
 
     def analyse(self, tables, scale: str) -> Analysis:
-        return analyse(tables[STUDY], scale)
+        return analyse(tables[STUDY], scale, tables.get(f"{STUDY}_formats"))
 
     def figures(self, tables, a: Analysis) -> None:
         plots.write_csv(f"{STUDY}_trials", a.trials)
@@ -107,7 +121,8 @@ class Retrieval(study.Study):
         accuracy_vs_kl(a)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [c for c in (fp_claim(a), schemes_claim(a), nova_claim(a), neutral_claim(a)) if c is not None]
+        return [c for c in (fp_claim(a), schemes_claim(a), formats_claim(a), nova_claim(a), neutral_claim(a))
+                if c is not None]
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a)

@@ -83,6 +83,21 @@ def equivalence_rows(trials: pd.DataFrame, scheme: str, n: int) -> list[dict]:
     return out
 
 
+def formats_tests(trials: pd.DataFrame, formats: tuple[tuple[str, int], ...]) -> pd.DataFrame:
+    """Exact McNemar pooled over lengths, per task: each deployed format (spec, n) against the fp model
+    (``family = "formats vs fp"``) and against transformers' quantized cache at the same n where it ran
+    (``"formats vs quanto"``), Holm within each (task, family)."""
+    rows = []
+    for task, g in trials.groupby("task", sort=False):
+        for family, other in (("formats vs fp", FP), (f"formats vs {BASELINE}", BASELINE)):
+            part = [r for spec, n in formats if (r := _mcnemar_row(g, spec, other, n)) is not None]
+            if part:
+                holm = multipletests([r["p"] for r in part], method="holm")[1]
+                rows += [{"task": task, "length": "all", "family": family, **r, "p_holm": float(h)}
+                         for r, h in zip(part, holm)]
+    return pd.DataFrame(rows)
+
+
 @dataclass(frozen=True, eq=False)
 class Analysis:
     """The trials (one row per scheme, n and needle), the accuracies (per task, length, scheme, n; per task
@@ -97,15 +112,24 @@ class Analysis:
     pooled: pd.DataFrame
     grid: pd.DataFrame
     tests: pd.DataFrame
+    formats: tuple[tuple[str, int], ...] = ()  # the deployed formats' (spec, n) the formats sweep ran
 
 
-def analyse(trials: pd.DataFrame, scale: str) -> Analysis:
+def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = None) -> Analysis:
+    """The schemes' trials (and the formats sweep's, on the same prompts: ``formats``) -> :class:`Analysis`; the
+    formats' McNemar tests (:func:`formats_tests`) follow the schemes' in ``tests``."""
     cfg, schemes = SCALE[scale], tuple(cells.SCHEMES)
+    ran: tuple = ()
+    if formats is not None and len(formats):
+        trials = pd.concat([trials, formats], ignore_index=True)
+        ran = tuple(dict.fromkeys((s, int(n)) for s, n in zip(formats["scheme"], formats["n"])))
     trials = trials.assign(success=trials["success"].astype(bool))
+    tests = tests_table(trials, cfg["bits"], schemes)
+    if ran:
+        tests = pd.concat([tests, formats_tests(trials, ran)], ignore_index=True)
     return Analysis(cfg, scale, schemes, trials, accuracy_table(trials, ["task", "length", "scheme", "n"]),
                     accuracy_table(trials, ["task", "scheme", "n"]),
-                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]),
-                    tests_table(trials, cfg["bits"], schemes))
+                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran)
 
 
 def _recovered(rows: np.ndarray) -> float:

@@ -15,10 +15,12 @@ import torch
 from kvstats._random import unit_seed
 from kvstats.evaluation.layer_schemes import CALIBRATION_TITLE, layer_schemes
 from kvstats.evaluation.model_engine import set_attention, shared_model
+from kvstats.studies.formats import DEPLOYED
 from kvstats.study.sweep import cell_seed
 
 STUDY = "retrieval"
 VERSION = "2"  # 2: NOVA-KV cells always on the kvstats path with their records (dc05222)
+FORMATS_VERSION = "1"  # the formats sweep's (formats_cell)
 #: kvstats schemes (kvstats.evaluation.layer_schemes: D'Alberto's three with his sketch, KIVI-style min-max,
 #: TurboQuant_mse on K and V, NOVA-KV calibrated on the Declaration of Independence), then transformers' quantized
 #: cache
@@ -28,12 +30,13 @@ FP = "fp"
 FP_BITS = 16  # the n recorded for the fp model's rows (its cache holds fp32 values; the column needs a number)
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 INDUCTION_CUE, INDUCTION_ANSWER = 6, 3
+#: ``formats``: the deployed formats' (spec, n), on the same prompts in their own sweep (:func:`formats_cell`)
 SCALE = {
     "quick": {"tasks": {"passkey": {256: 4}, "induction": {256: 2, 1024: 1}, "lookup": {256: 2}},
-              "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,)},
+              "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,), "formats": (("nvfp4", 4),)},
     "paper": {"tasks": {"passkey": {256: 10, 512: 10, 1024: 10}, "induction": {256: 6, 1024: 6, 4096: 4, 8192: 3},
                         "lookup": {256: 6, 1024: 6, 2048: 6}},
-              "bits": (2, 3, 4), "calibration_tokens": None},
+              "bits": (2, 3, 4), "calibration_tokens": None, "formats": DEPLOYED},
 }
 #: The per-layer schemes' seeds are drawn as end_to_end draws its own (``cell_seed(SCHEME_SEEDS, name, n, seed)``,
 #: then one per layer), so the two studies build the same NOVA-KV calibration and every stored cell stays valid.
@@ -182,45 +185,86 @@ def cell_schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: 
                          calibration_tokens=calibration_tokens)
 
 
+class _PromptRun:
+    """One prompt's exact prefill (``past``, once) and the rows of what reads it: one row per (scheme, n, needle)."""
+
+    def __init__(self, task: str, length: int, prompt: int):
+        self.model = _model()[0]
+        self.task, self.length, self.prompt = task, length, prompt
+        self.p = build_prompt(task, length, prompt)
+        self.chunk = torch.tensor([self.p.chunk])
+        set_attention(self.model, "sdpa")
+        self.past = self.model(torch.tensor([self.p.context]), use_cache=True,
+                               logits_to_keep=1).past_key_values  # no [T, vocab] logits
+        self.layers = len(self.past.layers)
+        self.rows: list[dict] = []
+
+    def add(self, scheme: str, n, outcome, attn_kl: float = float("nan"), bits_held: float = float("nan")) -> None:
+        p = self.p
+        self.rows.extend({"task": self.task, "length": self.length, "prompt": self.prompt, "needle": i,
+                          "depth": p.depths[i], "scheme": scheme, "n": n, "success": bool(ok), "attn_kl": attn_kl,
+                          "bits_per_element": bits_held, "context_tokens": len(p.context)}
+                         for i, ok in enumerate(outcome))
+
+    def kvstats(self, name: str, n, schemes) -> None:
+        """The questions through a KVStatsCache of ``schemes`` (layer -> Scheme) holding the prefill as codes, on the
+        kvstats attention the caller set (a scheme build that leaves another behind is refused: no records)."""
+        from kvstats.hf.cache import KVStatsCache
+
+        cache = KVStatsCache(schemes, record_attention=True)
+        logits = _chunk_logits(self.model, self.chunk, cache.prefill(self.past))
+        if len(cache.attention_records) != self.layers:  # every layer on the estimator path, each one record
+            raise RuntimeError(f"retrieval cell {self.task}/{self.length}/{self.prompt}, {name} n = {n}: "
+                               f"{len(cache.attention_records)} attention records for {self.layers} layers: the "
+                               f"chunk did not run on the kvstats attention path")
+        kl = float(np.mean([r.kl.mean().item() for r in cache.attention_records]))
+        self.add(name, n, passed(logits, self.p), kl, cache.memory().bits_per_element)
+
+    def baseline(self, n: int) -> None:
+        """The questions through transformers' quantized cache (:data:`BASELINE`, nbits ``n``) of the prefill."""
+        from kvstats.hf.baselines import quantized_prefill
+
+        set_attention(self.model, "sdpa")
+        q = quantized_prefill(self.model, self.past, BASELINE, nbits=n)
+        self.add(BASELINE, n, passed(_chunk_logits(self.model, self.chunk, q), self.p))
+
+    def exact(self) -> None:
+        """The questions through the fp cache: last, as this forward extends ``past`` itself."""
+        set_attention(self.model, "sdpa")
+        self.add(FP, FP_BITS, passed(_chunk_logits(self.model, self.chunk, self.past), self.p))
+
+
 def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: int | None,
          nova_bits: tuple | None = None) -> list[dict]:
     """One prompt: the exact prefill once, then the questions through the fp cache, every kvstats scheme at every n
     (NOVA-KV at ``nova_bits``, default every n: its calibration is the quick scale's largest cost) and
-    transformers' quantized cache: one row per (scheme, n, needle)."""
-    from kvstats.hf.baselines import available_backends, quantized_prefill
-    from kvstats.hf.cache import KVStatsCache
-
-    model, _, _ = _model()
-    p = build_prompt(task, length, prompt)
-    context, chunk = torch.tensor([p.context]), torch.tensor([p.chunk])
-    rows = []
-
-    def add(scheme, n, outcome, attn_kl=float("nan"), bits_held=float("nan")):
-        rows.extend({"task": task, "length": length, "prompt": prompt, "needle": i, "depth": p.depths[i],
-                     "scheme": scheme, "n": n, "success": bool(ok), "attn_kl": attn_kl,
-                     "bits_per_element": bits_held, "context_tokens": len(p.context)} for i, ok in enumerate(outcome))
+    transformers' quantized cache: one row per (scheme, n, needle), the fp rows first."""
+    from kvstats.hf.baselines import available_backends
 
     with torch.inference_mode():
-        set_attention(model, "sdpa")
-        past = model(context, use_cache=True, logits_to_keep=1).past_key_values  # no [T, vocab] logits
-        layers = len(past.layers)
+        run = _PromptRun(task, length, prompt)
         if BASELINE in available_backends():
             for n in (b for b in bits if b in (2, 4)):  # quanto's nbits
-                q = quantized_prefill(model, past, BASELINE, nbits=n)
-                add(BASELINE, n, passed(_chunk_logits(model, chunk, q), p))
-        set_attention(model, "kvstats")
+                run.baseline(n)
+        set_attention(run.model, "kvstats")
         for name in SCHEMES:
             for n in (bits if name != "nova" or nova_bits is None else nova_bits):
                 seed = cell_seed(STUDY, "scheme", task, length, prompt) if name != "nova" else 0
-                cache = KVStatsCache(cell_schemes(name, n, seed, layers, calibration_tokens), record_attention=True)
-                logits = _chunk_logits(model, chunk, cache.prefill(past))
-                if len(cache.attention_records) != layers:  # every layer on the estimator path, each one record
-                    raise RuntimeError(f"retrieval cell {task}/{length}/{prompt}, {name} n = {n}: "
-                                       f"{len(cache.attention_records)} attention records for {layers} layers: the "
-                                       f"chunk did not run on the kvstats attention path")
-                kl = float(np.mean([r.kl.mean().item() for r in cache.attention_records]))
-                add(name, n, passed(logits, p), kl, cache.memory().bits_per_element)
-        set_attention(model, "sdpa")
-        quantized = len(rows)
-        add(FP, FP_BITS, passed(_chunk_logits(model, chunk, past), p))  # last: this forward extends past itself
-    return rows[quantized:] + rows[:quantized]  # the fp rows first
+                run.kvstats(name, n, cell_schemes(name, n, seed, run.layers, calibration_tokens))
+        quantized = len(run.rows)
+        run.exact()
+    return run.rows[quantized:] + run.rows[:quantized]
+
+
+def formats_cell(task: str, length: int, prompt: int, formats: list) -> list[dict]:
+    """The deployed formats on one prompt (``formats``: [spec, n] pairs, kvstats.studies.formats.DEPLOYED at paper
+    scale): the exact prefill once, then the questions through a KVStatsCache of each (one scheme for every layer,
+    as the schemes' cells; these formats are deterministic): one row per (format, n, needle), rows as :func:`cell`'s.
+    The fp rows are :func:`cell`'s (the same prompt, the same exact forward)."""
+    with torch.inference_mode():
+        run = _PromptRun(task, length, prompt)
+        set_attention(run.model, "kvstats")
+        for spec, n in formats:
+            run.kvstats(spec, n, cell_schemes(spec, n, cell_seed(STUDY, "format", task, length, prompt), run.layers,
+                                              None))
+    return run.rows

@@ -92,6 +92,43 @@ def schemes_claim(a: Analysis) -> Claim:
         figure=f"{STUDY}_accuracy_vs_kl.png")
 
 
+def formats_claim(a: Analysis) -> Claim | None:
+    """The deployed formats on the same prompts: pooled accuracy per task against fp and quanto (None without)."""
+    if not a.formats:
+        return None
+    from kvstats.studies.formats import method_label
+
+    parts = []
+    for task in a.pooled["task"].unique():
+        cells = []
+        for spec, n in a.formats:
+            row, t = _pooled_row(a, task, spec, n), _test(a, task, "all", "formats vs fp", spec, FP, n)
+            if row is None or t is None:
+                continue
+            q = _test(a, task, "all", f"formats vs {BASELINE}", spec, BASELINE, n)
+            cells.append(f"{method_label(spec, n)} ({row['bits_per_element']:.3g} bits) "
+                         f"{100 * row['accuracy']:.0f}% [{100 * row['ci_low']:.0f}, {100 * row['ci_high']:.0f}] "
+                         f"(Δ fp {100 * t['difference']:+.0f} pts, Holm {fmt_p(t['p_holm'])}"
+                         + (f"; Δ {BASELINE} int{n} {100 * q['difference']:+.0f} pts, Holm {fmt_p(q['p_holm'])}"
+                            if q is not None else "") + ")")
+        fp = _pooled_row(a, task, FP, FP_BITS)
+        parts.append(f"{task} (fp {100 * fp['accuracy']:.0f}%, {fp['trials']} trials): " + "; ".join(cells))
+    vs_fp = a.tests[a.tests["family"] == "formats vs fp"]
+    worse = vs_fp[(vs_fp["p_holm"] < ALPHA) & (vs_fp["difference"] < 0)]
+    return Claim(
+        id="retrieval-formats",
+        claim="Retrieval accuracy of the deployed formats (int per token-head, KIVI as published, NVFP4, "
+              "FP8-K/NVFP4-V, FP8 e4m3) against the fp model and transformers' quanto cache, on the same trials",
+        source="kvstats",
+        measurement="Accuracy pooled over lengths with Wilson 95% CIs, bits per element held, and the paired "
+                    "differences (exact McNemar, Holm over the formats of each task and family): " + " | ".join(parts)
+                    + ". Per length: figures/data/retrieval_accuracy.csv; the tests: retrieval_tests.csv (families "
+                      "'formats vs fp' and 'formats vs quanto').",
+        data=_data(a) + "; the formats in their own sweep on the same prompts and prefill",
+        verdict=measured(f"{len(worse)} of {len(vs_fp)} (format, task) cells lose retrieval significantly"),
+        figure=None)
+
+
 def nova_claim(a: Analysis) -> Claim | None:
     """NOVA-KV against the best scalar method at 2 bits, pooled over every task and length (trials paired)."""
     trials = a.trials
@@ -179,6 +216,10 @@ def definitions(a: Analysis) -> dict[str, str]:
                  "(kvstats.stats.mcnemar) with the paired difference's Newcombe interval, Holm within each (task, "
                  "length, family); the five needles of a prompt share its text, so trials are not independent: "
                  "p-values describe these prompts",
+        "formats": "the deployed formats (kvstats.scheme by the names docs/quantizers.md gives; one scheme for every "
+                   "layer, every token as codes, no window) on the same prompts and exact prefill, in their own sweep: "
+                   + ", ".join(f"{s}@{n}" if "@" not in s else s for s, n in a.formats)
+                   + "; a pair K/V at n = the mean of its widths" if a.formats else "not run at this scale",
         "attention KL": "KL(p_exact ‖ p_quantized) of the question and answer queries, mean over heads, queries "
                         "and layers (KVStatsCache's records: kvstats schemes only)",
     }

@@ -86,8 +86,10 @@ def test_prompts_hold_their_answers_where_the_chunk_says(rt, smollm2):
 @pytest.mark.slow
 def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_model(tmp_path, monkeypatch, rt,
                                                                                      smollm2):
+    # the formats sweep: int2 per token-head, and the lossless scheme as a "format" (its oracle: the fp outcomes)
     monkeypatch.setitem(rt.SCALE, "quick", {"tasks": {"lookup": {160: 1}, "induction": {160: 1}}, "bits": (2,),
-                                            "calibration_tokens": 300})
+                                            "calibration_tokens": 300,
+                                            "formats": (("int_token", 2), ("identity", 32))})
     monkeypatch.setattr(rt.cells, "SCHEMES", ("identity", "kqv"))
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
@@ -96,12 +98,23 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
     trials = pd.read_csv(data / "retrieval_trials.csv")
     assert len(trials[trials["scheme"] == "fp"]) == 10  # 5 needles × 2 prompts
     fp = trials[trials["scheme"] == "fp"].set_index(["task", "needle"])["success"]
-    lossless = trials[trials["scheme"] == "identity"].set_index(["task", "needle"])["success"]
+    identity = trials[trials["scheme"] == "identity"]
+    lossless = identity[identity["n"] == 2].set_index(["task", "needle"])["success"]
     assert fp.sum() >= 5 and lossless.equals(fp)
     assert trials.loc[trials["scheme"] == "identity", "attn_kl"].max() < 1e-5
     assert trials.loc[trials["scheme"] == "kqv", "attn_kl"].min() > 1e-3
+    # the formats sweep read the same prompts and prefill: its lossless row passes exactly where fp does; int2 per
+    # token-head holds 2 + 32/64 bits per element (an fp16 scale and zero per token and head, d = 64)
+    assert identity[identity["n"] == 32].set_index(["task", "needle"])["success"].equals(fp)
+    assert trials.loc[trials["scheme"] == "int_token", "bits_per_element"].eq(2.5).all()
+    tests = pd.read_csv(data / "retrieval_tests.csv")
+    vs_fp = tests[tests["family"] == "formats vs fp"]
+    assert len(vs_fp) == 4 and (vs_fp[vs_fp["a"] == "identity"]["p"] == 1.0).all()  # 2 formats × 2 tasks
+    assert set(tests[tests["family"] == "formats vs quanto"]["a"]) <= {"int_token"}  # quanto at n = 2 only
     claims = {c["id"]: c for c in read_claims(data / "retrieval_claims.json")}
-    assert set(claims) == {"retrieval-fp", "retrieval-schemes"}  # no NOVA-KV and no n = 4: those claims are absent
+    # no NOVA-KV and no n = 4: those claims are absent
+    assert set(claims) == {"retrieval-fp", "retrieval-schemes", "retrieval-formats"}
+    assert "int_token@2 (2.5 bits)" in claims["retrieval-formats"]["measurement"]
     assert (tmp_path / "figures" / "retrieval_heatmap_n2.png").is_file()
 
 
