@@ -910,7 +910,8 @@ def test_a_negative_or_non_int_layer_index_is_refused(layer_idx):
 
 
 @pytest.mark.parametrize("name,window,flush", [("kv", 0, 1), ("kqv", 3, 1), ("qkqv", 0, 1), ("minmax", 3, 4),
-                                               ("qjl_cache", 2, 1), ("kqv", 2, 3)])
+                                               ("qjl_cache", 2, 1), ("kqv", 2, 3), ("fp8_e4m3", 2, 1),
+                                               ("fp8_e5m2", 0, 1)])
 @pytest.mark.parametrize("mask_kind,softcap,sliding,batch,dtype", [
     ("none", None, None, 1, torch.float32), ("bool", None, None, 1, torch.float32),
     ("float", 30.0, None, 1, torch.float32), ("none", 30.0, 5, 1, torch.float32), ("bool", None, 5, 1, torch.float32),
@@ -926,8 +927,9 @@ def test_decode_step_fast_path_equals_the_general_path_bit_for_bit(name, window,
 
     g = torch.Generator().manual_seed(5)
     prefill, steps, scaling = 11, 5, D ** -0.5
-    fast = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, flush)
-    general = KVStatsLayer(scheme(name, bits=3, dim=D, seed=2), window, flush, record=True)
+    bits = 8 if name.startswith("fp8") else 3  # the fp8 formats have one width
+    fast = KVStatsLayer(scheme(name, bits=bits, dim=D, seed=2), window, flush)
+    general = KVStatsLayer(scheme(name, bits=bits, dim=D, seed=2), window, flush, record=True)
     rules = LogitRules(softcap=softcap, sliding_window=sliding)
     with torch.inference_mode():
         k = torch.randn(batch, HKV, prefill, D, generator=g).to(dtype)

@@ -429,6 +429,50 @@ class _Dequantized(Quantizer):
         return BitBudget(payload=32.0)
 
 
+@pytest.mark.parametrize("name", NAMES.values())
+@pytest.mark.parametrize("options", [o for o, _ in CONFORMANCE])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_scores_and_weighted_sums_from_the_codes_equal_the_ofp8_oracle(name, options, dtype):
+    """inner and weighted_sum read the codes (the Lloyd kernels: the format's value table, the key's scale) against
+    the float64 oracle built from the OFP8 definition by hand: x̂ = s · ofp8_value(code) with s the scale the code
+    names (1, the code's dynamic scale, the calibrated one), rounded to x's dtype as decode rounds it. fp32 x: the
+    kernels' summation order is the only difference, bounded by d·2^-24·Σ|q_d x̂_d|; fp16 x with a scale keeps
+    decode-then-dot (decode rounds s · value to fp16), so the same bound holds."""
+    q = quantizer(name, dim=64, **options)
+    if options.get("scale") == "calibrated":
+        q.calibrate(_kv((2, 3, 50, 64), seed=7, scale=2.0))
+    x = _kv((2, 3, 40, 64), seed=11, scale=5.0).to(dtype)
+    code = q.encode(x)
+    table = torch.tensor([ofp8_value(c, name[4:]) for c in range(256)], dtype=torch.float64)
+    values = table[code.payload["codes"].long()]
+    if options.get("scale") == "dynamic":
+        s = code.scalars["scale"].double()
+        scale = s.reshape(*s.shape, *(1,) * (2 if options.get("granularity") == "head" else 3))
+    elif options.get("scale") == "calibrated":
+        scale = q.scales.double().reshape(-1, 1, 1) if options.get("granularity") == "head" else q.scales.double()
+    else:
+        scale = torch.ones((), dtype=torch.float64)
+    x_hat = (values * scale).to(dtype).double()  # what decode returns, exactly
+    assert torch.equal(q.decode(code).double(), x_hat)
+    g = torch.Generator().manual_seed(5)
+    queries = torch.randn(2, 3, 4, 64, generator=g, dtype=torch.float64).to(dtype)
+    weights = torch.softmax(torch.randn(2, 3, 4, 40, generator=g, dtype=torch.float64), -1).to(dtype)
+    bound = 64 * 2.0 ** -24
+    scores, oracle = q.inner(queries, code).double(), queries.double() @ x_hat.transpose(-1, -2)
+    assert ((scores - oracle).abs() <= bound * (queries.double().abs() @ x_hat.abs().transpose(-1, -2))).all()
+    out, oracle = q.weighted_sum(weights, code).double(), weights.double() @ x_hat
+    assert ((out - oracle).abs() <= bound * (weights.double() @ x_hat.abs())).all()
+    # the fused decode step reads the same parts where the kernels reproduce decode (unity, or fp32 x)
+    parts = q.decode_parts(code, torch.float32)
+    assert (parts is not None) == (dtype == torch.float32 or not options.get("scale"))
+    if parts is not None:
+        assert parts.bits == 8 and parts.rotation is None
+        assert torch.equal(parts.packed, code.payload["codes"].reshape(6, 40, 64))
+        assert torch.equal(parts.norm.double(), scale.expand(2, 3, 40, 1).reshape(6, 40))
+        finite = torch.isfinite(table)
+        assert torch.equal(parts.levels.double()[finite], table[finite]) and (parts.levels[~finite] == 0).all()
+
+
 @pytest.mark.slow
 def test_beam_search_through_a_kvstats_cache_equals_the_dequantized_oracle():
     pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")

@@ -54,15 +54,19 @@ or per n·d (head): side = 32 / (n · d · H) or 32 / (n · d). For dynamic scal
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
 import torch
 
 from kvstats._validation import check_float_tensor, check_int_range, finite_max_abs
+from kvstats.quant import ops
+from kvstats.quant.quantizers._common import DeviceCache
 from kvstats.quant.quantizers.base import BitBudget, Code, Quantizer
 from kvstats.quant.quantizers.config import FP8Config, FP8E4M3Config, FP8E5M2Config
 from kvstats.quant.quantizers.numerics import acc_dtype
+from kvstats.quant.quantizers.plans import GroupedPlan, flat_keys
 
 __all__ = ["FP8Format", "E4M3", "E5M2", "FP8Quantizer", "FP8E4M3", "FP8E5M2", "fp8_codes", "fp8_values"]
 
@@ -117,6 +121,15 @@ def fp8_values(codes: torch.Tensor, fmt: FP8Format, dtype: torch.dtype) -> torch
     return codes.view(fmt.dtype).to(dtype)
 
 
+@functools.lru_cache(maxsize=2)
+def fp8_table(fmt: FP8Format) -> DeviceCache:
+    """The value of every code byte 0..255 (fp64 [256]), the levels the Lloyd kernels look codes up in. The NaN and
+    inf codes, which encode never writes (it saturates and refuses NaN), stand at 0: ``lloyd_weighted_sum`` sums
+    the weights per level before multiplying by every level, so a NaN level would reach every output."""
+    values = fp8_values(torch.arange(256, dtype=torch.uint8), fmt, torch.float64)
+    return DeviceCache(torch.where(torch.isfinite(values), values, 0.0))
+
+
 class FP8Quantizer(Quantizer):
     """An OFP8 format (module docstring) with unity, dynamic or calibrated fp32 scales, per tensor or per KV head.
 
@@ -127,7 +140,11 @@ class FP8Quantizer(Quantizer):
         granularity: ``"tensor"`` (default) or ``"head"``; ``"head"`` needs a scale.
         heads: H, the KV heads of x [..., H, n, d]; needed for ``"tensor"`` scales (their bits are spread over H
             heads) and calibrated ``"head"`` scales (one per head); when given, x must have that head axis.
-    Inner products: decode-then-dot (x̂ is linear in the fp8 values).
+    Inner products and weighted sums from the codes (no x̂ formed): x̂ⱼ = sⱼ · v[codeⱼ] with v the format's value of
+    each code byte (:func:`fp8_table`) and sⱼ the scale key j was encoded with, so ⟨q, x̂ⱼ⟩ = sⱼ · Σ_d q_d v[code_jd]
+    and Σⱼ wⱼ x̂ⱼ = Σⱼ (wⱼ sⱼ) v[codeⱼ]: the Lloyd kernels with 8-bit codes, the table as levels and sⱼ as the norm
+    (``lloyd_scores`` / ``lloyd_weighted_sum``, and the fused decode step through :meth:`decode_parts`); equal to
+    decode-then-dot up to fp32 summation order.
     """
 
     fmt: FP8Format = E4M3
@@ -249,6 +266,70 @@ class FP8Quantizer(Quantizer):
             return values * self._calibrated_scales(acc, values.device)
         scale = code.scalars["scale"].to(acc)
         return values * scale.reshape(*scale.shape, *(1,) * len(self._reduced_dims()))
+
+    # ------------------------------------------------------------------------------- from the codes
+    def _key_scales(self, code: Code, acc: torch.dtype) -> torch.Tensor:
+        """sⱼ, the scale each vector of the code was encoded with, [*code.shape[:-1]] in ``acc``."""
+        device = code.payload["codes"].device
+        if self.scale == "unity":
+            s = torch.ones((), dtype=acc, device=device)
+        elif self.scale == "calibrated":
+            s = self._calibrated_scales(acc, device)
+            s = s.squeeze(-1) if s.dim() else s  # [H, 1, 1] -> [H, 1] (per head), [] (per tensor)
+        else:
+            s = code.scalars["scale"].to(acc)
+            s = s.reshape(*s.shape, *(1,) * (len(self._reduced_dims()) - 1))
+        return s.expand(code.shape[:-1]).contiguous()
+
+    def _levels(self, device: torch.device, acc: torch.dtype) -> torch.Tensor:
+        return fp8_table(self.fmt).on(device, acc)
+
+    def _scores_kernel(self, q3: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return ops.lloyd_scores(q3, codes, scales, self._levels(q3.device, q3.dtype), 8)
+
+    def _weighted_kernel(self, w3: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return ops.lloyd_weighted_sum(w3, codes, scales, self._levels(w3.device, w3.dtype), 8, self.dim)
+
+    def _from_codes(self, code: Code) -> bool:
+        """Whether the kernels reproduce decode-then-dot on what :meth:`decode` returns: with unity scales (x̂ is
+        the fp8 value, exact in every float dtype) or codes of fp32/fp64 x (sⱼ·v[c] in that dtype); decode rounds
+        sⱼ·v[c] to an fp16 or bf16 x's dtype, which those inputs keep (decode-then-dot)."""
+        return self.scale == "unity" or code.dtype in (torch.float32, torch.float64)
+
+    def _plan(self, kernel, code: Code, acc: torch.dtype) -> GroupedPlan:
+        return GroupedPlan(kernel, code.payload["codes"], self._key_scales(code, acc), key_dims=(1, 0))
+
+    def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
+        if not self._from_codes(code):
+            return super()._inner(query, code)
+        acc = acc_dtype(query.dtype)
+        return self._plan(self._scores_kernel, code, acc).broadcast(query if query.dtype == acc else query.to(acc))
+
+    def _weighted_sum(self, weights: torch.Tensor, code: Code) -> torch.Tensor:
+        # weights already in the accumulation dtype (weighted_sum)
+        if not self._from_codes(code):
+            return super()._weighted_sum(weights, code)
+        return self._plan(self._weighted_kernel, code, weights.dtype).broadcast(weights)
+
+    def inner_plan(self, code: Code):
+        if not (self._plan_reproduces("_inner", FP8Quantizer) and self._from_codes(code)):
+            return super().inner_plan(code)
+        return self._plan(self._scores_kernel, code, acc_dtype(code.dtype))
+
+    def weighted_sum_plan(self, code: Code):
+        if not (self._plan_reproduces("_weighted_sum", FP8Quantizer) and self._from_codes(code)):
+            return super().weighted_sum_plan(code)
+        return self._plan(self._weighted_kernel, code, acc_dtype(code.dtype))
+
+    def decode_parts(self, code: Code, dtype: torch.dtype):
+        """A Lloyd part without rotation: the code bytes as 8-bit codes, the format's values as levels, sⱼ as the
+        norm (None where a subclass changed what the parts stand for)."""
+        if not (self._methods_of(FP8Quantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum",
+                                 "_key_scales", "_levels") and self._from_codes(code)):
+            return None
+        codes = code.payload["codes"]
+        return ops.CodeParts(packed=flat_keys(codes, 1), norm=flat_keys(self._key_scales(code, dtype), 0),
+                             levels=self._levels(codes.device, dtype), bits=8)
 
     def bits_per_coordinate(self, n_tokens: int | None = None) -> BitBudget:
         """payload 8; side 0 (unity), else one fp32 scale per n·d·H coordinates (tensor) or n·d (head), n = n_tokens
