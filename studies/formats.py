@@ -241,9 +241,8 @@ def pareto_figure(a: Analysis) -> None:
         rows.append((float(p.bits.mean()), r.statistic, *r.confidence_interval, method))
     rows.sort()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), constrained_layout=True)
-    for bits, mean, low, high, method in rows:
+    for bits, mean, low, high, _ in rows:
         ax.errorbar(bits, mean, yerr=[[mean - low], [high - mean]], fmt="o", ms=4, capsize=2)
-        ax.annotate(method, (bits, mean), fontsize=6, xytext=(3, 2), textcoords="offset points")
     front, best = [], math.inf
     for bits, mean, *_ in rows:
         if mean < best:
@@ -255,6 +254,7 @@ def pareto_figure(a: Analysis) -> None:
     ax.set_ylabel("next-token KL (nats), mean over documents")
     ax.set_title("SmolLM2-135M: the deployed formats at their measured bits (95% CIs)", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
+    plots.label_points(ax, [(bits, mean, method) for bits, mean, _, _, method in rows])
     fig.savefig(plots.figure_path(f"{STUDY}_pareto"), dpi=130)
     plt.close(fig)
 

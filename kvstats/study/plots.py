@@ -26,7 +26,8 @@ import pandas as pd  # noqa: E402
 
 from kvstats.study.paths import data_path, figure_path  # noqa: E402
 
-__all__ = ["DPI", "SCHEME_STYLE", "boxplot", "panels", "save", "setup", "sphere_histogram", "style", "write_csv"]
+__all__ = ["DPI", "SCHEME_STYLE", "boxplot", "label_points", "panels", "save", "setup", "sphere_histogram", "style",
+           "write_csv"]
 
 DPI = 110
 
@@ -114,3 +115,32 @@ def sphere_histogram(ax, x, d: int, *, label: str, color: str = "#3182bd", bins:
         ax.plot(t, coordinate_law(d).pdf(t), color="#d62728", lw=1.5, label=f"sphere law f_{d}")
     ax.set_xlabel("coordinate after rotation (unit vector)")
     ax.set_ylabel("density")
+
+
+#: where :func:`label_points` tries a label, in points from its point (dx, dy, horizontal alignment), in order
+LABEL_OFFSETS = ((4, 2, "left"), (4, -9, "left"), (-4, 2, "right"), (-4, -9, "right"), (4, 10, "left"),
+                 (-4, 10, "right"), (4, -17, "left"), (-4, -17, "right"), (0, 16, "center"), (0, -24, "center"))
+
+
+def label_points(ax, points: Sequence[tuple[float, float, str]], *, fontsize: float = 6) -> list:
+    """Annotate each (x, y, text) of ``points`` at the first offset of :data:`LABEL_OFFSETS` whose text box overlaps
+    no label placed before it (in the order given), else at the first offset; returns the texts. The figure is
+    drawn once to measure the boxes, so call it after the axes' limits and scales are set."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed, texts = [], []
+    for x, y, text in points:
+        chosen = None
+        for dx, dy, ha in LABEL_OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize, ha=ha)
+            box = t.get_window_extent(renderer).expanded(1.02, 1.05)
+            if not any(box.overlaps(other) for other in placed):
+                chosen = (t, box)
+                break
+            t.remove()
+        if chosen is None:
+            dx, dy, ha = LABEL_OFFSETS[0]
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize, ha=ha)
+            chosen = (t, t.get_window_extent(renderer))
+        placed.append(chosen[1])
+        texts.append(chosen[0])
+    return texts
