@@ -128,6 +128,25 @@ def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp
     json.loads(s.to_json(), parse_constant=lambda t: pytest.fail(f"not strict JSON: {t}"))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, bits", [("fp8_e4m3/nvfp4", 6), ("int_token", 4), ("fp8_e5m2", 8)])
+def test_sensitivity_takes_the_deployed_formats_and_pairs(spec, bits, tiny_folder):
+    """The formats by name and the FP8-K/NVFP4-V pair in sensitivity: 'all' and 'only 0' are the mean over documents
+    of model_unit's KL under the scheme kvstats.scheme builds for the spec (layer 0 alone quantized), recomputed."""
+    from kvstats.evaluation.sensitivity import sensitivity
+    from kvstats.hf.cache import IdentityScheme
+
+    s = sensitivity(spec, bits=bits, model=tiny_folder, documents_used=2, segment=32, documents=DOCS,
+                    configurations=["all", "only 0"])
+    src = model_source(tiny_folder, segment=32, documents=DOCS)
+    quant = kvstats.scheme(spec, bits=bits, dim=src.dims["head_dim"], seed=0)
+    exact = IdentityScheme(src.dims["head_dim"])
+    for name, keep in (("only 0", {1}), ("all", set())):
+        want = np.mean([model_unit(src, lambda i, k=keep: exact if i in k else quant, ids)["out_kl"]
+                        for _, _, ids in src.segments[:2]])
+        assert want > 0 and s.damage[name].statistic == pytest.approx(want, rel=1e-9)
+
+
 def test_cli_sensitivity(tiny_folder, tmp_path, capsys):
     from kvstats.cli.parser import main
 
