@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_commit", "provenance", "source_root"]
+__all__ = ["git_commit", "installed_commit", "kvstats_commit", "provenance", "source_root"]
 
 #: Packages whose versions change what kvstats computes or how it reads models.
 PACKAGES = ("kvstats", "torch", "numpy", "scipy", "statsmodels", "transformers", "safetensors")
@@ -43,6 +43,38 @@ def git_commit(root: str | os.PathLike | None) -> str:
     if out.returncode != 0:
         return "unknown"
     return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def installed_commit(distribution: str = "kvstats") -> str:
+    """The commit an installed copy was built from, as pip recorded it in the distribution's ``direct_url.json``
+    (PEP 610): ``vcs_info.commit_id`` of an install from a git URL (short, "(installed by pip from git)" beside
+    it), or the commit of the local checkout an install from a folder points at (:func:`git_commit`); "unknown"
+    when pip recorded neither (an install from an index or a wheel file)."""
+    import json
+    from urllib.parse import unquote, urlparse
+
+    try:
+        text = importlib.metadata.distribution(distribution).read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+    try:
+        record = json.loads(text) if text else {}
+    except ValueError:
+        return "unknown"
+    commit = (record.get("vcs_info") or {}).get("commit_id")
+    if isinstance(commit, str) and commit:
+        return f"{commit[:7]} (installed by pip from git)"
+    url = record.get("url", "")
+    if "dir_info" in record and isinstance(url, str) and url.startswith("file://"):
+        return git_commit(unquote(urlparse(url).path))
+    return "unknown"
+
+
+def kvstats_commit() -> str:
+    """The commit kvstats runs from: its source checkout's (:func:`source_root`), else the one pip recorded at
+    install (:func:`installed_commit`), else "unknown"."""
+    found = git_commit(source_root())
+    return found if found != "unknown" else installed_commit()
 
 
 def _version(name: str) -> str | None:
@@ -75,7 +107,7 @@ def provenance(*, started: float, seeds: dict[str, Any] | None = None, argv: lis
     argv = list(sys.argv if argv is None else argv)
     now = time.time()
     return {
-        "kvstats_commit": git_commit(source_root()),
+        "kvstats_commit": kvstats_commit(),
         "versions": {name: _version(name) for name in PACKAGES} | {"python": platform.python_version()},
         "platform": platform.platform(),
         "device": _device(),
