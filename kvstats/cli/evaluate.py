@@ -29,6 +29,9 @@ __all__: list[str] = []
         arg("--model", default=None,
             help="evaluate on a language model instead: 'smollm2', a Hugging Face model folder or a .gguf file "
                  "(output damage over teacher-forced segments of the shipped documents)"),
+        arg("--text", nargs="+", default=None, metavar="PATH",
+            help="--model: your own documents instead of the shipped ones: text files (one document each, named by "
+                 "the file) or folders of .txt files"),
         arg("--segment", type=int, default=None, help="--model: tokens per segment (default 128)"),
         arg("--segments-per-document", type=int, default=1,
             help="--model: disjoint segments of each document (default 1; 0: all)"),
@@ -92,10 +95,16 @@ def _evaluate(args: argparse.Namespace) -> int:
                 raise ValueError("give --data (and --units) or --model, not both")
         elif args.dtype is not None:
             raise ValueError("--dtype is for --model (a capture keeps the dtype it was captured in)")
+        elif args.text is not None:
+            raise ValueError("--text is for --model (its documents); a capture holds its own text: `kvstats capture "
+                             "--text`")
         if args.model is not None:
             import torch
 
-            ev = evaluate(args.quantizer, bits=args.bits, model=args.model, segment=args.segment,
+            from kvstats.data.texts import read_documents
+
+            texts = None if args.text is None else read_documents(args.text)
+            ev = evaluate(args.quantizer, bits=args.bits, model=args.model, segment=args.segment, documents=texts,
                           segments_per_document=args.segments_per_document or None,
                           full_precision_window=args.exact_window,
                           dtype=None if args.dtype is None else getattr(torch, DTYPES[args.dtype]), **common)

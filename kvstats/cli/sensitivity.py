@@ -21,7 +21,10 @@ __all__: list[str] = []
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
         arg("--model", default="smollm2", help="'smollm2' (default), a Hugging Face model folder or a .gguf file"),
         arg("--documents", type=int, default=8,
-            help="how many shipped documents (one segment each) every configuration runs (default 8; 0: all)"),
+            help="how many documents (one segment each) every configuration runs (default 8; 0: all)"),
+        arg("--text", nargs="+", default=None, metavar="PATH",
+            help="your own documents instead of the shipped ones: text files (one document each, named by the file) "
+                 "or folders of .txt files"),
         arg("--segment", type=int, default=128, help="tokens per document segment (default 128)"),
         arg("--target", type=float, default=None,
             help="the mean next-token KL (nats) to reach by keeping layers exact (default: half of quantizing all)"),
@@ -64,6 +67,10 @@ def _sensitivity(args: argparse.Namespace) -> int:
         _check_figure_format(figure)
         check_output_path(figure, "--figure", force=args.force, inputs=inputs)
     options = {"rows": args.rows} if args.rows else {}
+    if args.text is not None:
+        from kvstats.data.texts import read_documents
+
+        options["documents"] = read_documents(args.text)
     result = sensitivity(args.quantizer, bits=args.bits, model=args.model, documents_used=args.documents or None,
                          segment=args.segment, target=args.target, seed=args.seed, check=not args.no_check,
                          linear=not args.nonlinear, out=args.out, force=args.force, progress=not args.no_progress,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kvstats._validation import check_int_range
 
-__all__ = ["GOVERNMENT_TITLES", "TEXTS", "document_files", "documents", "split_titled"]
+__all__ = ["GOVERNMENT_TITLES", "TEXTS", "document_files", "documents", "read_documents", "split_titled"]
 
 #: The folder of the shipped texts.
 TEXTS = Path(__file__).resolve().parent.parent / "texts"
@@ -71,3 +71,40 @@ def documents(count: int | None = None) -> dict[str, str]:
         return out
     check_int_range(count, "count", 1, len(out))
     return dict(list(out.items())[:count])
+
+
+def read_documents(paths, *, name: str = "--text") -> dict[str, str]:
+    """A user's documents, ``{title: text}``, one per text file: each of ``paths`` a file, or a folder whose ``*.txt``
+    files are read in sorted order; the title is the file's name. UTF-8 text, each non-empty (after stripping),
+    each file once. What cannot be read so is refused naming ``name`` (the option or argument) and the path."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(path.glob("*.txt"))
+            if not found:
+                raise ValueError(f"{name} {str(given)!r} is a folder with no .txt files")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"{name} {str(given)!r}: no such file or folder")
+    out: dict[str, str] = {}
+    seen: set[Path] = set()
+    for path in files:
+        if path.resolve() in seen:
+            raise ValueError(f"{name} names {str(path)!r} twice: each document once (they are the independent units)")
+        seen.add(path.resolve())
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        if not text:
+            raise ValueError(f"{name} {str(path)!r} is empty")
+        title = path.name if path.name not in out else str(path)
+        out[title] = text
+    if not out:
+        raise ValueError(f"{name} names no documents")
+    return out

@@ -103,6 +103,51 @@ def test_cli_evaluate_model(tiny_folder, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_cli_text_gives_the_documents_of_evaluate_and_sensitivity(tiny_folder, tmp_path, capsys):
+    """--text: the user's files are the documents (named by the file), the same numbers as evaluate(documents=)
+    with their texts; a folder gives its .txt files; --text without --model is refused by name."""
+    from kvstats.cli.parser import main
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"d{i}.txt").write_text(DOCS[f"doc {i}"], encoding="utf-8")
+    out = tmp_path / "ev.json"
+    assert main(["evaluate", "--model", str(tiny_folder), "--quantizer", "kv", "--bits", "3", "--segment", "32",
+                 "--text", str(folder / "d0.txt"), str(folder / "d1.txt"), str(folder / "d2.txt"), "--out", str(out),
+                 "--no-progress"]) == 0
+    units = json.loads(out.read_text())["units"]
+    assert [u["title"] for u in units] == ["d0.txt", "d1.txt", "d2.txt"]
+    ev = kvstats.evaluate("kv", bits=3, model=tiny_folder, segment=32, progress=False,
+                          documents={f"d{i}.txt": DOCS[f"doc {i}"] for i in range(3)})
+    assert [u["out_kl"] for u in units] == [u["out_kl"] for u in ev.units]
+    assert main(["sensitivity", "--model", str(tiny_folder), "--quantizer", "kv", "--bits", "3", "--documents", "0",
+                 "--segment", "32", "--text", str(folder), "--no-progress"]) == 0
+    assert "3 documents" in capsys.readouterr().out
+    assert main(["evaluate", "--quantizer", "kv", "--bits", "3", "--text", str(folder)]) == 2
+    assert "--text is for --model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: [d / "missing.txt"], "no such file or folder"),
+    (lambda d: [d], "is a folder with no .txt files"),
+    (lambda d: [d / "empty.txt"], "is empty"),
+    (lambda d: [d / "latin1.txt"], "is not UTF-8 text"),
+    (lambda d: [d / "ok.txt", d / "ok.txt"], "twice"),
+])
+def test_read_documents_refuses_what_it_cannot_read_naming_the_path(make, message, tmp_path):
+    from kvstats.data.texts import read_documents
+
+    (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "ok.txt").write_text("fine", encoding="utf-8")
+    empty = tmp_path / "sub"
+    empty.mkdir()
+    paths = make(empty if "folder" in message else tmp_path)
+    with pytest.raises(ValueError, match=rf"--text .*{message}"):
+        read_documents(paths)
+
+
 @pytest.mark.slow
 def test_sensitivity_measures_each_layer_and_its_recommendation(tiny_folder, tmp_path):
     """Oracles: quantizing no layer is exact (a lossless scheme on every layer gives KL 0); 'only L' and 'all but
