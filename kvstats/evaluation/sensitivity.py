@@ -146,6 +146,7 @@ def sensitivity_figure(rows: list[dict], full: float, target: float, keep_exact,
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     x = np.array([r["layer"] for r in rows])
     fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(rows) + 2), 3.6), constrained_layout=True)
@@ -160,6 +161,7 @@ def sensitivity_figure(rows: list[dict], full: float, target: float, keep_exact,
         ax.annotate("exact", (i, 0), xytext=(0, -14), textcoords="offset points", ha="center", fontsize=6,
                     color="#2ca02c")
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # layers are whole numbers
     ax.set_ylabel("mean next-token KL (nats)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="center right")

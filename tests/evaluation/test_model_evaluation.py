@@ -103,6 +103,28 @@ def test_cli_evaluate_model(tiny_folder, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_sensitivity_figure_ticks_whole_layers(tmp_path, monkeypatch):
+    """Two layers: the x axis shows layers 0 and 1, no fractional ticks between them (it showed 0.0, 0.2, ...)."""
+    import matplotlib.figure
+
+    from kvstats.evaluation.sensitivity import sensitivity_figure
+
+    seen = []
+    save = matplotlib.figure.Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        fig.canvas.draw()
+        low, high = fig.axes[0].get_xlim()
+        seen.append([t for t in fig.axes[0].get_xticks() if low <= t <= high])
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    rows = [{"layer": i, "only_mean": 0.1 * (i + 1), "only_low": 0.05, "only_high": 0.3, "saved_mean": 0.05,
+             "saved_low": 0.0, "saved_high": 0.1} for i in range(2)]
+    sensitivity_figure(rows, 0.3, 0.15, [1], "t", tmp_path / "s.png")
+    assert seen and all(float(t).is_integer() for t in seen[0]) and {0.0, 1.0} <= set(seen[0])
+
+
 def test_cli_text_gives_the_documents_of_evaluate_and_sensitivity(tiny_folder, tmp_path, capsys):
     """--text: the user's files are the documents (named by the file), the same numbers as evaluate(documents=)
     with their texts; a folder gives its .txt files; --text without --model is refused by name."""
