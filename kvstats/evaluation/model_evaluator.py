@@ -56,8 +56,10 @@ class ModelEvaluation(Evaluation):
     def table(self) -> str:
         """Plain text: per-document means, the KL tail over every token, top-1 and perplexity, the worst layers,
         and the comparison when present (A: the evaluated quantizer, B: the compared one)."""
+        import textwrap
+
         from kvstats.evaluation.comparison import shift_text
-        from kvstats.evaluation.results import comparison_footnotes
+        from kvstats.evaluation.results import comparison_footnotes, unmatched_note
         from kvstats.measure.stats import interval_text
 
         cfg, ev = self.config, self.summary["evaluated"]
@@ -72,8 +74,9 @@ class ModelEvaluation(Evaluation):
                          f"next-token KL of {cfg['lossless_floor']:.3g} nats (the {cfg['dtype']} model): not counted "
                          "against A")
         if cfg["compare"] is not None:
-            lines.append(f"  B = {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held"
-                         + ("" if self.bits["matched"] else "  ! not bit-matched"))
+            lines.append(f"  B = {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held")
+            if not self.bits["matched"]:
+                lines += textwrap.wrap(unmatched_note(self.bits), 110, initial_indent="  ", subsequent_indent="    ")
         how = ", ".join(dict.fromkeys(ev["documents"][m].ci_method for m in MODEL_METRICS))  # each one used
         lines.append(f"per document: mean over the {cfg['documents']} documents, {level:.0%} CI ({how})")
         for m in MODEL_METRICS:

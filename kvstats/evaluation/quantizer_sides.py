@@ -306,9 +306,9 @@ def measured_bits(scheme, parts) -> float:
     return 8.0 * held / elements
 
 
-def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[int, float]:
+def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[int, float, dict[int, float]]:
     """The comparator's budget: the largest n in 1..8 whose measured bits do not exceed ``target``, else the
-    smallest n that builds. Returns (n, its measured bits)."""
+    smallest n that builds. Returns (n, its measured bits, {every n that builds: its measured bits})."""
     from kvstats.quant.schemes import Scheme
 
     if isinstance(side.spec, Scheme):
@@ -324,7 +324,8 @@ def match_bits(side: Side, target: float, dim: int, seed: int, parts) -> tuple[i
     if not options:
         raise ValueError(f"compare {side.label!r} builds at no budget in 1..8 for dim {dim}")
     fitting = [o for o in options if o[1] <= target * (1 + 1e-12)]
-    return max(fitting, key=lambda o: o[0]) if fitting else options[0]
+    n, bits = max(fitting, key=lambda o: o[0]) if fitting else options[0]
+    return n, bits, dict(options)
 
 
 @dataclass
@@ -352,6 +353,9 @@ class Sides:
         if self.other is not None:
             a, b = info["evaluated"]["measured"], info["compared"]["measured"]
             info["matched"] = abs(a - b) <= 1e-9 * max(a, b)
+            tried = getattr(self.other, "budgets_measured", None)
+            if tried is not None:  # match_bits ran: the budgets it measured on unit 0
+                info["compared"]["budgets_measured"] = {str(n): bits for n, bits in tried.items()}
         return info
 
 
@@ -369,7 +373,8 @@ def prepare_sides(quantizer, compare, bits: int, options: dict, *, dim: int, hea
     records = {"evaluated": scheme_record(scheme0)}
     if other is not None:
         if match:
-            other.bits = match_bits(other, measured_bits(scheme0, parts()), dim, seed0, parts())[0]
+            other.bits, _, other.budgets_measured = match_bits(other, measured_bits(scheme0, parts()), dim, seed0,
+                                                               parts())
         other_scheme0 = other.scheme(dim, seed0)
         records["compared"] = scheme_record(other_scheme0)
         checks["compare"] = (check_side(other, other_scheme0, dim, seed0, heads, linear=linear, parts=parts())

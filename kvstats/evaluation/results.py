@@ -115,11 +115,7 @@ class Evaluation:
         if other is not None:
             lines.append(_bits_line("B", other, bits["compared"]))
             if not bits["matched"]:
-                lines += textwrap.wrap(
-                    f"! the sides hold different bits per element ({bits['evaluated']['measured']:.4g} vs "
-                    f"{bits['compared']['measured']:.4g}): the comparison is not bit-matched (match_bits=True, "
-                    "--match-bits, runs the comparator at its largest budget that holds no more bits)", 110,
-                    initial_indent="  ", subsequent_indent="    ")
+                lines += textwrap.wrap(unmatched_note(bits), 110, initial_indent="  ", subsequent_indent="    ")
         lines += [head, "-" * len(head)]
         for m, r in self.summary.items():
             row = f"{m:<{width}} {r.statistic:>11.4g} {interval_text(r):>25}"
@@ -141,6 +137,21 @@ def _bits_line(letter: str, name: str, b: dict) -> str:
     claim = "" if claimed is None or abs(claimed - b["measured"]) <= 1e-9 * max(1.0, b["measured"]) else \
         f"; it claims {claimed:.4g} (bits_per_coordinate)"
     return f"  {letter} = {name}: budget n = {b['budget']}, {b['measured']:.4g} bits per element held (measured){claim}"
+
+
+def unmatched_note(bits: dict) -> str:
+    """Why the two sides hold different bits: without bit matching, how to ask for it; with it, the budgets the
+    comparator was measured at (none holds the evaluated side's bits or fewer, or none holds them exactly)."""
+    a, b = bits["evaluated"]["measured"], bits["compared"]["measured"]
+    tried = bits["compared"].get("budgets_measured")
+    if tried is None:
+        return (f"! the sides hold different bits per element ({a:.4g} vs {b:.4g}): the comparison is not bit-matched "
+                "(match_bits=True, --match-bits, runs the comparator at its largest budget that holds no more bits)")
+    listed = ", ".join(f"n = {n}: {v:.4g}" for n, v in tried.items())
+    why = ("none of its budgets holds that many or fewer, so it ran at its smallest" if b > a else
+           "its largest budget that holds no more is below A's")
+    return (f"! the sides hold different bits per element ({a:.4g} vs {b:.4g}) although bit matching was asked "
+            f"for: {why} (B's budgets on unit 0, bits per element: {listed})")
 
 
 def comparison_footnotes(ev, me: str, other: str) -> list[str]:

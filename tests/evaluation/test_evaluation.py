@@ -238,6 +238,13 @@ def test_unequal_bits_are_flagged_and_match_bits_picks_the_comparators_budget():
     matched = evaluate("turbo_mse", bits=4, data="gaussian", units=3, compare="qkqv", match_bits=True, **SMALL)
     assert matched.config["compare_bits"] == 3 and matched.bits["compared"]["measured"] == pytest.approx(5.0)
     assert matched.bits["matched"] is True
+    # fp8 builds at 8 bits only: no budget holds turbo_mse's 5 bits or fewer; the table says so and lists what B's
+    # budgets hold, instead of suggesting the --match-bits that was given
+    none_fit = evaluate("turbo_mse", bits=4, data="gaussian", units=3, compare="fp8_e4m3", match_bits=True, **SMALL)
+    assert none_fit.bits["compared"]["budgets_measured"] == {"8": 8.0} and none_fit.bits["matched"] is False
+    table = " ".join(none_fit.table().split())
+    assert "although bit matching was asked for: none of its budgets holds that many or fewer" in table
+    assert "n = 8: 8)" in table and "runs the comparator at its largest budget" not in table
 
 
 # -------------------------------------------------------------------------------- checks before measuring
