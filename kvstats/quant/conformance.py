@@ -383,6 +383,61 @@ def _bad_input(check: Check, q, x: torch.Tensor, query: torch.Tensor, seed: int,
             check.fail("bad input", f"{what} was accepted (expected ValueError or TypeError)")
 
 
+def _defined_in_main(build) -> bool:
+    """Whether ``build`` (or the function a functools.partial wraps) is defined in the ``__main__`` module."""
+    import functools
+
+    while isinstance(build, functools.partial):
+        build = build.func
+    return getattr(build, "__module__", None) == "__main__"
+
+
+def _unguarded_main_script() -> str | None:
+    """The running script's path when it has no ``if __name__ == "__main__"`` guard, else None (guarded, or no
+    script: an interactive session, ``python -c``)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not Path(path).is_file():
+        return None
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return None if re.search(r"__name__\s*==\s*['\"]__main__['\"]", text) else str(path)
+
+
+#: what the fresh interpreter runs: the payload from stdin, the results pickled to stdout
+_CHILD = ("import pickle, sys; from kvstats.quant.conformance import _decode_in_this_process as run; "
+          "sys.stdout.buffer.write(pickle.dumps(run(sys.stdin.buffer.read())))")
+
+
+def _fresh_interpreter(payload: bytes, timeout: float) -> list[tuple]:
+    """:func:`_decode_in_this_process` in a new ``python -c`` with this process's import path (its ``''``, the
+    working folder, as that folder): the builds' modules are imported, the caller's script is not run."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    path = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    done = subprocess.run([sys.executable, "-c", _CHILD], input=payload, capture_output=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=path))
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"the fresh interpreter exited with {done.returncode}: {last}")
+    return pickle.loads(done.stdout)
+
+
+def _spawned(payload: bytes, timeout: float) -> list[tuple]:
+    """:func:`_decode_in_this_process` in a process started by multiprocessing's spawn, which imports the running
+    script as ``__mp_main__`` (how a build defined in it is found)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_decode_in_this_process, payload).result(timeout=timeout)
+
+
 def _decode_in_this_process(payload: bytes) -> list[tuple]:
     """The child's side of :func:`decode_in_fresh_process`: build each quantizer, decode and score each code."""
     import pickle
@@ -403,12 +458,16 @@ def decode_in_fresh_process(tasks, *, heads: int | None = None, timeout: float =
     the failure in words.
 
     ``tasks``: ``(build, bits, dim, seed, quantizer)``; ``build(bits=, dim=, seed=)`` must be picklable (a class or
-    module-level function, ``functools.partial`` of one). A decoder that keeps what it needs anywhere but the code —
-    a module-level dict keyed by the code's bytes, the instance, a global — decodes differently or fails there,
-    which the rate–distortion check cannot see when the stash is only partial.
+    module-level function, ``functools.partial`` of one; not a lambda). A decoder that keeps what it needs anywhere
+    but the code — a module-level dict keyed by the code's bytes, the instance, a global — decodes differently or
+    fails there, which the rate–distortion check cannot see when the stash is only partial.
+
+    The fresh process is a new interpreter that imports the builds' modules and nothing else (``python -c``, this
+    process's ``sys.path``): the caller's script is not run again. A build defined in the script itself (module
+    ``__main__``) can only be found by running the script again as multiprocessing's spawn does, which needs the
+    script's work under ``if __name__ == "__main__":``; a script without that guard is told so instead of being
+    re-executed (it printed a spurious second report).
     """
-    import concurrent.futures
-    import multiprocessing
     import pickle
 
     sent, expected = [], []
@@ -421,11 +480,15 @@ def decode_in_fresh_process(tasks, *, heads: int | None = None, timeout: float =
     try:
         payload = pickle.dumps(sent)
     except Exception as exc:  # noqa: BLE001
-        return f"the quantizer's factory or codes cannot be pickled for a fresh process ({type(exc).__name__}: {exc})"
-    context = multiprocessing.get_context("spawn")
+        return (f"the quantizer's factory or codes cannot be pickled for a fresh process ({type(exc).__name__}: "
+                f"{exc}); give build= a class or a module-level function (functools.partial of one), not a lambda")
+    in_main = any(_defined_in_main(build) for build, *_ in tasks)
+    if in_main and (unguarded := _unguarded_main_script()):
+        return (f"build= is defined in the script {unguarded}, which has no `if __name__ == \"__main__\":` guard: "
+                "rebuilding it in a fresh process runs the script again. Put the script's work under that guard, "
+                "or define the quantizer in a module of its own and import it")
     try:
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-            results = pool.submit(_decode_in_this_process, payload).result(timeout=timeout)
+        results = (_spawned if in_main else _fresh_interpreter)(payload, timeout)
     except Exception as exc:  # noqa: BLE001 - a child that cannot import the quantizer's module, a crash
         return f"a fresh process could not rebuild the quantizer ({type(exc).__name__}: {exc})"
     for (status, got, scores), (x_hat, want_scores), (_, bits, dim, seed, _) in zip(results, expected, tasks):
