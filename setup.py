@@ -28,6 +28,12 @@ if os.environ.get("KVSTATS_NO_EXTENSION", "0") != "1":
         and CUDA_HOME is not None
         and len(cuda_sources) > 0
     )
+    # ninja's default (cores + 2 compilers) oversubscribes a small machine: each compile of these kernels holds
+    # about 1 GB, and on 2 busy cores 3-6 of them took 21 min. One compiler per core unless MAX_JOBS says otherwise.
+    os.environ.setdefault("MAX_JOBS", str(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                              else os.cpu_count() or 1)))
+    print(f"kvstats: compiling the extension kvstats._C ({len(sources)} C++ files, MAX_JOBS={os.environ['MAX_JOBS']}; "
+          "KVSTATS_NO_EXTENSION=1 skips it, the pure-torch references then run)", flush=True)
     debug = os.environ.get("KVSTATS_DEBUG", "0") == "1"
     cxx_flags = ["-O0", "-g"] if debug else ["-O3", "-march=x86-64-v2"]
     # torch.utils.cpp_extension does not add OpenMP: without it at::parallel_for runs on one thread.
