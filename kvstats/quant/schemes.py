@@ -495,6 +495,13 @@ def pair_widths(name: str, bits) -> tuple[tuple[str, int], tuple[str, int]]:
     return (k, int(kb)), (v, int(vb))
 
 
+def _checked_rows(rows):
+    """``rows`` (a QJL sketch's rows, or None for each quantizer's default), refused by name unless one of ROWS."""
+    if rows is not None and rows not in ROWS:
+        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {rows!r}")
+    return rows
+
+
 def _takes_rows(cls) -> bool:
     """Whether a quantizer class has a QJL sketch (its config has ``rows``): the parts of a pair that ``rows=``
     reaches; the others (fp8, nvfp4, int_token, ...) have no sketch and take no ``rows``, as :func:`scheme` documents
@@ -512,9 +519,7 @@ def _pair(name: str, bits, dim: int, seed, *, k_options: dict | None = None, v_o
     (k, kb), (v, vb) = pair_widths(name, bits)
     seed = check_seed(seed)
     seeds = spawn_seeds(seed, 2)
-    rows = options.pop("rows", None)
-    if rows is not None and rows not in ROWS:
-        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {rows!r}")
+    rows = _checked_rows(options.pop("rows", None))
     built = []
     for role, qname, width, own, child in (("K", k, kb, k_options, seeds[0]), ("V", v, vb, v_options, seeds[1])):
         if getattr(QUANTIZERS[qname], "needs_calibration", False):
@@ -560,7 +565,6 @@ def scheme(name: str, bits: int, dim: int, seed: int = 0, **options) -> Scheme:
     builder, low = known[name]
     check_int_range(bits, "bits", max(2, low), 8)
     seed = check_seed(seed)
-    if options.get("rows") is not None and options["rows"] not in ROWS:
-        raise ValueError(f"rows must be one of {ROWS} (or None: each quantizer's default), got {options['rows']!r}")
+    _checked_rows(options.get("rows"))
     k, v = builder(bits, dim, spawn_seeds(seed, 2), **options)
     return (NovaScheme if name == "nova" else Scheme)(name, bits, k, v, seed)

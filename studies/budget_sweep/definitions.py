@@ -26,7 +26,7 @@ from kvstats.studies.budget_sweep.cells import (
     SYNTHETIC_HEADS,
     make_scheme,
 )
-from kvstats.studies.formats import DEPLOYED
+from kvstats.studies.formats import DEPLOYED, method_label
 
 
 def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
@@ -79,7 +79,7 @@ def definitions(cfg: dict, n_windows: int) -> dict[str, str]:
                        "the documents, then their windows; windows of one document are not independent, and the "
                        "real windows' Wilcoxon p-values describe these documents' windows)",
         "formats": "the deployed formats on the real windows (their own sweep, the same windows, layers and queries): "
-                   + ", ".join(f"{s}@{n}" if "@" not in s else s for s, n in cfg.get("formats", DEPLOYED))
+                   + ", ".join(method_label(s, n) for s, n in cfg.get("formats", DEPLOYED))
                    + " (kvstats.scheme by the names docs/quantizers.md gives; a pair K/V at n = the mean of its "
                      "widths), each tested against KQV at the same n per layer (paired Wilcoxon over windows, Holm "
                      "over those tests alone: figures/data/budget_sweep_formats_wilcoxon.csv)",

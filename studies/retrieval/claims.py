@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
+from kvstats.studies.formats import method_label
 from kvstats.studies.retrieval.analysis import (
     ALPHA,
     NOVA_BITS,
@@ -96,8 +97,6 @@ def formats_claim(a: Analysis) -> Claim | None:
     """The deployed formats on the same prompts: pooled accuracy per task against fp and quanto (None without)."""
     if not a.formats:
         return None
-    from kvstats.studies.formats import method_label
-
     parts = []
     for task in a.pooled["task"].unique():
         cells = []
@@ -218,7 +217,7 @@ def definitions(a: Analysis) -> dict[str, str]:
                  "p-values describe these prompts",
         "formats": "the deployed formats (kvstats.scheme by the names docs/quantizers.md gives; one scheme for every "
                    "layer, every token as codes, no window) on the same prompts and exact prefill, in their own sweep: "
-                   + ", ".join(f"{s}@{n}" if "@" not in s else s for s, n in a.formats)
+                   + ", ".join(method_label(s, n) for s, n in a.formats)
                    + "; a pair K/V at n = the mean of its widths" if a.formats else "not run at this scale",
         "attention KL": "KL(p_exact ‖ p_quantized) of the question and answer queries, mean over heads, queries "
                         "and layers (KVStatsCache's records: kvstats schemes only)",
