@@ -473,6 +473,21 @@ def test_scores_and_weighted_sums_from_the_codes_equal_the_ofp8_oracle(name, opt
         assert torch.equal(parts.levels.double()[finite], table[finite]) and (parts.levels[~finite] == 0).all()
 
 
+@pytest.mark.parametrize("name, byte", [("fp8_e4m3", 0x7F), ("fp8_e4m3", 0xFF), ("fp8_e5m2", 0x7C),
+                                        ("fp8_e5m2", 0xFE)])
+def test_a_nan_or_inf_code_byte_is_refused_by_the_from_codes_path(name, byte):
+    """A code byte encode never writes (E4M3's NaN, E5M2's inf and NaN) is refused by inner, weighted_sum, the plans
+    and decode_parts, naming the quantizer: the kernels would read it at level 0, a finite wrong number."""
+    q = quantizer(name, dim=32)
+    code = q.encode(_kv((1, 2, 6, 32), seed=4))
+    code.payload["codes"][0, 1, 3, 5] = byte
+    query, weights = _kv((1, 2, 3, 32), seed=5), torch.softmax(_kv((1, 2, 3, 6), seed=6), -1)
+    for call in (lambda: q.inner(query, code), lambda: q.weighted_sum(weights, code), lambda: q.inner_plan(code),
+                 lambda: q.weighted_sum_plan(code), lambda: q.decode_parts(code, torch.float32)):
+        with pytest.raises(ValueError, match=rf"{type(q).__name__}.*NaN or inf {name[4:]} bytes"):
+            call()
+
+
 @pytest.mark.slow
 def test_beam_search_through_a_kvstats_cache_equals_the_dequantized_oracle():
     pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")

@@ -296,8 +296,17 @@ class FP8Quantizer(Quantizer):
         sⱼ·v[c] to an fp16 or bf16 x's dtype, which those inputs keep (decode-then-dot)."""
         return self.scale == "unity" or code.dtype in (torch.float32, torch.float64)
 
+    def _finite_codes(self, code: Code) -> torch.Tensor:
+        """The code bytes, refused by name when one is a NaN or inf code, which encode never writes: the kernels
+        read those at level 0 (:func:`fp8_table`), where decode-then-dot would have given a non-finite score."""
+        codes = code.payload["codes"]
+        if not bool(torch.isfinite(fp8_values(codes, self.fmt, torch.float32)).all()):
+            raise ValueError(f"{self!r}: the code holds NaN or inf {self.fmt.name} bytes, which encode never writes "
+                             "(a corrupted or foreign code)")
+        return codes
+
     def _plan(self, kernel, code: Code, acc: torch.dtype) -> GroupedPlan:
-        return GroupedPlan(kernel, code.payload["codes"], self._key_scales(code, acc), key_dims=(1, 0))
+        return GroupedPlan(kernel, self._finite_codes(code), self._key_scales(code, acc), key_dims=(1, 0))
 
     def _inner(self, query: torch.Tensor, code: Code) -> torch.Tensor:
         if not self._from_codes(code):
@@ -327,7 +336,7 @@ class FP8Quantizer(Quantizer):
         if not (self._methods_of(FP8Quantizer, "inner_plan", "weighted_sum_plan", "_inner", "_weighted_sum",
                                  "_key_scales", "_levels") and self._from_codes(code)):
             return None
-        codes = code.payload["codes"]
+        codes = self._finite_codes(code)
         return ops.CodeParts(packed=flat_keys(codes, 1), norm=flat_keys(self._key_scales(code, dtype), 0),
                              levels=self._levels(codes.device, dtype), bits=8)
 
