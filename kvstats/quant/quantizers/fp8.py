@@ -90,6 +90,15 @@ class FP8Format:
         return 2.0 ** (1 - self.bias - self.mantissa_bits)
 
     @property
+    def special_mask(self) -> int:
+        """The bits that are all ones in exactly the NaN and inf codes (the sign aside): the whole exponent field
+        where the top exponent is reserved (E5M2), the exponent and mantissa fields where it holds finite values
+        and only S.1111.111 is NaN (E4M3)."""
+        exponent = ((1 << self.exponent_bits) - 1) << self.mantissa_bits
+        top_finite = self.max >= 2.0 ** ((1 << self.exponent_bits) - 1 - self.bias)
+        return exponent | ((1 << self.mantissa_bits) - 1) if top_finite else exponent
+
+    @property
     def smallest_normal(self) -> float:
         return 2.0 ** (1 - self.bias)
 
@@ -299,8 +308,8 @@ class FP8Quantizer(Quantizer):
     def _finite_codes(self, code: Code) -> torch.Tensor:
         """The code bytes, refused by name when one is a NaN or inf code, which encode never writes: the kernels
         read those at level 0 (:func:`fp8_table`), where decode-then-dot would have given a non-finite score."""
-        codes = code.payload["codes"]
-        if not bool(torch.isfinite(fp8_values(codes, self.fmt, torch.float32)).all()):
+        codes, mask = code.payload["codes"], self.fmt.special_mask
+        if bool(((codes & mask) == mask).any()):  # integer ops on the bytes: no float8 cast (the slow part)
             raise ValueError(f"{self!r}: the code holds NaN or inf {self.fmt.name} bytes, which encode never writes "
                              "(a corrupted or foreign code)")
         return codes
