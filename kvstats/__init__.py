@@ -27,12 +27,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "evaluate", "quantizer", "register", "register_scheme", "scheme"]
+__all__ = ["__version__", "evaluate", "evaluate_retrieval", "quantizer", "register", "register_scheme", "scheme"]
 
 # Attributes load on first use (PEP 562), so ``import kvstats.cli.parser`` (``kvstats --help``) does not import torch.
 _FUNCTIONS = {"quantizer": "kvstats.quant.quantizers", "register": "kvstats.quant.quantizers",
               "scheme": "kvstats.quant.schemes", "register_scheme": "kvstats.quant.schemes",
-              "evaluate": "kvstats.evaluation.evaluator"}
+              "evaluate": "kvstats.evaluation.evaluator",
+              "evaluate_retrieval": "kvstats.evaluation.retrieval"}
 
 
 def __getattr__(name: str):

@@ -16,7 +16,8 @@ import importlib
 #: public name -> the module that holds it (loaded on first use: ``kvstats --help`` imports no torch)
 _HOMES = {"evaluate": "kvstats.evaluation.evaluator", "Evaluation": "kvstats.evaluation.results",
           "InconclusiveWarning": "kvstats.evaluation.results", "ModelEvaluation": "kvstats.evaluation.model_evaluator",
-          "QuantizerCheckError": "kvstats.evaluation.quantizer_sides", "sensitivity": "kvstats.evaluation.sensitivity"}
+          "QuantizerCheckError": "kvstats.evaluation.quantizer_sides", "sensitivity": "kvstats.evaluation.sensitivity",
+          "evaluate_retrieval": "kvstats.evaluation.retrieval", "RetrievalEvaluation": "kvstats.evaluation.retrieval"}
 __all__ = sorted(_HOMES)
 
 
