@@ -40,14 +40,16 @@ Writes figures/retrieval_heatmap_n2.png (and _n4), figures/retrieval_accuracy_vs
 figures/data/retrieval_*.csv and the claims file. Needs the [models] extra (and [baselines] for transformers'
 quantized caches).
 
-The package: :mod:`~kvstats.studies.retrieval.cells` (the constants, the prompts, the cell; the model and the
-per-layer schemes are kvstats.evaluation's model engine), :mod:`~kvstats.studies.retrieval.analysis`,
+The package: :mod:`~kvstats.studies.retrieval.cells` (the constants, the cell; the prompts, the prefill and the
+pass rule are ``kvstats retrieval``'s, :mod:`kvstats.evaluation.retrieval`; the model and the per-layer schemes
+are kvstats.evaluation's model engine), :mod:`~kvstats.studies.retrieval.analysis`,
 :mod:`~kvstats.studies.retrieval.figures`, :mod:`~kvstats.studies.retrieval.claims`.
 """
 
 from __future__ import annotations
 
 from kvstats import study
+from kvstats.evaluation.retrieval_tasks import INDUCTION_ANSWER, INDUCTION_CUE
 from kvstats.studies.retrieval.analysis import (
     NOVA_BITS,
     Analysis,
@@ -59,8 +61,6 @@ from kvstats.studies.retrieval.analysis import (
 )
 from kvstats.studies.retrieval.cells import (
     FORMATS_VERSION,
-    INDUCTION_ANSWER,
-    INDUCTION_CUE,
     SCALE,
     STUDY,
     VERSION,

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from kvstats.measure.stats import cluster_bootstrap_ci, mcnemar, proportion_ci
+from kvstats.evaluation.retrieval_stats import accuracy_table, mcnemar_row, outcomes
+from kvstats.measure.stats import cluster_bootstrap_ci
 from kvstats.studies.retrieval import cells
 from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, SCALE, STUDY
 from kvstats.study.sweep import cell_seed
@@ -24,35 +25,11 @@ ALPHA = 0.05
 NOVA_BITS = 2
 
 
-def accuracy_table(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Accuracy per group with its Wilson 95% interval."""
-    rows = []
-    for key, g in trials.groupby(by, sort=False):
-        r = proportion_ci(g["success"].to_numpy())
-        rows.append({**dict(zip(by, key)), "passed": r.successes, "trials": r.n, "accuracy": r.statistic,
-                     "ci_low": r.confidence_interval.low, "ci_high": r.confidence_interval.high,
-                     "attn_kl": float(g["attn_kl"].mean()), "bits_per_element": float(g["bits_per_element"].mean())})
-    return pd.DataFrame(rows)
-
-
-TRIAL = ["task", "length", "prompt", "needle"]
-
-
-def _outcomes(trials: pd.DataFrame, scheme: str, n: int) -> pd.Series:
-    sel = trials[(trials["scheme"] == scheme) & (trials["n"] == (FP_BITS if scheme == FP else n))]
-    return sel.set_index(TRIAL)["success"]
-
-
 def _mcnemar_row(trials: pd.DataFrame, a: str, b: str, n: int, level: float = 0.95) -> dict | None:
-    x, y = _outcomes(trials, a, n), _outcomes(trials, b, n)
-    x, y = x.align(y, join="inner")
-    if x.empty:
-        return None
-    r = mcnemar(x.to_numpy(), y.to_numpy(), confidence_level=level)
-    (n11, n10), (n01, n00) = r.table
-    return {"a": a, "b": b, "n": n, "trials": r.n, "accuracy_a": r.proportions[0], "accuracy_b": r.proportions[1],
-            "difference": r.effect_size, "diff_low": r.confidence_interval.low, "diff_high": r.confidence_interval.high,
-            "a_only": n10, "b_only": n01, "p": r.pvalue}
+    """Exact McNemar of scheme ``a`` against ``b`` at budget ``n`` (the fp model at its own row's n):
+    :func:`kvstats.evaluation.retrieval_stats.mcnemar_row` with the schemes and n named."""
+    r = mcnemar_row(trials, (a, FP_BITS if a == FP else n), (b, FP_BITS if b == FP else n), confidence_level=level)
+    return None if r is None else {"a": a, "b": b, "n": n, **r}
 
 
 def tests_table(trials: pd.DataFrame, bits: tuple, schemes: tuple | None = None) -> pd.DataFrame:
@@ -142,7 +119,7 @@ def _recovered(rows: np.ndarray) -> float:
 def recovered_fraction(trials: pd.DataFrame, scalar: str) -> tuple[float, tuple[float, float]]:
     """NOVA-KV's recovered fraction at 2 bits over every trial, with a cluster bootstrap CI over prompts (a prompt's
     needles share its text): the estimate and (low, high), nan when some resample loses nothing."""
-    cols = [_outcomes(trials, name, NOVA_BITS) for name in (FP, "nova", scalar)]
+    cols = [outcomes(trials, name, FP_BITS if name == FP else NOVA_BITS) for name in (FP, "nova", scalar)]
     table = pd.concat(cols, axis=1, join="inner").astype(float)
     prompts = [key[:3] for key in table.index]  # (task, length, prompt)
     units = [row[None, :] for row in table.to_numpy()]

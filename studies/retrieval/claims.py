@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvstats.evaluation.retrieval_tasks import DEPTHS, INDUCTION_ANSWER, INDUCTION_CUE
 from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
 from kvstats.studies.formats import method_label
 from kvstats.studies.retrieval.analysis import (
@@ -18,15 +19,7 @@ from kvstats.studies.retrieval.analysis import (
     equivalence_rows,
     recovered_fraction,
 )
-from kvstats.studies.retrieval.cells import (
-    BASELINE,
-    DEPTHS,
-    FP,
-    FP_BITS,
-    INDUCTION_ANSWER,
-    INDUCTION_CUE,
-    STUDY,
-)
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, STUDY
 from kvstats.study.claims import Claim
 from kvstats.study.report import fmt_p
 

@@ -4,7 +4,7 @@ against attention KL."""
 from __future__ import annotations
 
 from kvstats.studies.retrieval.analysis import NOVA_BITS, Analysis
-from kvstats.studies.retrieval.cells import BASELINE, DEPTHS, FP, FP_BITS, STUDY
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, STUDY
 from kvstats.study import plots
 
 STYLE = {FP: {"color": "#000000", "marker": "o", "label": "fp32 (no quantization)"},
@@ -18,32 +18,19 @@ def style(name: str) -> dict[str, str]:
 
 
 def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
-    """Accuracy over length × depth: one row of panels per task, fp and the schemes at ``n``."""
+    """Accuracy over length × depth: one row of panels per task, fp and the schemes at ``n``
+    (:func:`kvstats.evaluation.retrieval_report.draw_heatmap`, the drawing of ``kvstats retrieval --figure``)."""
     import matplotlib.pyplot as plt
 
-    tasks = list(a.cfg["tasks"])
+    from kvstats.evaluation.retrieval_report import draw_heatmap
+
     cols = [(FP, FP_BITS)] + [(s, n) for s in ("kqv", "minmax", "mse", "nova", BASELINE)
                          if ((a.grid["scheme"] == s) & (a.grid["n"] == n)).any()]
-    fig, axes = plots.panels(len(tasks), len(cols), f"Retrieval accuracy over context length × needle depth "
-                             f"(SmolLM2-135M; quantized caches at n = {n})", width=2.1, height=1.9)
-    for i, task in enumerate(tasks):
-        lengths = sorted(a.cfg["tasks"][task])
-        for j, (s, b) in enumerate(cols):
-            ax = axes[i, j]
-            g = a.grid[(a.grid["task"] == task) & (a.grid["scheme"] == s) & (a.grid["n"] == b)]
-            m = g.pivot_table(index="length", columns="depth", values="accuracy").reindex(index=lengths,
-                                                                                           columns=list(DEPTHS))
-            im = ax.imshow(m.to_numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-            ax.set_xticks(range(len(DEPTHS)), [f"{d:g}" for d in DEPTHS], fontsize=6)
-            ax.set_yticks(range(len(lengths)), [str(x) for x in lengths], fontsize=6)
-            ax.grid(False)
-            if i == 0:
-                ax.set_title(style(s)["label"] if s in (FP, BASELINE) else s, fontsize=7)
-            if j == 0:
-                ax.set_ylabel(f"{task}\ntokens", fontsize=7)
-            if i == len(tasks) - 1:
-                ax.set_xlabel("needle depth", fontsize=7)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="accuracy")
+    grid = a.grid.assign(column=list(zip(a.grid["scheme"], a.grid["n"])))
+    fig = draw_heatmap(grid, {t: list(ls) for t, ls in a.cfg["tasks"].items()},
+                       [((s, b), style(s)["label"] if s in (FP, BASELINE) else s) for s, b in cols],
+                       f"Retrieval accuracy over context length × needle depth (SmolLM2-135M; quantized caches at "
+                       f"n = {n})")
     plots.save(fig, f"{STUDY}_heatmap_n{n}")
     plt.close(fig)
 

@@ -163,5 +163,12 @@ def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
         return build(*args, **kwargs)
 
     monkeypatch.setattr(ret.cells, "layer_schemes", leaves_sdpa)
-    with pytest.raises(RuntimeError, match=r"passkey/256/0, mse n = 2: 0 attention records for 30 layers"):
+    # the run sets the kvstats attention right before its forward: a build that leaves sdpa behind changes nothing
+    again = [r for r in ret.cell("passkey", 256, 0, (2,), None) if r["scheme"] == "mse"]
+    assert [r["attn_kl"] for r in again] == [r["attn_kl"] for r in mse]
+    import kvstats.evaluation.model_engine as engine
+
+    switch = engine.set_attention
+    monkeypatch.setattr(engine, "set_attention", lambda m, name: switch(m, "sdpa"))  # a forward off the path
+    with pytest.raises(ValueError, match=r"the estimator path did not run on layers 0 \(model\)"):
         ret.cell("passkey", 256, 0, (2,), None)
