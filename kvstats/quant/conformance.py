@@ -26,8 +26,10 @@ exception raised inside the quantizer during a check is reported the same way, a
   with ``build``, the quantizer at its widest bit width (``max_bits``) reconstructs x with a relative
   squared error below 1/2.
 * ``determinism``   — encoding the same x twice gives identical codes, and so does a strided view of x (what
-  the cache passes); with ``factory`` or ``build``, a quantizer rebuilt from the same seed gives identical codes
-  and decodes the first one's code identically; with ``isolated``, so does one built in a fresh process.
+  the cache passes); a code decodes and scores the same after another x was encoded (a decoder that returns
+  the last input it kept, a stash, fails here, not in the cache check's beam search); with ``factory`` or
+  ``build``, a quantizer rebuilt from the same seed gives identical codes and decodes the first one's code
+  identically; with ``isolated``, so does one built in a fresh process.
 * ``nbytes``        — ``code.nbytes`` equals the bytes of every tensor the code holds, for every input dtype,
   and no tensor is a view into a larger buffer (which nbytes would undercount).
 * ``bits``          — at two token counts: for fp32 input 8·nbytes = bits_per_coordinate(n_tokens=n).total ·
@@ -272,20 +274,30 @@ def _determinism(check: Check, q, x, query, code, x_hat, factory, build) -> None
     check.that(code.equal(strided) or close(strided_hat, x_hat), "determinism",
                "encoding a strided view of x (x[..., a:b, :] of a longer tensor, what the cache passes) gave other "
                "codes than encoding x itself")
+    # before the cache check, whose beam-search rows a decoder returning the last input it kept fails as well
+    with check.running("determinism", "encoding another x, then decoding and scoring the first code again"):
+        before_scores = q.inner(query, code)
+        q.encode(draw(tuple(x.shape), 7654321))
+        after_hat = q.decode(code)
+        after_scores = q.inner(query, code)
+    check.that(torch.equal(after_hat, x_hat) and close(after_scores, before_scores), "determinism",
+               "after encoding another x, the first code decodes or scores differently: decode reads state outside "
+               "the code (a stash: the last input kept on the quantizer or in a global); it must depend on the code "
+               "and the seed only")
     if factory is None and build is None:
         return
     seed = getattr(q, "seed", None)
     with check.running("determinism", f"rebuilding the quantizer with seed {seed!r}"):
         fresh = factory(seed) if factory is not None else build(bits=_int_bits(q), dim=q.dim, seed=seed)
         fresh = check.guarded(fresh)
-        fresh_code = fresh.encode(x)
-        check.that(code.equal(fresh_code), "determinism",
-                   f"a quantizer rebuilt with the same seed {seed} gave different codes")
         other = draw(tuple(x.shape), 1234567)
         q.encode(other)  # anything a cheat stashes about the last input now describes another x
         rebuilt = dataclasses.replace(code, **_cloned_fields(code))
-        fresh_hat = fresh.decode(rebuilt)
+        fresh_hat = fresh.decode(rebuilt)  # before it encodes anything: it cannot have kept what x's code needs
         fresh_scores = fresh.inner(query, rebuilt)
+        fresh_code = fresh.encode(x)
+        check.that(code.equal(fresh_code), "determinism",
+                   f"a quantizer rebuilt with the same seed {seed} gave different codes")
     check.that(torch.equal(fresh_hat, x_hat), "determinism",
                "a quantizer rebuilt with the same seed decodes the code (copied tensor by tensor) to another x̂: "
                "decode must depend on the code and the seed only")

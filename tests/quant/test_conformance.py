@@ -337,20 +337,54 @@ def test_a_negative_side_cost_is_refused():
         check_quantizer(_NegativeSide(64))
 
 
-def test_a_stash_in_the_instance_is_found_by_a_fresh_instance_too():
-    """Without the rate-distortion check's help (a 16-bit store of x is allowed to be exact at 16 bits), a
-    decoder that keeps the last input in the instance is caught by decoding with a freshly built one."""
+class _KeepsTheLastInput(IdentityQuantizer):
+    """A 16-bit store of x may be exact (the rate-distortion check cannot see this stash): decode returns the last
+    input encoded, whatever the code."""
 
-    class Keeps(IdentityQuantizer):
-        def _encode(self, x):
-            self._last = x.clone()
-            return super()._encode(x)
+    def _encode(self, x):
+        self._last = x.clone()
+        return super()._encode(x)
 
-        def _decode(self, code):
-            return self._last.to(code.dtype) if hasattr(self, "_last") else super()._decode(code)
+    def _decode(self, code):
+        return self._last.to(code.dtype)
 
-    with pytest.raises(AssertionError, match=r"^check_quantizer\[determinism\] failed for .*rebuilt with the same"):
-        check_quantizer(Keeps(64), factory=lambda seed: Keeps(64, seed))
+
+def test_a_stash_of_the_last_input_is_named_a_stash_not_a_beam_search_failure():
+    """Without factory or build, the first check whose code is not the last input encoded was the cache's beam
+    search (rows selected from a code decoded to the unselected x): the determinism check now decodes the first
+    code after encoding another x, and names the stash."""
+    for kwargs in ({}, {"factory": lambda seed: _KeepsTheLastInput(64, seed)}):
+        with pytest.raises(AssertionError, match=r"^check_quantizer\[determinism\] failed for .*after encoding "
+                                                 r"another x.*\(a stash") as failed:
+            check_quantizer(_KeepsTheLastInput(64), **kwargs)
+        assert "beam" not in str(failed.value)
+
+
+class _KeepsEveryRow(Int4PerToken):
+    """Honest 4-bit codes, but decode returns x rounded to steps of 0.4, kept in the instance keyed by each row's
+    code: better than 4 bits allow, yet within the rate-distortion check's slack, and there after other encodes."""
+
+    def _encode(self, x):
+        code = super()._encode(x)
+        kept = self.__dict__.setdefault("_kept", {})
+        for row, value in zip(code.payload["codes"].reshape(-1, code.payload["codes"].shape[-1]),
+                              x.reshape(-1, x.shape[-1])):
+            kept[row.numpy().tobytes()] = torch.round(value.double() * 2.5) / 2.5
+        return code
+
+    def _decode(self, code):
+        rows = code.payload["codes"].reshape(-1, code.payload["codes"].shape[-1])
+        kept = self.__dict__.get("_kept", {})
+        return torch.stack([kept[r.numpy().tobytes()] for r in rows]).reshape(code.shape).to(code.dtype)
+
+
+def test_a_stash_in_the_instance_keyed_by_the_code_is_found_by_a_fresh_instance():
+    """Every code this instance made decodes from its stash after other encodes too; a freshly built instance has
+    none (KeyError while decoding the copied code)."""
+    check_quantizer(_KeepsEveryRow(4, 64))
+    with pytest.raises(AssertionError, match=r"^check_quantizer\[determinism\] failed for .*raised KeyError while "
+                                             r"rebuilding the quantizer with seed"):
+        check_quantizer(_KeepsEveryRow(4, 64), factory=lambda seed: _KeepsEveryRow(4, 64, seed))
 
 
 def test_an_exception_inside_the_quantizer_is_reported_as_its_check():
