@@ -284,7 +284,7 @@ class KVStatsCache(Cache):
     def memory(self) -> CacheMemory:
         """Bytes held now: codes (Σ Code.nbytes) + the exact tokens (window and sinks), vs an fp16 cache of the same
         tokens."""
-        codes = window = fp16 = elements = 0
+        codes = window = fp16 = elements = exact = 0
         for layer in self.layers:
             c, w = layer.nbytes()
             codes, window = codes + c, window + w
@@ -292,7 +292,9 @@ class KVStatsCache(Cache):
                 b, h, _, d = layer.keys.shape
                 count = 2 * b * h * layer.cumulative_length * d
                 elements, fp16 = elements + count, fp16 + 2 * count
-        return CacheMemory(codes, window, fp16, elements, self.get_seq_length(), len(self.layers))
+                exact += sum(t.numel() for t in (layer.keys, layer.values, layer.sink_keys, layer.sink_values)
+                             if t is not None)
+        return CacheMemory(codes, window, fp16, elements, self.get_seq_length(), len(self.layers), exact)
 
     def nbytes(self) -> int:
         """Total bytes held (codes + window)."""

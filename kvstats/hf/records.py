@@ -17,7 +17,8 @@ class CacheMemory:
     window_bytes: the exact tokens (K and V) at their stored dtype: the full-precision window and the sinks
     (``sink_tokens``);
     fp16_bytes: 2 bytes × 2 tensors × B × H_kv × tokens × d summed over layers;
-    elements: number of cached K and V elements (2 × B × H_kv × tokens × d summed over layers).
+    elements: number of cached K and V elements (2 × B × H_kv × tokens × d summed over layers);
+    exact_elements: those of them held exact (the window and the sinks), the rest held as codes.
     """
 
     code_bytes: int
@@ -26,6 +27,7 @@ class CacheMemory:
     elements: int
     tokens: int
     layers: int
+    exact_elements: int
 
     @property
     def total_bytes(self) -> int:
@@ -46,11 +48,19 @@ class CacheMemory:
         """8 · total_bytes / elements: everything counted (payload, norms, side data, window)."""
         return 8 * self.total_bytes / self.elements if self.elements else math.nan
 
+    @property
+    def code_bits_per_element(self) -> float:
+        """8 · code_bytes / (elements − exact_elements): the bits per element of the quantized tokens alone, what a
+        quantizer's budget is about (nan when every token is held exact)."""
+        coded = self.elements - self.exact_elements
+        return 8 * self.code_bytes / coded if coded else math.nan
+
     def to_dict(self) -> dict:
         return {"code_bytes": self.code_bytes, "window_bytes": self.window_bytes, "total_bytes": self.total_bytes,
                 "fp16_bytes": self.fp16_bytes, "ratio": self.ratio, "compression": self.compression,
-                "bits_per_element": self.bits_per_element,
-                "elements": self.elements, "tokens": self.tokens, "layers": self.layers}
+                "bits_per_element": self.bits_per_element, "code_bits_per_element": self.code_bits_per_element,
+                "elements": self.elements, "exact_elements": self.exact_elements, "tokens": self.tokens,
+                "layers": self.layers}
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,8 @@ def test_memory_counts_codes_by_their_closed_form_and_the_sinks_with_the_window(
     assert mem.elements == elements
     assert mem.bits_per_element == pytest.approx(
         (codes * (bits + 32 / D) + (window + sinks) * 32) / T, rel=1e-12)
+    assert mem.exact_elements == layers * 2 * HKV * (window + sinks) * D
+    assert mem.code_bits_per_element == pytest.approx(bits + 32 / D, rel=1e-12)  # the codes alone
 
 
 @pytest.mark.parametrize("sinks", [0, 4])
@@ -251,6 +253,8 @@ def test_kivi_cache_counts_its_residual_in_the_bits_held(bits, sinks, est, ids):
     mem, layers = cache.memory(), len(cache.layers)
     assert mem.code_bytes == layers * (k_bytes + v_bytes)
     assert mem.window_bytes == layers * 2 * HKV * (T - n) * D * 4  # the residual (and the sinks), exact
+    assert mem.exact_elements == layers * 2 * HKV * (T - n) * D
+    assert mem.code_bits_per_element == pytest.approx(8 * (k_bytes + v_bytes) / (2 * HKV * n * D), rel=1e-12)
     # the residual holds R to R + G − 1 tokens, exact
     assert all(residual <= layer.keys.shape[-2] < residual + group for layer in cache.layers)
 
