@@ -187,9 +187,10 @@ class Analysis:
 
 
 def _ci(pooled: pd.DataFrame, name: str, scale_: float = 1.0, digits: str = ".3g") -> str:
-    """A pooled statistic and its CI as printed: ``m [low, high]``, or ``m (no interval)`` for the maximum."""
+    """A pooled statistic and its CI as printed: ``m [low, high]``, or ``m (no interval)`` for the maximum (none
+    covers it) and for every statistic of too few documents (:func:`_intervals_note` says why)."""
     r = pooled.loc[name]
-    if not np.isfinite(r["value_low"]):  # the maximum: no bootstrap interval covers it
+    if not np.isfinite(r["value_low"]):
         return f"{scale_ * r['value_mean']:{digits}} (no interval)"
     return (f"{scale_ * r['value_mean']:{digits}} [{scale_ * r['value_low']:{digits}}, "
             f"{scale_ * r['value_high']:{digits}}]")
@@ -207,6 +208,20 @@ def _tail_part(name: str, table: pd.DataFrame) -> tuple[str, float]:
             ratio)
 
 
+def _intervals_note(tables: dict[tuple[str, int], pd.DataFrame]) -> str:
+    """What the pooled statistics' intervals are at the documents the tail cells ran: the cluster bootstrap with its
+    simulated coverage there, or none below the evaluation's minimum (kvstats.evaluation.model_engine)."""
+    from kvstats.evaluation.model_engine import POOLED_MIN_DOCUMENTS, coverage_at, withheld_reason
+
+    table = next(iter(tables.values()))
+    documents = int(table[table["kind"] == "meta"].iloc[0]["documents"])
+    if documents < POOLED_MIN_DOCUMENTS:
+        return f"No CIs on the pooled statistics: {withheld_reason(documents)}"
+    at, (low, high) = coverage_at(documents)
+    return (f"95% CIs: cluster BCa bootstrap over the {documents} documents (simulated coverage of a nominal 95% at "
+            f"{at} documents: {low}-{high}%); the maximum has none")
+
+
 def _tail_data(a: Analysis) -> str:
     cfg = a.cfg
     return (f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
@@ -222,8 +237,7 @@ def kl_tail_claim(a: Analysis) -> Claim:
         claim="Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
               "KL-divergence report: mean, median, p90-p99.9, max, same top p)",
         source="kvstats",
-        measurement="; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents (simulated coverage "
-                    "87.5-93.5% at 24 documents); the maximum has none.",
+        measurement="; ".join(parts) + f". {_intervals_note(a.tails)}.",
         data=_tail_data(a),
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
         figure=f"{STUDY}_kl_tail.png")
@@ -241,8 +255,8 @@ def formats_tail_claim(a: Analysis) -> Claim | None:
         claim="The deployed formats' output damage by the same tail statistics (FP8, NVFP4, int per token-head, "
               "KIVI as published, FP8-K/NVFP4-V), beside KQV's",
         source="kvstats",
-        measurement="; ".join(parts) + ". 95% CIs: cluster BCa bootstrap over documents; the maximum has none. "
-                    "Which of them differ significantly at equal measured bits: the formats study.",
+        measurement="; ".join(parts) + f". {_intervals_note(a.tails)}. Which of them differ significantly at "
+                    "equal measured bits: the formats study.",
         data=_tail_data(a) + "; kvstats.evaluate(spec, bits, model='smollm2') as docs/quantizers.md names the formats",
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean (the "
                                   f"largest ratio: {worst[1]})"),

@@ -69,6 +69,7 @@ from kvstats.evaluation.quantizer_sides import QuantizerCheckError, prepare_side
 from kvstats.evaluation.results import (
     DEFAULT_SYNTHETIC_UNITS,
     DEFAULT_WINDOW,
+    ONE_TEXT,
     SCHEMA,
     Evaluation,
     InconclusiveWarning,
@@ -272,7 +273,7 @@ def evaluate(
               "seed": seed, "top_k": top_k, "softmax_scale": source.scale, "softcap": [r.softcap for r in source.rules],
               "documents": None if doc_ids is None else len(set(doc_ids)),
               "inference_units": "documents (per-document means of their windows)" if by_document else
-              ("windows of one text" if source.kind == "capture" else "independent draws"),
+              (ONE_TEXT if source.kind == "capture" else "independent draws"),
               "alpha": inference.alpha, "confidence_level": inference.confidence_level,
               "window": window if source.kind == "capture" else None, "layers": source.identity.get("layers"),
               "options": {k: str(v) for k, v in options.items()}, "data_params": dict(data_params or {}),

@@ -27,10 +27,13 @@ documents, then segments (:func:`kvstats.stats.cluster_bootstrap_ci`).
 * per unit: ``out_kl`` — mean next-token KL(p_exact ‖ p_quantized) over the segment's tokens (nats);
   ``top1`` — fraction of tokens whose top-1 next token agrees (llama.cpp's "same top p"); ``delta_nll`` — mean
   change of the next-token negative log-likelihood of the text; ``bits_total`` — bits per element the cache held
-  (``KVStatsCache.memory()``, measured); per layer the attention KL and top-5 recall of the estimator's logits;
+  (``KVStatsCache.memory()``, measured: the codes and the exact window together), ``bits_codes`` — those of the
+  quantized tokens alone (``code_bits_per_element``; nan when the window holds every token); per layer the
+  attention KL and top-5 recall of the estimator's logits;
 * pooled over every token: the KL tail as llama.cpp's ``--kl-divergence`` reports it (mean, median, p90, p95,
   p99, p99.9, max), top-1 agreement, and the perplexity ratio ``exp(mean NLL_quantized − mean NLL_exact)``, each
-  with a cluster bootstrap CI over documents.
+  with a cluster bootstrap CI over documents from :data:`POOLED_MIN_DOCUMENTS` documents on (below, without one:
+  the bootstrap over so few clusters covers far less than its level).
 """
 
 
@@ -50,9 +53,10 @@ import torch
 
 from kvstats.measure.stats._options import InferenceOptions, inference_options
 
-__all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "TAIL", "ModelSource", "document_segments", "model_source", "model_unit",
-           "plain_logits", "pooled_summary", "quantized_logits", "reference_logits", "round_robin_segments",
-           "set_attention", "shared_model", "shared_reference", "unit_summary"]
+__all__ = ["DEFAULT_SEGMENT", "MODEL_METRICS", "NO_INTERVAL_OF_A_MAXIMUM", "POOLED_COVERAGE", "POOLED_MIN_DOCUMENTS",
+           "TAIL", "ModelSource", "coverage_at", "document_segments", "model_source", "model_unit", "plain_logits",
+           "pooled_summary", "quantized_logits", "reference_logits", "round_robin_segments", "set_attention",
+           "shared_model", "shared_reference", "unit_summary", "withheld_reason"]
 
 #: Tokens per segment by default: 24 of the 25 shipped documents hold at least this many (with SmolLM2's tokenizer).
 DEFAULT_SEGMENT = 128
@@ -60,6 +64,17 @@ DEFAULT_SEGMENT = 128
 MODEL_METRICS = ("out_kl", "top1", "delta_nll")
 #: The KL statistics llama.cpp's perplexity tool prints, over every token: name -> quantile (None: mean).
 TAIL = {"mean": None, "median": 0.5, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p99.9": 0.999, "max": 1.0}
+#: Simulated coverage (%) of the nominal 95% cluster BCa interval by number of documents: the lowest and highest over
+#: the pooled mean, median, p90 and p99 of one segment per document, 128 lognormal token values each with a document
+#: effect (log-values N(0, 0.5²) + N(0, 1.2²)), 400 data sets of 499 resamples per count
+#: (scripts/cluster_bootstrap_coverage.py).
+POOLED_COVERAGE = {3: (60.0, 72.2), 4: (71.8, 80.7), 6: (76.2, 85.0), 8: (84.8, 90.2), 10: (84.3, 91.5),
+                   12: (87.7, 92.5), 16: (89.0, 94.0), 24: (91.0, 94.5)}
+#: The fewest documents whose pooled token statistics get a cluster bootstrap interval; below, each is an estimate
+#: without one. From 8 documents the simulated coverage (POOLED_COVERAGE: 85-90%) is within a few points of that at
+#: 24 (91-94.5%); below it falls fast (76-85% at 6, 72-81% at 4, 60-72% at 3): intervals far narrower than their
+#: level claims.
+POOLED_MIN_DOCUMENTS = 8
 
 
 @dataclass
@@ -249,12 +264,13 @@ def model_unit(source: ModelSource, scheme, ids: torch.Tensor, *, full_precision
     logits, cache = quantized_logits(source.model, scheme, ids, full_precision_window=full_precision_window,
                                      record=record)
     m = output_metrics(ref, logits, ids)
+    memory = cache.memory()
     kl, top1 = m["out_kl"][0], m["top1"][0]
     nll, nll_ref = m["nll"][0], m["nll_ref"][0]
     layers = sorted({r.layer for r in cache.attention_records})
     per_layer = {i: [r for r in cache.attention_records if r.layer == i] for i in layers}
     return {"out_kl": float(kl.mean()), "top1": float(top1.mean()), "delta_nll": float((nll - nll_ref).mean()),
-            "bits_total": float(cache.memory().bits_per_element),
+            "bits_total": float(memory.bits_per_element), "bits_codes": float(memory.code_bits_per_element),
             "layer_attention_kl": [float(torch.cat([r.kl.flatten() for r in per_layer[i]]).mean()) for i in layers],
             "layer_topk_recall": [float(torch.cat([r.recall.flatten() for r in per_layer[i]]).mean())
                                   for i in layers],
@@ -299,15 +315,35 @@ def _quantile(q: float | None):
     return statistic
 
 
-def _without_interval(values: np.ndarray, level: float, clusters: int, units: int):
-    """The maximum, without an interval: no bootstrap interval of a maximum covers (its resamples never exceed it)."""
+def _without_interval(values: np.ndarray, statistic, level: float, clusters: int, units: int, reason: str):
+    """``statistic`` of the pooled ``values`` as an estimate without an interval (``ci_method`` "none"), ``reason``
+    (why none is given) under ``extra["no_interval"]``: in the results file the interval is null beside it."""
     from kvstats.measure.stats import BootstrapResult
 
-    return BootstrapResult(statistic=float(values.max()), pvalue=math.nan, method="maximum of the pooled values",
-                           null_hypothesis="none (estimate)", n=(clusters, units), ci_of="max of the pooled values",
-                           confidence_level=level, ci_method="none",
-                           extra={"no_interval": "a bootstrap interval of a maximum never exceeds the sample maximum, "
-                                                 "so it cannot cover: the maximum is reported without one"})
+    name = f"{statistic.__name__} of the pooled values"
+    return BootstrapResult(statistic=float(statistic(values)), pvalue=math.nan, method=name,
+                           null_hypothesis="none (estimate)", n=(clusters, units), ci_of=name,
+                           confidence_level=level, ci_method="none", extra={"no_interval": reason})
+
+
+#: Why the maximum has no interval.
+NO_INTERVAL_OF_A_MAXIMUM = ("a bootstrap interval of a maximum never exceeds the sample maximum, so it cannot cover: "
+                            "the maximum is reported without one")
+
+
+def coverage_at(documents: int) -> tuple[int, tuple[float, float]]:
+    """The simulated coverage of :data:`POOLED_COVERAGE` at the largest simulated count of documents not above
+    ``documents`` (coverage grows with the documents: what it is at least), as ``(that count, (low, high))``."""
+    if documents < min(POOLED_COVERAGE):
+        raise ValueError(f"documents must be at least {min(POOLED_COVERAGE)}, got {documents}")
+    at = max(k for k in POOLED_COVERAGE if k <= documents)
+    return at, POOLED_COVERAGE[at]
+
+
+def withheld_reason(documents: int) -> str:
+    """Why the pooled statistics of ``documents`` documents (below :data:`POOLED_MIN_DOCUMENTS`) get no interval."""
+    return (f"{documents} documents, fewer than {POOLED_MIN_DOCUMENTS} clusters for the cluster bootstrap to hold "
+            "its level")
 
 
 def pooled_summary(rows: list[dict], *, prefix: str = "", inference: InferenceOptions | None = None,
@@ -315,24 +351,32 @@ def pooled_summary(rows: list[dict], *, prefix: str = "", inference: InferenceOp
     """Statistics over every token pooled, each with a cluster BCa bootstrap CI (documents, then segments): the KL
     tail (:data:`TAIL`; the maximum without an interval: none covers), top-1 agreement and the perplexity ratio
     exp(mean NLL − mean NLL_exact). The intervals' coverage is that of a bootstrap over few clusters
-    (:func:`kvstats.stats.cluster_bootstrap_ci`: 87.5–93.5% simulated at 24 documents for a nominal 95%); 1999
+    (:data:`POOLED_COVERAGE`); from fewer than :data:`POOLED_MIN_DOCUMENTS` documents every statistic is an estimate
+    without an interval (``ci_method`` "none", the reason under ``no_interval``: :func:`withheld_reason`). 1999
     resamples unless ``inference`` says otherwise, seeded by ``inference.seed`` or else ``seed``."""
     from kvstats.measure import stats
 
     inference = inference_options(inference)
     confidence_level = inference.confidence_level
     docs = [r["document"] for r in rows]
+    n_docs = len(set(docs))
     opts = dict(clusters=docs, confidence_level=confidence_level, n_resamples=inference.resamples(1999),
                 seed=inference.bootstrap_seed(seed))
+
+    def pooled(units: list[np.ndarray], statistic, reason: str | None = None):
+        if reason is None and n_docs >= POOLED_MIN_DOCUMENTS:
+            return stats.cluster_bootstrap_ci(units, statistic, **opts)
+        return _without_interval(np.concatenate(units), statistic, confidence_level, n_docs, len(rows),
+                                 withheld_reason(n_docs) if reason is None else reason)
+
     kl = [np.array(r[prefix + "tokens_out_kl"]) for r in rows]
-    out = {f"kl_{name}": stats.cluster_bootstrap_ci(kl, _quantile(q), **opts) for name, q in TAIL.items() if q != 1.0}
-    out["kl_max"] = _without_interval(np.concatenate(kl), confidence_level, len(set(docs)), len(rows))
-    out["same_top1"] = stats.cluster_bootstrap_ci([np.array(r[prefix + "tokens_top1"]) for r in rows], np.mean,
-                                                  **opts)
+    out = {f"kl_{name}": pooled(kl, _quantile(q), NO_INTERVAL_OF_A_MAXIMUM if q == 1.0 else None)
+           for name, q in TAIL.items()}
+    out["same_top1"] = pooled([np.array(r[prefix + "tokens_top1"]) for r in rows], np.mean)
     delta = [np.array(r[prefix + "tokens_nll"]) - np.array(r[prefix + "tokens_nll_ref"]) for r in rows]
 
     def ppl_ratio(x):
         return float(math.exp(np.mean(x)))
 
-    out["ppl_ratio"] = stats.cluster_bootstrap_ci(delta, ppl_ratio, **opts)
+    out["ppl_ratio"] = pooled(delta, ppl_ratio)
     return out

@@ -7,6 +7,7 @@ the plan, the unit store, the strict results file and the provenance block are t
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS, TAIL
+from kvstats.evaluation.model_engine import (
+    DEFAULT_SEGMENT,
+    MODEL_METRICS,
+    NO_INTERVAL_OF_A_MAXIMUM,
+    POOLED_MIN_DOCUMENTS,
+    TAIL,
+    coverage_at,
+    withheld_reason,
+)
 from kvstats.evaluation.results import Evaluation
 from kvstats.measure.stats._options import InferenceOptions, inference_options
 from kvstats.study.provenance import provenance
@@ -38,9 +47,11 @@ class ModelEvaluation(Evaluation):
     * ``summary``: per side (``"evaluated"``, ``"compared"``): :func:`~kvstats.evaluation.model_engine.unit_summary`
       (means over documents with CIs, per layer too) under ``"documents"``, and
       :func:`~kvstats.evaluation.model_engine.pooled_summary` (the KL tail, top-1, perplexity ratio over every token,
-      cluster bootstrap CIs) under ``"tokens"``;
+      cluster bootstrap CIs; from fewer than :data:`~kvstats.evaluation.model_engine.POOLED_MIN_DOCUMENTS` documents
+      none, the reason under ``no_interval`` and in ``config["pooled_intervals"]``) under ``"tokens"``;
     * ``comparison``, ``excluded``, ``plan``, ``family_plan``: over documents;
-    * ``bits``: the measured bits per element of each side, and whether they match.
+    * ``bits``: the measured bits per element of each side (``measured``: the codes and the exact window;
+      ``measured_codes``: the codes alone, per element of the quantized tokens), and whether they match.
     """
 
     schema = MODEL_SCHEMA
@@ -68,13 +79,13 @@ class ModelEvaluation(Evaluation):
                  f"{len(self.units)} segments of {cfg['segment']} tokens, teacher-forced through KVStatsCache on the "
                  f"estimator path; exact window {cfg['full_precision_window']} tokens; reference: "
                  f"{cfg['reference']})",
-                 f"  A = {cfg['quantizer']}: {self.bits['evaluated']['measured']:.4g} bits per element held (measured)"]
+                 _held_line("A", cfg["quantizer"], self.bits["evaluated"], cfg["full_precision_window"])]
         if cfg.get("lossless_floor") is not None:
             lines.append(f"  the kvstats path with a lossless scheme differs from the model's own attention by a mean "
                          f"next-token KL of {cfg['lossless_floor']:.3g} nats (the {cfg['dtype']} model): not counted "
                          "against A")
         if cfg["compare"] is not None:
-            lines.append(f"  B = {cfg['compare']}: {self.bits['compared']['measured']:.4g} bits per element held")
+            lines.append(_held_line("B", cfg["compare"], self.bits["compared"], cfg["full_precision_window"]))
             if not self.bits["matched"]:
                 lines += textwrap.wrap(unmatched_note(self.bits), 110, initial_indent="  ", subsequent_indent="    ")
         how = ", ".join(dict.fromkeys(ev["documents"][m].ci_method for m in MODEL_METRICS))  # each one used
@@ -91,17 +102,21 @@ class ModelEvaluation(Evaluation):
             lines.append(row)
         tok = ev["tokens"]
         n_tokens = sum(len(u["tokens_out_kl"]) for u in self.units)
-        lines.append(f"over all {n_tokens} tokens (as llama.cpp's --kl-divergence; {level:.0%} cluster BCa bootstrap "
-                     "over documents, simulated coverage 87-93% at 24 documents):")
+        docs, segments = cfg["documents"], len(self.units)
+        if tok["kl_mean"].ci_method == "none":  # withheld: too few documents
+            how = f"no intervals: {tok['kl_mean'].extra['no_interval']}; pass more documents for them"
+        else:
+            at, (low, high) = coverage_at(docs)
+            how = (f"{level:.0%} cluster BCa bootstrap over the {docs} documents, then their segments; simulated "
+                   f"coverage of a nominal 95% at {at} documents: {low}-{high}%")
+        lines += textwrap.wrap(f"over all {n_tokens} tokens of {docs} documents ({segments} segments; as llama.cpp's "
+                               f"--kl-divergence; {how}):", 110, subsequent_indent="  ")
         for name in TAIL:
-            r = tok[f"kl_{name}"]
-            ci = "(no interval: none covers a maximum)" if r.ci_method == "none" else interval_text(r)
-            lines.append(f"  KL {name:<8} {r.statistic:>10.4g} {ci}")
+            lines.append(f"  KL {name:<8} {tok[f'kl_{name}'].statistic:>10.4g} {_pooled_interval(tok[f'kl_{name}'])}")
         same, ppl = tok["same_top1"], tok["ppl_ratio"]
-        lines.append(f"  same top p {100 * same.statistic:9.2f}% [{100 * same.confidence_interval.low:.2f}, "
-                     f"{100 * same.confidence_interval.high:.2f}]")
-        lines.append(f"  PPL ratio  {ppl.statistic:>10.5g} [{ppl.confidence_interval.low:.5g}, "
-                     f"{ppl.confidence_interval.high:.5g}]  (exp of the mean change of NLL)")
+        lines.append(f"  same top p {100 * same.statistic:9.2f}% {_pooled_interval(same, 100, '.2f')}")
+        lines.append(f"  PPL ratio  {ppl.statistic:>10.5g} {_pooled_interval(ppl, spec='.5g')}  (exp of the mean "
+                     "change of NLL)")
         layers = ev["documents"]["layer_attention_kl"]
         worst = sorted(range(len(layers)), key=lambda i: -layers[i].statistic)[:5]
         lines.append("attention KL of the estimator's logits, the 5 worst layers: " + ", ".join(
@@ -109,6 +124,26 @@ class ModelEvaluation(Evaluation):
         if cfg["compare"] is not None:
             lines += comparison_footnotes(self, "A", "B")
         return "\n".join(lines)
+
+
+def _held_line(letter: str, name: str, bits: dict, window: int) -> str:
+    """A side's measured bits per element held; with an exact window, also the codes' alone (the quantized tokens:
+    what the quantizer's budget is about)."""
+    line = f"  {letter} = {name}: {bits['measured']:.4g} bits per element held (measured"
+    if not window:
+        return line + ")"
+    codes = bits.get("measured_codes")
+    alone = ("no token was quantized: the exact window holds them all" if codes is None or not math.isfinite(codes)
+             else f"the codes alone {codes:.4g} bits per element of the quantized tokens")
+    return line + f": the codes and the exact window of {window} tokens); {alone}"
+
+
+def _pooled_interval(r, scale: float = 1.0, spec: str = ".4g") -> str:
+    """A pooled statistic's interval as printed: ``[low, high]`` (times ``scale``), or why it has none."""
+    if r.ci_method == "none":
+        return ("(no interval: none covers a maximum)" if r.extra["no_interval"] == NO_INTERVAL_OF_A_MAXIMUM else
+                f"(no interval: {r.n[0]} documents)")
+    return f"[{scale * r.confidence_interval.low:{spec}}, {scale * r.confidence_interval.high:{spec}}]"
 
 
 def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match_bits: bool = False,
@@ -172,7 +207,10 @@ def evaluate_model(quantizer, *, bits: int, model="smollm2", compare=None, match
               "bits": bits, "compare_bits": None if sides.other is None else sides.other.bits,
               "match_bits": bool(match_bits), "model": source.name, "model_dims": source.dims, "documents": n_docs,
               "segment": segment, "segments_per_document": segments_per_document, "skipped_documents": source.skipped,
-              "full_precision_window": full_precision_window, "seed": seed, "alpha": inference.alpha,
+              "full_precision_window": full_precision_window,
+              "pooled_intervals": ("cluster BCa bootstrap over the documents, then their segments"
+                                   if n_docs >= POOLED_MIN_DOCUMENTS else f"withheld: {withheld_reason(n_docs)}"),
+              "seed": seed, "alpha": inference.alpha,
               "confidence_level": inference.confidence_level, "options": {k: str(v) for k, v in options.items()},
               "checks": sides.checks,
               "schemes": sides.records | {"seeds": "unit 0's; unit i's schemes are built from unit_seed(seed, i)"},

@@ -343,11 +343,14 @@ class Sides:
 
     def budgets(self, rows: list[dict], *, claimed: bool) -> dict[str, Any]:
         """Each side's budget and the bits per element its codes held (mean over the units), with the
-        quantizers' own claim when ``claimed``, and whether the two sides' measured bits match."""
+        quantizers' own claim when ``claimed``, and whether the two sides' measured bits match; where the units
+        carry ``bits_codes`` (a model's cache with its exact window), ``measured_codes``: the codes' alone."""
         by_side = {"evaluated": ("", self.main)} | ({} if self.other is None else {"compared": ("other:", self.other)})
         info = {}
         for name, (prefix, side) in by_side.items():
             info[name] = {"budget": side.bits, "measured": float(np.mean([r[prefix + "bits_total"] for r in rows]))}
+            if prefix + "bits_codes" in rows[0]:  # on a model: the quantized tokens alone, without the exact window
+                info[name]["measured_codes"] = float(np.mean([r[prefix + "bits_codes"] for r in rows]))
             if claimed:
                 info[name]["claimed"] = float(np.mean([r[prefix + "bits_claimed"] for r in rows]))
         if self.other is not None:

@@ -25,6 +25,8 @@ SCHEMA = "kvstats-evaluation/2"
 DEFAULT_SYNTHETIC_UNITS = 16
 #: Tokens of a capture unit by default: a default capture (1,024 tokens) gives 16 disjoint windows.
 DEFAULT_WINDOW = 64
+#: ``config["inference_units"]`` of a capture of one text: its windows are the units.
+ONE_TEXT = "windows of one text"
 
 
 class InconclusiveWarning(UserWarning):
@@ -110,8 +112,10 @@ class Evaluation:
             head += f" {'B mean':>11} {'r':>7} {'p (Holm)':>9} {'detectable':>10}"
         bits = self.bits
         count = (f"{len(units)} documents, {len(self.units)} windows" if by_document else f"{len(self.units)} units")
-        lines = [f"A = {me} at {cfg['bits']} bits on {cfg['data']} ({count}: {cfg['unit']})",
-                 _bits_line("A", me, bits["evaluated"])]
+        lines = [f"A = {me} at {cfg['bits']} bits on {cfg['data']} ({count}: {cfg['unit']})"]
+        if cfg.get("inference_units") == ONE_TEXT:
+            lines += textwrap.wrap(one_text_note(len(self.units)), 110, initial_indent="  ", subsequent_indent="    ")
+        lines.append(_bits_line("A", me, bits["evaluated"]))
         if other is not None:
             lines.append(_bits_line("B", other, bits["compared"]))
             if not bits["matched"]:
@@ -130,6 +134,13 @@ class Evaluation:
         if other is not None:
             lines += comparison_footnotes(self, "A", "B")
         return "\n".join(lines)
+
+
+def one_text_note(n: int) -> str:
+    """What the statistics over ``n`` windows of one text describe (a capture of a single document)."""
+    return (f"! the {n} units are windows of one text: they are not independent draws; the intervals and p-values "
+            "describe this text, not texts in general (capture several documents into one file, kvstats capture "
+            "--text a.txt b.txt ..., to generalise: its documents become the units)")
 
 
 def _bits_line(letter: str, name: str, b: dict) -> str:

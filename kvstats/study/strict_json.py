@@ -24,6 +24,8 @@ NULL_REASONS = {
     "median_ratio": "the median of the second sample is 0",
     "shift": "no shift is detectable at this many units (see reason)",
     "statistic": "not defined for these data",
+    "bits_codes": "no token was quantized (the exact window holds them all)",
+    "measured_codes": "no token was quantized (the exact window holds them all)",
 }
 
 

@@ -138,6 +138,20 @@ def test_capture_file_units_are_disjoint_windows(tmp_path):
         evaluate("turbo_mse", bits=3, data=path, window=16, layers=[])
 
 
+def test_a_capture_of_one_text_says_its_windows_are_not_independent_draws(tmp_path):
+    """Windows of one text share it: the table says so (the units, the scope of its p-values and intervals, how to
+    generalise); synthetic draws are independent and get no such note."""
+    path, _ = _capture(tmp_path)
+    ev = evaluate("turbo_mse", bits=3, data=path, window=16, inference=InferenceOptions(n_resamples=999))
+    assert ev.config["inference_units"] == "windows of one text"
+    flat = " ".join(ev.table().split())  # unwrapped
+    assert ("! the 4 units are windows of one text: they are not independent draws; the intervals and p-values "
+            "describe this text, not texts in general") in flat and "capture several documents" in flat
+    synthetic = evaluate("turbo_mse", bits=3, data="gaussian", units=3, **SMALL)
+    assert synthetic.config["inference_units"] == "independent draws"
+    assert "windows of one text" not in synthetic.table() and "not independent" not in synthetic.table()
+
+
 def test_capture_softmax_scale_is_the_models(tmp_path):
     """A capture records attn_scaling (Gemma's query_pre_attn_scalar, ...): the logits use it, not 1/√d."""
     path, layers = _capture(tmp_path, attn_scaling=0.6)
@@ -746,7 +760,11 @@ def test_a_capture_of_several_documents_has_documents_as_its_units(tmp_path):
     assert ev.config["inference_units"].startswith("documents") and ev.summary["attention_kl"].n == 2
     per_doc = [np.mean([u["attention_kl"] for u in ev.units if u["document"] == d]) for d in (0, 1)]
     assert ev.summary["attention_kl"].statistic == pytest.approx(np.mean(per_doc), rel=1e-12)
-    assert "(2 documents, 6 windows" in ev.table()
+    assert "(2 documents, 6 windows" in ev.table() and "windows of one text" not in ev.table()
+    first = evaluate("turbo_mse", bits=2, data=path, window=16, units=4, inference=InferenceOptions(n_resamples=999))
+    assert [u["document"] for u in first.units] == [0, 0, 0, 0]  # the first document's windows only: one text
+    assert first.config["inference_units"] == "windows of one text"
+    assert "the 4 units are windows of one text" in " ".join(first.table().split())
 
 
 def test_repeated_layers_and_cli_values_are_refused_by_their_own_names(tmp_path, capsys):

@@ -18,13 +18,20 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
 
 import kvstats  # noqa: E402
-from kvstats.evaluation.model_engine import TAIL, model_source, model_unit  # noqa: E402
+from kvstats.evaluation.model_engine import (  # noqa: E402
+    POOLED_COVERAGE,
+    POOLED_MIN_DOCUMENTS,
+    TAIL,
+    model_source,
+    model_unit,
+)
 from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs  # noqa: E402
 from kvstats.measure.stats import InferenceOptions  # noqa: E402
 from tests.helpers.texts import WORDS  # noqa: E402
 
 _RNG = np.random.default_rng(7)
 DOCS = {f"doc {i}": " ".join(_RNG.choice(WORDS, 70)) for i in range(5)}  # 70 words: two 32-token segments each
+ENOUGH = {f"text {i}": " ".join(_RNG.choice(WORDS, 40)) for i in range(POOLED_MIN_DOCUMENTS)}  # one segment each
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +70,109 @@ def test_unit_metrics_match_a_float64_recomputation_through_the_dense_path(sourc
     nll_ref = -lp[0, :-1].gather(-1, target[:, None])[:, 0]
     assert row["delta_nll"] == pytest.approx(float((nll - nll_ref).mean()), rel=1e-3, abs=1e-6)
     assert row["out_kl"] > 1e-4  # a 3-bit cache does damage this tiny model measurably
+
+
+def test_bits_held_with_an_exact_window_and_the_codes_alone(source):
+    """kqv's codes hold the same bytes per token however many tokens (its encode of 32 and of 24 tokens, the
+    oracle b); the fp32 model keeps W exact tokens at 32 bits: held = (b·(T − W) + 32·W)/T, the codes alone b, and
+    with every token exact no codes at all."""
+    d, heads = source.dims["head_dim"], source.dims["kv_heads"]
+    scheme = kvstats.scheme("kqv", bits=3, dim=d, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    per_element = {n: 8 * scheme.encode(*(torch.randn(1, heads, n, d, generator=gen) for _ in range(2))).nbytes
+                   / (2 * heads * n * d) for n in (24, 32)}
+    b = per_element[32]
+    assert per_element[24] == b
+    ids = source.segments[0][2]
+    t, w = ids.shape[1], 8
+    plain = model_unit(source, scheme, ids, record=False)
+    assert plain["bits_total"] == pytest.approx(b, rel=1e-12) and plain["bits_codes"] == plain["bits_total"]
+    windowed = model_unit(source, scheme, ids, full_precision_window=w, record=False)
+    assert windowed["bits_codes"] == pytest.approx(b, rel=1e-12)
+    assert windowed["bits_total"] == pytest.approx((b * (t - w) + 32 * w) / t, rel=1e-12)
+    exact = model_unit(source, scheme, ids, full_precision_window=t, record=False)
+    assert exact["bits_total"] == 32 and math.isnan(exact["bits_codes"])
+
+
+@pytest.mark.filterwarnings("ignore::kvstats.evaluation.results.InconclusiveWarning")
+def test_pooled_intervals_are_withheld_below_the_stated_number_of_documents(tiny_folder, tmp_path):
+    """5 documents: every pooled statistic an estimate (numpy's, of the pooled tokens) without an interval, the
+    reason in the table, in each result and in the JSON (null intervals), the per-document intervals kept;
+    POOLED_MIN_DOCUMENTS documents: the cluster bootstrap's intervals (kvstats.stats.cluster_bootstrap_ci called
+    directly on the same tokens and seed), the count and the simulated coverage at it stated. An exact window
+    of 8 tokens: the table gives the bits of the codes alone beside those held, as the units and the JSON do."""
+    from kvstats.measure.stats import cluster_bootstrap_ci
+
+    out = tmp_path / "few.json"
+    options = InferenceOptions(n_resamples=199, seed=5)
+    few = kvstats.evaluate("kqv", bits=3, model=tiny_folder, segment=32, segments_per_document=2, documents=DOCS,
+                           full_precision_window=8, out=out, inference=options)
+    assert few.config["documents"] == 5 < POOLED_MIN_DOCUMENTS and len(few.units) == 10
+    reason = f"5 documents, fewer than {POOLED_MIN_DOCUMENTS} clusters for the cluster bootstrap to hold its level"
+    assert few.config["pooled_intervals"] == f"withheld: {reason}"
+    tok = few.summary["evaluated"]["tokens"]
+    pooled = np.concatenate([u["tokens_out_kl"] for u in few.units])
+    for name, q in TAIL.items():
+        r = tok[f"kl_{name}"]
+        assert r.statistic == pytest.approx(pooled.mean() if q is None else np.quantile(pooled, q), rel=1e-12)
+        assert r.ci_method == "none" and math.isnan(r.confidence_interval.low)
+        assert r.extra["no_interval"] == reason or (name == "max" and "maximum" in r.extra["no_interval"])
+    for name in ("same_top1", "ppl_ratio"):
+        assert tok[name].ci_method == "none" and tok[name].extra["no_interval"] == reason
+    assert tok["same_top1"].statistic == pytest.approx(np.concatenate([u["tokens_top1"] for u in few.units]).mean())
+    assert math.isfinite(few.summary["evaluated"]["documents"]["out_kl"].confidence_interval.low)  # mean_ci's
+    saved = json.loads(out.read_text(), parse_constant=lambda t: pytest.fail(f"not strict JSON: {t}"))
+    for name, r in saved["summary"]["evaluated"]["tokens"].items():
+        assert r["ci_low"] is None and r["ci_high"] is None and r["no_interval"], name
+    assert saved["config"]["pooled_intervals"] == f"withheld: {reason}"
+    table = few.table()
+    flat = " ".join(table.split())
+    assert f"of 5 documents (10 segments; as llama.cpp's --kl-divergence; no intervals: {reason}" in flat
+    assert "cluster BCa" not in table and "simulated coverage" not in table
+    assert "KL p99 " in table and table.count("(no interval: 5 documents)") == len(TAIL) - 1 + 2
+    codes = np.mean([u["bits_codes"] for u in few.units])
+    assert few.bits["evaluated"]["measured_codes"] == pytest.approx(codes, rel=1e-12)
+    assert saved["bits"]["evaluated"]["measured_codes"] == pytest.approx(codes, rel=1e-12)
+    assert codes < few.bits["evaluated"]["measured"]  # the window's 8 fp32 tokens cost more than codes
+    assert (f"{few.bits['evaluated']['measured']:.4g} bits per element held (measured: the codes and the exact "
+            f"window of 8 tokens); the codes alone {codes:.4g} bits per element of the quantized tokens") in table
+
+    enough = kvstats.evaluate("kqv", bits=3, model=tiny_folder, segment=32, documents=ENOUGH, inference=options)
+    assert enough.config["documents"] == POOLED_MIN_DOCUMENTS == len(enough.units)
+    tok = enough.summary["evaluated"]["tokens"]
+    units = [np.array(u["tokens_out_kl"]) for u in enough.units]
+    want = cluster_bootstrap_ci(units, np.mean, clusters=[u["document"] for u in enough.units], n_resamples=199,
+                                seed=5)
+    assert tuple(tok["kl_mean"].confidence_interval) == pytest.approx(tuple(want.confidence_interval), rel=1e-12)
+    assert all(math.isfinite(tok[n].confidence_interval.low) for n in tok if n != "kl_max")
+    low, high = POOLED_COVERAGE[POOLED_MIN_DOCUMENTS]
+    assert (f"95% cluster BCa bootstrap over the {POOLED_MIN_DOCUMENTS} documents, then their segments; simulated "
+            f"coverage of a nominal 95% at {POOLED_MIN_DOCUMENTS} documents: {low}-{high}%") in " ".join(
+                enough.table().split())
+    assert "no interval: " not in enough.table().replace("(no interval: none covers a maximum)", "")
+    assert "exact window" in enough.table() and "codes alone" not in enough.table()  # no window, no second figure
+
+
+@pytest.mark.slow
+def test_the_cluster_bootstrap_loses_its_level_below_the_stated_number_of_documents():
+    """What POOLED_MIN_DOCUMENTS rests on: one segment of 128 lognormal token values per document with a document
+    effect, the pooled mean's 95% cluster BCa interval against the closed-form mean exp((0.5² + 1.2²)/2), 200 data
+    sets each: at POOLED_MIN_DOCUMENTS documents it covered 89.5% (a 0.83 floor is 3 binomial sd below), at half
+    as many 76.5% (a 0.86 ceiling is 4 sd above)."""
+    from kvstats.measure.stats import cluster_bootstrap_ci
+
+    truth = math.exp((0.5 ** 2 + 1.2 ** 2) / 2)
+
+    def covered(documents: int) -> float:
+        hits = 0
+        for s in range(200):
+            rng = np.random.default_rng(10_000 + s)
+            units = [np.exp(rng.normal(0, 0.5) + rng.normal(0, 1.2, 128)) for _ in range(documents)]
+            ci = cluster_bootstrap_ci(units, np.mean, n_resamples=499, seed=s).confidence_interval
+            hits += ci.low <= truth <= ci.high
+        return hits / 200
+
+    assert covered(POOLED_MIN_DOCUMENTS) >= 0.83 and covered(POOLED_MIN_DOCUMENTS // 2) <= 0.86
 
 
 @pytest.mark.slow

@@ -29,6 +29,12 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     assert tokens.size == 3 * 12
     assert pooled.loc["kl_mean", "value_mean"] == pytest.approx(tokens.mean(), rel=1e-5)  # the CSV keeps 6 digits
     assert pooled.loc["kl_max", "value_mean"] == pytest.approx(tokens.max(), rel=1e-5)
+    # 3 documents: too few clusters for the cluster bootstrap, no pooled interval, and the claims say why
+    assert not {"value_low", "value_high"} & set(pooled.columns)  # all null: the CSV leaves them out
+    assert f"KL mean {tokens.mean():.3g} (no interval)" in claims["model-kl-tail"]["measurement"]
+    for claim in ("model-kl-tail", "model-kl-tail-formats"):
+        assert ("No CIs on the pooled statistics: 3 documents, fewer than 8 clusters for the cluster bootstrap to "
+                "hold its level.") in claims[claim]["measurement"]
     # the pair's rows: its own files, and the bits held its closed form at d = 64 (K: fp8 with unity scale, 8 bits;
     # V: NVFP4's 4 + 8/16 + one fp32 global per head over the segment's 12 tokens, written in one forward)
     meta = next(r for c in stored if c["params"].get("scheme") == "fp8_e4m3/nvfp4" for r in c["rows"]
