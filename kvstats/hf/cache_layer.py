@@ -369,8 +369,14 @@ class KVStatsLayer(CodeAttention, CacheLayerMixin):
     def _append(self, code: CacheCode) -> None:
         last = self.chunks[-1] if self.chunks else None
         if last is not None and self._per_vector(last) and self._per_vector(code):
-            self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
-            self._chunk_plans = self._chunk_plans[:-1]  # (its plan holds the replaced chunk)
+            merged = self.chunks[-1] = CacheCode(last.k.cat(code.k), last.v.cat(code.v))
+            plans = self._chunk_plans
+            decoded = plans[-1][3].get("decoded") if plans and plans[-1][0] is last else None
+            if decoded is not None:  # the decoded chunk grows by the new tokens' decode alone
+                plan = decoded.extended(merged, code)
+                plans[-1] = (merged, plan.scores, plan.values, {"decoded": plan})
+            else:
+                self._chunk_plans = plans[:-1]  # (its plan holds the replaced chunk)
         else:
             self.chunks.append(code)
 

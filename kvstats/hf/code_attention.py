@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kvstats._validation import all_finite, check_float_tensor, first_non_finite
+from kvstats.hf.decoded_plan import DecodedPlan, decodable_sides
 from kvstats.hf.logit_rules import LogitRules, mask_block, mask_shows_any, mask_shows_later_keys
 from kvstats.hf.records import AttentionRecord
 from kvstats.measure.metrics import causal_kl_and_recall_
@@ -340,7 +341,7 @@ class CodeAttention:
         return {**self.__dict__, "_chunk_plans": []}
 
     def _plans(self) -> list[tuple[CacheCode, Callable, Callable]]:
-        """``(chunk, scores, values)`` of each chunk: the scheme's plans for it (:meth:`Scheme.own_plan`), made when a
+        """``(chunk, scores, values, parts)`` of each chunk: the scheme's plans for it (:meth:`_plan_of`), made when a
         chunk is new — a decode step scores every chunk, and a chunk changes only when codes are appended (every
         W + 1 steps with codes encoded ahead) or cut. A plan holds its chunk, so identity tells a new one; the
         methods that replace chunks also drop their plans, so no replaced chunk stays held by one."""
@@ -348,8 +349,19 @@ class CodeAttention:
         if len(plans) != len(self.chunks) or any(c is not p[0] for c, p in zip(self.chunks, plans)):
             old = {id(p[0]): p for p in plans}
             self._chunk_plans = plans = [old[id(c)] if id(c) in old and old[id(c)][0] is c
-                                         else (c, *self.scheme.own_plan(c), {}) for c in self.chunks]
+                                         else self._plan_of(c) for c in self.chunks]
         return plans
+
+    def _plan_of(self, chunk: CacheCode) -> tuple[CacheCode, Callable, Callable, dict]:
+        """A new chunk's plan entry: the scheme's (:meth:`Scheme.own_plan`), or for a quantizer with no plans of its
+        own the chunk decoded once and kept (:class:`~kvstats.hf.decoded_plan.DecodedPlan`, under ``"decoded"``)."""
+        sides = self.__dict__.get("_decodable")
+        if sides is None:
+            sides = self._decodable = decodable_sides(self.scheme)
+        if any(sides):
+            plan = DecodedPlan(self.scheme, chunk, sides)
+            return chunk, plan.scores, plan.values, {"decoded": plan}
+        return (chunk, *self.scheme.own_plan(chunk), {})
 
     def _code_scores(self, q: torch.Tensor, stop: int) -> torch.Tensor:
         """``scheme.scores`` of q against the codes of keys [0, ≥ stop) (:meth:`_chunks_before`); at least one key

@@ -33,6 +33,7 @@ __all__ = [
     "window_visible",
     "gqa_group",
     "group_queries",
+    "inner_tolerance",
     "mask_logits",
     "scores",
     "ungroup",
@@ -84,6 +85,17 @@ def scores(
     if scale is None:
         return raw / math.sqrt(d)
     return raw if scale == 1.0 else raw * scale  # (x · 1.0 is x: no pass over the logits for raw products)
+
+
+def inner_tolerance(scores: torch.Tensor, q: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """How far a linear estimator's ``scores`` of queries ``q`` [..., d] may lie from ⟨q, x̂⟩ (x̂ [..., d]) and still
+    be that inner product up to float rounding: 10⁻⁴·max|scores| + 10⁻⁵·max‖q‖·max‖x̂‖ + 10⁻⁶ (fp32 sums of d
+    products of that size round by far less; a different estimator is off by its own error, orders more)."""
+    def top_norm(t: torch.Tensor) -> float:
+        return float(t.double().norm(dim=-1).max()) if t.numel() else 0.0
+
+    big = float(scores.double().abs().max()) if scores.numel() else 0.0
+    return 1e-4 * big + 1e-5 * top_norm(q) * top_norm(x_hat) + 1e-6
 
 
 def causal_visible(n_q: int, n_k: int, query_offset: int | None = None, device=None) -> torch.Tensor:
