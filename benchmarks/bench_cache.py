@@ -4,10 +4,12 @@
     python benchmarks/bench_cache.py --prompt-tokens 256 --new-tokens 4 --pairs 1 --rounds 2 --out /tmp/c.json  # smoke
     python benchmarks/bench_cache.py --caches kqv@4,quanto@2 --out /tmp/c.json     # other rows
 
-The rows (``--caches``, default ``kqv@4,fp8_e4m3@8,nvfp4@4,quanto@4``) are ``name@bits`` entries: a kvstats scheme
-(``kqv``, ``kv``, ..., a registered quantizer such as ``fp8_e4m3`` or ``nvfp4`` for K and V, or a pair ``K/V`` of
-them; the bits are the last ``@``'s) in a KVStatsCache on the estimator path with a ``--window``-token
-full-precision window (``KVStatsCache.from_config(model.config, name, bits, full_precision_window=window)``), or
+The rows (``--caches``, default ``kqv@4,fp8_e4m3@8,nvfp4@4,tests.helpers.user_quantizers:GroupAbsmax@4,quanto@4``)
+are ``name@bits`` entries: a kvstats scheme (``kqv``, ``kv``, ..., a registered quantizer such as ``fp8_e4m3`` or
+``nvfp4`` for K and V, a pair ``K/V`` of them, or ``module:Class``: a quantizer of the user's own — the default's
+is plain torch with no plans, tests/helpers/user_quantizers.py; the bits are the last ``@``'s) in a KVStatsCache on
+the estimator path with a ``--window``-token full-precision window (``KVStatsCache.from_config(model.config, name,
+bits, full_precision_window=window)``; a ``module:Class`` row: one scheme of it for every layer), or
 ``quanto@nbits`` / ``hqq@nbits``: transformers' own QuantizedCache with that backend (``kvstats.hf.baselines``;
 sdpa on the dequantized states, groups of 64, ``residual_length`` = ``--window``: up to window − 1 exact tokens
 buffered, then the whole cache quantized again; the prefill is quantized whole at the end of its forward). A row
@@ -53,8 +55,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+#: a quantizer as a user writes one: plain torch on the protocol, no plans of its own (tests/helpers/user_quantizers.py)
+USER_QUANTIZER = "tests.helpers.user_quantizers:GroupAbsmax"
 #: the rows ``make bench`` measures
-DEFAULT_CACHES = "kqv@4,fp8_e4m3@8,nvfp4@4,quanto@4"
+DEFAULT_CACHES = f"kqv@4,fp8_e4m3@8,nvfp4@4,{USER_QUANTIZER}@4,quanto@4"
 #: SmolLM2-135M's head dimension (576 / 9 heads), at which a ``--caches`` scheme is checked before any run
 HEAD_DIM = 64
 #: nbits each transformers QuantizedCache backend takes (transformers' QuantoQuantizedLayer, HQQQuantizedLayer)
@@ -94,13 +98,22 @@ def parse_entry(entry: str) -> CacheRow:
             raise ValueError(f"--caches entry {entry!r}: transformers' {name} backend takes nbits in "
                              f"{BACKEND_NBITS[name]}, got {bits_text}")
         return CacheRow(entry.strip(), "quantized", name, bits)
-    from kvstats.quant.schemes import scheme
+    from kvstats.evaluation.quantizer_sides import resolve_scheme
 
+    _repository_on_path()
     try:
-        scheme(name, bits=bits, dim=HEAD_DIM)
+        resolve_scheme(name, bits=bits, dim=HEAD_DIM, role="--caches entry")
     except (ValueError, TypeError, NotImplementedError) as exc:
         raise ValueError(f"--caches entry {entry!r}: {exc}") from None
     return CacheRow(entry.strip(), "kvstats", name, bits)
+
+
+def _repository_on_path() -> None:
+    """The repository's root on sys.path, so a ``module:Class`` row can name the tests' user quantizer (the script
+    runs with benchmarks/ as its path's first entry)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.append(root)
 
 
 def parse_caches(text: str) -> list[CacheRow]:
@@ -205,6 +218,13 @@ def cache_maker(model, row: CacheRow | None, window: int):
 
     if row is None:
         return DynamicCache, "sdpa"
+    if row.kind == "kvstats" and ":" in row.name:  # module:Class, one scheme for every layer
+        from kvstats.evaluation.quantizer_sides import resolve_scheme
+        from kvstats.hf.cache import model_dims
+
+        scheme = resolve_scheme(row.name, bits=row.bits, dim=model_dims(model.config)["head_dim"],
+                                role="--caches entry")
+        return lambda: KVStatsCache(scheme, window), "kvstats"
     if row.kind == "kvstats":
         return (lambda: KVStatsCache.from_config(model.config, row.name, row.bits, full_precision_window=window),
                 "kvstats")
