@@ -72,6 +72,7 @@ import torch
 
 from kvstats.quant._cache_checks import check_cache
 from kvstats.quant._checks import BATCH, HEADS, Check, CheckFailed, close, draw
+from kvstats.quant.attention import inner_tolerance
 from kvstats.quant.quantizers.base import Code, held_bytes
 
 __all__ = ["CHECKS", "check_quantizer", "decode_in_fresh_process"]
@@ -341,8 +342,7 @@ def _bits(check: Check, q, budget, n_tokens: int, seed: int, heads: int) -> None
 def _inner(check: Check, query, x_hat, scores) -> None:
     exact = query.double() @ x_hat.double().transpose(-1, -2)
     gap = float((scores.double() - exact).abs().max())
-    tol = 1e-4 * float(exact.abs().max()) + 1e-5 * float(query.double().norm(dim=-1).max() *
-                                                          x_hat.double().norm(dim=-1).max()) + 1e-6
+    tol = inner_tolerance(exact, query, x_hat)  # the cache's check of a decoded plan uses the same
     check.that(gap <= tol, "inner", f"inner(q, code) differs from ⟨q, decode(code)⟩ by {gap:.3g} (> {tol:.3g}); "
                "pass linear=False (kvstats evaluate --nonlinear) if the estimator has no such reconstruction")
 
