@@ -149,6 +149,7 @@ def test_a_lossless_cache_passes_exactly_the_trials_fp_passes(long_tiny):
         assert all(t["A"] == t["fp"] for t in u["trials"])
     main = [t for t in ev.tests if t["length"] == "all"]
     assert [(t["a"], t["b"], t["a_only"], t["b_only"], t["p"]) for t in main] == [("A", "fp", 0, 0, 1.0)]
+    assert 0 <= ev.config["lossless_check"]["max_logit_gap"] < 1e-4  # the oracle's own gap, recorded
 
 
 def test_a_model_the_cache_cannot_hold_exactly_is_refused(long_tiny, monkeypatch):
