@@ -1,0 +1,112 @@
+"""Per-layer recipes (kvstats.evaluation.recipe): the solver against brute force over every map, the additivity
+check against a hand-built two-layer case and scipy's t interval, the layer map's JSON round trip and its cache
+reproducing the same logits bit for bit after loading."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+from kvstats.evaluation.recipe import LayerMap, additivity, format_width, recipe_stability, solve_recipe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _brute_force(damage: np.ndarray, widths: np.ndarray, budget: float) -> float:
+    """The least total damage over every map whose mean width fits the budget (F^(2L) maps)."""
+    n_layers, _, n_formats = damage.shape
+    best = np.inf
+    for choice in itertools.product(range(n_formats), repeat=2 * n_layers):
+        c = np.array(choice).reshape(n_layers, 2)
+        if widths[c].mean() <= budget + 1e-12:
+            best = min(best, float(np.take_along_axis(damage, c[..., None], -1).sum()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("budget", [2.0, 2.5, 3.0, 4.5, 8.0])
+def test_solver_finds_the_least_damage_brute_force_finds(seed, budget):
+    rng = np.random.default_rng(seed)
+    widths = np.array([2.0, 4.0, 8.0])
+    # damage falls with the width (as it does), with noise so that the optimum is not a rule of thumb
+    damage = rng.gamma(2.0, 1.0, (3, 2, 1)) * np.array([4.0, 1.0, 0.1]) * rng.uniform(0.5, 1.5, (3, 2, 3))
+    choice = solve_recipe(damage, widths, budget)
+    assert choice.shape == (3, 2) and widths[choice].mean() <= budget + 1e-9
+    got = float(np.take_along_axis(damage, choice[..., None], -1).sum())
+    assert got == pytest.approx(_brute_force(damage, widths, budget), rel=1e-9, abs=1e-12)
+
+
+def test_solver_refuses_what_it_cannot_solve():
+    with pytest.raises(ValueError, match="below the narrowest format"):
+        solve_recipe(np.ones((2, 2, 2)), [2, 4], 1.5)
+    with pytest.raises(ValueError, match=r"damage must be \[layers, 2 \(K, V\), formats\]"):
+        solve_recipe(np.ones((2, 3, 2)), [2, 4], 3)
+    with pytest.raises(ValueError, match="finite"):
+        solve_recipe(np.full((1, 2, 2), np.nan), [2, 4], 3)
+
+
+def test_additivity_on_a_hand_built_two_layer_case():
+    """Two layers, six documents: layer damages a, b alone and the recipe's damage a + b + 0.5·a·b (an interaction
+    term): predicted Σ = a + b per document; the difference's mean and t interval by hand with scipy."""
+    a = np.array([0.10, 0.20, 0.15, 0.30, 0.25, 0.12])
+    b = np.array([0.05, 0.10, 0.08, 0.20, 0.11, 0.06])
+    measured = a + b + 0.5 * a * b
+    r = additivity(np.stack([a, b], 1), measured, margin=0.2)
+    diff = measured - (a + b)
+    half = sps.t.ppf(0.975, 5) * diff.std(ddof=1) / np.sqrt(6)
+    assert r["predicted"] == pytest.approx((a + b).mean())
+    assert r["difference"].statistic == pytest.approx(diff.mean())
+    assert tuple(r["difference"].confidence_interval) == pytest.approx((diff.mean() - half, diff.mean() + half))
+    assert r["verdict"] == "additive"  # the interaction is 1-3% of the damage: within ±20%
+    assert additivity(np.stack([a, b], 1), 2 * (a + b), margin=0.2)["verdict"] == "super-additive"
+    assert additivity(np.stack([a, b], 1), 0.5 * (a + b), margin=0.2)["verdict"] == "sub-additive"
+    noisy = a + b + np.array([0.3, -0.3, 0.25, -0.2, 0.3, -0.35])
+    assert additivity(np.stack([a, b], 1), noisy, margin=0.2)["verdict"] == "undecided"
+
+
+def test_stability_of_a_clear_cut_map_and_of_a_coin_flip():
+    widths = [2.0, 4.0]
+    rng = np.random.default_rng(0)
+    clear = np.tile(np.array([10.0, 0.1]), (8, 2, 2, 1)) * rng.uniform(0.9, 1.1, (8, 2, 2, 2))
+    clear[:, 0, :, 0] = 0.01  # layer 0 hardly cares: 2 bits there, 4 on layer 1 fits a 3-bit budget
+    r = recipe_stability(clear, widths, 3.0, resamples=50)
+    assert r["same_map"] == 1.0 and (r["agreement"] == 1.0).all()
+    assert r["choice"].tolist() == [[0, 0], [1, 1]]
+    flip = np.zeros((8, 2, 2, 2))
+    flip[..., 0] = 1.0 + rng.normal(0, 1.0, (8, 2, 2))  # every slot gains alike from 4 bits, up to noise
+    r = recipe_stability(flip, widths, 3.0, resamples=50)
+    assert r["same_map"] < 1.0
+
+
+def test_layer_map_json_round_trip_and_refusals(tmp_path):
+    m = LayerMap((("int_token@4", "int_token@2"), ("fp8_e4m3@8", "nvfp4@4"), ("exact", "int_token@3")))
+    assert m.widths().tolist() == [[4, 2], [8, 4], [32, 3]] and m.mean_bits == pytest.approx(53 / 6)
+    path = m.save(tmp_path / "map.json")
+    assert LayerMap.load(path) == m
+    with pytest.raises(ValueError, match=r"layers\[1\] V: format must be 'exact' or 'name@bits'"):
+        LayerMap((("int_token@4", "int_token@2"), ("fp8_e4m3@8", "mystery@4")))
+    with pytest.raises(ValueError, match="k_bits/v_bits disagree"):
+        bad = m.to_dict()
+        bad["layers"][0]["k_bits"] = 3
+        LayerMap.from_dict(bad)
+    assert format_width("exact", exact_bits=16) == 16
+
+
+def test_a_loaded_map_reproduces_the_same_logits_bit_for_bit(tmp_path):
+    from kvstats.evaluation.model_engine import quantized_logits
+    from tests.helpers.llama import D, _tiny
+
+    model = _tiny()
+    m = LayerMap((("int_token@4", "int_token@2"), ("exact", "fp8_e4m3@8")))
+    ids = torch.randint(1, 100, (1, 40), generator=torch.Generator().manual_seed(1))
+    first, cache = quantized_logits(model, m.schemes(D), ids, record=False)
+    again, _ = quantized_logits(model, LayerMap.load(m.save(tmp_path / "m.json")).schemes(D), ids, record=False)
+    assert torch.equal(first, again)
+    names = [layer.scheme.name for layer in cache.layers]
+    assert names == ["int_token@4/int_token@2", "exact/fp8_e4m3@8"]
+    # the cache holds the declared widths: int_token at 4 and 2 bits plus its per-token side, exact at 32
+    assert cache.layers[0].scheme.k.bits == 4 and cache.layers[0].scheme.v.bits == 2
