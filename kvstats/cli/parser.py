@@ -9,13 +9,13 @@ import argparse
 import sys
 
 # the subcommands register themselves on import, in the order --help lists them
-from kvstats.cli import capture, codebook, evaluate, info, reproduce, retrieval, sensitivity  # noqa: F401
+from kvstats.cli import capture, codebook, evaluate, info, recipe, reproduce, retrieval, sensitivity  # noqa: F401
 from kvstats.cli.registry import COMMANDS
 
 __all__ = ["ORDER", "build_parser", "main"]
 
 #: The order ``kvstats --help`` lists the subcommands in (any other registered one follows).
-ORDER = ("evaluate", "retrieval", "sensitivity", "info", "reproduce", "capture", "codebook")
+ORDER = ("evaluate", "retrieval", "sensitivity", "recipe", "info", "reproduce", "capture", "codebook")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,9 @@ import importlib
 _HOMES = {"evaluate": "kvstats.evaluation.evaluator", "Evaluation": "kvstats.evaluation.results",
           "InconclusiveWarning": "kvstats.evaluation.results", "ModelEvaluation": "kvstats.evaluation.model_evaluator",
           "QuantizerCheckError": "kvstats.evaluation.quantizer_sides", "sensitivity": "kvstats.evaluation.sensitivity",
-          "evaluate_retrieval": "kvstats.evaluation.retrieval", "RetrievalEvaluation": "kvstats.evaluation.retrieval"}
+          "evaluate_retrieval": "kvstats.evaluation.retrieval", "RetrievalEvaluation": "kvstats.evaluation.retrieval",
+          "recipe": "kvstats.evaluation.recipe_run", "Recipe": "kvstats.evaluation.recipe_run",
+          "LayerMap": "kvstats.evaluation.recipe"}
 __all__ = sorted(_HOMES)
 
 

@@ -5,6 +5,7 @@ reproducing the same logits bit for bit after loading."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -110,3 +111,61 @@ def test_a_loaded_map_reproduces_the_same_logits_bit_for_bit(tmp_path):
     assert names == ["int_token@4/int_token@2", "exact/fp8_e4m3@8"]
     # the cache holds the declared widths: int_token at 4 and 2 bits plus its per-token side, exact at 32
     assert cache.layers[0].scheme.k.bits == 4 and cache.layers[0].scheme.v.bits == 2
+
+
+def _documents():
+    from tests.helpers.texts import WORDS
+
+    rng = np.random.default_rng(5)
+    return {f"doc {i}": " ".join(rng.choice(WORDS, 40)) for i in range(6)}
+
+
+def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_folder):
+    """Every number of a recipe run recomputed by hand: an isolated damage and the chosen map's damage by direct
+    model_unit calls (bit for bit), the map by solve_recipe on the mean isolated damages, the additivity's parts."""
+    from kvstats.evaluation.model_engine import model_unit, reference_logits
+    from kvstats.evaluation.recipe_run import _single, recipe
+    from kvstats.evaluation.sensitivity import _documents_source
+
+    formats = ["int_token@2", "int_token@4"]
+    r = recipe(formats, budgets=[5], model=str(tiny_folder), documents=_documents(), documents_used=None,
+               segment=16, resamples=20)
+    source = _documents_source(str(tiny_folder), 16, _documents(), torch.float32, None)
+    _, _, ids = source.segments[2]
+    ref = reference_logits(source, ids)[0]
+    direct = model_unit(source, _single(2, 1, 0, "int_token@2", 32).schemes(16), ids, reference=ref, record=False)
+    assert r.units[2]["isolated"][1][0][0] == direct["out_kl"]
+    per_doc = np.array([u["isolated"] for u in r.units])
+    b = r.budgets[0]
+    assert np.array_equal(solve_recipe(per_doc.mean(0), r.config["held_bits"], 5.0),
+                          np.array([[formats.index(x["k"]), formats.index(x["v"])] for x in b["map"]["layers"]]))
+    m = r.map(5.0)
+    assert b["bits"] <= 5.0 * (1 + 1e-9)  # the budget is on the bits the codes hold, measured
+    again = model_unit(source, m.schemes(16), ids, reference=ref, record=False)
+    assert b["measured"][2]["out_kl"] == again["out_kl"]
+    assert b["additivity"]["measured"] == pytest.approx(np.mean([x["out_kl"] for x in b["measured"]]))
+    u = b["versus_uniform"]
+    assert u is not None and u["format"] == "int_token@2" and u["bits"] <= b["bits"]
+    json.loads(r.to_json())
+    assert "budget 5 bits per element held" in r.table()
+
+
+def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
+    from kvstats.cli.parser import main
+
+    text = tmp_path / "docs"
+    text.mkdir()
+    for title, body in _documents().items():
+        (text / f"{title}.txt").write_text(body)
+    export = tmp_path / "maps"
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "int_token@4", "--budgets", "5",
+                 "6", "--documents", "0", "--text", str(text), "--segment", "16", "--resamples", "10", "--export",
+                 str(export), "--out", str(tmp_path / "r.json"), "--no-progress"]) == 0
+    assert "against uniform int_token@2" in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    for b in (5, 6):
+        m = LayerMap.load(export / f"map_{b}bits.json")
+        assert m.to_dict() == next(x["map"] for x in data["budgets"] if x["budget"] == b)
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "mystery@4", "--budgets",
+                 "3"]) == 2
+    assert "--formats: format must be 'exact' or 'name@bits'" in capsys.readouterr().err

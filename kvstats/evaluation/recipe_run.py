@@ -1,0 +1,253 @@
+"""``kvstats.recipe``: a per-layer, per-K/V precision recipe for a model under bit budgets, measured and checked.
+
+    r = recipe(["int_token@2", "int_token@4", "fp8_e4m3@8"], budgets=[3, 4], model="smollm2", documents_used=8)
+    print(r.table()); r.map(3).save("map.json"); r.save("recipe.json")
+
+Every configuration runs the same teacher-forced segments (one per document, the first ``documents_used``
+documents holding a full segment; :mod:`kvstats.evaluation.model_engine`) through a KVStatsCache with one scheme per
+layer (:class:`~kvstats.evaluation.recipe.LayerMap`), and its damage is each document's mean next-token
+KL(p_exact ‖ p_quantized). The steps:
+
+1. **isolated damage**: for each layer ℓ, each tensor (K or V) and each candidate format f, ℓ's K (or V) alone in f,
+   everything else exact: damage[doc, ℓ, s, f] (an ``"exact"`` candidate costs no damage and is not run);
+2. **uniform maps**: every layer's K and V in one format, for each candidate format: their damage and the bits
+   per element the cache held (measured);
+3. per budget: **the map** minimising the summed mean isolated damage under the budget in bits per element the
+   codes hold — each format's measured bits (its uniform map's), not its nominal width, which leaves out scales
+   and zero points (:func:`~kvstats.evaluation.recipe.solve_recipe`); its **stability** under bootstrap
+   resamples of the documents; its **measured damage** and bits; the **additivity** check, measured against the
+   sum of its isolated parts, paired over documents (:func:`~kvstats.evaluation.recipe.additivity`); and the
+   **comparison against uniform precision at equal measured bits**: the uniform map with the most measured bits
+   not above the recipe's, paired Wilcoxon tests over documents on next-token KL, top-1 agreement and the change
+   of NLL, Holm-corrected (:func:`kvstats.evaluation.comparison.compare_units`).
+
+The units (one document each) are stored as they finish when ``out`` is given (OUT.units), so an interrupted run
+resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS
+from kvstats.evaluation.recipe import EXACT, LayerMap, additivity, format_width, recipe_stability
+
+__all__ = ["RECIPE_SCHEMA", "Recipe", "recipe"]
+
+RECIPE_SCHEMA = "kvstats-recipe/1"
+_METRICS = (*MODEL_METRICS, "bits_total")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What :func:`recipe` measured: ``config``; ``units`` (per document: its isolated damages [L][2][F] and each
+    uniform map's metrics); ``budgets`` (per budget: the map, its stability, predicted and measured damage, bits,
+    the additivity verdict and the comparison against uniform precision); ``provenance``."""
+
+    config: dict[str, Any]
+    units: list[dict]
+    budgets: list[dict]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    schema = RECIPE_SCHEMA
+
+    def map(self, budget: float) -> LayerMap:
+        """The map chosen at ``budget``."""
+        for b in self.budgets:
+            if b["budget"] == budget:
+                return LayerMap.from_dict(b["map"])
+        raise ValueError(f"budget must be one of {[b['budget'] for b in self.budgets]}, got {budget!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        from kvstats.study.strict_json import strict_json
+
+        def plain(b: dict) -> dict:
+            add = b["additivity"]
+            cmp_ = b["versus_uniform"]
+            return {**b, "additivity": {**add, "difference": add["difference"].to_dict()},
+                    "versus_uniform": None if cmp_ is None else {
+                        **cmp_, "plan": cmp_["plan"].to_dict(),
+                        "tests": {m: {"test": t["test"].to_dict(), "pvalue_holm": t["pvalue_holm"],
+                                      "significant": t["significant"]} for m, t in cmp_["tests"].items()}}}
+
+        return strict_json({"schema": self.schema, "config": self.config, "budgets": [plain(b) for b in self.budgets],
+                            "units": self.units, "provenance": self.provenance})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        from kvstats._files import check_output_path, write_output
+
+        path = check_output_path(path, "path", force=force)
+        return write_output(path, self.to_json().encode("utf-8"))
+
+    def table(self) -> str:
+        from kvstats.measure.stats import interval_text
+
+        cfg = self.config
+        lines = [f"recipe on {cfg['model']}: {cfg['documents']} documents, {cfg['segment']} tokens each; candidate "
+                 f"formats {', '.join(cfg['formats'])}; damage = mean next-token KL (nats) per document"]
+        lines.append("uniform maps (every layer's K and V in one format): damage, bits per element held (measured)")
+        for f, u in cfg["uniform"].items():
+            lines.append(f"  {f:<16} {u['damage']:>10.4g}   {u['bits']:.4g} bits")
+        for b in self.budgets:
+            add, st = b["additivity"], b["stability"]
+            m = LayerMap.from_dict(b["map"])
+            lines.append(f"budget {b['budget']:g} bits per element held: measured {b['bits']:.4g} (nominal widths "
+                         f"{m.mean_bits:.4g}); the map chosen on {st['same_map']:.0%} of {st['resamples']} "
+                         "bootstrap resamples of the documents")
+            counts: dict[str, int] = {}
+            for k, v in m.layers:
+                counts[f"K {k}"] = counts.get(f"K {k}", 0) + 1
+                counts[f"V {v}"] = counts.get(f"V {v}", 0) + 1
+            lines.append("  layers: " + ", ".join(f"{c} × {n}" for n, c in sorted(counts.items())))
+            lines.append(f"  damage: predicted (sum of isolated) {add['predicted']:.4g}, measured "
+                         f"{add['measured']:.4g}; measured − predicted {add['difference'].statistic:+.4g} "
+                         f"{interval_text(add['difference'])}"
+                         f": {add['verdict']} (margin ±{add['margin']:.0%} of the prediction)")
+            u = b["versus_uniform"]
+            if u is None:
+                lines.append("  no uniform map holds at most the recipe's measured bits: no comparison")
+                continue
+            lines.append(f"  against uniform {u['format']} ({u['bits']:.4g} bits): paired Wilcoxon over documents, "
+                         "Holm")
+            for metric, t in u["tests"].items():
+                lines.append(f"    {metric:<10} recipe {u['recipe'][metric]:.4g}  uniform {u['uniform'][metric]:.4g}"
+                             f"  p (Holm) = {t['pvalue_holm']:.2g}{'*' if t['significant'] else ''}")
+            if not u["plan"].can_conclude:
+                lines.append(f"    ! {u['plan'].message()}")
+        return "\n".join(lines)
+
+
+def _single(n_layers: int, layer: int, side: int, fmt: str, exact_bits: int) -> LayerMap:
+    pairs = [[EXACT, EXACT] for _ in range(n_layers)]
+    pairs[layer][side] = fmt
+    return LayerMap(tuple(map(tuple, pairs)), exact_bits)
+
+
+def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8, segment: int = DEFAULT_SEGMENT,
+           documents: dict[str, str] | None = None, seed: int = 0, margin: float = 0.2, resamples: int = 200,
+           alpha: float = 0.05, dtype: torch.dtype = torch.float32, out=None, force: bool = False, store=None,
+           progress: bool = False) -> Recipe:
+    """The recipe of each budget for ``model`` from the candidate ``formats`` (module doc).
+
+    Args:
+        formats: ``"name@bits"`` of registered quantizers, or ``"exact"`` (at least two).
+        budgets: mean bits per element, each at least the narrowest format's width.
+        documents_used: how many documents (one segment each; None: all); documents: ``{title: text}`` instead of
+            the shipped ones.
+        margin: the additivity verdict's margin, a fraction of the predicted damage; resamples: bootstrap
+            resamples of the documents for the stability of each map.
+        out: the results JSON (finished documents kept in OUT.units until the end; ``store`` names that folder).
+    """
+    from kvstats._files import check_output_path, is_stream
+    from kvstats._validation import check_int_range
+    from kvstats.evaluation import unit_store
+    from kvstats.evaluation.comparison import compare_units
+    from kvstats.evaluation.model_engine import model_unit, reference_logits
+    from kvstats.evaluation.sensitivity import _documents_source
+    from kvstats.hf.capture import model_files
+    from kvstats.study.provenance import provenance
+
+    started = time.time()
+    formats = [formats] if isinstance(formats, str) else list(formats)
+    exact_bits = torch.finfo(dtype).bits
+    widths = np.array([format_width(f, exact_bits=exact_bits) for f in formats], dtype=float)
+    if len(formats) < 2 or len(set(formats)) != len(formats):
+        raise ValueError(f"formats must name at least two distinct formats, got {formats}")
+    budgets = [budgets] if isinstance(budgets, (int, float)) else list(budgets)
+    for b in budgets:
+        if not (isinstance(b, (int, float)) and widths.min() <= b):
+            raise ValueError(f"budgets must be numbers of bits at least the narrowest format's {widths.min():g}, "
+                             f"got {b!r}")
+    resamples = check_int_range(resamples, "resamples", 10, 1 << 20)
+    if not 0 < margin < 1:
+        raise ValueError(f"margin must be in (0, 1) (a fraction of the predicted damage), got {margin!r}")
+    if out is not None:
+        out = check_output_path(out, "out", force=force, inputs=model_files(model))
+    source = _documents_source(model, segment, documents, dtype, documents_used)
+    d, n_layers = source.dims["head_dim"], source.dims["layers"]
+    quantized = [i for i, f in enumerate(formats) if f != EXACT]
+
+    def compute(i: int) -> dict:
+        _, title, ids = source.segments[i]
+        ref = reference_logits(source, ids)[0]
+        isolated = np.zeros((n_layers, 2, len(formats)))
+        for layer in range(n_layers):
+            for side in range(2):
+                for f in quantized:
+                    m = _single(n_layers, layer, side, formats[f], exact_bits)
+                    isolated[layer, side, f] = model_unit(source, m.schemes(d, seed), ids, reference=ref,
+                                                          record=False)["out_kl"]
+        uniform = {}
+        for f in quantized:
+            m = LayerMap(((formats[f], formats[f]),) * n_layers, exact_bits)
+            r = model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)
+            uniform[formats[f]] = {k: r[k] for k in _METRICS}
+        if progress:
+            print(f"  document {i + 1}/{len(source.segments)} ({title}) measured", file=sys.stderr, flush=True)
+        return {"unit": i, "document": i, "title": title, "isolated": isolated.tolist(), "uniform": uniform}
+
+    key = unit_store.store_key({"mode": "recipe", "formats": formats, "source": source.identity, "seed": seed,
+                                "kvstats": unit_store.kvstats_digest()})
+    if store is None and out is not None and not is_stream(out):
+        store = Path(str(out) + ".units")
+    units, reused = unit_store.run_resumable(compute, len(source.segments), key=key, store=store, progress=progress,
+                                             desc=f"recipe on {source.name}", seed=seed, fresh_seed=False)
+    per_doc = np.array([u["isolated"] for u in units])  # [docs, L, 2, F]
+    uniform = {f: {"damage": float(np.mean([u["uniform"][f]["out_kl"] for u in units])),
+                   "bits": float(np.mean([u["uniform"][f]["bits_total"] for u in units]))}
+               for f in units[0]["uniform"]}
+    # the solver's widths are the bits each format's codes hold, measured (a uniform map of it: K and V hold as many
+    # elements, and every (layer, tensor) as many, so a map's measured bits are the mean of its parts'); the
+    # declared widths leave out the scales and zero points (int_token@2 holds 4 bits per element at d = 32)
+    held = np.array([exact_bits if f == EXACT else uniform[f]["bits"] for f in formats])
+    results = []
+    for b in budgets:
+        if held.min() > b:
+            raise ValueError(f"budgets: {b:g} bits is below the narrowest format's measured {held.min():.4g} bits per "
+                             f"element ({formats[int(held.argmin())]})")
+        stable = recipe_stability(per_doc, held, float(b), resamples=resamples, seed=seed)
+        choice = stable["choice"]
+        m = LayerMap(tuple((formats[k], formats[v]) for k, v in choice), exact_bits)
+        rows = []
+        for u, (_, _, ids) in zip(units, source.segments):
+            r = model_unit(source, m.schemes(d, seed), ids, reference=reference_logits(source, ids)[0], record=False)
+            rows.append({"document": u["document"], **{k: r[k] for k in _METRICS}})
+        parts = np.take_along_axis(per_doc, np.broadcast_to(choice[None, ..., None], (len(units), n_layers, 2, 1)),
+                                   -1)[..., 0].reshape(len(units), -1)
+        add = additivity(parts, np.array([r["out_kl"] for r in rows]), margin=margin)
+        bits = float(np.mean([r["bits_total"] for r in rows]))
+        fits = [f for f, u in uniform.items() if u["bits"] <= bits * (1 + 1e-9)]
+        versus = None
+        if fits:
+            f = max(fits, key=lambda x: uniform[x]["bits"])
+            paired = [{**r, **{f"other:{k}": units[j]["uniform"][f][k] for k in MODEL_METRICS}}
+                      for j, r in enumerate(rows)]
+            c = compare_units(paired, alpha=alpha, seed=seed, metrics=MODEL_METRICS)
+            versus = {"format": f, "bits": uniform[f]["bits"], "plan": c["plan"], "tests": c["tests"],
+                      "excluded": c["excluded"],
+                      "recipe": {k: float(np.mean([r[k] for r in rows])) for k in MODEL_METRICS},
+                      "uniform": {k: float(np.mean([u["uniform"][f][k] for u in units])) for k in MODEL_METRICS}}
+        results.append({"budget": float(b), "map": m.to_dict(), "bits": bits, "measured": rows, "additivity": add,
+                        "stability": {"same_map": stable["same_map"], "resamples": stable["resamples"],
+                                      "agreement": stable["agreement"].tolist()},
+                        "versus_uniform": versus})
+    config = {"formats": formats, "widths": widths.tolist(), "held_bits": held.tolist(),
+              "budgets": [float(b) for b in budgets],
+              "model": source.name, "model_dims": source.dims, "documents": len(source.segments),
+              "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed, "margin": margin,
+              "alpha": alpha, "dtype": str(dtype).removeprefix("torch."), "exact_bits": exact_bits,
+              "uniform": uniform, "units_reused": reused}
+    result = Recipe(config, units, results, provenance(started=started, seeds={"seed": seed}))
+    return unit_store.save_results(result, out, force=force, store=store, n=len(source.segments), key=key)
