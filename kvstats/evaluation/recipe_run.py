@@ -8,6 +8,8 @@ documents holding a full segment; :mod:`kvstats.evaluation.model_engine`) throug
 layer (:class:`~kvstats.evaluation.recipe.LayerMap`), and its damage is each document's mean next-token
 KL(p_exact ‖ p_quantized). The steps:
 
+0. **the noise floor**: every layer exact on the kvstats path (a lossless scheme) against the model's own attention,
+   the damage no recipe can go below (about 1e-11 nats for an fp32 model);
 1. **isolated damage**: for each layer ℓ, each tensor (K or V) and each candidate format f, ℓ's K (or V) alone in f,
    everything else exact: damage[doc, ℓ, s, f] (an ``"exact"`` candidate costs no damage and is not run);
 2. **uniform maps**: every layer's K and V in one format, for each candidate format: their damage and the bits
@@ -97,6 +99,8 @@ class Recipe:
         cfg = self.config
         lines = [f"recipe on {cfg['model']}: {cfg['documents']} documents, {cfg['segment']} tokens each; candidate "
                  f"formats {', '.join(cfg['formats'])}; damage = mean next-token KL (nats) per document"]
+        lines.append(f"noise floor: every layer exact on the kvstats path against the model's own attention, damage "
+                     f"{cfg['noise_floor']:.3g} (what no recipe can go below)")
         lines.append("uniform maps (every layer's K and V in one format): damage, bits per element held (measured)")
         for f, u in cfg["uniform"].items():
             lines.append(f"  {f:<16} {u['damage']:>10.4g}   {u['bits']:.4g} bits")
@@ -194,9 +198,12 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
             m = LayerMap(((formats[f], formats[f]),) * n_layers, exact_bits)
             r = model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)
             uniform[formats[f]] = {k: r[k] for k in _METRICS}
+        exact = LayerMap(((EXACT, EXACT),) * n_layers, exact_bits)
+        floor = model_unit(source, exact.schemes(d, seed), ids, reference=ref, record=False)["out_kl"]
         if progress:
             print(f"  document {i + 1}/{len(source.segments)} ({title}) measured", file=sys.stderr, flush=True)
-        return {"unit": i, "document": i, "title": title, "isolated": isolated.tolist(), "uniform": uniform}
+        return {"unit": i, "document": i, "title": title, "isolated": isolated.tolist(), "uniform": uniform,
+                "noise_floor": floor}
 
     key = unit_store.store_key({"mode": "recipe", "formats": formats, "source": source.identity, "seed": seed,
                                 "kvstats": unit_store.kvstats_digest()})
@@ -248,6 +255,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
               "model": source.name, "model_dims": source.dims, "documents": len(source.segments),
               "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed, "margin": margin,
               "alpha": alpha, "dtype": str(dtype).removeprefix("torch."), "exact_bits": exact_bits,
-              "uniform": uniform, "units_reused": reused}
+              "uniform": uniform, "units_reused": reused,
+              "noise_floor": float(np.mean([u["noise_floor"] for u in units]))}
     result = Recipe(config, units, results, provenance(started=started, seeds={"seed": seed}))
     return unit_store.save_results(result, out, force=force, store=store, n=len(source.segments), key=key)

@@ -148,6 +148,7 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
     assert u is not None and u["format"] == "int_token@2" and u["bits"] <= b["bits"]
     json.loads(r.to_json())
     assert "budget 5 bits per element held" in r.table()
+    assert 0 <= r.config["noise_floor"] < 1e-6  # a lossless cache is the model's own attention (fp32)
 
 
 def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
