@@ -51,9 +51,9 @@ _METRICS = (*MODEL_METRICS, "bits_total")
 
 @dataclass(frozen=True)
 class Recipe:
-    """What :func:`recipe` measured: ``config``; ``units`` (per document: its isolated damages [L][2][F] and each
-    uniform map's metrics); ``budgets`` (per budget: the map, its stability, predicted and measured damage, bits,
-    the additivity verdict and the comparison against uniform precision); ``provenance``."""
+    """What :func:`recipe` measured: ``config``; ``units`` (per document: its isolated damages, L × 2 × F nested
+    lists, and each uniform map's metrics); ``budgets`` (per budget: the map, its stability, predicted and measured
+    damage, bits, the additivity verdict and the comparison against uniform precision); ``provenance``."""
 
     config: dict[str, Any]
     units: list[dict]
