@@ -34,7 +34,15 @@ def render():
 def test_default_caches_are_the_issue_rows(bench):
     rows = bench.parse_caches(bench.DEFAULT_CACHES)
     assert [(r.kind, r.name, r.bits) for r in rows] == [
-        ("kvstats", "kqv", 4), ("kvstats", "fp8_e4m3", 8), ("kvstats", "nvfp4", 4), ("quantized", "quanto", 4)]
+        ("kvstats", "kqv", 4), ("kvstats", "fp8_e4m3", 8), ("kvstats", "nvfp4", 4),
+        ("kvstats", "tests.helpers.user_quantizers:GroupAbsmax", 4), ("quantized", "quanto", 4)]
+
+
+def test_a_module_class_row_is_built_by_evaluate_s_rules_or_refused_by_name(bench):
+    (row,) = bench.parse_caches("tests.helpers.user_quantizers:GroupAbsmax@3")
+    assert (row.kind, row.name, row.bits) == ("kvstats", "tests.helpers.user_quantizers:GroupAbsmax", 3)
+    with pytest.raises(ValueError, match="--caches entry 'nowhere.mod:Q@4'.*cannot import"):
+        bench.parse_caches("nowhere.mod:Q@4")
 
 
 def test_pair_specs_take_the_bits_after_the_last_at(bench):
