@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvstats.cli.registry import DTYPES, arg, seed_option, subcommand
+from kvstats.cli.registry import DTYPES, arg, current_folder_importable, seed_option, subcommand
 
 __all__: list[str] = []
 
@@ -66,11 +66,9 @@ __all__: list[str] = []
     ],
 )
 def _evaluate(args: argparse.Namespace) -> int:
-    import os
     import warnings
 
-    if os.getcwd() not in sys.path and "" not in sys.path:  # module:Class from the current folder, as python -m
-        sys.path.insert(0, os.getcwd())
+    current_folder_importable()
     from kvstats.evaluation.evaluator import evaluate
     from kvstats.measure.stats import InferenceOptions
 

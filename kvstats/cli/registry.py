@@ -18,7 +18,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["COMMANDS", "DTYPES", "Arg", "arg", "print_payload", "seed_option", "subcommand"]
+__all__ = ["COMMANDS", "DTYPES", "Arg", "arg", "current_folder_importable", "print_payload", "seed_option",
+           "subcommand"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ def subcommand(name: str, *, help: str, args: list[Arg] | None = None):
         return fn
 
     return register
+
+
+def current_folder_importable() -> None:
+    """Put the current folder on ``sys.path`` (as ``python -m`` does), so a ``module:Class`` quantizer defined there
+    imports."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def print_payload(payload: dict, as_json: bool) -> None:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from kvstats.cli.evaluate import is_stdout
-from kvstats.cli.registry import DTYPES, arg, seed_option, subcommand
+from kvstats.cli.registry import DTYPES, arg, current_folder_importable, seed_option, subcommand
 
 __all__: list[str] = []
 
@@ -49,11 +49,9 @@ __all__: list[str] = []
     ],
 )
 def _retrieval(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
-    if os.getcwd() not in sys.path and "" not in sys.path:  # module:Class from the current folder, as python -m
-        sys.path.insert(0, os.getcwd())
+    current_folder_importable()
     from kvstats._files import check_output_path
     from kvstats._validation import check_int_range
     from kvstats.hf.capture import model_files

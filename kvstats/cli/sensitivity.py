@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from kvstats.cli.evaluate import is_stdout
-from kvstats.cli.registry import arg, seed_option, subcommand
+from kvstats.cli.registry import arg, current_folder_importable, seed_option, subcommand
 
 __all__: list[str] = []
 
@@ -41,11 +41,9 @@ __all__: list[str] = []
 )
 def _sensitivity(args: argparse.Namespace) -> int:
     import math
-    import os
     from pathlib import Path
 
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    current_folder_importable()
     from kvstats._files import check_output_path
     from kvstats._validation import check_int_range
     from kvstats.evaluation.sensitivity import sensitivity

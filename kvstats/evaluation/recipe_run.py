@@ -29,8 +29,6 @@ resumes.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ import torch
 
 from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS
 from kvstats.evaluation.recipe import EXACT, LayerMap, additivity, format_width, recipe_stability
+from kvstats.evaluation.results import JsonResults
 
 __all__ = ["RECIPE_SCHEMA", "Recipe", "recipe"]
 
@@ -50,7 +49,7 @@ _METRICS = (*MODEL_METRICS, "bits_total")
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(JsonResults):
     """What :func:`recipe` measured: ``config``; ``units`` (per document: its isolated damages, L × 2 × F nested
     lists, and each uniform map's metrics); ``budgets`` (per budget: the map, its stability, predicted and measured
     damage, bits, the additivity verdict and the comparison against uniform precision); ``provenance``."""
@@ -83,15 +82,6 @@ class Recipe:
 
         return strict_json({"schema": self.schema, "config": self.config, "budgets": [plain(b) for b in self.budgets],
                             "units": self.units, "provenance": self.provenance})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-
-    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
-        from kvstats._files import check_output_path, write_output
-
-        path = check_output_path(path, "path", force=force)
-        return write_output(path, self.to_json().encode("utf-8"))
 
     def table(self) -> str:
         from kvstats.measure.stats import interval_text

@@ -15,7 +15,7 @@ import numpy as np
 from kvstats.evaluation.units import METRICS
 from kvstats.study.strict_json import strict_json
 
-__all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "SCHEMA",
+__all__ = ["DEFAULT_SYNTHETIC_UNITS", "DEFAULT_WINDOW", "Evaluation", "InconclusiveWarning", "JsonResults", "SCHEMA",
            "comparison_footnotes"]
 
 #: Version of the results file's layout.
@@ -34,6 +34,22 @@ class InconclusiveWarning(UserWarning):
 
 
 # ------------------------------------------------------------------------------------------------ the result
+
+class JsonResults:
+    """``to_json`` and ``save`` of a results class that has ``to_dict()`` (strict-JSON-ready)."""
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as strict JSON (``allow_nan=False``: every standard parser reads it)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        """Write :meth:`to_json` to ``path`` without destroying anything (:mod:`kvstats._files`: an existing file
+        needs ``force``); returns the path."""
+        from kvstats._files import check_output_path, write_output
+
+        path = check_output_path(path, "path", force=force)
+        return write_output(path, self.to_json().encode("utf-8"))
+
 
 @dataclass(frozen=True)
 class Evaluation:

@@ -23,7 +23,6 @@ trials, so their p-values describe these prompts (the passkey task has one needl
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
@@ -35,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvstats.evaluation.results import JsonResults
 from kvstats.evaluation.retrieval_tasks import DEPTHS, TASKS, Prompt, RetrievalTasks, passed
 from kvstats.study.strict_json import strict_json
 
@@ -100,7 +100,7 @@ class PromptRun:
 
 
 @dataclass(frozen=True)
-class RetrievalEvaluation:
+class RetrievalEvaluation(JsonResults):
     """What :func:`evaluate_retrieval` measured.
 
     Attributes:
@@ -134,16 +134,6 @@ class RetrievalEvaluation:
         return strict_json({"schema": self.schema, "config": self.config, "plan": self.plan, "units": self.units,
                             "accuracy": self.accuracy, "pooled": self.pooled, "tests": self.tests,
                             "provenance": self.provenance})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-
-    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
-        """Write :meth:`to_json` to ``path`` (an existing file needs ``force``); returns the path."""
-        from kvstats._files import check_output_path, write_output
-
-        path = check_output_path(path, "path", force=force)
-        return write_output(path, self.to_json().encode("utf-8"))
 
     def table(self) -> str:
         """Plain text: per task the accuracy of fp and each side (Wilson), the McNemar tests with Holm, the TOST
