@@ -105,6 +105,7 @@ class Recipe(JsonResults):
                 counts[f"K {k}"] = counts.get(f"K {k}", 0) + 1
                 counts[f"V {v}"] = counts.get(f"V {v}", 0) + 1
             lines.append("  layers: " + ", ".join(f"{c} × {n}" for n, c in sorted(counts.items())))
+            lines.append(f"  bits per element held per layer: {min(b['layer_bits']):.4g} to {max(b['layer_bits']):.4g}")
             lines.append(f"  damage: predicted (sum of isolated) {add['predicted']:.4g}, measured "
                          f"{add['measured']:.4g}; measured − predicted {add['difference'].statistic:+.4g} "
                          f"{interval_text(add['difference'])}"
@@ -148,7 +149,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     from kvstats._validation import check_int_range
     from kvstats.evaluation import unit_store
     from kvstats.evaluation.comparison import compare_units
-    from kvstats.evaluation.model_engine import model_unit, reference_logits
+    from kvstats.evaluation.model_engine import model_unit, quantized_logits, reference_logits
     from kvstats.evaluation.sensitivity import _documents_source
     from kvstats.hf.capture import model_files
     from kvstats.study.provenance import provenance
@@ -225,6 +226,8 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
                                    -1)[..., 0].reshape(len(units), -1)
         add = additivity(parts, np.array([r["out_kl"] for r in rows]), margin=margin)
         bits = float(np.mean([r["bits_total"] for r in rows]))
+        _, held_cache = quantized_logits(source.model, m.schemes(d, seed), source.segments[0][2], record=False)
+        layer_bits = [held_cache.memory(layer=i).bits_per_element for i in range(len(held_cache.layers))]
         fits = [f for f, u in uniform.items() if u["bits"] <= bits * (1 + 1e-9)]
         versus = None
         if fits:
@@ -236,7 +239,8 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
                       "excluded": c["excluded"],
                       "recipe": {k: float(np.mean([r[k] for r in rows])) for k in MODEL_METRICS},
                       "uniform": {k: float(np.mean([u["uniform"][f][k] for u in units])) for k in MODEL_METRICS}}
-        results.append({"budget": float(b), "map": m.to_dict(), "bits": bits, "measured": rows, "additivity": add,
+        results.append({"budget": float(b), "map": m.to_dict(), "bits": bits, "layer_bits": layer_bits,
+                        "measured": rows, "additivity": add,
                         "stability": {"same_map": stable["same_map"], "resamples": stable["resamples"],
                                       "agreement": stable["agreement"].tolist()},
                         "versus_uniform": versus})

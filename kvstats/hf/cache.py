@@ -281,11 +281,16 @@ class KVStatsCache(Cache):
         cache.model_dims = dims
         return cache
 
-    def memory(self) -> CacheMemory:
+    def memory(self, layer: int | None = None) -> CacheMemory:
         """Bytes held now: codes (Σ Code.nbytes) + the exact tokens (window and sinks), vs an fp16 cache of the same
-        tokens."""
+        tokens; of every layer, or of layer ``layer`` alone (a cache with a scheme per layer: its bits per layer)."""
+        layers = self.layers
+        if layer is not None:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.layers):
+                raise ValueError(f"layer must be a layer index in [0, {len(self.layers)}), got {layer!r}")
+            layers = [self.layers[layer]]
         codes = window = fp16 = elements = exact = 0
-        for layer in self.layers:
+        for layer in layers:
             c, w = layer.nbytes()
             codes, window = codes + c, window + w
             if layer.is_initialized:
@@ -294,7 +299,8 @@ class KVStatsCache(Cache):
                 elements, fp16 = elements + count, fp16 + 2 * count
                 exact += sum(t.numel() for t in (layer.keys, layer.values, layer.sink_keys, layer.sink_values)
                              if t is not None)
-        return CacheMemory(codes, window, fp16, elements, self.get_seq_length(), len(self.layers), exact)
+        tokens = self.get_seq_length() if len(layers) != 1 else layers[0].cumulative_length
+        return CacheMemory(codes, window, fp16, elements, tokens, len(layers), exact)
 
     def nbytes(self) -> int:
         """Total bytes held (codes + window)."""

@@ -141,6 +141,7 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
                           np.array([[formats.index(x["k"]), formats.index(x["v"])] for x in b["map"]["layers"]]))
     m = r.map(5.0)
     assert b["bits"] <= 5.0 * (1 + 1e-9)  # the budget is on the bits the codes hold, measured
+    assert np.mean(b["layer_bits"]) == pytest.approx(b["measured"][0]["bits_total"])  # per layer, document 0
     again = model_unit(source, m.schemes(16), ids, reference=ref, record=False)
     assert b["measured"][2]["out_kl"] == again["out_kl"]
     assert b["additivity"]["measured"] == pytest.approx(np.mean([x["out_kl"] for x in b["measured"]]))
@@ -170,3 +171,19 @@ def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
     assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "mystery@4", "--budgets",
                  "3"]) == 2
     assert "--formats: format must be 'exact' or 'name@bits'" in capsys.readouterr().err
+
+
+def test_a_layer_map_cache_reports_each_layer_s_bits(tmp_path):
+    """Per layer the bits its codes hold: int_token at b bits with fp16 scale and zero point per token is
+    b + 32/d, fp8 8; every layer together their mean (K and V and every layer hold as many elements)."""
+    from kvstats.evaluation.model_engine import quantized_logits
+    from tests.helpers.llama import D, _tiny
+
+    m = LayerMap((("int_token@4", "int_token@2"), ("fp8_e4m3@8", "fp8_e4m3@8")))
+    ids = torch.randint(1, 100, (1, 24), generator=torch.Generator().manual_seed(2))
+    _, cache = quantized_logits(_tiny(), m.schemes(D), ids, record=False)
+    per_layer = [cache.memory(layer=i).bits_per_element for i in range(2)]
+    assert per_layer == pytest.approx([(4 + 2) / 2 + 32 / D, 8.0])
+    assert cache.memory().bits_per_element == pytest.approx(np.mean(per_layer))
+    with pytest.raises(ValueError, match=r"layer must be a layer index in \[0, 2\), got 2"):
+        cache.memory(layer=2)
