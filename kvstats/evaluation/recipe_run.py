@@ -12,8 +12,9 @@ KL(p_exact ‖ p_quantized). The steps:
    the damage no recipe can go below (about 1e-11 nats for an fp32 model);
 1. **isolated damage**: for each layer ℓ, each tensor (K or V) and each candidate format f, ℓ's K (or V) alone in f,
    everything else exact: damage[doc, ℓ, s, f] (an ``"exact"`` candidate costs no damage and is not run);
-2. **uniform maps**: every layer's K and V in one format, for each candidate format: their damage and the bits
-   per element the cache held (measured);
+2. **uniform maps**: every layer's K and V in one format, for each candidate format: their damage, the bits
+   per element the cache held (measured), and their additivity (damage against the sum of their 2L isolated
+   parts);
 3. per budget: **the map** minimising the summed mean isolated damage under the budget in bits per element the
    codes hold — each format's measured bits (its uniform map's), not its nominal width, which leaves out scales
    and zero points (:func:`~kvstats.evaluation.recipe.solve_recipe`); its **stability** under bootstrap
@@ -93,7 +94,9 @@ class Recipe(JsonResults):
                      f"{cfg['noise_floor']:.3g} (what no recipe can go below)")
         lines.append("uniform maps (every layer's K and V in one format): damage, bits per element held (measured)")
         for f, u in cfg["uniform"].items():
-            lines.append(f"  {f:<16} {u['damage']:>10.4g}   {u['bits']:.4g} bits")
+            a = cfg["uniform_additivity"][f]
+            lines.append(f"  {f:<16} {u['damage']:>10.4g}   {u['bits']:.4g} bits   sum of its isolated parts "
+                         f"{a['predicted']:.4g}: {a['verdict']}")
         for b in self.budgets:
             add, st = b["additivity"], b["stability"]
             m = LayerMap.from_dict(b["map"])
@@ -206,6 +209,10 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     uniform = {f: {"damage": float(np.mean([u["uniform"][f]["out_kl"] for u in units])),
                    "bits": float(np.mean([u["uniform"][f]["bits_total"] for u in units]))}
                for f in units[0]["uniform"]}
+    # the uniform maps are maps too: their measured damage against the sum of their 2L isolated parts, per format
+    uniform_additivity = {formats[f]: additivity(per_doc[:, :, :, f].reshape(len(units), -1),
+                                                 np.array([u["uniform"][formats[f]]["out_kl"] for u in units]),
+                                                 margin=margin) for f in quantized}
     # the solver's widths are the bits each format's codes hold, measured (a uniform map of it: K and V hold as many
     # elements, and every (layer, tensor) as many, so a map's measured bits are the mean of its parts'); the
     # declared widths leave out the scales and zero points (int_token@2 holds 4 bits per element at d = 32)
@@ -250,6 +257,8 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
               "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed, "margin": margin,
               "alpha": alpha, "dtype": str(dtype).removeprefix("torch."), "exact_bits": exact_bits,
               "uniform": uniform, "units_reused": reused,
-              "noise_floor": float(np.mean([u["noise_floor"] for u in units]))}
+              "noise_floor": float(np.mean([u["noise_floor"] for u in units])),
+              "uniform_additivity": {f: {**a, "difference": a["difference"].to_dict()}
+                                     for f, a in uniform_additivity.items()}}
     result = Recipe(config, units, results, provenance(started=started, seeds={"seed": seed}))
     return unit_store.save_results(result, out, force=force, store=store, n=len(source.segments), key=key)

@@ -150,6 +150,9 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
     json.loads(r.to_json())
     assert "budget 5 bits per element held" in r.table()
     assert 0 <= r.config["noise_floor"] < 1e-6  # a lossless cache is the model's own attention (fp32)
+    ua = r.config["uniform_additivity"]["int_token@4"]
+    assert ua["predicted"] == pytest.approx(per_doc[..., 1].sum(axis=(1, 2)).mean())
+    assert ua["measured"] == pytest.approx(np.mean([u["uniform"]["int_token@4"]["out_kl"] for u in r.units]))
 
 
 def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
