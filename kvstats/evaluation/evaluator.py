@@ -228,6 +228,13 @@ def evaluate(
     inference = inference_options(inference)
     _refuse_without_effect(quantizer, bits, data=data, model=model, compare=compare, match_bits=match_bits,
                            window=window, layers=layers, store=store)
+    if model is None:
+        from kvstats.evaluation.quantizer_sides import _is_layer_map
+
+        for role, spec in (("quantizer", quantizer), ("compare", compare)):
+            if _is_layer_map(spec):
+                raise ValueError(f"{role} is a layer map ({spec.name}): its schemes differ by layer, so it is "
+                                 "measured on a model (model=...), not on synthetic data or a capture's windows")
     if model is not None:
         if data != "gaussian" or units is not None:
             raise ValueError("give data= (and units=) or model=, not both: a model evaluation's units are the "

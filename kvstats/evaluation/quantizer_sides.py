@@ -70,6 +70,14 @@ def _factory(spec, role: str, options: dict):
                      f"got {spec!r}")
 
 
+def _is_layer_map(spec) -> bool:
+    """Whether ``spec`` is a per-layer recipe (:class:`kvstats.evaluation.recipe.LayerMap`): its schemes differ by
+    layer, so it is measured on a model only."""
+    from kvstats.evaluation.recipe import LayerMap
+
+    return isinstance(spec, LayerMap)
+
+
 def _is_pair(spec) -> bool:
     """Whether ``spec`` is a pair ``"K/V"`` of registered quantizers (:func:`kvstats.schemes.pair_widths`)."""
     return isinstance(spec, str) and "/" in spec
@@ -99,6 +107,11 @@ def scheme_builder(spec, *, role: str = "quantizer", **options) -> Callable[...,
     and the spec."""
     from kvstats.quant.schemes import CALIBRATED_SCHEMES, Scheme, scheme
 
+    if _is_layer_map(spec):
+        def per_layer(bits: int, dim: int, seed: int):
+            return spec.schemes(dim, seed)  # layer -> Scheme: a model's cache takes it, layer by layer
+
+        return per_layer
     if isinstance(spec, Scheme):
         def ready(bits: int, dim: int, seed: int) -> Scheme:
             if spec.dim != dim:
@@ -142,6 +155,8 @@ def label(spec) -> str:
     """The name a spec is shown by: the string itself, a class's or factory's ``__name__``, a Scheme's name."""
     if isinstance(spec, str):
         return spec
+    if _is_layer_map(spec):
+        return spec.name
     return getattr(spec, "__name__", None) or getattr(spec, "name", None) or repr(spec)
 
 
@@ -159,6 +174,8 @@ class Side:
 
         if isinstance(self.spec, Scheme):  # a ready Scheme's budget is its own: the label and records say so
             self.bits = self.spec.bits
+        elif _is_layer_map(self.spec):  # so is a layer map's (the mean of its nominal widths)
+            self.bits = self.spec.mean_bits
         self._build = scheme_builder(self.spec, role=self.role, **self.options)  # resolved once, not per unit
 
     def scheme(self, dim: int, seed: int):
@@ -173,6 +190,8 @@ class Side:
         from kvstats.evaluation.unit_store import code_identity
         from kvstats.quant.schemes import CALIBRATED_SCHEMES, SCHEMES, Scheme
 
+        if _is_layer_map(self.spec):  # registered kvstats formats: the map and kvstats' own code identify it
+            return {"layer_map": self.spec.to_dict(), "code": code_identity(type(self.spec)), "bits": self.bits}
         if isinstance(self.spec, Scheme):
             parts = [code_identity(q) for q in (self.spec.k, self.spec.v)]
             if None in parts:
@@ -369,17 +388,28 @@ def prepare_sides(quantizer, compare, bits: int, options: dict, *, dim: int, hea
     the checks and the bit matching read (each call its own copy where the caller measures on the originals)."""
     main = Side("quantizer", quantizer, bits, dict(options))
     other = None if compare is None else Side("compare", compare, bits, dict(options))
-    scheme0 = main.scheme(dim, seed0)
     skipped = "skipped (check=False)"
-    checks = {"quantizer": check_side(main, scheme0, dim, seed0, heads, linear=linear, parts=parts()) if check
-              else skipped}
-    records = {"evaluated": scheme_record(scheme0)}
+
+    def checked(side: Side, scheme0):
+        if _is_layer_map(side.spec):  # every layer's quantizers are kvstats' registered formats
+            return "not run: a layer map of kvstats' own registered quantizers (tested by its suite)"
+        return check_side(side, scheme0, dim, seed0, heads, linear=linear, parts=parts()) if check else skipped
+
+    def record(side: Side, scheme0):
+        return side.spec.to_dict() if _is_layer_map(side.spec) else scheme_record(scheme0)
+
+    scheme0 = main.scheme(dim, seed0)
+    checks, records = {"quantizer": checked(main, scheme0)}, {"evaluated": record(main, scheme0)}
     if other is not None:
         if match:
-            other.bits, _, other.budgets_measured = match_bits(other, measured_bits(scheme0, parts()), dim, seed0,
-                                                               parts())
+            if _is_layer_map(other.spec):
+                raise ValueError("match_bits sets the budget of the compared spec; a layer map's is its own: compare "
+                                 "a spec that builds at any budget, or pass the map as the quantizer")
+            target = (float(np.mean([measured_bits(main.spec.scheme(i, dim, seed0 + i), parts())
+                                     for i in range(len(main.spec))])) if _is_layer_map(main.spec)
+                      else measured_bits(scheme0, parts()))
+            other.bits, _, other.budgets_measured = match_bits(other, target, dim, seed0, parts())
         other_scheme0 = other.scheme(dim, seed0)
-        records["compared"] = scheme_record(other_scheme0)
-        checks["compare"] = (check_side(other, other_scheme0, dim, seed0, heads, linear=linear, parts=parts())
-                             if check else skipped)
+        records["compared"] = record(other, other_scheme0)
+        checks["compare"] = checked(other, other_scheme0)
     return Sides(main, other, checks, records)

@@ -84,6 +84,11 @@ class LayerMap:
                         dtype=float)
 
     @property
+    def name(self) -> str:
+        """How results name the map: its layers and nominal mean bits."""
+        return f"layer map ({len(self.layers)} layers, {self.mean_bits:g} bits nominal)"
+
+    @property
     def mean_bits(self) -> float:
         """The declared mean bits per element: the mean of the 2L widths (K and V hold as many elements)."""
         return float(self.widths().mean())

@@ -190,3 +190,23 @@ def test_a_layer_map_cache_reports_each_layer_s_bits(tmp_path):
     assert cache.memory().bits_per_element == pytest.approx(np.mean(per_layer))
     with pytest.raises(ValueError, match=r"layer must be a layer index in \[0, 2\), got 2"):
         cache.memory(layer=2)
+
+
+def test_a_layer_map_is_a_quantizer_for_retrieval_and_model_evaluation_only(tiny_folder):
+    """A recipe against uniform precision on the same trials (retrieval: McNemar) and the same documents (evaluate):
+    the map's rows are its cache's, and a map on synthetic data is refused by name."""
+    import kvstats
+    from kvstats.evaluation.retrieval import evaluate_retrieval
+
+    m = LayerMap((("int_token@4", "int_token@2"), ("int_token@2", "int_token@4")))
+    ev = evaluate_retrieval(m, bits=3, model=str(tiny_folder), compare="int_token", tasks=["lookup"], lengths=[96],
+                            prompts=2)
+    assert ev.config["sides"]["A"] == {"label": m.name, "bits": 3.0}
+    assert ev.config["schemes"]["evaluated"] == m.to_dict()
+    assert {(t["a"], t["b"]) for t in ev.tests} == {("A", "fp"), ("B", "fp"), ("A", "B")}
+    # the map's bits held per element: int_token at (4 + 2)/2 and (2 + 4)/2 nominal plus 32/d per token
+    assert ev.units[0]["A"]["bits_per_element"] == pytest.approx(3 + 32 / 16)
+    mev = kvstats.evaluate(m, bits=3, model=str(tiny_folder), documents=_documents(), segment=16, check=False)
+    assert mev.config["quantizer"] == m.name and mev.bits["evaluated"]["measured"] == pytest.approx(3 + 32 / 16)
+    with pytest.raises(ValueError, match=r"quantizer is a layer map \(layer map \(2 layers, 3 bits nominal\)\)"):
+        kvstats.evaluate(m, bits=3)
