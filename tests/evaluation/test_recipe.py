@@ -206,6 +206,9 @@ def test_a_layer_map_is_a_quantizer_for_retrieval_and_model_evaluation_only(tiny
     assert {(t["a"], t["b"]) for t in ev.tests} == {("A", "fp"), ("B", "fp"), ("A", "B")}
     # the map's bits held per element: int_token at (4 + 2)/2 and (2 + 4)/2 nominal plus 32/d per token
     assert ev.units[0]["A"]["bits_per_element"] == pytest.approx(3 + 32 / 16)
+    matched = evaluate_retrieval(m, bits=3, model=str(tiny_folder), compare="int_token", match_bits=True,
+                                 tasks=["lookup"], lengths=[96], prompts=1)
+    assert matched.config["compare_bits"] == 3  # int_token@3 holds 3 + 32/16 = 5 bits, the map's measured 5
     mev = kvstats.evaluate(m, bits=3, model=str(tiny_folder), documents=_documents(), segment=16, check=False)
     assert mev.config["quantizer"] == m.name and mev.bits["evaluated"]["measured"] == pytest.approx(3 + 32 / 16)
     with pytest.raises(ValueError, match=r"quantizer is a layer map \(layer map \(2 layers, 3 bits nominal\)\)"):
