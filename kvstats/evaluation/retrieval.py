@@ -291,7 +291,7 @@ def evaluate_retrieval(quantizer, *, bits: int, model="smollm2", compare=None, m
         with torch.inference_mode():
             run = PromptRun(lm, p)
             measured = {key: run.quantized(s.scheme(d, unit_seed(seed, i))) for key, s in labels.items()}
-            lossless = _lossless_gap(run, d) if i == 0 else None
+            lossless = _lossless_logits(run, d) if i == 0 else None
             exact = run.exact()
         checked = {} if lossless is None else {
             "lossless_max_logit_gap": _require_lossless(lossless, exact["logits"], p, name, dtype)}
@@ -333,7 +333,7 @@ def evaluate_retrieval(quantizer, *, bits: int, model="smollm2", compare=None, m
     return unit_store.save_results(ev, out, force=force, store=store, n=len(units), key=key)
 
 
-def _lossless_gap(run: PromptRun, head_dim: int) -> torch.Tensor:
+def _lossless_logits(run: PromptRun, head_dim: int) -> torch.Tensor:
     """The chunk's logits through a KVStatsCache of a lossless scheme (the oracle's other half)."""
     from kvstats.hf.cache import IdentityScheme
 

@@ -158,7 +158,7 @@ def test_a_model_the_cache_cannot_hold_exactly_is_refused(long_tiny, monkeypatch
     def shifted(run, head_dim):
         return run.exact()["logits"] + torch.linspace(0, 5, 100)  # as a wrong position would
 
-    monkeypatch.setattr(retrieval, "_lossless_gap", shifted)
+    monkeypatch.setattr(retrieval, "_lossless_logits", shifted)
     with pytest.raises(ValueError, match="cannot hold this model's prefill exactly"):
         retrieval.evaluate_retrieval("kqv", bits=4, model=str(long_tiny), tasks=["lookup"], lengths=[128],
                                      prompts=1)
