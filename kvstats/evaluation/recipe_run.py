@@ -133,6 +133,24 @@ def _single(n_layers: int, layer: int, side: int, fmt: str, exact_bits: int) -> 
     return LayerMap(tuple(map(tuple, pairs)), exact_bits)
 
 
+def _refuse_budgets_below_the_narrowest(formats, budgets, exact_bits: int, heads: int, tokens: int, dim: int,
+                                        seed: int) -> None:
+    """Before any model work: each budget must fit the narrowest format's bits per element held, measured on a
+    segment-sized probe [1, H_kv, segment, d] (what the codes of a uniform map hold per segment; nominal widths
+    leave out scales and zero points)."""
+    from kvstats.evaluation.quantizer_sides import measured_bits
+
+    probe = torch.randn(1, heads, tokens, dim, generator=torch.Generator().manual_seed(0))
+    held = {f: exact_bits if f == EXACT else
+            measured_bits(LayerMap(((f, f),), exact_bits).scheme(0, dim, seed), [(None, probe, probe)])
+            for f in formats}
+    narrowest = min(held, key=held.get)
+    for b in budgets:
+        if held[narrowest] > b:
+            raise ValueError(f"budgets: {b:g} bits is below the narrowest format's {held[narrowest]:.4g} bits per "
+                             f"element held ({narrowest}, measured at {tokens} tokens of head dim {dim})")
+
+
 def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8, segment: int = DEFAULT_SEGMENT,
            documents: dict[str, str] | None = None, seed: int = 0, margin: float = 0.2, resamples: int = 200,
            alpha: float = 0.05, dtype: torch.dtype = torch.float32, out=None, force: bool = False, store=None,
@@ -176,6 +194,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     source = _documents_source(model, segment, documents, dtype, documents_used)
     d, n_layers = source.dims["head_dim"], source.dims["layers"]
     quantized = [i for i, f in enumerate(formats) if f != EXACT]
+    _refuse_budgets_below_the_narrowest(formats, budgets, exact_bits, source.dims["kv_heads"], segment, d, seed)
 
     def compute(i: int) -> dict:
         _, title, ids = source.segments[i]
@@ -219,9 +238,6 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     held = np.array([exact_bits if f == EXACT else uniform[f]["bits"] for f in formats])
     results = []
     for b in budgets:
-        if held.min() > b:
-            raise ValueError(f"budgets: {b:g} bits is below the narrowest format's measured {held.min():.4g} bits per "
-                             f"element ({formats[int(held.argmin())]})")
         stable = recipe_stability(per_doc, held, float(b), resamples=resamples, seed=seed)
         choice = stable["choice"]
         m = LayerMap(tuple((formats[k], formats[v]) for k, v in choice), exact_bits)
