@@ -157,9 +157,16 @@ class LayerMap:
             raise ValueError(f"a layer map needs schema {LAYER_MAP_SCHEMA!r}, got "
                              f"{data.get('schema') if isinstance(data, dict) else type(data).__name__!r}")
         rows = data.get("layers")
-        if not isinstance(rows, list) or [r.get("layer") for r in rows] != list(range(len(rows))):
+        fields = ("layer", "k", "v", "k_bits", "v_bits")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in rows):
+            raise ValueError(f"a layer map's layers must be a list of objects with {list(fields)}")
+        if [r["layer"] for r in rows] != list(range(len(rows))):
             raise ValueError("a layer map's layers must be listed in order 0, 1, ... each once")
-        m = cls(tuple((r["k"], r["v"]) for r in rows), int(data.get("exact_bits", 32)))
+        exact_bits = data.get("exact_bits", 32)
+        if isinstance(exact_bits, bool) or exact_bits not in _EXACT_BITS.values():
+            raise ValueError(f"a layer map's exact_bits must be one of {sorted(set(_EXACT_BITS.values()))}, got "
+                             f"{exact_bits!r}")
+        m = cls(tuple((r["k"], r["v"]) for r in rows), int(exact_bits))
         stated = [(r.get("k_bits"), r.get("v_bits")) for r in rows]
         if stated != [tuple(int(x) for x in row) for row in m.widths()]:
             raise ValueError("a layer map's k_bits/v_bits disagree with its formats' widths")
@@ -167,7 +174,11 @@ class LayerMap:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LayerMap:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The map saved at ``path``; a file that is not a layer map's JSON is refused naming the path."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+            raise ValueError(f"path {str(path)!r} is not a kvstats layer map: {exc}") from None
 
 
 def _check_damage(damage, widths) -> tuple[np.ndarray, np.ndarray]:

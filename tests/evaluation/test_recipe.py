@@ -95,6 +95,15 @@ def test_layer_map_json_round_trip_and_refusals(tmp_path):
         bad["layers"][0]["k_bits"] = 3
         LayerMap.from_dict(bad)
     assert format_width("exact", exact_bits=16) == 16
+    for broken, named in (({"schema": "kvstats-kv-layer-map/1", "layers": [{"layer": 0, "k": "int_token@4"}]},
+                           "a list of objects with"),
+                          ({**m.to_dict(), "exact_bits": 7}, "exact_bits must be one of"),
+                          ({**m.to_dict(), "exact_bits": True}, "exact_bits must be one of")):
+        with pytest.raises(ValueError, match=named):
+            LayerMap.from_dict(broken)
+    (tmp_path / "not.json").write_bytes(b"\xff\xfe not json")
+    with pytest.raises(ValueError, match="is not a kvstats layer map"):
+        LayerMap.load(tmp_path / "not.json")
 
 
 def test_a_loaded_map_reproduces_the_same_logits_bit_for_bit(tmp_path):
@@ -174,6 +183,11 @@ def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
     assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "mystery@4", "--budgets",
                  "3"]) == 2
     assert "--formats: format must be 'exact' or 'name@bits'" in capsys.readouterr().err
+    # int_token@2 holds 2 + 32/16 = 4 bits per element at d = 16: a 3-bit budget is refused before any measurement
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "int_token@4", "--budgets",
+                 "3", "--text", str(text), "--segment", "16", "--no-progress"]) == 2
+    assert "budgets: 3 bits is below the narrowest format's 4 bits per element held (int_token@2" in \
+        capsys.readouterr().err
 
 
 def test_a_layer_map_cache_reports_each_layer_s_bits(tmp_path):
