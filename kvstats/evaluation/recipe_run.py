@@ -43,7 +43,7 @@ from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS
 from kvstats.evaluation.recipe import EXACT, LayerMap, additivity, format_width, recipe_stability
 from kvstats.evaluation.results import JsonResults
 
-__all__ = ["RECIPE_SCHEMA", "Recipe", "recipe"]
+__all__ = ["RECIPE_SCHEMA", "Recipe", "recipe", "recipe_unit"]
 
 RECIPE_SCHEMA = "kvstats-recipe/1"
 _METRICS = (*MODEL_METRICS, "bits_total")
@@ -151,10 +151,97 @@ def _refuse_budgets_below_the_narrowest(formats, budgets, exact_bits: int, heads
                              f"element held ({narrowest}, measured at {tokens} tokens of head dim {dim})")
 
 
+def _check_formats(formats, dtype: torch.dtype) -> tuple[list[str], int, np.ndarray]:
+    """(the formats as a list, the exact side's width in bits, each format's nominal width); at least two distinct
+    formats, each registered (:func:`~kvstats.evaluation.recipe.format_width` names one that is not)."""
+    formats = [formats] if isinstance(formats, str) else list(formats)
+    exact_bits = torch.finfo(dtype).bits
+    widths = np.array([format_width(f, exact_bits=exact_bits) for f in formats], dtype=float)
+    if len(formats) < 2 or len(set(formats)) != len(formats):
+        raise ValueError(f"formats must name at least two distinct formats, got {formats}")
+    return formats, exact_bits, widths
+
+
+def _source(model, segment: int, documents, dtype, documents_used):
+    from kvstats.evaluation.sensitivity import _documents_source
+
+    return _documents_source(model, segment, documents, dtype, documents_used)
+
+
+def _units_key(formats: list[str], source, seed: int) -> str:
+    """What a document's measurements depend on: the formats, the source (model, texts, segment, dtype), the seed
+    and kvstats' code."""
+    from kvstats.evaluation import unit_store
+
+    return unit_store.store_key({"mode": "recipe", "formats": formats, "source": source.identity, "seed": seed,
+                                 "kvstats": unit_store.kvstats_digest()})
+
+
+def _measure_document(source, i: int, formats: list[str], exact_bits: int, seed: int, progress: bool) -> dict:
+    """Document ``i``'s measurements: its isolated damages [L, 2, F] (0 for ``exact``), each uniform map's metrics
+    and the noise floor (module doc, steps 0-2)."""
+    from kvstats.evaluation.model_engine import model_unit, reference_logits
+
+    d, n_layers = source.dims["head_dim"], source.dims["layers"]
+    quantized = [f for f, name in enumerate(formats) if name != EXACT]
+    _, title, ids = source.segments[i]
+    ref = reference_logits(source, ids)[0]
+
+    def run(m: LayerMap) -> dict:
+        return model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)
+
+    isolated = np.zeros((n_layers, 2, len(formats)))
+    for layer in range(n_layers):
+        for side in range(2):
+            for f in quantized:
+                isolated[layer, side, f] = run(_single(n_layers, layer, side, formats[f], exact_bits))["out_kl"]
+    uniform = {}
+    for f in quantized:
+        r = run(LayerMap(((formats[f], formats[f]),) * n_layers, exact_bits))
+        uniform[formats[f]] = {k: r[k] for k in _METRICS}
+    floor = run(LayerMap(((EXACT, EXACT),) * n_layers, exact_bits))["out_kl"]
+    if progress:
+        print(f"  document {i + 1}/{len(source.segments)} ({title}) measured", file=sys.stderr, flush=True)
+    return {"unit": i, "document": i, "title": title, "isolated": isolated.tolist(), "uniform": uniform,
+            "noise_floor": floor}
+
+
+def recipe_unit(formats, document: int, *, model="smollm2", documents_used: int | None = 8,
+                segment: int = DEFAULT_SEGMENT, documents: dict[str, str] | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> dict:
+    """One document's measurements for :func:`recipe` (its ``units``): document ``document`` of the same source
+    (the arguments as :func:`recipe`'s) — its isolated damages, uniform maps and noise floor, with the key
+    :func:`recipe` checks (``"key"``). Documents measured in parallel processes and passed back in order give the
+    same recipe as one run."""
+    from kvstats._validation import check_int_range
+
+    formats, exact_bits, _ = _check_formats(formats, dtype)
+    source = _source(model, segment, documents, dtype, documents_used)
+    document = check_int_range(document, "document", 0, len(source.segments) - 1)
+    return {**_measure_document(source, document, formats, exact_bits, seed, False),
+            "key": _units_key(formats, source, seed)}
+
+
+def _check_units(units, source, key: str) -> list[dict]:
+    """The ``units`` given to :func:`recipe`: one per document, in order, each made by :func:`recipe_unit` for this
+    run (its key), else refused by name."""
+    units = list(units)
+    if len(units) != len(source.segments):
+        raise ValueError(f"units must hold one measurement per document ({len(source.segments)}), got {len(units)}")
+    for i, u in enumerate(units):
+        if not isinstance(u, dict) or u.get("unit") != i:
+            raise ValueError(f"units[{i}] must be document {i}'s measurement (recipe_unit(..., document={i})), got "
+                             f"{'unit ' + repr(u.get('unit')) if isinstance(u, dict) else type(u).__name__}")
+        if u.get("key") != key:
+            raise ValueError(f"units[{i}] was measured for other formats, documents, segment, dtype, seed or kvstats "
+                             f"code (key {u.get('key')!r}, this run's {key!r})")
+    return [{k: v for k, v in u.items() if k != "key"} for u in units]
+
+
 def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8, segment: int = DEFAULT_SEGMENT,
            documents: dict[str, str] | None = None, seed: int = 0, margin: float = 0.2, resamples: int = 200,
            alpha: float = 0.05, dtype: torch.dtype = torch.float32, out=None, force: bool = False, store=None,
-           progress: bool = False) -> Recipe:
+           progress: bool = False, units=None) -> Recipe:
     """The recipe of each budget for ``model`` from the candidate ``formats`` (module doc).
 
     Args:
@@ -165,22 +252,20 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
         margin: the additivity verdict's margin, a fraction of the predicted damage; resamples: bootstrap
             resamples of the documents for the stability of each map.
         out: the results JSON (finished documents kept in OUT.units until the end; ``store`` names that folder).
+        units: every document's measurements, made before by :func:`recipe_unit` with the same formats, model,
+            documents, segment, dtype and seed (in parallel processes, say), in document order; each is checked
+            against this run's key and refused when it does not match.
     """
     from kvstats._files import check_output_path, is_stream
     from kvstats._validation import check_int_range
     from kvstats.evaluation import unit_store
     from kvstats.evaluation.comparison import compare_units
     from kvstats.evaluation.model_engine import model_unit, quantized_logits, reference_logits
-    from kvstats.evaluation.sensitivity import _documents_source
     from kvstats.hf.capture import model_files
     from kvstats.study.provenance import provenance
 
     started = time.time()
-    formats = [formats] if isinstance(formats, str) else list(formats)
-    exact_bits = torch.finfo(dtype).bits
-    widths = np.array([format_width(f, exact_bits=exact_bits) for f in formats], dtype=float)
-    if len(formats) < 2 or len(set(formats)) != len(formats):
-        raise ValueError(f"formats must name at least two distinct formats, got {formats}")
+    formats, exact_bits, widths = _check_formats(formats, dtype)
     budgets = [budgets] if isinstance(budgets, (int, float)) else list(budgets)
     for b in budgets:
         if not (isinstance(b, (int, float)) and widths.min() <= b):
@@ -191,39 +276,20 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
         raise ValueError(f"margin must be in (0, 1) (a fraction of the predicted damage), got {margin!r}")
     if out is not None:
         out = check_output_path(out, "out", force=force, inputs=model_files(model))
-    source = _documents_source(model, segment, documents, dtype, documents_used)
+    source = _source(model, segment, documents, dtype, documents_used)
     d, n_layers = source.dims["head_dim"], source.dims["layers"]
     quantized = [i for i, f in enumerate(formats) if f != EXACT]
     _refuse_budgets_below_the_narrowest(formats, budgets, exact_bits, source.dims["kv_heads"], segment, d, seed)
 
-    def compute(i: int) -> dict:
-        _, title, ids = source.segments[i]
-        ref = reference_logits(source, ids)[0]
-        isolated = np.zeros((n_layers, 2, len(formats)))
-        for layer in range(n_layers):
-            for side in range(2):
-                for f in quantized:
-                    m = _single(n_layers, layer, side, formats[f], exact_bits)
-                    isolated[layer, side, f] = model_unit(source, m.schemes(d, seed), ids, reference=ref,
-                                                          record=False)["out_kl"]
-        uniform = {}
-        for f in quantized:
-            m = LayerMap(((formats[f], formats[f]),) * n_layers, exact_bits)
-            r = model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)
-            uniform[formats[f]] = {k: r[k] for k in _METRICS}
-        exact = LayerMap(((EXACT, EXACT),) * n_layers, exact_bits)
-        floor = model_unit(source, exact.schemes(d, seed), ids, reference=ref, record=False)["out_kl"]
-        if progress:
-            print(f"  document {i + 1}/{len(source.segments)} ({title}) measured", file=sys.stderr, flush=True)
-        return {"unit": i, "document": i, "title": title, "isolated": isolated.tolist(), "uniform": uniform,
-                "noise_floor": floor}
-
-    key = unit_store.store_key({"mode": "recipe", "formats": formats, "source": source.identity, "seed": seed,
-                                "kvstats": unit_store.kvstats_digest()})
-    if store is None and out is not None and not is_stream(out):
-        store = Path(str(out) + ".units")
-    units, reused = unit_store.run_resumable(compute, len(source.segments), key=key, store=store, progress=progress,
-                                             desc=f"recipe on {source.name}", seed=seed, fresh_seed=False)
+    key = _units_key(formats, source, seed)
+    if units is None:
+        if store is None and out is not None and not is_stream(out):
+            store = Path(str(out) + ".units")
+        units, reused = unit_store.run_resumable(
+            lambda i: _measure_document(source, i, formats, exact_bits, seed, progress), len(source.segments),
+            key=key, store=store, progress=progress, desc=f"recipe on {source.name}", seed=seed, fresh_seed=False)
+    else:
+        units, reused = _check_units(units, source, key), len(source.segments)
     per_doc = np.array([u["isolated"] for u in units])  # [docs, L, 2, F]
     uniform = {f: {"damage": float(np.mean([u["uniform"][f]["out_kl"] for u in units])),
                    "bits": float(np.mean([u["uniform"][f]["bits_total"] for u in units]))}

@@ -164,6 +164,29 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
     assert ua["measured"] == pytest.approx(np.mean([u["uniform"]["int_token@4"]["out_kl"] for u in r.units]))
 
 
+
+def test_documents_measured_apart_give_the_same_recipe_and_foreign_units_are_refused(tiny_folder):
+    """recipe_unit per document (as the study's parallel cells run them), passed back as units, gives the one-run
+    recipe bit for bit; units of other formats, out of order or too few are refused by name."""
+    from kvstats.evaluation.recipe_run import recipe, recipe_unit
+
+    formats = ["int_token@2", "int_token@4"]
+    args = dict(model=str(tiny_folder), documents=_documents(), documents_used=4, segment=16)
+    whole = recipe(formats, budgets=[5], resamples=20, **args)
+    units = [recipe_unit(formats, i, **args) for i in range(4)]
+    apart = recipe(formats, budgets=[5], resamples=20, units=units, **args)
+    assert apart.units == whole.units and apart.budgets[0]["map"] == whole.budgets[0]["map"]
+    assert [x["out_kl"] for x in apart.budgets[0]["measured"]] == [x["out_kl"] for x in whole.budgets[0]["measured"]]
+    other = recipe_unit(["int_token@2", "int_token@3"], 0, **args)
+    with pytest.raises(ValueError, match=r"units\[0\] was measured for other formats"):
+        recipe(formats, budgets=[5], units=[other, *units[1:]], **args)
+    with pytest.raises(ValueError, match=r"units\[0\] must be document 0"):
+        recipe(formats, budgets=[5], units=[units[1], units[0], *units[2:]], **args)
+    with pytest.raises(ValueError, match="one measurement per document"):
+        recipe(formats, budgets=[5], units=units[:3], **args)
+    with pytest.raises(ValueError, match="document must be"):
+        recipe_unit(formats, 4, **args)
+
 def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
     from kvstats.cli.parser import main
 
