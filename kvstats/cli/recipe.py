@@ -32,8 +32,13 @@ __all__: list[str] = []
         arg("--resamples", type=int, default=200, help="bootstrap resamples for each map's stability (default 200)"),
         arg("--alpha", type=float, default=0.05, help="level of the comparison with uniform precision, Holm"),
         arg("--seed", type=seed_option, default=0, help="the quantizers' seed (default 0)"),
+        arg("--per-layer", action="store_true",
+            help="one format per layer for K and V together, as engines store one KV-cache dtype per layer"),
+        arg("--refine", type=int, default=3,
+            help="other maps the bootstrap resamples chose, measured end to end beside the solver's (default 3)"),
         arg("--export", default=None, metavar="FOLDER",
-            help="write each budget's layer map there (map_<budget>bits.json, kvstats-kv-layer-map/1)"),
+            help="write each budget's layer map there (map_<budget>bits.json, kvstats-kv-layer-map/1) and, where "
+                 "engines can hold it, its per-layer KV dtypes (map_<budget>bits.engine.json)"),
         arg("--out", default=None, help="write the results JSON here (finished documents kept in OUT.units)"),
         arg("--force", action="store_true", help="replace existing files"),
         arg("--json", action="store_true", help="print the results JSON instead of the table"),
@@ -58,6 +63,7 @@ def _recipe(args: argparse.Namespace) -> int:
         raise ValueError("--documents must be 0 (all) or at least 2, got 1")
     check_int_range(args.segment, "--segment", 2, 1 << 20)
     check_int_range(args.resamples, "--resamples", 10, 1 << 20)
+    check_int_range(args.refine, "--refine", 0, 1 << 10)
     if not 0 < args.margin < 1:
         raise ValueError(f"--margin must be in (0, 1), got {args.margin}")
     if not 0 < args.alpha < 1:
@@ -73,6 +79,7 @@ def _recipe(args: argparse.Namespace) -> int:
         maps = {b: folder / f"map_{b:g}bits.json" for b in args.budgets}
         for path in maps.values():
             check_output_path(path, "--export", force=args.force, inputs=inputs)
+            check_output_path(_engine_path(path), "--export", force=args.force, inputs=inputs)
     import torch
 
     from kvstats.evaluation.recipe_run import recipe
@@ -85,12 +92,33 @@ def _recipe(args: argparse.Namespace) -> int:
     result = recipe(args.formats, budgets=args.budgets, model=args.model, documents_used=args.documents or None,
                     segment=args.segment, documents=documents, seed=args.seed, margin=args.margin,
                     resamples=args.resamples, alpha=args.alpha, out=args.out, force=args.force,
-                    progress=not args.no_progress,
+                    progress=not args.no_progress, tie_kv=args.per_layer, refine=args.refine,
                     dtype=torch.float32 if args.dtype is None else getattr(torch, DTYPES[args.dtype]))
     for b, path in maps.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        result.map(b).save(path, force=args.force)
-        print(f"map: {path}", file=sys.stderr)
+        _export(result.map(b), path, args.force)
     if not (args.json and is_stdout(args.out)):
         print(result.to_json() if args.json else result.table())
     return 0
+
+
+def _engine_path(path):
+    return path.with_name(path.name.removesuffix(".json") + ".engine.json")
+
+
+def _export(m, path, force: bool) -> None:
+    """The layer map at ``path``, and its engine forms beside it where engines can hold it (else why not)."""
+    import json
+
+    from kvstats._files import write_output
+    from kvstats.evaluation.recipe_export import engine_export
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    m.save(path, force=force)
+    print(f"map: {path}", file=sys.stderr)
+    try:
+        engine = engine_export(m)
+    except ValueError as exc:
+        print(f"  no engine form: {exc}", file=sys.stderr)
+        return
+    write_output(_engine_path(path), (json.dumps(engine, indent=2) + "\n").encode())
+    print(f"  engine form: {_engine_path(path)} (per-layer spec {engine['layer_spec']})", file=sys.stderr)

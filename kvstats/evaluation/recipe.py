@@ -88,6 +88,14 @@ class LayerMap:
         """How results name the map: its layers and nominal mean bits."""
         return f"layer map ({len(self.layers)} layers, {self.mean_bits:g} bits nominal)"
 
+    def summary(self) -> str:
+        """How many slots take each format, K then V: ``"3 × K int_token@2, 27 × K int_token@4, 30 × V exact"``."""
+        counts: dict[tuple[str, str], int] = {}
+        for k, v in self.layers:
+            for side, fmt in (("K", k), ("V", v)):
+                counts[side, fmt] = counts.get((side, fmt), 0) + 1
+        return ", ".join(f"{n} × {side} {fmt}" for (side, fmt), n in sorted(counts.items()))
+
     @property
     def mean_bits(self) -> float:
         """The declared mean bits per element: the mean of the 2L widths (K and V hold as many elements)."""
@@ -191,10 +199,11 @@ def _check_damage(damage, widths) -> tuple[np.ndarray, np.ndarray]:
     return d, w
 
 
-def solve_recipe(damage, widths, budget: float) -> np.ndarray:
+def solve_recipe(damage, widths, budget: float, *, tie_kv: bool = False) -> np.ndarray:
     """The format index per (layer, K/V) ([L, 2] ints) minimising Σ damage[l, s, f] over the chosen formats subject
-    to a mean width Σ widths[f] / 2L ≤ ``budget`` (module doc; scipy.optimize.milp). ValueError when no map fits the
-    budget (the narrowest formats everywhere exceed it)."""
+    to a mean width Σ widths[f] / 2L ≤ ``budget`` (module doc; scipy.optimize.milp). ``tie_kv``: K and V of a layer
+    take the same format (x[l, K, f] = x[l, V, f]), as engines store one KV-cache dtype per layer. ValueError when no
+    map fits the budget (the narrowest formats everywhere exceed it)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_array
 
@@ -208,34 +217,44 @@ def solve_recipe(damage, widths, budget: float) -> np.ndarray:
     cols = slots * n_formats
     one = csr_array((np.ones(cols), (np.repeat(np.arange(slots), n_formats), np.arange(cols))), shape=(slots, cols))
     mean = np.tile(w, slots)[None, :] / slots
-    res = milp(d.reshape(-1), integrality=np.ones(cols), bounds=Bounds(0, 1),
-               constraints=[LinearConstraint(one, 1, 1), LinearConstraint(mean, -np.inf, budget + 1e-9)])
+    constraints = [LinearConstraint(one, 1, 1), LinearConstraint(mean, -np.inf, budget + 1e-9)]
+    if tie_kv:  # column (2l + s)·F + f: K's columns of layer l minus V's, each 0
+        k_cols = (2 * np.arange(n_layers)[:, None] * n_formats + np.arange(n_formats)).reshape(-1)
+        rows = np.arange(k_cols.size)
+        values = np.r_[np.ones(rows.size), -np.ones(rows.size)]
+        tie = csr_array((values, (np.r_[rows, rows], np.r_[k_cols, k_cols + n_formats])), shape=(rows.size, cols))
+        constraints.append(LinearConstraint(tie, 0, 0))
+    res = milp(d.reshape(-1), integrality=np.ones(cols), bounds=Bounds(0, 1), constraints=constraints)
     if res.status != 0 or res.x is None:
         raise ValueError(f"no map fits budget {budget:g} bits: {res.message}")
     return np.rint(res.x).reshape(n_layers, 2, n_formats).argmax(-1)
 
 
-def recipe_stability(per_document, widths, budget: float, *, resamples: int = 200,
-                     seed: int = 0) -> dict[str, Any]:
+def recipe_stability(per_document, widths, budget: float, *, resamples: int = 200, seed: int = 0,
+                     tie_kv: bool = False) -> dict[str, Any]:
     """How stable the chosen map is under the documents' sampling: the map solved on the mean damage over
     documents (``per_document`` [docs, L, 2, F]) and on ``resamples`` bootstrap resamples of the documents.
     Returns ``choice`` [L, 2], ``agreement`` [L, 2] (the share of resamples choosing the same format for that
-    (layer, side)), ``same_map`` (the share choosing the whole map) and ``frequencies`` [L, 2, F]."""
+    (layer, side)), ``same_map`` (the share choosing the whole map), ``frequencies`` [L, 2, F] and ``maps``: every
+    distinct map the resamples chose, as (choice [L, 2], share), the most frequent first. ``tie_kv``: as
+    :func:`solve_recipe`'s."""
     per = np.asarray(per_document, dtype=float)
     if per.ndim != 4 or per.shape[0] < 2:
         raise ValueError(f"per_document must be [documents >= 2, layers, 2, formats], got {per.shape}")
-    choice = solve_recipe(per.mean(0), widths, budget)
+    choice = solve_recipe(per.mean(0), widths, budget, tie_kv=tie_kv)
     rng = np.random.default_rng(seed)
     freq = np.zeros(per.shape[1:])
-    same = 0
+    maps: dict[bytes, list] = {}
     for _ in range(resamples):
         idx = rng.integers(0, per.shape[0], per.shape[0])
-        c = solve_recipe(per[idx].mean(0), widths, budget)
+        c = solve_recipe(per[idx].mean(0), widths, budget, tie_kv=tie_kv)
         np.put_along_axis(freq, c[..., None], np.take_along_axis(freq, c[..., None], -1) + 1, -1)
-        same += bool((c == choice).all())
+        maps.setdefault(c.tobytes(), [c, 0])[1] += 1
     freq /= resamples
+    same = maps.get(choice.tobytes(), [choice, 0])[1]
     return {"choice": choice, "agreement": np.take_along_axis(freq, choice[..., None], -1)[..., 0],
-            "same_map": same / resamples, "frequencies": freq, "resamples": resamples}
+            "same_map": same / resamples, "frequencies": freq, "resamples": resamples,
+            "maps": [(c, n / resamples) for c, n in sorted(maps.values(), key=lambda x: -x[1])]}
 
 
 def additivity(isolated, measured, *, margin: float = 0.2, confidence_level: float = 0.95) -> dict[str, Any]:

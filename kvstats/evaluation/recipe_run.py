@@ -62,11 +62,13 @@ class Recipe(JsonResults):
 
     schema = RECIPE_SCHEMA
 
-    def map(self, budget: float) -> LayerMap:
-        """The map chosen at ``budget``."""
+    def map(self, budget: float, *, refined: bool = False) -> LayerMap:
+        """The solver's map at ``budget``; ``refined``: the map of least measured damage among the solver's and the
+        other maps the bootstrap resamples chose (measured on the same documents it is chosen on, so its damage
+        there is optimistic)."""
         for b in self.budgets:
             if b["budget"] == budget:
-                return LayerMap.from_dict(b["map"])
+                return LayerMap.from_dict(b["refinement"][b["refined"]]["map"] if refined else b["map"])
         raise ValueError(f"budget must be one of {[b['budget'] for b in self.budgets]}, got {budget!r}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,16 +105,19 @@ class Recipe(JsonResults):
             lines.append(f"budget {b['budget']:g} bits per element held: measured {b['bits']:.4g} (nominal widths "
                          f"{m.mean_bits:.4g}); the map chosen on {st['same_map']:.0%} of {st['resamples']} "
                          "bootstrap resamples of the documents")
-            counts: dict[str, int] = {}
-            for k, v in m.layers:
-                counts[f"K {k}"] = counts.get(f"K {k}", 0) + 1
-                counts[f"V {v}"] = counts.get(f"V {v}", 0) + 1
-            lines.append("  layers: " + ", ".join(f"{c} × {n}" for n, c in sorted(counts.items())))
+            lines.append("  layers: " + m.summary())
             lines.append(f"  bits per element held per layer: {min(b['layer_bits']):.4g} to {max(b['layer_bits']):.4g}")
             lines.append(f"  damage: predicted (sum of isolated) {add['predicted']:.4g}, measured "
                          f"{add['measured']:.4g}; measured − predicted {add['difference'].statistic:+.4g} "
                          f"{interval_text(add['difference'])}"
                          f": {add['verdict']} (margin ±{add['margin']:.0%} of the prediction)")
+            ref = b["refinement"]
+            if len(ref) > 1:
+                best = ref[b["refined"]]
+                lines.append(f"  refinement: {len(ref) - 1} other maps the resamples chose, measured end to end: "
+                             + ("the solver's map has the least damage" if best["solver"] else
+                                f"one chosen on {best['share']:.0%} of resamples has {best['measured']:.4g} "
+                                "(optimistic: chosen on these documents); Recipe.map(budget, refined=True)"))
             u = b["versus_uniform"]
             if u is None:
                 lines.append("  no uniform map holds at most the recipe's measured bits: no comparison")
@@ -241,7 +246,7 @@ def _check_units(units, source, key: str) -> list[dict]:
 def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8, segment: int = DEFAULT_SEGMENT,
            documents: dict[str, str] | None = None, seed: int = 0, margin: float = 0.2, resamples: int = 200,
            alpha: float = 0.05, dtype: torch.dtype = torch.float32, out=None, force: bool = False, store=None,
-           progress: bool = False, units=None) -> Recipe:
+           progress: bool = False, units=None, tie_kv: bool = False, refine: int = 3) -> Recipe:
     """The recipe of each budget for ``model`` from the candidate ``formats`` (module doc).
 
     Args:
@@ -252,6 +257,10 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
         margin: the additivity verdict's margin, a fraction of the predicted damage; resamples: bootstrap
             resamples of the documents for the stability of each map.
         out: the results JSON (finished documents kept in OUT.units until the end; ``store`` names that folder).
+        tie_kv: K and V of a layer take one format (engines store one KV-cache dtype per layer; such a map can be
+            exported to them, :mod:`kvstats.evaluation.recipe_export`).
+        refine: how many other maps the bootstrap resamples chose (the most frequent first) are measured end to end
+            beside the solver's; the one of least measured damage is the refined map (0: none).
         units: every document's measurements, made before by :func:`recipe_unit` with the same formats, model,
             documents, segment, dtype and seed (in parallel processes, say), in document order; each is checked
             against this run's key and refused when it does not match.
@@ -272,6 +281,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
             raise ValueError(f"budgets must be numbers of bits at least the narrowest format's {widths.min():g}, "
                              f"got {b!r}")
     resamples = check_int_range(resamples, "resamples", 10, 1 << 20)
+    refine = check_int_range(refine, "refine", 0, 1 << 10)
     if not 0 < margin < 1:
         raise ValueError(f"margin must be in (0, 1) (a fraction of the predicted damage), got {margin!r}")
     if out is not None:
@@ -302,18 +312,33 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     # elements, and every (layer, tensor) as many, so a map's measured bits are the mean of its parts'); the
     # declared widths leave out the scales and zero points (int_token@2 holds 4 bits per element at d = 32)
     held = np.array([exact_bits if f == EXACT else uniform[f]["bits"] for f in formats])
-    results = []
-    for b in budgets:
-        stable = recipe_stability(per_doc, held, float(b), resamples=resamples, seed=seed)
-        choice = stable["choice"]
+    references = [reference_logits(source, ids)[0] for _, _, ids in source.segments]
+
+    def measure(choice: np.ndarray) -> tuple[LayerMap, list[dict], np.ndarray]:
+        """The map of ``choice`` [L, 2], each document's metrics through it and its isolated parts [docs, 2L]."""
         m = LayerMap(tuple((formats[k], formats[v]) for k, v in choice), exact_bits)
-        rows = []
-        for u, (_, _, ids) in zip(units, source.segments):
-            r = model_unit(source, m.schemes(d, seed), ids, reference=reference_logits(source, ids)[0], record=False)
-            rows.append({"document": u["document"], **{k: r[k] for k in _METRICS}})
+        rows = [{"document": u["document"], **{k: r[k] for k in _METRICS}}
+                for u, (_, _, ids), ref in zip(units, source.segments, references)
+                for r in [model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)]]
         parts = np.take_along_axis(per_doc, np.broadcast_to(choice[None, ..., None], (len(units), n_layers, 2, 1)),
                                    -1)[..., 0].reshape(len(units), -1)
+        return m, rows, parts
+
+    results = []
+    for b in budgets:
+        stable = recipe_stability(per_doc, held, float(b), resamples=resamples, seed=seed, tie_kv=tie_kv)
+        choice = stable["choice"]
+        m, rows, parts = measure(choice)
         add = additivity(parts, np.array([r["out_kl"] for r in rows]), margin=margin)
+        refinement = [{"map": m.to_dict(), "share": stable["same_map"], "solver": True,
+                       "bits": float(np.mean([r["bits_total"] for r in rows])),
+                       "predicted": float(parts.sum(1).mean()), "measured": add["measured"]}]
+        for other, share in [(c, sh) for c, sh in stable["maps"] if not np.array_equal(c, choice)][:refine]:
+            mo, rows_o, parts_o = measure(other)
+            refinement.append({"map": mo.to_dict(), "share": share, "solver": False,
+                               "predicted": float(parts_o.sum(1).mean()),
+                               "measured": float(np.mean([r["out_kl"] for r in rows_o])),
+                               "bits": float(np.mean([r["bits_total"] for r in rows_o]))})
         bits = float(np.mean([r["bits_total"] for r in rows]))
         _, held_cache = quantized_logits(source.model, m.schemes(d, seed), source.segments[0][2], record=False)
         layer_bits = [held_cache.memory(layer=i).bits_per_element for i in range(len(held_cache.layers))]
@@ -329,7 +354,8 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
                       "recipe": {k: float(np.mean([r[k] for r in rows])) for k in MODEL_METRICS},
                       "uniform": {k: float(np.mean([u["uniform"][f][k] for u in units])) for k in MODEL_METRICS}}
         results.append({"budget": float(b), "map": m.to_dict(), "bits": bits, "layer_bits": layer_bits,
-                        "measured": rows, "additivity": add,
+                        "measured": rows, "additivity": add, "refinement": refinement,
+                        "refined": int(np.argmin([x["measured"] for x in refinement])),
                         "stability": {"same_map": stable["same_map"], "resamples": stable["resamples"],
                                       "agreement": stable["agreement"].tolist()},
                         "versus_uniform": versus})
@@ -338,6 +364,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
               "model": source.name, "model_dims": source.dims, "documents": len(source.segments),
               "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed, "margin": margin,
               "alpha": alpha, "dtype": str(dtype).removeprefix("torch."), "exact_bits": exact_bits,
+              "tie_kv": tie_kv, "refine": refine,
               "uniform": uniform, "units_reused": reused,
               "noise_floor": float(np.mean([u["noise_floor"] for u in units])),
               "uniform_additivity": {f: {**a, "difference": a["difference"].to_dict()}

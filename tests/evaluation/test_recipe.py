@@ -88,6 +88,8 @@ def test_layer_map_json_round_trip_and_refusals(tmp_path):
     assert m.widths().tolist() == [[4, 2], [8, 4], [32, 3]] and m.mean_bits == pytest.approx(53 / 6)
     path = m.save(tmp_path / "map.json")
     assert LayerMap.load(path) == m
+    assert LayerMap((("int_token@4", "int_token@2"), ("int_token@4", "exact"))).summary() == \
+        "2 × K int_token@4, 1 × V exact, 1 × V int_token@2"
     with pytest.raises(ValueError, match=r"layers\[1\] V: format must be 'exact' or 'name@bits'"):
         LayerMap((("int_token@4", "int_token@2"), ("fp8_e4m3@8", "mystery@4")))
     with pytest.raises(ValueError, match="k_bits/v_bits disagree"):
@@ -129,6 +131,15 @@ def _documents():
     return {f"doc {i}": " ".join(rng.choice(WORDS, 40)) for i in range(6)}
 
 
+def _text_folder(tmp_path):
+    """The documents as text files, for the CLI's --text."""
+    text = tmp_path / "docs"
+    text.mkdir()
+    for title, body in _documents().items():
+        (text / f"{title}.txt").write_text(body)
+    return text
+
+
 def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_folder):
     """Every number of a recipe run recomputed by hand: an isolated damage and the chosen map's damage by direct
     model_unit calls (bit for bit), the map by solve_recipe on the mean isolated damages, the additivity's parts."""
@@ -137,7 +148,7 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
     from kvstats.evaluation.sensitivity import _documents_source
 
     formats = ["int_token@2", "int_token@4"]
-    r = recipe(formats, budgets=[5], model=str(tiny_folder), documents=_documents(), documents_used=None,
+    r = recipe(formats, budgets=[5, 5.5], model=str(tiny_folder), documents=_documents(), documents_used=None,
                segment=16, resamples=20)
     source = _documents_source(str(tiny_folder), 16, _documents(), torch.float32, None)
     _, _, ids = source.segments[2]
@@ -156,6 +167,18 @@ def test_recipe_end_to_end_on_a_tiny_model_against_direct_measurements(tiny_fold
     assert b["additivity"]["measured"] == pytest.approx(np.mean([x["out_kl"] for x in b["measured"]]))
     u = b["versus_uniform"]
     assert u is not None and u["format"] == "int_token@2" and u["bits"] <= b["bits"]
+    # the refinement: the solver's map first, then other maps the resamples chose (at 5.5 bits 1 of the 20 resamples
+    # chose another), each measured end to end (recomputed here), and the refined map the one of least damage
+    b55 = r.budgets[1]
+    ref = b55["refinement"]
+    assert ref[0]["solver"] and ref[0]["map"] == b55["map"] and len({json.dumps(x["map"]) for x in ref}) == len(ref)
+    assert len(ref) == 2 and ref[1]["share"] == pytest.approx(1 - b55["stability"]["same_map"])
+    other = LayerMap.from_dict(ref[1]["map"])
+    direct = [model_unit(source, other.schemes(16), ids_, reference=reference_logits(source, ids_)[0],
+                         record=False)["out_kl"] for _, _, ids_ in source.segments]
+    assert ref[1]["measured"] == pytest.approx(np.mean(direct), rel=1e-12)
+    assert r.map(5.5, refined=True) == LayerMap.from_dict(ref[int(np.argmin([x["measured"] for x in ref]))]["map"])
+    assert r.map(5.0, refined=True) == r.map(5.0)  # no other map: the solver's
     json.loads(r.to_json())
     assert "budget 5 bits per element held" in r.table()
     assert 0 <= r.config["noise_floor"] < 1e-6  # a lossless cache is the model's own attention (fp32)
@@ -190,10 +213,7 @@ def test_documents_measured_apart_give_the_same_recipe_and_foreign_units_are_ref
 def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
     from kvstats.cli.parser import main
 
-    text = tmp_path / "docs"
-    text.mkdir()
-    for title, body in _documents().items():
-        (text / f"{title}.txt").write_text(body)
+    text = _text_folder(tmp_path)
     export = tmp_path / "maps"
     assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "int_token@4", "--budgets", "5",
                  "6", "--documents", "0", "--text", str(text), "--segment", "16", "--resamples", "10", "--export",
@@ -212,6 +232,37 @@ def test_cli_recipe_exports_maps_that_load_back(tiny_folder, tmp_path, capsys):
     assert "budgets: 3 bits is below the narrowest format's 4 bits per element held (int_token@2" in \
         capsys.readouterr().err
 
+
+
+def test_cli_per_layer_recipe_exports_an_engine_form_that_loads_back(tiny_folder, tmp_path, capsys):
+    """--per-layer ties K and V (engines hold one dtype per layer): the exported engine form's per-layer spec loads
+    back as the same map, whose logits equal the JSON map's; a per-K/V map with int_token gets no engine form, and
+    says why. The refinement measured each other candidate end to end."""
+    from kvstats.cli.parser import main
+    from kvstats.evaluation.recipe_export import from_layer_spec
+
+    text = _text_folder(tmp_path)
+    export = tmp_path / "maps"
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "fp8_e4m3@8", "exact", "--budgets", "20",
+                 "--documents", "0", "--text", str(text), "--segment", "16", "--resamples", "10", "--per-layer",
+                 "--export", str(export), "--out", str(tmp_path / "r.json"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "engine form:" in err
+    data = json.loads((tmp_path / "r.json").read_text())
+    b = data["budgets"][0]
+    assert data["config"]["tie_kv"] and all(x["k"] == x["v"] for x in b["map"]["layers"])
+    m = LayerMap.load(export / "map_20bits.json")
+    engine = json.loads((export / "map_20bits.engine.json").read_text())
+    assert from_layer_spec(engine["layer_spec"], layers=len(m)) == m
+    assert [x["measured"] for x in b["refinement"]][0] == pytest.approx(b["additivity"]["measured"])
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "int_token@4", "--budgets", "5",
+                 "--documents", "0", "--text", str(text), "--segment", "16", "--resamples", "10", "--export",
+                 str(tmp_path / "other"), "--no-progress"]) == 0
+    assert "no engine form: " in capsys.readouterr().err
+    assert not (tmp_path / "other" / "map_5bits.engine.json").exists()
+    assert main(["recipe", "--model", str(tiny_folder), "--formats", "int_token@2", "int_token@4", "--budgets", "5",
+                 "--refine", "-1"]) == 2
+    assert "--refine must be" in capsys.readouterr().err
 
 def test_a_layer_map_cache_reports_each_layer_s_bits(tmp_path):
     """Per layer the bits its codes hold: int_token at b bits with fp16 scale and zero point per token is
@@ -250,3 +301,44 @@ def test_a_layer_map_is_a_quantizer_for_retrieval_and_model_evaluation_only(tiny
     assert mev.config["quantizer"] == m.name and mev.bits["evaluated"]["measured"] == pytest.approx(3 + 32 / 16)
     with pytest.raises(ValueError, match=r"quantizer is a layer map \(layer map \(2 layers, 3 bits nominal\)\)"):
         kvstats.evaluate(m, bits=3)
+
+
+def test_solver_with_k_and_v_tied_matches_brute_force_over_per_layer_maps():
+    """tie_kv: one format per layer for K and V together (as engines store them): the least summed damage over
+    every per-layer map, found by enumeration, and K equal to V in every layer."""
+    rng = np.random.default_rng(11)
+    widths = np.array([2.5, 4.5, 8.0])
+    for budget in (3.0, 4.0, 5.5):
+        damage = rng.exponential(1.0, (3, 2, 3)) / widths[None, None, :] ** 2
+        choice = solve_recipe(damage, widths, budget, tie_kv=True)
+        assert (choice[:, 0] == choice[:, 1]).all()
+        best = min(sum(damage[i, :, f].sum() for i, f in enumerate(fs))
+                   for fs in itertools.product(range(3), repeat=3) if widths[list(fs)].mean() <= budget + 1e-9)
+        assert sum(damage[i, s, choice[i, s]] for i in range(3) for s in range(2)) == pytest.approx(best, rel=1e-9)
+        assert recipe_stability(np.stack([damage, damage * 1.01]), widths, budget, resamples=10,
+                                tie_kv=True)["choice"].tolist() == choice.tolist()
+
+
+def test_engine_export_round_trips_and_refuses_what_engines_cannot_hold():
+    """A per-layer map of engine dtypes -> the range spec and vLLM's flags -> the same map; K != V in a layer, a format
+    with no engine dtype and malformed specs are refused by name."""
+    from kvstats.evaluation.recipe_export import engine_export, from_layer_spec
+
+    m = LayerMap((("exact", "exact"),) * 2 + (("nvfp4@4", "nvfp4@4"),) * 3 + (("fp8_e4m3@8", "fp8_e4m3@8"),))
+    e = engine_export(m)
+    assert e["layer_spec"] == "0-1:auto,2-4:nvfp4,5:fp8_e4m3"
+    assert e["layer_dtypes"] == ["auto", "auto", "nvfp4", "nvfp4", "nvfp4", "fp8_e4m3"]
+    assert e["vllm_args"] is None and "fp8_e4m3, nvfp4" in e["vllm_reason"]
+    assert from_layer_spec(e["layer_spec"], layers=6) == m
+    one = LayerMap((("exact", "exact"),) + (("fp8_e4m3@8", "fp8_e4m3@8"),) * 3)
+    assert engine_export(one)["vllm_args"] == ["--kv-cache-dtype", "fp8_e4m3", "--kv-cache-dtype-skip-layers", "0"]
+    assert from_layer_spec("1-3:fp8_e4m3", layers=4, default="auto") == one
+    with pytest.raises(ValueError, match="layer 0 has K nvfp4@4 and V fp8_e4m3@8"):
+        engine_export(LayerMap((("nvfp4@4", "fp8_e4m3@8"),)))
+    with pytest.raises(ValueError, match="layer 1's format int_token@4 has no engine KV-cache dtype"):
+        engine_export(LayerMap((("exact", "exact"), ("int_token@4", "int_token@4"))))
+    for spec, message in (("0-2:nvfp4", r"layers \[3, 4, 5\] without a dtype"), ("0-9:nvfp4", "outside layers 0-5"),
+                          ("0:int4,1-5:auto", "dtype 'int4'"), ("0-3:auto,3-5:nvfp4", r"layers \[3\] are named twice"),
+                          ("zero:auto", "is not 'layer:dtype'")):
+        with pytest.raises(ValueError, match=message):
+            from_layer_spec(spec, layers=6)
