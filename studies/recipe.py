@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from kvstats import study
-from kvstats.evaluation.recipe import LayerMap
+from kvstats.evaluation.layer_recipe import LayerMap
 from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
@@ -93,7 +93,6 @@ def join_cells(cfg: dict, first: pd.DataFrame) -> list[dict]:
 def retrieval_rows(budget: float, layer_map: str, uniform: str, tasks, lengths, prompts: int) -> list[dict]:
     """kvstats.evaluate_retrieval of the map (side A) against the uniform map (side B): the pooled accuracies and
     the McNemar rows (with their TOST interval and verdict) of A against B and of each against the fp model."""
-    from kvstats.evaluation.recipe import LayerMap
     from kvstats.evaluation.retrieval import evaluate_retrieval
 
     m = LayerMap.from_dict(json.loads(layer_map))
@@ -388,7 +387,7 @@ def stability_claim(a: Analysis) -> Claim:
               "it was measured on",
         source="kvstats",
         measurement="; ".join(parts) + ". The maps are exported (figures/data/recipe_map_<budget>bits.json, "
-                                       "kvstats-kv-layer-map/1) and load back with kvstats.evaluation.recipe."
+                                       "kvstats-kv-layer-map/1) and load back with kvstats.evaluation.layer_recipe."
                                        "LayerMap.load.",
         data=_data(a),
         verdict=verdicts.measured("min share of resamples choosing the same map: "

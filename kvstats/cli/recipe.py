@@ -50,7 +50,7 @@ def _recipe(args: argparse.Namespace) -> int:
 
     from kvstats._files import check_output_path
     from kvstats._validation import check_int_range
-    from kvstats.evaluation.recipe import format_width
+    from kvstats.evaluation.layer_recipe import format_width
     from kvstats.hf.capture import model_files
 
     for f in args.formats:

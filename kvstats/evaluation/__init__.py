@@ -19,7 +19,7 @@ _HOMES = {"evaluate": "kvstats.evaluation.evaluator", "Evaluation": "kvstats.eva
           "QuantizerCheckError": "kvstats.evaluation.quantizer_sides", "sensitivity": "kvstats.evaluation.sensitivity",
           "evaluate_retrieval": "kvstats.evaluation.retrieval", "RetrievalEvaluation": "kvstats.evaluation.retrieval",
           "recipe": "kvstats.evaluation.recipe_run", "Recipe": "kvstats.evaluation.recipe_run",
-          "LayerMap": "kvstats.evaluation.recipe"}
+          "LayerMap": "kvstats.evaluation.layer_recipe"}
 __all__ = sorted(_HOMES)
 
 

@@ -71,9 +71,9 @@ def _factory(spec, role: str, options: dict):
 
 
 def _is_layer_map(spec) -> bool:
-    """Whether ``spec`` is a per-layer recipe (:class:`kvstats.evaluation.recipe.LayerMap`): its schemes differ by
+    """Whether ``spec`` is a per-layer recipe (:class:`kvstats.evaluation.layer_recipe.LayerMap`): its schemes differ by
     layer, so it is measured on a model only."""
-    from kvstats.evaluation.recipe import LayerMap
+    from kvstats.evaluation.layer_recipe import LayerMap
 
     return isinstance(spec, LayerMap)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvstats.evaluation.recipe import EXACT, LayerMap
+from kvstats.evaluation.layer_recipe import EXACT, LayerMap
 
 __all__ = ["ENGINE_DTYPES", "engine_dtypes", "engine_export", "from_layer_spec", "layer_spec"]
 

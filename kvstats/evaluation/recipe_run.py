@@ -5,7 +5,7 @@
 
 Every configuration runs the same teacher-forced segments (one per document, the first ``documents_used``
 documents holding a full segment; :mod:`kvstats.evaluation.model_engine`) through a KVStatsCache with one scheme per
-layer (:class:`~kvstats.evaluation.recipe.LayerMap`), and its damage is each document's mean next-token
+layer (:class:`~kvstats.evaluation.layer_recipe.LayerMap`), and its damage is each document's mean next-token
 KL(p_exact ‖ p_quantized). The steps:
 
 0. **the noise floor**: every layer exact on the kvstats path (a lossless scheme) against the model's own attention,
@@ -17,9 +17,9 @@ KL(p_exact ‖ p_quantized). The steps:
    parts);
 3. per budget: **the map** minimising the summed mean isolated damage under the budget in bits per element the
    codes hold — each format's measured bits (its uniform map's), not its nominal width, which leaves out scales
-   and zero points (:func:`~kvstats.evaluation.recipe.solve_recipe`); its **stability** under bootstrap
+   and zero points (:func:`~kvstats.evaluation.layer_recipe.solve_recipe`); its **stability** under bootstrap
    resamples of the documents; its **measured damage** and bits; the **additivity** check, measured against the
-   sum of its isolated parts, paired over documents (:func:`~kvstats.evaluation.recipe.additivity`); and the
+   sum of its isolated parts, paired over documents (:func:`~kvstats.evaluation.layer_recipe.additivity`); and the
    **comparison against uniform precision at equal measured bits**: the uniform map with the most measured bits
    not above the recipe's, paired Wilcoxon tests over documents on next-token KL, top-1 agreement and the change
    of NLL, Holm-corrected (:func:`kvstats.evaluation.comparison.compare_units`).
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvstats.evaluation.layer_recipe import EXACT, LayerMap, additivity, format_width, recipe_stability
 from kvstats.evaluation.model_engine import DEFAULT_SEGMENT, MODEL_METRICS
-from kvstats.evaluation.recipe import EXACT, LayerMap, additivity, format_width, recipe_stability
 from kvstats.evaluation.results import JsonResults
 
 __all__ = ["RECIPE_SCHEMA", "Recipe", "recipe", "recipe_unit"]
@@ -158,7 +158,7 @@ def _refuse_budgets_below_the_narrowest(formats, budgets, exact_bits: int, heads
 
 def _check_formats(formats, dtype: torch.dtype) -> tuple[list[str], int, np.ndarray]:
     """(the formats as a list, the exact side's width in bits, each format's nominal width); at least two distinct
-    formats, each registered (:func:`~kvstats.evaluation.recipe.format_width` names one that is not)."""
+    formats, each registered (:func:`~kvstats.evaluation.layer_recipe.format_width` names one that is not)."""
     formats = [formats] if isinstance(formats, str) else list(formats)
     exact_bits = torch.finfo(dtype).bits
     widths = np.array([format_width(f, exact_bits=exact_bits) for f in formats], dtype=float)

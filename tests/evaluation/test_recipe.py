@@ -1,4 +1,4 @@
-"""Per-layer recipes (kvstats.evaluation.recipe): the solver against brute force over every map, the additivity
+"""Per-layer recipes (kvstats.evaluation.layer_recipe): the solver against brute force over every map, the additivity
 check against a hand-built two-layer case and scipy's t interval, the layer map's JSON round trip and its cache
 reproducing the same logits bit for bit after loading."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from kvstats.evaluation.recipe import LayerMap, additivity, format_width, recipe_stability, solve_recipe
+from kvstats.evaluation.layer_recipe import LayerMap, additivity, format_width, recipe_stability, solve_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -342,3 +342,15 @@ def test_engine_export_round_trips_and_refuses_what_engines_cannot_hold():
                           ("zero:auto", "is not 'layer:dtype'")):
         with pytest.raises(ValueError, match=message):
             from_layer_spec(spec, layers=6)
+
+
+
+def test_the_public_recipe_is_the_function_even_after_its_parts_are_imported():
+    """kvstats.evaluation.recipe is the recipe function: the module of its parts (layer_recipe) has its own name, so
+    importing it cannot shadow the function on the package."""
+    import kvstats.evaluation.layer_recipe  # noqa: F401
+    import kvstats.evaluation.recipe_export  # noqa: F401
+    from kvstats.evaluation import recipe
+    from kvstats.evaluation.recipe_run import recipe as the_function
+
+    assert recipe is the_function

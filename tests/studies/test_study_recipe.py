@@ -14,7 +14,7 @@ from tests.helpers.studies import run_tiny
 
 @pytest.mark.slow
 def test_recipe_study_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
-    from kvstats.evaluation.recipe import LayerMap
+    from kvstats.evaluation.layer_recipe import LayerMap
 
     tiny = {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0,), "documents": 2, "segment": 8,
             "resamples": 10, "retrieval": {"tasks": ("lookup",), "lengths": (128,), "prompts": 1}}
