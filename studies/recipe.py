@@ -3,10 +3,11 @@ the recipe beat uniform precision at the same measured bits?
 
     python studies/recipe.py --scale quick|paper [--scheduler ADDR]
 
-Engines now take a KV-cache dtype per layer and tools choose it: NVIDIA Model-Optimizer's KV AutoQuantize scores each
-layer quantized alone by the output KL and solves a linear program under an effective-bits budget; KVTuner searches
-per-layer K/V pairs and reports "nearly lossless at 3.25 bits". Both rest on one premise, that the damages of layers
-quantized alone add up, and neither tests the recipe against uniform precision at the same bits held. This study runs
+Per-layer KV-cache dtypes are being settled in the engines (vLLM, SGLang, TensorRT-LLM) and tools choose them: NVIDIA
+Model-Optimizer's KV AutoQuantize scores each layer quantized alone by the output KL and solves a linear program
+under an effective-bits budget; KVTuner searches per-layer K/V pairs and reports "nearly lossless at 3.25 bits".
+Both rest on one premise, that the damages of layers quantized alone add up, and neither tests the recipe against
+uniform precision at the same bits held. This study runs
 ``kvstats.evaluation.recipe`` (docs/recipe.md) on SmolLM2-135M-Instruct (fp32, 30 layers, head dim 64):
 
 * per document (one teacher-forced segment each; the documents are the units), every (layer, K/V, candidate format)
@@ -21,8 +22,10 @@ quantized alone add up, and neither tests the recipe against uniform precision a
 * per budget, retrieval: ``kvstats.evaluate_retrieval`` with the map against the uniform comparator on the same
   trials (passkey and lookup at 256 and 512 tokens at paper scale; exact McNemar, TOST at δ = 0.05).
 
-Budget 2.5 is not run: int_token@2, the narrowest candidate, already holds 2.5 bits per element at d = 64 (its
-per-token scale and zero point), so a 2.5-bit budget admits only that uniform map.
+Budgets are in bits per element held: int_token at b bits holds b + 0.5 at d = 64 (its per-token scale and zero
+point), so 3.5 and 4.5 are int_token@3's and int_token@4's own bits (the comparison at equal measured bits) and 3
+lies between int_token@2's 2.5 and int_token@3's 3.5 (compared with int_token@2, the recipe holding 0.5 bit more).
+Budget 2.5 is not run: it admits only the uniform int_token@2 map.
 
 Writes figures/recipe_map.png, figures/recipe_additivity.png, figures/data/recipe_*.csv, the exported maps
 figures/data/recipe_map_<budget>bits.json (``kvstats-kv-layer-map/1``; ``LayerMap.load`` reads them back) and the
@@ -55,7 +58,7 @@ MODEL = "smollm2"
 #: lengths, prompts per (task, length)); exact McNemar on the same trials, TOST at δ = 0.05.
 SCALE = {"quick": {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0, 4.0), "documents": 4, "segment": 64,
                    "resamples": 200, "retrieval": {"tasks": ("lookup",), "lengths": (256,), "prompts": 2}},
-         "paper": {"formats": ("int_token@2", "int_token@3", "int_token@4", "fp8_e4m3@8"), "budgets": (3.0, 4.0, 5.0),
+         "paper": {"formats": ("int_token@2", "int_token@3", "int_token@4", "fp8_e4m3@8"), "budgets": (3.0, 3.5, 4.5),
                    "documents": 8, "segment": 128, "resamples": 1000,
                    "retrieval": {"tasks": ("passkey", "lookup"), "lengths": (256, 512), "prompts": 10}}}
 SEED = 0
@@ -113,8 +116,11 @@ def retrieval_cells(cfg: dict, join: pd.DataFrame) -> list[dict]:
     """One retrieval cell per budget that has a uniform comparator: its map and that uniform format."""
     r = json.loads(join.iloc[0]["recipe"])
     ret = cfg["retrieval"]
+    from kvstats.evaluation.unit_store import kvstats_digest
+
     return [{"task": "retrieval", "formats": list(cfg["formats"]), "documents": cfg["documents"],
-             "segment": cfg["segment"], "budget": b["budget"], "layer_map": json.dumps(b["map"], sort_keys=True),
+             "segment": cfg["segment"], "code": kvstats_digest(), "budget": b["budget"],
+             "layer_map": json.dumps(b["map"], sort_keys=True),
              "uniform": b["versus_uniform"]["format"], "tasks": list(ret["tasks"]), "lengths": list(ret["lengths"]),
              "prompts": ret["prompts"]} for b in r["budgets"] if b["versus_uniform"] is not None]
 
@@ -159,7 +165,8 @@ def budgets_table(a: Analysis) -> pd.DataFrame:
                "difference": diff["statistic"], "difference_low": diff["ci_low"], "difference_high": diff["ci_high"],
                "additivity": add["verdict"], "margin": add["margin"], "same_map": b["stability"]["same_map"]}
         if u is not None:
-            row.update({"uniform": u["format"], "uniform_bits": u["bits"], "can_conclude": u["plan"]["can_conclude"]})
+            row.update({"uniform": u["format"], "uniform_bits": u["bits"], "equal_bits": u["equal_bits"],
+                        "can_conclude": u["plan"]["can_conclude"]})
             for metric, t in u["tests"].items():
                 row.update({f"recipe_{metric}": u["recipe"][metric], f"uniform_{metric}": u["uniform"][metric],
                             f"p_holm_{metric}": t["pvalue_holm"], f"significant_{metric}": t["significant"]})
@@ -300,17 +307,20 @@ def additivity_claim(a: Analysis) -> Claim:
 
 
 def versus_uniform_claim(a: Analysis) -> Claim:
-    parts, wins = [], 0
+    parts, wins, equal = [], 0, 0
     for b in a.r["budgets"]:
         u = b["versus_uniform"]
         if u is None:
-            parts.append(f"budget {b['budget']:g}: no uniform map holds at most {b['bits']:.3g} bits")
+            parts.append(f"budget {b['budget']:g}: {b['versus_reason']}")
             continue
         t = u["tests"]
         better = u["recipe"]["out_kl"] < u["uniform"]["out_kl"] and t["out_kl"]["significant"]
         wins += better
-        parts.append(f"budget {b['budget']:g}: recipe ({b['bits']:.3g} bits held) KL {u['recipe']['out_kl']:.3g} vs "
-                     f"uniform {u['format']} ({u['bits']:.3g} bits) {u['uniform']['out_kl']:.3g} "
+        equal += u["equal_bits"]
+        held = "equal measured bits" if u["equal_bits"] else f"{b['bits'] - u['bits']:+.3g} bits for the recipe"
+        parts.append(f"budget {b['budget']:g} ({held}): recipe ({b['bits']:.3g} bits held) KL "
+                     f"{u['recipe']['out_kl']:.3g} vs uniform {u['format']} ({u['bits']:.3g} bits) "
+                     f"{u['uniform']['out_kl']:.3g} "
                      f"(p Holm {t['out_kl']['pvalue_holm']:.2g}); top-1 {u['recipe']['top1']:.3f} vs "
                      f"{u['uniform']['top1']:.3f} (p {t['top1']['pvalue_holm']:.2g}); ΔNLL "
                      f"{u['recipe']['delta_nll']:+.3g} vs {u['uniform']['delta_nll']:+.3g} "
@@ -320,14 +330,15 @@ def versus_uniform_claim(a: Analysis) -> Claim:
     return Claim(
         id="recipe-versus-uniform",
         claim="A per-layer, per-K/V recipe beats uniform precision at the same bits (KVTuner: nearly lossless at 3.25 "
-              "bits with per-layer K/V pairs; no paired test against uniform precision at equal measured bits)",
+              "bits with per-layer K/V pairs, without a paired test against uniform precision at equal measured bits)",
         source="kvstats",
         measurement="; ".join(parts) + ". Paired exact Wilcoxon signed-rank over documents, Holm over the three "
                                        "metrics per budget; the uniform map is the one holding the most measured bits "
-                                       "not above the recipe's.",
+                                       "within the budget (at a budget equal to its bits: equal measured bits, the "
+                                       "recipe holding at most as many).",
         data=_data(a),
-        verdict=verdicts.measured(f"the recipe's KL is significantly below uniform precision's at {wins} of {n} "
-                                  "budgets"),
+        verdict=verdicts.measured(f"the recipe's next-token KL is significantly below uniform precision's at {wins} "
+                                  f"of {n} budgets ({equal} of them at equal measured bits)"),
         figure=f"{STUDY}_map.png")
 
 
@@ -348,8 +359,8 @@ def retrieval_claim(a: Analysis) -> Claim | None:
     counts = ", ".join(f"{verdict_words.count(v)} {v}" for v in dict.fromkeys(verdict_words))
     return Claim(
         id="recipe-retrieval",
-        claim="A per-layer recipe retrieves at least as well as uniform precision at the same bits (the comparison "
-              "KVTuner and KV AutoQuantize leave out)",
+        claim="A per-layer recipe retrieves at least as well as uniform precision within the same budget (the "
+              "comparison KVTuner and KV AutoQuantize leave out)",
         source="kvstats",
         measurement="; ".join(parts) + ". Exact McNemar on the same trials (Holm over tasks and pairs), Newcombe's "
                                        "95% interval; 'equivalent' when the 90% interval lies within ±0.05 (TOST).",
@@ -367,7 +378,7 @@ def _refinement_text(b: dict) -> str:
     best, solver = ref[b["refined"]], ref[0]
     others = ", ".join(f"{x['measured']:.3g}" for x in ref[1:])
     if best["solver"]:
-        return (f"measured end to end, the solver's map ({solver['measured']:.3g}) has less damage than the "
+        return (f"measured end to end, the solver's map ({solver['measured']:.3g}) has no more damage than the "
                 f"{len(ref) - 1} next most chosen maps ({others})")
     return (f"measured end to end, a map chosen on {best['share']:.0%} of resamples has {best['measured']:.3g} "
             f"against the solver's {solver['measured']:.3g} (others {others}; chosen on these documents, so "
@@ -414,8 +425,8 @@ def definitions(a: Analysis) -> dict[str, str]:
                       f"{a.r['config'].get('refine', 0)}), each measured end to end on the same documents; the refined "
                       "map is the one of least measured damage (optimistic: chosen on the documents it is measured on)",
         "additivity": "measured − predicted damage per document, Student t 95% CI; additive when the CI lies within "
-                      "±margin × predicted, super-/sub-additive when it lies wholly above/below 0 beyond that, "
-                      "undecided otherwise",
+                      "±margin × predicted, else super-/sub-additive when it lies wholly above/below 0, undecided "
+                      "otherwise",
     }
 
 

@@ -37,7 +37,7 @@ __all__: list[str] = []
         arg("--refine", type=int, default=3,
             help="other maps the bootstrap resamples chose, measured end to end beside the solver's (default 3)"),
         arg("--export", default=None, metavar="FOLDER",
-            help="write each budget's layer map there (map_<budget>bits.json, kvstats-kv-layer-map/1) and, where "
+            help="write each budget's solver map there (map_<budget>bits.json, kvstats-kv-layer-map/1) and, where "
                  "engines can hold it, its per-layer KV dtypes (map_<budget>bits.engine.json)"),
         arg("--out", default=None, help="write the results JSON here (finished documents kept in OUT.units)"),
         arg("--force", action="store_true", help="replace existing files"),
@@ -95,7 +95,7 @@ def _recipe(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, tie_kv=args.per_layer, refine=args.refine,
                     dtype=torch.float32 if args.dtype is None else getattr(torch, DTYPES[args.dtype]))
     for b, path in maps.items():
-        _export(result.map(b), path, args.force)
+        _export(result.map(b), path, args.force, result.config["dtype"])
     if not (args.json and is_stdout(args.out)):
         print(result.to_json() if args.json else result.table())
     return 0
@@ -105,8 +105,9 @@ def _engine_path(path):
     return path.with_name(path.name.removesuffix(".json") + ".engine.json")
 
 
-def _export(m, path, force: bool) -> None:
-    """The layer map at ``path``, and its engine forms beside it where engines can hold it (else why not)."""
+def _export(m, path, force: bool, dtype: str) -> None:
+    """The layer map at ``path``, and its engine forms beside it where engines can hold it (else why not, and an
+    engine file of an earlier run there removed: ``--force`` allowed replacing it, and it described another map)."""
     import json
 
     from kvstats._files import write_output
@@ -118,7 +119,9 @@ def _export(m, path, force: bool) -> None:
     try:
         engine = engine_export(m)
     except ValueError as exc:
+        _engine_path(path).unlink(missing_ok=True)
         print(f"  no engine form: {exc}", file=sys.stderr)
         return
+    engine["measured_dtype"] = dtype  # "auto" layers were measured at this dtype; an engine runs the checkpoint's
     write_output(_engine_path(path), (json.dumps(engine, indent=2) + "\n").encode())
     print(f"  engine form: {_engine_path(path)} (per-layer spec {engine['layer_spec']})", file=sys.stderr)

@@ -64,6 +64,9 @@ class LayerMap:
     exact_bits: int = 32
 
     def __post_init__(self) -> None:
+        if isinstance(self.exact_bits, bool) or self.exact_bits not in _EXACT_BITS.values():
+            raise ValueError(f"exact_bits must be one of {sorted(set(_EXACT_BITS.values()))} (the model dtype's "
+                             f"width), got {self.exact_bits!r}")
         layers = tuple(tuple(pair) for pair in self.layers)
         if not layers or any(len(p) != 2 for p in layers):
             raise ValueError(f"layers must hold one (K format, V format) pair per layer, got {self.layers!r}")
@@ -238,6 +241,9 @@ def recipe_stability(per_document, widths, budget: float, *, resamples: int = 20
     (layer, side)), ``same_map`` (the share choosing the whole map), ``frequencies`` [L, 2, F] and ``maps``: every
     distinct map the resamples chose, as (choice [L, 2], share), the most frequent first. ``tie_kv``: as
     :func:`solve_recipe`'s."""
+    from kvstats._validation import check_int_range
+
+    resamples = check_int_range(resamples, "resamples", 1, 1 << 20)
     per = np.asarray(per_document, dtype=float)
     if per.ndim != 4 or per.shape[0] < 2:
         raise ValueError(f"per_document must be [documents >= 2, layers, 2, formats], got {per.shape}")
@@ -263,8 +269,8 @@ def additivity(isolated, measured, *, margin: float = 0.2, confidence_level: flo
     Per document the prediction is Σ parts; the paired differences measured − predicted get a t interval
     (:func:`kvstats.stats.mean_ci`, ``confidence_level``), and the relative gap (measured − predicted) / predicted
     (means over documents) is reported. Verdict: "additive" when the interval of the difference lies within
-    ±``margin`` · mean prediction, "super-additive" (the parts interact to more damage) or "sub-additive" when it
-    lies wholly above or below 0, else "undecided"."""
+    ±``margin`` · mean prediction, else "super-additive" (the parts interact to more damage) or "sub-additive" when
+    it lies wholly above or below 0, else "undecided"."""
     from kvstats.measure.stats import mean_ci
 
     iso, meas = np.asarray(isolated, dtype=float), np.asarray(measured, dtype=float)

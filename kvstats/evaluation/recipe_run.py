@@ -20,9 +20,11 @@ KL(p_exact ‖ p_quantized). The steps:
    and zero points (:func:`~kvstats.evaluation.layer_recipe.solve_recipe`); its **stability** under bootstrap
    resamples of the documents; its **measured damage** and bits; the **additivity** check, measured against the
    sum of its isolated parts, paired over documents (:func:`~kvstats.evaluation.layer_recipe.additivity`); and the
-   **comparison against uniform precision at equal measured bits**: the uniform map with the most measured bits
-   not above the recipe's, paired Wilcoxon tests over documents on next-token KL, top-1 agreement and the change
-   of NLL, Holm-corrected (:func:`kvstats.evaluation.comparison.compare_units`).
+   **comparison against uniform precision within the same budget**: the uniform map holding the most measured bits
+   not above the budget (at a budget equal to a uniform map's bits, that map: equal measured bits, the recipe
+   holding at most as many), paired Wilcoxon tests over documents on next-token KL, top-1 agreement and the change
+   of NLL, Holm-corrected (:func:`kvstats.evaluation.comparison.compare_units`); none when the recipe is that
+   uniform map itself.
 
 The units (one document each) are stored as they finish when ``out`` is given (OUT.units), so an interrupted run
 resumes.
@@ -45,7 +47,7 @@ from kvstats.evaluation.results import JsonResults
 
 __all__ = ["RECIPE_SCHEMA", "Recipe", "recipe", "recipe_unit"]
 
-RECIPE_SCHEMA = "kvstats-recipe/1"
+RECIPE_SCHEMA = "kvstats-recipe/2"  # 2: each budget's refinement; the comparator chosen within the budget
 _METRICS = (*MODEL_METRICS, "bits_total")
 
 
@@ -120,9 +122,11 @@ class Recipe(JsonResults):
                                 "(optimistic: chosen on these documents); Recipe.map(budget, refined=True)"))
             u = b["versus_uniform"]
             if u is None:
-                lines.append("  no uniform map holds at most the recipe's measured bits: no comparison")
+                lines.append(f"  no comparison: {b['versus_reason']}")
                 continue
-            lines.append(f"  against uniform {u['format']} ({u['bits']:.4g} bits): paired Wilcoxon over documents, "
+            lines.append(f"  against uniform {u['format']} ({u['bits']:.4g} bits, "
+                         + ("equal to the recipe's" if u["equal_bits"] else f"the recipe {b['bits']:.4g}")
+                         + "): paired Wilcoxon over documents, "
                          "Holm")
             for metric, t in u["tests"].items():
                 lines.append(f"    {metric:<10} recipe {u['recipe'][metric]:.4g}  uniform {u['uniform'][metric]:.4g}"
@@ -277,9 +281,13 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     formats, exact_bits, widths = _check_formats(formats, dtype)
     budgets = [budgets] if isinstance(budgets, (int, float)) else list(budgets)
     for b in budgets:
-        if not (isinstance(b, (int, float)) and widths.min() <= b):
+        if isinstance(b, bool) or not (isinstance(b, (int, float)) and widths.min() <= b):
             raise ValueError(f"budgets must be numbers of bits at least the narrowest format's {widths.min():g}, "
                              f"got {b!r}")
+    if len({f"{float(b):g}" for b in budgets}) != len(budgets):
+        raise ValueError(f"budgets must be distinct (as printed, %g), got {budgets}")
+    if not isinstance(tie_kv, bool):
+        raise ValueError(f"tie_kv must be True or False, got {tie_kv!r}")
     resamples = check_int_range(resamples, "resamples", 10, 1 << 20)
     refine = check_int_range(refine, "refine", 0, 1 << 10)
     if not 0 < margin < 1:
@@ -342,14 +350,21 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
         bits = float(np.mean([r["bits_total"] for r in rows]))
         _, held_cache = quantized_logits(source.model, m.schemes(d, seed), source.segments[0][2], record=False)
         layer_bits = [held_cache.memory(layer=i).bits_per_element for i in range(len(held_cache.layers))]
-        fits = [f for f, u in uniform.items() if u["bits"] <= bits * (1 + 1e-9)]
-        versus = None
+        # the comparator: the uniform map holding the most measured bits within the same budget (at a budget equal
+        # to a uniform map's bits, that map: equal measured bits, the recipe holding at most as many)
+        fits = [f for f, u in uniform.items() if u["bits"] <= float(b) * (1 + 1e-9)]
+        versus, versus_reason = None, "no uniform map holds at most the budget's bits"
         if fits:
             f = max(fits, key=lambda x: uniform[x]["bits"])
+            if m == LayerMap(((f, f),) * n_layers, exact_bits):
+                fits, versus_reason = [], f"the recipe is the uniform {f} map itself: nothing to compare"
+        if fits:
             paired = [{**r, **{f"other:{k}": units[j]["uniform"][f][k] for k in MODEL_METRICS}}
                       for j, r in enumerate(rows)]
             c = compare_units(paired, alpha=alpha, seed=seed, metrics=MODEL_METRICS)
-            versus = {"format": f, "bits": uniform[f]["bits"], "plan": c["plan"], "tests": c["tests"],
+            versus = {"format": f, "bits": uniform[f]["bits"], "equal_bits": bool(abs(uniform[f]["bits"] - bits)
+                                                                                   <= 1e-9 * bits),
+                      "plan": c["plan"], "tests": c["tests"],
                       "excluded": c["excluded"],
                       "recipe": {k: float(np.mean([r[k] for r in rows])) for k in MODEL_METRICS},
                       "uniform": {k: float(np.mean([u["uniform"][f][k] for u in units])) for k in MODEL_METRICS}}
@@ -358,7 +373,7 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
                         "refined": int(np.argmin([x["measured"] for x in refinement])),
                         "stability": {"same_map": stable["same_map"], "resamples": stable["resamples"],
                                       "agreement": stable["agreement"].tolist()},
-                        "versus_uniform": versus})
+                        "versus_uniform": versus, "versus_reason": None if versus else versus_reason})
     config = {"formats": formats, "widths": widths.tolist(), "held_bits": held.tolist(),
               "budgets": [float(b) for b in budgets],
               "model": source.name, "model_dims": source.dims, "documents": len(source.segments),
