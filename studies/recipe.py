@@ -473,6 +473,8 @@ class RecipeStudy(study.Study):
         plots.write_csv(f"{STUDY}_refinement", refinement_table(a))
         if a.retrieval is not None and len(a.retrieval):
             plots.write_csv(f"{STUDY}_retrieval", a.retrieval.dropna(axis=1, how="all"))
+        for old in data_dir().glob(f"{STUDY}_map_*bits.json"):  # a map of a budget no longer run: it would mislead
+            old.unlink()
         for b in a.r["budgets"]:
             LayerMap.from_dict(b["map"]).save(data_dir() / f"{STUDY}_map_{b['budget']:g}bits.json", force=True)
         map_figure(a)
