@@ -148,11 +148,20 @@ class Analysis:
 
 
 def isolated_table(a: Analysis) -> pd.DataFrame:
-    """Per (layer, tensor, format): the mean isolated damage over documents and its standard deviation."""
+    """Per (layer, tensor, format): the mean isolated damage over documents, its standard deviation and its 95%
+    Student t interval over the documents (kvstats.stats.mean_ci)."""
+    from kvstats.measure.stats import mean_ci
+
     per = a.per_document
-    return pd.DataFrame([{"layer": layer, "tensor": "KV"[side], "format": f,
-                          "damage_mean": per[:, layer, side, j].mean(), "damage_sd": per[:, layer, side, j].std(ddof=1)}
-                         for layer in range(per.shape[1]) for side in range(2) for j, f in enumerate(a.formats)])
+    rows = []
+    for layer in range(per.shape[1]):
+        for side in range(2):
+            for j, f in enumerate(a.formats):
+                x = per[:, layer, side, j]
+                ci = mean_ci(x, 0.95, method="t").confidence_interval if f != "exact" else (0.0, 0.0)
+                rows.append({"layer": layer, "tensor": "KV"[side], "format": f, "damage_mean": x.mean(),
+                             "damage_sd": x.std(ddof=1), "damage_low": ci[0], "damage_high": ci[1]})
+    return pd.DataFrame(rows)
 
 
 def budgets_table(a: Analysis) -> pd.DataFrame:

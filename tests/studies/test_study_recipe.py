@@ -36,6 +36,7 @@ def test_recipe_study_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     assert row["bits"] <= 3.0 + 1e-9  # the budget is on the bits held, measured
     # the isolated table's means give the predicted sum: each document's parts are its rows of the map's formats
     iso = pd.read_csv(data / "recipe_isolated.csv")
+    assert ((iso["damage_low"] <= iso["damage_mean"]) & (iso["damage_mean"] <= iso["damage_high"])).all()
     maps = pd.read_csv(data / "recipe_maps.csv")
     parts = sum(iso[(iso["layer"] == r["layer"]) & (iso["tensor"] == t) & (iso["format"] == r[t.lower()])]
                 ["damage_mean"].iloc[0] for _, r in maps.iterrows() for t in "KV")
