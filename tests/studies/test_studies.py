@@ -261,7 +261,7 @@ def test_study_order_comes_from_the_studies(tmp_path):
     assert len(set(positions.values())) == len(positions)  # no ties: the order is defined
     assert study_order(scripts) == sorted(scripts, key=positions.get)
     assert study_order(scripts)[:2] == ["sphere_law", "kv_anatomy"]
-    assert study_order(scripts)[-4:] == ["end_to_end", "model_damage", "retrieval", "formats"]
+    assert study_order(scripts)[-5:] == ["end_to_end", "model_damage", "recipe", "retrieval", "formats"]
     (tmp_path / "late.py").write_text("POSITION = 5\n")
     (tmp_path / "plain.py").write_text("x = 1\n")
     assert study_order({"plain": tmp_path / "plain.py", "late": tmp_path / "late.py",
