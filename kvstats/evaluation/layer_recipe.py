@@ -41,6 +41,14 @@ _FORMAT = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)@(?P<bits>[0-9]+)$")
 _EXACT_BITS = {"float32": 32, "bfloat16": 16, "float16": 16, "float64": 64}
 
 
+def _check_exact_bits(value, what: str) -> int:
+    """``value`` as the width of an exact side: one of the model dtypes' widths, else ValueError naming ``what``."""
+    if isinstance(value, bool) or value not in _EXACT_BITS.values():
+        raise ValueError(f"{what} must be one of {sorted(set(_EXACT_BITS.values()))} (the model dtype's width), got "
+                         f"{value!r}")
+    return int(value)
+
+
 def format_width(fmt: str, *, exact_bits: int = 32) -> int:
     """The bits per element of a format: ``b`` of ``"name@b"`` (the name a registered quantizer), ``exact_bits`` for
     ``"exact"``; ValueError naming the format otherwise."""
@@ -64,9 +72,7 @@ class LayerMap:
     exact_bits: int = 32
 
     def __post_init__(self) -> None:
-        if isinstance(self.exact_bits, bool) or self.exact_bits not in _EXACT_BITS.values():
-            raise ValueError(f"exact_bits must be one of {sorted(set(_EXACT_BITS.values()))} (the model dtype's "
-                             f"width), got {self.exact_bits!r}")
+        _check_exact_bits(self.exact_bits, "exact_bits")
         layers = tuple(tuple(pair) for pair in self.layers)
         if not layers or any(len(p) != 2 for p in layers):
             raise ValueError(f"layers must hold one (K format, V format) pair per layer, got {self.layers!r}")
@@ -173,11 +179,8 @@ class LayerMap:
             raise ValueError(f"a layer map's layers must be a list of objects with {list(fields)}")
         if [r["layer"] for r in rows] != list(range(len(rows))):
             raise ValueError("a layer map's layers must be listed in order 0, 1, ... each once")
-        exact_bits = data.get("exact_bits", 32)
-        if isinstance(exact_bits, bool) or exact_bits not in _EXACT_BITS.values():
-            raise ValueError(f"a layer map's exact_bits must be one of {sorted(set(_EXACT_BITS.values()))}, got "
-                             f"{exact_bits!r}")
-        m = cls(tuple((r["k"], r["v"]) for r in rows), int(exact_bits))
+        exact_bits = _check_exact_bits(data.get("exact_bits", 32), "a layer map's exact_bits")
+        m = cls(tuple((r["k"], r["v"]) for r in rows), exact_bits)
         stated = [(r.get("k_bits"), r.get("v_bits")) for r in rows]
         if stated != [tuple(int(x) for x in row) for row in m.widths()]:
             raise ValueError("a layer map's k_bits/v_bits disagree with its formats' widths")

@@ -322,32 +322,29 @@ def recipe(formats, *, budgets, model="smollm2", documents_used: int | None = 8,
     held = np.array([exact_bits if f == EXACT else uniform[f]["bits"] for f in formats])
     references = [reference_logits(source, ids)[0] for _, _, ids in source.segments]
 
-    def measure(choice: np.ndarray) -> tuple[LayerMap, list[dict], np.ndarray]:
-        """The map of ``choice`` [L, 2], each document's metrics through it and its isolated parts [docs, 2L]."""
+    def measure(choice: np.ndarray, share: float, solver: bool) -> tuple[LayerMap, list[dict], np.ndarray, dict]:
+        """The map of ``choice`` [L, 2], each document's metrics through it, its isolated parts [docs, 2L] and its
+        refinement entry (the share of resamples choosing it, predicted and measured damage, bits held)."""
         m = LayerMap(tuple((formats[k], formats[v]) for k, v in choice), exact_bits)
         rows = [{"document": u["document"], **{k: r[k] for k in _METRICS}}
                 for u, (_, _, ids), ref in zip(units, source.segments, references)
                 for r in [model_unit(source, m.schemes(d, seed), ids, reference=ref, record=False)]]
         parts = np.take_along_axis(per_doc, np.broadcast_to(choice[None, ..., None], (len(units), n_layers, 2, 1)),
                                    -1)[..., 0].reshape(len(units), -1)
-        return m, rows, parts
+        entry = {"map": m.to_dict(), "share": share, "solver": solver, "predicted": float(parts.sum(1).mean()),
+                 "measured": float(np.mean([r["out_kl"] for r in rows])),
+                 "bits": float(np.mean([r["bits_total"] for r in rows]))}
+        return m, rows, parts, entry
 
     results = []
     for b in budgets:
         stable = recipe_stability(per_doc, held, float(b), resamples=resamples, seed=seed, tie_kv=tie_kv)
         choice = stable["choice"]
-        m, rows, parts = measure(choice)
+        m, rows, parts, solved = measure(choice, stable["same_map"], True)
         add = additivity(parts, np.array([r["out_kl"] for r in rows]), margin=margin)
-        refinement = [{"map": m.to_dict(), "share": stable["same_map"], "solver": True,
-                       "bits": float(np.mean([r["bits_total"] for r in rows])),
-                       "predicted": float(parts.sum(1).mean()), "measured": add["measured"]}]
-        for other, share in [(c, sh) for c, sh in stable["maps"] if not np.array_equal(c, choice)][:refine]:
-            mo, rows_o, parts_o = measure(other)
-            refinement.append({"map": mo.to_dict(), "share": share, "solver": False,
-                               "predicted": float(parts_o.sum(1).mean()),
-                               "measured": float(np.mean([r["out_kl"] for r in rows_o])),
-                               "bits": float(np.mean([r["bits_total"] for r in rows_o]))})
-        bits = float(np.mean([r["bits_total"] for r in rows]))
+        refinement = [solved] + [measure(other, share, False)[3] for other, share in
+                                 [(c, sh) for c, sh in stable["maps"] if not np.array_equal(c, choice)][:refine]]
+        bits = solved["bits"]
         _, held_cache = quantized_logits(source.model, m.schemes(d, seed), source.segments[0][2], record=False)
         layer_bits = [held_cache.memory(layer=i).bits_per_element for i in range(len(held_cache.layers))]
         # the comparator: the uniform map holding the most measured bits within the same budget (at a budget equal
