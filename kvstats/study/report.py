@@ -11,7 +11,8 @@ key            meaning
 ``source``     paper and where in it (``"D'Alberto, arXiv 2605.08114, abstract"``); ``"kvstats"`` for our own
 ``measurement`` what we measured, with numbers, CI, effect size and p (and which p) as text
 ``data``       which data and at which scale (``"synthetic gaussian, d=128, seq 512, 12 trials (quick)"``)
-``verdict``    ``"reproduced"``, ``"not reproduced"``, ``"partly"``, or ``"measured"`` (no published counterpart)
+``verdict``    one of :data:`kvstats.measure.verdicts.VERDICTS`: ``"reproduced"``, ``"partly"``, ``"not reproduced"``,
+               ``"inconclusive"``, ``"measured"`` (no published counterpart), ...
 ``figure``     path of the figure relative to ``figures/`` (``"budget_sweep_kl.png"``), or null
 ``details``    optional markdown (a table, a caveat); may be omitted or null
 ``scale``      optional: the scale the study ran at (``"quick"`` or ``"paper"``), set by ``write_claims(scale=)``
@@ -250,9 +251,13 @@ def _preamble() -> str:
 ## How to read this report
 
 - **Verdicts.** *reproduced*: our measurement agrees with the published claim (direction, and the number
-  within our CI where a number is claimed); *partly*: the direction or part of the claim holds, a number or
-  part does not; *not reproduced*: our data contradict it; *measured*: our own measurement, with no published
-  number to hold it to; *implementation check*: the statement holds by a theorem or by construction, so
+  within our CI where a number is claimed) and the data exclude the alternative; *partly*: the direction or
+  part of the claim holds, a number or part does not; *not reproduced*: our data exclude it; *inconclusive*:
+  the data exclude neither the claim nor its alternative (a CI holding both the claim and the null, a bound
+  the CI straddles), printed with the minimum detectable effect and the sample size that would decide it.
+  The rules are symmetric in noise: a bound is met only when the CI's far end meets it, and a direction
+  against the trivial bound of a quantity (D_mse > 0) does not count. *measured*: our own measurement, with
+  no published number to hold it to; *implementation check*: the statement holds by a theorem or by construction, so
   agreeing with it shows that kvstats computes it right, not that the paper is right (*check failed*: it did
   not hold, a defect of kvstats). Each claim names its data and scale; quick-scale verdicts rest on small
   samples. A number is reproduced when it lies in our CI (exact values: equals them) up to a relative
@@ -299,6 +304,7 @@ def _anchor(claim: dict[str, Any]) -> str:
 
 
 _VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "partly": "◐ partly",
+                 "inconclusive": "❔ inconclusive",
                  "measured": "· measured", "not testable here": "⊘ not testable here",
                  "implementation check": "☑ implementation check", "check failed": "⚠ check failed"}
 

@@ -58,6 +58,7 @@ from kvstats.studies.qjl_variance.cells import (
     VERSION,
     D,
     cell,
+    control_m,
     error_cell,
     jl_cell,
     outlier_cell,
@@ -89,8 +90,10 @@ from kvstats.studies.qjl_variance.figures import errors_figure, variance_figure
 from kvstats.studies.qjl_variance.verdicts import (
     bits_verdict,
     jl_verdict,
+    needed_m_log_ratio,
     orthogonal_verdict,
     outlier_verdict,
+    scaling_verdict,
     scores_verdict,
     spiky_verdict,
     tail_verdict,
@@ -104,13 +107,15 @@ __all__ = ["POSITION", "ALPHA", "COS_AT_M", "COS_VALUES", "D", "LEMMA_35", "M_AT
            "OUTLIER_KEYS", "OUTLIER_M_TOTAL", "OUTLIER_QUERIES", "OUTLIER_SCALES", "QJL_BITS", "SCALE", "SPARSITY",
            "SPIKY_PAIRS", "SPIKY_ROWS", "STUDY", "TAIL_PAIRS", "THEOREM_36", "THEOREM_36_SCALING", "UNBIASED_ATOL",
            "VERSION", "Analysis", "bits_verdict", "cell", "error_cell", "jl_cell", "jl_comparison", "jl_verdict",
-           "main", "orthogonal_verdict", "outlier_cell", "outlier_verdict", "qjl_bits", "QjlVariance", "scores_cell",
+           "main", "needed_m_log_ratio", "scaling_verdict", "control_m",
+           "orthogonal_verdict", "outlier_cell", "outlier_verdict", "qjl_bits", "QjlVariance", "scores_cell",
            "scores_verdict", "spiky_cell", "spiky_verdict", "tail_cell", "tail_verdict", "unit_pairs", "z_identity"]
 
 POSITION = 50  # place in figures/REPORT.md (kvstats.study.report.study_order)
 
 
-FURTHER_TABLES = ("spiky", "lemma35", "theorem36", "outliers", "theorem36_scaling", "jl")  # written as CSVs as swept
+# written as CSVs as swept
+FURTHER_TABLES = ("spiky", "lemma35", "theorem36", "outliers", "theorem36_scaling", "jl", "theorem36_control")
 
 
 class QjlVariance(study.Study):
@@ -128,10 +133,15 @@ class QjlVariance(study.Study):
                                                 sketches=cfg["spiky_sketches"], pairs=SPIKY_PAIRS)),
             f"{STUDY}_lemma35": (tail_cell, [{"eps": e, "delta": dl, "d": D, "trials": cfg["tail_trials"]}
                                              for e, dl in LEMMA_35]),
-            f"{STUDY}_theorem36": (scores_cell, grid(eps=list(THEOREM_36["eps"]), d=D, trials=cfg["tail_trials"])),
+            f"{STUDY}_theorem36": (scores_cell, grid(eps=list(THEOREM_36["eps"]), d=D, trials=cfg["theorem_trials"])),
             f"{STUDY}_theorem36_scaling": (scores_cell, grid(eps=THEOREM_36_SCALING["eps"],
-                                                             d=list(THEOREM_36_SCALING["d"]), trials=cfg["tail_trials"],
+                                                             d=list(THEOREM_36_SCALING["d"]),
+                                                             trials=cfg["theorem_trials"],
                                                              keys=list(THEOREM_36_SCALING["keys"]))),
+            f"{STUDY}_theorem36_control": (scores_cell, grid(eps=THEOREM_36_SCALING["eps"], d=D,
+                                                             trials=cfg["theorem_trials"],
+                                                             keys=list(THEOREM_36_SCALING["keys"]),
+                                                             sketch_m=control_m())),
             f"{STUDY}_outliers": (outlier_cell, grid(outlier_scale=list(OUTLIER_SCALES),
                                                      rep=list(range(cfg["outlier_reps"])))),
             f"{STUDY}_jl": (jl_cell, grid(m=M_AT_COS, cos=list(COS_VALUES), d=D, sketches=cfg["sketches"],

@@ -87,6 +87,7 @@ class Analysis:
     outl: pd.DataFrame
     thm_scaling: pd.DataFrame
     jl: pd.DataFrame
+    thm_control: pd.DataFrame
 
     @property
     def main_tab(self) -> pd.DataFrame:

@@ -10,7 +10,10 @@ import scipy.stats
 
 from kvstats.measure import verdicts
 from kvstats.measure.stats import t_interval, t_standard_error, wilcoxon, z_difference_test
-from kvstats.studies.qjl_variance.cells import ALPHA, TAIL_PAIRS, THEOREM_36, UNBIASED_ATOL, D
+from kvstats.studies.qjl_variance.cells import ALPHA, SCALING_MARGIN, TAIL_PAIRS, THEOREM_36, UNBIASED_ATOL, D
+
+#: bootstrap resamples of the needed-m ratios (percentile intervals of a difference of log medians)
+SCALING_RESAMPLES = 4999
 
 
 def z_identity(estimates, expected, ses, *, what: str) -> verdicts.Verdict:
@@ -45,15 +48,59 @@ def tail_verdict(rows: list[dict]) -> verdicts.Verdict:
 
 def scores_verdict(rows: list[dict]) -> verdicts.Verdict:
     """Theorem 3.6 read as "failure probability ≤ 1/n": bound rule on the per-trial failure fraction
-    (Clopper–Pearson CI), scaled by each row's n (``keys``, default THEOREM_36's), ≤ 1."""
-    est, cis = [], []
+    (Clopper–Pearson CI), scaled by each row's n (``keys``, default THEOREM_36's), ≤ 1: met when the CI's upper
+    end is (0 failures in N sketches meet it only for N ≥ 3.69·n)."""
+    est, cis, plans = [], [], []
     for r in rows:
         n = r.get("keys", THEOREM_36["n"])
         n = THEOREM_36["n"] if n is None or (isinstance(n, float) and math.isnan(n)) else int(n)
         ci = scipy.stats.binomtest(r["failures"], r["n"]).proportion_ci(1 - ALPHA)
         est.append(r["failures"] / r["n"] * n)
         cis.append((ci.low * n, ci.high * n))
-    return verdicts.bound(est, cis, 1.0, what="settings (failure fraction × n)")
+        plans.append(verdicts.plan_from_binomial(int(r["failures"]), int(r["n"]), 1 / n, alpha=ALPHA,
+                                                 unit="sketches", scale=n))
+    plan = max(plans, key=lambda p: math.inf if p.n_needed is None else p.n_needed)
+    return verdicts.bound(est, cis, 1.0, what="settings (failure fraction × n)", plan=plan)
+
+
+def needed_m_log_ratio(a: dict, b: dict, *, per_log_n: bool) -> tuple[float, tuple[float, float]]:
+    """log of the ratio of the sketch sizes that two cells need for one fixed error, cell ``a`` over cell ``b``.
+
+    The largest score deviation of a sketch scales as 1/√m (the inner-product errors do), so the m at which the
+    median deviation reaches a fixed target is m* ∝ m·median(dev)²; ``per_log_n`` divides each m* by log n (the
+    theorem's growth). Returns the estimate and the percentile bootstrap (1 − 2·ALPHA) interval over the two
+    cells' independent sketches (the TOST interval of :func:`scaling_equivalence`).
+    """
+    wa, wb = (np.asarray(c["worst_per_sketch"], float) for c in (a, b))
+    offset = math.log(a["m"] / b["m"])
+    if per_log_n:
+        offset -= math.log(math.log(a["keys"]) / math.log(b["keys"]))
+
+    def stat(x, y, axis=-1):
+        return 2 * (np.log(np.median(x, axis=axis)) - np.log(np.median(y, axis=axis))) + offset
+
+    ci = scipy.stats.bootstrap((wa, wb), stat, paired=False, confidence_level=1 - 2 * ALPHA, method="percentile",
+                               n_resamples=SCALING_RESAMPLES, random_state=0).confidence_interval
+    return float(stat(wa, wb)), (float(ci.low), float(ci.high))
+
+
+def scaling_verdict(rows: list[dict]) -> verdicts.Verdict:
+    """Theorem 3.6's scaling: "the m needed grows as log n and does not depend on d", by the equivalence rule on
+    the log ratios of the needed sketch size m* (:func:`needed_m_log_ratio`) within ±log SCALING_MARGIN:
+    m*/log n between the largest and smallest n at every d, and m* between the largest and smallest d at every n.
+    A sketch size that did not grow with n would give m*/log n a ratio of log(4096)/log(64) = 2 over the grid,
+    far outside the margin: the claim can fail."""
+    cells = {(int(r["keys"]), int(r["d"])): r for r in rows}
+    keys, dims = sorted({k for k, _ in cells}), sorted({d for _, d in cells})
+    trials = min(int(r["n"]) for r in rows)
+    margin = math.log(SCALING_MARGIN)
+    by_n = [needed_m_log_ratio(cells[keys[-1], d], cells[keys[0], d], per_log_n=True)[1] for d in dims]
+    by_d = [needed_m_log_ratio(cells[k, dims[-1]], cells[k, dims[0]], per_log_n=False)[1] for k in keys]
+    return verdicts.combine([
+        verdicts.equivalence(by_n, margin, what=f"dimensions (log of m*/log n, n = {keys[-1]} over {keys[0]})",
+                             n=trials, alpha=ALPHA, unit="sketches"),
+        verdicts.equivalence(by_d, margin, what=f"key counts (log of m*, d = {dims[-1]} over {dims[0]})",
+                             n=trials, alpha=ALPHA, unit="sketches")])
 
 
 def outlier_verdict(by_scale: dict) -> verdicts.Verdict:

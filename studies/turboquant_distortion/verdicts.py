@@ -35,8 +35,8 @@ def value_verdict(published: dict, exact: dict) -> verdicts.Verdict:
     """A printed table of values against the exact values: the number rule per entry with one declared relative
     tolerance (:data:`PRINTED_RTOL`, the same for every entry: the printed digits give no slack), combined. The
     Monte Carlo CI holding the exact value is the implementation check, stated beside it."""
-    return verdicts.combine([verdicts.number(published[b], (exact[b], exact[b]), null=0.0, expected_sign=1,
-                                             rtol=PRINTED_RTOL) for b in published])
+    return verdicts.combine([verdicts.number(published[b], (exact[b], exact[b]), null=None, rtol=PRINTED_RTOL)
+                             for b in published])
 
 
 def rounding_text(published: dict, exact: dict) -> str:
@@ -60,8 +60,9 @@ def bounds_verdict(tab: pd.DataFrame) -> verdicts.Verdict:
 
 
 def any_y_verdict(tab: pd.DataFrame) -> verdicts.Verdict:
-    """The averaged formula against the y = x measurement: the number rule per b ≥ 2, combined."""
+    """The averaged formula against the y = x measurement: the number rule per b ≥ 2 (no direction part: a
+    distortion's only null, 0, is its trivial bound), combined."""
     return verdicts.combine([verdicts.number(r.exact_d_prod_x_d, (r.turbo_prod_d_prod_parallel_x_d_lo,
                                                                   r.turbo_prod_d_prod_parallel_x_d_hi),
-                                             null=0.0, expected_sign=1, estimate=r.turbo_prod_d_prod_parallel_x_d)
+                                             null=None, estimate=r.turbo_prod_d_prod_parallel_x_d)
                              for r in tab.itertuples() if r.bits >= 2])

@@ -355,7 +355,7 @@ def test_report_states_each_studys_scale(tmp_path):
 def test_fmt_p_and_verdicts():
     assert fmt_p(0.0312) == "p = 0.031" and fmt_p(2.1e-8) == "p = 2.1e-08" and fmt_p(0.0) == "p < 1e-300"
     assert fmt_p(math.nan) == "p = n/a"
-    assert VERDICTS == ("reproduced", "partly", "not reproduced", "measured", "not testable here",
+    assert VERDICTS == ("reproduced", "partly", "not reproduced", "inconclusive", "measured", "not testable here",
                         "implementation check", "check failed")
 
 

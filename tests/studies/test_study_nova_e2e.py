@@ -41,7 +41,7 @@ def test_nova_beats_verdict_returns_each_verdict(nv):
     assert v.verdict == "partly" and "minmax on kl" in v.reason and "opposite direction in 1" in v.reason
     # significant but in the wrong direction everywhere, or nowhere significant
     assert nv.beats_verdict([_cmp("kv", "kl", 1e-4, 0.9), _cmp("kv", "top5", 1e-4, -0.9)]).verdict == "not reproduced"
-    assert nv.beats_verdict([_cmp("kv", "kl", 0.2, -0.9)]).verdict == "not reproduced"
+    assert nv.beats_verdict([_cmp("kv", "kl", 0.2, -0.9)]).verdict == "inconclusive"  # nowhere significant
 
 
 def test_nova_grouping_verdict_returns_each_verdict(nv):
@@ -186,7 +186,7 @@ def test_e2e_direction_verdict_returns_each_verdict(e2e):
     assert v.verdict == "partly" and "minmax on out_kl at n = 2" in v.reason
     assert e2e.direction_verdict([_row(0.3, -1.0), _row(0.01, +0.7)], -1, "cells").verdict == "not reproduced"
     # the rule reads the claim's Holm-adjusted p, not the raw one
-    assert e2e.direction_verdict([_row(0.01, -1.0) | {"p_holm": 0.2}], -1, "cells").verdict == "not reproduced"
+    assert e2e.direction_verdict([_row(0.01, -1.0) | {"p_holm": 0.2}], -1, "cells").verdict == "inconclusive"
 
 
 def test_e2e_paired_tests_holm_over_the_claims_family(e2e):
