@@ -157,11 +157,29 @@ def crossover_table(table: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def component_tests(kqv: pd.DataFrame, other: pd.DataFrame) -> tuple[float, list[str]]:
+    """Each of the six 6D components of two schemes, paired over trials (Wilcoxon signed-rank, Holm over the six):
+    the smallest Holm p and the components that separate the schemes at ALPHA. A component identical in both
+    schemes (the same coder on that side) has p = 1."""
+    from statsmodels.stats.multitest import multipletests
+
+    from kvstats.measure.stats import wilcoxon
+
+    a, b = kqv.sort_values("trial"), other.sort_values("trial")
+    if a["trial"].tolist() != b["trial"].tolist():
+        raise ValueError("the 6D component tests pair the schemes by trial: their trials differ")
+    p = [1.0 if np.array_equal(a[c].to_numpy(), b[c].to_numpy()) else
+         float(wilcoxon(a[c].to_numpy(float), b[c].to_numpy(float), n_resamples=0).pvalue) for c in E6]
+    p_holm = multipletests(p, method="holm")[1]
+    return float(p_holm.min()), [c for c, q in zip(E6, p_holm) if q < ALPHA]
+
+
 def energy_table(primary: pd.DataFrame, labels: list[str], resamples: int, pairs: pd.DataFrame) -> pd.DataFrame:
     """The 6D clouds at n = 4 under the paper's sketch: energy-distance permutation test of KQV against each other
-    scheme per label, with the pair's attention-KL test (Holm p from :func:`paired_table`) beside it. The test runs
-    for KQV vs QKQV (the paper's pair) and for every pair that KL does not separate (the cells that decide
-    :func:`energy_verdict`)."""
+    scheme per label, with the pair's attention-KL test (Holm p from :func:`paired_table`) and the six components'
+    own tests (:func:`component_tests`) beside it. The test runs for KQV vs QKQV (the paper's pair) and for every
+    pair that KL does not separate; the cells that decide :func:`energy_verdict` are those that neither KL nor any
+    single component separates."""
     comps, energy = list(E6), []
     kl = pairs[(pairs["metric"] == "attention_kl") & (pairs["sketch"] == SKETCH) & (pairs["n"] == 4)]
     kl = kl.set_index(["label", "level_b"])["p_holm"]
@@ -171,10 +189,13 @@ def energy_table(primary: pd.DataFrame, labels: list[str], resamples: int, pairs
             separates = bool(kl.get((label, other), 1.0) < ALPHA)
             if other != "qkqv" and separates:
                 continue
-            e = energy_test(sub[sub["scheme"] == "kqv"][comps].to_numpy(),
-                            sub[sub["scheme"] == other][comps].to_numpy(), n_resamples=resamples, seed=1)
+            kqv_rows, other_rows = sub[sub["scheme"] == "kqv"], sub[sub["scheme"] == other]
+            e = energy_test(kqv_rows[comps].to_numpy(), other_rows[comps].to_numpy(), n_resamples=resamples, seed=1)
+            min_p, separating = component_tests(kqv_rows, other_rows)
             energy.append({"label": label, "other": other, "kl_p_holm": float(kl.get((label, other), math.nan)),
-                           "kl_separates": separates, "energy_distance": e.statistic, "p": e.pvalue})
+                           "kl_separates": separates, "component_min_p_holm": min_p,
+                           "component_separates": bool(separating), "separating_components": " ".join(separating),
+                           "energy_distance": e.statistic, "p": e.pvalue})
     return pd.DataFrame(energy)
 
 

@@ -75,25 +75,50 @@ def test_ratio_verdict_returns_each_verdict(ci, expected):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cells, expected", [
-    # (KL separates, energy p, energy distance): only the cells KL leaves open decide (Holm over them)
-    ([(True, 0.9, 0.1), (False, 1e-4, 2.0), (False, 0.01, 1.5)], "reproduced"),
-    ([(True, 1e-4, 2.0), (False, 1e-4, 2.0), (False, 0.4, 0.1)], "partly"),
-    ([(True, 1e-4, 2.0), (False, 0.3, 0.2), (False, 0.6, 0.1)], "not reproduced"),  # KL's cell does not count
-    ([(True, 1e-4, 2.0), (True, 1e-4, 3.0)], "not testable here"),  # KL separates everywhere: nothing beyond it
+    # (KL separates, a component separates, energy p, energy distance): only the cells no scalar separates decide
+    ([(True, False, 0.9, 0.1), (False, False, 1e-4, 2.0), (False, False, 0.01, 1.5)], "reproduced"),
+    ([(True, False, 1e-4, 2.0), (False, False, 1e-4, 2.0), (False, False, 0.4, 0.1)], "partly"),
+    ([(True, False, 1e-4, 2.0), (False, False, 0.3, 0.2), (False, False, 0.6, 0.1)], "inconclusive"),
+    ([(True, False, 1e-4, 2.0), (True, False, 1e-4, 3.0)], "not testable here"),  # KL separates everywhere
+    # every KL-open cell has a V component that separates (KQV vs KV: the V coders differ): the 6D test would
+    # re-detect that scalar (issue 48, item 2)
+    ([(True, False, 1e-4, 2.0), (False, True, 1e-9, 5.0), (False, True, 1e-9, 4.0)], "not testable here"),
+    ([(False, True, 1e-9, 5.0), (False, False, 1e-4, 1.0)], "reproduced"),
 ])
 def test_energy_verdict_returns_each_verdict(cells, expected):
     import pandas as pd
 
-    energy = pd.DataFrame(cells, columns=["kl_separates", "p", "energy_distance"])
+    energy = pd.DataFrame(cells, columns=["kl_separates", "component_separates", "p", "energy_distance"])
     assert bs.energy_verdict(energy).verdict == expected
 
 
 @pytest.mark.slow
+def test_component_tests_find_the_scalar_that_separates():
+    """Paired Wilcoxon per component, Holm over the six: a 1-sd shift in one component over 60 paired trials (exact
+    p ≈ 1e-11) is found, identical components give p = 1; trials must pair."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(60, 6))
+    moved = base + 0.01 * rng.normal(size=(60, 6))
+    moved[:, 4] += 1.0
+    frame = lambda x: pd.DataFrame(x, columns=list(bs.E6)).assign(trial=range(60))  # noqa: E731
+    min_p, separating = bs.component_tests(frame(base), frame(moved))
+    assert separating == [bs.E6[4]] and min_p < 1e-8
+    assert bs.component_tests(frame(base), frame(base)) == (1.0, [])
+    with pytest.raises(ValueError, match="trial"):
+        bs.component_tests(frame(base), frame(base).assign(trial=range(1, 61)))
+
+
+@pytest.mark.slow
 def test_energy_shape_of_the_verdict_on_synthetic_clouds():
-    """The rule on clouds it must pass and fail: two schemes whose 6D errors differ only in a component KL does not
-    see are separated by the energy test (p at its floor), identical laws are not. Sizing: 200 points per cloud,
-    a 3-sd shift in one component gives ℰ far above the permutation null (p = 1/(999 + 1)); under H0 the
-    p-value is uniform, so the seed is fixed to keep the test deterministic."""
+    """The rule on clouds it must pass and fail: two schemes whose 6D errors have the same N(0, 1) marginals but a
+    different dependence (independent components vs one common factor, correlation 0.9 between any two) are
+    separated by the energy test and by no single component; identical laws are not separated. Sizing: 200 points
+    per cloud; the common factor moves the joint law far beyond the permutation null (p = 1/(999 + 1)); the
+    per-component Wilcoxon tests see equal marginals (under H0, uniform p; the seed is fixed to keep the test
+    deterministic)."""
     import numpy as np
     import pandas as pd
 
@@ -101,11 +126,15 @@ def test_energy_shape_of_the_verdict_on_synthetic_clouds():
 
     rng = np.random.default_rng(3)
     a, b, c = rng.normal(size=(200, 6)), rng.normal(size=(200, 6)), rng.normal(size=(200, 6))
-    c[:, 5] += 3.0  # a V-side component moves, the K-side ones (which KL reads) do not
+    c = 0.95 * rng.normal(size=(200, 1)) + np.sqrt(1 - 0.95**2) * c  # same N(0, 1) marginals, one common factor
     same, moved = energy_test(a, b, n_resamples=999, seed=1), energy_test(a, c, n_resamples=999, seed=1)
     assert moved.pvalue == pytest.approx(1 / 1000) and same.pvalue > 0.01
-    rows = pd.DataFrame([{"kl_separates": False, "p": same.pvalue, "energy_distance": same.statistic},
-                         {"kl_separates": False, "p": moved.pvalue, "energy_distance": moved.statistic}])
+    frame = lambda x: pd.DataFrame(x, columns=list(bs.E6)).assign(trial=range(200))  # noqa: E731
+    assert bs.component_tests(frame(a), frame(c))[1] == []
+    rows = pd.DataFrame([{"kl_separates": False, "component_separates": False, "p": same.pvalue,
+                          "energy_distance": same.statistic},
+                         {"kl_separates": False, "component_separates": False, "p": moved.pvalue,
+                          "energy_distance": moved.statistic}])
     assert bs.energy_verdict(rows).verdict == "partly"
     assert bs.energy_verdict(rows.iloc[1:]).verdict == "reproduced"
 

@@ -81,33 +81,42 @@ def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_jensen_bias_rule_returns_each_verdict():
-    """bias_table on errors of a known law — a bias of −0.01·logit for "MSE", none for "QJL" (with twice the
-    noise) — then the rule fed tables for each verdict. Sizing: 256 keys × 32 seeds; a key's mean error has sd
-    0.1/√32 = 0.018 (QJL), the slope's SE over 256 keys of logit sd 2 is ≈ 5.5e-4: MSE's −0.01 is 18 SE from 0
-    and |QJL's slope| < 0.003 fails with probability ≈ 1e-7; 4 or more Holm-significant keys out of 256 under
-    H0 need 4 p-values below ≈ 2e-4 (probability ≈ 3e-7)."""
+    """bias_table on errors of a known law at two budgets — a bias of −0.05·logit for "MSE" (noise sd 0.05), none
+    for "QJL" (noise sd 0.2) — then the rule fed tables for each verdict. Sizing: 1024 keys × 32 seeds, logits of
+    sd 2: a key's mean error has sd 0.2/√32 = 0.035 (QJL), the slope's SE over 1024 keys is 0.035/(2·32) ≈ 5.5e-4;
+    MSE's −0.05 is 180 SE from 0 (its SE 1.4e-4); QJL's 90% interval (± 9.1e-4) leaves the margin ±0.005 (10% of
+    0.05) only when |slope| > 0.0041, 7.5 SE (probability ≈ 6e-14); QJL's mean squared error 0.04 against MSE's
+    0.0125 over 1024 keys gives a Wilcoxon p far below 1e-100."""
     import pandas as pd
 
     js = load_study("jensen")
     rng = np.random.default_rng(2)
-    score = rng.normal(0, 2, 256)
+    keys, seeds = 1024, 32
+    score = rng.normal(0, 2, keys)
     rows = []
-    for method, slope, sd in (("turbo_mse", -0.01, 0.05), ("turbo_prod", 0.0, 0.1)):
-        errs = slope * score + rng.normal(0, sd, (32, 256))
-        rows += [{"method": method, "kind": "key", "query": 0, "key": i, "score": score[i],
-                  "mean_err": errs[:, i].mean(), "var_err": errs[:, i].var(ddof=1), "ms_err": (errs[:, i] ** 2).mean()}
-                 for i in range(256)]
-        rows += [{"method": method, "kind": "instance", "seed": r, "key_specific_share": 0.99} for r in range(32)]
-    tab = js.bias_table(pd.DataFrame(rows), 32)
-    assert tab["turbo_mse"]["slope_hi"] < 0 and abs(tab["turbo_prod"]["slope"]) < 0.003
-    assert tab["turbo_prod"]["significant_keys"] <= 3
-    tab["turbo_prod"]["significant_keys"] = 0
-    assert js.bias_verdict(tab, 1).verdict == "reproduced"
-    assert js.bias_verdict(tab, 0).verdict == "partly"
-    flat = {**tab, "turbo_mse": {**tab["turbo_mse"], "slope_lo": -0.001, "slope_hi": 0.001}}
-    biased = {**flat, "turbo_prod": {**tab["turbo_prod"], "significant_keys": 12,
-                                     "ms_err": tab["turbo_mse"]["ms_err"] * 0.5}}
-    assert js.bias_verdict(biased, -1).verdict == "not reproduced"
+    for bits in (2, 3):
+        for method, slope, sd in (("turbo_mse", -0.05, 0.05), ("turbo_prod", 0.0, 0.2)):
+            errs = slope * score + rng.normal(0, sd, (seeds, keys))
+            rows += [{"method": method, "bits": bits, "kind": "key", "query": 0, "key": i, "score": score[i],
+                      "mean_err": errs[:, i].mean(), "var_err": errs[:, i].var(ddof=1),
+                      "ms_err": (errs[:, i] ** 2).mean()} for i in range(keys)]
+            rows += [{"method": method, "bits": bits, "kind": "instance", "seed": r, "key_specific_share": 0.99}
+                     for r in range(seeds)]
+    tab = js.bias_table(pd.DataFrame(rows), seeds)
+    assert set(tab) == {("turbo_mse", 2), ("turbo_mse", 3), ("turbo_prod", 2), ("turbo_prod", 3)}
+    assert tab["turbo_mse", 2]["slope_hi"] < 0 and abs(tab["turbo_prod", 2]["slope"]) < 0.004
+
+    def kl(*cells):
+        return {b: {"cell": c} for b, c in zip((2, 3), cells)}
+
+    assert js.bias_verdict(tab, kl(1, 1)).verdict == "reproduced"
+    v = js.bias_verdict(tab, kl(0, 0))
+    assert v.verdict == "partly" and "direction: inconclusive" in v.reason
+    assert js.bias_verdict(tab, kl(-1, 1)).verdict == "partly"
+    # the MSE stage unbiased and QJL's stage biased with less error: every part excluded or undecided
+    swapped = {("turbo_mse", b): {**tab["turbo_prod", b], "slope": 1e-4, "slope_lo": -1e-3, "slope_hi": 1.2e-3}
+               for b in (2, 3)} | {("turbo_prod", b): tab["turbo_mse", b] for b in (2, 3)}
+    assert js.bias_verdict(swapped, kl(-1, -1)).verdict == "not reproduced"
 
 
 # -------------------------------------------------------------------------------------------- sphere_law
