@@ -24,6 +24,7 @@ from kvstats.studies.budget_sweep.cells import (
     SKETCH,
     STUDY,
     SYNTHETIC_HEADS,
+    real_windows,
 )
 from kvstats.studies.budget_sweep.verdicts import (
     CROSSOVER_DISTINCTIVE,
@@ -110,14 +111,16 @@ def data_text(a: Analysis) -> str:
             f"{SYNTHETIC_HEADS[1]} query heads, {cfg['n_q']} queries per head, {cfg['trials']} trials), each "
             f"with peaked and with isotropic queries; SmolLM2-135M layers {', '.join(r.split()[-1] for r in real)} "
             f"(d = {REAL_D}, 3 KV / 9 query heads, {a.n_windows} disjoint windows of {cfg['window']} tokens over "
-            f"{len(DOCUMENT_TITLES)} documents, last {cfg['n_q'] // 2} queries per head, causal); {a.scale} scale")
+            f"{len({doc for doc, _ in real_windows(cfg['window'])})} documents (of {len(DOCUMENT_TITLES)}: a document "
+            f"shorter than a window gives none), last {cfg['n_q'] // 2} queries per head, causal); {a.scale} scale")
 
 
 def conventions(a: Analysis) -> str:
     """The paired tests' conventions, the start of the direction claims' details."""
     return (f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
             f"matched-pairs rank-biserial r of KQV − other (negative: KQV lower); a cell counts for the claim when "
-            f"Holm p < {ALPHA} over all {len(a.pairs)} tests of figures/data/{STUDY}_wilcoxon.csv.")
+            f"Holm p < {ALPHA}, Holm within each sketch's tests of figures/data/{STUDY}_wilcoxon.csv (its family: "
+            + ", ".join(f"{sketch} {n}" for sketch, n in a.pairs.groupby("sketch").size().items()) + " tests).")
 
 
 def per_model(a: Analysis, metric: str, other: str, sign: int, sketch: str = SKETCH, n: int | None = None) -> str:

@@ -379,7 +379,8 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
            "ablation": ("arms " + "; ".join(f"{arm}: K transform {t}, K quantizer {qz}, V {v}"
                                             for arm, (t, qz, v) in ABLATION_ARMS.items())
                         + f", at n ∈ {list(ABLATION_BUDGETS)}; every arm calibrated on the calibration text with "
-                          "nova's seed; tests within each family of ABLATION_FAMILIES, Holm per family"),
+                          "nova's seed; Holm within each family of tests ("
+                          + ", ".join(ABLATION_FAMILIES) + ")"),
            "attention KL": "mean over queries of KL(p_ref ‖ p_quant), p_ref in float64 from the exact keys, causal",
            "top-k ties": ("top-5 recall ranks keys by a stable descending sort: among equal logits the lower "
                           "index first"),
