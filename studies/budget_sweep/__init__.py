@@ -85,7 +85,7 @@ from kvstats.studies.budget_sweep.cells import (
     trial_reference,
     window_count,
 )
-from kvstats.studies.budget_sweep.claims import claims, published_triple, triple_text
+from kvstats.studies.budget_sweep.claims import bits_held, claims, equal_budget_claim, published_triple, triple_text
 from kvstats.studies.budget_sweep.definitions import definitions
 from kvstats.studies.budget_sweep.figures import figures
 from kvstats.studies.budget_sweep.verdicts import (
@@ -102,7 +102,8 @@ __all__ = ["POSITION", "ALPHA", "BUDGETS", "CROSSOVER", "DOCUMENT_TITLES", "E6",
            "NO_SKETCH", "PAPER_N", "PAPER_P", "PAPER_R", "PAPER_RATIO", "PEAKED", "PRIMARY_QUERIES", "QJL_SCHEMES",
            "QUERY_MODELS", "REAL_D", "REAL_QUERIES", "SCALE", "SCHEMES", "SENSITIVITY_BUDGETS",
            "SENSITIVITY_SKETCHES", "SKETCH", "SKETCH_OPTIONS", "STUDY", "SYNTHETIC", "SYNTHETIC_HEADS", "VERSION",
-           "add_d6", "Analysis", "BudgetSweep", "cell", "component_tests", "crossover_verdict", "data_label",
+           "add_d6", "Analysis", "bits_held", "BudgetSweep",
+           "equal_budget_claim", "cell", "component_tests", "crossover_verdict", "data_label",
            "documents",
            "energy_verdict", "kqv_higher", "kqv_lower", "main", "make_scheme", "paired_family_size",
            "published_triple", "ratio_verdict", "real_windows", "superlinear_table", "superlinear_verdict",

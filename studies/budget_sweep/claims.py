@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 
+import kvstats
 from kvstats.measure import verdicts as V
 from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_min_pvalue, rank_biserial_report
 from kvstats.studies.budget_sweep.analysis import SUPERLINEAR_RESAMPLES, Analysis, superlinear_table
@@ -115,9 +116,28 @@ def data_text(a: Analysis) -> str:
             f"shorter than a window gives none), last {cfg['n_q'] // 2} queries per head, causal); {a.scale} scale")
 
 
+def bits_held(name: str, n: int, d: int) -> float:
+    """Bits per cache element the scheme holds at budget n and head dimension d (kvstats' BitBudget, K and V
+    averaged): the n payload bits plus each stage's norms."""
+    return float(kvstats.scheme(name, bits=n, dim=d, seed=0).bits_per_coordinate()["mean"].total)
+
+
+def dims(a: Analysis) -> list[int]:
+    """The head dimensions of the grid: the synthetic d, then SmolLM2's where the real windows ran."""
+    return [a.cfg["d"]] + ([REAL_D] if a.n_windows else [])
+
+
+def bits_text(a: Analysis, n: int = 4) -> str:
+    """The bits each D'Alberto scheme holds at budget n, per head dimension of the grid."""
+    return ("; ".join(f"d = {d}: " + ", ".join(f"{s.upper()} {bits_held(s, n, d):g}" for s in ("kv", "kqv", "qkqv"))
+                      for d in dims(a)))
+
+
 def conventions(a: Analysis) -> str:
     """The paired tests' conventions, the start of the direction claims' details."""
-    return (f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
+    return (f"Equal budget n is equal payload bits, not equal bits held: at n = 4 the schemes hold {bits_text(a)} "
+            "bits per element (each QJL stage adds its norm; dalberto-equal-budget-fair). "
+            f"Paired Wilcoxon signed-rank tests over trials (every scheme sees the same data in a trial); r is the "
             f"matched-pairs rank-biserial r of KQV − other (negative: KQV lower); a cell counts for the claim when "
             f"Holm p < {ALPHA}, Holm within each sketch's tests of figures/data/{STUDY}_wilcoxon.csv (its family: "
             + ", ".join(f"{sketch} {n}" for sketch, n in a.pairs.groupby("sketch").size().items()) + " tests).")
@@ -403,11 +423,45 @@ def formats_claim(a: Analysis) -> Claim | None:
         figure=None)
 
 
+def equal_budget_claim(a: Analysis) -> Claim:
+    """D'Alberto's "fair bit budget": the bits each scheme holds at the same n, by kvstats' accounting."""
+    rows = [(n, d, s, bits_held(s, n, d)) for d in dims(a) for n in BUDGETS for s in ("kv", "kqv", "qkqv")]
+    kv = {(n, d): b for n, d, s, b in rows if s == "kv"}
+    others = [(n, d, s, b) for n, d, s, b in rows if s != "kv"]
+    return Claim(
+        id="dalberto-equal-budget-fair",
+        claim="KV, KQV and QKQV are compared at a fair bit budget: at the same n each holds the same bits per "
+              "cache element.",
+        source="D'Alberto, arXiv 2605.08114, abstract (the three schemes analysed \"under a fair bit budget\")",
+        measurement=("bits per element held (kvstats BitBudget: payload n plus each stage's float norms, K and V "
+                     "averaged): " + "; ".join(
+                         f"d = {d}: " + ", ".join(f"n = {n}: " + "/".join(f"{b:g}" for n_, d_, _, b in rows
+                                                                          if n_ == n and d_ == d)
+                                                  for n in BUDGETS) for d in dims(a))
+                     + " (KV/KQV/QKQV). Beyond KV's bits at every n: "
+                     + "; ".join(f"d = {d}: KQV +{bits_held('kqv', 4, d) - kv[4, d]:g}, QKQV "
+                                 f"+{bits_held('qkqv', 4, d) - kv[4, d]:g}" for d in dims(a)) + "."),
+        data=f"kvstats.scheme(name, bits=n, dim=d).bits_per_coordinate() at n ∈ {list(BUDGETS)}",
+        verdict=V.identity([b for *_, b in others], [kv[n, d] for n, d, _, _ in others], atol=1e-9,
+                           what="(scheme, n, d) rows of KQV and QKQV (bits held equal to KV's)"),
+        figure=None,
+        details="The budget n counts payload bits per element; the QJL stage of KQV's V and of QKQV's K and V keeps "
+                "one more norm per vector (float32 by default), 32/d bits per element each. Every comparison of "
+                "this study at \"the same n\" therefore gives KQV and QKQV these extra bits; the claims state "
+                "them beside their verdicts.",
+        discrepancy=("\"Fair bit budget\": at the same n, KQV holds "
+                     + ", ".join(f"+{bits_held('kqv', 4, d) - kv[4, d]:g}" for d in dims(a)) + " and QKQV "
+                     + ", ".join(f"+{bits_held('qkqv', 4, d) - kv[4, d]:g}" for d in dims(a))
+                     + " bits per element more than KV (d = " + ", ".join(map(str, dims(a)))
+                     + "): the norms of their QJL stages."))
+
+
 def claims(a: Analysis) -> list[Claim]:
     """Every claim, in the report's order: D'Alberto's findings (1)–(3) and his 2.25× (each under the paper's
     sketch, then the sensitivity sketches where it has them), the 6D test, QJL on V, top-5, min-max."""
     sketches = (SKETCH, *SENSITIVITY_SKETCHES)
     return ([finding1_claim(a, s) for s in sketches] + [finding2_claim(a, s) for s in sketches]
             + [finding3_claim(a)] + [kl_ratio_claim(a, s) for s in sketches]
-            + [energy_claim(a), superlinear_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a)]
+            + [energy_claim(a), superlinear_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a),
+               equal_budget_claim(a)]
             + [c for c in (formats_claim(a),) if c is not None])

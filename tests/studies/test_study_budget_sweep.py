@@ -327,3 +327,24 @@ def test_superlinear_slope_recovers_a_known_exponent():
     assert bs.superlinear_verdict(cells).verdict == "partly"
     assert bs.superlinear_verdict(cells.iloc[:1]).verdict == "reproduced"
     assert bs.superlinear_verdict(cells.iloc[1:]).verdict == "not reproduced"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bits_held_at_equal_budget(d):
+    """Oracle by hand: each quantizer stage stores one float32 norm per d-vector (32/d bits per element): KV has one
+    stage on K and on V, KQV two on V, QKQV two on both, so at budget n they hold n + 32/d, n + 1.5·32/d and
+    n + 2·32/d bits per element (K and V averaged)."""
+    for n in bs.BUDGETS:
+        assert bs.bits_held("kv", n, d) == pytest.approx(n + 32 / d)
+        assert bs.bits_held("kqv", n, d) == pytest.approx(n + 1.5 * 32 / d)
+        assert bs.bits_held("qkqv", n, d) == pytest.approx(n + 2 * 32 / d)
+
+
+def test_equal_budget_claim_is_not_reproduced():
+    from types import SimpleNamespace
+
+    claim = bs.equal_budget_claim(SimpleNamespace(cfg={"d": 128}, n_windows=25))
+    assert claim.verdict.verdict == "not reproduced"
+    text = claim.measurement
+    assert "d = 128: n = 2: 2.25/2.375/2.5" in text and "n = 4: 4.5/4.75/5" in text.split("d = 64")[1]
+    assert "d = 128: KQV +0.125, QKQV +0.25; d = 64: KQV +0.25, QKQV +0.5" in text
