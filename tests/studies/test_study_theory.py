@@ -228,14 +228,26 @@ def test_beta_figures_verdicts_return_each_verdict():
     import pandas as pd
 
     bf = load_study("beta_figures")
-    mw = pd.DataFrame({"sketch": "srht", "p_holm": [1e-5, 1e-5], "rank_biserial": [-0.9, -0.8]})
+    # the verdict reads the paired Wilcoxon (the design pairs the methods by trial), not the paper's Mann–Whitney
+    mw = pd.DataFrame({"sketch": "srht", "wilcoxon_p_holm": [1e-5, 1e-5], "wilcoxon_r": [-0.9, -0.8],
+                       "p_holm": [0.5, 0.5], "rank_biserial": [0.1, 0.1]})
     assert bf.mse_wins_verdict(mw).verdict == "reproduced"
     # only the primary (Hadamard) sketch's cells decide: a sensitivity sketch against the claim changes nothing
-    other = mw.assign(sketch="gaussian", rank_biserial=[0.9, 0.8])
+    other = mw.assign(sketch="gaussian", wilcoxon_r=[0.9, 0.8])
     assert bf.mse_wins_verdict(pd.concat([mw, other])).verdict == "reproduced"
     assert bf.mse_wins_verdict(pd.concat([mw, other]), "gaussian").verdict == "not reproduced"
-    assert bf.mse_wins_verdict(mw.assign(p_holm=[1e-5, 0.3])).verdict == "partly"
-    assert bf.mse_wins_verdict(mw.assign(rank_biserial=[0.9, 0.8])).verdict == "not reproduced"
+    assert bf.mse_wins_verdict(mw.assign(wilcoxon_p_holm=[1e-5, 0.3])).verdict == "partly"
+    assert bf.mse_wins_verdict(mw.assign(wilcoxon_p_holm=[0.2, 0.3])).verdict == "inconclusive"
+    assert bf.mse_wins_verdict(mw.assign(wilcoxon_r=[0.9, 0.8])).verdict == "not reproduced"
+    # the bits each arm holds, by hand: codes packed into whole bytes per vector (⌈b·d/8⌉·8/d bits per coordinate,
+    # QJL's m = d signs likewise) and one float32 norm per d-vector per stage: MSE 4 bits one, MSE 3 + QJL 1 two
+    def packed(b, d):
+        return math.ceil(b * d / 8) * 8 / d
+
+    for d in (2, 4, 8, 1024):
+        assert bf.held_bits("turbo_mse", d) == pytest.approx(packed(4, d) + 32 / d)
+        assert bf.held_bits("turbo_prod", d) == pytest.approx(packed(3, d) + packed(1, d) + 64 / d)
+    assert bf.held_bits("turbo_prod", 2) - bf.held_bits("turbo_mse", 2) == 20  # 4 bits of packing, 16 of norm
     crit = bf.ks_critical(4096, 2)
     ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 4096,
                        "ks": [0.5 * crit, 0.5 * crit, 0.2]})
