@@ -222,7 +222,8 @@ def mechanism_verdict(by_budget: dict) -> verdicts.Verdict:
     Holm over the budgets within each rule: its family): (1) QJL on K amplifies the logit variance:
     σ̄²(QKQV) > σ̄²(KQV); (2) softmax turns it into KL super-linearly: log KL-ratio − log σ̄²-ratio > 0; (3) the
     noise is score-correlated, the condition for super-linear growth (docs/inference.md): Spearman(err², score)
-    of QKQV > 0. Combined."""
+    of QKQV > 0. Chained (verdicts.chain): each link is necessary to the argument, so one link the data exclude
+    excludes the mechanism."""
     from statsmodels.stats.multitest import multipletests
 
     tests = {"amp": [], "sup": [], "cor": []}
@@ -236,9 +237,9 @@ def mechanism_verdict(by_budget: dict) -> verdicts.Verdict:
         p_holm = multipletests([w.pvalue for w in family], method="holm")[1]
         return [verdicts.cell_direction(p, w.effect_size, expected_sign=1, alpha=ALPHA) for p, w in zip(p_holm, family)]
 
-    return verdicts.combine([verdicts.direction(cells(tests["amp"]), what="budgets (σ̄² QKQV > KQV)"),
-                             verdicts.direction(cells(tests["sup"]), what="budgets (KL ratio > σ̄² ratio)"),
-                             verdicts.direction(cells(tests["cor"]), what="budgets (Spearman(err², score) > 0)")])
+    return verdicts.chain([verdicts.direction(cells(tests["amp"]), what="budgets (σ̄² QKQV > KQV)"),
+                           verdicts.direction(cells(tests["sup"]), what="budgets (KL ratio > σ̄² ratio)"),
+                           verdicts.direction(cells(tests["cor"]), what="budgets (Spearman(err², score) > 0)")])
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:

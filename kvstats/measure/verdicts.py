@@ -49,7 +49,8 @@ can contradict it, so agreeing with it is evidence for kvstats' code, not for th
 :func:`implementation_check` wraps the rule that checked it and reads ``check failed`` when it did not hold).
 :func:`combine` merges the verdicts of a claim's parts: all reproduced gives reproduced, all inconclusive gives
 inconclusive, not reproduced with nothing reproduced or partly beside it gives not reproduced, anything else
-partly.
+partly; :func:`chain` merges the links of one argument ("A, which causes B; hence C"), where one link not
+reproduced makes the claim not reproduced.
 
 Each rule returns a :class:`Verdict` whose ``reason`` is generated from the numbers it was given, so the
 report's text can never say more than the rule checked.
@@ -74,6 +75,7 @@ __all__ = [
     "Verdict",
     "bound",
     "cell_direction",
+    "chain",
     "combine",
     "direction",
     "equivalence",
@@ -529,6 +531,19 @@ def combine(parts: Sequence[Verdict]) -> Verdict:
     if kinds <= {"not reproduced", "inconclusive"}:
         return Verdict("not reproduced", "combine", reason)
     return Verdict("partly", "combine", reason)
+
+
+def chain(parts: Sequence[Verdict]) -> Verdict:
+    """Merge the verdicts of a claim whose parts are links of one argument ("A, which causes B; hence C"): every
+    link is necessary, so one link the data exclude excludes the claim.
+
+    Any part not reproduced -> not reproduced; all reproduced -> reproduced; all inconclusive -> inconclusive;
+    anything else -> partly.
+    """
+    merged = combine(parts)
+    if any(p.verdict == "not reproduced" for p in parts) and merged.verdict != "not reproduced":
+        return Verdict("not reproduced", "chain", f"a necessary link is not reproduced; {merged.reason}")
+    return Verdict(merged.verdict, "chain", merged.reason)
 
 
 def implementation_check(check: Verdict, why: str) -> Verdict:

@@ -262,3 +262,13 @@ def test_binomial_plan_against_closed_forms():
         V.plan_from_binomial(101, 100, p0)
     v = V.bound([0.0], [(0.0, 9.27)], 1.0, plan=plan)
     assert v.verdict == "inconclusive" and "about 943 sketches would decide it" in v.reason
+
+
+def test_chain_fails_on_any_broken_link():
+    r, p, n, u = (V.Verdict(v, "direction", "x") for v in ("reproduced", "partly", "not reproduced", "inconclusive"))
+    assert V.chain([r, r]).verdict == "reproduced"
+    assert V.chain([r, n, r]).verdict == "not reproduced"  # combine would say partly
+    assert V.combine([r, n, r]).verdict == "partly"
+    assert V.chain([u, u]).verdict == "inconclusive"
+    assert V.chain([r, u]).verdict == "partly" and V.chain([r, p]).verdict == "partly"
+    assert V.chain([r, n]).rule == "chain" and "necessary link" in V.chain([r, n]).reason

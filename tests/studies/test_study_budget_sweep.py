@@ -323,10 +323,14 @@ def test_superlinear_slope_recovers_a_known_exponent():
     tab = bs.superlinear_table(pd.DataFrame(rows)).set_index("scheme")
     assert abs(tab.loc["kqv", "slope"] - 2.0) < 0.05 and abs(tab.loc["qkqv", "slope"] - 1.0) < 0.05
     assert tab.loc["kqv", "lo"] > 1.5 and (tab["hi"] - tab["lo"]).max() < 0.1
-    cells = pd.DataFrame({"lo": [1.5, 0.9, 0.5], "hi": [2.5, 1.1, 0.8]})  # above 1, inconclusive, below 1
+    # above 1.1, undecided, below 1 (against), and the issue-48 slopes: 1.05 [1.03, 1.07] is linear within the
+    # margin 0.1 (against), not "for"
+    cells = pd.DataFrame({"lo": [1.5, 0.9, 0.5, 1.03], "hi": [2.5, 1.2, 0.8, 1.07]})
     assert bs.superlinear_verdict(cells).verdict == "partly"
     assert bs.superlinear_verdict(cells.iloc[:1]).verdict == "reproduced"
     assert bs.superlinear_verdict(cells.iloc[1:]).verdict == "not reproduced"
+    assert bs.superlinear_verdict(cells.iloc[1:2]).verdict == "inconclusive"
+    assert bs.superlinear_verdict(cells.iloc[3:]).verdict == "not reproduced"
 
 
 @pytest.mark.parametrize("d", [64, 128])
