@@ -63,8 +63,12 @@ def test_jensen_mechanism_verdict_returns_each_verdict():
 
     # 10 pairs of one sign: exact two-sided Wilcoxon p = 2/1024 < 0.05
     assert js.mechanism_verdict({2: arrays(2.0, 3.0, 0.3), 4: arrays(2.0, 3.0, 0.3)}).verdict == "reproduced"
-    assert js.mechanism_verdict({2: arrays(2.0, 1.5, -0.3), 4: arrays(2.0, 1.5, -0.3)}).verdict == "partly"
+    # a link significantly opposite (KL ratio below the σ̄² ratio) breaks the chain even where the others hold
+    assert js.mechanism_verdict({2: arrays(2.0, 1.5, 0.3), 4: arrays(2.0, 1.5, 0.3)}).verdict == "not reproduced"
     assert js.mechanism_verdict({2: arrays(0.5, 0.4, -0.3), 4: arrays(0.5, 0.4, -0.3)}).verdict == "not reproduced"
+    # the correlation link undecided (ρ symmetric about 0: W⁺ = W⁻, p = 1), the others holding: partly
+    undecided = [dict(arrays(2.0, 3.0, 0.0), rho_qkqv=np.tile([0.3, -0.3], 5)) for _ in range(2)]
+    assert js.mechanism_verdict(dict(zip((2, 4), undecided))).verdict == "partly"
 
 
 @pytest.mark.slow
@@ -73,7 +77,7 @@ def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
     claims = {c["id"]: c for c in run_tiny("jensen", tiny, tmp_path, monkeypatch)}
     assert claims["jensen-inflation"]["rule"] == "implementation check"
     assert claims["jensen-inflation"]["verdict"] in ("implementation check", "check failed")
-    assert claims["jensen-schemes-on-curve"]["rule"] == "combine"
+    assert claims["jensen-schemes-on-curve"]["rule"] == "chain"
     assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
     assert claims["dalberto-per-instance-bias"]["rule"] == "combine"
     assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
