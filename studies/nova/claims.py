@@ -272,7 +272,8 @@ def ablation_claims(a: Analysis) -> list[Claim]:
     setup = (" Arms (figures/data/nova_ablation.csv): transform attention-aware (T = Vᵀ Σ_Q^{1/2}) or a randomized "
              "Hadamard rotation (data-oblivious), quantizer NOVA-KV's stratified group VQ (g = 8 // b) or scalar "
              "(g = 1: a per-coefficient k-means codebook of 2^b levels with the per-token RMS scale, a trained "
-             "Lloyd–Max quantizer), values rotated min-max; codebooks trained on the same calibration keys, same "
+             "Lloyd–Max quantizer), values rotated min-max (the value arms: KLT + group VQ, rotation + group "
+             "VQ); codebooks trained on the same calibration keys, same "
              "seed. Medians over (layer, query head) units: " + _arm_means(a, n) + ". " + CONVENTIONS.split(
                  " Layers of one")[0].replace("nova − other", "a − b").replace(
                  "Holm over all tests in figures/data/nova_tests.csv", "Holm within each claim's family"))
@@ -309,15 +310,18 @@ def ablation_claims(a: Analysis) -> list[Claim]:
                    "attention output's error Σⱼ wⱼ eⱼ has expected squared norm Σⱼ wⱼ² E‖eⱼ‖² (errors "
                    "uncorrelated across tokens), so the optimal value transform is the Karhunen–Loève "
                    "transform of the value covariance (docs/references.md §6). Tested: KLT + group VQ values "
-                   "against kvstats' default rotated min-max values, keys identical: lower attention-output "
-                   "error."),
+                   "against a randomized Hadamard rotation + the same group VQ, keys identical (the transform "
+                   "alone): lower attention-output error."),
             source="NOVA-KV, arXiv 2608.04074, abstract; docs/references.md §6 (the value transform derived there)",
             measurement=(f"n = {n}: median relative attention-output error {vals['median_a']:.3f} (KLT + VQ "
-                         f"values) vs {vals['median_b']:.3f} (rotated min-max), Wilcoxon r = {vals['w_r']:+.2f}, "
+                         f"values) vs {vals['median_b']:.3f} (rotation + VQ), Wilcoxon r = {vals['w_r']:+.2f}, "
                          f"{fmt_p(vals['p_holm'])}, lower in {100 * vals['a_better_fraction']:.0f}% of units; "
-                         f"{v_v.reason}."),
+                         f"{v_v.reason}. Beside it (family value_quantizer, not the verdict): "
+                         + "; ".join(f"{r.a} vs {r.b} ({r.held}) {r.median_a:.3f} vs {r.median_b:.3f}, Wilcoxon "
+                                     f"r = {r.w_r:+.2f}, {fmt_p(r.p_holm)}"
+                                     for r in fam["value_quantizer"].itertuples()) + "."),
             data=data, verdict=v_v,
-            details=_ablation_table(fam["values"]) + "\n\n" + setup),
+            details=_ablation_table(pd.concat([fam["values"], fam["value_quantizer"]])) + "\n\n" + setup),
     ]
 
 

@@ -785,3 +785,26 @@ def test_a_statistic_undefined_on_some_resamples_of_moderate_data_keeps_its_non_
     # a zero median of b in some resamples: the interval reaches inf, as documented (not an overflow refusal)
     r = S.ratio_ci(np.arange(1.0, 22.0), np.array([0.0] * 10 + [1.0] * 11), statistic=np.median, n_resamples=999)
     assert math.isinf(r.confidence_interval[1])
+
+
+def test_mean_ci_support_cuts_the_interval_to_what_the_mean_can_be():
+    """A mean of non-negative values (a KL divergence) has no negative lower bound: with support (0, ∞) the interval
+    is the unconstrained one intersected with [0, ∞) (oracle: the same call without support), labelled; data outside
+    the support are refused."""
+    import math
+
+    from kvstats.measure import stats as S
+    skewed = [0.01, 0.02, 0.0, 5.0, 0.03, 0.01]  # one large document: the studentized interval dips below 0
+    free = S.mean_ci(skewed)
+    cut = S.mean_ci(skewed, support=(0.0, math.inf))
+    assert free.confidence_interval[0] < 0
+    assert cut.confidence_interval[0] == 0.0 and cut.confidence_interval[1] == free.confidence_interval[1]
+    assert cut.statistic == free.statistic and "intersected with the support [0, inf]" in cut.ci_method
+    inside = S.mean_ci([1.0, 2.0, 3.0, 4.0, 5.0], support=(0.0, math.inf))
+    assert inside.ci_method == S.mean_ci([1.0, 2.0, 3.0, 4.0, 5.0]).ci_method  # nothing cut, nothing said
+    with pytest.raises(ValueError, match="support"):
+        S.mean_ci([-0.1, 0.2, 0.3], support=(0.0, math.inf))
+    with pytest.raises(ValueError, match="low < high"):
+        S.mean_ci([0.1, 0.2, 0.3], support=(1.0, 0.0))
+    with pytest.raises(TypeError, match="support"):
+        S.mean_ci([0.1, 0.2, 0.3], support=0.0)

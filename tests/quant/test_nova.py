@@ -433,6 +433,17 @@ def test_nova_value_codec_calibrates_values_per_head_and_attends_like_decoded_va
     # on these anisotropic values the calibrated value path reconstructs better than rotated min-max
     v_plain = plain.decode(plain.encode(keys.float(), values.float()))[1]
     assert float(((v_hat - values) ** 2).mean()) < 0.5 * float(((v_plain - values) ** 2).mean())
+    # "rotated_vq": the same group VQ behind a rotation (the arm isolating the value transform); the keys unchanged
+    with pytest.raises(ValueError, match="value_codec='rotated_vq' calibrates on the values"):
+        NovaScheme.calibrate(queries.float(), keys.float(), bits=2, value_codec="rotated_vq")
+    rot = NovaScheme.calibrate(queries.float(), keys.float(), values.float(), bits=2, seed=1,
+                               value_codec="rotated_vq")
+    assert all(h.transform == "rotation" for h in rot.v.heads)
+    assert torch.equal(rot.k.heads[1].calibration.transform, plain.k.heads[1].calibration.transform)
+    assert [h.group_dim for h in rot.v.heads] == [h.group_dim for h in sch.v.heads]
+    v_rot = rot.decode(rot.encode(keys.float(), values.float()))[1]
+    # the KLT puts these anisotropic values' energy where the bits are; a rotation spreads it evenly
+    assert float(((v_hat - values) ** 2).mean()) < float(((v_rot - values) ** 2).mean())
 
 
 def test_recalibration_changes_the_fingerprint_and_refuses_older_codes():

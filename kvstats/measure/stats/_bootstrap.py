@@ -331,6 +331,7 @@ def mean_ci(
     method: str = "auto",
     n_resamples: int = 9999,
     seed: int = 0,
+    support: tuple[float, float] | None = None,
 ) -> MeanResult:
     """The mean of ``data`` (independent units) with a confidence interval that covers at few units.
 
@@ -359,7 +360,33 @@ def mean_ci(
     On units with few values it covered 35–86% (issue 43); the intervals above cover ≥ 95.8% exactly for binary and
     two-valued units at 5–20 units and 96–98% for a recall near 1 (tests/measure/test_stats_discrete.py).
     ``n_resamples`` and ``seed`` are the bootstrap's (unused by the other intervals).
+
+    ``support`` ``(low, high)``: the values the quantity can take (``(0, math.inf)`` for a KL divergence). The
+    interval is intersected with it — a mean of non-negative values has no negative lower bound, and cutting off
+    what the parameter cannot be never lowers coverage — and ``ci_method`` says so where it cut; data outside the
+    support are refused.
     """
+    result = _mean_ci(data, confidence_level, method, n_resamples, seed)
+    if support is None:
+        return result
+    try:
+        low, high = (float(v) for v in support)
+    except (TypeError, ValueError):
+        raise TypeError(f"support must be a (low, high) pair of numbers or None, got {support!r}") from None
+    if math.isnan(low) or math.isnan(high) or low >= high:
+        raise ValueError(f"support must have low < high, got {support!r}")
+    x = np.asarray(data, dtype=np.float64)
+    if x.min() < low or x.max() > high:
+        raise ValueError(f"data must lie in support [{low:g}, {high:g}], got values in [{x.min():g}, {x.max():g}]")
+    lo, hi = result.confidence_interval
+    cut_lo, cut_hi = max(lo, low), min(hi, high)
+    if (cut_lo, cut_hi) == (lo, hi):
+        return result
+    return dataclasses.replace(result, confidence_interval=(cut_lo, cut_hi),
+                               ci_method=f"{result.ci_method}, intersected with the support [{low:g}, {high:g}]")
+
+
+def _mean_ci(data, confidence_level: float, method: str, n_resamples: int, seed: int) -> MeanResult:
     x = _sample(data, "data", min_size=2)
     level = _check_level(confidence_level)
     if method not in ("auto", "t", "studentized", "BCa"):

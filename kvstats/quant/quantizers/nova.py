@@ -416,7 +416,7 @@ def parseval_terms(quantizer: NovaQuantizer, keys: torch.Tensor, queries: torch.
 # ----------------------------------------------------------------------------------- whole caches
 
 #: the value paths of :func:`calibrate_cache`
-VALUE_CODECS = ("rotated_minmax", "nova")
+VALUE_CODECS = ("rotated_minmax", "nova", "rotated_vq")
 
 
 def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None, *,
@@ -434,7 +434,9 @@ def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values
         value_codec: ``"rotated_minmax"`` (default; a rotation then b-bit min-max per token, data-oblivious)
             or ``"nova"``: per KV head a :class:`NovaQuantizer` with ``transform="klt"`` calibrated on the
             values (the closed-form value transform, then the same stratified group VQ as the keys;
-            ``options`` other than ``transform`` apply to it too).
+            ``options`` other than ``transform`` apply to it too); ``"rotated_vq"``: the same group VQ behind a
+            randomized Hadamard rotation instead of the KLT (``transform="rotation"``, codebooks trained on the
+            values) — the arm that isolates the value transform from the value quantizer.
         options: passed to every key :class:`NovaQuantizer` (ridge, group_dim, side_dtype, transform, ...).
     """
     for name, t in (("queries", queries), ("keys", keys)):
@@ -454,18 +456,19 @@ def calibrate_cache(bits: int, queries: torch.Tensor, keys: torch.Tensor, values
             raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got {tuple(values.shape)}")
     if value_codec not in VALUE_CODECS:
         raise ValueError(f"value_codec must be one of {VALUE_CODECS}, got {value_codec!r}")
-    if value_codec == "nova" and values is None:
-        raise ValueError("value_codec='nova' calibrates on the values: pass values= [B, H_kv, S, d]")
+    if value_codec in ("nova", "rotated_vq") and values is None:
+        raise ValueError(f"value_codec={value_codec!r} calibrates on the values: pass values= [B, H_kv, S, d]")
     g = queries.shape[1] // hkv
     head_seeds = spawn_seeds(seed, hkv + 1)
     query_heads = [None if options.get("transform", "attention") != "attention" else queries[:, h * g:(h + 1) * g]
                    for h in range(hkv)]
     heads = [NovaQuantizer(bits, d, head_seeds[h], **options).calibrate(query_heads[h], keys[:, h])
              for h in range(hkv)]
-    if value_codec == "nova":
+    if value_codec in ("nova", "rotated_vq"):
         value_options = {k: v for k, v in options.items() if k != "transform"}
         value_seeds = spawn_seeds(head_seeds[-1], hkv)
-        value_heads = [NovaQuantizer(bits, d, value_seeds[h], transform="klt", **value_options)
+        transform = "klt" if value_codec == "nova" else "rotation"
+        value_heads = [NovaQuantizer(bits, d, value_seeds[h], transform=transform, **value_options)
                        .calibrate(None, values[:, h]) for h in range(hkv)]
         return PerHeadQuantizer(heads), PerHeadQuantizer(value_heads)
     return PerHeadQuantizer(heads), RotatedMinMax(bits, d, head_seeds[-1], rotation=rotation,
