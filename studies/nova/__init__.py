@@ -92,6 +92,7 @@ from kvstats.studies.nova.cells import (
     layer_qkv,
     make_scheme,
     regrouped,
+    rotated_top_energy,
 )
 from kvstats.studies.nova.claims import (
     ablation_claims,
@@ -104,6 +105,7 @@ from kvstats.studies.nova.claims import (
     parseval_claim,
     ruler_claim,
     sink_claim,
+    spectrum_claim,
 )
 from kvstats.studies.nova.figures import attention_figure, layers_figure, parseval_figure
 from kvstats.studies.nova.verdicts import (
@@ -122,7 +124,7 @@ __all__ = ["POSITION", "ABLATION_ARMS", "ABLATION_BUDGETS", "ABLATION_FAMILIES",
            "SPLIT_AT", "STUDY", "TEXTS", "VERSION", "WILCOXON_RESAMPLES", "ablation_scheme", "ablation_tests",
            "ablation_verdict", "Analysis", "beats_verdict", "bits_verdict", "cell", "contiguous", "ensure_captures",
            "grouping_tests", "grouping_verdict", "kv_units", "layer_qkv", "main", "make_scheme", "Nova",
-           "parseval_verdict", "regrouped", "tests", "unit_table"]
+           "parseval_verdict", "regrouped", "rotated_top_energy", "spectrum_claim", "tests", "unit_table"]
 
 POSITION = 80  # place in figures/REPORT.md (kvstats.study.report.study_order)
 
@@ -170,7 +172,8 @@ class Nova(study.Study):
 
     def claims(self, a: Analysis) -> list[Claim]:
         out = [*(beats_claim(a, n) for n in BUDGETS), minmax_claim(a), sink_claim(a), bits_claim(a),
-               parseval_claim(a), grouping_claim(a), *ablation_claims(a), ruler_claim(), heldout_claim(a)]
+               parseval_claim(a), spectrum_claim(a), grouping_claim(a), *ablation_claims(a), ruler_claim(),
+               heldout_claim(a)]
         return [c for c in out if c is not None]
 
     def definitions(self, a: Analysis) -> dict[str, str]:

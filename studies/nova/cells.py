@@ -24,6 +24,7 @@ from kvstats.quant.quantizers.nova import (
     one_thread,
     parseval_terms,
 )
+from kvstats.quant.rotations import make_rotation
 from kvstats.quant.schemes import NovaScheme, Scheme, scheme
 from kvstats.study.sweep import cell_seed
 
@@ -237,7 +238,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
                              "abs_logit_err_rest": err_rest[h].mean().item(),
                              "seconds": seconds, "seq_len": s_len, **bits})
             if name == "nova" and n == 2:
-                rows.extend(_parseval_rows(s, k, q, q_cal, g))
+                rows.extend(_parseval_rows(s, k, q, q_cal, g, k_cal))
             if name == "nova" and n in GROUPING_BUDGETS:
                 rows.extend(_grouping_rows(s, k, v, k_cal, qn, kl_ref, kl, g))
             if name == "nova" and n in ABLATION_BUDGETS:
@@ -299,18 +300,35 @@ def _visible(n_q: int, s_len: int) -> torch.Tensor:
     return attention.causal_visible(n_q, s_len)  # the last n_q positions, causal
 
 
-def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int) -> list[dict]:
+def rotated_top_energy(head: NovaQuantizer, keys: torch.Tensor, seed: int, top: int = 8) -> float:
+    """The share of the attention-metric energy in the ``top`` largest coordinate variances after a randomized
+    Hadamard rotation R: the variances diag(R M Rᵀ) of M = Σ_Q^{1/2} C_K Σ_Q^{1/2} (C_K the covariance of
+    ``keys`` [n, d], Σ_Q the head's calibrated second moment), against NOVA-KV's transform, whose coefficient
+    variances are M's eigenvalues (``top8_energy``). Equal variances give top/d."""
+    k = keys.double().reshape(-1, head.dim)
+    centred = k - k.mean(0)
+    cov = centred.T @ centred / k.shape[0]
+    lam, vec = torch.linalg.eigh(head.calibration.sigma_q.double())
+    root = vec @ torch.diag(lam.clamp_min(0).sqrt()) @ vec.T
+    m = root @ cov @ root
+    r = make_rotation("wht", head.dim, seed).matrix().double()
+    variances = torch.diagonal(r @ m @ r.T)
+    return float(variances.sort(descending=True).values[:top].sum() / variances.sum())
+
+
+def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int, k_cal) -> list[dict]:
     rows = []
     for h, head in enumerate(s.k.heads):
         keys = k[0, h].double()
         cal = parseval_terms(head, keys, q_cal[0, h * g:(h + 1) * g])
         held = parseval_terms(head, keys, q[0, h * g:(h + 1) * g])
         lam = head.calibration.eigenvalues
-        rows.append({"kind": "parseval", "scheme": "nova", "n": 2, "kv_head": h,
+        rows.append({"kind": "parseval", "scheme": "nova", "n": 2, "kv_head": h, "d": head.dim,
                      "coef_mse": cal.coefficient_error.mean().item(), "sigma_form": cal.sigma_form.mean().item(),
                      "logit_mse_calib_q": cal.query_mean.mean().item(),
                      "logit_mse_heldout_q": held.query_mean.mean().item(),
                      "ridge_abs": head.calibration.ridge,
                      "top8_energy": float(lam.sort(descending=True).values[:8].sum() / lam.sum()),
+                     "top8_energy_rotated": rotated_top_energy(head, k_cal[0, h], cell_seed(STUDY, "spectrum", h)),
                      "group_logvol_spread": float(np.ptp(head.calibration.group_log_volumes().numpy()))})
     return rows

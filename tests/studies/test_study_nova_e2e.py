@@ -343,3 +343,40 @@ def test_e2e_baseline_claim_tabulates_per_segment_means(e2e):
     ours = [x for x in claim["details"].splitlines() if x.startswith("| kvstats kqv")]
     assert len(ours) == 1 and f"{segs['out_kl'][:4].mean():.4f}" in ours[0]  # only n = 2, the baselines' budget
     assert claim["verdict"].verdict == "measured"
+
+
+def test_rotated_top_energy_against_scipy(nv):
+    """The rotated coordinate variances of M = Σ_Q^{1/2} C_K Σ_Q^{1/2}: oracle by scipy (sqrtm, np.cov) on the same
+    rotation; their total is trace(M) = the sum of the calibration's eigenvalues (T diagonalises M)."""
+    import scipy.linalg
+
+    from kvstats.quant.quantizers.nova import NovaQuantizer
+    from kvstats.quant.rotations import make_rotation
+
+    g = torch.Generator().manual_seed(0)
+    d = 16
+    q = torch.randn(400, d, generator=g, dtype=torch.float64) * torch.linspace(3, 0.2, d, dtype=torch.float64)
+    k = torch.randn(500, d, generator=g, dtype=torch.float64) * torch.linspace(0.3, 2, d, dtype=torch.float64)
+    head = NovaQuantizer(2, d, seed=0, ridge=0.0).calibrate(q, k)
+    share = nv.rotated_top_energy(head, k, seed=5, top=4)
+    sigma = head.calibration.sigma_q.double().numpy()
+    root = np.real(scipy.linalg.sqrtm(sigma))
+    m = root @ np.cov(k.numpy().T, bias=True) @ root
+    r = make_rotation("wht", d, 5).matrix().double().numpy()
+    variances = np.sort(np.diag(r @ m @ r.T))[::-1]
+    assert share == pytest.approx(variances[:4].sum() / variances.sum(), rel=1e-9)
+    assert variances.sum() == pytest.approx(float(head.calibration.eigenvalues.sum()), rel=1e-6)
+
+
+def test_spectrum_claim_returns_each_verdict(nv):
+    from types import SimpleNamespace
+
+    def claim(rot, klt):
+        pars = pd.DataFrame({"d": 64, "top8_energy_rotated": rot, "top8_energy": klt})
+        return nv.spectrum_claim(SimpleNamespace(pars=pars, data="synthetic")).verdict.verdict
+
+    rot = np.linspace(0.13, 0.16, 12)   # near the equal share 8/64 = 0.125, below 2 × 0.125
+    klt = np.linspace(0.55, 0.75, 12)  # 12 pairs of one sign: exact Wilcoxon p = 2/4096
+    assert claim(rot, klt) == "reproduced"
+    assert claim(np.r_[rot[:-1], 0.3], klt) == "partly"          # one unit far from equal, compaction holds
+    assert claim(klt, rot) == "not reproduced"                   # the rotation compacts, T spreads
