@@ -298,7 +298,9 @@ def perplexity_claim(a: Analysis) -> Claim:
                  + _side_by_side(a)
                  + "\n\nmse: TurboQuant_mse on K and V (what vLLM-style deployments run); minmax: KIVI-style "
                    "(K per channel in groups of d tokens, V per token, fp16 ranges); nova: calibrated on "
-                   f"'{DOCUMENTS[0]}', bits with its calibration amortised over the cached tokens."))
+                   f"'{DOCUMENTS[0]}'. Bits per element are those the cache holds (codes, norms, ranges and the "
+                   "exact tokens); nova's calibration (per KV head its transform and codebooks) is not in them: "
+                   "the nova study's bit count amortises it over 128K tokens."))
 
 
 #: δ of the "quality-neutral at 4 bits" claim: a mean NLL increase of 0.01 nats per token (perplexity × 1.01)
