@@ -385,8 +385,9 @@ def predictivity_claim(a: Analysis) -> Claim:
               "model's next-token distribution.",
         measurement=(f"Spearman ρ(attention KL, next-token KL) across the {int(c['points'])} designed cells "
                      f"(scheme × n × seed × window) = {c['rho']:.2f}, descriptive: the cells are a design, not a "
-                     f"sample, so no p or CI is given; per token within a cell the median ρ is "
-                     f"{ct['rho'].median():.2f} (range {ct['rho'].min():.2f} to {ct['rho'].max():.2f})"),
+                     f"sample, so no p or CI is given; per token within each of the {len(ct)} cells without a "
+                     f"full-precision window (W = 0) the median ρ is {ct['rho'].median():.2f} (range "
+                     f"{ct['rho'].min():.2f} to {ct['rho'].max():.2f})"),
         details=("| x | y | ρ across the designed cells |\n|---|---|---|\n" + lines
                  + "\n\nAttention KL sees K only; the schemes' value quantizers differ, so the output damage "
                    "at equal attention KL differs by scheme. The cells are chosen, not sampled: ρ describes "
