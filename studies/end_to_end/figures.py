@@ -176,6 +176,8 @@ def figures(a: Analysis) -> None:
     plots.write_csv(f"{STUDY}_correlation", a.corr)
     plots.write_csv(f"{STUDY}_generation", a.gen)
     plots.write_csv(f"{STUDY}_paths", a.agree)
+    if a.qjl_summary is not None:
+        plots.write_csv(f"{STUDY}_qjl", a.qjl_summary)
     plots.setup()
     output_figure(a)
     attention_figure(a)

@@ -55,6 +55,7 @@ from kvstats.studies.retrieval.analysis import (
     Analysis,
     accuracy_table,
     analyse,
+    compact_trials,
     equivalence_rows,
     recovered_fraction,
     tests_table,
@@ -112,7 +113,9 @@ class Retrieval(study.Study):
         return analyse(tables[STUDY], scale, tables.get(f"{STUDY}_formats"))
 
     def figures(self, tables, a: Analysis) -> None:
-        plots.write_csv(f"{STUDY}_trials", a.trials)
+        # every trial (the headline accuracies and tests recompute from it): columns constant over the table dropped
+        # and the attention KL rounded to 6 significant digits, so the table is small enough to commit
+        plots.write_csv(f"{STUDY}_trials", compact_trials(a.trials))
         plots.write_csv(f"{STUDY}_accuracy", a.accuracy)
         plots.write_csv(f"{STUDY}_depth", a.grid)
         plots.write_csv(f"{STUDY}_tests", a.tests)

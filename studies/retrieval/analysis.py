@@ -109,6 +109,16 @@ def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = Non
                     accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran)
 
 
+def compact_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trial table as committed: the cells' own parameters dropped (which budgets, calibration or formats a cell
+    ran: each row's scheme and n say it), the attention KL rounded to 6 significant digits; every test of the
+    study recomputes from it."""
+    out = trials.drop(columns=[c for c in ("bits", "calibration_tokens", "formats") if c in trials])
+    if "attn_kl" in out:
+        out["attn_kl"] = out["attn_kl"].map(lambda x: float(f"{x:.6g}") if pd.notna(x) else x)
+    return out
+
+
 def _recovered(rows: np.ndarray) -> float:
     """(accuracy of column 1 − of column 2) / (of column 0 − of column 2): the share of what the scalar method
     (column 2) loses against fp (column 0) that NOVA-KV (column 1) recovers; nan where nothing is lost."""
