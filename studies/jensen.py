@@ -233,13 +233,21 @@ def mechanism_verdict(by_budget: dict) -> verdicts.Verdict:
         tests["sup"].append(wilcoxon(excess))
         tests["cor"].append(wilcoxon(arr["rho_qkqv"]))
 
-    def cells(family) -> list[int]:
-        p_holm = multipletests([w.pvalue for w in family], method="holm")[1]
-        return [verdicts.cell_direction(p, w.effect_size, expected_sign=1, alpha=ALPHA) for p, w in zip(p_holm, family)]
+    trials = min(len(arr["kl_kqv"]) for arr in by_budget.values())
 
-    return verdicts.chain([verdicts.direction(cells(tests["amp"]), what="budgets (σ̄² QKQV > KQV)"),
-                           verdicts.direction(cells(tests["sup"]), what="budgets (KL ratio > σ̄² ratio)"),
-                           verdicts.direction(cells(tests["cor"]), what="budgets (Spearman(err², score) > 0)")])
+    def link(family, what: str) -> verdicts.Verdict:
+        p_holm = multipletests([w.pvalue for w in family], method="holm")[1]
+        cells = [verdicts.cell_direction(p, w.effect_size, expected_sign=1, alpha=ALPHA)
+                 for p, w in zip(p_holm, family)]
+        # undecided everywhere: the plan of the weakest budget (every budget must decide for the link to hold)
+        weakest = max((w for w in family if 0 < w.pvalue < 1 and w.effect_size), key=lambda w: w.pvalue, default=None)
+        plan = None if weakest is None or trials < 2 else verdicts.plan_from_test(
+            weakest.pvalue, weakest.effect_size, trials, alpha=ALPHA / len(family), unit="trials")
+        return verdicts.direction(cells, what=what, plan=plan)
+
+    return verdicts.chain([link(tests["amp"], "budgets (σ̄² QKQV > KQV)"),
+                           link(tests["sup"], "budgets (KL ratio > σ̄² ratio)"),
+                           link(tests["cor"], "budgets (Spearman(err², score) > 0)")])
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
