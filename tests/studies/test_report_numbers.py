@@ -1,0 +1,181 @@
+"""Headline numbers of the committed figures/REPORT.md recomputed from the committed figures/data alone.
+
+Each test reads a claim's section of the report and the CSV its numbers come from, recomputes the number with numpy,
+scipy or statsmodels (never kvstats' own analysis code), formats it as the report prints it and finds it in the
+section: the report says what its data say. The report and its data are regenerated together (``make figures``),
+so these hold at any scale; a section or a file that is missing fails, it is not skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
+
+FIGURES = Path(__file__).resolve().parents[2] / "figures"
+
+
+@pytest.fixture(scope="module")
+def report() -> str:
+    return (FIGURES / "REPORT.md").read_text(encoding="utf-8")
+
+
+def section(report: str, claim_id: str) -> str:
+    """The claim's section: from its heading ``### <id> — <verdict>`` to the next heading."""
+    match = re.search(rf"^### {re.escape(claim_id)} — .*?(?=^##)", report, flags=re.S | re.M)
+    assert match, f"no section for claim {claim_id!r} in figures/REPORT.md"
+    return match.group(0)
+
+
+def data(name: str) -> pd.DataFrame:
+    return pd.read_csv(FIGURES / "data" / f"{name}.csv")
+
+
+def listed(text: str) -> list[float]:
+    """A list column as the CSV writer stores it ("[0.1, 0.2]")."""
+    return [float(x) for x in json.loads(text)]
+
+
+def test_turboquant_bounds_and_dmse_values(report):
+    """D_mse means over the replicates; the bounds 4^−b and (√3π/2)·4^−b in closed form."""
+    rows = data("turboquant_distortion")
+    mse = rows[rows["method"] == "turbo_mse"].groupby("bits")["d_mse"].mean()
+    bounds = section(report, "turboquant-bounds")
+    low, high = 4.0 ** -6, math.sqrt(3) * math.pi / 2 * 4.0 ** -6
+    assert f"b = 6: D_mse {mse[6]:.2e} in [{low:.2e}, {high:.2e}]" in bounds
+    values = section(report, "turboquant-dmse-values")
+    assert "measured D_mse (Monte Carlo through turbo_mse) " + ", ".join(f"{mse[b]:.4f}" for b in (1, 2, 3, 4)) \
+        in values
+
+
+def test_lloyd_max_one_bit_is_its_closed_form(report):
+    """The 1-bit Lloyd–Max quantizer of N(0, 1) has levels ±√(2/π) and MSE 1 − 2/π."""
+    table = data("sphere_law_turboquant_dmse_table").set_index("bits")
+    assert table.loc[1, "gaussian_limit_d_mse"] == pytest.approx(1 - 2 / math.pi, abs=1e-6)
+    assert f"b=1: {1 - 2 / math.pi:.6f}" in section(report, "lloyd-max-gaussian-table")
+
+
+def test_beta_figures_counts_by_the_paired_and_the_unpaired_test(report):
+    """Per (d, data) cell of the Hadamard sketch: scipy's Wilcoxon signed-rank over the trials (paired) and exact
+    Mann–Whitney (the paper's), Holm over the 12 cells (statsmodels), MSE lower: the two counts printed."""
+    kl = data("beta_figures_kl")
+    paired, unpaired = [], []
+    for (_d, _kind), g in kl.groupby(["d", "kind"]):
+        a = g[g["method"] == "turbo_mse"].sort_values("trial")["kl"].to_numpy()
+        b = g[(g["method"] == "turbo_prod") & (g["sketch"] == "srht")].sort_values("trial")["kl"].to_numpy()
+        w = scipy.stats.wilcoxon(a, b)
+        diff = a - b
+        ranks = scipy.stats.rankdata(np.abs(diff))
+        paired.append((w.pvalue, ranks[diff > 0].sum() - ranks[diff < 0].sum()))
+        u = scipy.stats.mannwhitneyu(a, b, method="exact")
+        unpaired.append((u.pvalue, 2 * u.statistic / (len(a) * len(b)) - 1))
+
+    def wins(tests):
+        holm = multipletests([p for p, _ in tests], method="holm")[1]
+        return sum(1 for q, (_, effect) in zip(holm, tests) if q < 0.05 and effect < 0)
+
+    text = section(report, "dalberto-beta-figures-mse-wins")
+    assert (f"(paired Wilcoxon, Holm p < 0.05) in {wins(paired)}/12 (d, data) cells (the paper's unpaired "
+            f"Mann–Whitney: {wins(unpaired)}/12)") in text
+
+
+def test_qjl_theorem_36_from_its_sketches(report):
+    """0 failures in N sketches and the largest / median deviation, from the per-sketch values."""
+    rows = data("qjl_variance_theorem36")
+    text = section(report, "qjl-theorem-3.6")
+    for r in rows.itertuples():
+        worst = np.array(listed(r.worst_per_sketch))
+        failures = int((worst > 3 * r.eps).sum())
+        assert (f"ε = {r.eps:g}, m = {r.m}: {failures}/{len(worst)} sketches with a score outside 1 ± 3ε; largest "
+                f"|ŝ/s − 1| {worst.max():.3f} (median {np.median(worst):.3f})") in text
+
+
+def test_qjl_theorem_36_scaling_needed_sketch_size(report):
+    """m* = m·median(deviation)² per log n, n = 4096 over n = 64, at every d (the point estimates)."""
+    rows = data("qjl_variance_theorem36_scaling")
+    cells = {(r.keys, r.d): r for r in rows.itertuples()}
+    text = section(report, "qjl-theorem-3.6-scaling")
+    for d in (64, 128, 256):
+        a, b = cells[4096, d], cells[64, d]
+        ratio = (a.m * np.median(listed(a.worst_per_sketch)) ** 2 / math.log(4096)) / (
+            b.m * np.median(listed(b.worst_per_sketch)) ** 2 / math.log(64))
+        assert f"d = {d}: {ratio:.3f} [" in text
+
+
+def test_jensen_kl_ratio_and_holm_p_per_budget(report):
+    """KL(QKQV)/KL(KQV) as a ratio of medians and scipy's Wilcoxon over the paired trials, Holm over the 5
+    budgets (statsmodels)."""
+    rows = data("jensen_schemes")
+    budgets = sorted(rows["n"].unique())
+    ratios, pvalues = [], []
+    for n in budgets:
+        at = rows[rows["n"] == n]
+        a = at[at["scheme_name"] == "qkqv"].sort_values("trial")["kl"].to_numpy()
+        b = at[at["scheme_name"] == "kqv"].sort_values("trial")["kl"].to_numpy()
+        ratios.append(np.median(a) / np.median(b))
+        pvalues.append(scipy.stats.wilcoxon(a, b).pvalue)
+    holm = multipletests(pvalues, method="holm")[1]
+    text = section(report, "dalberto-per-instance-bias")
+    for n, ratio, p in zip(budgets, ratios, holm):
+        assert re.search(rf"n = {n}: .*?KL QKQV / KQV {ratio:.2f} \(Wilcoxon r = [+-][0-9.]+, Holm p = {p:.2g}\)",
+                         text), f"n = {n}: ratio {ratio:.2f}, Holm p {p:.2g}"
+
+
+def test_retrieval_fp_accuracy_and_wilson_intervals(report):
+    """The fp model's pass counts per (task, length) from the trials, with statsmodels' Wilson 95% interval."""
+    trials = data("retrieval_trials")
+    fp = trials[trials["scheme"] == "fp"]
+    text = section(report, "retrieval-fp")
+    for (task, length), g in fp.groupby(["task", "length"]):
+        k, n = int(g["success"].sum()), len(g)
+        lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+        assert f"{length} tokens {100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({k}/{n})" in text, (task, length)
+
+
+def test_model_damage_sensitivity_from_the_documents(report):
+    """The damage of every layer quantized: the mean over documents of the per-document next-token KL."""
+    docs = data("model_damage_sensitivity_documents")
+    full = docs[docs["configuration"] == "all"]["damage"]
+    assert f"mean next-token KL {full.mean():.3g} [" in section(report, "model-layer-sensitivity")
+
+
+def test_formats_next_token_kl_from_the_units(report):
+    """A format's mean next-token KL: the mean over the documents (the units) of each document's mean."""
+    units = data("formats_units")
+    mean = units[units["method"] == "int_token@2"]["out_kl"].mean()
+    assert f"int_token@2 {mean:.3g} (" in section(report, "formats-at-2.625-bits")
+
+
+def test_recipe_additivity_from_the_documents(report):
+    """The recipe at 3.5 bits: predicted (sum of isolated damages) and measured KL, means over the documents."""
+    docs = data("recipe_documents")
+    at = docs[docs["map"] == "budget 3.5"]
+    assert (f"budget 3.5 (3.5 bits held): predicted {at['predicted'].mean():.3g}, measured "
+            f"{at['measured'].mean():.3g}") in section(report, "recipe-additivity")
+
+
+def test_nova_rotations_equalize_from_the_spectra(report):
+    """Top-8 energy shares after the rotation and after NOVA-KV's T: medians and ranges over the units."""
+    pars = data("nova_parseval")
+    rot, klt = pars["top8_energy_rotated"], pars["top8_energy"]
+    text = section(report, "nova-rotations-equalize")
+    assert f"median {rot.median():.3f} (range {rot.min():.3f}–{rot.max():.3f}; equal variances give " in text
+    assert f"median {klt.median():.3f} (range {klt.min():.3f}–{klt.max():.3f})" in text
+
+
+def test_jensen_bias_slopes_from_their_summary(report):
+    """The QJL stage's residual slope as a share of the MSE stage's, per budget, from the committed summary."""
+    rows = data("jensen_bias_summary").set_index(["method", "bits"])
+    text = section(report, "dalberto-per-instance-bias")
+    for n in (2, 3, 4, 5, 6):
+        mse, prod = rows.loc[("turbo_mse", n)], rows.loc[("turbo_prod", n)]
+        assert (f"n = {n}: MSE slope {mse['slope']:+.4f} [{mse['slope_lo']:+.4f}, {mse['slope_hi']:+.4f}], "
+                f"QJL-stage slope {prod['slope']:+.5f} ({prod['slope'] / abs(mse['slope']):+.1%} of MSE's)") in text
