@@ -457,12 +457,14 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
     from kvstats.quant.rotations import spherical_sign_scale
 
     tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3,
-            "spiky_sketches": 2}
+            "spiky_sketches": 2, "theorem_trials": 4}
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]
-    assert claims["qjl-theorem-3.6-scaling"]["rule"] == "bound" and "n = 4096, d = 256" in \
-        claims["qjl-theorem-3.6-scaling"]["measurement"]
+    scaling = claims["qjl-theorem-3.6-scaling"]
+    assert scaling["rule"] == "combine" and "per log n, n = 4096 over n = 64: d = 64: " in scaling["measurement"]
+    assert "n = 4096, d = 256: " in scaling["details"] and "a constant m also gives" in scaling["details"]
+    assert claims["qjl-theorem-3.6"]["rule"] == "bound" and "/4 sketches" in claims["qjl-theorem-3.6"]["measurement"]
     assert claims["qjl-longbench-lmeval-speed"]["verdict"] == "not testable here"
     # D'Alberto's √(π/2) claim is verdicted on his Hadamard sketch, Gaussian rows beside it
     assert "Hadamard sketch" in claims["dalberto-sqrt-pi-2"]["measurement"]
