@@ -305,15 +305,17 @@ def rotated_top_energy(head: NovaQuantizer, keys: torch.Tensor, seed: int, top: 
     Hadamard rotation R: the variances diag(R M Rᵀ) of M = Σ_Q^{1/2} C_K Σ_Q^{1/2} (C_K the covariance of
     ``keys`` [n, d], Σ_Q the head's calibrated second moment), against NOVA-KV's transform, whose coefficient
     variances are M's eigenvalues (``top8_energy``). Equal variances give top/d."""
-    k = keys.double().reshape(-1, head.dim)
-    centred = k - k.mean(0)
-    cov = centred.T @ centred / k.shape[0]
-    lam, vec = torch.linalg.eigh(head.calibration.sigma_q.double())
-    root = vec @ torch.diag(lam.clamp_min(0).sqrt()) @ vec.T
-    m = root @ cov @ root
-    r = make_rotation("wht", head.dim, seed).matrix().double()
-    variances = torch.diagonal(r @ m @ r.T)
-    return float(variances.sort(descending=True).values[:top].sum() / variances.sum())
+    # on one thread, as the calibration: a multithreaded GEMM changes last bits with the thread count
+    with one_thread():
+        k = keys.double().reshape(-1, head.dim)
+        centred = k - k.mean(0)
+        cov = centred.T @ centred / k.shape[0]
+        lam, vec = torch.linalg.eigh(head.calibration.sigma_q.double())
+        root = vec @ torch.diag(lam.clamp_min(0).sqrt()) @ vec.T
+        m = root @ cov @ root
+        r = make_rotation("wht", head.dim, seed).matrix().double()
+        variances = torch.diagonal(r @ m @ r.T)
+        return float(variances.sort(descending=True).values[:top].sum() / variances.sum())
 
 
 def _parseval_rows(s: NovaScheme, k, q, q_cal, g: int, k_cal) -> list[dict]:
