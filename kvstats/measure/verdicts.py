@@ -79,6 +79,7 @@ __all__ = [
     "combine",
     "direction",
     "equivalence",
+    "hardest",
     "identity",
     "implementation_check",
     "measured",
@@ -210,9 +211,14 @@ def plan_from_test(pvalue: float, effect: float, n: int, *, alpha: float = 0.05,
 
 
 def _clopper_pearson(x: int, trials: int, alpha: float) -> tuple[float, float]:
-    lo = 0.0 if x == 0 else float(_stats.beta.ppf(alpha / 2, x, trials - x + 1))
-    hi = 1.0 if x == trials else float(_stats.beta.ppf(1 - alpha / 2, x + 1, trials - x))
-    return lo, hi
+    ci = _stats.binomtest(x, trials).proportion_ci(1 - alpha, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def hardest(plans: Sequence[Plan]) -> Plan:
+    """The plan that needs the most samples (one with no deciding sample size counts as needing infinitely many):
+    the one that decides a verdict over several undecided cells."""
+    return max(plans, key=lambda p: math.inf if p.n_needed is None else p.n_needed)
 
 
 def plan_from_binomial(failures: int, trials: int, limit: float, *, alpha: float = 0.05, unit: str = "trials",
@@ -447,7 +453,7 @@ def bound(estimates: Sequence[float], cis: Sequence, limit: float, *, upper: boo
             raise ValueError(f"n must be one sample size or {total} (one per cell), got {len(sizes)}")
         plans = [plan_from_interval(cis[i], sizes[i], distance=estimates[i] - limit, level=level, unit=unit)
                  for i in undecided]
-        plan = max(plans, key=lambda p: math.inf if p.n_needed is None else p.n_needed)
+        plan = hardest(plans)
     return Verdict("inconclusive", "bound", _undecided(reason, plan))
 
 
@@ -506,7 +512,7 @@ def equivalence(cis: Sequence, margin: float, *, what: str = "cells", n: int | N
     if n is not None:
         plans = [plan_from_interval(ci, n, distance=delta - abs((ci[0] + ci[1]) / 2), level=1 - 2 * alpha,
                                     unit=unit) for ci in cis]
-        plan = max(plans, key=lambda p: math.inf if p.n_needed is None else p.n_needed)
+        plan = hardest(plans)
     return Verdict("inconclusive", "equivalence", _undecided(reason, plan))
 
 

@@ -17,6 +17,7 @@ from kvstats.measure.stats import (
     mann_whitney,
     ols_slope,
     ratio_ci,
+    wilcoxon,
 )
 from kvstats.studies.budget_sweep.cells import (
     ALPHA,
@@ -162,8 +163,6 @@ def component_tests(kqv: pd.DataFrame, other: pd.DataFrame) -> tuple[float, list
     the smallest Holm p and the components that separate the schemes at ALPHA. A component identical in both
     schemes (the same coder on that side) has p = 1."""
     from statsmodels.stats.multitest import multipletests
-
-    from kvstats.measure.stats import wilcoxon
 
     a, b = kqv.sort_values("trial"), other.sort_values("trial")
     if a["trial"].tolist() != b["trial"].tolist():

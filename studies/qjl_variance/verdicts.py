@@ -59,8 +59,7 @@ def scores_verdict(rows: list[dict]) -> verdicts.Verdict:
         cis.append((ci.low * n, ci.high * n))
         plans.append(verdicts.plan_from_binomial(int(r["failures"]), int(r["n"]), 1 / n, alpha=ALPHA,
                                                  unit="sketches", scale=n))
-    plan = max(plans, key=lambda p: math.inf if p.n_needed is None else p.n_needed)
-    return verdicts.bound(est, cis, 1.0, what="settings (failure fraction × n)", plan=plan)
+    return verdicts.bound(est, cis, 1.0, what="settings (failure fraction × n)", plan=verdicts.hardest(plans))
 
 
 def needed_m_log_ratio(a: dict, b: dict, *, per_log_n: bool) -> tuple[float, tuple[float, float]]:
