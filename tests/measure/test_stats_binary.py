@@ -223,3 +223,33 @@ def test_the_equivalence_rule():
     assert v.verdict == "not reproduced" and v.rule == "equivalence" and "1 different by more" in v.reason
     with pytest.raises(ValueError, match="margin must be > 0"):
         verdicts.equivalence([(0, 1)], -1)
+
+
+# ----------------------------------------------------------------------------------- planning an equivalence
+@pytest.mark.parametrize("margin, level", [(0.05, 0.9), (0.1, 0.9), (0.05, 0.95), (0.02, 0.9)])
+def test_the_fewest_trials_for_an_equivalence_is_the_wilson_closed_form(margin, level):
+    # two methods right on every trial: Newcombe's interval is ±z²/(n + z²) (Wilson's lower bound at p = 1)
+    z = scipy.stats.norm.ppf((1 + level) / 2)
+    expected = math.floor(z * z * (1 - margin) / margin) + 1
+    n = stats.paired_equivalence_trials(margin, confidence_level=level)
+    assert n == expected
+    inside = [stats.mcnemar(np.ones(k, bool), np.ones(k, bool), confidence_level=level).confidence_interval
+              for k in (n - 1, n)]
+    assert inside[0].high >= margin > inside[1].high and -margin < inside[1].low
+
+
+def test_thirty_passkey_trials_cannot_decide_a_five_point_equivalence():
+    assert stats.paired_equivalence_trials(0.05) == 52
+    ci = stats.mcnemar(np.ones(30, bool), np.ones(30, bool), confidence_level=0.9).confidence_interval
+    assert verdicts.equivalence([(ci.low, ci.high)], 0.05).verdict == "inconclusive"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"margin": 0.0}, "margin must be"), ({"margin": 1.5}, "margin must be"),
+    ({"margin": 0.05, "accuracy": 1.2}, "accuracy must be"),
+    ({"margin": 0.05, "confidence_level": 1.0}, "confidence_level"),
+    ({"margin": 1e-6, "max_trials": 100}, "no n ≤ max_trials=100"),
+])
+def test_bad_planning_arguments_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        stats.paired_equivalence_trials(**kwargs)

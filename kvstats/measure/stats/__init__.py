@@ -24,7 +24,13 @@ Conventions (docs/references.md §5):
 """
 
 # The limits below are part of the documented behaviour (docs/statistics.md), so they stay reachable here.
-from kvstats.measure.stats._binary import McNemarResult, ProportionResult, mcnemar, proportion_ci
+from kvstats.measure.stats._binary import (
+    McNemarResult,
+    ProportionResult,
+    mcnemar,
+    paired_equivalence_trials,
+    proportion_ci,
+)
 from kvstats.measure.stats._bootstrap import NO_INTERVAL as NO_INTERVAL
 from kvstats.measure.stats._bootstrap import T_INTERVAL_BELOW as T_INTERVAL_BELOW
 from kvstats.measure.stats._bootstrap import (
@@ -43,6 +49,7 @@ from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
 from kvstats.measure.stats._compare import compare
 from kvstats.measure.stats._correlation import CorrelationResult, ols_slope, spearman
 from kvstats.measure.stats._equivalence import EquivalenceResult, equivalence, noninferiority
+from kvstats.measure.stats._goodness_of_fit import ks_distance_interval
 from kvstats.measure.stats._groups import SignificanceGroups, compact_letters, significance_groups
 from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
 from kvstats.measure.stats._mann_whitney_reported import (
@@ -94,6 +101,7 @@ __all__ = [
     "compact_letters",
     "compare",
     "interval_text",
+    "ks_distance_interval",
     "detectable_shift",
     "equivalence",
     "hodges_lehmann",
@@ -107,6 +115,7 @@ __all__ = [
     "mwu_null_cdf",
     "noninferiority",
     "ols_slope",
+    "paired_equivalence_trials",
     "paired_t_power",
     "proportion_ci",
     "rank_biserial_report",

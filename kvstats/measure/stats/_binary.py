@@ -19,7 +19,8 @@ from kvstats._validation import check_int_range
 from kvstats.measure.stats._common import _check_level
 from kvstats.results import TestResult
 
-__all__ = ["ProportionResult", "McNemarResult", "proportion_ci", "mcnemar", "binary_outcomes"]
+__all__ = ["ProportionResult", "McNemarResult", "proportion_ci", "mcnemar", "binary_outcomes",
+           "paired_equivalence_trials"]
 
 #: kvstats' method names -> statsmodels' proportion_confint method
 _PROPORTION_METHODS = {"wilson": "wilson", "clopper-pearson": "beta"}
@@ -139,3 +140,41 @@ def mcnemar(a, b, *, confidence_level: float = 0.95) -> McNemarResult:
                          confidence_interval=_paired_difference_ci(n11, n10, n01, n00, level),
                          ci_of="p_a − p_b (Newcombe's paired score interval)", confidence_level=level,
                          extra={"discordant": n10 + n01}, table=table, proportions=((n11 + n10) / n, (n11 + n01) / n))
+
+
+def paired_equivalence_trials(margin: float, *, confidence_level: float = 0.9, accuracy: float = 1.0,
+                              max_trials: int = 1_000_000) -> int:
+    """The fewest paired trials at which two methods that agree on every trial, both at ``accuracy``, have a
+    Newcombe interval of the difference (:func:`mcnemar`'s, at ``confidence_level``: 90% for TOST at α = 0.05)
+    inside (−margin, margin): below it no outcome can establish equivalence within ``margin`` (a claim "within δ"
+    could only be inconclusive or not reproduced). With no discordant pair the interval is ±(p − Wilson lower
+    bound of p) (both margins' Wilson intervals, φ = 0 at ``accuracy`` = 1); at accuracy 1 that is
+    z²/(n + z²), so n > z²(1 − δ)/δ (52 trials for δ = 0.05 at 90%).
+
+    A planning floor, not a power calculation: discordant pairs widen the interval, so a claim expecting them
+    needs more (:func:`kvstats.measure.verdicts.plan_from_interval` after a pilot)."""
+    delta = float(margin)
+    if not (math.isfinite(delta) and 0.0 < delta < 1.0):
+        raise ValueError(f"margin must be a difference of accuracies in (0, 1), got {margin!r}")
+    acc = float(accuracy)
+    if not (math.isfinite(acc) and 0.0 <= acc <= 1.0):
+        raise ValueError(f"accuracy must be in [0, 1], got {accuracy!r}")
+    level = _check_level(confidence_level)
+    max_trials = check_int_range(max_trials, "max_trials", 1, 2**62)
+
+    def decided(n: int) -> bool:
+        ones = round(acc * n)
+        lo, hi = _paired_difference_ci(ones, 0, 0, n - ones, level)
+        return -delta < lo and hi < delta
+
+    if not decided(max_trials):
+        raise ValueError(f"no n ≤ max_trials={max_trials} decides equivalence within margin={margin!r} at "
+                         f"accuracy={accuracy!r}")
+    low, high = 0, max_trials  # decided(high); find the smallest such n (the width shrinks with n)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if decided(mid):
+            high = mid
+        else:
+            low = mid
+    return high
