@@ -26,8 +26,11 @@ bound               the claim states a bound ("≤ 1 ± 3ε", "at most D"). A ce
                     beyond it, is *undecided* otherwise. reproduced: every cell meets it; not reproduced:
                     some cell violates it; inconclusive: every cell undecided; partly: some meet it, the
                     rest are undecided.
-identity            the claim states an exact value or identity (a closed form). reproduced: every value
-                    within ``atol + rtol·|expected|``; not reproduced: none; partly: some.
+identity            the claim states an exact value or identity (a closed form) and the value is computed
+                    without sampling (quadrature, a codebook, a bit count). reproduced: every value within
+                    ``atol + rtol·|expected|``; not reproduced: none; partly: some. A Monte Carlo estimate of a
+                    closed form is held to it by the equivalence rule with a declared margin (a z-score inside
+                    ±z_crit is absence of evidence, not agreement), a sample's law by :func:`ks_equivalence`.
 equivalence         the claim states "no worse than δ" / "quality-neutral" (an equivalence, with a declared
                     margin δ). Each cell's (1 − 2α) CI of the difference (the TOST interval,
                     :func:`kvstats.stats.equivalence`): *equivalent* when it lies inside (−δ, δ),
@@ -67,6 +70,8 @@ from decimal import Decimal, InvalidOperation
 from scipy import stats as _stats
 from scipy.optimize import brentq as _brentq
 
+from kvstats.measure.stats import ks_distance_interval
+
 __all__ = [
     "KINDS",
     "RULE_VERDICTS",
@@ -82,6 +87,7 @@ __all__ = [
     "hardest",
     "identity",
     "implementation_check",
+    "ks_equivalence",
     "measured",
     "not_testable",
     "number",
@@ -514,6 +520,22 @@ def equivalence(cis: Sequence, margin: float, *, what: str = "cells", n: int | N
                                     unit=unit) for ci in cis]
         plan = hardest(plans)
     return Verdict("inconclusive", "equivalence", _undecided(reason, plan))
+
+
+def ks_equivalence(distances: Sequence[float], ns: Sequence[int], margin: float, *, alpha: float = 0.05,
+                   what: str = "samples") -> Verdict:
+    """Goodness of fit as the equivalence rule: "the sample follows the law G" holds within ``margin`` in Kolmogorov
+    distance. Each KS distance ``distances[i]`` of ``ns[i]`` i.i.d. draws gives the interval of the true distance
+    sup|F − G| (:func:`kvstats.measure.stats.ks_distance_interval`, level 1 − α: each end a one-sided bound at
+    1 − α, as TOST's); inside [0, margin) is *equivalent*, wholly at or beyond it *different*. A KS test that
+    merely fails to reject is not evidence of fit (it always passes at small n); this rule is inconclusive there."""
+    distances, ns = list(distances), list(ns)
+    if len(distances) != len(ns):
+        raise ValueError(f"ns must have {len(distances)} entries like distances, got {len(ns)}")
+    alpha = _unit_interval(alpha, "alpha")
+    cis = [ks_distance_interval(d, n, confidence_level=1 - alpha) for d, n in zip(distances, ns)]
+    return equivalence(cis, margin, what=f"{what} (KS distance)", n=min(ns) if ns else None, alpha=alpha / 2,
+                       unit="draws")
 
 
 def combine(parts: Sequence[Verdict]) -> Verdict:

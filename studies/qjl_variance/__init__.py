@@ -89,6 +89,7 @@ from kvstats.studies.qjl_variance.claims import (
 from kvstats.studies.qjl_variance.figures import errors_figure, variance_figure
 from kvstats.studies.qjl_variance.verdicts import (
     bits_verdict,
+    equivalent_to,
     jl_verdict,
     needed_m_log_ratio,
     orthogonal_verdict,
@@ -97,7 +98,6 @@ from kvstats.studies.qjl_variance.verdicts import (
     scores_verdict,
     spiky_verdict,
     tail_verdict,
-    z_identity,
 )
 from kvstats.study import plots
 from kvstats.study.claims import Claim
@@ -109,7 +109,7 @@ __all__ = ["POSITION", "ALPHA", "COS_AT_M", "COS_VALUES", "D", "LEMMA_35", "M_AT
            "VERSION", "Analysis", "bits_verdict", "cell", "error_cell", "jl_cell", "jl_comparison", "jl_verdict",
            "main", "needed_m_log_ratio", "scaling_verdict", "control_m",
            "orthogonal_verdict", "outlier_cell", "outlier_verdict", "qjl_bits", "QjlVariance", "scores_cell",
-           "scores_verdict", "spiky_cell", "spiky_verdict", "tail_cell", "tail_verdict", "unit_pairs", "z_identity"]
+           "scores_verdict", "spiky_cell", "spiky_verdict", "tail_cell", "tail_verdict", "unit_pairs", "equivalent_to"]
 
 POSITION = 50  # place in figures/REPORT.md (kvstats.study.report.study_order)
 

@@ -9,7 +9,7 @@ import scipy.stats
 
 from kvstats.measure import verdicts
 from kvstats.measure.inference import spherical_abs_moment
-from kvstats.measure.stats import t_interval, t_standard_error
+from kvstats.measure.stats import t_interval
 from kvstats.quant.rotations import spherical_sign_scale
 from kvstats.studies.qjl_variance.analysis import Analysis, jl_comparison, spiky_means
 from kvstats.studies.qjl_variance.cells import (
@@ -35,7 +35,12 @@ from kvstats.studies.qjl_variance.cells import (
     qjl_bits,
 )
 from kvstats.studies.qjl_variance.verdicts import (
+    SCALE_MARGIN,
+    TURBO_MARGIN,
+    UNBIASED_MARGIN,
+    VARIANCE_RTOL,
     bits_verdict,
+    equivalent_to,
     jl_verdict,
     needed_m_log_ratio,
     orthogonal_verdict,
@@ -44,7 +49,6 @@ from kvstats.studies.qjl_variance.verdicts import (
     scores_verdict,
     spiky_verdict,
     tail_verdict,
-    z_identity,
 )
 from kvstats.study.claims import Claim, listing, measurement
 from kvstats.study.report import fmt_p
@@ -61,8 +65,8 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                     "claims read its own sketches (Gaussian, orthogonalised); D'Alberto's (eq. 3, √(π/2)) read "
                     "'srht', with Gaussian rows as a sensitivity row",
         "eq. (3)": f"unit r with k ∈ {SPARSITY} nonzeros ±1/√k on a random support; ratio Prod(r, r) = ⟨r, r̂⟩, mean "
-                   f"over {SPIKY_PAIRS} vectors per sketch, {cfg['spiky_sketches']} sketches; unbiased means within "
-                   f"{UNBIASED_ATOL}",
+                   f"over {SPIKY_PAIRS} vectors per sketch, {cfg['spiky_sketches']} sketches; unbiased means the 90% "
+                   f"t-interval over sketches of the mean ratio − 1 inside ±{UNBIASED_ATOL} at every k",
         "Lemma 3.5 / Theorem 3.6": f"Gaussian rows; (ε, δ) ∈ {LEMMA_35}, {cfg['tail_trials']} sketches × {TAIL_PAIRS} "
                                    f"independent uniform unit pairs; Theorem 3.6 with r = {THEOREM_36['r']:g}, "
                                    f"n = {THEOREM_36['n']} keys, ε ∈ {THEOREM_36['eps']}, one query per sketch, "
@@ -101,8 +105,8 @@ def unbiased_claim(a: Analysis) -> Claim:
                      f"(Holm-adjusted {p_holm:.2g}); largest |bias| "
                      f"{unb['bias'].abs().max():.2g} (inner products of unit vectors)."),
         data=a.data_txt,
-        verdict=z_identity(unb["bias"], 0.0, t_standard_error(unb["bias_lo"], unb["bias_hi"], unb["sketches"]),
-                           what="(rows, m, cos) settings"),
+        verdict=equivalent_to(unb["bias"], 0.0, unb["bias_lo"], unb["bias_hi"], unb["sketches"], UNBIASED_MARGIN,
+                              what="(rows, m, cos) settings (bias, units of ‖q‖‖k‖)"),
         figure=f"{STUDY}.png")
 
 
@@ -125,8 +129,8 @@ def closed_form_claim(a: Analysis) -> Claim:
                      f"{g[(g['cos'] == 0) & (g['m'] == M_AT_COS)]['var'].iloc[0] * M_AT_COS:.3f}/m vs π/2 = "
                      f"{math.pi / 2:.3f}/m (JL: 1/m)."),
         data=a.data_txt,
-        verdict=z_identity(g["var"], g["qjl_closed_form"], t_standard_error(g["var_lo"], g["var_hi"], g["sketches"]),
-                           what="(m, cos) points"),
+        verdict=equivalent_to(g["var"], g["qjl_closed_form"], g["var_lo"], g["var_hi"], g["sketches"],
+                              VARIANCE_RTOL, relative=True, what="(m, cos) points (Var / closed form − 1)"),
         figure=f"{STUDY}.png",
         details=var_md)
 
@@ -163,9 +167,9 @@ def scale_factor_claim(a: Analysis) -> Claim:
                      f"[{rex[1]:.4f}, {rex[2]:.4f}] with the exact constant."),
         data=f"d = 64, m = 64, cos = 1, {int(ratio_g['sketches'])} sketches × {a.cfg['pairs']} keys "
              f"({a.scale} scale)",
-        verdict=z_identity([rg[0], rex[0]], [predicted, 1.0],
-                           t_standard_error([rg[1], rex[1]], [rg[2], rex[2]], int(ratio_g["sketches"])),
-                           what="constants (√(π/2): the predicted factor; exact: 1)"),
+        verdict=equivalent_to([rg[0], rex[0]], [predicted, 1.0], [rg[1], rex[1]], [rg[2], rex[2]],
+                              int(ratio_g["sketches"]), SCALE_MARGIN,
+                              what="constants (√(π/2): the predicted factor; exact: 1)"),
         details=(f"Predicted E[Prod]/⟨q, k⟩ with √(π/2) on spherical rows: {predicted:.5f}, a "
                  f"bias of {100 * (predicted - 1):+.2f}% of ⟨q, k⟩; the 95% CI "
                  f"half-width at this scale is {100 * (rg[2] - rg[1]) / 2:.2f}%. Mean error with the exact "
@@ -195,10 +199,10 @@ def turboquant_claim(a: Analysis) -> Claim:
                      f"turbo_prod: smallest p of H0 'mean error 0' over b = 1..4: {fmt_p(prod_bias_ok)}."),
         data=f"unit x uniform, ⟨y, x⟩ = 0.5, d = {D}, {n} vectors per b ({a.scale} scale)",
         verdict=verdicts.combine([
-            z_identity(mse_t["mean"], mse_t["predicted_bias"], t_standard_error(mse_t["ci_low"], mse_t["ci_high"], n),
-                       what="turbo_mse b"),
-            z_identity(prod_t["mean"], 0.0, t_standard_error(prod_t["ci_low"], prod_t["ci_high"], n),
-                       what="turbo_prod b")]),
+            equivalent_to(mse_t["mean"], mse_t["predicted_bias"], mse_t["ci_low"], mse_t["ci_high"], n,
+                          TURBO_MARGIN, what="turbo_mse b (mean error − predicted)"),
+            equivalent_to(prod_t["mean"], 0.0, prod_t["ci_low"], prod_t["ci_high"], n, TURBO_MARGIN,
+                          what="turbo_prod b (mean error)")]),
         figure=f"{STUDY}_errors.png")
 
 
@@ -215,9 +219,9 @@ def eq3_claim(a: Analysis) -> Claim:
                      "Gaussian rows: " + ", ".join(f"{v:.4f}" for v in means["gaussian"].values())
                      + f"; largest 95% CI half-width {half:.4f}."),
         data=f"d = {D}, m = d, {a.cfg['spiky_sketches']} sketches × {SPIKY_PAIRS} vectors per k ({a.scale} scale)",
-        verdict=spiky_verdict(means["srht"]),
-        details="Gaussian rows (TurboQuant's sketch) as the sensitivity row: identity rule gives "
-                + spiky_verdict(means["gaussian"]).verdict + ".",
+        verdict=spiky_verdict(a.spiky[a.spiky["rows"] == "srht"]),
+        details="Gaussian rows (TurboQuant's sketch) as the sensitivity row: the same rule gives "
+                + spiky_verdict(a.spiky[a.spiky["rows"] == "gaussian"]).verdict + ".",
         discrepancy=(f"D'Alberto's eq. (3) with the Hadamard sketch is not unbiased for spiky r: "
                      f"E⟨r, r̂⟩/‖r‖² = {means['srht'][1]:.4f} for r = ±e_i (d = {D}) and "
                      f"{means['srht'][SPARSITY[-1]]:.4f} for a flat r."

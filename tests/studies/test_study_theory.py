@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 import torch
 
 from kvstats.measure.inference import jensen_simulation, kl_sigma4_coefficient
@@ -129,16 +130,20 @@ def test_jensen_bias_rule_returns_each_verdict():
 
 def test_sphere_law_verdicts_return_each_verdict():
     sl = load_study("sphere_law")
-    crit = sl.ks_critical(1000, 3)
     from scipy import stats
 
-    # oracle: P(KS > crit) = ALPHA/3 under H0 (scipy's exact distribution of the KS statistic)
-    assert stats.kstwo.sf(crit, 1000) == pytest.approx(sl.ALPHA / 3, rel=1e-6)
-    ok = {2: 0.5 * crit, 8: 0.9 * crit, 64: 0.1 * crit}
-    assert sl.sphere_law_verdict(ok, 1000, 4096, 0.3501 / 4096).verdict == "reproduced"
-    assert sl.sphere_law_verdict(ok | {8: 1.5 * crit}, 1000, 4096, 0.3501 / 4096).verdict == "partly"
-    bad = {d: 2 * crit for d in ok}
-    assert sl.sphere_law_verdict(bad, 1000, 4096, 0.5 / 4096).verdict == "not reproduced"
+    # the fit is an equivalence within KS_MARGIN = 0.02 of the true distance; at n = 200,000 Kolmogorov's 95% band
+    # is ±0.00304 (scipy's kstwo; asymptotically 1.358/√n)
+    n = 200_000
+    assert stats.kstwo.isf(sl.ALPHA, n) == pytest.approx(1.3581 / math.sqrt(n), rel=5e-3)
+    ok = {2: 0.002, 8: 0.003, 64: 0.001}
+    assert sl.sphere_law_verdict(ok, n, 4096, 0.3501 / 4096).verdict == "reproduced"
+    assert sl.sphere_law_verdict(ok | {8: 0.019}, n, 4096, 0.3501 / 4096).verdict == "partly"  # undecided at d = 8
+    bad = {d: 0.05 for d in ok}
+    assert sl.sphere_law_verdict(bad, n, 4096, 0.5 / 4096).verdict == "not reproduced"
+    # a KS test at n = 50 never rejects a sample with D = 0.1; the equivalence calls it undecided, not a fit
+    assert stats.kstwo.sf(0.1, 50) > 0.5
+    assert sl.sphere_law_verdict({2: 0.1}, 50, 4096, 0.3501 / 4096).verdict == "partly"
     lev = [-1.5, -0.45, 0.45, 1.5]
     assert sl.codebook_verdict(lev, lev, 0.05).verdict == "reproduced"
     assert sl.codebook_verdict(lev, lev, 0.001).verdict == "partly"
@@ -257,12 +262,14 @@ def test_beta_figures_verdicts_return_each_verdict():
         assert bf.held_bits("turbo_mse", d) == pytest.approx(packed(4, d) + 32 / d)
         assert bf.held_bits("turbo_prod", d) == pytest.approx(packed(3, d) + packed(1, d) + 64 / d)
     assert bf.held_bits("turbo_prod", 2) - bf.held_bits("turbo_mse", 2) == 20  # 4 bits of packing, 16 of norm
-    crit = bf.ks_critical(4096, 2)
-    ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 4096,
-                       "ks": [0.5 * crit, 0.5 * crit, 0.2]})
+    # KS distances at n = 32,768 (Kolmogorov's 95% band ±0.0075) against the margin 0.02
+    ks = pd.DataFrame({"d": [2, 8, 8], "kind": ["gaussian", "gaussian", "low_rank"], "n": 32768,
+                       "ks": [0.003, 0.006, 0.1]})
     assert bf.sphere_law_verdict(ks).verdict == "reproduced"
-    assert bf.sphere_law_verdict(ks.assign(ks=[0.5 * crit, 0.5 * crit, 0.001])).verdict == "partly"
+    assert bf.sphere_law_verdict(ks.assign(ks=[0.003, 0.006, 0.001])).verdict == "partly"  # rank 1 looks Beta
     assert bf.sphere_law_verdict(ks.assign(ks=[0.3, 0.3, 0.001])).verdict == "not reproduced"
+    # at n = 64 neither the fit nor the rank-1 difference can be decided: inconclusive, never "reproduced"
+    assert bf.sphere_law_verdict(ks.assign(n=64, ks=[0.05, 0.05, 0.1])).verdict == "inconclusive"
 
 
 @pytest.mark.slow
@@ -291,11 +298,13 @@ def test_kv_anatomy_verdicts_return_each_verdict():
     assert ka.qjl_outliers_verdict(np.array([3.5, 3.0, 1.5, 1.2])).verdict == "not reproduced"
     from scipy import stats
 
-    n = np.array([2000, 2000])
-    crit = stats.kstwo.isf(ka.ALPHA / 2, 2000)
-    assert ka.wht_verdict(np.array([0.5, 0.9]) * crit, n).verdict == "reproduced"
-    assert ka.wht_verdict(np.array([0.5, 1.5]) * crit, n).verdict == "partly"
-    assert ka.wht_verdict(np.array([2.0, 1.5]) * crit, n).verdict == "not reproduced"
+    # n = 6144 draws per layer: Kolmogorov's 95% band ±0.0173 (scipy's kstwo), margin 0.04
+    n = np.array([6144, 6144])
+    assert stats.kstwo.isf(ka.ALPHA, 6144) == pytest.approx(0.0173, abs=2e-4)
+    assert ka.wht_verdict(np.array([0.01, 0.02]), n).verdict == "reproduced"
+    assert ka.wht_verdict(np.array([0.01, 0.035]), n).verdict == "partly"
+    assert ka.wht_verdict(np.array([0.01, 0.08]), n).verdict == "not reproduced"
+    assert ka.wht_verdict(np.array([0.01, 0.02]), np.array([200, 200])).verdict == "inconclusive"
     single = np.linspace(1.0, 2.0, 10)  # 10 layers of one sign: exact Wilcoxon p = 2/1024
     assert ka.qjl_outlier_verdict(single, 0.5 * single).verdict == "reproduced"
     assert ka.qjl_outlier_verdict(single, 2.0 * single).verdict == "not reproduced"
@@ -308,15 +317,32 @@ def test_qjl_variance_verdicts_return_each_verdict():
     import pandas as pd
 
     qv = load_study("qjl_variance")
-    # z-identity: the Bonferroni critical value for 2 values at ALPHA = 0.05 is z = 2.24
-    assert qv.z_identity([1.0, 2.0], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "reproduced"
-    assert qv.z_identity([1.0, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "partly"
-    assert qv.z_identity([1.5, 2.5], [1.0, 2.0], [0.1, 0.1], what="x").verdict == "not reproduced"
-    with pytest.raises(ValueError, match="ses"):
-        qv.z_identity([1.0], [1.0], [0.0], what="x")
-    assert qv.spiky_verdict({1: 1.01, 128: 0.995}).verdict == "reproduced"
-    assert qv.spiky_verdict({1: math.sqrt(math.pi / 2), 128: 0.998}).verdict == "partly"
-    assert qv.spiky_verdict({1: 1.2533, 2: 0.8862}).verdict == "not reproduced"
+    # the equivalence of an estimate to its closed form: 95% t-intervals over n = 100 sketches in, the 90% interval
+    # of the difference against the margin (TOST at 0.05); a wide interval is inconclusive, never "equal"
+    t975 = scipy.stats.t.ppf(0.975, 99)
+
+    def eq(est, expected, se, margin=0.01, **kw):
+        est = np.asarray(est, float)
+        return qv.equivalent_to(est, expected, est - t975 * se, est + t975 * se, 100, margin, what="x", **kw)
+
+    assert eq([1.0, 2.0], [1.0, 2.0], 0.001).verdict == "reproduced"
+    assert eq([1.0, 2.5], [1.0, 2.0], 0.001).verdict == "not reproduced"
+    assert eq([1.0, 2.009], [1.0, 2.0], 0.001).verdict == "partly"  # 90% half-width 0.00166 reaches the margin
+    noisy = eq([1.0, 2.0], [1.0, 2.0], 0.1)  # |z| = 0 would have "reproduced" it
+    assert noisy.verdict == "inconclusive" and "would decide" in noisy.reason
+    assert eq([1.01 * 3.0], 3.0, 0.001, margin=0.02, relative=True).verdict == "reproduced"
+    assert eq([1.03 * 3.0], 3.0, 0.001, margin=0.02, relative=True).verdict == "not reproduced"
+    with pytest.raises(ValueError, match="positive width"):
+        qv.equivalent_to([1.0], [1.0], [1.0], [1.0], 100, 0.01, what="x")
+    def spiky(per_k):  # k -> per-sketch mean ratios
+        return pd.DataFrame([{"k": k, "ratio": r} for k, rs in per_k.items() for r in rs])
+
+    assert qv.spiky_verdict(spiky({1: [1.01, 1.0, 0.99], 128: [0.995, 0.996, 0.994]})).verdict == "reproduced"
+    # r = ±e_i: every sketch gives √(π/2) exactly, a counterexample to "for any r"
+    assert qv.spiky_verdict(spiky({1: [math.sqrt(math.pi / 2)] * 3, 128: [0.998, 0.999, 0.997]})).verdict == \
+        "not reproduced"
+    assert qv.spiky_verdict(spiky({1: [1.0, 1.001, 0.999], 128: [1.01, 0.95, 1.04]})).verdict == "partly"
+    assert qv.spiky_verdict(spiky({1: [1.1, 0.9], 128: [1.05, 0.95]})).verdict == "inconclusive"
     def tail(per_sketch, delta):  # per-sketch hit counts out of qv.TAIL_PAIRS pairs each
         return {"hits_per_sketch": per_sketch, "delta": delta}
 
