@@ -35,7 +35,8 @@ Newcombe interval at 90% (TOST at α = 0.05) with δ = 0.05.
 
 quick: passkey at 256 tokens (4 prompts), induction at 256 (2) and 1,024 (1), lookup at 256 (2), n ∈ {2, 4}
 (NOVA-KV at 2);
-paper: passkey at 256, 512 and 1,024 (10 prompts each), induction at 256–8,192, lookup at 256–2,048, n ∈ {2, 3, 4}.
+paper: passkey at 256, 512 and 1,024 (18 prompts each: the 52 paired trials a ±5-point equivalence needs at the
+least, cells.PASSKEY_PROMPTS), induction at 256–8,192, lookup at 256–2,048, n ∈ {2, 3, 4}.
 Writes figures/retrieval_heatmap_n2.png (and _n4), figures/retrieval_accuracy_vs_kl.png,
 figures/data/retrieval_*.csv and the claims file. Needs the [models] extra (and [baselines] for transformers'
 quantized caches).

@@ -13,7 +13,7 @@ from statsmodels.stats.multitest import multipletests
 from kvstats.evaluation.retrieval_stats import accuracy_table, mcnemar_row, outcomes
 from kvstats.measure.stats import cluster_bootstrap_ci
 from kvstats.studies.retrieval import cells
-from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, SCALE, STUDY
+from kvstats.studies.retrieval.cells import ALPHA, BASELINE, FP, FP_BITS, SCALE, STUDY
 from kvstats.study.sweep import cell_seed
 
 #: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a
@@ -21,7 +21,6 @@ from kvstats.study.sweep import cell_seed
 SCALAR = ("minmax", BASELINE, "kv", "mse")
 #: scheme pairs tested against each other at each n (besides every scheme against the fp model)
 PAIRS = (("nova", "minmax"), ("nova", "mse"), ("nova", "kv"), ("nova", BASELINE), ("kqv", "qkqv"), ("kqv", "mse"))
-ALPHA = 0.05
 NOVA_BITS = 2
 
 

@@ -17,6 +17,7 @@ from kvstats.evaluation.layer_schemes import layer_schemes
 from kvstats.evaluation.model_engine import set_attention, shared_model
 from kvstats.evaluation.retrieval import PromptRun
 from kvstats.evaluation.retrieval_tasks import DEPTHS, Prompt, RetrievalTasks, passed
+from kvstats.measure.stats import paired_equivalence_trials
 from kvstats.studies.formats import DEPLOYED
 from kvstats.study.sweep import cell_seed
 
@@ -31,11 +32,19 @@ BASELINE = "quanto"  # transformers' QuantizedCache (optimum-quanto backend: nbi
 FP = "fp"
 FP_BITS = 16  # the n recorded for the fp model's rows (its cache holds fp32 values; the column needs a number)
 #: ``formats``: the deployed formats' (spec, n), on the same prompts in their own sweep (:func:`formats_cell`)
+#: δ of the "within δ" claim (retrieval-kqv4-neutral): five percentage points of accuracy, TOST at α = ALPHA
+MARGIN, ALPHA = 0.05, 0.05
+#: Paper scale's pass-key prompts per length, planned: one needle per prompt, and the fewest paired trials at which a
+#: method agreeing with the fp model on every trial can be decided equivalent within ±MARGIN is 52
+#: (kvstats.stats.paired_equivalence_trials; 30 trials give ±8.3 points) — 18 prompts at each of the 3 lengths.
+#: Induction and lookup hold five needles per prompt and clear it already (95 and 90 trials).
+PASSKEY_LENGTHS = (256, 512, 1024)
+PASSKEY_PROMPTS = -(-paired_equivalence_trials(MARGIN, confidence_level=1 - 2 * ALPHA) // len(PASSKEY_LENGTHS))
 SCALE = {
     "quick": {"tasks": {"passkey": {256: 4}, "induction": {256: 2, 1024: 1}, "lookup": {256: 2}},
               "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,), "formats": (("nvfp4", 4),)},
-    "paper": {"tasks": {"passkey": {256: 10, 512: 10, 1024: 10}, "induction": {256: 6, 1024: 6, 4096: 4, 8192: 3},
-                        "lookup": {256: 6, 1024: 6, 2048: 6}},
+    "paper": {"tasks": {"passkey": dict.fromkeys(PASSKEY_LENGTHS, PASSKEY_PROMPTS),
+                        "induction": {256: 6, 1024: 6, 4096: 4, 8192: 3}, "lookup": {256: 6, 1024: 6, 2048: 6}},
               "bits": (2, 3, 4), "calibration_tokens": None, "formats": DEPLOYED},
 }
 #: The per-layer schemes' seeds are drawn as end_to_end draws its own (``cell_seed(SCHEME_SEEDS, name, n, seed)``,

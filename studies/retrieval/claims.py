@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from kvstats.evaluation.retrieval_tasks import DEPTHS, INDUCTION_ANSWER, INDUCTION_CUE
+from kvstats.measure.stats import paired_equivalence_trials
 from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
 from kvstats.studies.formats import method_label
 from kvstats.studies.retrieval.analysis import (
@@ -19,11 +20,9 @@ from kvstats.studies.retrieval.analysis import (
     equivalence_rows,
     recovered_fraction,
 )
-from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, STUDY
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, MARGIN, STUDY
 from kvstats.study.claims import Claim
 from kvstats.study.report import fmt_p
-
-MARGIN = 0.05  # δ of the "within δ" claim: five percentage points of accuracy
 
 
 def _acc(row) -> str:
@@ -170,6 +169,8 @@ def neutral_claim(a: Analysis) -> Claim | None:
         return None
     v = equivalence([(r["diff_low"], r["diff_high"]) for r in rows], MARGIN, what="tasks",
                     n=min(int(r["trials"]) for r in rows), alpha=ALPHA, unit="trials")
+    planned = paired_equivalence_trials(MARGIN, confidence_level=1 - 2 * ALPHA)
+    short = [f"{r['task']} ({r['trials']})" for r in rows if r["trials"] < planned]
     parts = [f"{r['task']} {100 * r['difference']:+.1f} pts [90% CI {100 * r['diff_low']:+.1f}, "
              f"{100 * r['diff_high']:+.1f}] ({r['trials']} trials)" for r in rows]
     return Claim(
@@ -177,7 +178,9 @@ def neutral_claim(a: Analysis) -> Claim | None:
         claim=f"KQV at 4 bits is retrieval-neutral: its accuracy is within δ = {MARGIN:g} of the fp model's",
         source="kvstats",
         measurement="KQV n = 4 − fp, paired per trial, Newcombe's interval at 90% (TOST at α = 0.05): "
-                    + "; ".join(parts) + ".",
+                    + "; ".join(parts) + f". Planned: every task ≥ {planned} trials, the fewest at which perfect "
+                    f"agreement is decided within ±{MARGIN:g} (kvstats.stats.paired_equivalence_trials)"
+                    + (f"; below it: {', '.join(short)}" if short else "") + ".",
         data=_data(a),
         verdict=v)
 
