@@ -117,6 +117,16 @@ def bench_quantizers(device: str, dtype: torch.dtype, heads: int, seq: int, d: i
                       code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4)
             timed(f"{name}.weighted_sum(n_q={n_q})", lambda qz=qz, code=code, w=all_weights[n_q]: qz.weighted_sum(
                 w, code), code.nbytes + heads * n_q * seq * 4 + heads * n_q * d * 4)
+    # NOVA-KV's keys (arXiv 2608.04074; torch code, no kernel of its own: kernel and reference times agree),
+    # calibrated once on 4,096 keys and queries of the same law, outside the timed region
+    calibration = torch.randn(2, 4096, d, generator=g).to(device=device, dtype=torch.float32)
+    nova = quantizer("nova", bits=bits, dim=d, seed=0).calibrate(calibration[0], calibration[1])
+    code = nova.encode(keys)
+    timed("nova.encode", lambda: nova.encode(keys), in_bytes + code.nbytes)
+    timed("nova.decode", lambda: nova.decode(code), code.nbytes + in_bytes)
+    for n_q, queries in all_queries.items():
+        timed(f"nova.scores(n_q={n_q})", lambda q=queries: nova.inner(q, code),
+              code.nbytes + queries.numel() * 4 + heads * n_q * seq * 4)
     dense_keys = keys.float()
     for n_q, queries in all_queries.items():
         dense_q, w = queries.float(), all_weights[n_q]

@@ -106,6 +106,7 @@ from kvstats.studies.nova.claims import (
     ruler_claim,
     sink_claim,
     spectrum_claim,
+    throughput_claim,
 )
 from kvstats.studies.nova.figures import attention_figure, layers_figure, parseval_figure
 from kvstats.studies.nova.verdicts import (
@@ -173,7 +174,7 @@ class Nova(study.Study):
     def claims(self, a: Analysis) -> list[Claim]:
         out = [*(beats_claim(a, n) for n in BUDGETS), minmax_claim(a), sink_claim(a), bits_claim(a),
                parseval_claim(a), spectrum_claim(a), grouping_claim(a), *ablation_claims(a), ruler_claim(),
-               heldout_claim(a)]
+               throughput_claim(), heldout_claim(a)]
         return [c for c in out if c is not None]
 
     def definitions(self, a: Analysis) -> dict[str, str]:

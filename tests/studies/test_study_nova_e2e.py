@@ -161,6 +161,7 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     assert nv.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
     claims = {c["id"]: c for c in read_claims(tmp_path / "figures" / "data" / "nova_claims.json")}
     assert claims["nova-ruler-longbench"]["verdict"] == "not testable here"
+    assert claims["nova-comparable-throughput"]["verdict"] == "not testable here"
     assert claims["nova-beats-scalar-n2"]["rule"] == "direction"
     assert claims["nova-equal-volume-grouping"]["rule"] == "direction"
     assert claims["nova-bits-per-element"]["rule"] == "identity"
