@@ -179,3 +179,40 @@ def test_jensen_bias_slopes_from_their_summary(report):
         mse, prod = rows.loc[("turbo_mse", n)], rows.loc[("turbo_prod", n)]
         assert (f"n = {n}: MSE slope {mse['slope']:+.4f} [{mse['slope_lo']:+.4f}, {mse['slope_hi']:+.4f}], "
                 f"QJL-stage slope {prod['slope']:+.5f} ({prod['slope'] / abs(mse['slope']):+.1%} of MSE's)") in text
+
+
+def test_qjl_cache_headline_from_its_row(report):
+    """QJL's cache on SmolLM2 at n = 3: next-token KL with its interval and the perplexity ratio, from its CSV row."""
+    row = data("end_to_end_qjl").iloc[0]
+    text = section(report, "qjl-cache-smollm2")
+    assert (f"next-token KL {row['out_kl']:.3g} [{row['out_kl_lo']:.3g}, {row['out_kl_hi']:.3g}] nats, top-1 "
+            f"agreement {row['top1']:.3f}, perplexity ×{row['ppl_ratio']:.3f}") in text
+    assert row["ppl_ratio"] == pytest.approx(row["ppl"] / row["ppl_ref"], rel=1e-4)
+
+
+def test_retrieval_neutral_pass_key_from_the_trials(report):
+    """KQV at n = 4 against fp on the pass key: the trial count (planned ≥ 52) and the paired difference."""
+    trials = data("retrieval_trials")
+    key = trials[trials["task"] == "passkey"]
+    fp = key[key["scheme"] == "fp"].set_index(["length", "prompt"])["success"].astype(bool)
+    kqv = key[(key["scheme"] == "kqv") & (key["n"] == 4)].set_index(["length", "prompt"])["success"].astype(bool)
+    kqv = kqv.loc[fp.index]
+    assert len(fp) >= 52
+    diff = 100 * (kqv.mean() - fp.mean())
+    assert f"passkey {diff:+.1f} pts [90% CI " in section(report, "retrieval-kqv4-neutral")
+    assert f"({len(fp)} trials)" in section(report, "retrieval-kqv4-neutral")
+
+
+def test_values_per_token_from_the_documents(report):
+    """QJL §4's value claim: V-only and K-only mean next-token KL per budget, their ratio and the exact paired
+    Wilcoxon p (scipy), from the per-document rows."""
+    sides = data("model_damage_sides")
+    docs = sides[sides["kind"] == "side_document"]
+    text = section(report, "qjl-values-per-token")
+    for n, g in docs.groupby("bits"):
+        k = g[g["side"] == "K"].set_index("document")["out_kl"]
+        v = g[g["side"] == "V"].set_index("document")["out_kl"].loc[k.index]
+        p = scipy.stats.wilcoxon(v, k, method="exact").pvalue
+        assert (f"n = {n}: next-token KL V-only {v.mean():.3g} [") in text
+        assert f"vs K-only {k.mean():.3g} [" in text
+        assert f"(ratio {v.mean() / k.mean():.2f}; Wilcoxon p = {p:.2g}, r = " in text
