@@ -329,8 +329,9 @@ def sensitivity_claim(a: Analysis) -> Claim:
                      "95% CIs over documents."),
         data=f"SmolLM2-135M-Instruct, {int(summary['documents'])} shipped documents, {a.cfg['sens_segment']} tokens "
              f"each, teacher-forced ({a.scale} scale)",
-        verdict=verdicts.measured(f"the damage is spread over the layers: {len(kept)} of "
-                                  f"{int(summary['layers'])} must stay exact to halve it"),
+        verdict=verdicts.measured(f"the damage is spread over the layers: on these {int(summary['documents'])} "
+                                  f"documents {len(kept)} of {int(summary['layers'])} must stay exact to halve it "
+                                  "(the set is measured, not a population estimate: no interval on its size)"),
         figure=f"{STUDY}_sensitivity.png")
 
 
