@@ -295,6 +295,7 @@ class Analysis:
     inflation: verdicts.Verdict
     mechanism: verdicts.Verdict
     bias: pd.DataFrame | None = None  # bias_cell's rows with a method column
+    bias_stats: dict | None = None  # bias_table(bias): per (method, bits), read by the claim and the summary CSV
     kl_tests: dict | None = None  # KL(QKQV) vs KL(KQV) per budget over trials (kl_at_budgets)
 
 
@@ -459,7 +460,7 @@ def schemes_claim(a: Analysis) -> Claim:
 
 def bias_claim(a: Analysis) -> Claim:
     """D'Alberto's per-instance bias (eqs. 5–6), measured per key at every budget."""
-    tab = bias_table(a.bias, a.cfg["bias_seeds"])
+    tab = a.bias_stats
     kl = a.kl_tests
     budgets = sorted(b for m, b in tab if m == "turbo_mse")
 
@@ -515,7 +516,9 @@ class Jensen(study.Study):
 
     def analyse(self, tables, scale: str) -> Analysis:
         a = analyse(tables[f"{STUDY}_curves"], tables[f"{STUDY}_schemes"], SCALE[scale], scale)
-        return dataclasses.replace(a, bias=tables[f"{STUDY}_bias"], kl_tests=kl_at_budgets(tables[f"{STUDY}_schemes"]))
+        bias = tables[f"{STUDY}_bias"]
+        return dataclasses.replace(a, bias=bias, bias_stats=bias_table(bias, SCALE[scale]["bias_seeds"]),
+                                   kl_tests=kl_at_budgets(tables[f"{STUDY}_schemes"]))
 
     def figures(self, tables, a: Analysis) -> None:
         plots.write_csv(f"{STUDY}_curves", tables[f"{STUDY}_curves"])
@@ -523,13 +526,12 @@ class Jensen(study.Study):
         # the per-(query, key) rows (≈ 2.8 MB at paper scale: regenerated, not kept in git) and their per-(method, n)
         # statistics, which the claim prints (committed)
         plots.write_csv(f"{STUDY}_bias", tables[f"{STUDY}_bias"])
-        summary = bias_table(tables[f"{STUDY}_bias"], a.cfg["bias_seeds"])
         plots.write_csv(f"{STUDY}_bias_summary", pd.DataFrame([
             {"method": m, "bits": b, "slope": t["slope"], "slope_lo": t["slope_lo"], "slope_hi": t["slope_hi"],
              "slope_90_lo": t["slope_90"][0], "slope_90_hi": t["slope_90"][1],
              "significant_keys": t["significant_keys"], "keys": t["keys"], "key_specific_share": t["share"],
              "mean_ms_err": float(np.mean(t["ms_err"]))}
-            for (m, b), t in summary.items()]))
+            for (m, b), t in a.bias_stats.items()]))
         figure(a)
 
     def claims(self, a: Analysis) -> list[Claim]:

@@ -379,6 +379,7 @@ def wht_claim(a: Analysis) -> Claim:
     ks_raw = np.array([float(r["ks_raw"]) for r in a.ks])
     ks_wht = np.array([float(r["ks_wht"]) for r in a.ks])
     n = np.array([int(r["n"]) for r in a.ks])
+    raw = wht_verdict(ks_raw, n)
     return Claim(
         id="smollm2-wht-sphere-law",
         claim="After a random-sign Walsh–Hadamard rotation, coordinates of unit keys follow the sphere law "
@@ -386,7 +387,7 @@ def wht_claim(a: Analysis) -> Claim:
         source="TurboQuant, arXiv 2504.19874; D'Alberto, arXiv 2605.08114, §2.1",
         measurement=(f"KS distance to f_64 (one coordinate per vector): raw {ks_raw.min():.3f}–"
                      f"{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}; the same rule on the "
-                     f"raw keys: {wht_verdict(ks_raw, n).verdict} ({wht_verdict(ks_raw, n).reason})."),
+                     f"raw keys: {raw.verdict} ({raw.reason})."),
         data=a.data,
         verdict=wht_verdict(ks_wht, n),
         figure="kv_anatomy_wht.png")

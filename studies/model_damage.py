@@ -434,8 +434,7 @@ class ModelDamage(study.Study):
         first = tables[STUDY]
         tails = {(s, b): first[(first["task"] == "tail") & (first["scheme"] == s) & (first["bits"] == b)]
                  for s, b in tail_rows(SCALE[scale])}
-        sides = first[first["task"] == "side"] if "task" in first else first.iloc[:0]
-        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"], sides)
+        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"])
 
     def figures(self, tables, a: Analysis) -> None:
         for (scheme, bits), table in a.tails.items():

@@ -31,15 +31,16 @@ SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse", "nova")
 BASELINE = "quanto"  # transformers' QuantizedCache (optimum-quanto backend: nbits 2 or 4)
 FP = "fp"
 FP_BITS = 16  # the n recorded for the fp model's rows (its cache holds fp32 values; the column needs a number)
-#: ``formats``: the deployed formats' (spec, n), on the same prompts in their own sweep (:func:`formats_cell`)
 #: δ of the "within δ" claim (retrieval-kqv4-neutral): five percentage points of accuracy, TOST at α = ALPHA
 MARGIN, ALPHA = 0.05, 0.05
 #: Paper scale's pass-key prompts per length, planned: one needle per prompt, and the fewest paired trials at which a
 #: method agreeing with the fp model on every trial can be decided equivalent within ±MARGIN is 52
 #: (kvstats.stats.paired_equivalence_trials; 30 trials give ±8.3 points) — 18 prompts at each of the 3 lengths.
 #: Induction and lookup hold five needles per prompt and clear it already (95 and 90 trials).
+EQUIVALENCE_TRIALS = paired_equivalence_trials(MARGIN, confidence_level=1 - 2 * ALPHA)
 PASSKEY_LENGTHS = (256, 512, 1024)
-PASSKEY_PROMPTS = -(-paired_equivalence_trials(MARGIN, confidence_level=1 - 2 * ALPHA) // len(PASSKEY_LENGTHS))
+PASSKEY_PROMPTS = -(-EQUIVALENCE_TRIALS // len(PASSKEY_LENGTHS))
+#: ``formats``: the deployed formats' (spec, n), on the same prompts in their own sweep (:func:`formats_cell`)
 SCALE = {
     "quick": {"tasks": {"passkey": {256: 4}, "induction": {256: 2, 1024: 1}, "lookup": {256: 2}},
               "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,), "formats": (("nvfp4", 4),)},

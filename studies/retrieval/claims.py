@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 
 from kvstats.evaluation.retrieval_tasks import DEPTHS, INDUCTION_ANSWER, INDUCTION_CUE
-from kvstats.measure.stats import paired_equivalence_trials
 from kvstats.measure.verdicts import bound, cell_direction, combine, direction, equivalence, measured
 from kvstats.studies.formats import method_label
 from kvstats.studies.retrieval.analysis import (
@@ -20,7 +19,7 @@ from kvstats.studies.retrieval.analysis import (
     equivalence_rows,
     recovered_fraction,
 )
-from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, MARGIN, STUDY
+from kvstats.studies.retrieval.cells import BASELINE, EQUIVALENCE_TRIALS, FP, FP_BITS, MARGIN, STUDY
 from kvstats.study.claims import Claim
 from kvstats.study.report import fmt_p
 
@@ -169,7 +168,7 @@ def neutral_claim(a: Analysis) -> Claim | None:
         return None
     v = equivalence([(r["diff_low"], r["diff_high"]) for r in rows], MARGIN, what="tasks",
                     n=min(int(r["trials"]) for r in rows), alpha=ALPHA, unit="trials")
-    planned = paired_equivalence_trials(MARGIN, confidence_level=1 - 2 * ALPHA)
+    planned = EQUIVALENCE_TRIALS
     short = [f"{r['task']} ({r['trials']})" for r in rows if r["trials"] < planned]
     parts = [f"{r['task']} {100 * r['difference']:+.1f} pts [90% CI {100 * r['diff_low']:+.1f}, "
              f"{100 * r['diff_high']:+.1f}] ({r['trials']} trials)" for r in rows]

@@ -228,8 +228,8 @@ def wht_worst_case_claim(a: Analysis) -> Claim:
 def _closed_form_fit(ratios: dict, sketch: str) -> str:
     """Where the closed form of the ratio falls outside the measured CI, said with the reason it may: for the
     Hadamard sketch the closed form is that of orthogonal rows of uniform law, a stand-in for structured rows."""
-    outside = {b_: (two_pi_closed_form(sketch, b_), lo, hi) for b_, (_, lo, hi) in ratios.items()
-               if not lo <= two_pi_closed_form(sketch, b_) <= hi}
+    forms = {b_: (two_pi_closed_form(sketch, b_), lo, hi) for b_, (_, lo, hi) in ratios.items()}
+    outside = {b_: f for b_, f in forms.items() if not f[1] <= f[0] <= f[2]}
     text = f"The closed form lies in the 95% CI at {len(ratios) - len(outside)} of {len(ratios)} budgets"
     if not outside:
         return text + "."
