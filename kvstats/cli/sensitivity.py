@@ -19,7 +19,8 @@ __all__: list[str] = []
     args=[
         arg("--quantizer", required=True, help="a scheme, a quantizer (K and V) or module:Class, as for evaluate"),
         arg("--bits", type=int, required=True, help="budget n: bits per cache element"),
-        arg("--model", default="smollm2", help="'smollm2' (default), a Hugging Face model folder or a .gguf file"),
+        arg("--model", default="smollm2",
+            help="'smollm2' (default), 'gemma3-270m', a Hugging Face model folder or a .gguf file"),
         arg("--documents", type=int, default=8,
             help="how many documents (one segment each) every configuration runs (default 8; 0: all)"),
         arg("--text", nargs="+", default=None, metavar="PATH",

