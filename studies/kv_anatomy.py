@@ -1,27 +1,31 @@
-"""Study: the anatomy of real keys and values (SmolLM2-135M-Instruct over the shipped public-domain text).
+"""Study: the anatomy of real keys and values (SmolLM2-135M-Instruct and Gemma 3 270M over the shipped public-domain
+text).
 
     python studies/kv_anatomy.py --scale quick|paper [--scheduler ADDR]
 
 Writes (data beside each figure in figures/data/):
-  figures/kv_anatomy_channels.png  mean |k| and mean |v| per head-dim channel, layer × channel heatmaps
+  figures/kv_anatomy_channels[_gemma3].png  mean |k| and mean |v| per head-dim channel, layer × channel heatmaps
                                    (each layer divided by its median channel), as in QJL's figure 2
-  figures/kv_anatomy_outliers.png  max/median channel magnitude per layer, keys and values
-  figures/kv_anatomy_wht.png       coordinates of unit keys before and after a random-sign Walsh–Hadamard
+  figures/kv_anatomy_outliers[_gemma3].png  max/median channel magnitude per layer, keys and values
+  figures/kv_anatomy_wht[_gemma3].png       coordinates of unit keys before and after a random-sign Walsh–Hadamard
                                    rotation, against the sphere law f_d (Beta((d−1)/2, (d−1)/2) on [−1, 1])
-  figures/kv_anatomy_ks.png        KS distance of raw and rotated key coordinates to f_d, per layer
-  figures/data/kv_anatomy_channels.csv   layer, tensor, channel, mean_abs, ratio_to_median
-  figures/data/kv_anatomy_outliers.csv   layer, tensor, top channels, max/median ratio
-  figures/data/kv_anatomy_ks.csv         layer, KS statistic and p-value of raw and rotated coordinates
+  figures/kv_anatomy_ks.png        KS distance of raw and rotated key coordinates to f_d, per layer, both models
+  figures/data/kv_anatomy_channels.csv   model, layer, tensor, channel, mean_abs, ratio_to_median
+  figures/data/kv_anatomy_outliers.csv   model, layer, tensor, top channels, max/median ratio
+  figures/data/kv_anatomy_ks.csv         model, layer, KS statistic and p-value of raw and rotated coordinates
 
-quick: 1024 tokens; paper: 2048 tokens. The capture is cached (kvstats.hf.capture.load_default_capture),
-so only the first run loads the model. Each layer is a kvstats.study.sweep cell (channel magnitudes, KS distances,
-histograms), run and stored like every study's.
+quick: 1024 tokens; paper: 2048 tokens, per model (kvstats.study.models.REAL_MODELS: a model whose package is
+missing gets a row saying so). The captures are cached (kvstats.hf.capture.load_default_capture), so only the first
+run loads the models. Each (model, layer) is a kvstats.study.sweep cell (channel magnitudes, KS distances,
+histograms), run and stored like every study's; every claim is judged on each model, and a last row lists where the
+two models' verdicts differ.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import matplotlib
@@ -35,19 +39,27 @@ from scipy import stats  # noqa: E402
 
 from kvstats import study
 from kvstats.hf.capture import load_default_capture  # noqa: E402
+from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2  # noqa: E402
 from kvstats.measure import verdicts  # noqa: E402
 from kvstats.measure.stats import wilcoxon  # noqa: E402
 from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.rotations import fwht  # noqa: E402
 from kvstats.study import plots
 from kvstats.study.claims import Claim  # noqa: E402
+from kvstats.study.models import (  # noqa: E402
+    LABELS,
+    available_models,
+    missing_model_claim,
+    model_claim_id,
+    models_compared_claim,
+)
 from kvstats.study.paths import figure_path  # noqa: E402
 from kvstats.study.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
-VERSION = "2"
+VERSION = "3"
 SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
-HIST_LAYERS = (0, 1, 7, 15, 22, 29)
+HIST_LAYERS = {SMOLLM2: (0, 1, 7, 15, 22, 29), GEMMA3: (0, 1, 5, 9, 11, 17)}  # first, early, middle, global, last
 HIST_BINS = np.linspace(-0.6, 0.6, 81)
 POSITION = 20  # place in figures/REPORT.md (kvstats.study.report.study_order)
 ALPHA = 0.05
@@ -77,8 +89,13 @@ def _sphere_ks(x: np.ndarray, d: int):
 
 
 @functools.lru_cache(maxsize=2)
-def _capture(tokens: int):
-    return load_default_capture(tokens, verbose=False)
+def _capture(tokens: int, model: str = SMOLLM2):
+    return load_default_capture(tokens, model=model, verbose=False)
+
+
+def _suffix(model: str) -> str:
+    """File-name suffix of a model's figures: none for SmolLM2 (the names the report has always used)."""
+    return "" if model == SMOLLM2 else "_" + LABELS[model]
 
 
 def qjl_outlier_errors(cap, layer: int, d: int, seed: int) -> dict:
@@ -99,18 +116,19 @@ def qjl_outlier_errors(cap, layer: int, d: int, seed: int) -> dict:
     return out
 
 
-def qjl_outlier_verdict(single: np.ndarray, split: np.ndarray) -> verdicts.Verdict:
+def qjl_outlier_verdict(single: np.ndarray, split: np.ndarray, name: str = "SmolLM2") -> verdicts.Verdict:
     """The outlier sketch lowers the inner-product error on real keys: direction rule, one cell, Wilcoxon paired
     by layer (split error lower)."""
     w = wilcoxon(np.asarray(split, float), np.asarray(single, float))
     return verdicts.direction([verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=-1, alpha=ALPHA)],
-                              what="models (SmolLM2 layers paired)")
+                              what=f"models ({name} layers paired)")
 
 
-def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
-    """One layer of the capture: mean |x| per channel (keys, values), the KS distance of unit-key coordinates to
-    f_d before and after a random-sign WHT, and (for HIST_LAYERS) the histograms of those coordinates."""
-    cap = _capture(tokens)
+def layer_cell(model: str, layer: int, tokens: int, seed: int) -> list[dict]:
+    """One layer of a model's capture: mean |x| per channel (keys, values), the KS distance of unit-key coordinates
+    to f_d before and after a random-sign WHT, and (for the model's HIST_LAYERS) the histograms of those
+    coordinates."""
+    cap = _capture(tokens, model)
     d = int(cap.metadata["head_dim"])
     rows = []
     for name, x in (("keys", cap.keys(layer)), ("values", cap.values(layer))):
@@ -128,7 +146,7 @@ def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
     rows.append({"kind": "ks", "n": int(raw_x.size), "ks_raw": ks_raw, "p_raw": p_raw, "ks_wht": ks_rot,
                  "p_wht": p_rot})
     rows.append({"kind": "qjl_outliers", **qjl_outlier_errors(cap, layer, d, seed)})
-    if layer in HIST_LAYERS:
+    if layer in HIST_LAYERS[model]:
         for which, vals in (("raw", unit), ("wht", rotated)):
             dens, _ = np.histogram(vals.flatten().numpy(), bins=HIST_BINS, density=True)
             rows += [{"kind": "hist", "tensor": which, "bin": i, "density": float(h)} for i, h in enumerate(dens)]
@@ -136,7 +154,7 @@ def layer_cell(layer: int, tokens: int, seed: int) -> list[dict]:
 
 
 def channel_profiles(table) -> tuple[np.ndarray, np.ndarray]:
-    """mean |x| per channel, pooled over heads and tokens: [layers, d] for keys and values."""
+    """mean |x| per channel, pooled over heads and tokens: [layers, d] for keys and values (one model's table)."""
     ch = table[table["kind"] == "channel"]
     out = []
     for name in ("keys", "values"):
@@ -145,66 +163,70 @@ def channel_profiles(table) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def outlier_rows(k: np.ndarray, v: np.ndarray) -> list[dict]:
+def outlier_rows(k: np.ndarray, v: np.ndarray, model: str = SMOLLM2) -> list[dict]:
     """Per layer and tensor: the six channels of largest mean |x| and the max/median ratio (kv_anatomy_outliers.csv)."""
     rows = []
     for name, prof in (("keys", k), ("values", v)):
         ratio = prof / np.median(prof, axis=1, keepdims=True)
         for layer in range(prof.shape[0]):
             top = np.argsort(prof[layer])[::-1][:6]
-            rows.append({"layer": layer, "tensor": name, "top_channels": " ".join(str(int(c)) for c in top),
+            rows.append({"model": model, "layer": layer, "tensor": name,
+                         "top_channels": " ".join(str(int(c)) for c in top),
                          "max_over_median": f"{ratio[layer].max():.3f}"})
     return rows
 
 
-def ks_rows(table) -> list[dict]:
-    """The KS distances of raw and rotated unit-key coordinates per layer (kv_anatomy_ks.csv)."""
+def ks_rows(table, model: str = SMOLLM2) -> list[dict]:
+    """The KS distances of raw and rotated unit-key coordinates per layer (kv_anatomy_ks.csv; one model's table)."""
     ks = table[table["kind"] == "ks"].sort_values("layer")
-    return [{"layer": int(r.layer), "n": int(r.n), "ks_raw": r.ks_raw, "p_raw": r.p_raw, "ks_wht": r.ks_wht,
-             "p_wht": r.p_wht} for r in ks.itertuples()]
+    return [{"model": model, "layer": int(r.layer), "n": int(r.n), "ks_raw": r.ks_raw, "p_raw": r.p_raw,
+             "ks_wht": r.ks_wht, "p_wht": r.p_wht} for r in ks.itertuples()]
 
 
-def channels_figure(k: np.ndarray, v: np.ndarray) -> None:
+def channels_figure(a: Analysis) -> list[dict]:
+    """One model's channel heatmaps; returns its rows of kv_anatomy_channels.csv."""
     rows = []
     fig, axes = plt.subplots(1, 2, figsize=(14, 6), constrained_layout=True)
-    for ax, name, prof in ((axes[0], "keys", k), (axes[1], "values", v)):
+    for ax, name, prof in ((axes[0], "keys", a.k), (axes[1], "values", a.v)):
         ratio = prof / np.median(prof, axis=1, keepdims=True)
         im = ax.imshow(ratio, aspect="auto", cmap="magma", origin="lower", interpolation="nearest")
-        ax.set_title(f"SmolLM2-135M {name}: mean |x| per channel / layer median")
-        ax.set_xlabel("head-dim channel (RoPE pairs channel i with i + 32)")
+        ax.set_title(f"{a.name} {name}: mean |x| per channel / layer median")
+        ax.set_xlabel(f"head-dim channel (RoPE pairs channel i with i + {a.d // 2})")
         ax.set_ylabel("layer")
-        ax.set_xticks(range(0, prof.shape[1], 8))
+        ax.set_xticks(range(0, prof.shape[1], max(8, a.d // 8)))
         fig.colorbar(im, ax=ax, label="mean |x| / median over channels")
-        rows += [{"layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
+        rows += [{"model": a.model, "layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
                   "ratio_to_median": f"{ratio[layer, c]:.4f}"}
                  for layer in range(prof.shape[0]) for c in range(prof.shape[1])]
-    fig.savefig(figure_path("kv_anatomy_channels"), dpi=120)
+    fig.savefig(figure_path("kv_anatomy_channels" + _suffix(a.model)), dpi=120)
     plt.close(fig)
-    plots.write_csv("kv_anatomy_channels", rows)
+    return rows
 
 
-def outliers_figure(k: np.ndarray, v: np.ndarray) -> None:
+def outliers_figure(a: Analysis) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    layers = np.arange(k.shape[0])
-    for prof, name, color in ((k, "keys", "#d62728"), (v, "values", "#1f77b4")):
+    layers = np.arange(a.k.shape[0])
+    for prof, name, color in ((a.k, "keys", "#d62728"), (a.v, "values", "#1f77b4")):
         ax.plot(layers, prof.max(1) / np.median(prof, 1), "o-", color=color, label=name)
-    ax.axhspan(*KEY_RANGE, color="#d62728", alpha=0.08, label="docs/references.md §8 keys: 3–5.6")
-    ax.axhspan(*VALUE_RANGE, color="#1f77b4", alpha=0.08, label="docs/references.md §8 values: 1.7–3.8")
+    if a.model == SMOLLM2:  # the ranges quoted for SmolLM2
+        ax.axhspan(*KEY_RANGE, color="#d62728", alpha=0.08, label="docs/references.md §8 keys: 3–5.6")
+        ax.axhspan(*VALUE_RANGE, color="#1f77b4", alpha=0.08, label="docs/references.md §8 values: 1.7–3.8")
+    ax.axhline(OUTLIER_RATIO, color="#555555", lw=0.8, ls=":", label=f"outlier threshold {OUTLIER_RATIO}")
     ax.set_xlabel("layer")
     ax.set_ylabel("max / median of mean |x| over channels")
-    ax.set_title("Outlier channels per layer (SmolLM2-135M-Instruct)")
+    ax.set_title(f"Outlier channels per layer ({a.name})")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(figure_path("kv_anatomy_outliers"), dpi=120)
+    fig.savefig(figure_path("kv_anatomy_outliers" + _suffix(a.model)), dpi=120)
     plt.close(fig)
 
 
-def _histograms(table, rows: list[dict]) -> dict[int, tuple]:
-    """HIST_LAYERS' stored histograms: layer -> (raw densities, rotated densities, KS raw, KS rotated)."""
+def _histograms(table, rows: list[dict], layers: Sequence[int]) -> dict[int, tuple]:
+    """The stored histograms of ``layers``: layer -> (raw densities, rotated densities, KS raw, KS rotated)."""
     by_layer = {r["layer"]: r for r in rows}
     hists = table[table["kind"] == "hist"]
     hist = {}
-    for layer in HIST_LAYERS:
+    for layer in layers:
         h = hists[hists["layer"] == layer]
         if len(h):
             hist[layer] = tuple(h[h["tensor"] == w].sort_values("bin")["density"].to_numpy() for w in ("raw", "wht")) \
@@ -212,13 +234,14 @@ def _histograms(table, rows: list[dict]) -> dict[int, tuple]:
     return hist
 
 
-def wht_figure(table, rows: list[dict], d: int) -> None:
-    a = (d - 1) / 2
-    law = stats.beta(a, a, loc=-1, scale=2)
-    hist = _histograms(table, rows)
+def wht_figure(table, a: Analysis) -> None:
+    """One model's unit-key coordinates before and after the WHT at its HIST_LAYERS (``table``: its cells)."""
+    d = a.d
+    law = stats.beta((d - 1) / 2, (d - 1) / 2, loc=-1, scale=2)
+    hist = _histograms(table, a.ks, HIST_LAYERS[a.model])
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
     t = np.linspace(-0.6, 0.6, 400)
-    for ax, layer in zip(axes.flat, [layer for layer in HIST_LAYERS if layer in hist]):
+    for ax, layer in zip(axes.flat, [layer for layer in HIST_LAYERS[a.model] if layer in hist]):
         raw, rot, ks_raw, ks_rot = hist[layer]
         ax.stairs(raw, HIST_BINS, color="#999999", lw=1.2, label=f"unit keys, raw (KS {ks_raw:.3f})")
         ax.stairs(rot, HIST_BINS, fill=True, color="#9ecae1", edgecolor="#3182bd", lw=0.3,
@@ -229,20 +252,24 @@ def wht_figure(table, rows: list[dict], d: int) -> None:
         ax.set_ylabel("density")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.45)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle("Coordinates of real unit keys vs the sphere law (SmolLM2-135M, all heads and tokens)")
-    fig.savefig(figure_path("kv_anatomy_wht"), dpi=120)
+    fig.suptitle(f"Coordinates of real unit keys vs the sphere law ({a.name}, all heads and tokens)")
+    fig.savefig(figure_path("kv_anatomy_wht" + _suffix(a.model)), dpi=120)
     plt.close(fig)
 
 
-def ks_figure(rows: list[dict]) -> None:
+def ks_figure(analyses: Sequence[Analysis]) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    ax.plot([r["layer"] for r in rows], [float(r["ks_raw"]) for r in rows], "o-", color="#777777", label="raw")
-    ax.plot([r["layer"] for r in rows], [float(r["ks_wht"]) for r in rows], "o-", color="#3182bd",
-            label="after random-sign WHT")
+    for a, color in zip(analyses, ("#3182bd", "#e6550d")):
+        layers = [r["layer"] for r in a.ks]
+        ax.plot(layers, [float(r["ks_raw"]) for r in a.ks], "o--", color=color, alpha=0.6,
+                label=f"{a.name} (d = {a.d}), raw")
+        ax.plot(layers, [float(r["ks_wht"]) for r in a.ks], "o-", color=color,
+                label=f"{a.name} (d = {a.d}), after random-sign WHT")
+    ax.axhline(KS_MARGIN, color="#555555", lw=0.8, ls=":", label=f"margin {KS_MARGIN}")
     ax.set_xlabel("layer")
     ax.set_ylabel("KS distance to the sphere law f_d")
     ax.set_title("How far real key coordinates are from the sphere law, per layer")
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.savefig(figure_path("kv_anatomy_ks"), dpi=120)
     plt.close(fig)
@@ -281,11 +308,13 @@ def wht_verdict(ks_wht: np.ndarray, n: np.ndarray) -> verdicts.Verdict:
                                    what="layers")
 
 
-def definitions(scale: str, d: int | None = None) -> dict[str, str]:
+def definitions(scale: str, models: Sequence[str] = (SMOLLM2, GEMMA3)) -> dict[str, str]:
     """The study's terms, generated from its configuration constants."""
+    names = " and ".join(SHIPPED_MODELS[m].name for m in models)
     return {
-        "capture": f"SmolLM2-135M-Instruct over the shipped public-domain text, first {SCALE[scale]['tokens']} "
-                   f"tokens (kvstats.hf.capture.load_default_capture), post-RoPE keys and values of every layer",
+        "capture": f"{names}, each over the shipped public-domain text, first {SCALE[scale]['tokens']} tokens "
+                   f"(kvstats.hf.capture.load_default_capture), post-RoPE keys and values of every layer (Gemma 3's "
+                   "after its QK-norm)",
         "channel magnitude": "mean |x| per head-dim channel pooled over batch, heads and tokens; a layer's outlier "
                              f"ratio is max/median over channels; a layer has an outlier channel when the ratio > "
                              f"{OUTLIER_RATIO}; QJL's \"first layers\" are layers 0–{FIRST_LAYERS - 1}",
@@ -294,14 +323,16 @@ def definitions(scale: str, d: int | None = None) -> dict[str, str]:
                       "KS distance to f_d with its interval for the true distance (Kolmogorov's law, level "
                       f"{1 - ALPHA:g}) against the margin {KS_MARGIN} per layer. The interval treats the draws as "
                       "independent; keys of nearby tokens are correlated, which it does not model",
+        "models": "every claim is judged on each model by the same rule; the claim ids of SmolLM2 are the report's "
+                  "earlier ones, Gemma 3's carry 'gemma3' (kvstats.study.models)",
     }
 
 
 @dataclass(frozen=True)
 class Analysis:
-    """What the figures and claims read: the scale, the head dim, the channel profiles [layers, d] of keys and
-    values, the outlier rows (kv_anatomy_outliers.csv), the KS rows (kv_anatomy_ks.csv) and the QJL sketch
-    errors per layer."""
+    """What the figures and claims read for one model: the scale, the model, the head dim, the channel profiles
+    [layers, d] of keys and values, the outlier rows (kv_anatomy_outliers.csv), the KS rows (kv_anatomy_ks.csv) and
+    the QJL sketch errors per layer."""
 
     scale: str
     d: int
@@ -310,6 +341,11 @@ class Analysis:
     outliers: list[dict]
     ks: list[dict]
     qjl: pd.DataFrame
+    model: str = SMOLLM2
+
+    @property
+    def name(self) -> str:
+        return SHIPPED_MODELS[self.model].name
 
     @property
     def kr(self) -> np.ndarray:
@@ -328,8 +364,17 @@ class Analysis:
 
     @property
     def data(self) -> str:
-        return (f"SmolLM2-135M-Instruct over the shipped public-domain text, {SCALE[self.scale]['tokens']} tokens, "
-                f"{len(self.kr)} layers ({self.scale})")
+        return (f"{self.name} over the shipped public-domain text, {SCALE[self.scale]['tokens']} tokens, "
+                f"{len(self.kr)} layers, d = {self.d} ({self.scale})")
+
+
+@dataclass(frozen=True)
+class Analyses:
+    """Each model's :class:`Analysis` (in REAL_MODELS' order) and why the missing models did not run."""
+
+    scale: str
+    models: dict[str, Analysis]
+    missing: dict[str, str]
 
 
 def key_outliers_claim(a: Analysis) -> Claim:
@@ -356,22 +401,40 @@ def key_outliers_claim(a: Analysis) -> Claim:
                      if in_range < len(kr) else None))
 
 
+def outliers_measured_claim(a: Analysis) -> Claim:
+    """A model with no quoted range (Gemma 3): its outlier ratios and channels, measured."""
+    kr, vr, keys = a.kr, a.vr, a.keys
+    top = pd.Series([r["top_channels"].split()[0] for r in keys]).value_counts()
+    above = int((kr > OUTLIER_RATIO).sum())
+    return Claim(
+        id=model_claim_id("smollm2-key-outliers", a.model),
+        claim=f"{a.name} keys and values: how large their outlier channels are, and where.",
+        source="kvstats",
+        measurement=(f"{a.name}: keys max/median {kr.min():.1f}–{kr.max():.1f} ({above}/{len(kr)} layers above "
+                     f"{OUTLIER_RATIO}); values {vr.min():.1f}–{vr.max():.1f}; the largest key channel takes "
+                     f"{len(top)} distinct indices over {len(keys)} layers (most often "
+                     + ", ".join(f"{c} ({n})" for c, n in top.head(3).items()) + ")."),
+        data=a.data,
+        verdict=verdicts.measured(f"{a.name}'s outlier ratios per layer, no published range to hold them to"),
+        figure=f"kv_anatomy_outliers{_suffix(a.model)}.png")
+
+
 def qjl_channels_claim(a: Analysis) -> Claim:
     kr, keys = a.kr, a.keys
     return Claim(
-        id="qjl-outlier-channels",
+        id=model_claim_id("qjl-outlier-channels", a.model),
         claim="Key embeddings of deeper layers have a few (≈ 4) fixed outlier channels that persist over "
               "tokens; the first layers have none.",
         source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 and figure 2 (Llama-2)",
-        measurement=(f"SmolLM2: layers 0–{FIRST_LAYERS - 1} have max/median "
+        measurement=(f"{a.name}: layers 0–{FIRST_LAYERS - 1} have max/median "
                      + ", ".join(f"{v:.1f}" for v in kr[:FIRST_LAYERS]) + "; deeper layers "
                      f"{kr[FIRST_LAYERS:].min():.1f}–{kr[FIRST_LAYERS:].max():.1f}; the largest key channel takes "
                      f"{len({r['top_channels'].split()[0] for r in keys})} distinct indices over {len(keys)} "
                      "layers (heatmap)."),
         data=a.data,
         verdict=qjl_outliers_verdict(kr),
-        figure="kv_anatomy_channels.png",
-        details=(f"Outlier threshold: max/median > {OUTLIER_RATIO}. SmolLM2 is a different model from the "
+        figure=f"kv_anatomy_channels{_suffix(a.model)}.png",
+        details=(f"Outlier threshold: max/median > {OUTLIER_RATIO}. {a.name} is a different model from the "
                  "paper's Llama-2."))
 
 
@@ -381,37 +444,47 @@ def wht_claim(a: Analysis) -> Claim:
     n = np.array([int(r["n"]) for r in a.ks])
     raw = wht_verdict(ks_raw, n)
     return Claim(
-        id="smollm2-wht-sphere-law",
+        id=model_claim_id("smollm2-wht-sphere-law", a.model),
         claim="After a random-sign Walsh–Hadamard rotation, coordinates of unit keys follow the sphere law "
               "f_d marginally (the premise of TurboQuant's codebook).",
         source="TurboQuant, arXiv 2504.19874; D'Alberto, arXiv 2605.08114, §2.1",
-        measurement=(f"KS distance to f_64 (one coordinate per vector): raw {ks_raw.min():.3f}–"
-                     f"{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}; the same rule on the "
-                     f"raw keys: {raw.verdict} ({raw.reason})."),
+        measurement=(f"{a.name}: KS distance to f_{a.d} (one coordinate per vector, {n.min()} per layer): raw "
+                     f"{ks_raw.min():.3f}–{ks_raw.max():.3f}, after the WHT {ks_wht.min():.3f}–{ks_wht.max():.3f}; "
+                     f"the same rule on the raw keys: {raw.verdict} ({raw.reason})."),
         data=a.data,
         verdict=wht_verdict(ks_wht, n),
-        figure="kv_anatomy_wht.png")
+        figure=f"kv_anatomy_wht{_suffix(a.model)}.png")
 
 
 def qjl_sketch_claim(a: Analysis) -> Claim:
     qjl = a.qjl
     ratio = qjl["qjl_mse_split"] / qjl["qjl_mse_single"]
     return Claim(
-        id="qjl-outlier-sketch-smollm2",
+        id=model_claim_id("qjl-outlier-sketch-smollm2", a.model),
         claim="Sketching the outlier channels separately (their own sketch and norm) lowers the inner-product "
               "error of QJL on real keys.",
         source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (outliers)",
-        measurement=(f"mean squared error of Prod(q, k) split / single sketch per layer: {ratio.min():.3f}–"
-                     f"{ratio.max():.3f} (median {ratio.median():.3f}) over {len(qjl)} layers; "
+        measurement=(f"{a.name}: mean squared error of Prod(q, k) split / single sketch per layer: "
+                     f"{ratio.min():.3f}–{ratio.max():.3f} (median {ratio.median():.3f}) over {len(qjl)} layers; "
                      f"{SIGN_BITS} sign bits per coordinate in both, the split adds one norm per key."),
         data=a.data + f"; the last {QUERY_TOKENS} queries of every head",
-        verdict=qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy()),
+        verdict=qjl_outlier_verdict(qjl["qjl_mse_single"].to_numpy(), qjl["qjl_mse_split"].to_numpy(),
+                                    a.name.split("-")[0]),
         details=f"{OUTLIER_CHANNELS} outlier channels (largest mean |k| of the layer), {ROWS_PER_OUTLIER} "
                 "sketch rows each, Gaussian rows.")
 
 
+def model_claims(a: Analysis) -> list[Claim]:
+    """Every claim on one model: its outliers (SmolLM2's quoted ranges, or another model's measured), QJL's
+    outlier channels, the sphere law after the WHT, and QJL's outlier sketch."""
+    outliers = key_outliers_claim(a) if a.model == SMOLLM2 else outliers_measured_claim(a)
+    sketch = [] if a.qjl is None or not len(a.qjl) else [qjl_sketch_claim(a)]
+    return [outliers, qjl_channels_claim(a), wht_claim(a)] + sketch
+
+
 def print_summary(a: Analysis) -> None:
     """The per-layer key outliers, the outlier ratios and the KS distances, as the study prints them."""
+    print(a.name)
     for row in a.keys:
         print(f"layer {row['layer']:2d} keys: top channels {row['top_channels']}, "
               f"max/median {row['max_over_median']}")
@@ -426,39 +499,57 @@ def print_summary(a: Analysis) -> None:
 
 
 class KVAnatomy(study.Study):
-    """The study on the protocol (kvstats.study.protocol.Study): one sweep over the capture's layers, four figures
-    and up to four claims."""
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep over each model's layers, four figures
+    per model and four claims per model, a row per missing model and a row comparing the models' verdicts."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
     def cells(self, scale: str) -> study.Sweeps:
         tokens = SCALE[scale]["tokens"]
-        cap = _capture(tokens)  # capture once here (cached on disk), never in parallel workers
-        print(f"capture: {cap}", flush=True)
-        return {STUDY: (layer_cell, grid(layer=list(cap.layers), tokens=tokens, seed=0))}
+        cells = []
+        for model in available_models()[0]:
+            cap = _capture(tokens, model)  # capture once here (cached on disk), never in parallel workers
+            print(f"capture: {cap}", flush=True)
+            cells += grid(model=model, layer=list(cap.layers), tokens=tokens, seed=0)
+        return {STUDY: (layer_cell, cells)}
 
-    def analyse(self, tables, scale: str) -> Analysis:
+    def analyse(self, tables, scale: str) -> Analyses:
         table = tables[STUDY]
-        k, v = channel_profiles(table)
-        d = int(_capture(SCALE[scale]["tokens"]).metadata["head_dim"])
-        qjl = table[table["kind"] == "qjl_outliers"].sort_values("layer")
-        return Analysis(scale, d, k, v, outlier_rows(k, v), ks_rows(table), qjl)
+        present, missing = available_models()
+        out = {}
+        for model in present:
+            t = table[table["model"] == model]
+            k, v = channel_profiles(t)
+            d = int(_capture(SCALE[scale]["tokens"], model).metadata["head_dim"])
+            qjl = t[t["kind"] == "qjl_outliers"].sort_values("layer")
+            out[model] = Analysis(scale, d, k, v, outlier_rows(k, v, model), ks_rows(t, model), qjl, model)
+        return Analyses(scale, out, missing)
 
-    def figures(self, tables, a: Analysis) -> None:
-        channels_figure(a.k, a.v)
-        plots.write_csv("kv_anatomy_outliers", a.outliers)
-        outliers_figure(a.k, a.v)
-        plots.write_csv("kv_anatomy_ks", a.ks)
-        wht_figure(tables[STUDY], a.ks, a.d)
-        ks_figure(a.ks)
-        print_summary(a)
+    def figures(self, tables, a: Analyses) -> None:
+        channels, outliers, ks = [], [], []
+        for model, m in a.models.items():
+            channels += channels_figure(m)
+            outliers += m.outliers
+            ks += m.ks
+            outliers_figure(m)
+            wht_figure(tables[STUDY][tables[STUDY]["model"] == model], m)
+            print_summary(m)
+        plots.write_csv("kv_anatomy_channels", channels)
+        plots.write_csv("kv_anatomy_outliers", outliers)
+        plots.write_csv("kv_anatomy_ks", ks)
+        ks_figure(list(a.models.values()))
 
-    def claims(self, a: Analysis) -> list[Claim]:
-        sketch = [] if a.qjl is None or not len(a.qjl) else [qjl_sketch_claim(a)]
-        return [key_outliers_claim(a), qjl_channels_claim(a), wht_claim(a)] + sketch
+    def claims(self, a: Analyses) -> list[Claim]:
+        per_model = {model: model_claims(m) for model, m in a.models.items()}
+        out = [c for claims in per_model.values() for c in claims]
+        out += [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
+        if len(per_model) == 2:
+            first, second = per_model.values()
+            out.append(models_compared_claim(STUDY, list(zip(first[1:], second[1:]))))  # the claims judged on both
+        return out
 
-    def definitions(self, a: Analysis) -> dict[str, str]:
-        return definitions(a.scale)
+    def definitions(self, a: Analyses) -> dict[str, str]:
+        return definitions(a.scale, list(a.models))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,9 @@ keys m = n·d sign bits with ``outliers`` outlier channels per layer in their ow
 rows each; values min-max per token). Layer ``i`` gets the seed ``spawn_seeds(seed, layers)[i]``
 (:func:`kvstats._random.spawn_seeds`; NOVA-KV: one per calibrated layer).
 
-**Calibration.** ``nova`` and ``qjl`` are fitted on the Q/K/V of the shipped SmolLM2 (:data:`CALIBRATION_MODEL`,
-through :func:`~kvstats.evaluation.model_engine.shared_model`) over the calibration document
+**Calibration.** ``nova`` and ``qjl`` are fitted on the Q/K/V of the model they run in (``model``: a shipped model,
+by default SmolLM2, :data:`CALIBRATION_MODEL`, through :func:`~kvstats.evaluation.model_engine.shared_model`) over
+the calibration document
 (:data:`CALIBRATION_TITLE` of :func:`kvstats.data.texts.documents`, its first ``calibration_tokens`` tokens; None:
 all of it), captured once per process (:func:`calibration_capture`). QJL's outlier channels of a layer are the
 ``outliers`` channels of largest mean |k| over it (heads and tokens pooled), as QJL's §4 finds them. NOVA-KV's
@@ -59,11 +60,11 @@ def build_scheme(name: str, bits: int, seed: int, *, dim: int, rows: str | None 
 
 
 def layer_schemes(name: str, bits: int, seed: int, layers: int, *, dim: int, rows: str | None = None,
-                  calibration_tokens: int | None = None, outliers: int = 4,
-                  rows_per_outlier: int = 8) -> Callable[[int], object]:
+                  calibration_tokens: int | None = None, outliers: int = 4, rows_per_outlier: int = 8,
+                  model: str = CALIBRATION_MODEL) -> Callable[[int], object]:
     """``layer -> Scheme`` for a :class:`~kvstats.cache.KVStatsCache` of ``layers`` layers: ``name`` at ``bits``
-    (module doc), layer ``i`` seeded by ``spawn_seeds(seed, layers)[i]``; ``nova`` and ``qjl`` calibrated on the
-    first ``calibration_tokens`` tokens of the calibration document."""
+    (module doc), layer ``i`` seeded by ``spawn_seeds(seed, layers)[i]``; ``nova`` and ``qjl`` calibrated on
+    ``model``'s Q/K/V over the first ``calibration_tokens`` tokens of the calibration document."""
     from kvstats._random import spawn_seeds
     from kvstats.hf.cache import IdentityScheme
 
@@ -71,11 +72,11 @@ def layer_schemes(name: str, bits: int, seed: int, layers: int, *, dim: int, row
         lossless = IdentityScheme(dim)
         return lambda i: lossless
     if name == "nova":
-        built = nova_layers(bits, seed, calibration_tokens)
+        built = nova_layers(bits, seed, calibration_tokens, model)
     elif name == "qjl":
         from kvstats.quant.schemes import scheme
 
-        channels = qjl_outlier_channels(calibration_tokens, outliers)
+        channels = qjl_outlier_channels(calibration_tokens, outliers, model)
         built = [scheme("qjl_cache", bits=bits, dim=dim, seed=s, outliers=list(channels[i]),
                         outlier_m=rows_per_outlier * len(channels[i]))
                  for i, s in enumerate(spawn_seeds(seed, layers))]
@@ -84,9 +85,9 @@ def layer_schemes(name: str, bits: int, seed: int, layers: int, *, dim: int, row
     return lambda i: built[i]
 
 
-@functools.lru_cache(maxsize=1)
-def calibration_capture(tokens: int | None):
-    """The Q/K/V (:func:`kvstats.hf.capture.capture_qkv`, sdpa) of the shared SmolLM2 over the calibration
+@functools.lru_cache(maxsize=2)
+def calibration_capture(tokens: int | None, model: str = CALIBRATION_MODEL):
+    """The Q/K/V (:func:`kvstats.hf.capture.capture_qkv`, sdpa) of the shared ``model`` over the calibration
     document's first ``tokens`` tokens (None: all of it), once per process. The model's attention implementation
     is given back after the capture: a cell that builds its schemes (and so calibrates) after setting "kvstats"
     must still run on the estimator path, not silently on sdpa."""
@@ -94,7 +95,7 @@ def calibration_capture(tokens: int | None):
     from kvstats.evaluation.model_engine import set_attention, shared_model
     from kvstats.hf.capture import capture_qkv
 
-    lm, tokenizer, _ = shared_model(CALIBRATION_MODEL)
+    lm, tokenizer, _ = shared_model(model)
     before = lm.config._attn_implementation
     set_attention(lm, "sdpa")
     ids = tokenizer(documents()[CALIBRATION_TITLE], return_tensors="pt").input_ids
@@ -104,11 +105,11 @@ def calibration_capture(tokens: int | None):
         set_attention(lm, before)
 
 
-@functools.lru_cache(maxsize=2)
-def qjl_outlier_channels(tokens: int | None, count: int) -> tuple[tuple[int, ...], ...]:
+@functools.lru_cache(maxsize=4)
+def qjl_outlier_channels(tokens: int | None, count: int, model: str = CALIBRATION_MODEL) -> tuple[tuple[int, ...], ...]:
     """Per layer, the ``count`` channels of largest mean |k| over the calibration capture (heads and tokens
     pooled; QJL's figure 2 sorts channels by mean magnitude over tokens), in increasing order."""
-    cap = calibration_capture(tokens)
+    cap = calibration_capture(tokens, model)
     return tuple(tuple(sorted(torch.argsort(cap.keys(i).double().abs().mean(dim=(0, 1, 2)), descending=True)
                               [:count].tolist())) for i in range(len(cap)))
 
@@ -120,7 +121,7 @@ def _calibration_folder():
 
 
 @functools.lru_cache(maxsize=4)
-def nova_layers(bits: int, seed: int, tokens: int | None) -> tuple:
+def nova_layers(bits: int, seed: int, tokens: int | None, model: str = CALIBRATION_MODEL) -> tuple:
     """NOVA-KV (:meth:`kvstats.schemes.NovaScheme.calibrate`) fitted per layer on the calibration capture, layer
     ``i`` with the seed ``spawn_seeds(seed, layers)[i]``; stored in kvstats' cache folder and reloaded (module
     doc), and kept per process."""
@@ -129,14 +130,14 @@ def nova_layers(bits: int, seed: int, tokens: int | None) -> tuple:
     from kvstats.quant.schemes import NovaScheme
 
     text = documents()[CALIBRATION_TITLE]
-    key = hashlib.sha256(repr((CALIBRATION_VERSION, CALIBRATION_MODEL, bits, seed, tokens, text)).encode())
+    key = hashlib.sha256(repr((CALIBRATION_VERSION, model, bits, seed, tokens, text)).encode())
     path = _calibration_folder() / f"nova_calibration_{key.hexdigest()[:16]}.pt"
     if path.is_file():
         try:
             return tuple(torch.load(path, weights_only=False))
         except Exception:  # noqa: BLE001 - a damaged cache file is refitted below
             pass
-    cap = calibration_capture(tokens)
+    cap = calibration_capture(tokens, model)
     seeds = spawn_seeds(seed, len(cap))
     built = tuple(NovaScheme.calibrate(cap.queries(i), cap.keys(i), cap.values(i), bits=bits, seed=seeds[i])
                   for i in range(len(cap)))

@@ -149,13 +149,16 @@ def output_metrics(reference_logits: torch.Tensor, logits: torch.Tensor, ids: to
                          f"{tuple(reference_logits.shape)} and {tuple(logits.shape)}")
     if tuple(ids.shape) != tuple(logits.shape[:2]):
         raise ValueError(f"ids must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(ids.shape)}")
-    ref = torch.log_softmax(reference_logits.double(), dim=-1)
-    logq = torch.log_softmax(logits.double(), dim=-1)
-    target = ids[:, 1:, None]
-    return {"out_kl": (ref.exp() * (ref - logq)).sum(-1).clamp_min(0),
-            "nll_ref": -ref[:, :-1].gather(-1, target)[..., 0],
-            "nll": -logq[:, :-1].gather(-1, target)[..., 0],
-            "top1": (ref.argmax(-1) == logq.argmax(-1)).double()}
+    parts = {"out_kl": [], "nll_ref": [], "nll": [], "top1": []}
+    for b in range(ids.shape[0]):  # one sequence at a time: fp64 [T, V] copies stay small at a 262k vocabulary
+        ref = torch.log_softmax(reference_logits[b].double(), dim=-1)
+        logq = torch.log_softmax(logits[b].double(), dim=-1)
+        target = ids[b, 1:, None]
+        parts["out_kl"].append((ref.exp() * (ref - logq)).sum(-1).clamp_min(0))
+        parts["nll_ref"].append(-ref[:-1].gather(-1, target)[..., 0])
+        parts["nll"].append(-logq[:-1].gather(-1, target)[..., 0])
+        parts["top1"].append((ref.argmax(-1) == logq.argmax(-1)).double())
+    return {name: torch.stack(rows) for name, rows in parts.items()}
 
 
 def baseline_rows(model, ids: torch.Tensor, reference_logits: torch.Tensor, backend: str, nbits: int, *,

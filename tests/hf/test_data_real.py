@@ -170,6 +170,13 @@ def smollm2():
 @pytest.mark.slow
 def test_smollm2_capture_256_tokens(smollm2):
     model, tokenizer, name = smollm2
+    from kvstats.hf.cache import model_dims
+    from kvstats.hf.models import SHIPPED_MODELS
+
+    facts = SHIPPED_MODELS["smollm2"]  # the registry's attention facts are the loaded config's
+    assert model_dims(model.config) == {"head_dim": facts.head_dim, "kv_heads": facts.kv_heads,
+                                        "q_heads": facts.q_heads, "layers": facts.layers}
+    assert getattr(model.config, "sliding_window", None) is None and not facts.sliding_layers
     cap = capture_qkv(model, tokenizer, default_text(), max_tokens=256, model_name=name)
     assert len(cap) == 30
     for i in range(30):

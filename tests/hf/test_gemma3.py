@@ -64,11 +64,13 @@ def gemma(gemma3):
 @pytest.mark.slow
 def test_it_loads_with_its_documented_architecture(gemma):
     model, tokenizer, name = gemma
-    cfg = model.config
-    assert name == models.SHIPPED_MODELS[models.GEMMA3].name == "Gemma-3-270M"
+    cfg, facts = model.config, models.SHIPPED_MODELS[models.GEMMA3]
+    assert name == facts.name == "Gemma-3-270M"
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (18, 4, 1, 256)
-    assert cfg.sliding_window == 512 and cfg.layer_types.count("sliding_attention") == 15
-    assert cfg.query_pre_attn_scalar == 256 and model.model.layers[0].self_attn.q_norm is not None
+    assert (facts.layers, facts.q_heads, facts.kv_heads, facts.head_dim) == (18, 4, 1, 256)
+    assert cfg.sliding_window == facts.window == 512
+    assert cfg.layer_types.count("sliding_attention") == facts.sliding_layers == 15
+    assert cfg.query_pre_attn_scalar == 256 and model.model.layers[0].self_attn.q_norm is not None and facts.qk_norm
     assert next(model.parameters()).dtype == torch.float32
     assert tokenizer("The Declaration").input_ids[0] == cfg.bos_token_id
 

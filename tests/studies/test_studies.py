@@ -416,40 +416,67 @@ def test_sphere_law_runs_through_the_shell(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monkeypatch):
-    """kv_anatomy's layer cells and claims on stand-in tensors of SmolLM2's layout (4 layers, d = 64, 3 KV heads):
-    keys with channel 22 scaled ×8 (an outlier channel the study must find, ratio outside 3–5.6)."""
+    """kv_anatomy's layer cells and claims on stand-in tensors of each model's layout — SmolLM2's (4 layers, d = 64,
+    3 KV heads: keys with channel 22 scaled ×8, an outlier channel the study must find, ratio outside 3–5.6) and
+    Gemma 3's (3 layers, d = 256, one KV head, no outlier) — then with Gemma 3's package missing: its row says so."""
+    import kvstats.study.models as study_models
+
     ka = load_study("kv_anatomy")
-    gen = torch.Generator().manual_seed(5)
-    scale = torch.ones(64)
-    scale[22] = 8.0
-    keys = {i: torch.randn(1, 3, 40, 64, generator=gen) * scale for i in range(4)}
-    values = {i: torch.randn(1, 3, 40, 64, generator=gen) for i in range(4)}
-    queries = {i: torch.randn(1, 9, 40, 64, generator=gen) for i in range(4)}
 
-    class Capture:
-        layers = [0, 1, 2, 3]
-        metadata = {"head_dim": 64}
+    def stand_in(n_layers, kv_heads, q_heads, d, outlier, seed):
+        gen = torch.Generator().manual_seed(seed)
+        scale = torch.ones(d)
+        if outlier is not None:
+            scale[outlier] = 8.0
+        keys = {i: torch.randn(1, kv_heads, 40, d, generator=gen) * scale for i in range(n_layers)}
+        values = {i: torch.randn(1, kv_heads, 40, d, generator=gen) for i in range(n_layers)}
+        queries = {i: torch.randn(1, q_heads, 40, d, generator=gen) for i in range(n_layers)}
 
-        def keys(self, i):
-            return keys[i]
+        class Capture:
+            layers = list(range(n_layers))
+            metadata = {"head_dim": d}
 
-        def values(self, i):
-            return values[i]
+            def keys(self, i):
+                return keys[i]
 
-        def queries(self, i):
-            return queries[i]
+            def values(self, i):
+                return values[i]
 
-    monkeypatch.setattr(ka, "_capture", lambda tokens: Capture())
+            def queries(self, i):
+                return queries[i]
+
+        return Capture(), keys
+
+    (smol, keys), (gemma, _) = stand_in(4, 3, 9, 64, 22, 5), stand_in(3, 1, 4, 256, None, 6)
+    monkeypatch.setattr(ka, "_capture", lambda tokens, model="smollm2": smol if model == "smollm2" else gemma)
+    monkeypatch.setattr(study_models, "missing_reason", lambda model: None)
     claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path, monkeypatch)}
     prof = np.stack([keys[i].abs().mean(dim=(0, 1, 2)).numpy() for i in range(4)])
     kr = prof.max(1) / np.median(prof, 1)
     assert f"keys max/median {kr.min():.1f}–{kr.max():.1f}" in claims["smollm2-key-outliers"]["measurement"]
     assert f"range {kr.min():.1f}–{kr.max():.1f}" in claims["smollm2-key-outliers"]["discrepancy"]
+    assert claims["gemma3-key-outliers"]["verdict"] == "measured" and "Gemma-3-270M" in claims["gemma3-key-outliers"][
+        "measurement"]
+    for gemma_id in ("qjl-outlier-channels-gemma3", "gemma3-wht-sphere-law", "qjl-outlier-sketch-gemma3"):
+        assert gemma_id in claims and "Gemma-3-270M" in claims[gemma_id]["measurement"]
+    assert "f_256" in claims["gemma3-wht-sphere-law"]["measurement"]
+    compared = claims["kv-anatomy-models"]
+    assert compared["verdict"] == "measured" and "of 3 claims" in compared["measurement"]
+    assert "head dim 64 vs 256" in compared["details"] and "QK-norm False vs True" in compared["details"]
     import pandas as pd
 
     out = pd.read_csv(tmp_path / "figures" / "data" / "kv_anatomy_outliers.csv")
-    assert (out[out["tensor"] == "keys"]["top_channels"].str.split().str[0] == "22").all()
+    smol_keys = out[(out["tensor"] == "keys") & (out["model"] == "smollm2")]
+    assert len(smol_keys) == 4 and (smol_keys["top_channels"].str.split().str[0] == "22").all()
+    assert set(out["model"]) == {"smollm2", "gemma3-270m"}
     assert (tmp_path / "figures" / "kv_anatomy_wht.png").is_file()
+    assert (tmp_path / "figures" / "kv_anatomy_wht_gemma3.png").is_file()
+    # without Gemma 3's package: SmolLM2's rows, and one row that says Gemma 3 did not run and why
+    monkeypatch.setattr(study_models, "missing_reason", lambda model: None if model == "smollm2" else "no package")
+    claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path / "two", monkeypatch)}
+    assert "smollm2-key-outliers" in claims and not any("gemma3" in i and i != "kv-anatomy-gemma3-rows" for i in claims)
+    assert claims["kv-anatomy-gemma3-rows"]["verdict"] == "not testable here"
+    assert "no package" in claims["kv-anatomy-gemma3-rows"]["measurement"]
 
 
 @pytest.mark.slow
