@@ -74,6 +74,7 @@ from kvstats.studies.end_to_end.cells import (
     DOCUMENTS,
     FORMATS_VERSION,
     GENERATION_VERSION,
+    MODELS_VERSION,
     QJL_VERSION,
     SCALE,
     STUDY,
@@ -119,7 +120,7 @@ class EndToEnd(study.Study):
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
     versions = {f"{STUDY}_generation": GENERATION_VERSION, f"{STUDY}_qjl": QJL_VERSION,
-                f"{STUDY}_formats": FORMATS_VERSION}
+                f"{STUDY}_formats": FORMATS_VERSION, f"{STUDY}_gemma3": MODELS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         return sweeps(SCALE[scale])

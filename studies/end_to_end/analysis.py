@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
 from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, spearman, wilcoxon
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, number
 from kvstats.studies.end_to_end import cells
 from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
+from kvstats.study.models import LABELS, available_models
 from kvstats.study.sweep import cell_seed
 
 ALPHA = 0.05
@@ -32,9 +34,9 @@ def segment_means(tokens: pd.DataFrame) -> pd.DataFrame:
                                                              "nll_ref"]].mean()
 
 
-def segment_documents(size: int, count: int | None) -> dict[int, str]:
-    """segment index -> the title of the document it was cut from (the clusters of the CIs)."""
-    return {u: title for u, (title, _) in enumerate(_segments(size, count)[1])}
+def segment_documents(size: int, count: int | None, model: str = SMOLLM2) -> dict[int, str]:
+    """segment index -> the title of the document it was cut from (the clusters of the CIs), in ``model``'s tokens."""
+    return {u: title for u, (title, _) in enumerate(_segments(size, count, model)[1])}
 
 
 def _ci(x, resamples: int, seed: int, clusters) -> tuple[float, float, float]:
@@ -191,6 +193,15 @@ class Analysis:
     qjl_summary: pd.DataFrame | None = None
     formats_segs: pd.DataFrame | None = None
     formats_summary: pd.DataFrame | None = None
+    #: the shipped model these tables come from; ``others``: the second model's Analysis (its own sweep),
+    #: ``missing``: {model: why it did not run}
+    model: str = SMOLLM2
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return SHIPPED_MODELS[self.model].name
 
     @functools.cached_property
     def budgets(self) -> list[int]:
@@ -228,10 +239,12 @@ class Analysis:
 
     @property
     def data(self) -> str:
-        return (f"SmolLM2-135M-Instruct (fp32, 30 layers, 9 q / 3 KV heads, d = 64), teacher-forced over {self.n_seg} "
-                f"disjoint segments of {self.seg_len} tokens from the held-out documents of kvstats' public-domain "
-                f"text (NOVA-KV calibrated on '{DOCUMENTS[0]}'); budgets {self.budgets}; seeds "
-                f"{list(self.cfg['seeds'])} ({self.scale})")
+        facts = SHIPPED_MODELS[self.model]
+        calibrated = "NOVA-KV" if "nova" in self.schemes else "QJL's outlier channels"
+        return (f"{facts.name} (fp32, {facts.layers} layers, {facts.q_heads} q / {facts.kv_heads} KV heads, d = "
+                f"{facts.head_dim}), teacher-forced over {self.n_seg} disjoint segments of {self.seg_len} tokens from "
+                f"the held-out documents of kvstats' public-domain text ({calibrated} calibrated on "
+                f"'{DOCUMENTS[0]}'); budgets {self.budgets}; seeds {list(self.cfg['seeds'])} ({self.scale})")
 
     @property
     def unit(self) -> str:
@@ -258,5 +271,28 @@ def analyse(tables, scale: str) -> Analysis:
         ok = t is not None and len(t)
         segs_ = segment_means(t[t["kind"] == "token"][tokens.columns]) if ok else None
         side[name] = (segs_, summary_table(segs_, t[t["kind"] == "cell"], cfg["resamples"], docs) if ok else None)
+    present, missing = available_models()
+    others = {model: model_analysis(tables[f"{STUDY}_{LABELS[model]}"], scale, model)
+              for model in present if model != SMOLLM2}
     return Analysis(cfg, scale, tuple(cells.SCHEMES), summary, segs, tokens, layers, corr, gen,
-                    tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"])
+                    tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"],
+                    others=others, missing=missing)
+
+
+def model_analysis(table: pd.DataFrame, scale: str, model: str) -> Analysis:
+    """A second model's sweep (:func:`~kvstats.studies.end_to_end.cells.model_cell_grid`) -> its :class:`Analysis`:
+    the teacher-forced cells of :data:`~kvstats.studies.end_to_end.cells.MODEL_SCHEMES` and the lossless control,
+    with QJL's cache beside them as for SmolLM2; no paths, generation or correlations."""
+    cfg = SCALE[scale]
+    tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",
+                                                     "top5"]]
+    qjl = tokens["scheme"] == "qjl"
+    docs = segment_documents(cfg["segment_tokens"], cfg["segments"], model)
+    cell_rows = table[table["kind"] == "cell"]
+    segs, qjl_segs = segment_means(tokens[~qjl]), segment_means(tokens[qjl])
+    summary = summary_table(segs, cell_rows, cfg["resamples"], docs)
+    qjl_summary = summary_table(qjl_segs, cell_rows, cfg["resamples"], docs) if len(qjl_segs) else None
+    empty = pd.DataFrame()
+    return Analysis(cfg, scale, tuple(cells.MODEL_SCHEMES), summary, segs, tokens[~qjl],
+                    table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]], empty, empty, empty, docs,
+                    None, qjl_segs if len(qjl_segs) else None, qjl_summary, model=model)

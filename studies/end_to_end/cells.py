@@ -24,8 +24,10 @@ from kvstats.evaluation.model_engine import (
     shared_reference,
 )
 from kvstats.hf.baselines import output_metrics
+from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
 from kvstats.measure.metrics import attention_kl_from_scores
 from kvstats.studies.formats import DEPLOYED
+from kvstats.study.models import LABELS, available_models
 from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
@@ -64,6 +66,13 @@ QJL_VERSION = "1"
 #: the deployed formats' sweep (``formats``: (spec, n) of kvstats.studies.formats.DEPLOYED at paper scale):
 #: teacher-forced as every scheme (:func:`cell`, no window), measured beside the same-n schemes; its own version
 FORMATS_VERSION = "1"
+#: The second model's sweep (``end_to_end_gemma3``, kvstats.study.models.REAL_MODELS beyond SmolLM2): the same
+#: teacher-forced cells on its own segments of the held-out documents — D'Alberto's three schemes, KIVI-style
+#: min-max and TurboQuant_mse at every budget, QJL's cache at ``qjl_budgets`` (outlier channels found on its own
+#: calibration capture) and the lossless control; NOVA-KV, windows, formats, paths and generation are SmolLM2's only
+MODEL_SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse")
+#: the second model's sweep version
+MODELS_VERSION = "1"
 #: The sketch of every QJL stage (kqv's V, qkqv's K and V): D'Alberto's randomized Hadamard sketch, arXiv
 #: 2605.08114 §2.2 eq. 3 (S = H·diag(s′), m = d = 64), the definition the D'Alberto claims below are held to.
 QJL_ROWS = "srht"
@@ -82,44 +91,48 @@ def documents(text: str | None = None) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _segments(size: int, count: int | None) -> tuple[torch.Tensor, tuple[tuple[str, int], ...]]:
-    """Token ids [segments, size] of the held-out documents (all but the calibration one), cut round-robin
-    (:func:`kvstats.evaluation.model_engine.round_robin_segments`), and their origins."""
-    _, tokenizer, _ = shared_model()
+def _segments(size: int, count: int | None, model: str = SMOLLM2) -> tuple[torch.Tensor, tuple[tuple[str, int], ...]]:
+    """Token ids [segments, size] of the held-out documents (all but the calibration one) in ``model``'s tokens, cut
+    round-robin (:func:`kvstats.evaluation.model_engine.round_robin_segments`), and their origins."""
+    _, tokenizer, _ = shared_model(model)
     docs = documents()
     ids = {t: tokenizer(docs[t], return_tensors="pt").input_ids[0] for t in DOCUMENTS[1:]}
     where = round_robin_segments({t: len(v) for t, v in ids.items()}, size, count)
     return torch.stack([ids[t][a:a + size] for t, a in where]), tuple(where)
 
 
-def _reference(size: int, count: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(size: int, count: int | None, model: str = SMOLLM2) -> tuple[torch.Tensor, torch.Tensor]:
     """The segments (ids [B, T]) and the exact model's logits [B, T, V] over them in one batched forward
     (:func:`kvstats.evaluation.model_engine.shared_reference`: once per process, shared by every cell)."""
-    ids, _ = _segments(size, count)
-    return ids, shared_reference(ids.tolist())
+    ids, _ = _segments(size, count, model)
+    return ids, shared_reference(ids.tolist(), model)
 
 
-def cell_schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None):
-    """One scheme per layer (:func:`kvstats.evaluation.layer_schemes.layer_schemes`, independent seeds spawned from
-    the cell seed ``cell_seed(STUDY, name, n, seed)``): D'Alberto's sketch (QJL_ROWS), NOVA-KV and QJL's outlier
-    channels calibrated on the calibration document, ``identity`` the lossless control."""
-    return layer_schemes(name, n, cell_seed(STUDY, name, n, seed), layers, dim=HEAD_DIM, rows=QJL_ROWS,
+def cell_schemes(name: str, n: int, seed: int, layers: int, calibration_tokens: int | None = None,
+                 model: str = SMOLLM2):
+    """One scheme per layer of ``model`` (:func:`kvstats.evaluation.layer_schemes.layer_schemes` at its head dim,
+    independent seeds spawned from the cell seed ``cell_seed(STUDY, name, n, seed)``, the model's name before the
+    scheme's for a model other than SmolLM2): D'Alberto's sketch (QJL_ROWS), NOVA-KV and QJL's outlier channels
+    calibrated on the model's calibration capture, ``identity`` the lossless control."""
+    parts = (STUDY, name, n, seed) if model == SMOLLM2 else (STUDY, model, name, n, seed)
+    return layer_schemes(name, n, cell_seed(*parts), layers, dim=SHIPPED_MODELS[model].head_dim, rows=QJL_ROWS,
                          calibration_tokens=calibration_tokens, outliers=QJL_CACHE["outliers"],
-                         rows_per_outlier=QJL_CACHE["rows_per_outlier"])
+                         rows_per_outlier=QJL_CACHE["rows_per_outlier"], model=model)
 
 
 def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segments: int | None,
-         calibration_tokens: int | None) -> list[dict]:
-    """Every segment through a KVStatsCache in one batched teacher-forced forward: per-token, per-layer and one
-    summary row. The exact forward over the same segments is computed once per process and shared."""
+         calibration_tokens: int | None, model: str = SMOLLM2) -> list[dict]:
+    """Every segment through a KVStatsCache in one batched teacher-forced forward of ``model`` (a shipped model):
+    per-token, per-layer and one summary row. The exact forward over the same segments is computed once per process
+    and shared."""
     _quiet()
-    ids, ref_logits = _reference(segment_tokens, segments)
-    model = shared_model()[0]
+    ids, ref_logits = _reference(segment_tokens, segments, model)
+    lm = shared_model(model)[0]
     t0 = time.perf_counter()
-    schemes = cell_schemes(scheme, n, seed, model.config.num_hidden_layers, calibration_tokens)  # NOVA-KV: timed
+    schemes = cell_schemes(scheme, n, seed, lm.config.num_hidden_layers, calibration_tokens, model)  # NOVA: timed
     calibration_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    logits, cache = quantized_logits(model, schemes, ids, full_precision_window=window)
+    logits, cache = quantized_logits(lm, schemes, ids, full_precision_window=window)
     seconds = time.perf_counter() - t0
     damage = output_metrics(ref_logits, logits, ids)  # fp64: out_kl, top1 [B, T]; nll_ref, nll [B, T-1]
     out_kl, top1, nll_ref, nll = damage["out_kl"], damage["top1"], damage["nll_ref"], damage["nll"]
@@ -141,7 +154,7 @@ def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segme
     for i, r in enumerate(records):
         rows.append({"kind": "layer", "layer": r.layer, "attn_kl": float(lay_kl[i]), "top5": float(lay_top5[i])})
     rows.append({"kind": "cell", "seconds": seconds, "calibration_seconds": calibration_seconds,
-                 "max_abs_dlogit": float((logits - ref_logits).abs().max()),
+                 "max_abs_dlogit": max(float((logits[u] - ref_logits[u]).abs().max()) for u in range(len(ids))),
                  "bits_per_element": mem.bits_per_element, "code_bytes": mem.code_bytes,
                  "window_bytes": mem.window_bytes, "fp16_bytes": mem.fp16_bytes, "segments": b,
                  "segment_tokens": t_len})
@@ -304,6 +317,16 @@ def cell_grid(cfg: dict) -> list[dict]:
     return cells
 
 
+def model_cell_grid(cfg: dict, model: str) -> list[dict]:
+    """A second model's teacher-forced cells (:data:`MODEL_SCHEMES` at every budget, QJL's cache at ``qjl_budgets``,
+    the lossless control), no window."""
+    base = {"model": model, "seed": list(cfg["seeds"]), "window": 0, "segment_tokens": cfg["segment_tokens"],
+            "segments": cfg["segments"], "calibration_tokens": cfg["calibration_tokens"]}
+    return (grid(scheme=list(MODEL_SCHEMES), n=list(cfg["budgets"]), **base)
+            + grid(scheme="qjl", n=list(cfg["qjl_budgets"]), **base)
+            + grid(scheme="identity", n=0, **{**base, "seed": 0}))
+
+
 def sweeps(cfg: dict) -> study.Sweeps:
     """The study's sweeps at one scale: the teacher-forced cells (:func:`cell_grid`), QJL's cache and the deployed
     formats (each its own sweep and version), the two paths, the generation and, when transformers' quantized caches
@@ -324,6 +347,9 @@ def sweeps(cfg: dict) -> study.Sweeps:
             scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,
             offsets=[list(cfg["prompts"])], prompt_len=cfg["prompt_len"], new=cfg["new"],
             calibration_tokens=cfg["calibration_tokens"]))}
+    for model in available_models()[0]:
+        if model != SMOLLM2:
+            out[f"{STUDY}_{LABELS[model]}"] = (cell, model_cell_grid(cfg, model))
     backends = available_backends()
     if backends:
         out[f"{STUDY}_baselines"] = (baseline_cell, grid(

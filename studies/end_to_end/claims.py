@@ -9,6 +9,7 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.evaluation.layer_schemes import build_scheme
+from kvstats.hf.models import SHIPPED_MODELS
 from kvstats.measure.stats import equivalence, mcnemar, proportion_ci
 from kvstats.measure.verdicts import equivalence as equivalence_rule
 from kvstats.measure.verdicts import measured
@@ -24,6 +25,7 @@ from kvstats.studies.end_to_end.analysis import (
 )
 from kvstats.studies.end_to_end.cells import DOCUMENTS, HEAD_DIM, QJL_CACHE, QJL_ROWS, STUDY
 from kvstats.study.claims import Claim
+from kvstats.study.models import missing_model_claim, model_claim_id, models_compared_claim
 from kvstats.study.report import fmt_p
 
 NOVA_BITS = 2  # NOVA-KV's claim is about the model's output at 2 bits per element
@@ -53,7 +55,8 @@ def lossless_claim(a: Analysis) -> Claim | None:
         return None
     r = ctrl.iloc[0]
     return Claim(
-        id="e2e-lossless-control", claim="A KVStatsCache with a lossless scheme leaves the model unchanged.",
+        id=model_claim_id("e2e-lossless-control", a.model),
+        claim="A KVStatsCache with a lossless scheme leaves the model unchanged.",
         source="kvstats", data=a.data, figure=f"{STUDY}_output.png",
         verdict=measured("the pipeline's floor, our own measurement"),
         measurement=(f"identity scheme through the cache on the estimator path: mean next-token KL "
@@ -122,11 +125,12 @@ def qkqv_claim(a: Analysis) -> Claim:
     table = ("| n | attention KL QKQV/KQV [95% CI] | next-token KL QKQV/KQV [95% CI] | ppl KQV | ppl QKQV |\n"
              "|---|---|---|---|---|\n" + "\n".join(rows))
     return Claim(
-        id="e2e-qkqv-worse-than-kqv", figure=f"{STUDY}_output.png", data=a.data,
+        id=model_claim_id("e2e-qkqv-worse-than-kqv", a.model), figure=f"{STUDY}_output.png", data=a.data,
         claim="QKQV is worse than KQV in KL at every budget (D'Alberto), here carried from attention KL to the "
               "model's next-token distribution.",
         source="D'Alberto, arXiv 2605.08114, abstract (finding 2); end-to-end test by kvstats",
-        measurement=f"QKQV − KQV per segment, next-token KL and attention KL at n = {a.budgets}: {v_dq.reason}.",
+        measurement=(f"{a.model_name}: QKQV − KQV per segment, next-token KL and attention KL at n = {a.budgets}: "
+                     f"{v_dq.reason}."),
         verdict=v_dq,
         details=(table + "\n\nRatios of means over segments, paired cluster BCa bootstrap (documents, then "
                  "segments).\n\n"
@@ -140,15 +144,15 @@ def ratio_claim(a: Analysis) -> Claim | None:
     r4 = paired_ratio(a.segs, "attn_kl", 4, 0, a.cfg["resamples"], a.docs)
     v4 = ratio_verdict(*r4)
     return Claim(
-        id="e2e-ratio-n4", figure=f"{STUDY}_attention.png", data=a.data,
+        id=model_claim_id("e2e-ratio-n4", a.model), figure=f"{STUDY}_attention.png", data=a.data,
         claim=f"At n = 4, KQV's KL is {PAPER_RATIO_N4}× lower than QKQV's.",
         source="D'Alberto, arXiv 2605.08114, abstract (finding 4)",
-        measurement=(f"on SmolLM2's own attention inside the model, mean attention KL QKQV/KQV at n = 4 = "
+        measurement=(f"on {a.model_name}'s own attention inside the model, mean attention KL QKQV/KQV at n = 4 = "
                      f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired cluster BCa over {a.n_docs} documents, "
                      f"then their {a.n_seg} segments)"),
         verdict=v4,
         discrepancy=(None if v4.verdict == "reproduced" else
-                     f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on SmolLM2's "
+                     f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on {a.model_name}'s "
                      f"attention, against the published {PAPER_RATIO_N4} on the paper's data."),
         details=None)
 
@@ -205,24 +209,25 @@ def qjl_cache_claim(a: Analysis) -> Claim | None:
                      f"{r['top1']:.3f}, perplexity ×{r['ppl_ratio']:.3f}")
     best = beside[beside["metric"] == "out_kl"].sort_values("mean_b").iloc[0] if len(beside) else None
     return Claim(
-        id="qjl-cache-smollm2", figure=None, data=a.data + f"; QJL's cache at n ∈ {budgets}",
+        id=model_claim_id("qjl-cache-smollm2", a.model), figure=None, data=a.data + f"; QJL's cache at n ∈ {budgets}",
         claim=("At 3 bits per element QJL's cache (keys: QJL sketch with a separate outlier sketch; values: "
                "per-token quantization) keeps the model's accuracy close to the 16-bit model and scores best "
                "among the quantized caches it is compared with, KIVI (3 bits) included. Tested here: next-token "
                "KL and NLL increase lower than the KIVI-style min-max cache's at the same n."),
         source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 and §5 (table 1: LongBench F1 vs KIVI)",
-        measurement=("; ".join(parts) + f". Against KIVI-style min-max: {verdict.reason}"
+        measurement=(f"{a.model_name}: " + "; ".join(parts) + f". Against KIVI-style min-max: {verdict.reason}"
                      + (f"; the best same-budget scheme on next-token KL is {best['b']} ({best['mean_b']:.3g} vs "
                         f"QJL's {best['mean_a']:.3g} nats)" if best is not None else "") + "."),
         verdict=verdict,
         discrepancy=(None if verdict.verdict == "reproduced" else
                      f"QJL's cache (keys m = {budgets[0]}·d sign bits with the outlier split, values per token) is "
-                     f"not better than KIVI-style min-max at n = {budgets[0]} on SmolLM2-135M (d = 64): next-token KL "
+                     f"not better than KIVI-style min-max at n = {budgets[0]} on {a.model_name} (d = "
+                     f"{SHIPPED_MODELS[a.model].head_dim}): next-token KL "
                      f"{qs.loc[budgets[0], 'out_kl']:.3g} nats, perplexity ×{qs.loc[budgets[0], 'ppl_ratio']:.2f}; "
                      "the paper's LongBench results are on Llama-2/3 with d = 128."),
         details=(TEST_HEADER + _test_lines(kivi) + "\n\nBeside the verdict (Holm over these rows):\n\n"
                  + TEST_HEADER + _test_lines(beside) + "\n\n" + a.unit + " The paper measures LongBench F1 "
-                 "on Llama-2/3; next-token KL and NLL of SmolLM2-135M are the measures here. The outlier channels "
+                 f"on Llama-2/3; next-token KL and NLL of {a.model_name} are the measures here. The outlier channels "
                  "are found on the calibration document (the paper finds them in each prompt)."))
 
 
@@ -494,8 +499,23 @@ CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_
           top1_claim, predictivity_claim, window_claim, generation_claim, baselines_claim)
 
 
+#: the claims judged on a second model too (its sweep runs their cells), in the report's order
+MODEL_CLAIMS = (lossless_claim, qkqv_claim, ratio_claim, qjl_cache_claim)
+
+
 def claims(a: Analysis) -> list[Claim]:
-    return [c for c in (make(a) for make in CLAIMS) if c is not None]
+    """SmolLM2's claims, then each other model's :data:`MODEL_CLAIMS`, a row per model that did not run, and a row
+    comparing the verdicts of the claims both models were judged on by a rule (kvstats.study.models)."""
+    out = [c for c in (make(a) for make in CLAIMS) if c is not None]
+    for model, other in a.others.items():
+        theirs = [c for c in (make(other) for make in MODEL_CLAIMS) if c is not None]
+        ours = {model_claim_id(c.id, model): c for c in out}  # SmolLM2's claims under their ids on the other model
+        pairs = [(ours[c.id], c) for c in theirs if c.id in ours and c.verdict.verdict != "measured"]
+        out += theirs
+        if pairs:
+            out.append(models_compared_claim(STUDY, pairs))
+    out += [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
+    return out
 
 
 def definitions(a: Analysis) -> dict[str, str]:

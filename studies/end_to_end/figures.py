@@ -7,9 +7,11 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
+from kvstats.hf.models import SHIPPED_MODELS
 from kvstats.studies.end_to_end.analysis import Analysis
 from kvstats.studies.end_to_end.cells import STUDY
 from kvstats.study import plots
+from kvstats.study.models import LABELS
 
 STYLE = {"mse": {"color": "#17becf", "marker": "v", "label": "TurboQuant_mse on K and V"},
          "nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated)"}}
@@ -163,8 +165,29 @@ def predictivity_figure(a: Analysis) -> None:
     plots.save(fig, f"{STUDY}_predictivity")
 
 
+def models_figure(a: Analysis) -> None:
+    """Next-token KL and attention KL against n on each model, the schemes both ran (end_to_end_models.png)."""
+    runs = [a, *a.others.values()]
+    fig, axes = plots.panels(2, len(runs), "The same schemes inside two models: output and attention damage "
+                             "(95% cluster CIs)", width=4.4, height=3.2)
+    for col, m in enumerate(runs):
+        shared = [x for x in m.schemes if x in runs[-1].schemes and x in runs[0].schemes]
+        for row, metric in enumerate(("out_kl", "attn_kl")):
+            ax = axes[row, col]
+            for k, name in enumerate(shared):
+                g = _by_n(m.summary, name, 0)
+                _errorbar(ax, g["n"], g[metric], g[f"{metric}_lo"], g[f"{metric}_hi"], name, offset=0.06 * (k - 2))
+            ax.set_yscale("log")
+            ax.set_xlabel("bits per element n")
+            ax.set_ylabel("next-token KL (nats)" if metric == "out_kl" else "attention KL (nats)")
+            ax.set_title(f"{m.model_name} (d = {SHIPPED_MODELS[m.model].head_dim})", fontsize=9)
+            ax.set_xticks(m.budgets)
+    axes[0, -1].legend(fontsize=7, loc="upper right")
+    plots.save(fig, f"{STUDY}_models")
+
+
 def figures(a: Analysis) -> None:
-    """The data CSVs and the three figures."""
+    """The data CSVs and the figures."""
     if a.base is not None:
         plots.write_csv(f"{STUDY}_baselines", a.base)
     plots.write_csv(STUDY, a.summary)
@@ -178,7 +201,13 @@ def figures(a: Analysis) -> None:
     plots.write_csv(f"{STUDY}_paths", a.agree)
     if a.qjl_summary is not None:
         plots.write_csv(f"{STUDY}_qjl", a.qjl_summary)
+    for model, other in a.others.items():  # a second model's cells: summary (QJL's cache rows included), segments
+        both = other.summary if other.qjl_summary is None else pd.concat([other.summary, other.qjl_summary])
+        plots.write_csv(f"{STUDY}_{LABELS[model]}", both)
+        plots.write_csv(f"{STUDY}_{LABELS[model]}_segments", pd.concat([other.segs, other.qjl_segs]))
     plots.setup()
     output_figure(a)
     attention_figure(a)
     predictivity_figure(a)
+    if a.others:
+        models_figure(a)

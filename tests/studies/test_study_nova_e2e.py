@@ -280,6 +280,22 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     assert ctrl["out_kl"].max() < 1e-6
     defs = read_definitions(data / "end_to_end_definitions.json")
     assert "12 consecutive tokens" in defs["unit"] and defs["mse"].startswith("K turbo_mse")
+    # Gemma 3 270M (where its package is installed): its own sweep, its claims judged by the same rules, a row that
+    # compares the two models' verdicts; without it, a row that says so
+    from kvstats.study.models import missing_reason
+
+    if missing_reason("gemma3-270m") is None:
+        assert claims["e2e-qkqv-worse-than-kqv-gemma3"]["rule"] == "direction"
+        assert "Gemma-3-270M" in claims["qjl-cache-gemma3"]["measurement"]
+        assert "d = 256" in claims["e2e-qkqv-worse-than-kqv-gemma3"]["data"]
+        gemma = pd.read_csv(data / "end_to_end_gemma3.csv")
+        assert gemma[gemma["scheme"] == "identity"]["out_kl"].max() < 1e-6  # lossless through its cache
+        assert set(gemma["scheme"]) == {"kv", "kqv", "qkqv", "minmax", "mse", "qjl", "identity"}
+        assert claims["end-to-end-models"]["verdict"] == "measured"
+        assert "head dim 64 vs 256" in claims["end-to-end-models"]["details"]
+        assert (tmp_path / "figures" / "end_to_end_models.png").is_file()
+    else:
+        assert claims["end-to-end-gemma3-rows"]["verdict"] == "not testable here"
     # NOVA-KV's calibration was stored once and reloads to the same codes
     (stored,) = (tmp_path / "nova").glob("nova_calibration_*.pt")
     root = cell_seed(e2e.STUDY, "nova", 2, 0)  # the cell seed end_to_end spawns the layers' seeds from
