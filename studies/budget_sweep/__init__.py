@@ -32,6 +32,8 @@ study on kvstats.study.protocol.Study and main.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvstats import study
 from kvstats.studies.budget_sweep.analysis import (
     Analysis,
@@ -52,6 +54,7 @@ from kvstats.studies.budget_sweep.cells import (
     E6,
     FINDING1_METRICS,
     METRICS,
+    MODELS_VERSION,
     NO_SKETCH,
     PAPER_N,
     PAPER_P,
@@ -77,6 +80,7 @@ from kvstats.studies.budget_sweep.cells import (
     documents,
     formats_cells,
     make_scheme,
+    model_cells,
     real_windows,
     sweep_cells,
     trial_data,
@@ -85,7 +89,14 @@ from kvstats.studies.budget_sweep.cells import (
     trial_reference,
     window_count,
 )
-from kvstats.studies.budget_sweep.claims import bits_held, claims, equal_budget_claim, published_triple, triple_text
+from kvstats.studies.budget_sweep.claims import (
+    bits_held,
+    claims,
+    equal_budget_claim,
+    published_triple,
+    real_claims,
+    triple_text,
+)
 from kvstats.studies.budget_sweep.definitions import definitions
 from kvstats.studies.budget_sweep.figures import figures
 from kvstats.studies.budget_sweep.verdicts import (
@@ -96,7 +107,9 @@ from kvstats.studies.budget_sweep.verdicts import (
     ratio_verdict,
     superlinear_verdict,
 )
+from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.study.models import available_models, missing_model_claim, models_compared_claim
 
 __all__ = ["POSITION", "ALPHA", "BUDGETS", "CROSSOVER", "DOCUMENT_TITLES", "E6", "FINDING1_METRICS", "METRICS",
            "NO_SKETCH", "PAPER_N", "PAPER_P", "PAPER_R", "PAPER_RATIO", "PEAKED", "PRIMARY_QUERIES", "QJL_SCHEMES",
@@ -112,30 +125,63 @@ __all__ = ["POSITION", "ALPHA", "BUDGETS", "CROSSOVER", "DOCUMENT_TITLES", "E6",
 POSITION = 70  # place in figures/REPORT.md (kvstats.study.report.study_order)
 
 
+@dataclass(frozen=True, eq=False)
+class Analyses:
+    """The combined analysis (synthetic and SmolLM2 rows: every published row), and one analysis per real model of
+    its rows alone (``real``: data label -> Analysis; the per-model rows and their comparison), and the models that
+    did not run."""
+
+    main: Analysis
+    real: dict
+    missing: dict
+
+
 class BudgetSweep(study.Study):
-    """The study on the protocol (kvstats.study.protocol.Study): one sweep (data × scheme × sketch × n), its tests,
-    figures, claims and definitions."""
+    """The study on the protocol (kvstats.study.protocol.Study): one sweep (data × scheme × sketch × n), the
+    deployed formats' sweep and a second model's real rows (``budget_sweep_gemma3``), its tests, figures, claims
+    and definitions."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    versions = {f"{STUDY}_gemma3": MODELS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         n_windows = window_count(SCALE[scale], capture=True)
-        return {STUDY: (cell, sweep_cells(scale, n_windows)),
-                f"{STUDY}_formats": (cell, formats_cells(scale, n_windows))}
+        out = {STUDY: (cell, sweep_cells(scale, n_windows)),
+               f"{STUDY}_formats": (cell, formats_cells(scale, n_windows))}
+        if "gemma3-270m" in available_models()[0]:
+            gemma = window_count(SCALE[scale], capture=True, data="gemma3")
+            out[f"{STUDY}_gemma3"] = (cell, model_cells(scale, "gemma3", gemma))
+        return out
 
-    def analyse(self, tables, scale: str) -> Analysis:
-        return analyse(trial_table(tables[STUDY]), scale, window_count(SCALE[scale]), tables.get(f"{STUDY}_formats"))
+    def analyse(self, tables, scale: str) -> Analyses:
+        table = trial_table(tables[STUDY])
+        main = analyse(table, scale, window_count(SCALE[scale]), tables.get(f"{STUDY}_formats"))
+        real = {"smollm2": analyse(table[table["data"] == "smollm2"].copy(), scale, window_count(SCALE[scale]))}
+        if f"{STUDY}_gemma3" in tables and len(tables[f"{STUDY}_gemma3"]):
+            real["gemma3"] = analyse(trial_table(tables[f"{STUDY}_gemma3"]), scale,
+                                     window_count(SCALE[scale], data="gemma3"))
+        return Analyses(main, real, available_models()[1])
 
-    def figures(self, tables, a: Analysis) -> None:
-        write_tables(a)
-        figures(a.primary, a.labels, a.ratios, a.cross,
-                f"{a.cfg['trials']} trials (synthetic), {a.n_windows} windows (real)")
+    def figures(self, tables, a: Analyses) -> None:
+        write_tables(a.main)
+        figures(a.main.primary, a.main.labels, a.main.ratios, a.main.cross,
+                f"{a.main.cfg['trials']} trials (synthetic), {a.main.n_windows} windows (real)")
+        if "gemma3" in a.real:
+            g = a.real["gemma3"]
+            plots.write_csv(f"{STUDY}_gemma3_wilcoxon", g.pairs)
+            plots.write_csv(f"{STUDY}_gemma3_kl_ratio", g.ratios)
 
-    def claims(self, a: Analysis) -> list[Claim]:
-        return claims(a)
+    def claims(self, a: Analyses) -> list[Claim]:
+        out = claims(a.main)
+        per_model = {data: real_claims(r, data) for data, r in a.real.items()}
+        for claims_ in per_model.values():
+            out += claims_
+        if len(per_model) == 2:
+            out.append(models_compared_claim(STUDY, list(zip(per_model["smollm2"], per_model["gemma3"]))))
+        return out + [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
 
-    def definitions(self, a: Analysis) -> dict[str, str]:
-        return definitions(a.cfg, a.n_windows)
+    def definitions(self, a: Analyses) -> dict[str, str]:
+        return definitions(a.main.cfg, a.main.n_windows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,10 +39,13 @@ from kvstats.studies.budget_sweep.cells import (
 from kvstats.study import plots
 from kvstats.study.sweep import cell_seed
 
+#: the label prefix of each real data set's rows
+REAL_LABELS = {"smollm2": "SmolLM2", "gemma3": "Gemma3"}
+
 
 def data_label(row) -> str:
-    if row["data"] == "smollm2":
-        return f"SmolLM2 layer {int(row['layer'])}"
+    if row["data"] in REAL_LABELS:
+        return f"{REAL_LABELS[row['data']]} layer {int(row['layer'])}"
     return row["data"] if row["queries"] == PRIMARY_QUERIES else f"{row['data']} (isotropic q)"
 
 
@@ -109,8 +112,8 @@ def _ratio_of_medians(pairs: np.ndarray) -> float:
 def _ratio_interval(b: np.ndarray, a: np.ndarray, trials: np.ndarray, g: pd.DataFrame, resamples: int, n: int):
     """median(b)/median(a) with its 95% paired CI: trials matched; on real data a cluster BCa bootstrap (the
     documents, then their windows: windows of one document are not independent), else the paired BCa bootstrap."""
-    if (g["data"] == "smollm2").all():
-        windows = real_windows(int(g["seq"].iloc[0]))
+    if g["data"].isin(list(REAL_LABELS)).all():
+        windows = real_windows(int(g["seq"].iloc[0]), g["data"].iloc[0])
         pairs = np.stack([b, a], axis=1)
         return cluster_bootstrap_ci([row[None, :] for row in pairs], _ratio_of_medians,
                                     clusters=[windows[int(t)][0] for t in trials], n_resamples=resamples, seed=n)
@@ -223,8 +226,8 @@ def superlinear_table(primary: pd.DataFrame) -> pd.DataFrame:
         trials = sorted(g["trial"].unique())
         units = [np.log(g[g["trial"] == t][["k_direction", "attention_kl"]].to_numpy(dtype=float)) for t in trials]
         clusters = None
-        if (g["data"] == "smollm2").all():
-            windows = real_windows(int(g["seq"].iloc[0]))
+        if g["data"].isin(list(REAL_LABELS)).all():
+            windows = real_windows(int(g["seq"].iloc[0]), g["data"].iloc[0])
             clusters = [windows[int(t)][0] for t in trials]
         ci = cluster_bootstrap_ci(units, ols_slope, clusters=clusters, n_resamples=SUPERLINEAR_RESAMPLES,
                                   seed=cell_seed(STUDY, "superlinear", label, name))

@@ -18,6 +18,8 @@ from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "budget_sweep"
 VERSION = "4"  # 4: srht sketch, sketch sensitivity cells, isotropic queries, disjoint real windows
+#: the second model's sweep (budget_sweep_gemma3)
+MODELS_VERSION = "1"
 SCHEMES = ("kqv", "qkqv", "kv", "minmax")
 QJL_SCHEMES = ("kqv", "qkqv")  # the schemes with a QJL stage (the sketch matters only for them)
 BUDGETS = (2, 3, 4, 5, 6)
@@ -58,6 +60,12 @@ SCALE = {
               "window": 128, "resamples": 9999, "paired_resamples": 999},
 }
 REAL_D = 64
+#: the real data sets: label in the table's ``data`` column -> the shipped model (kvstats.hf.models); a trial of one is
+#: a disjoint window of one of its captured documents. "gemma3" runs in its own sweep (``budget_sweep_gemma3``), at
+#: the primary sketch only, on GEMMA3_LAYERS (sliding-window layers and the global layers 5, 11, 17)
+REAL_DATA = {"smollm2": "smollm2", "gemma3": "gemma3-270m"}
+REAL_DIMS = {"smollm2": REAL_D, "gemma3": 256}
+GEMMA3_LAYERS = {"quick": (3, 5), "paper": (1, 5, 8, 11, 14, 17)}
 ALPHA = 0.05
 #: the six components of the 6D error (docs/metrics_error6d.md), columns of the trial table under these names
 E6 = ERROR6D_COMPONENTS
@@ -87,60 +95,60 @@ def documents() -> list[tuple[str, str]]:
     return [(lines[a].strip(), "\n".join(lines[a:b]).strip()) for a, b in zip(bounds, bounds[1:])]
 
 
-def document_path(text: str):
+def document_path(text: str, data: str = "smollm2"):
     from kvstats.hf.capture import cache_dir
 
-    return cache_dir() / STUDY / f"smollm2_{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}.safetensors"
+    return cache_dir() / STUDY / f"{data}_{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}.safetensors"
 
 
-def capture_documents(verbose: bool = True) -> None:
-    """Capture SmolLM2's Q/K/V over each document on its own (one forward pass each), cached; the model is
-    loaded only when some document is not cached yet."""
-    from kvstats.hf.capture import SMOLLM2, cached_capture_ok, capture_qkv, load_model
+def capture_documents(verbose: bool = True, data: str = "smollm2") -> None:
+    """Capture a real data set's model's Q/K/V over each document on its own (one forward pass each), cached; the
+    model is loaded only when some document is not cached yet."""
+    from kvstats.hf.capture import cached_capture_ok, capture_qkv, load_model
 
-    missing = [(t, x) for t, x in documents() if not cached_capture_ok(document_path(x))]
+    missing = [(t, x) for t, x in documents() if not cached_capture_ok(document_path(x, data))]
     if not missing:
         return
     if verbose:
-        print(f"capturing SmolLM2 Q/K/V over {len(missing)} documents ...", file=sys.stderr, flush=True)
-    lm, tokenizer, name = load_model(SMOLLM2)
+        print(f"capturing {data} Q/K/V over {len(missing)} documents ...", file=sys.stderr, flush=True)
+    lm, tokenizer, name = load_model(REAL_DATA[data])
     for title, text in missing:
-        path = document_path(text)
+        path = document_path(text, data)
         path.parent.mkdir(parents=True, exist_ok=True)
         capture_qkv(lm, tokenizer, text, model_name=name, text_source=f"kvstats:public_domain.txt: {title}").save(path)
 
 
-@functools.lru_cache(maxsize=8)
-def _document(doc: int):
+@functools.lru_cache(maxsize=16)
+def _document(doc: int, data: str = "smollm2"):
     from kvstats.data.io import load_qkv
 
-    return load_qkv(document_path(documents()[doc][1]))
+    return load_qkv(document_path(documents()[doc][1], data))
 
 
 @functools.lru_cache(maxsize=16)
-def _real(doc: int, layer: int):
-    f = _document(doc)
+def _real(doc: int, layer: int, data: str = "smollm2"):
+    f = _document(doc, data)
     return f.queries(layer).float(), f.keys(layer).float(), f.values(layer).float()
 
 
-def document_tokens() -> list[int]:
-    return [int(_document(i).metadata["n_tokens"]) for i in range(len(documents()))]  # the header: no tensor read
+def document_tokens(data: str = "smollm2") -> list[int]:
+    return [int(_document(i, data).metadata["n_tokens"]) for i in range(len(documents()))]  # the header only
 
 
-def real_windows(window: int) -> list[tuple[int, int]]:
-    """The trials of the real data: (document, first token) of every disjoint window of ``window`` tokens,
+def real_windows(window: int, data: str = "smollm2") -> list[tuple[int, int]]:
+    """The trials of a real data set: (document, first token) of every disjoint window of ``window`` tokens,
     ⌊tokens/window⌋ per document, in order."""
-    return [(doc, start) for doc, n in enumerate(document_tokens()) for start in range(0, n - window + 1, window)]
+    return [(doc, start) for doc, n in enumerate(document_tokens(data)) for start in range(0, n - window + 1, window)]
 
 
-def window_count(cfg: dict, *, capture: bool = False) -> int:
-    """The real trials at this scale: the disjoint windows of the documents (0 without real layers). With
-    ``capture``, first capture the documents (cached): once in the main process, never in parallel workers."""
+def window_count(cfg: dict, *, capture: bool = False, data: str = "smollm2") -> int:
+    """The real trials of ``data`` at this scale: the disjoint windows of the documents (0 without real layers).
+    With ``capture``, first capture the documents (cached): once in the main process, never in parallel workers."""
     if not cfg["layers"]:
         return 0
     if capture:
-        capture_documents()
-    return len(real_windows(cfg["window"]))
+        capture_documents(data=data)
+    return len(real_windows(cfg["window"], data))
 
 
 #: trial_data's cache holds two data sets' trials (< 1 MB each at paper scale): a worker runs a data set's 24
@@ -152,9 +160,9 @@ TRIAL_CACHE = 192
 @functools.lru_cache(maxsize=TRIAL_CACHE)
 def trial_data(data: str, layer: int | None, d: int, seq: int, n_q: int, trial: int):
     """(queries by query model, K, V, causal) of one trial; the same for every scheme, sketch and budget."""
-    if data == "smollm2":
-        doc, start = real_windows(seq)[trial]
-        q, k, v = _real(doc, layer)
+    if data in REAL_DATA:
+        doc, start = real_windows(seq, data)[trial]
+        q, k, v = _real(doc, layer, data)
         end = start + seq
         return ({REAL_QUERIES: q[:, :, end - n_q:end].contiguous()}, k[:, :, start:end].contiguous(),
                 v[:, :, start:end].contiguous(), True)
@@ -259,6 +267,19 @@ def formats_cells(scale: str, n_windows: int) -> list[dict]:
     return [{"data": "smollm2", "layer": layer, "scheme_name": spec, "sketch": NO_SKETCH, "n": n, "d": REAL_D,
              "seq": cfg["window"], "n_q": cfg["n_q"] // 2, "trials": n_windows}
             for spec, n in cfg.get("formats", DEPLOYED) for layer in cfg["layers"]]
+
+
+def model_cells(scale: str, data: str, n_windows: int) -> list[dict]:
+    """A second real data set's cells (``budget_sweep_gemma3``): the primary grid (every scheme and budget, QJL
+    schemes with the srht sketch) on its layers, windows and own queries, as SmolLM2's real rows."""
+    cfg = SCALE[scale]
+    if not n_windows:
+        return []
+    base = {"data": data, "layer": list(GEMMA3_LAYERS[scale]), "d": REAL_DIMS[data], "seq": cfg["window"],
+            "n_q": cfg["n_q"] // 2, "trials": n_windows}
+    return (grid(**base, scheme_name=list(QJL_SCHEMES), sketch=SKETCH, n=list(BUDGETS))
+            + grid(**base, scheme_name=[s for s in SCHEMES if s not in QJL_SCHEMES], sketch=NO_SKETCH,
+                   n=list(BUDGETS)))
 
 
 def sweep_cells(scale: str, n_windows: int) -> list[dict]:

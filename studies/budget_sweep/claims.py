@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 import kvstats
+from kvstats.hf.models import SHIPPED_MODELS
 from kvstats.measure import verdicts as V
 from kvstats.measure.stats import mann_whitney_min_n, mann_whitney_min_pvalue, rank_biserial_report
 from kvstats.studies.budget_sweep.analysis import SUPERLINEAR_RESAMPLES, Analysis, superlinear_table
@@ -21,6 +22,7 @@ from kvstats.studies.budget_sweep.cells import (
     PAPER_P,
     PAPER_R,
     REAL_D,
+    REAL_DATA,
     SENSITIVITY_SKETCHES,
     SKETCH,
     STUDY,
@@ -38,6 +40,7 @@ from kvstats.studies.budget_sweep.verdicts import (
     superlinear_verdict,
 )
 from kvstats.study.claims import Claim, measurement
+from kvstats.study.models import model_claim_id
 from kvstats.study.report import fmt_p
 
 
@@ -468,3 +471,55 @@ def claims(a: Analysis) -> list[Claim]:
             + [energy_claim(a), superlinear_claim(a), qjl_on_v_claim(a), top5_claim(a), minmax_claim(a),
                equal_budget_claim(a)]
             + [c for c in (formats_claim(a),) if c is not None])
+
+
+def real_data_text(a: Analysis, data: str) -> str:
+    """The data sentence of one real model's rows alone."""
+    facts, cfg = SHIPPED_MODELS[REAL_DATA[data]], a.cfg
+    layers = sorted(int(x) for x in a.table["layer"].unique())
+    windows = real_windows(cfg["window"], data)
+    return (f"{facts.name} layers {', '.join(map(str, layers))} (d = {facts.head_dim}, {facts.kv_heads} KV / "
+            f"{facts.q_heads} query heads), {a.n_windows} disjoint windows of {cfg['window']} tokens over "
+            f"{len({doc for doc, _ in windows})} documents (of {len(DOCUMENT_TITLES)}), its own last {cfg['n_q'] // 2} "
+            f"queries per head, causal; the srht sketch; Holm over this model's tests alone; {a.scale} scale")
+
+
+def real_claims(a: Analysis, data: str) -> list[Claim]:
+    """D'Alberto's findings (1) and (2) and his 2.25× on one real model's windows alone (an analysis of its rows
+    only: its own Holm family), by the rules of the combined rows: the per-model verdicts that the two models'
+    comparison row sets side by side."""
+    model = REAL_DATA[data]
+    name = SHIPPED_MODELS[model].name
+    f1 = [c for m in FINDING1_METRICS for other in ("qkqv", "kv") for c in _pr(_cells(a.pairs, m, other, SKETCH, 4))]
+    f1_text = ", ".join(f"{m} vs {o.upper()} {_count(_cells(a.pairs, m, o, SKETCH, 4), -1)}"
+                        for m in FINDING1_METRICS for o in ("qkqv", "kv"))
+    f2 = _cells(a.pairs, "attention_kl", "qkqv", SKETCH)
+    r = a.ratios[a.ratios["sketch"] == SKETCH]
+    r4 = r[r["n"] == 4]
+    ratios = [ratio_verdict((row.ci_low, row.ci_high), row.ratio) for row in r4.itertuples()]
+    data_text_ = real_data_text(a, data)
+    return [
+        Claim(id=model_claim_id("dalberto-finding1-n4-kqv-wins-smollm2", model),
+              claim="At n = 4, KQV wins on KL, geometric K error and 6D distance (here: on one model's real "
+                    "attention, every layer tested).",
+              source="D'Alberto, arXiv 2605.08114, abstract, finding (1)",
+              measurement=measurement(f"{name}, n = 4, KQV significantly lower (cells for / cells): {f1_text}"),
+              data=data_text_, verdict=kqv_lower(f1), figure=None),
+        Claim(id=model_claim_id("dalberto-finding2-qkqv-worse-kl-smollm2", model),
+              claim="QKQV is worse than KQV in KL at every budget (here: on one model's real attention, every "
+                    "layer tested).",
+              source="D'Alberto, arXiv 2605.08114, abstract, finding (2)",
+              measurement=measurement(f"{name}, n ∈ {sorted(set(f2['n']))}: KQV's KL significantly lower in "
+                                      f"{_count(f2, -1)} (layer, n) cells",
+                                      f"median KL ratio QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×"),
+              data=data_text_, verdict=kqv_lower(_pr(f2)), figure=None),
+        Claim(id=model_claim_id("dalberto-kl-ratio-2.25-smollm2", model),
+              claim="At n = 4, KQV's KL is 2.25× lower than QKQV's (here: on one model's real attention, per "
+                    "layer).",
+              source="D'Alberto, arXiv 2605.08114, abstract",
+              measurement=measurement(f"{name}, QKQV/KQV median attention KL at n = 4 per layer: " + ", ".join(
+                  f"{lab.split()[-1]}: {row.ratio:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
+                  for lab, row in r4.set_index("label").iterrows()) + " (95% cluster BCa CIs: documents, then "
+                  "windows)"),
+              data=data_text_, verdict=V.combine(ratios) if len(ratios) > 1 else ratios[0], figure=None),
+    ]

@@ -54,8 +54,8 @@ def test_budget_sweep_cell_real_branch(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     fake = (torch.randn(1, 9, 80, 64, generator=gen), torch.randn(1, 3, 80, 64, generator=gen),
             torch.randn(1, 3, 80, 64, generator=gen))
-    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer: fake)
-    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [80])
+    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer, data="smollm2": fake)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda data="smollm2": [80])
     bs.trial_data.cache_clear()
     try:
         rows = bs.cell("smollm2", 7, "kqv", "srht", 4, 64, 32, 8, 2)

@@ -146,7 +146,7 @@ def test_documents_are_the_five_texts_and_windows_are_disjoint(monkeypatch):
     docs = bs.documents()
     assert [t for t, _ in docs] == list(bs.DOCUMENT_TITLES)
     assert all(text.startswith(title) for title, text in docs)
-    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [300, 50, 128])
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda data="smollm2": [300, 50, 128])
     w = bs.real_windows(128)
     assert w == [(0, 0), (0, 128), (2, 0)]  # floor(300/128) = 2 windows, none in a 50-token document
 
@@ -191,13 +191,16 @@ def test_the_dalberto_cells_use_the_srht_sketch():
 
 @pytest.fixture
 def fake_smollm2(monkeypatch):
-    """Stand-in SmolLM2 documents (3 of 60 tokens, GQA 9/3, d = 64): no model is loaded in the test."""
+    """Stand-in documents of SmolLM2 (3 of 60 tokens, GQA 9/3, d = 64) and of Gemma 3 (3 of 48 tokens, GQA 4/1,
+    d = 256): no model is loaded in the test."""
     gen = torch.Generator().manual_seed(0)
-    fake = {doc: (torch.randn(1, 9, 60, 64, generator=gen), torch.randn(1, 3, 60, 64, generator=gen),
-                  torch.randn(1, 3, 60, 64, generator=gen)) for doc in range(3)}
-    monkeypatch.setattr(bs.cells, "capture_documents", lambda verbose=True: None)
-    monkeypatch.setattr(bs.cells, "document_tokens", lambda: [60, 60, 60])
-    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer: fake[doc])
+    shapes = {"smollm2": (9, 3, 60, 64), "gemma3": (4, 1, 48, 256)}
+    fake = {(doc, data): (torch.randn(1, hq, t, d, generator=gen), torch.randn(1, hkv, t, d, generator=gen),
+                          torch.randn(1, hkv, t, d, generator=gen))
+            for data, (hq, hkv, t, d) in shapes.items() for doc in range(3)}
+    monkeypatch.setattr(bs.cells, "capture_documents", lambda verbose=True, data="smollm2": None)
+    monkeypatch.setattr(bs.cells, "document_tokens", lambda data="smollm2": [shapes[data][2]] * 3)
+    monkeypatch.setattr(bs.cells, "_real", lambda doc, layer, data="smollm2": fake[doc, data])
     bs.trial_data.cache_clear()
     bs.trial_reference.cache_clear()
     bs.trial_error6d_reference.cache_clear()
@@ -211,7 +214,20 @@ def fake_smollm2(monkeypatch):
 def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     tiny = {"trials": 6, "seq": 32, "n_q": 4, "d": 16, "layers": (2,), "window": 24, "resamples": 99,
             "paired_resamples": 49, "formats": (("int_token", 4), ("fp8_e4m3", 8))}
+    import kvstats.study.models as study_models
+
+    monkeypatch.setattr(study_models, "missing_reason", lambda model: None)  # Gemma 3's rows on its stand-in
+    monkeypatch.setitem(bs.cells.GEMMA3_LAYERS, "quick", (2,))
     claims = {c["id"]: c for c in run_tiny("budget_sweep", tiny, tmp_path, monkeypatch)}
+    # each real model's rows alone, by the same rules, and their comparison: Gemma 3's 6 windows (3 × ⌊48/24⌋)
+    for model in ("smollm2", "gemma3"):
+        for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
+            assert claims[f"{base}-{model}"]["rule"] in ("direction", "number", "combine")
+    assert "Gemma-3-270M layers 2 (d = 256, 1 KV / 4 query heads), 6 disjoint windows" in claims[
+        "dalberto-finding2-qkqv-worse-kl-gemma3"]["data"]
+    assert "of 3 claims" in claims["budget-sweep-models"]["measurement"]
+    gemma = pd.read_csv(tmp_path / "figures" / "data" / "budget_sweep_gemma3_kl_ratio.csv")
+    assert set(gemma["label"]) == {"Gemma3 layer 2"} and set(gemma["n"]) == set(bs.BUDGETS)
     for sketch in ("", "-sketch-gaussian", "-sketch-orthogonal"):
         for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
             assert base + sketch in claims

