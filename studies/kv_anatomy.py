@@ -46,13 +46,7 @@ from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.rotations import fwht  # noqa: E402
 from kvstats.study import plots
 from kvstats.study.claims import Claim  # noqa: E402
-from kvstats.study.models import (  # noqa: E402
-    LABELS,
-    available_models,
-    missing_model_claim,
-    model_claim_id,
-    models_compared_claim,
-)
+from kvstats.study.models import LABELS, available_models, model_claim_id, per_model_claims  # noqa: E402
 from kvstats.study.paths import figure_path  # noqa: E402
 from kvstats.study.sweep import grid  # noqa: E402
 
@@ -540,13 +534,9 @@ class KVAnatomy(study.Study):
         ks_figure(list(a.models.values()))
 
     def claims(self, a: Analyses) -> list[Claim]:
-        per_model = {model: model_claims(m) for model, m in a.models.items()}
-        out = [c for claims in per_model.values() for c in claims]
-        out += [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
-        if len(per_model) == 2:
-            first, second = per_model.values()
-            out.append(models_compared_claim(STUDY, list(zip(first[1:], second[1:]))))  # the claims judged on both
-        return out
+        ours = model_claims(a.models[SMOLLM2]) if SMOLLM2 in a.models else []
+        theirs = {model: model_claims(m) for model, m in a.models.items() if model != SMOLLM2}
+        return ours + per_model_claims(STUDY, ours, theirs, a.missing)
 
     def definitions(self, a: Analyses) -> dict[str, str]:
         return definitions(a.scale, list(a.models))

@@ -41,7 +41,7 @@ from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import LABELS, available_models, missing_model_claim, model_claim_id, models_compared_claim
+from kvstats.study.models import LABELS, ModelRun, available_models, model_claim_id, per_model_claims
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -226,7 +226,7 @@ def _sens_args(cfg: dict) -> dict:
 
 
 @dataclass(frozen=True)
-class Analysis:
+class Analysis(ModelRun):
     """What the figures and claims read: the scale and its configuration, the tail cells' rows per (scheme, n) and
     the sensitivity's rows (per layer, and its summary)."""
 
@@ -239,10 +239,6 @@ class Analysis:
     model: str = SMOLLM2
     others: dict = field(default_factory=dict)
     missing: dict = field(default_factory=dict)
-
-    @property
-    def model_name(self) -> str:
-        return SHIPPED_MODELS[self.model].name
 
     @property
     def summary(self) -> pd.Series:
@@ -511,12 +507,9 @@ class ModelDamage(study.Study):
     def claims(self, a: Analysis) -> list[Claim]:
         out = [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
                if c is not None]
-        for model, other in a.others.items():
-            theirs = [c for c in (kl_tail_claim(other), values_claim(other)) if c is not None]
-            ours = {model_claim_id(c.id, model): c for c in out}
-            pairs = [(ours[c.id], c) for c in theirs if c.id in ours and c.verdict.verdict != "measured"]
-            out += theirs + ([models_compared_claim(STUDY, pairs)] if pairs else [])
-        return out + [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
+        theirs = {model: [c for c in (kl_tail_claim(other), values_claim(other)) if c is not None]
+                  for model, other in a.others.items()}
+        return out + per_model_claims(STUDY, out, theirs, a.missing)
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)

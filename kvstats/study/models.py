@@ -5,6 +5,7 @@
     model_claim_id("qjl-outlier-sketch-smollm2", GEMMA3)  # "qjl-outlier-sketch-gemma3"
     missing_model_claim("kv_anatomy", GEMMA3, why)        # not testable here: the package, and how to install it
     models_compared_claim("kv_anatomy", pairs)            # which verdicts differ, and what differs in the models
+    per_model_claims("end_to_end", ours, {GEMMA3: theirs}, missing)   # all the rows after SmolLM2's
 
 Every real-data claim is judged on each model by the same rule; a model whose package is missing gets one row per
 study that says so (never a silent gap), and one row per study lists where the two models' verdicts differ beside
@@ -15,14 +16,14 @@ SHIPPED_MODELS`).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
-__all__ = ["LABELS", "REAL_MODELS", "available_models", "missing_model_claim", "model_claim_id",
-           "models_compared_claim"]
+__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "missing_model_claim", "model_claim_id",
+           "models_compared_claim", "per_model_claims"]
 
 #: The models every real-data study runs on, in the report's order.
 REAL_MODELS = (SMOLLM2, GEMMA3)
@@ -100,3 +101,26 @@ def models_compared_claim(study: str, pairs: Sequence[tuple[Claim, Claim]], *, m
         data=f"{first.name} ({first.architecture}) and {second.name} ({second.architecture})",
         verdict=verdicts.measured(f"{len(differ)} of {len(pairs)} verdicts differ between the models"),
         details=f"What differs in the attention the cache sees: {facts_text}.")
+
+
+def per_model_claims(study: str, ours: Sequence[Claim], theirs: Mapping[str, Sequence[Claim]],
+                     missing: Mapping[str, str]) -> list[Claim]:
+    """The rows that follow SmolLM2's claims ``ours`` in a study: each other model's claims (``theirs``: model ->
+    its claims, ids by :func:`model_claim_id`), the comparison of the verdicts both models got from a rule
+    (:func:`models_compared_claim`; measured rows are not compared), and a row per model that did not run."""
+    out: list[Claim] = []
+    for model, claims in theirs.items():
+        by_id = {model_claim_id(c.id, model): c for c in ours}  # SmolLM2's claims under their ids on this model
+        pairs = [(by_id[c.id], c) for c in claims if c.id in by_id and c.verdict.verdict != "measured"]
+        out += list(claims) + ([models_compared_claim(study, pairs)] if pairs else [])
+    return out + [missing_model_claim(study, model, why) for model, why in missing.items()]
+
+
+class ModelRun:
+    """Mixin of a study's analysis of one model's rows: ``model_name`` from its ``model`` field."""
+
+    model: str
+
+    @property
+    def model_name(self) -> str:
+        return SHIPPED_MODELS[self.model].name

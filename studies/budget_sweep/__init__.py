@@ -65,6 +65,7 @@ from kvstats.studies.budget_sweep.cells import (
     QJL_SCHEMES,
     QUERY_MODELS,
     REAL_D,
+    REAL_DATA,
     REAL_QUERIES,
     SCALE,
     SCHEMES,
@@ -109,7 +110,7 @@ from kvstats.studies.budget_sweep.verdicts import (
 )
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import available_models, missing_model_claim, models_compared_claim
+from kvstats.study.models import available_models, per_model_claims
 
 __all__ = ["POSITION", "ALPHA", "BUDGETS", "CROSSOVER", "DOCUMENT_TITLES", "E6", "FINDING1_METRICS", "METRICS",
            "NO_SKETCH", "PAPER_N", "PAPER_P", "PAPER_R", "PAPER_RATIO", "PEAKED", "PRIMARY_QUERIES", "QJL_SCHEMES",
@@ -172,13 +173,9 @@ class BudgetSweep(study.Study):
             plots.write_csv(f"{STUDY}_gemma3_kl_ratio", g.ratios)
 
     def claims(self, a: Analyses) -> list[Claim]:
-        out = claims(a.main)
-        per_model = {data: real_claims(r, data) for data, r in a.real.items()}
-        for claims_ in per_model.values():
-            out += claims_
-        if len(per_model) == 2:
-            out.append(models_compared_claim(STUDY, list(zip(per_model["smollm2"], per_model["gemma3"]))))
-        return out + [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
+        ours = real_claims(a.real["smollm2"], "smollm2")
+        theirs = {REAL_DATA[data]: real_claims(r, data) for data, r in a.real.items() if data != "smollm2"}
+        return claims(a.main) + ours + per_model_claims(STUDY, ours, theirs, a.missing)
 
     def definitions(self, a: Analyses) -> dict[str, str]:
         return definitions(a.main.cfg, a.main.n_windows)

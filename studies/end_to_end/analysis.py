@@ -18,7 +18,7 @@ from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, spearm
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, number
 from kvstats.studies.end_to_end import cells
 from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
-from kvstats.study.models import LABELS, available_models
+from kvstats.study.models import LABELS, ModelRun, available_models
 from kvstats.study.sweep import cell_seed
 
 ALPHA = 0.05
@@ -171,7 +171,7 @@ def paired_ratio(segs: pd.DataFrame, col: str, n: int, window: int, resamples: i
 
 
 @dataclass(frozen=True, eq=False)
-class Analysis:
+class Analysis(ModelRun):
     """What the figures and claims read: the scale's configuration, the sweeps' tables and what they make
     (per-segment means, the per-cell summary, the correlations), the generation, paths and baseline tables; and
     ``schemes``, the schemes the teacher-forced sweep ran (:data:`~kvstats.studies.end_to_end.cells.SCHEMES`, as
@@ -198,10 +198,6 @@ class Analysis:
     model: str = SMOLLM2
     others: dict = field(default_factory=dict)
     missing: dict = field(default_factory=dict)
-
-    @property
-    def model_name(self) -> str:
-        return SHIPPED_MODELS[self.model].name
 
     @functools.cached_property
     def budgets(self) -> list[int]:

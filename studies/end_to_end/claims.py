@@ -25,7 +25,7 @@ from kvstats.studies.end_to_end.analysis import (
 )
 from kvstats.studies.end_to_end.cells import DOCUMENTS, HEAD_DIM, QJL_CACHE, QJL_ROWS, STUDY
 from kvstats.study.claims import Claim
-from kvstats.study.models import missing_model_claim, model_claim_id, models_compared_claim
+from kvstats.study.models import model_claim_id, per_model_claims
 from kvstats.study.report import fmt_p
 
 NOVA_BITS = 2  # NOVA-KV's claim is about the model's output at 2 bits per element
@@ -504,18 +504,12 @@ MODEL_CLAIMS = (lossless_claim, qkqv_claim, ratio_claim, qjl_cache_claim)
 
 
 def claims(a: Analysis) -> list[Claim]:
-    """SmolLM2's claims, then each other model's :data:`MODEL_CLAIMS`, a row per model that did not run, and a row
-    comparing the verdicts of the claims both models were judged on by a rule (kvstats.study.models)."""
+    """SmolLM2's claims, then each other model's :data:`MODEL_CLAIMS`, the comparison of their verdicts and a row per
+    model that did not run (kvstats.study.models.per_model_claims)."""
     out = [c for c in (make(a) for make in CLAIMS) if c is not None]
-    for model, other in a.others.items():
-        theirs = [c for c in (make(other) for make in MODEL_CLAIMS) if c is not None]
-        ours = {model_claim_id(c.id, model): c for c in out}  # SmolLM2's claims under their ids on the other model
-        pairs = [(ours[c.id], c) for c in theirs if c.id in ours and c.verdict.verdict != "measured"]
-        out += theirs
-        if pairs:
-            out.append(models_compared_claim(STUDY, pairs))
-    out += [missing_model_claim(STUDY, model, why) for model, why in a.missing.items()]
-    return out
+    theirs = {model: [c for c in (make(other) for make in MODEL_CLAIMS) if c is not None]
+              for model, other in a.others.items()}
+    return out + per_model_claims(STUDY, out, theirs, a.missing)
 
 
 def definitions(a: Analysis) -> dict[str, str]:

@@ -14,7 +14,8 @@ from kvstats.study.claims import Claim
 
 
 def _claim(claim_id: str, verdict: verdicts.Verdict) -> Claim:
-    return Claim(id=claim_id, claim="a claim", source="a paper", measurement="a number", data="some data",
+    source = "kvstats" if verdict.verdict == "measured" else "a paper"
+    return Claim(id=claim_id, claim="a claim", source=source, measurement="a number", data="some data",
                  verdict=verdict)
 
 
@@ -55,3 +56,17 @@ def test_the_comparison_counts_the_verdicts_that_differ_and_names_what_differs()
     assert "agree on 1 of 1 claims." in same.measurement and "differ on" not in same.measurement
     with pytest.raises(ValueError, match="pairs is empty"):
         models.models_compared_claim("kv_anatomy", [])
+
+
+def test_the_rows_after_smollm2s_pair_each_claim_by_its_id_and_skip_measured_ones():
+    rule, other = verdicts.direction([1], what="cells"), verdicts.direction([-1], what="cells")
+    ours = [_claim("qjl-cache-smollm2", rule), _claim("e2e-ratio-n4", rule), _claim("model-kl-tail",
+                                                                                    verdicts.measured("ours"))]
+    theirs = [_claim("qjl-cache-gemma3", other), _claim("e2e-ratio-n4-gemma3", rule),
+              _claim("model-kl-tail-gemma3", verdicts.measured("theirs"))]
+    rows = models.per_model_claims("end_to_end", ours, {GEMMA3: theirs}, {})
+    assert [r.id for r in rows] == ["qjl-cache-gemma3", "e2e-ratio-n4-gemma3", "model-kl-tail-gemma3",
+                                    "end-to-end-models"]
+    assert "agree on 1 of 2 claims" in rows[-1].measurement and "qjl-cache-smollm2: reproduced" in rows[-1].measurement
+    missing = models.per_model_claims("end_to_end", ours, {}, {GEMMA3: "not installed"})
+    assert [r.id for r in missing] == ["end-to-end-gemma3-rows"]
