@@ -220,3 +220,22 @@ def test_values_per_token_from_the_documents(report):
         assert (f"n = {n}: next-token KL V-only {v.mean():.3g} [") in text
         assert f"vs K-only {k.mean():.3g} [" in text
         assert f"(ratio {v.mean() / k.mean():.2f}; Wilcoxon p = {p:.2g}, r = " in text
+
+
+def test_second_model_rows_from_their_data(report):
+    """Gemma 3 270M's rows: the QKQV/KQV attention-KL ratio at n = 4 inside the model (ratio of the per-segment
+    means), the per-layer ratio of median attention KL on its real windows, and the KS range of its rotated keys."""
+    segs = data("end_to_end_gemma3_segments")
+    at4 = segs[(segs["n"] == 4) & (segs["window"] == 0)]
+    ratio = at4[at4["scheme"] == "qkqv"]["attn_kl"].mean() / at4[at4["scheme"] == "kqv"]["attn_kl"].mean()
+    assert f"QKQV/KQV at n = 4 = {ratio:.2f} [" in section(report, "e2e-ratio-n4-gemma3")
+    ratios = data("budget_sweep_gemma3_kl_ratio")
+    r4 = ratios[(ratios["sketch"] == "srht") & (ratios["n"] == 4)]
+    text = section(report, "dalberto-kl-ratio-2.25-gemma3")
+    for row in r4.itertuples():
+        assert f"{row.label.split()[-1]}: {row.median_kl_qkqv / row.median_kl_kqv:.2f} [" in text
+    ks = data("kv_anatomy_ks")
+    gemma = ks[ks["model"] == "gemma3-270m"]
+    assert len(gemma) == 18 and (gemma["n"] == 2048).all()
+    assert (f"after the WHT {gemma['ks_wht'].min():.3f}–{gemma['ks_wht'].max():.3f}"
+            in section(report, "gemma3-wht-sphere-law"))
