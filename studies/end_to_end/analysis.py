@@ -277,8 +277,8 @@ def analyse(tables, scale: str) -> Analysis:
 
 def model_analysis(table: pd.DataFrame, scale: str, model: str) -> Analysis:
     """A second model's sweep (:func:`~kvstats.studies.end_to_end.cells.model_cell_grid`) -> its :class:`Analysis`:
-    the teacher-forced cells of :data:`~kvstats.studies.end_to_end.cells.MODEL_SCHEMES` and the lossless control,
-    with QJL's cache beside them as for SmolLM2; no paths, generation or correlations."""
+    the teacher-forced cells of :data:`~kvstats.studies.end_to_end.cells.MODEL_SCHEMES`, NOVA-KV and the lossless
+    control, with QJL's cache beside them as for SmolLM2; no paths, generation or correlations."""
     cfg = SCALE[scale]
     tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",
                                                      "top5"]]
@@ -289,6 +289,7 @@ def model_analysis(table: pd.DataFrame, scale: str, model: str) -> Analysis:
     summary = summary_table(segs, cell_rows, cfg["resamples"], docs)
     qjl_summary = summary_table(qjl_segs, cell_rows, cfg["resamples"], docs) if len(qjl_segs) else None
     empty = pd.DataFrame()
-    return Analysis(cfg, scale, tuple(cells.MODEL_SCHEMES), summary, segs, tokens[~qjl],
+    schemes = tuple(cells.MODEL_SCHEMES) + (("nova",) if "nova" in set(segs["scheme"]) else ())
+    return Analysis(cfg, scale, schemes, summary, segs, tokens[~qjl],
                     table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]], empty, empty, empty, docs,
                     None, qjl_segs if len(qjl_segs) else None, qjl_summary, model=model)

@@ -68,9 +68,11 @@ QJL_VERSION = "1"
 FORMATS_VERSION = "1"
 #: The second model's sweep (``end_to_end_gemma3``, kvstats.study.models.REAL_MODELS beyond SmolLM2): the same
 #: teacher-forced cells on its own segments of the held-out documents — D'Alberto's three schemes, KIVI-style
-#: min-max and TurboQuant_mse at every budget, QJL's cache at ``qjl_budgets`` (outlier channels found on its own
-#: calibration capture) and the lossless control; NOVA-KV, windows, formats, paths and generation are SmolLM2's only
+#: min-max and TurboQuant_mse at every budget, NOVA-KV at MODEL_NOVA_BITS (its claim's budget; calibrated on the
+#: model's own capture of the calibration document), QJL's cache at ``qjl_budgets`` (outlier channels found on the same
+#: capture) and the lossless control; windows, formats, paths and generation are SmolLM2's only
 MODEL_SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse")
+MODEL_NOVA_BITS = 2
 #: the second model's sweep version
 MODELS_VERSION = "1"
 #: The sketch of every QJL stage (kqv's V, qkqv's K and V): D'Alberto's randomized Hadamard sketch, arXiv
@@ -323,6 +325,7 @@ def model_cell_grid(cfg: dict, model: str) -> list[dict]:
     base = {"model": model, "seed": list(cfg["seeds"]), "window": 0, "segment_tokens": cfg["segment_tokens"],
             "segments": cfg["segments"], "calibration_tokens": cfg["calibration_tokens"]}
     return (grid(scheme=list(MODEL_SCHEMES), n=list(cfg["budgets"]), **base)
+            + grid(scheme="nova", n=MODEL_NOVA_BITS, **base)
             + grid(scheme="qjl", n=list(cfg["qjl_budgets"]), **base)
             + grid(scheme="identity", n=0, **{**base, "seed": 0}))
 

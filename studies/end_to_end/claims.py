@@ -168,12 +168,12 @@ def nova_claim(a: Analysis) -> Claim | None:
     v_nova = direction_verdict(nt.to_dict("records"), -1, "(baseline, metric) comparisons")
     best = nt[nt["metric"] == "out_kl"].sort_values("mean_b").iloc[0]
     return Claim(
-        id="e2e-nova-2bit-output", figure=f"{STUDY}_output.png", data=a.data,
+        id=model_claim_id("e2e-nova-2bit-output", a.model), figure=f"{STUDY}_output.png", data=a.data,
         claim=(f"At {NOVA_BITS} bits per element NOVA-KV recovers most of the accuracy scalar methods lose: "
                "here, the model's next-token KL to the exact model and its NLL increase are lower with "
                f"NOVA-KV than with each of {', '.join(others)} at n = {NOVA_BITS}."),
         source="NOVA-KV, arXiv 2608.04074, abstract; end-to-end test by kvstats",
-        measurement=(f"best baseline on next-token KL: {best['b']} ({best['mean_b']:.3g} vs NOVA-KV's "
+        measurement=(f"{a.model_name}: best baseline on next-token KL: {best['b']} ({best['mean_b']:.3g} vs NOVA-KV's "
                      f"{best['mean_a']:.3g} nats, r = {best['r']:+.2f}, {fmt_p(best['p'])}); {v_nova.reason}."),
         verdict=v_nova,
         details=TEST_HEADER + _test_lines(nt) + "\n\n" + a.unit + " d_nll: mean NLL of the true next token "
@@ -500,7 +500,7 @@ CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_
 
 
 #: the claims judged on a second model too (its sweep runs their cells), in the report's order
-MODEL_CLAIMS = (lossless_claim, qkqv_claim, ratio_claim, qjl_cache_claim)
+MODEL_CLAIMS = (lossless_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim)
 
 
 def claims(a: Analysis) -> list[Claim]:
