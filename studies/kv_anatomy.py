@@ -46,7 +46,7 @@ from kvstats.quant.quantizers import quantizer  # noqa: E402
 from kvstats.quant.rotations import fwht  # noqa: E402
 from kvstats.study import plots
 from kvstats.study.claims import Claim  # noqa: E402
-from kvstats.study.models import LABELS, available_models, model_claim_id, per_model_claims  # noqa: E402
+from kvstats.study.models import available_models, file_suffix, model_claim_id, per_model_claims  # noqa: E402
 from kvstats.study.paths import figure_path  # noqa: E402
 from kvstats.study.sweep import grid  # noqa: E402
 
@@ -86,10 +86,6 @@ def _sphere_ks(x: np.ndarray, d: int):
 def _capture(tokens: int, model: str = SMOLLM2):
     return load_default_capture(tokens, model=model, verbose=False)
 
-
-def _suffix(model: str) -> str:
-    """File-name suffix of a model's figures: none for SmolLM2 (the names the report has always used)."""
-    return "" if model == SMOLLM2 else "_" + LABELS[model]
 
 
 def qjl_outlier_errors(cap, layer: int, d: int, seed: int) -> dict:
@@ -192,7 +188,7 @@ def channels_figure(a: Analysis) -> list[dict]:
         rows += [{"model": a.model, "layer": layer, "tensor": name, "channel": c, "mean_abs": f"{prof[layer, c]:.6g}",
                   "ratio_to_median": f"{ratio[layer, c]:.4f}"}
                  for layer in range(prof.shape[0]) for c in range(prof.shape[1])]
-    fig.savefig(figure_path("kv_anatomy_channels" + _suffix(a.model)), dpi=120)
+    fig.savefig(figure_path("kv_anatomy_channels" + file_suffix(a.model)), dpi=120)
     plt.close(fig)
     return rows
 
@@ -211,7 +207,7 @@ def outliers_figure(a: Analysis) -> None:
     ax.set_title(f"Outlier channels per layer ({a.name})")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(figure_path("kv_anatomy_outliers" + _suffix(a.model)), dpi=120)
+    fig.savefig(figure_path("kv_anatomy_outliers" + file_suffix(a.model)), dpi=120)
     plt.close(fig)
 
 
@@ -247,7 +243,7 @@ def wht_figure(table, a: Analysis) -> None:
         ax.set_ylim(0, ax.get_ylim()[1] * 1.45)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"Coordinates of real unit keys vs the sphere law ({a.name}, all heads and tokens)")
-    fig.savefig(figure_path("kv_anatomy_wht" + _suffix(a.model)), dpi=120)
+    fig.savefig(figure_path("kv_anatomy_wht" + file_suffix(a.model)), dpi=120)
     plt.close(fig)
 
 
@@ -410,7 +406,7 @@ def outliers_measured_claim(a: Analysis) -> Claim:
                      + ", ".join(f"{c} ({n})" for c, n in top.head(3).items()) + ")."),
         data=a.data,
         verdict=verdicts.measured(f"{a.name}'s outlier ratios per layer, no published range to hold them to"),
-        figure=f"kv_anatomy_outliers{_suffix(a.model)}.png")
+        figure=f"kv_anatomy_outliers{file_suffix(a.model)}.png")
 
 
 def qjl_channels_claim(a: Analysis) -> Claim:
@@ -427,7 +423,7 @@ def qjl_channels_claim(a: Analysis) -> Claim:
                      "layers (heatmap)."),
         data=a.data,
         verdict=qjl_outliers_verdict(kr),
-        figure=f"kv_anatomy_channels{_suffix(a.model)}.png",
+        figure=f"kv_anatomy_channels{file_suffix(a.model)}.png",
         details=(f"Outlier threshold: max/median > {OUTLIER_RATIO}. {a.name} is a different model from the "
                  "paper's Llama-2."))
 
@@ -447,7 +443,7 @@ def wht_claim(a: Analysis) -> Claim:
                      f"the same rule on the raw keys: {raw.verdict} ({raw.reason})."),
         data=a.data,
         verdict=wht_verdict(ks_wht, n),
-        figure=f"kv_anatomy_wht{_suffix(a.model)}.png")
+        figure=f"kv_anatomy_wht{file_suffix(a.model)}.png")
 
 
 def qjl_sketch_claim(a: Analysis) -> Claim:

@@ -41,7 +41,7 @@ from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import LABELS, ModelRun, available_models, model_claim_id, per_model_claims
+from kvstats.study.models import LABELS, ModelRun, available_models, file_suffix, model_claim_id, per_model_claims
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -159,10 +159,6 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
                    for name, values in s.per_document.items()]
 
 
-def _suffix(model: str) -> str:
-    """File-name suffix of a model's figures and CSVs: none for SmolLM2 (the names the report has always used)."""
-    return "" if model == SMOLLM2 else "_" + LABELS[model]
-
 
 def tail_rows(cfg: dict) -> list[tuple[str, int]]:
     """The (scheme, n) of the tail cells: KQV at its budgets, then the deployed formats."""
@@ -204,7 +200,7 @@ def tail_figure(tables: dict[tuple[str, int], pd.DataFrame], model: str = SMOLLM
     ax.set_title(f"{SHIPPED_MODELS[model].name}: the tail of the output damage (KQV's mean dashed, p99 dotted)",
                  fontsize=9)
     ax.legend(fontsize=6.5, frameon=False, ncol=2)
-    fig.savefig(plots.figure_path(f"{STUDY}_kl_tail{_suffix(model)}"), dpi=130)
+    fig.savefig(plots.figure_path(f"{STUDY}_kl_tail{file_suffix(model)}"), dpi=130)
     plt.close(fig)
 
 
@@ -315,7 +311,7 @@ def kl_tail_claim(a: Analysis) -> Claim:
         measurement=f"{a.model_name}: " + "; ".join(parts) + f". {_intervals_note(a.tails)}.",
         data=_tail_data(a),
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean"),
-        figure=f"{STUDY}_kl_tail{_suffix(a.model)}.png")
+        figure=f"{STUDY}_kl_tail{file_suffix(a.model)}.png")
 
 
 def formats_tail_claim(a: Analysis) -> Claim | None:
@@ -484,7 +480,7 @@ class ModelDamage(study.Study):
 
     def figures(self, tables, a: Analysis) -> None:
         for m in (a, *a.others.values()):
-            prefix = STUDY if m.model == SMOLLM2 else f"{STUDY}{_suffix(m.model)}"
+            prefix = f"{STUDY}{file_suffix(m.model)}"
             for (scheme, bits), table in m.tails.items():
                 for kind in ("pooled", "document", "layer"):
                     part = table[table["kind"] == kind].drop(columns=["tokens_out_kl"], errors="ignore")

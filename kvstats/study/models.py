@@ -22,8 +22,8 @@ from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
-__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "missing_model_claim", "model_claim_id",
-           "models_compared_claim", "per_model_claims"]
+__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "file_suffix", "missing_model_claim",
+           "model_claim_id", "models_compared_claim", "per_model_claims"]
 
 #: The models every real-data study runs on, in the report's order.
 REAL_MODELS = (SMOLLM2, GEMMA3)
@@ -65,6 +65,12 @@ def model_claim_id(base: str, model: str) -> str:
         return base
     label = LABELS[model]
     return base.replace("smollm2", label) if "smollm2" in base else f"{base}-{label}"
+
+
+def file_suffix(model: str) -> str:
+    """The suffix of a model's figure and data file names: none for SmolLM2 (the names the report has always used),
+    ``_<label>`` for another model."""
+    return "" if model == SMOLLM2 else "_" + LABELS[model]
 
 
 def missing_model_claim(study: str, model: str, why: str) -> Claim:
