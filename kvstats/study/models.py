@@ -130,3 +130,8 @@ class ModelRun:
     @property
     def model_name(self) -> str:
         return SHIPPED_MODELS[self.model].name
+
+    @property
+    def model_architecture(self) -> str:
+        """The model's attention facts in words (:attr:`kvstats.hf.models.ShippedModel.architecture`)."""
+        return SHIPPED_MODELS[self.model].architecture

@@ -4,16 +4,18 @@ family), the paired differences' Newcombe intervals for the equivalence claim, N
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.evaluation.retrieval_stats import accuracy_table, mcnemar_row, outcomes
+from kvstats.hf.models import SMOLLM2
 from kvstats.measure.stats import cluster_bootstrap_ci
 from kvstats.studies.retrieval import cells
 from kvstats.studies.retrieval.cells import ALPHA, BASELINE, FP, FP_BITS, SCALE, STUDY
+from kvstats.study.models import ModelRun
 from kvstats.study.sweep import cell_seed
 
 #: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a
@@ -75,10 +77,13 @@ def formats_tests(trials: pd.DataFrame, formats: tuple[tuple[str, int], ...]) ->
 
 
 @dataclass(frozen=True, eq=False)
-class Analysis:
+class Analysis(ModelRun):
     """The trials (one row per scheme, n and needle), the accuracies (per task, length, scheme, n; per task
-    pooled over lengths; per task, length and depth) and the McNemar tests; ``schemes``, the kvstats schemes the
-    cells ran (:data:`~kvstats.studies.retrieval.cells.SCHEMES`, as the run read it)."""
+    pooled over lengths; per task, length and depth) and the McNemar tests of one model; ``schemes``, the kvstats
+    schemes the cells ran (:data:`~kvstats.studies.retrieval.cells.SCHEMES`, as the run read it); ``cfg`` the scale's
+    with the model's tasks (:func:`~kvstats.studies.retrieval.cells.model_tasks`); ``baseline_refused`` why
+    transformers' quantized cache did not run on the model (empty when it ran); ``others``: another model's
+    Analysis, ``missing``: {model: why it did not run} (SmolLM2's analysis holds them)."""
 
     cfg: dict
     scale: str
@@ -89,12 +94,22 @@ class Analysis:
     grid: pd.DataFrame
     tests: pd.DataFrame
     formats: tuple[tuple[str, int], ...] = ()  # the deployed formats' (spec, n) the formats sweep ran
+    model: str = SMOLLM2
+    baseline_refused: str = ""
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
 
 
-def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = None) -> Analysis:
-    """The schemes' trials (and the formats sweep's, on the same prompts: ``formats``) -> :class:`Analysis`; the
-    formats' McNemar tests (:func:`formats_tests`) follow the schemes' in ``tests``."""
-    cfg, schemes = SCALE[scale], tuple(cells.SCHEMES)
+def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = None, *, model: str = SMOLLM2,
+            others: dict | None = None, missing: dict | None = None) -> Analysis:
+    """One model's trials of the schemes (and the formats sweep's, on the same prompts: ``formats``) ->
+    :class:`Analysis`; the formats' McNemar tests (:func:`formats_tests`) follow the schemes' in ``tests``."""
+    cfg, schemes = {**SCALE[scale], "tasks": cells.model_tasks(SCALE[scale], model)}, tuple(cells.SCHEMES)
+    refused = ""
+    if "baseline_refused" in trials:
+        reasons = sorted(set(trials["baseline_refused"].dropna()) - {""})
+        refused = "; ".join(reasons)
+        trials = trials.drop(columns=["baseline_refused"])
     ran: tuple = ()
     if formats is not None and len(formats):
         trials = pd.concat([trials, formats], ignore_index=True)
@@ -105,7 +120,8 @@ def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = Non
         tests = pd.concat([tests, formats_tests(trials, ran)], ignore_index=True)
     return Analysis(cfg, scale, schemes, trials, accuracy_table(trials, ["task", "length", "scheme", "n"]),
                     accuracy_table(trials, ["task", "scheme", "n"]),
-                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran)
+                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran, model, refused,
+                    dict(others or {}), dict(missing or {}))
 
 
 def compact_trials(trials: pd.DataFrame) -> pd.DataFrame:

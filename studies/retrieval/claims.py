@@ -21,6 +21,7 @@ from kvstats.studies.retrieval.analysis import (
 )
 from kvstats.studies.retrieval.cells import BASELINE, EQUIVALENCE_TRIALS, FP, FP_BITS, MARGIN, STUDY
 from kvstats.study.claims import Claim
+from kvstats.study.models import file_suffix, model_claim_id
 from kvstats.study.report import fmt_p
 
 
@@ -41,18 +42,28 @@ def _test(a: Analysis, task: str, length: str, family: str, x: str, y: str, n: i
     return None if sel.empty else sel.iloc[0]
 
 
+def _figure(a: Analysis, name: str) -> str:
+    return f"{STUDY}{file_suffix(a.model)}_{name}.png"
+
+
+def _baseline_note(a: Analysis) -> str:
+    """Where transformers' quantized cache did not run on the model: why, in its own words."""
+    return (f" transformers' QuantizedCache ({BASELINE}) did not run on {a.model_name}: it refuses the model's cache "
+            f"({a.baseline_refused})." if a.baseline_refused else "")
+
+
 def fp_claim(a: Analysis) -> Claim:
     acc = a.accuracy[a.accuracy["scheme"] == FP]
     parts = [f"{task}: " + ", ".join(f"{int(r['length'])} tokens {_acc(r)}" for _, r in g.iterrows())
              for task, g in acc.groupby("task", sort=False)]
     return Claim(
-        id="retrieval-fp",
+        id=model_claim_id("retrieval-fp", a.model),
         claim="A retrieval task tests a quantizer only where the unquantized model succeeds",
         source="kvstats",
-        measurement="SmolLM2-135M-Instruct fp32 accuracy (Wilson 95% CI): " + "; ".join(parts) + ".",
+        measurement=f"{a.model_name} fp32 accuracy (Wilson 95% CI): " + "; ".join(parts) + ".",
         data=_data(a),
         verdict=measured("the fp accuracies every scheme is compared with"),
-        figure=f"{STUDY}_heatmap_n4.png" if 4 in a.cfg["bits"] else f"{STUDY}_heatmap_n{NOVA_BITS}.png")
+        figure=_figure(a, "heatmap_n4" if 4 in a.cfg["bits"] else f"heatmap_n{NOVA_BITS}"))
 
 
 def schemes_claim(a: Analysis) -> Claim:
@@ -72,16 +83,17 @@ def schemes_claim(a: Analysis) -> Claim:
     lost = a.tests[(a.tests["family"] == "vs fp") & (a.tests["length"] == "all")]
     worse = lost[(lost["p_holm"] < ALPHA) & (lost["difference"] < 0)]
     return Claim(
-        id="retrieval-schemes",
+        id=model_claim_id("retrieval-schemes", a.model),
         claim="Retrieval accuracy of every scheme at n = " + ", ".join(map(str, a.cfg["bits"]))
               + " against the fp model, on the same trials",
         source="kvstats",
         measurement="Accuracy pooled over lengths with Wilson 95% CIs and the paired difference to fp (exact "
                     "McNemar, Holm over the schemes and budgets of each task): " + " | ".join(parts)
-                    + ". Per length: figures/data/retrieval_accuracy.csv and retrieval_tests.csv.",
+                    + f". Per length: figures/data/{STUDY}{file_suffix(a.model)}_accuracy.csv and "
+                      f"{STUDY}{file_suffix(a.model)}_tests.csv." + _baseline_note(a),
         data=_data(a),
         verdict=measured(f"{len(worse)} of {len(lost)} (scheme, n, task) cells lose retrieval significantly"),
-        figure=f"{STUDY}_accuracy_vs_kl.png")
+        figure=_figure(a, "accuracy_vs_kl"))
 
 
 def formats_claim(a: Analysis) -> Claim | None:
@@ -105,15 +117,17 @@ def formats_claim(a: Analysis) -> Claim | None:
         parts.append(f"{task} (fp {100 * fp['accuracy']:.0f}%, {fp['trials']} trials): " + "; ".join(cells))
     vs_fp = a.tests[a.tests["family"] == "formats vs fp"]
     worse = vs_fp[(vs_fp["p_holm"] < ALPHA) & (vs_fp["difference"] < 0)]
+    suffix = file_suffix(a.model)
     return Claim(
-        id="retrieval-formats",
+        id=model_claim_id("retrieval-formats", a.model),
         claim="Retrieval accuracy of the deployed formats (int per token-head, KIVI as published, NVFP4, "
               "FP8-K/NVFP4-V, FP8 e4m3) against the fp model and transformers' quanto cache, on the same trials",
         source="kvstats",
         measurement="Accuracy pooled over lengths with Wilson 95% CIs, bits per element held, and the paired "
                     "differences (exact McNemar, Holm over the formats of each task and family): " + " | ".join(parts)
-                    + ". Per length: figures/data/retrieval_accuracy.csv; the tests: retrieval_tests.csv (families "
-                      "'formats vs fp' and 'formats vs quanto').",
+                    + f". Per length: figures/data/{STUDY}{suffix}_accuracy.csv; the tests: {STUDY}{suffix}_tests.csv "
+                      + ("(family 'formats vs fp')." if a.baseline_refused else
+                         f"(families 'formats vs fp' and 'formats vs {BASELINE}').") + _baseline_note(a),
         data=_data(a) + "; the formats in their own sweep on the same prompts and prefill",
         verdict=measured(f"{len(worse)} of {len(vs_fp)} (format, task) cells lose retrieval significantly"),
         figure=None)
@@ -140,12 +154,13 @@ def nova_claim(a: Analysis) -> Claim | None:
     # "most": at least half of what the scalar method loses, the bound rule on the recovered fraction's CI
     v = better if not np.isfinite(ci).all() else combine([better, bound([recovered], [ci], 0.5, upper=False,
                                                                          what="recovered fractions")])
+    longest = max(length for lengths in a.cfg["tasks"].values() for length in lengths)
     return Claim(
-        id="retrieval-nova-vs-scalar",
+        id=model_claim_id("retrieval-nova-vs-scalar", a.model),
         claim="At 2 bits NOVA-KV recovers most of the retrieval accuracy scalar methods lose (RULER needle "
               "retrieval on Qwen3-8B at 128K: 75.4 vs 25.3 for the best scalar 2-bit method); measured small-scale",
         source="NOVA-KV, arXiv 2608.04074 (RULER and LongBench results); small-scale test by kvstats",
-        measurement=(f"SmolLM2-135M, every task and length pooled ({t['trials']} trials): fp "
+        measurement=(f"{a.model_name}, every task and length pooled ({t['trials']} trials): fp "
                      f"{100 * fp:.1f}%, NOVA-KV {100 * nova:.1f}%, best scalar method at n = 2 ({best}, the best of "
                      f"{', '.join(scalar)}: the schemes whose every stage is a scalar quantizer{kqv}) "
                      f"{100 * base:.1f}%; NOVA-KV − {best} = {100 * t['difference']:+.1f} pts [95% CI "
@@ -156,10 +171,11 @@ def nova_claim(a: Analysis) -> Claim | None:
                         if np.isfinite(ci).all() else
                         f"{100 * recovered:.0f}% (no interval: some resamples lose nothing to recover)"
                         if np.isfinite(recovered) else "nothing measurable: the scalar method loses nothing")
-                     + ". A 135M model at ≤ 8,192 tokens, not Qwen3-8B at 128K (nova-ruler-longbench)."),
+                     + f". {a.model_name} at ≤ {longest:,} tokens, not Qwen3-8B at 128K (nova-ruler-longbench)."
+                     + _baseline_note(a)),
         data=_data(a),
         verdict=v,
-        figure=f"{STUDY}_heatmap_n{NOVA_BITS}.png")
+        figure=_figure(a, f"heatmap_n{NOVA_BITS}"))
 
 
 def neutral_claim(a: Analysis) -> Claim | None:
@@ -173,7 +189,7 @@ def neutral_claim(a: Analysis) -> Claim | None:
     parts = [f"{r['task']} {100 * r['difference']:+.1f} pts [90% CI {100 * r['diff_low']:+.1f}, "
              f"{100 * r['diff_high']:+.1f}] ({r['trials']} trials)" for r in rows]
     return Claim(
-        id="retrieval-kqv4-neutral",
+        id=model_claim_id("retrieval-kqv4-neutral", a.model),
         claim=f"KQV at 4 bits is retrieval-neutral: its accuracy is within δ = {MARGIN:g} of the fp model's",
         source="kvstats",
         measurement="KQV n = 4 − fp, paired per trial, Newcombe's interval at 90% (TOST at α = 0.05): "
@@ -187,8 +203,8 @@ def neutral_claim(a: Analysis) -> Claim | None:
 def _data(a: Analysis) -> str:
     tasks = "; ".join(f"{task} at {', '.join(f'{length} ({prompts} prompts)' for length, prompts in c.items())}"
                       for task, c in a.cfg["tasks"].items())
-    return (f"SmolLM2-135M-Instruct fp32, full-precision prefill then the questions through the cache: {tasks} "
-            f"tokens; five needles per induction and lookup prompt ({a.scale} scale)")
+    return (f"{a.model_name} fp32 ({a.model_architecture}), full-precision prefill then the questions through "
+            f"the cache: {tasks} tokens; five needles per induction and lookup prompt ({a.scale} scale)")
 
 
 def definitions(a: Analysis) -> dict[str, str]:
@@ -200,16 +216,20 @@ def definitions(a: Analysis) -> dict[str, str]:
                     "transformers' QuantizedCache (quanto, q_group_size 64, residual_length 128): its first update); "
                     "the questions and answers then go through the cache in one forward (their own keys exact in "
                     "quanto's residual buffer, quantized in KVStatsCache)",
-        "tasks": f"passkey (one needle, SmolLM2's chat format); induction (five lines of "
+        "tasks": f"passkey (one needle, in the tokenizer's chat format when it has one — SmolLM2's; as plain text "
+                 f"otherwise — Gemma 3 270M's GGUF tokenizer has none); induction (five lines of "
                  f"{INDUCTION_CUE + INDUCTION_ANSWER} random tokens of the text's vocabulary, cue "
                  f"{INDUCTION_CUE}, answer {INDUCTION_ANSWER}); lookup (a list of 'id dddd: ddddd' lines, five ids "
                  f"asked); needle depths {', '.join(f'{d:g}' for d in DEPTHS)}; haystack: the shipped documents "
                  "except the Declaration of Independence (NOVA-KV's calibration text), read cyclically from a "
-                 "random start; every prompt its own spawned seed",
+                 "random start; every prompt its own spawned seed (the same draws on every model, each in its own "
+                 "tokens); on a model whose context holds them, lengths past SmolLM2's 8,192 (Gemma 3 270M: "
+                 "induction at 16,384 of its 32,768)",
         "schemes": "as end_to_end (kv, kqv, qkqv with D'Alberto's Hadamard sketch, minmax KIVI-style, mse = "
                    "TurboQuant_mse on K and V, nova calibrated per layer on the Declaration); each prompt draws "
                    "fresh scheme seeds; transformers' QuantizedCache with the quanto backend at nbits 2 and 4 only "
-                   "(its backend's choice)" + ("" if "hqq" in set(a.trials["scheme"]) else
+                   "(its backend's choice; it refuses models with sliding-window layers, so not on Gemma 3 270M)"
+                   + ("" if "hqq" in set(a.trials["scheme"]) else
                                                "; its hqq backend did not run (the hqq package was not installed)"),
         "tests": "Wilson 95% intervals (kvstats.stats.proportion_ci); exact McNemar on the same trials "
                  "(kvstats.stats.mcnemar) with the paired difference's Newcombe interval, Holm within each (task, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvstats.studies.retrieval.analysis import NOVA_BITS, Analysis
 from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, STUDY
 from kvstats.study import plots
+from kvstats.study.models import file_suffix
 
 STYLE = {FP: {"color": "#000000", "marker": "o", "label": "fp32 (no quantization)"},
          BASELINE: {"color": "#8c564b", "marker": "P", "label": "transformers QuantizedCache (quanto)"},
@@ -29,16 +30,16 @@ def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
     grid = a.grid.assign(column=list(zip(a.grid["scheme"], a.grid["n"])))
     fig = draw_heatmap(grid, {t: list(ls) for t, ls in a.cfg["tasks"].items()},
                        [((s, b), style(s)["label"] if s in (FP, BASELINE) else s) for s, b in cols],
-                       f"Retrieval accuracy over context length × needle depth (SmolLM2-135M; quantized caches at "
+                       f"Retrieval accuracy over context length × needle depth ({a.model_name}; quantized caches at "
                        f"n = {n})")
-    plots.save(fig, f"{STUDY}_heatmap_n{n}")
+    plots.save(fig, f"{STUDY}{file_suffix(a.model)}_heatmap_n{n}")
     plt.close(fig)
 
 
 def accuracy_vs_kl(a: Analysis) -> None:
     """Pooled accuracy (Wilson interval) against the mean attention KL, one point per (scheme, n), per task."""
     tasks = list(a.cfg["tasks"])
-    fig, axes = plots.panels(1, len(tasks), "Retrieval accuracy against attention KL (SmolLM2-135M)", width=3.4,
+    fig, axes = plots.panels(1, len(tasks), f"Retrieval accuracy against attention KL ({a.model_name})", width=3.4,
                              height=3.0)
     for ax, task in zip(axes[0], tasks):
         g = a.pooled[a.pooled["task"] == task]
@@ -57,4 +58,4 @@ def accuracy_vs_kl(a: Analysis) -> None:
         ax.set_title(task)
     axes[0, 0].set_ylabel("accuracy (Wilson 95% CI)")
     axes[0, -1].legend(fontsize=6, frameon=False, loc="lower left")
-    plots.save(fig, f"{STUDY}_accuracy_vs_kl")
+    plots.save(fig, f"{STUDY}{file_suffix(a.model)}_accuracy_vs_kl")

@@ -177,6 +177,7 @@ def test_smollm2_capture_256_tokens(smollm2):
     assert model_dims(model.config) == {"head_dim": facts.head_dim, "kv_heads": facts.kv_heads,
                                         "q_heads": facts.q_heads, "layers": facts.layers}
     assert getattr(model.config, "sliding_window", None) is None and not facts.sliding_layers
+    assert model.config.max_position_embeddings == facts.context == 8192
     cap = capture_qkv(model, tokenizer, default_text(), max_tokens=256, model_name=name)
     assert len(cap) == 30
     for i in range(30):

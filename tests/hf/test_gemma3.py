@@ -70,6 +70,7 @@ def test_it_loads_with_its_documented_architecture(gemma):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (18, 4, 1, 256)
     assert (facts.layers, facts.q_heads, facts.kv_heads, facts.head_dim) == (18, 4, 1, 256)
     assert cfg.sliding_window == facts.window == 512
+    assert cfg.max_position_embeddings == facts.context == 32768
     assert cfg.layer_types.count("sliding_attention") == facts.sliding_layers == 15
     assert cfg.query_pre_attn_scalar == 256 and model.model.layers[0].self_attn.q_norm is not None and facts.qk_norm
     assert next(model.parameters()).dtype == torch.float32

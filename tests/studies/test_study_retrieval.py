@@ -113,9 +113,44 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
     assert set(tests[tests["family"] == "formats vs quanto"]["a"]) <= {"int_token"}  # quanto at n = 2 only
     claims = {c["id"]: c for c in read_claims(data / "retrieval_claims.json")}
     # no NOVA-KV and no n = 4: those claims are absent
-    assert set(claims) == {"retrieval-fp", "retrieval-schemes", "retrieval-formats"}
+    ours = {"retrieval-fp", "retrieval-schemes", "retrieval-formats"}
     assert "int_token@2 (2.5 bits)" in claims["retrieval-formats"]["measurement"]
     assert (tmp_path / "figures" / "retrieval_heatmap_n2.png").is_file()
+    from kvstats.study.models import missing_reason
+
+    if missing_reason("gemma3-270m") is not None:  # a row that says so, never a silent gap
+        assert set(claims) == ours | {"retrieval-gemma3-rows"}
+        assert claims["retrieval-gemma3-rows"]["verdict"] == "not testable here"
+        return
+    # Gemma 3 270M: the same prompts in its tokens; its lossless scheme passes exactly where its fp model does (the
+    # oracle on a model with sliding-window layers, QK-norm and one KV head of d = 256), as a scheme and as a format
+    assert set(claims) == ours | {c + "-gemma3" for c in ours}  # only measured rows: no comparison row
+    gemma = pd.read_csv(data / "retrieval_gemma3_trials.csv")
+    g_fp = gemma[gemma["scheme"] == "fp"].set_index(["task", "needle"])["success"]
+    g_identity = gemma[gemma["scheme"] == "identity"]
+    assert len(g_fp) == 10 and g_fp.sum() >= 3
+    for n in (2, 32):
+        assert g_identity[g_identity["n"] == n].set_index(["task", "needle"])["success"].equals(g_fp)
+    assert g_identity["attn_kl"].max() < 1e-5 and gemma.loc[gemma["scheme"] == "kqv", "attn_kl"].min() > 1e-3
+    # int2 per token-head on d = 256: 2 + 32/256 bits per element
+    assert gemma.loc[gemma["scheme"] == "int_token", "bits_per_element"].eq(2.125).all()
+    assert "Gemma-3-270M fp32" in claims["retrieval-fp-gemma3"]["measurement"]
+    assert "head dim 256" in claims["retrieval-fp-gemma3"]["data"]
+    # transformers' QuantizedCache refuses a model with sliding-window layers: no quanto rows, and the claims say why
+    assert rt.cells.BASELINE not in set(gemma["scheme"])
+    assert "only full attention layers" in claims["retrieval-schemes-gemma3"]["measurement"]
+    assert (tmp_path / "figures" / "retrieval_gemma3_heatmap_n2.png").is_file()
+
+
+def test_model_tasks_go_past_a_context_only_where_the_model_holds_it(rt):
+    """``long`` lengths join a model's tasks below its context: SmolLM2 (8,192 tokens) gets none, Gemma 3 270M
+    (32,768) the 16,384-token induction prompts; the scale's own tasks are every model's."""
+    cfg = rt.SCALE["paper"]
+    smol, gemma = rt.model_tasks(cfg, "smollm2"), rt.model_tasks(cfg, "gemma3-270m")
+    assert smol == cfg["tasks"] and cfg["long"] == {"induction": {16384: 2}}
+    assert gemma["induction"] == {**cfg["tasks"]["induction"], 16384: 2}
+    assert {t: v for t, v in gemma.items() if t != "induction"} == {t: v for t, v in smol.items() if t != "induction"}
+    assert rt.model_tasks({"tasks": {}, "long": {"lookup": {32768: 1}}}, "gemma3-270m") == {}
 
 
 def test_recovered_fraction_and_its_interval(rt):
