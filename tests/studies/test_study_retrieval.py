@@ -207,3 +207,18 @@ def test_cells_run_on_the_kvstats_path_or_are_refused(monkeypatch, smollm2):
     monkeypatch.setattr(engine, "set_attention", lambda m, name: switch(m, "sdpa"))  # a forward off the path
     with pytest.raises(ValueError, match=r"the estimator path did not run on layers 0 \(model\)"):
         ret.cell("passkey", 256, 0, (2,), None)
+
+
+def test_transformers_quantized_cache_is_refused_on_sliding_window_layers_only(rt):
+    """transformers' QuantizedCache holds a model with full attention on every layer (a tiny Llama) and refuses one
+    with sliding-window layers (a tiny Gemma 3 270M): the retrieval cell then runs no baseline and says why."""
+    pytest.importorskip("transformers")
+    from kvstats.hf.baselines import available_backends
+
+    if rt.cells.BASELINE not in available_backends():
+        pytest.skip("optimum-quanto is not installed (the [baselines] extra)")
+    from tests.helpers.architectures import _tiny
+
+    assert rt.cells.baseline_refusal(_tiny("llama")) is None
+    why = rt.cells.baseline_refusal(_tiny("gemma3_270m"))
+    assert "only full attention layers" in why and "sliding_attention" in why
