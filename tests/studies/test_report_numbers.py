@@ -129,22 +129,26 @@ def test_jensen_kl_ratio_and_holm_p_per_budget(report):
                          text), f"n = {n}: ratio {ratio:.2f}, Holm p {p:.2g}"
 
 
-def test_retrieval_fp_accuracy_and_wilson_intervals(report):
-    """The fp model's pass counts per (task, length) from the trials, with statsmodels' Wilson 95% interval."""
-    trials = data("retrieval_trials")
+@pytest.mark.parametrize("name, claim", [("retrieval", "retrieval-fp"), ("retrieval_gemma3", "retrieval-fp-gemma3")])
+def test_retrieval_fp_accuracy_and_wilson_intervals(report, name, claim):
+    """Each model's fp pass counts per (task, length) from the trials, with statsmodels' Wilson 95% interval."""
+    trials = data(f"{name}_trials")
     fp = trials[trials["scheme"] == "fp"]
-    text = section(report, "retrieval-fp")
+    text = section(report, claim)
     for (task, length), g in fp.groupby(["task", "length"]):
         k, n = int(g["success"].sum()), len(g)
         lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
         assert f"{length} tokens {100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({k}/{n})" in text, (task, length)
 
 
-def test_model_damage_sensitivity_from_the_documents(report):
-    """The damage of every layer quantized: the mean over documents of the per-document next-token KL."""
-    docs = data("model_damage_sensitivity_documents")
+@pytest.mark.parametrize("name, claim", [("model_damage", "model-layer-sensitivity"),
+                                         ("model_damage_gemma3", "model-layer-sensitivity-gemma3")])
+def test_model_damage_sensitivity_from_the_documents(report, name, claim):
+    """The damage of every layer quantized, on each model: the mean over documents of the per-document next-token
+    KL."""
+    docs = data(f"{name}_sensitivity_documents")
     full = docs[docs["configuration"] == "all"]["damage"]
-    assert f"mean next-token KL {full.mean():.3g} [" in section(report, "model-layer-sensitivity")
+    assert f"mean next-token KL {full.mean():.3g} [" in section(report, claim)
 
 
 def test_formats_next_token_kl_from_the_units(report):

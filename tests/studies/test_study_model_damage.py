@@ -18,13 +18,20 @@ def test_model_damage_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
 
     claims = {c["id"]: c for c in run_tiny("model_damage", tiny, tmp_path, monkeypatch)}
     ours = {"model-kl-tail", "model-kl-tail-formats", "model-layer-sensitivity", "qjl-values-per-token"}
-    if missing_reason("gemma3-270m") is None:  # Gemma 3's tail and one-side rows by the same rules, and the comparison
-        assert set(claims) == ours | {"model-kl-tail-gemma3", "qjl-values-per-token-gemma3", "model-damage-models"}
+    if missing_reason("gemma3-270m") is None:  # every row on Gemma 3 by the same rules, and the comparison
+        assert set(claims) == ours | {c + "-gemma3" for c in ours} | {"model-damage-models"}
         assert claims["qjl-values-per-token-gemma3"]["rule"] == "combine"
         assert "Gemma-3-270M: n = 4 (" in claims["model-kl-tail-gemma3"]["measurement"]
-        assert (tmp_path / "figures" / "model_damage_kl_tail_gemma3.png").is_file()
-        gemma_sides = pd.read_csv(tmp_path / "figures" / "data" / "model_damage_gemma3_sides.csv")
+        # int2 per token-head on d = 256: 2 + 32/256 bits per element
+        assert "int_token@2 (2.12 bits per element held" in claims["model-kl-tail-formats-gemma3"]["measurement"]
+        figs = tmp_path / "figures"
+        assert (figs / "model_damage_kl_tail_gemma3.png").is_file()
+        assert (figs / "model_damage_sensitivity_gemma3.png").is_file()
+        gemma_sides = pd.read_csv(figs / "data" / "model_damage_gemma3_sides.csv")
         assert sorted(gemma_sides[gemma_sides["kind"] == "side_document"]["side"]) == ["K"] * 3 + ["V"] * 3
+        gemma_sens = pd.read_csv(figs / "data" / "model_damage_gemma3_sensitivity.csv")
+        assert (gemma_sens["kind"] == "layer").sum() == 18  # every one of Gemma 3's layers
+        assert "on all 18 layers" in claims["model-layer-sensitivity-gemma3"]["measurement"]
         assert claims["model-damage-models"]["verdict"] == "measured"
     else:
         assert set(claims) == ours | {"model-damage-gemma3-rows"}
