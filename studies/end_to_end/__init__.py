@@ -120,7 +120,8 @@ class EndToEnd(study.Study):
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
     versions = {f"{STUDY}_generation": GENERATION_VERSION, f"{STUDY}_qjl": QJL_VERSION,
-                f"{STUDY}_formats": FORMATS_VERSION, f"{STUDY}_gemma3": MODELS_VERSION}
+                f"{STUDY}_formats": FORMATS_VERSION, f"{STUDY}_gemma3": MODELS_VERSION,
+                f"{STUDY}_gemma3_paths": MODELS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
         return sweeps(SCALE[scale])

@@ -268,28 +268,35 @@ def analyse(tables, scale: str) -> Analysis:
         segs_ = segment_means(t[t["kind"] == "token"][tokens.columns]) if ok else None
         side[name] = (segs_, summary_table(segs_, t[t["kind"] == "cell"], cfg["resamples"], docs) if ok else None)
     present, missing = available_models()
-    others = {model: model_analysis(tables[f"{STUDY}_{LABELS[model]}"], scale, model)
+    others = {model: model_analysis(tables[f"{STUDY}_{LABELS[model]}"], scale, model,
+                                    tables.get(f"{STUDY}_{LABELS[model]}_paths"))
               for model in present if model != SMOLLM2}
     return Analysis(cfg, scale, tuple(cells.SCHEMES), summary, segs, tokens, layers, corr, gen,
                     tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"],
                     others=others, missing=missing)
 
 
-def model_analysis(table: pd.DataFrame, scale: str, model: str) -> Analysis:
+def model_analysis(table: pd.DataFrame, scale: str, model: str, paths: pd.DataFrame | None = None) -> Analysis:
     """A second model's sweep (:func:`~kvstats.studies.end_to_end.cells.model_cell_grid`) -> its :class:`Analysis`:
     the teacher-forced cells of :data:`~kvstats.studies.end_to_end.cells.MODEL_SCHEMES`, NOVA-KV and the lossless
-    control, with QJL's cache beside them as for SmolLM2; no paths, generation or correlations."""
+    control, with QJL's cache and the deployed formats beside them as for SmolLM2, and the two paths' agreement on its
+    captured Q/K/V (``paths``); no generation or correlations."""
     cfg = SCALE[scale]
     tokens = table[table["kind"] == "token"][KEYS + ["segment", "t", "out_kl", "top1", "nll_ref", "nll", "attn_kl",
                                                      "top5"]]
     qjl = tokens["scheme"] == "qjl"
+    formats = tokens["scheme"].isin({spec for spec, _ in cfg.get("formats", ())})
+    main = ~(qjl | formats)
     docs = segment_documents(cfg["segment_tokens"], cfg["segments"], model)
     cell_rows = table[table["kind"] == "cell"]
-    segs, qjl_segs = segment_means(tokens[~qjl]), segment_means(tokens[qjl])
+    segs = segment_means(tokens[main])
     summary = summary_table(segs, cell_rows, cfg["resamples"], docs)
-    qjl_summary = summary_table(qjl_segs, cell_rows, cfg["resamples"], docs) if len(qjl_segs) else None
+    side = {}
+    for name, rows in (("qjl", qjl), ("formats", formats)):  # beside the main cells: (segment means, summary) or None
+        part = segment_means(tokens[rows])
+        side[name] = (part, summary_table(part, cell_rows, cfg["resamples"], docs)) if len(part) else (None, None)
     empty = pd.DataFrame()
     schemes = tuple(cells.MODEL_SCHEMES) + (("nova",) if "nova" in set(segs["scheme"]) else ())
-    return Analysis(cfg, scale, schemes, summary, segs, tokens[~qjl],
-                    table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]], empty, empty, empty, docs,
-                    None, qjl_segs if len(qjl_segs) else None, qjl_summary, model=model)
+    return Analysis(cfg, scale, schemes, summary, segs, tokens[main],
+                    table[table["kind"] == "layer"][KEYS + ["layer", "attn_kl", "top5"]], empty, empty,
+                    empty if paths is None else paths, docs, None, *side["qjl"], *side["formats"], model=model)

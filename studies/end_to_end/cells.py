@@ -70,7 +70,8 @@ FORMATS_VERSION = "1"
 #: teacher-forced cells on its own segments of the held-out documents — D'Alberto's three schemes, KIVI-style
 #: min-max and TurboQuant_mse at every budget, NOVA-KV at MODEL_NOVA_BITS (its claim's budget; calibrated on the
 #: model's own capture of the calibration document), QJL's cache at ``qjl_budgets`` (outlier channels found on the same
-#: capture) and the lossless control; windows, formats, paths and generation are SmolLM2's only
+#: capture), the deployed formats (``formats``) and the lossless control; beside them the two paths on its captured
+#: Q/K/V (``end_to_end_gemma3_paths``); windows and generation are SmolLM2's only
 MODEL_SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse")
 MODEL_NOVA_BITS = 2
 #: the second model's sweep version
@@ -163,10 +164,10 @@ def cell(scheme: str, n: int, seed: int, window: int, segment_tokens: int, segme
     return rows
 
 
-def agreement_cell(scheme: str, n: int, tokens: int) -> list[dict]:
+def agreement_cell(scheme: str, n: int, tokens: int, model: str = SMOLLM2) -> list[dict]:
     """Per attention call, the same code read by the estimator (``scheme.scores``, what kvstats_attention calls)
     and by decode-then-dot (q·K̂ᵀ with K̂ = the decoded keys, what the model's sdpa sees), in float64, on every
-    layer's captured post-RoPE Q/K/V of SmolLM2 (the shipped text, first ``tokens`` tokens) with the study's
+    layer's captured post-RoPE Q/K/V of ``model`` (the shipped text, first ``tokens`` tokens) with the study's
     per-layer schemes: max |Δlogit| and the KL between the two causal attention rows, one row per layer.
 
     Every built-in estimator is linear in the code, so the two agree to float64 round-off. A whole-model
@@ -175,8 +176,8 @@ def agreement_cell(scheme: str, n: int, tokens: int) -> list[dict]:
     (docs/end_to_end.md)."""
     from kvstats.hf.capture import load_default_capture
 
-    cap = load_default_capture(max(tokens, 1024), verbose=False)
-    schemes = cell_schemes(scheme, n, 0, len(cap))
+    cap = load_default_capture(max(tokens, 1024), model=model, verbose=False)
+    schemes = cell_schemes(scheme, n, 0, len(cap), model=model)
     rows = []
     for i in cap.layers:
         lay = cap.layer(i)
@@ -321,12 +322,14 @@ def cell_grid(cfg: dict) -> list[dict]:
 
 def model_cell_grid(cfg: dict, model: str) -> list[dict]:
     """A second model's teacher-forced cells (:data:`MODEL_SCHEMES` at every budget, QJL's cache at ``qjl_budgets``,
-    the lossless control), no window."""
+    the deployed formats of ``formats`` at the first seed, as SmolLM2's formats sweep, the lossless control), no
+    window."""
     base = {"model": model, "seed": list(cfg["seeds"]), "window": 0, "segment_tokens": cfg["segment_tokens"],
             "segments": cfg["segments"], "calibration_tokens": cfg["calibration_tokens"]}
     return (grid(scheme=list(MODEL_SCHEMES), n=list(cfg["budgets"]), **base)
             + grid(scheme="nova", n=MODEL_NOVA_BITS, **base)
             + grid(scheme="qjl", n=list(cfg["qjl_budgets"]), **base)
+            + [{"scheme": spec, "n": n, **base, "seed": cfg["seeds"][0]} for spec, n in cfg.get("formats", ())]
             + grid(scheme="identity", n=0, **{**base, "seed": 0}))
 
 
@@ -353,6 +356,8 @@ def sweeps(cfg: dict) -> study.Sweeps:
     for model in available_models()[0]:
         if model != SMOLLM2:
             out[f"{STUDY}_{LABELS[model]}"] = (cell, model_cell_grid(cfg, model))
+            out[f"{STUDY}_{LABELS[model]}_paths"] = (agreement_cell, grid(scheme=list(DALBERTO), n=4,
+                                                                          tokens=cfg["agree_tokens"], model=model))
     backends = available_backends()
     if backends:
         out[f"{STUDY}_baselines"] = (baseline_cell, grid(

@@ -92,9 +92,9 @@ def paths_claim(a: Analysis) -> Claim | None:
     per_scheme = "; ".join(f"{sch}: {int((g['max_abs_diff'] <= AGREE_ATOL).sum())}/{len(g)} layers"
                            for sch, g in agree.groupby("scheme", sort=False))
     return Claim(
-        id="e2e-estimator-equals-decode", source="kvstats", figure=None,
+        id=model_claim_id("e2e-estimator-equals-decode", a.model), source="kvstats", figure=None,
         verdict=measured("our own check of the two attention paths, per attention call"),
-        data=f"SmolLM2-135M-Instruct's captured post-RoPE Q/K/V of every layer (the shipped text, first "
+        data=f"{a.model_name}'s captured post-RoPE Q/K/V of every layer (the shipped text, first "
              f"{int(a.cfg['agree_tokens'])} tokens), float64, the study's per-layer schemes at n = 4",
         claim="For kvstats' built-in K estimators (all linear in the code) attention through the estimator "
               "equals decode-then-dot.",
@@ -103,7 +103,7 @@ def paths_claim(a: Analysis) -> Claim | None:
                      f"KL between the two causal attention rows ≤ {AGREE_ATOL:g} in {kl_within}/{calls} "
                      f"({per_scheme})."),
         details=("The comparison is per attention call, on the same inputs. A whole-model comparison of the two paths "
-                 "is not reported: across 30 layers a rounding difference (~1e-7 in fp32, and fp32 steps remain in "
+                 "is not reported: across many layers a rounding difference (~1e-7 in fp32, and fp32 steps remain in "
                  "an fp64 model's LlamaRMSNorm) can move a later layer's key across a codebook threshold, and the "
                  "two runs then become two different quantized models — a chaotic quantity that changes with BLAS "
                  "and thread count (docs/end_to_end.md). Bound, not round-off value: the largest |Δlogit| itself "
@@ -256,13 +256,14 @@ def formats_claim(a: Analysis) -> Claim | None:
     lower = [f"{r.a} < {r.b} at n = {r.n}" for r in kl.itertuples() if r.p_holm < ALPHA and r.r < 0]
     higher = [f"{r.a} > {r.b} at n = {r.n}" for r in kl.itertuples() if r.p_holm < ALPHA and r.r > 0]
     return Claim(
-        id="e2e-formats", figure=None, source="kvstats",
+        id=model_claim_id("e2e-formats", a.model), figure=None, source="kvstats",
         data=a.data + "; the deployed formats " + ", ".join(method_label(x, int(n)) for x, n in zip(fs["scheme"],
                                                                                                      fs["n"])),
         claim="The formats the field deploys (int per token-head, KIVI as published, NVFP4, FP8-K/NVFP4-V, FP8 "
               "e4m3) teacher-forced on the same segments as kvstats' schemes, beside the schemes of the same n.",
-        measurement=("; ".join(parts) + f". Next-token KL against {', '.join(FORMATS_AGAINST)} at the same n "
-                     f"({len(kl)} tests of {len(tests)}, Holm): significantly lower in {len(lower)}"
+        measurement=(f"{a.model_name}: " + "; ".join(parts) + f". Next-token KL against "
+                     f"{', '.join(FORMATS_AGAINST)} at the same n ({len(kl)} tests of {len(tests)}, Holm): "
+                     f"significantly lower in {len(lower)}"
                      + (f" ({', '.join(lower)})" if lower else "") + f", higher in {len(higher)}"
                      + (f" ({', '.join(higher)})" if higher else "") + ". The same n is not the same bits held: "
                      "the formats study compares at equal measured bits."),
@@ -500,7 +501,7 @@ CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_
 
 
 #: the claims judged on a second model too (its sweep runs their cells), in the report's order
-MODEL_CLAIMS = (lossless_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim)
+MODEL_CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim, formats_claim)
 
 
 def claims(a: Analysis) -> list[Claim]:

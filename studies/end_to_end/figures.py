@@ -201,10 +201,14 @@ def figures(a: Analysis) -> None:
     plots.write_csv(f"{STUDY}_paths", a.agree)
     if a.qjl_summary is not None:
         plots.write_csv(f"{STUDY}_qjl", a.qjl_summary)
-    for model, other in a.others.items():  # a second model's cells: summary (QJL's cache rows included), segments
-        both = other.summary if other.qjl_summary is None else pd.concat([other.summary, other.qjl_summary])
-        plots.write_csv(f"{STUDY}_{LABELS[model]}", both)
-        plots.write_csv(f"{STUDY}_{LABELS[model]}_segments", pd.concat([other.segs, other.qjl_segs]))
+    for model, other in a.others.items():  # a second model's cells: summary (QJL's cache and the formats' rows
+        # included), segments
+        plots.write_csv(f"{STUDY}_{LABELS[model]}", pd.concat([other.summary, other.qjl_summary,
+                                                                other.formats_summary]))
+        plots.write_csv(f"{STUDY}_{LABELS[model]}_segments", pd.concat([other.segs, other.qjl_segs,
+                                                                         other.formats_segs]))
+        if len(other.agree):
+            plots.write_csv(f"{STUDY}_{LABELS[model]}_paths", other.agree)
     plots.setup()
     output_figure(a)
     attention_figure(a)

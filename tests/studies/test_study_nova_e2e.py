@@ -290,7 +290,19 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
         assert "d = 256" in claims["e2e-qkqv-worse-than-kqv-gemma3"]["data"]
         gemma = pd.read_csv(data / "end_to_end_gemma3.csv")
         assert gemma[gemma["scheme"] == "identity"]["out_kl"].max() < 1e-6  # lossless through its cache
-        assert set(gemma["scheme"]) == {"kv", "kqv", "qkqv", "minmax", "mse", "nova", "qjl", "identity"}
+        assert set(gemma["scheme"]) == {"kv", "kqv", "qkqv", "minmax", "mse", "nova", "qjl", "identity",
+                                        "int_token", "fp8_e4m3"}
+        # the deployed formats on Gemma's segments: int2 per token-head holds 2 + 32/256 bits at d = 256
+        g_formats = gemma.set_index("scheme")
+        assert g_formats.loc["int_token", "bits_per_element"] == 2.125
+        assert g_formats.loc["fp8_e4m3", "bits_per_element"] == 8
+        # the two attention paths read one code alike on every Gemma layer (d = 256, one KV head for four queries)
+        paths = pd.read_csv(data / "end_to_end_gemma3_paths.csv")
+        assert len(paths) == 3 * 18 and paths["max_abs_diff"].max() <= 1e-9
+        assert claims["e2e-estimator-equals-decode-gemma3"]["data"].startswith("Gemma-3-270M's captured")
+        assert "54/54 (scheme, layer) calls" in claims["e2e-estimator-equals-decode-gemma3"]["measurement"]
+        measured = claims["e2e-formats-gemma3"]["measurement"]
+        assert measured.startswith("Gemma-3-270M: ") and "int_token@2: 2.12 bits held" in measured
         assert claims["e2e-nova-2bit-output-gemma3"]["rule"] == "direction"
         assert claims["end-to-end-models"]["verdict"] == "measured"
         assert "head dim 64 vs 256" in claims["end-to-end-models"]["details"]
