@@ -20,6 +20,12 @@ distributions, both NLLs of the true next token, top-1 agreement; and, captured 
 of the same forward, the attention KL and top-5 recall (mean over 30 layers × 9 query heads). A control cell
 runs a lossless scheme through the same cache. Non-zero full-precision windows run at ``window_budget`` only.
 
+Second model. On Gemma 3 270M (kvstats.study.models; its sweeps ``end_to_end_gemma3`` and
+``end_to_end_gemma3_paths``) the same teacher-forced cells — D'Alberto's three schemes, KIVI-style min-max and
+TurboQuant_mse at every budget, NOVA-KV at 2 bits, QJL's cache, the deployed formats, the lossless control — and the
+two paths run on its own segments and captured Q/K/V, judged by the same rules (claim ids ending in ``-gemma3``);
+windows and generation are SmolLM2's only.
+
 Verdicts (kvstats.measure.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
 cells; "KQV's KL is 2.25× lower at n = 4": the number rule on the QKQV/KQV ratio of mean attention KL (paired
 cluster bootstrap); NOVA-KV's "recovers most of what scalar methods lose at 2 bits": the direction rule
