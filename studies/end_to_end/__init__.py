@@ -23,8 +23,8 @@ runs a lossless scheme through the same cache. Non-zero full-precision windows r
 Second model. On Gemma 3 270M (kvstats.study.models; its sweeps ``end_to_end_gemma3`` and
 ``end_to_end_gemma3_paths``) the same teacher-forced cells — D'Alberto's three schemes, KIVI-style min-max and
 TurboQuant_mse at every budget, NOVA-KV at 2 bits, QJL's cache, the deployed formats, the lossless control — and the
-two paths run on its own segments and captured Q/K/V, judged by the same rules (claim ids ending in ``-gemma3``);
-windows and generation are SmolLM2's only.
+two paths run on its own segments and captured Q/K/V, and the full-precision windows, judged by the same rules
+(claim ids ending in ``-gemma3``); the generation is SmolLM2's only.
 
 Verdicts (kvstats.measure.verdicts). "QKQV is worse than KQV at every budget": the direction rule over (n, metric)
 cells; "KQV's KL is 2.25× lower at n = 4": the number rule on the QKQV/KQV ratio of mean attention KL (paired

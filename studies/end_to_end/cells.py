@@ -71,7 +71,8 @@ FORMATS_VERSION = "1"
 #: min-max and TurboQuant_mse at every budget, NOVA-KV at MODEL_NOVA_BITS (its claim's budget; calibrated on the
 #: model's own capture of the calibration document), QJL's cache at ``qjl_budgets`` (outlier channels found on the same
 #: capture), the deployed formats (``formats``) and the lossless control; beside them the two paths on its captured
-#: Q/K/V (``end_to_end_gemma3_paths``); windows and generation are SmolLM2's only
+#: Q/K/V (``end_to_end_gemma3_paths``), and the full-precision windows at ``window_budget``; the generation is
+#: SmolLM2's only
 MODEL_SCHEMES = ("kv", "kqv", "qkqv", "minmax", "mse")
 MODEL_NOVA_BITS = 2
 #: the second model's sweep version
@@ -321,15 +322,17 @@ def cell_grid(cfg: dict) -> list[dict]:
 
 
 def model_cell_grid(cfg: dict, model: str) -> list[dict]:
-    """A second model's teacher-forced cells (:data:`MODEL_SCHEMES` at every budget, QJL's cache at ``qjl_budgets``,
-    the deployed formats of ``formats`` at the first seed, as SmolLM2's formats sweep, the lossless control), no
-    window."""
+    """A second model's teacher-forced cells: :data:`MODEL_SCHEMES` at every budget (W = 0) and with each non-zero
+    window at ``window_budget``, NOVA-KV at :data:`MODEL_NOVA_BITS`, QJL's cache at ``qjl_budgets``, the deployed
+    formats of ``formats`` at the first seed (as SmolLM2's formats sweep), the lossless control."""
     base = {"model": model, "seed": list(cfg["seeds"]), "window": 0, "segment_tokens": cfg["segment_tokens"],
             "segments": cfg["segments"], "calibration_tokens": cfg["calibration_tokens"]}
     return (grid(scheme=list(MODEL_SCHEMES), n=list(cfg["budgets"]), **base)
             + grid(scheme="nova", n=MODEL_NOVA_BITS, **base)
             + grid(scheme="qjl", n=list(cfg["qjl_budgets"]), **base)
             + [{"scheme": spec, "n": n, **base, "seed": cfg["seeds"][0]} for spec, n in cfg.get("formats", ())]
+            + [c for wv in cfg["windows"] if wv
+               for c in grid(scheme=list(MODEL_SCHEMES), n=cfg["window_budget"], **{**base, "window": wv})]
             + grid(scheme="identity", n=0, **{**base, "seed": 0}))
 
 

@@ -414,10 +414,10 @@ def window_claim(a: Analysis) -> Claim | None:
         with_w = summary[(summary["scheme"] == x) & (summary["n"] == nw) & (summary["window"] == wv)]
         rows_w.append((x, base, float(with_w["out_kl"].mean())))
     return Claim(
-        id="e2e-window", figure=f"{STUDY}_output.png", data=a.data, source="kvstats",
+        id=model_claim_id("e2e-window", a.model), figure=f"{STUDY}_output.png", data=a.data, source="kvstats",
         verdict=measured("our own measurement of the full-precision window"),
         claim=f"Keeping the last {wv} tokens exact (KIVI/QJL-style window) reduces the output damage.",
-        measurement=(f"mean next-token KL with W = 0 / with W = {wv} at n = {nw}: "
+        measurement=(f"{a.model_name}: mean next-token KL with W = 0 / with W = {wv} at n = {nw}: "
                      + ", ".join(f"{x} {b / c:.1f}×" for x, b, c in rows_w)),
         details=(f"| scheme | KL, W = 0 | KL, W = {wv} |\n|---|---|---|\n"
                  + "\n".join(f"| {x} | {b:.3f} | {c:.3f} |" for x, b, c in rows_w)))
@@ -501,7 +501,8 @@ CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_
 
 
 #: the claims judged on a second model too (its sweep runs their cells), in the report's order
-MODEL_CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim, formats_claim)
+MODEL_CLAIMS = (lossless_claim, paths_claim, qkqv_claim, ratio_claim, nova_claim, qjl_cache_claim, formats_claim,
+                window_claim)
 
 
 def claims(a: Analysis) -> list[Claim]:

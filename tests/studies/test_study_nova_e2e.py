@@ -301,6 +301,9 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
         assert len(paths) == 3 * 18 and paths["max_abs_diff"].max() <= 1e-9
         assert claims["e2e-estimator-equals-decode-gemma3"]["data"].startswith("Gemma-3-270M's captured")
         assert "54/54 (scheme, layer) calls" in claims["e2e-estimator-equals-decode-gemma3"]["measurement"]
+        # the full-precision window on Gemma: every scheme of its sweep at the window budget, W = 0 against W = 4
+        assert claims["e2e-window-gemma3"]["measurement"].startswith("Gemma-3-270M: mean next-token KL with W = 0")
+        assert {"kv", "kqv", "qkqv", "minmax", "mse"} <= set(gemma[gemma["window"] == 4]["scheme"])
         measured = claims["e2e-formats-gemma3"]["measurement"]
         assert measured.startswith("Gemma-3-270M: ") and "int_token@2: 2.12 bits held" in measured
         assert claims["e2e-nova-2bit-output-gemma3"]["rule"] == "direction"
