@@ -109,9 +109,10 @@ class Retrieval(study.Study):
         """SmolLM2's sweeps (``retrieval``, ``retrieval_formats``) and, for every other model installed, the same
         on its tokens and its tasks (``retrieval_<label>``, ``retrieval_<label>_formats``; each cell names the
         model)."""
-        out: study.Sweeps = {}
+        out = _model_sweeps(SCALE[scale], SMOLLM2)
         for model in available_models()[0]:
-            out.update(_model_sweeps(SCALE[scale], model))
+            if model != SMOLLM2:
+                out.update(_model_sweeps(SCALE[scale], model))
         return out
 
     def analyse(self, tables, scale: str) -> Analysis:
