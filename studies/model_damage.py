@@ -42,7 +42,14 @@ from kvstats.measure.stats import T_INTERVAL_BELOW
 from kvstats.studies.formats import DEPLOYED, method_label
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import ModelRun, available_models, file_suffix, model_claim_id, per_model_claims
+from kvstats.study.models import (
+    ModelRun,
+    available_models,
+    cell_model,
+    file_suffix,
+    model_claim_id,
+    per_model_claims,
+)
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -217,7 +224,7 @@ def sensitivity_cells(cfg: dict, first: pd.DataFrame, model: str = SMOLLM2) -> l
     damages = first[first["kind"] == "damage"]
     known = {r["configuration"]: list(r["per_document"]) for _, r in damages.iterrows()}
     return [{"task": "join", **_sens_args(cfg), "known": json.dumps(known, sort_keys=True),
-             **({} if model == SMOLLM2 else {"model": model})}]
+             **cell_model(model)}]
 
 
 def _sens_args(cfg: dict) -> dict:
@@ -484,6 +491,8 @@ class ModelDamage(study.Study):
                         others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
+        from kvstats.evaluation.sensitivity import sensitivity_figure
+
         for m in (a, *a.others.values()):
             prefix = f"{STUDY}{file_suffix(m.model)}"
             for (scheme, bits), table in m.tails.items():
@@ -500,8 +509,6 @@ class ModelDamage(study.Study):
             plots.write_csv(f"{prefix}_sensitivity", m.sens[m.sens["kind"] != "damage"].drop(
                 columns=["known", "configuration", "per_document", "model"], errors="ignore").dropna(axis=1, how="all"))
             plots.write_csv(f"{prefix}_sensitivity_documents", m.per_document)
-            from kvstats.evaluation.sensitivity import sensitivity_figure
-
             sensitivity_figure(m.layers.to_dict(orient="records"), m.summary["all_mean"], m.summary["target"],
                                [int(k) for k in m.keep_exact],
                                f"{SCHEME.upper()} at n = {m.cfg['sens_bits']} on {m.model_name}: which layers matter",

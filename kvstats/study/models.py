@@ -22,7 +22,7 @@ from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
-__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "file_suffix", "missing_model_claim",
+__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "cell_model", "file_suffix", "missing_model_claim",
            "model_claim_id", "models_compared_claim", "per_model_claims"]
 
 #: The models every real-data study runs on, in the report's order.
@@ -71,6 +71,12 @@ def file_suffix(model: str) -> str:
     """The suffix of a model's figure and data file names: none for SmolLM2 (the names the report has always used),
     ``_<label>`` for another model."""
     return "" if model == SMOLLM2 else "_" + LABELS[model]
+
+
+def cell_model(model: str) -> dict[str, str]:
+    """The parameter that names a model in a study's cell: none for SmolLM2 (so its stored cells keep the keys they
+    had before a second model), ``{"model": model}`` for another."""
+    return {} if model == SMOLLM2 else {"model": model}
 
 
 def missing_model_claim(study: str, model: str, why: str) -> Claim:

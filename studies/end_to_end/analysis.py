@@ -262,11 +262,11 @@ def analyse(tables, scale: str) -> Analysis:
     corr = correlations(summary, tokens, cfg["resamples"])
     gen = tables[f"{STUDY}_generation"].drop(columns="offsets")  # each row names its prompt (offset)
     side = {}
-    for name in ("qjl", "formats"):  # the sweeps measured beside the main one: (segment means, summary) or None
+    for name in ("qjl", "formats"):  # the sweeps measured beside the main one
         t = tables.get(f"{STUDY}_{name}")
         ok = t is not None and len(t)
-        segs_ = segment_means(t[t["kind"] == "token"][tokens.columns]) if ok else None
-        side[name] = (segs_, summary_table(segs_, t[t["kind"] == "cell"], cfg["resamples"], docs) if ok else None)
+        side[name] = beside(t[t["kind"] == "token"][tokens.columns], t[t["kind"] == "cell"], cfg, docs) if ok else \
+            (None, None)
     present, missing = available_models()
     others = {model: model_analysis(tables[f"{STUDY}_{LABELS[model]}"], scale, model,
                                     tables.get(f"{STUDY}_{LABELS[model]}_paths"))
@@ -274,6 +274,15 @@ def analyse(tables, scale: str) -> Analysis:
     return Analysis(cfg, scale, tuple(cells.SCHEMES), summary, segs, tokens, layers, corr, gen,
                     tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"],
                     others=others, missing=missing)
+
+
+def beside(tokens: pd.DataFrame, cell_rows: pd.DataFrame, cfg: dict, docs: dict[int, str]):
+    """(segment means, summary) of cells measured beside the main ones (QJL's cache, the deployed formats) from their
+    token and cell rows, or (None, None) where none ran."""
+    if not len(tokens):
+        return None, None
+    segs = segment_means(tokens)
+    return segs, summary_table(segs, cell_rows, cfg["resamples"], docs)
 
 
 def model_analysis(table: pd.DataFrame, scale: str, model: str, paths: pd.DataFrame | None = None) -> Analysis:
@@ -291,10 +300,7 @@ def model_analysis(table: pd.DataFrame, scale: str, model: str, paths: pd.DataFr
     cell_rows = table[table["kind"] == "cell"]
     segs = segment_means(tokens[main])
     summary = summary_table(segs, cell_rows, cfg["resamples"], docs)
-    side = {}
-    for name, rows in (("qjl", qjl), ("formats", formats)):  # beside the main cells: (segment means, summary) or None
-        part = segment_means(tokens[rows])
-        side[name] = (part, summary_table(part, cell_rows, cfg["resamples"], docs)) if len(part) else (None, None)
+    side = {name: beside(tokens[rows], cell_rows, cfg, docs) for name, rows in (("qjl", qjl), ("formats", formats))}
     empty = pd.DataFrame()
     schemes = tuple(cells.MODEL_SCHEMES) + (("nova",) if "nova" in set(segs["scheme"]) else ())
     return Analysis(cfg, scale, schemes, summary, segs, tokens[main],

@@ -88,7 +88,7 @@ from kvstats.studies.retrieval.claims import (
 from kvstats.studies.retrieval.figures import accuracy_vs_kl, heatmap
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import available_models, file_suffix, per_model_claims
+from kvstats.study.models import available_models, cell_model, file_suffix, per_model_claims
 
 __all__ = ["INDUCTION_ANSWER", "INDUCTION_CUE", "POSITION", "SCALE", "STUDY", "VERSION", "Analysis", "Prompt",
            "Retrieval", "accuracy_table", "analyse", "build_prompt", "cell", "equivalence_rows", "main", "model_tasks",
@@ -152,7 +152,7 @@ def _model_sweeps(cfg: dict, model: str) -> study.Sweeps:
     (:func:`~kvstats.studies.retrieval.cells.model_tasks`), the longest first (they bound the wall time); a model
     other than SmolLM2 named in its cells, so SmolLM2's keep their keys."""
     nova = {"nova_bits": list(cfg["nova_bits"])} if "nova_bits" in cfg else {}
-    named = {} if model == SMOLLM2 else {"model": model}
+    named = cell_model(model)
     prompts = sorted(((task, length, i) for task, lengths in model_tasks(cfg, model).items()
                       for length, count in lengths.items() for i in range(count)), key=lambda c: -c[1])
     cells = [{"task": task, "length": length, "prompt": i, "bits": list(cfg["bits"]),

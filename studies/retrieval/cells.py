@@ -172,7 +172,7 @@ def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: i
         run = _PromptRun(task, length, prompt, model)
         refused = {}
         if BASELINE in available_backends():
-            why = None if model == SMOLLM2 else baseline_refusal(run.model)
+            why = baseline_refusal(run.model)
             if why is None:
                 for n in (b for b in bits if b in (2, 4)):  # quanto's nbits
                     run.baseline(n)

@@ -26,6 +26,12 @@ def test_claim_ids_on_the_second_model():
     assert models.model_claim_id("e2e-ratio-n4", GEMMA3) == "e2e-ratio-n4-gemma3"
 
 
+def test_a_cell_names_its_model_except_smollm2s():
+    """SmolLM2's cells keep the keys they had before a second model; another model's cells name it."""
+    assert models.cell_model(SMOLLM2) == {}
+    assert models.cell_model(GEMMA3) == {"model": GEMMA3}
+
+
 def test_availability_follows_the_installed_packages(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
