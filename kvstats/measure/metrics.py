@@ -356,13 +356,26 @@ class AttentionReference:
     Args:
         scores_ref: ``[..., Nq, S]`` exact logits (what goes into the softmax, e.g. :func:`attention_scores`).
         causal, query_offset: the causal mask of every comparison, see the module docstring.
+        window: a sliding window of ``window`` keys within the causal mask (a query at position p sees keys
+            p − window < j ≤ p: :func:`kvstats.quant.attention.window_visible`, as a Gemma 2/3 or Mistral
+            sliding-window layer); None: plain causal. Needs ``causal=True``.
     """
 
-    def __init__(self, scores_ref, *, causal: bool = False, query_offset: int | None = None):
+    def __init__(self, scores_ref, *, causal: bool = False, query_offset: int | None = None,
+                 window: int | None = None):
         self.logits = _prep(scores_ref, "scores_ref", min_dim=2)
         self.causal = bool(causal)
-        self.visible = (_causal_visible(self.logits.shape[-2], self.logits.shape[-1], query_offset,
-                                        self.logits.device) if causal else None)
+        if window is not None and not causal:
+            raise ValueError(f"window = {window} needs causal=True (a sliding window is a causal mask), got "
+                             f"causal={causal!r}")
+        nq, s = self.logits.shape[-2], self.logits.shape[-1]
+        if window is not None:
+            window = check_int_range(window, "window", 1, 2**62)
+            _causal_visible(nq, s, query_offset, self.logits.device)  # its checks of query_offset
+            self.visible = attention.window_visible(nq, s, window, query_offset, self.logits.device)
+        else:
+            self.visible = _causal_visible(nq, s, query_offset, self.logits.device) if causal else None
+        self.window = window
         self._log_probs: dict[torch.dtype, _RefLogProbs] = {}
         self._top: dict[int, torch.Tensor] = {}
 

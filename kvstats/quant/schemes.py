@@ -260,13 +260,20 @@ class Scheme:
         return None if k is None or v is None else (k, v)
 
     def attention(self, queries: torch.Tensor, cache: CacheCode, *, causal: bool = False,
-                  return_weights: bool = False):
+                  window: int | None = None, return_weights: bool = False):
         """softmax(scores/√d [+ causal mask]) · V̂: queries [B, H_q, N, d] -> [B, H_q, N, d] (queries' dtype).
 
+        ``window``: a sliding window of that many keys within the causal mask (query at position p sees
+        p − window < j ≤ p; :func:`kvstats.quant.attention.window_visible`); needs ``causal=True``.
         With ``return_weights=True`` returns (output, weights [B, H_q, N, S]).
         """
+        if window is not None and not causal:
+            raise ValueError(f"window = {window} needs causal=True (a sliding window is a causal mask), got "
+                             f"causal={causal!r}")
         logits = self.scores(queries, cache) / math.sqrt(self.dim)
         visible = causal_mask(logits.shape[-2], logits.shape[-1], logits.device) if causal else None
+        if window is not None:
+            visible = _attention.window_visible(logits.shape[-2], logits.shape[-1], window, device=logits.device)
         weights = _attention.attention_weights(logits, visible)
         out = _attention.apply_weights(weights, self.v.decode(cache.v).to(weights.dtype)).to(queries.dtype)
         return (out, weights) if return_weights else out

@@ -55,7 +55,10 @@ rules), figures, claims (and the definitions); here the study on kvstats.study.p
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvstats import study
+from kvstats.hf.models import SMOLLM2
 from kvstats.studies.nova.analysis import (
     Analysis,
     ablation_tests,
@@ -91,6 +94,7 @@ from kvstats.studies.nova.cells import (
     ensure_captures,
     layer_qkv,
     make_scheme,
+    model_layers,
     regrouped,
     rotated_top_energy,
 )
@@ -118,6 +122,7 @@ from kvstats.studies.nova.verdicts import (
 )
 from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.study.models import available_models, cell_model, file_suffix, per_model_claims
 from kvstats.study.sweep import grid
 
 __all__ = ["POSITION", "ABLATION_ARMS", "ABLATION_BUDGETS", "ABLATION_FAMILIES", "ALPHA", "BUDGETS", "CLAIM_METRICS",
@@ -137,13 +142,25 @@ class Nova(study.Study):
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
     def cells(self, scale: str) -> study.Sweeps:
-        cfg = SCALE[scale]
-        ensure_captures()  # once here (cached), never in parallel workers
-        return {STUDY: (cell, grid(layer=list(cfg["layers"]), seed=list(cfg["seeds"]), n_q=cfg["n_q"],
-                                   insample=cfg["insample"]))}
+        """SmolLM2's sweep (``nova``) and, for every other model installed, the same on its captures
+        (``nova_<label>``: each cell names the model, so SmolLM2's keep their keys)."""
+        cfg, out = SCALE[scale], {}
+        for model in [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]:
+            ensure_captures(model)  # once here (cached), never in parallel workers
+            out[f"{STUDY}{file_suffix(model)}"] = (
+                cell, grid(layer=model_layers(cfg, model), seed=list(cfg["seeds"]), n_q=cfg["n_q"],
+                           insample=cfg["insample"], **cell_model(model)))
+        return out
 
     def analyse(self, tables, scale: str) -> Analysis:
-        cfg, table = SCALE[scale], tables[STUDY]
+        present, missing = available_models()
+        others = {model: self._analyse(tables[f"{STUDY}{file_suffix(model)}"], scale, model)
+                  for model in present if model != SMOLLM2}
+        return dataclasses.replace(self._analyse(tables[STUDY], scale, SMOLLM2), others=others, missing=missing)
+
+    @staticmethod
+    def _analyse(table, scale: str, model: str) -> Analysis:
+        cfg = SCALE[scale]
         pars = table[table["kind"] == "parseval"].dropna(axis=1, how="all")
         pars = pars.groupby(["layer", "kv_head"], as_index=False).mean(numeric_only=True)
         units = unit_table(table)
@@ -155,30 +172,39 @@ class Nova(study.Study):
         schemes = ["nova"] + (["nova_insample"] if cfg["insample"] else []) + list(OBLIVIOUS)
         abl = table[table["kind"] == "ablation"].dropna(axis=1, how="all")
         abl = abl.groupby(["scheme", "n", "layer", "head", "kv_head"], as_index=False).mean(numeric_only=True)
-        return Analysis(cfg, scale, units, tst, pars, bits, gtst, schemes, data_text(units, cfg, scale),
-                        abl, ablation_tests(abl))
+        return Analysis(cfg, scale, units, tst, pars, bits, gtst, schemes, data_text(units, cfg, scale, model),
+                        abl, ablation_tests(abl), model=model)
 
     def figures(self, tables, a: Analysis) -> None:
-        table = tables[STUDY]
-        plots.write_csv(f"{STUDY}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
-        plots.write_csv(f"{STUDY}_parseval", a.pars)
-        plots.write_csv(f"{STUDY}_tests", a.tst)
-        plots.write_csv(f"{STUDY}_bits", a.bits)
-        plots.write_csv(f"{STUDY}_grouping", a.grp)
-        plots.write_csv(f"{STUDY}_ablation", a.ablation_tests)
+        plots.write_csv(f"{STUDY}_bits", a.bits)  # bit accounting: the same for every model
         plots.setup()
-        attention_figure(a.units, a.tst, a.schemes, a.scale)
-        layers_figure(a.units, a.schemes)
-        parseval_figure(a.pars)
+        for m in (a, *a.others.values()):
+            table = tables[m.prefix]
+            plots.write_csv(f"{m.prefix}_units", table[table["kind"] == "unit"].dropna(axis=1, how="all"))
+            plots.write_csv(f"{m.prefix}_parseval", m.pars)
+            plots.write_csv(f"{m.prefix}_tests", m.tst)
+            plots.write_csv(f"{m.prefix}_grouping", m.grp)
+            plots.write_csv(f"{m.prefix}_ablation", m.ablation_tests)
+            attention_figure(m)
+            layers_figure(m)
+            parseval_figure(m)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        out = [*(beats_claim(a, n) for n in BUDGETS), minmax_claim(a), sink_claim(a), bits_claim(a),
-               parseval_claim(a), spectrum_claim(a), grouping_claim(a), *ablation_claims(a), ruler_claim(),
-               throughput_claim(), heldout_claim(a)]
-        return [c for c in out if c is not None]
+        def of(m: Analysis, model_free: bool) -> list[Claim]:
+            """``m``'s claims; ``model_free``: with the rows no model's data decide (the bit accounting, the
+            paper's own benchmarks), which only SmolLM2's list carries."""
+            out = [*(beats_claim(m, n) for n in BUDGETS), minmax_claim(m), sink_claim(m),
+                   bits_claim(m) if model_free else None, parseval_claim(m), spectrum_claim(m), grouping_claim(m),
+                   *ablation_claims(m), *((ruler_claim(), throughput_claim()) if model_free else ()),
+                   heldout_claim(m)]
+            return [c for c in out if c is not None]
+
+        ours = of(a, True)
+        theirs = {model: of(m, False) for model, m in a.others.items()}
+        return ours + per_model_claims(STUDY, ours, theirs, a.missing)
 
     def definitions(self, a: Analysis) -> dict[str, str]:
-        return definitions(a.cfg, a.scale)
+        return definitions(a)
 
 
 def main(argv: list[str] | None = None) -> int:

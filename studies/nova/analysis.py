@@ -4,11 +4,12 @@ scheme (Holm over the table), the grouping and ablation tests, the bit counts.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
 from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
 from kvstats.quant.quantizers.nova import (
     DEFAULT_AMORTIZE_TOKENS,
@@ -24,13 +25,15 @@ from kvstats.studies.nova.cells import (
     WILCOXON_RESAMPLES,
     make_scheme,
 )
+from kvstats.study.models import ModelRun, file_suffix
 from kvstats.study.sweep import cell_seed
 
 
 def unit_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per (scheme, n, layer, query head): metrics averaged over seeds."""
     units = table[table["kind"] == "unit"]
-    cols = list(METRICS) + ["logit_mse", "sink_mass", "abs_logit_err_sink", "abs_logit_err_rest", "bits_k", "bits_v"]
+    cols = list(METRICS) + ["logit_mse", "sink_mass", "abs_logit_err_sink", "abs_logit_err_rest", "bits_k", "bits_v",
+                            "window"]
     return units.groupby(["scheme", "n", "layer", "head", "kv_head"], as_index=False)[cols].mean()
 
 
@@ -140,10 +143,14 @@ def ablation_tests(abl: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+#: head dims of the bit counts: SmolLM2's 64, the paper's 128 (Qwen3-8B), Gemma 3 270M's 256
+BITS_DIMS = (64, 128, 256)
+
+
 def bits_table() -> pd.DataFrame:
-    """Bits per element of each scheme at n = 2, 3 (d = 64 here, and d = 128 as in the paper)."""
+    """Bits per element of each scheme at n = 2, 3 and every head dim of :data:`BITS_DIMS`."""
     rows = []
-    for d in (64, 128):
+    for d in BITS_DIMS:
         for n in BUDGETS:
             from kvstats.quant.quantizers.nova import NovaQuantizer
 
@@ -163,20 +170,27 @@ def bits_table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def data_text(units: pd.DataFrame, cfg: dict, scale: str) -> str:
-    """The claims' data sentence: the texts, the test units, the queries, the seeds and the scale."""
+def data_text(units: pd.DataFrame, cfg: dict, scale: str, model: str = SMOLLM2) -> str:
+    """The claims' data sentence: the model, the texts, the test units, the queries, the seeds and the scale."""
+    facts = SHIPPED_MODELS[model]
     n_layers = units["layer"].nunique()
-    return (f"SmolLM2-135M-Instruct, calibration on the Declaration of Independence (one forward pass), "
-            f"measurement on the rest of the shipped text (a separate pass: Constitution, Bill of Rights, "
-            f"Lincoln): {n_layers} layers × 3 KV heads = {n_layers * 3} test units ({n_layers * 9} query-head units) "
-            f"per scheme, last {cfg['n_q']} queries attending causally, {len(cfg['seeds'])} seed(s) ({scale} scale)")
+    windows = units.groupby("layer")["window"].first()
+    sliding = int((windows > 0).sum())
+    within = (f" ({sliding} of the {n_layers} layers within their {int(windows.max())}-token sliding window, as the "
+              "model attends)" if sliding else "")
+    return (f"{facts.name} (head dim {facts.head_dim}), calibration on the Declaration of Independence (one forward "
+            f"pass), measurement on the rest of the shipped text (a separate pass: Constitution, Bill of Rights, "
+            f"Lincoln): {n_layers} layers × {facts.kv_heads} KV head(s) = {n_layers * facts.kv_heads} test units "
+            f"({n_layers * facts.q_heads} query-head units) per scheme, last {cfg['n_q']} queries attending "
+            f"causally{within}, {len(cfg['seeds'])} seed(s) ({scale} scale)")
 
 
 @dataclass(frozen=True)
-class Analysis:
-    """What the figures and claims read: the scale's configuration, the per-(query head) units, nova's tests
-    against every other scheme, the Parseval rows per (layer, KV head), the bit counts, the grouping tests, the
-    schemes shown and the claims' data sentence."""
+class Analysis(ModelRun):
+    """What the figures and claims read, for one model: the scale's configuration, the per-(query head) units,
+    nova's tests against every other scheme, the Parseval rows per (layer, KV head), the bit counts, the grouping
+    tests, the schemes shown and the claims' data sentence; SmolLM2's analysis holds every other model's
+    (``others``) and the models that could not run (``missing``: model -> why)."""
 
     cfg: dict
     scale: str
@@ -189,3 +203,15 @@ class Analysis:
     data: str
     ablation: pd.DataFrame = None
     ablation_tests: pd.DataFrame = None
+    model: str = SMOLLM2
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        """The stem of this model's figure and data files: ``nova``, ``nova_gemma3``."""
+        return f"{STUDY}{file_suffix(self.model)}"
+
+    @property
+    def dim(self) -> int:
+        return SHIPPED_MODELS[self.model].head_dim

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvstats.hf.models import SMOLLM2
 from kvstats.measure import metrics
 from kvstats.quant import attention
 from kvstats.quant.quantizers.nova import (
@@ -26,11 +27,13 @@ from kvstats.quant.quantizers.nova import (
 )
 from kvstats.quant.rotations import make_rotation
 from kvstats.quant.schemes import NovaScheme, Scheme, scheme
+from kvstats.study.models import LABELS
 from kvstats.study.sweep import cell_seed
 
 STUDY = "nova"
-VERSION = "7"  # 7: the rotation + group VQ value arm; 6: the transform × quantizer ablation and the value-transform
-# rows; 5: kqv/qkqv with rows="srht"
+VERSION = "8"  # 8: sliding-window layers attend within their window (Gemma 3); the sink's attention mass from the
+# causal softmax (before, the unmasked one); 7: the rotation + group VQ value arm; 6: the transform × quantizer
+# ablation and the value-transform rows; 5: kqv/qkqv with rows="srht"
 #: the QJL stages of the kqv/qkqv baselines: D'Alberto's eq. 3 sketch (his schemes, his definition; as end_to_end)
 QJL_ROWS = "srht"
 BUDGETS = (2, 3)
@@ -41,6 +44,7 @@ SCALE = {
     "quick": {"layers": tuple(range(0, 30, 5)), "seeds": (0,), "n_q": 64, "insample": False},
     "paper": {"layers": tuple(range(30)), "seeds": (0,), "n_q": 256, "insample": True},
 }
+
 METRICS = {"kl": ("attention KL [nats]", True, "low"), "top5": ("top-5 recall", False, "high"),
            "output_error": ("attention-output rel. error", True, "low"),
            "kl_sink_exact": ("KL, token 0 (sink) kept exact", True, "low"),
@@ -94,34 +98,60 @@ def texts() -> dict[str, str]:
     return {TEXTS[0]: full[:i].strip(), TEXTS[1]: full[i:].strip()}
 
 
-def capture_path(name: str) -> Path:
+def model_layers(cfg: dict, model: str) -> list[int]:
+    """The scale's layers that ``model`` has (SCALE's are SmolLM2's 30)."""
+    from kvstats.hf.models import SHIPPED_MODELS
+
+    return [i for i in cfg["layers"] if i < SHIPPED_MODELS[model].layers]
+
+
+def capture_path(name: str, model: str = SMOLLM2) -> Path:
     from kvstats.hf.capture import cache_dir
 
     text = texts()[name]
-    return cache_dir() / f"smollm2_{name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}.safetensors"
+    return cache_dir() / f"{LABELS[model]}_{name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}.safetensors"
 
 
-def ensure_captures() -> None:
-    """Capture SmolLM2's Q/K/V over both parts once (cached beside the default capture)."""
-    from kvstats.hf.capture import SMOLLM2, cached_capture_ok, capture
+def ensure_captures(model: str = SMOLLM2) -> None:
+    """Capture ``model``'s Q/K/V over both parts once (cached beside the default capture)."""
+    from kvstats.hf.capture import cached_capture_ok, capture
 
     for name in TEXTS:
-        path = capture_path(name)
+        path = capture_path(name, model)
         if not cached_capture_ok(path):
-            print(f"capturing SmolLM2 Q/K/V over '{name}' into {path} ...", file=sys.stderr, flush=True)
-            capture(SMOLLM2, text=texts()[name], out=path)
+            print(f"capturing {model} Q/K/V over '{name}' into {path} ...", file=sys.stderr, flush=True)
+            capture(model, text=texts()[name], out=path)
 
 
 @functools.lru_cache(maxsize=4)
-def _file(name: str):
+def _file(name: str, model: str = SMOLLM2):
     from kvstats.data.io import load_qkv
 
-    return load_qkv(capture_path(name))
+    return load_qkv(capture_path(name, model))
 
 
-def layer_qkv(name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    f = _file(name)
+def layer_qkv(name: str, layer: int, model: str = SMOLLM2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    f = _file(name, model)
     return f.queries(layer).float(), f.keys(layer).float(), f.values(layer).float()
+
+
+def layer_window(name: str, layer: int, model: str = SMOLLM2) -> int | None:
+    """The sliding window of ``layer`` as the capture records it (None: full attention), after checking that the
+    layer's logits are what every scheme here computes, ``q·kᵀ/√d`` with no soft cap: a model whose layer scales
+    otherwise or soft-caps is refused, naming the layer (its attention would be measured against the wrong
+    softmax)."""
+    f = _file(name, model)
+    d = int(f.keys(layer).shape[-1])
+    rule = {a["layer"]: a for a in f.metadata.get("attention") or []}.get(layer, {})
+    scaling = rule.get("scaling", f.metadata.get("attn_scaling", 1 / math.sqrt(d)))
+    if not math.isclose(scaling, 1 / math.sqrt(d), rel_tol=1e-9):
+        raise ValueError(f"{model} layer {layer} scales its logits by {scaling!r}, not 1/sqrt(d) = "
+                         f"{1 / math.sqrt(d)!r}: the nova study's schemes and metrics use 1/sqrt(d)")
+    if rule.get("softcap") is not None:
+        raise ValueError(f"{model} layer {layer} soft-caps its logits (softcap = {rule['softcap']!r}): the nova "
+                         "study's metrics have no soft cap")
+    window = rule.get("sliding_window")
+    return None if window is None else int(window)
 
 
 def make_scheme(name: str, n: int, d: int, seed: int, calib=None) -> Scheme:
@@ -188,21 +218,24 @@ def _bits(s: Scheme, name: str, tokens: int) -> dict[str, float]:
     return out
 
 
-def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
-    """One layer and seed: every scheme at every budget, one row per query head; Parseval rows for nova."""
-    q_cal, k_cal, v_cal = layer_qkv(TEXTS[0], layer)
-    q, k, v = layer_qkv(TEXTS[1], layer)
+def cell(layer: int, seed: int, n_q: int, insample: bool, model: str = SMOLLM2) -> list[dict]:
+    """One layer and seed: every scheme at every budget, one row per query head; Parseval rows for nova. A
+    sliding-window layer (Gemma 3) attends within its window, as the model does."""
+    q_cal, k_cal, v_cal = layer_qkv(TEXTS[0], layer, model)
+    q, k, v = layer_qkv(TEXTS[1], layer, model)
+    window = layer_window(TEXTS[1], layer, model)
     d, hq, hkv, s_len = k.shape[-1], q.shape[1], k.shape[1], k.shape[2]
     g = hq // hkv
     qn = q[:, :, -n_q:]
     ref = metrics.attention_scores(qn, k, double=True)
     # one reference serves every scheme: its log-softmax (KL) and top-5 sets are computed once per cell
-    kl_ref = metrics.AttentionReference(ref, causal=True)
+    kl_ref = metrics.AttentionReference(ref, causal=True, window=window)
     # ranking (top-5) in fp32: sorting fp64 costs twice as much, ties are not an issue
-    top_ref = metrics.AttentionReference(ref.float(), causal=True)
-    visible = _visible(n_q, s_len)
+    top_ref = metrics.AttentionReference(ref.float(), causal=True, window=window)
+    visible = kl_ref.visible
     o_ref = attention.attend(ref, v.double(), visible)
-    sink_mass = torch.softmax(ref, -1)[0, ..., 0]  # [hq, n_q] (token 0 is visible to every query)
+    # [hq, n_q]: token 0's share of the (causal, windowed) attention; 0 where the window no longer holds it
+    sink_mass = attention.attention_weights(ref, visible)[0, ..., 0]
     rows = []
     names = ("nova",) + (("nova_insample",) if insample else ()) + OBLIVIOUS
     for n in BUDGETS:
@@ -213,7 +246,7 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
             s = make_scheme(name, n, d, sd, calib)
             code = s.encode(k, v)
             est = (s.scores(qn, code) / math.sqrt(d)).double()
-            o_hat = s.attention(qn, code, causal=True).double()
+            o_hat = s.attention(qn, code, causal=True, window=window).double()
             seconds = time.perf_counter() - t0
             kl = kl_ref.kl(est, reduction="none")[0]  # [hq, n_q]
             top5 = top_ref.topk_recall(est.float(), top_k=5, reduction="none")[0]
@@ -236,13 +269,14 @@ def cell(layer: int, seed: int, n_q: int, insample: bool) -> list[dict]:
                              "kl_sink_exact": kl_s[h].mean().item(), "top5_sink_exact": top5_s[h].mean().item(),
                              "sink_mass": sink_mass[h].mean().item(), "abs_logit_err_sink": err_sink[h].item(),
                              "abs_logit_err_rest": err_rest[h].mean().item(),
-                             "seconds": seconds, "seq_len": s_len, **bits})
+                             "seconds": seconds, "seq_len": s_len, "window": window or 0, **bits})
             if name == "nova" and n == 2:
                 rows.extend(_parseval_rows(s, k, q, q_cal, g, k_cal))
             if name == "nova" and n in GROUPING_BUDGETS:
                 rows.extend(_grouping_rows(s, k, v, k_cal, qn, kl_ref, kl, g))
             if name == "nova" and n in ABLATION_BUDGETS:
-                rows.extend(_ablation_rows(n, sd, (q_cal, k_cal, v_cal), k, v, qn, kl_ref, top_ref, o_ref, g))
+                rows.extend(_ablation_rows(n, sd, (q_cal, k_cal, v_cal), k, v, qn, kl_ref, top_ref, o_ref, g,
+                                           window))
     return rows
 
 
@@ -255,14 +289,14 @@ def ablation_scheme(arm: str, n: int, seed: int, calib) -> Scheme:
 
 
 def _ablation_rows(n: int, seed: int, calib, k, v, qn, kl_ref: metrics.AttentionReference,
-                   top_ref: metrics.AttentionReference, o_ref, g: int) -> list[dict]:
+                   top_ref: metrics.AttentionReference, o_ref, g: int, window: int | None) -> list[dict]:
     """Every ablation arm on the held-out cache: per query head its KL, top-5 recall, output error and bits."""
     rows = []
     for arm in ABLATION_ARMS:
         s = ablation_scheme(arm, n, seed, calib)
         code = s.encode(k, v)
         est = (s.scores(qn, code) / math.sqrt(s.dim)).double()
-        o_hat = s.attention(qn, code, causal=True).double()
+        o_hat = s.attention(qn, code, causal=True, window=window).double()
         kl = kl_ref.kl(est, reduction="none")[0].mean(-1)
         top5 = top_ref.topk_recall(est.float(), top_k=5, reduction="none")[0].mean(-1)
         oerr = ((o_ref - o_hat).norm(dim=-1) / o_ref.norm(dim=-1))[0].mean(-1)
@@ -294,10 +328,6 @@ def _grouping_rows(s: NovaScheme, k, v, k_cal, qn, kl_ref: metrics.AttentionRefe
                      "logvol_spread_stratified": float(np.ptp(strat.calibration.group_log_volumes().numpy())),
                      "logvol_spread_contiguous": float(np.ptp(cont.calibration.group_log_volumes().numpy()))})
     return rows
-
-
-def _visible(n_q: int, s_len: int) -> torch.Tensor:
-    return attention.causal_visible(n_q, s_len)  # the last n_q positions, causal
 
 
 def rotated_top_energy(head: NovaQuantizer, keys: torch.Tensor, seed: int, top: int = 8) -> float:

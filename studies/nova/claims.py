@@ -36,7 +36,6 @@ from kvstats.studies.nova.cells import (
     PARSEVAL_RTOL,
     PUBLISHED_BITS,
     SPLIT_AT,
-    STUDY,
     TEXTS,
     WILCOXON_RESAMPLES,
     make_scheme,
@@ -49,6 +48,7 @@ from kvstats.studies.nova.verdicts import (
     parseval_verdict,
 )
 from kvstats.study.claims import Claim, measurement
+from kvstats.study.models import model_claim_id
 from kvstats.study.report import fmt_p
 
 CONVENTIONS = ("Tests: Wilcoxon signed-rank of nova − other over (layer, KV head) units (metrics averaged over the "
@@ -64,8 +64,8 @@ def _beats_cell(r) -> str:
             f"{fmt_p(r['w_p_holm'])}, better in {100 * r['nova_better_fraction']:.0f}% of query-head units")
 
 
-def _beats_details(t: pd.DataFrame, nb: pd.DataFrame) -> str:
-    """The beats claim's table (one row per baseline) and its notes; ``nb``: nova's bit counts at d = 64."""
+def _beats_details(a: Analysis, t: pd.DataFrame, n: int) -> str:
+    """The beats claim's table (one row per baseline) and its notes, with every scheme's bits at the model's d."""
     lines = []
     for other in OBLIVIOUS:
         cells = [_beats_cell(t[(t["nova_vs"] == other) & (t["metric"] == metric)].iloc[0])
@@ -73,12 +73,20 @@ def _beats_details(t: pd.DataFrame, nb: pd.DataFrame) -> str:
         lines.append(f"| {other} | " + " | ".join(cells) + " |")
     return ("| nova vs | KL: medians, effect | top-5 recall: medians, effect | KL with token 0 exact "
             "(not in the verdict) |\n|---|---|---|---|\n"
-            + "\n".join(lines) + "\n\n" + CONVENTIONS + f" Bits per element at d = 64: nova K "
-            f"{nb[nb['tokens'] == DEFAULT_AMORTIZE_TOKENS]['k_total'].iloc[0]:.3f} (calibration "
-            f"amortised over 128K tokens; {nb[nb['tokens'] == 1024]['k_total'].iloc[0]:.2f} over 1024), "
-            "kqv/kv K n + 0.5 with fp32 norms, min-max K n + 0.5 (figures/data/nova_bits.csv). The paper "
-            "measures RULER retrieval on Qwen3-8B; attention KL and top-5 recall of a 135M model are "
-            "proxies.")
+            + "\n".join(lines) + "\n\n" + CONVENTIONS + f" Bits per element of K at d = {a.dim}: nova "
+            f"{k_bits(a, 'nova', n, DEFAULT_AMORTIZE_TOKENS):.3f} (calibration amortised over 128K tokens; "
+            f"{k_bits(a, 'nova', n, 1024):.2f} over 1024), "
+            + ", ".join(f"{other} {k_bits(a, other, n):.3f}" for other in OBLIVIOUS)
+            + f" (figures/data/nova_bits.csv). The paper measures RULER retrieval on Qwen3-8B; attention KL and "
+            f"top-5 recall of {a.model_name} are proxies.")
+
+
+def k_bits(a: Analysis, name: str, n: int, tokens: int | None = None) -> float:
+    """Bits per element of ``name``'s keys at the model's head dim and budget ``n`` (nova: over ``tokens``)."""
+    b = a.bits[(a.bits["scheme"] == name) & (a.bits["d"] == a.dim) & (a.bits["n"] == n)]
+    if tokens is not None:
+        b = b[b["tokens"] == tokens]
+    return float(b["k_total"].iloc[0])
 
 
 def beats_claim(a: Analysis, n: int) -> Claim:
@@ -87,9 +95,8 @@ def beats_claim(a: Analysis, n: int) -> Claim:
     kl = t[t["metric"] == "kl"]
     best = kl.loc[kl["median_other"].idxmin()]
     rec = t[(t["metric"] == "top5") & (t["nova_vs"] == best["nova_vs"])].iloc[0]
-    nb = a.bits[(a.bits["scheme"] == "nova") & (a.bits["d"] == 64) & (a.bits["n"] == n)]
     return Claim(
-        id=f"nova-beats-scalar-n{n}",
+        id=model_claim_id(f"nova-beats-scalar-n{n}", a.model),
         claim=("A transform derived from calibration statistics (non-orthogonal, attention-aware) with MSE-"
                "optimal group VQ beats the scalar methods at low rates (the paper: at 2 bits per element "
                "NOVA-KV recovers most of the long-context retrieval accuracy lost by scalar methods). Here at "
@@ -103,8 +110,8 @@ def beats_claim(a: Analysis, n: int) -> Claim:
                      f"{rec['median_other']:.3f} (r = {rec['w_r']:+.2f}). {verdict.reason}."),
         data=a.data,
         verdict=verdict,
-        figure=f"{STUDY}_attention.png",
-        details=_beats_details(t, nb))
+        figure=f"{a.prefix}_attention.png",
+        details=_beats_details(a, t, n))
 
 
 def minmax_claim(a: Analysis) -> Claim:
@@ -116,17 +123,18 @@ def minmax_claim(a: Analysis) -> Claim:
                          f"{r['w_r']:+.3f} | {fmt_p(r['w_p_holm'])} | {100 * r['nova_better_fraction']:.0f}% |")
     mm = {n: tst[(tst["n"] == n) & (tst["metric"] == "kl") & (tst["nova_vs"] == "minmax")].iloc[0] for n in BUDGETS}
     return Claim(
-        id="nova-vs-kivi-minmax",
+        id=model_claim_id("nova-vs-kivi-minmax", a.model),
         claim=("NOVA-KV against a KIVI-style min-max cache (K per channel in groups of d tokens, V per token; "
                "baseline of docs/references.md §7), metric by metric."),
         source="kvstats",
         measurement=measurement(*(f"n = {n}: median KL {r['median_nova']:.3g} (nova) vs {r['median_other']:.3g} "
                                   f"(min-max), {_times(r['median_ratio'])}, Wilcoxon r = {r['w_r']:+.3f} "
                                   f"(Holm {fmt_p(r['w_p_holm'])})" for n, r in mm.items()))
-        + " Min-max K spends 32/d = 0.5 side bits per element on per-channel ranges (nova 0.25 on its scale).",
+        + (f" Min-max K spends 32/d = {32 / a.dim:g} side bits per element on per-channel ranges (nova "
+           f"{16 / a.dim:g} on its scale)."),
         data=a.data,
         verdict=measured("our comparison with a baseline the paper does not report; the table gives the numbers"),
-        figure=f"{STUDY}_attention.png",
+        figure=f"{a.prefix}_attention.png",
         details=("| n | metric | nova | min-max | Wilcoxon r | Holm p | nova better in (query-head units) |\n"
                  "|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n" + CONVENTIONS))
 
@@ -147,21 +155,27 @@ def _sink_table(tst: pd.DataFrame) -> str:
 
 def sink_claim(a: Analysis) -> Claim:
     units = a.units
-    mass = units[(units["scheme"] == "nova") & (units["n"] == 2)]["sink_mass"]
+    nova2 = units[(units["scheme"] == "nova") & (units["n"] == 2)]
+    # token 0's mass where the layer sees it: a sliding-window layer whose window has moved past it gives it none
+    mass = nova2[nova2["window"] == 0]["sink_mass"]
+    sliding = nova2[nova2["window"] > 0]["layer"].nunique()
     err = units.groupby(["scheme", "n"])[["abs_logit_err_sink", "abs_logit_err_rest"]].median()
     err_txt = "; ".join(f"{sch} {err.loc[(sch, n), 'abs_logit_err_sink']:.2f} vs "
                         f"{err.loc[(sch, n), 'abs_logit_err_rest']:.2f}" for n in BUDGETS for sch in ("nova", "minmax"))
     return Claim(
-        id="nova-attention-sink",
+        id=model_claim_id("nova-attention-sink", a.model),
         claim="Where NOVA-KV's errors land: the attention sink (token 0) against the rest of the cache.",
         source="kvstats",
         measurement=(f"Token 0 draws {100 * mass.median():.0f}% of the attention mass in the median (layer, "
-                     f"head) unit (up to {100 * mass.max():.0f}%). Median |logit error| on token 0 vs on the "
+                     f"head) unit (up to {100 * mass.max():.0f}%)"
+                     + (f" of the {nova2['layer'].nunique() - sliding} full-attention layers (the {sliding} "
+                        "sliding-window layers' windows no longer hold it)" if sliding else "")
+                     + f". Median |logit error| on token 0 vs on the "
                      f"other tokens (n = 2 then 3): {err_txt}. Keeping token 0 in full precision (as 2-bit "
                      "deployments usually do) changes the comparison as in the table."),
         data=a.data,
         verdict=measured("where the errors fall, our own measurement"),
-        figure=f"{STUDY}_attention.png",
+        figure=f"{a.prefix}_attention.png",
         details=("| n | metric | nova median | best baseline (median) | Wilcoxon r | nova better in |\n"
                  "|---|---|---|---|---|---|\n" + _sink_table(a.tst)))
 
@@ -171,6 +185,7 @@ def bits_claim(a: Analysis) -> Claim:
     nb2 = bits[(bits["scheme"] == "nova") & (bits["n"] == 2) & (bits["tokens"] == DEFAULT_AMORTIZE_TOKENS)]
     b128 = nb2[nb2["d"] == 128].iloc[0]
     b64 = nb2[nb2["d"] == 64].iloc[0]
+    b256 = nb2[nb2["d"] == 256].iloc[0]
     bv = bits_verdict(float(b128["mean_total"]))
     gap = float(b128["mean_total"]) - float(PUBLISHED_BITS)
     return Claim(
@@ -180,7 +195,7 @@ def bits_claim(a: Analysis) -> Claim:
         measurement=(f"Our count at d = 128 (Qwen3-8B's head dim), 128K cached tokens: K {b128['k_total']:.4f} "
                      f"(2 payload + 16/128 scale + {b128['k_side']:.4f} calibration), V {b128['v_total']:.4f} "
                      f"(2 + 32/128 min-max lo/step), mean {b128['mean_total']:.4f}. At SmolLM2's d = 64: "
-                     f"{b64['mean_total']:.4f}."),
+                     f"{b64['mean_total']:.4f}; at Gemma 3 270M's d = 256: {b256['mean_total']:.4f}."),
         data="bit accounting (kvstats.quant.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
         verdict=bv,
         discrepancy=(None if bv.verdict == "reproduced" else
@@ -217,7 +232,7 @@ def spectrum_claim(a: Analysis) -> Claim | None:
     equal = bound(list(rot), [(x, x) for x in rot], EQUALIZED_FACTOR * uniform,
                   what=f"(layer, KV head) units (rotated top-8 share ≤ {EQUALIZED_FACTOR:g} × 8/d)")
     return Claim(
-        id="nova-rotations-equalize",
+        id=model_claim_id("nova-rotations-equalize", a.model),
         claim="Rotations equalize variances rather than compacting energy: after a randomized rotation the "
               "coordinates of real keys carry near-equal shares of the (attention-metric) energy, while NOVA-KV's "
               "transform compacts it into few coefficients.",
@@ -242,7 +257,7 @@ def parseval_claim(a: Analysis) -> Claim:
     cal_ratio = pars["logit_mse_calib_q"].sum() / pars["coef_mse"].sum()
     held_ratio = _held_ratio(pars)
     return Claim(
-        id="nova-generalized-parseval",
+        id=model_claim_id("nova-generalized-parseval", a.model),
         claim=("The optimal key transform satisfies a generalized Parseval relation: MSE in the transform domain "
                "equals the attention-aware distortion (k − k̂)ᵀ Σ_Q (k − k̂) = E_q[(qᵀ(k − k̂))²]."),
         source="NOVA-KV, arXiv 2608.04074, abstract; derivation in docs/nova.md",
@@ -259,7 +274,7 @@ def parseval_claim(a: Analysis) -> Claim:
         # that data decide
         verdict=implementation_check(parseval_verdict(pars["coef_mse"].to_numpy(), pars["sigma_form"].to_numpy()),
                                      "construction of the transform (TᵀT = Σ_Q + ρI, docs/nova.md)"),
-        figure=f"{STUDY}_parseval.png")
+        figure=f"{a.prefix}_parseval.png")
 
 
 def grouping_claim(a: Analysis) -> Claim | None:
@@ -273,7 +288,7 @@ def grouping_claim(a: Analysis) -> Claim | None:
                       for r in grp.itertuples())
     g0 = grp.iloc[0]
     return Claim(
-        id="nova-equal-volume-grouping",
+        id=model_claim_id("nova-equal-volume-grouping", a.model),
         claim=("Grouping the key coefficients into equal-volume partitions makes equal-size codebooks attain "
                "the variable-rate optimum (high-resolution model); NOVA-KV groups eigen-rank r into group "
                "r mod G. Tested: stratified groups give lower held-out coefficient MSE (= attention-aware "
@@ -326,7 +341,7 @@ def ablation_claims(a: Analysis) -> list[Claim]:
     vals = fam["values"].iloc[0]
     return [
         Claim(
-            id="nova-ablation-transform",
+            id=model_claim_id("nova-ablation-transform", a.model),
             claim=("The calibrated non-orthogonal transform, not only the vector quantizer, is what lowers the "
                    "attention error: rotations 'equalize variances rather than compacting energy'. Tested: the "
                    "attention-aware transform against a randomized Hadamard rotation with the quantizer held "
@@ -340,7 +355,7 @@ def ablation_claims(a: Analysis) -> list[Claim]:
                 "rotation's equal variances suit equal bits: the transform pays off through the grouped VQ, "
                 "whose stratified groups each span the spectrum.")),
         Claim(
-            id="nova-ablation-vq",
+            id=model_claim_id("nova-ablation-vq", a.model),
             claim=("MSE-optimal vector quantizers beat fixed-width scalar quantizers at low rates. Tested: "
                    "NOVA-KV's group VQ against a per-coefficient scalar codebook at the same transform (attention-"
                    "aware, then rotation) and budget: lower attention KL, higher top-5 recall."),
@@ -349,7 +364,7 @@ def ablation_claims(a: Analysis) -> list[Claim]:
             data=data, verdict=v_q,
             details=_ablation_table(fam["quantizer"]) + "\n\n" + setup),
         Claim(
-            id="nova-value-transform",
+            id=model_claim_id("nova-value-transform", a.model),
             claim=("NOVA-KV derives closed-form optimal transforms for keys and for values. For values the "
                    "attention output's error Σⱼ wⱼ eⱼ has expected squared norm Σⱼ wⱼ² E‖eⱼ‖² (errors "
                    "uncorrelated across tokens), so the optimal value transform is the Karhunen–Loève "
@@ -376,10 +391,11 @@ def ruler_claim() -> Claim:
                "scalar 2-bit method (RULER and LongBench results)."),
         source="NOVA-KV, arXiv 2608.04074; docs/references.md §6",
         measurement=("not run at this scale: this study measures attention KL and top-5 recall of SmolLM2-135M's "
-                     "real attention on held-out text (nova-beats-scalar-n2), the end_to_end study the next-token "
-                     "KL of the model's output at 2 bits, and the retrieval study a small-scale retrieval row "
-                     "(retrieval-nova-vs-scalar: SmolLM2-135M, passkey, induction copy and key-value lookup up to "
-                     "8,192 tokens)."),
+                     "and Gemma 3 270M's real attention on held-out text (nova-beats-scalar-n2, "
+                     "nova-beats-scalar-n2-gemma3), the end_to_end study the next-token KL of the model's output at "
+                     "2 bits, and the retrieval study a small-scale retrieval row (retrieval-nova-vs-scalar: "
+                     "SmolLM2-135M and Gemma 3 270M, passkey, induction copy and key-value lookup up to 8,192 and "
+                     "16,384 tokens)."),
         data="none",
         verdict=not_testable("needs Qwen3-8B (or another 8B model with a 128K context) and the RULER and "
                              "LongBench benchmarks, which this project does not have offline, and a 128K-token "
@@ -417,25 +433,38 @@ def heldout_claim(a: Analysis) -> Claim | None:
     txt += (f" The query metric carries over (held-out E_q / ‖y − ŷ‖² median {_held_ratio(a.pars).median():.2f}), "
             "so the penalty comes from the keys: codebooks of 2^(g·b) centroids fitted on one short text.")
     return Claim(
-        id="nova-heldout-penalty",
+        id=model_claim_id("nova-heldout-penalty", a.model),
         claim="Calibrating on other text than the one measured costs NOVA-KV some accuracy.",
         source="kvstats",
         measurement=txt,
         data=a.data,
         verdict=measured("our own comparison of held-out and in-sample calibration"),
-        figure=f"{STUDY}_attention.png")
+        figure=f"{a.prefix}_attention.png")
 
 
-def definitions(cfg: dict, scale: str) -> dict[str, str]:
-    """What the study's terms mean, generated from its configuration constants."""
+def definitions(a: Analysis) -> dict[str, str]:
+    """What the study's terms mean, generated from its configuration constants and each model's facts."""
+    from kvstats.hf.models import SHIPPED_MODELS
+
+    cfg, scale = a.cfg, a.scale
+
     def quant(qz) -> str:
         opts = ", ".join(f"{k} {getattr(v, 'name', None) or str(v).replace('torch.', '')}"
                          for k, v in qz.options().items() if k != "heads")
         return f"{qz.name} ({opts})"
 
     d = 64
-    out = {"unit": ("one (layer, KV head) of SmolLM2-135M-Instruct: metrics averaged over its "
-                    f"{9 // 3} query heads and last {cfg['n_q']} held-out queries; layers {list(cfg['layers'])}"),
+    out = {}
+    for m in (a, *a.others.values()):
+        facts = SHIPPED_MODELS[m.model]
+        layers = sorted(int(x) for x in m.units["layer"].unique())
+        out["unit" + ("" if m is a else f" ({facts.name})")] = (
+            f"one (layer, KV head) of {facts.name}: metrics averaged over its {facts.q_heads // facts.kv_heads} "
+            f"query heads and last {cfg['n_q']} held-out queries; layers {layers}"
+            + (f"; its {facts.sliding_layers} sliding-window layers attend within their {facts.window} tokens, as "
+               "the model does (the reference and every scheme under the same banded causal mask)"
+               if facts.sliding_layers else ""))
+    out |= {
            "calibration": (f"NOVA-KV calibrated on '{TEXTS[0]}' (the shipped text before '{SPLIT_AT}'), measured "
                            f"on '{TEXTS[1]}'; ridge ρ = {DEFAULT_RIDGE:g}; codebooks amortised over "
                            f"{DEFAULT_AMORTIZE_TOKENS} tokens in the bit count"),
@@ -451,7 +480,8 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                           "index first"),
            "tests": (f"Wilcoxon signed-rank over units paired across schemes, Holm over the table, α = {ALPHA:g}; "
                      f"rank-biserial CI from {WILCOXON_RESAMPLES} bootstrap resamples"),
-           "seeds": f"{list(cfg['seeds'])}, units averaged over seeds before the tests ({scale} scale)"}
+           "seeds": f"{list(cfg['seeds'])}, units averaged over seeds before the tests ({scale} scale)",
+           "d": "the schemes below at SmolLM2's d = 64; a second model's rows run the same schemes at its head dim"}
     for n in BUDGETS:
         for name in OBLIVIOUS:
             s = make_scheme(name, n, d, 0)

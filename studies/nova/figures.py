@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from kvstats.quant.quantizers.nova import (
     DEFAULT_RIDGE,
 )
-from kvstats.studies.nova.cells import BUDGETS, METRICS, STUDY
+from kvstats.studies.nova.analysis import Analysis
+from kvstats.studies.nova.cells import BUDGETS, METRICS
 from kvstats.study import plots
 
 STYLE = {"nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated, held-out text)"},
@@ -18,11 +17,13 @@ def style(name: str) -> dict[str, str]:
     return STYLE.get(name) or plots.style(name)
 
 
-def attention_figure(units: pd.DataFrame, tst: pd.DataFrame, schemes: list[str], scale: str) -> None:
-    """Boxes per scheme of KL, top-5 recall and KL with the sink exact, per budget (nova_attention.png)."""
+def attention_figure(a: Analysis) -> None:
+    """Boxes per scheme of KL, top-5 recall and KL with the sink exact, per budget (nova_attention.png; a second
+    model's nova_<label>_attention.png)."""
+    units, tst, schemes = a.units, a.tst, a.schemes
     n_units = units[(units["scheme"] == "nova") & (units["n"] == 2)].shape[0]
-    fig, axes = plots.panels(3, 2, f"Held-out SmolLM2 attention: NOVA-KV vs data-oblivious schemes "
-                                   f"({n_units} (layer, query head) units per box, {scale} scale)\n"
+    fig, axes = plots.panels(3, 2, f"Held-out {a.model_name} attention: NOVA-KV vs data-oblivious schemes "
+                                   f"({n_units} (layer, query head) units per box, {a.scale} scale)\n"
                                    "r: rank-biserial r of nova vs that scheme, 2U₁/(n₁n₂) − 1 (negative: nova lower);"
                                    " KL lower is better, recall higher",
                              width=5.2, height=3.3)
@@ -37,12 +38,13 @@ def attention_figure(units: pd.DataFrame, tst: pd.DataFrame, schemes: list[str],
             ax.set_xticks(range(1, len(schemes) + 1),
                           [sch if sch not in t.index else f"{sch}\nr={t.loc[sch, 'rank_biserial']:+.2f}"
                            for sch in schemes])
-    plots.save(fig, f"{STUDY}_attention")
+    plots.save(fig, f"{a.prefix}_attention")
 
 
-def layers_figure(units: pd.DataFrame, schemes: list[str]) -> None:
+def layers_figure(a: Analysis) -> None:
     """Median KL and top-5 recall over query heads per layer, per scheme and budget (nova_layers.png)."""
-    fig, axes = plots.panels(2, 2, "Per layer: median over query heads", width=5.2, height=3.4)
+    units, schemes = a.units, a.schemes
+    fig, axes = plots.panels(2, 2, f"{a.model_name}, per layer: median over query heads", width=5.2, height=3.4)
     for col, n in enumerate(BUDGETS):
         for row, metric in enumerate(("kl", "top5")):
             ax = axes[row, col]
@@ -59,14 +61,15 @@ def layers_figure(units: pd.DataFrame, schemes: list[str]) -> None:
                 ax.set_yscale("log")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=3)
-    plots.save(fig, f"{STUDY}_layers")
+    plots.save(fig, f"{a.prefix}_layers")
 
 
-def parseval_figure(pars: pd.DataFrame) -> None:
+def parseval_figure(a: Analysis) -> None:
     """‖y − ŷ‖² against the squared logit error per (layer, KV head), and their ratio per layer
     (nova_parseval.png)."""
-    fig, axes = plots.panels(1, 2, "Generalized Parseval on real keys (NOVA-KV, n = 2, held-out keys; one point "
-                                   "per layer and KV head)", width=5.2, height=4.2)
+    pars = a.pars
+    fig, axes = plots.panels(1, 2, f"Generalized Parseval on {a.model_name}'s keys (NOVA-KV, n = 2, held-out keys; "
+                                   "one point per layer and KV head)", width=5.2, height=4.2)
     ax = axes[0, 0]
     lo = min(pars["coef_mse"].min(), pars["logit_mse_heldout_q"].min()) * 0.7
     hi = max(pars["coef_mse"].max(), pars["logit_mse_heldout_q"].max()) * 1.4
@@ -91,4 +94,4 @@ def parseval_figure(pars: pd.DataFrame) -> None:
     ax.set_ylabel("E_q[(qᵀ(k − k̂))²] / ‖y − ŷ‖²")
     ax.set_title(f"ratio per layer (calibration: 1 − ridge share, ρ = {DEFAULT_RIDGE:g})")
     ax.legend()
-    plots.save(fig, f"{STUDY}_parseval")
+    plots.save(fig, f"{a.prefix}_parseval")

@@ -432,6 +432,37 @@ def test_attention_reference_reuse_is_identical_to_the_one_shot_calls(causal, of
     assert set(ref._log_probs) == {dtype, torch.float64} and set(ref._top) == {1, 3, 5}
 
 
+@pytest.mark.parametrize("window, offset", [(1, None), (3, None), (4, 2), (9, None)])
+def test_attention_reference_sliding_window_is_the_banded_softmax(window, offset):
+    """A sliding window of W keys: query i (position p = offset + i) sees keys p − W < j ≤ p, the rule of
+    transformers' sliding_window_overlay, spelled out by hand here; KL against scipy's rel_entr of the banded
+    float64 softmax, top-1 recall against the banded argmax. W ≥ every position is plain causal."""
+    q, k, k_hat = _qk(23, nq=6, s=9, noise=0.4)
+    off = 3 if offset is None else offset
+    band = np.array([[off + i - window < j <= off + i for j in range(9)] for i in range(6)])
+    ref = M.AttentionReference(M.attention_scores(q, k, double=True), causal=True, query_offset=offset,
+                               window=window)
+    assert np.array_equal(ref.visible.numpy(), band)
+    b = M.attention_scores(q, k_hat, double=True)
+    expected = scipy.special.rel_entr(_oracle_probs(q, k, band), _oracle_probs(q, k_hat, band)).sum(-1)
+    np.testing.assert_allclose(ref.kl(b, reduction="none").numpy(), expected, rtol=1e-9, atol=1e-14)
+    top1 = (_oracle_probs(q, k, band).argmax(-1) == _oracle_probs(q, k_hat, band).argmax(-1)).astype(float)
+    np.testing.assert_array_equal(ref.topk_recall(b, top_k=1, reduction="none").numpy(), top1)
+    if window >= off + 6:
+        plain = M.AttentionReference(M.attention_scores(q, k, double=True), causal=True, query_offset=offset)
+        assert torch.equal(ref.kl(b, reduction="none"), plain.kl(b, reduction="none"))
+    else:
+        assert not band[-1, 0]  # the window hides keys plain causal attention shows (the test is not vacuous)
+
+
+def test_attention_reference_window_refuses_bad_input():
+    a = torch.zeros(1, 2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"window = 4 needs causal=True"):
+        M.AttentionReference(a, window=4)
+    with pytest.raises(ValueError, match=r"window must be in \[1, .*\], got 0"):
+        M.AttentionReference(a, causal=True, window=0)
+
+
 def test_attention_reference_huge_fp32_logits_and_bad_input():
     a = torch.tensor([[3e38, -3e38, 0.0]], dtype=torch.float32)
     b = torch.tensor([[-3e38, 3e38, 0.0]], dtype=torch.float32)

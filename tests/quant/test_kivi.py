@@ -116,3 +116,27 @@ def test_attention_equals_softmax_over_the_decoded_cache(bits, d, group):
     visible = torch.arange(45)[None] <= torch.arange(38, 45)[:, None]
     want = torch.softmax(logits.masked_fill(~visible, float("-inf")), -1) @ v_hat
     torch.testing.assert_close(s.attention(q, cache, causal=True).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40, 45])
+def test_attention_within_a_sliding_window_is_the_banded_softmax(window):
+    """``Scheme.attention(window=W)``: query at position p sees p − W < j ≤ p (a Gemma 3 sliding layer), spelled
+    out by hand over the decoded cache in float64; W = 45 (every position) is plain causal attention."""
+    d = 32
+    g = torch.Generator().manual_seed(window)
+    k, v = torch.randn(1, 2, 45, d, generator=g), torch.randn(1, 2, 45, d, generator=g)
+    q = torch.randn(1, 4, 7, d, generator=g)
+    s = scheme("kivi", bits=4, dim=d, group_size=32)
+    cache = s.encode(k, v)
+    k_hat, v_hat = (t.double().repeat_interleave(2, dim=1) for t in s.decode(cache))
+    logits = q.double() @ k_hat.transpose(-1, -2) / math.sqrt(d)
+    pos, keys = torch.arange(38, 45)[:, None], torch.arange(45)[None]
+    visible = (keys <= pos) & (keys > pos - window)
+    want = torch.softmax(logits.masked_fill(~visible, float("-inf")), -1) @ v_hat
+    got = s.attention(q, cache, causal=True, window=window).double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = s.attention(q, cache, causal=True).double()
+    # a window shorter than the last query's position hides keys: the outputs differ (the test is not vacuous)
+    assert torch.equal(got, plain) == (window >= 45)
+    with pytest.raises(ValueError, match="window = 5 needs causal=True"):
+        s.attention(q, cache, window=5)

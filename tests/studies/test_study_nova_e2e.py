@@ -143,23 +143,48 @@ def test_contiguous_groups_hold_consecutive_eigen_ranks(nv):
     assert c.scores(q[:, :, -2:], code).shape == (1, 9, 2, 400)
 
 
+#: the fake Gemma 3's sliding window in layer 0 (layer 1 attends in full): of the last 4 of 300 positions
+#: (296–299), 296 and 297 still see token 0 and 298, 299 no longer do
+FAKE_WINDOW = 298
+
+
+def _fake_captures(nv):
+    """Both texts' Q/K/V of two layers for SmolLM2's shapes and Gemma 3's (4 query / 1 KV heads, d = 256); 300
+    tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens."""
+    from kvstats.hf.models import GEMMA3, SMOLLM2
+
+    gen = torch.Generator().manual_seed(5)
+    fake = {}
+    for model, (hq, hkv, d) in ((SMOLLM2, (9, 3, 64)), (GEMMA3, (4, 1, 256))):
+        scales = torch.linspace(0.3, 2.0, d)
+        for name in nv.TEXTS:
+            for layer in (0, 1):
+                fake[(name, layer, model)] = (torch.randn(1, hq, 300, d, generator=gen),
+                                              torch.randn(1, hkv, 300, d, generator=gen) * scales,
+                                              torch.randn(1, hkv, 300, d, generator=gen))
+    return fake
+
+
 @pytest.mark.slow
 def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path, monkeypatch, nv):
-    gen = torch.Generator().manual_seed(5)
-    scales = torch.linspace(0.3, 2.0, 64)
-    # 300 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
-    fake = {(name, layer): (torch.randn(1, 9, 300, 64, generator=gen),
-                            torch.randn(1, 3, 300, 64, generator=gen) * scales,
-                            torch.randn(1, 3, 300, 64, generator=gen)) for name in nv.TEXTS for layer in (0, 1)}
-    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer: fake[(name, layer)])
-    monkeypatch.setattr(nv, "ensure_captures", lambda: None)
+    """The study on fake captures of both models (whatever is installed): SmolLM2's claims, Gemma 3's under their
+    own ids, and the sliding-window layer's attention under its window (token 0's mass against scipy)."""
+    from kvstats.hf.models import GEMMA3, SMOLLM2
+
+    fake = _fake_captures(nv)
+    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer, model=SMOLLM2: fake[(name, layer, model)])
+    monkeypatch.setattr(nv.cells, "layer_window",
+                        lambda name, layer, model=SMOLLM2: FAKE_WINDOW if model == GEMMA3 and layer == 0 else None)
+    monkeypatch.setattr(nv, "ensure_captures", lambda model: None)
+    monkeypatch.setattr(nv, "available_models", lambda: ([SMOLLM2, GEMMA3], {}))
     for module in (nv, nv.cells, nv.analysis, nv.figures, nv.claims):  # each module that reads BUDGETS
         monkeypatch.setattr(module, "BUDGETS", (2,))
     monkeypatch.setitem(nv.SCALE, "quick", {"layers": (0, 1), "seeds": (0,), "n_q": 4, "insample": False})
     monkeypatch.setenv("KVSTATS_FIGURES_DIR", str(tmp_path / "figures"))
     monkeypatch.setenv("KVSTATS_CELLS_DIR", str(tmp_path / "cells"))
     assert nv.main(["--scale", "quick", "--n-jobs", "1", "--no-progress"]) == 0
-    claims = {c["id"]: c for c in read_claims(tmp_path / "figures" / "data" / "nova_claims.json")}
+    data = tmp_path / "figures" / "data"
+    claims = {c["id"]: c for c in read_claims(data / "nova_claims.json")}
     assert claims["nova-ruler-longbench"]["verdict"] == "not testable here"
     assert claims["nova-comparable-throughput"]["verdict"] == "not testable here"
     assert claims["nova-beats-scalar-n2"]["rule"] == "direction"
@@ -168,9 +193,29 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     # the Parseval identity holds on any keys (fp16 T): the rule must say so
     assert claims["nova-generalized-parseval"]["verdict"] == "implementation check"  # holds by construction
     assert all(c["verdict"] != "measured" or c["source"] == "kvstats" for c in claims.values())
-    defs = read_definitions(tmp_path / "figures" / "data" / "nova_definitions.json")
+    defs = read_definitions(data / "nova_definitions.json")
     assert "r mod G" in defs["grouping"] and "rows srht" in defs["kqv, n = 2"]
     assert str(DEFAULT_RIDGE) in defs["calibration"] or f"{DEFAULT_RIDGE:g}" in defs["calibration"]
+    # Gemma 3: its own rows and ids, the model-free rows once, the verdicts compared
+    assert claims["nova-beats-scalar-n2-gemma3"]["rule"] == "direction"
+    assert claims["nova-beats-scalar-n2-gemma3"]["data"].startswith("Gemma-3-270M (head dim 256)")
+    assert "1 of the 2 layers within their 298-token sliding window" in claims["nova-beats-scalar-n2-gemma3"]["data"]
+    assert "nova-bits-per-element-gemma3" not in claims and "nova-ruler-longbench-gemma3" not in claims
+    assert claims["nova-models"]["verdict"] == "measured"
+    assert "unit (Gemma-3-270M)" in defs
+    units = pd.read_csv(data / "nova_gemma3_units.csv")
+    assert set(units["window"]) == {0, FAKE_WINDOW}
+    # token 0's attention mass under the banded causal mask, against scipy's float64 softmax
+    import scipy.special
+
+    q, k, _ = fake[(nv.TEXTS[1], 0, GEMMA3)]
+    logits = (q[0, :, -4:].double() @ k[0, 0].double().T / 16.0).numpy()  # [4 heads, 4 queries, 300]
+    pos, keys = np.arange(296, 300)[:, None], np.arange(300)[None]
+    band = (keys <= pos) & (keys > pos - FAKE_WINDOW)
+    mass = scipy.special.softmax(np.where(band, logits, -np.inf), axis=-1)[..., 0].mean(-1)  # per head
+    got = units[(units["layer"] == 0) & (units["scheme"] == "nova")].sort_values("head")["sink_mass"].to_numpy()
+    np.testing.assert_allclose(got, mass, rtol=1e-5)  # the CSV keeps 6 significant digits (≤ 5e-6 relative)
+    assert mass.min() > 0 and not band[2:, 0].any()  # two queries see token 0, two do not: the band matters
 
 
 # ------------------------------------------------------------------------------------------ end_to_end
@@ -407,7 +452,7 @@ def test_spectrum_claim_returns_each_verdict(nv):
 
     def claim(rot, klt):
         pars = pd.DataFrame({"d": 64, "top8_energy_rotated": rot, "top8_energy": klt})
-        return nv.spectrum_claim(SimpleNamespace(pars=pars, data="synthetic")).verdict.verdict
+        return nv.spectrum_claim(SimpleNamespace(pars=pars, data="synthetic", model="smollm2")).verdict.verdict
 
     rot = np.linspace(0.13, 0.16, 12)   # near the equal share 8/64 = 0.125, below 2 × 0.125
     klt = np.linspace(0.55, 0.75, 12)  # 12 pairs of one sign: exact Wilcoxon p = 2/4096
