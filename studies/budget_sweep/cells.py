@@ -271,7 +271,8 @@ def formats_cells(scale: str, n_windows: int) -> list[dict]:
 
 def model_cells(scale: str, data: str, n_windows: int) -> list[dict]:
     """A second real data set's cells (``budget_sweep_gemma3``): the primary grid (every scheme and budget, QJL
-    schemes with the srht sketch) on its layers, windows and own queries, as SmolLM2's real rows."""
+    schemes with the srht sketch) and the sensitivity grid (QJL schemes with the other sketches at
+    :data:`SENSITIVITY_BUDGETS`) on its layers, windows and own queries, as SmolLM2's real rows."""
     cfg = SCALE[scale]
     if not n_windows:
         return []
@@ -279,7 +280,9 @@ def model_cells(scale: str, data: str, n_windows: int) -> list[dict]:
             "n_q": cfg["n_q"] // 2, "trials": n_windows}
     return (grid(**base, scheme_name=list(QJL_SCHEMES), sketch=SKETCH, n=list(BUDGETS))
             + grid(**base, scheme_name=[s for s in SCHEMES if s not in QJL_SCHEMES], sketch=NO_SKETCH,
-                   n=list(BUDGETS)))
+                   n=list(BUDGETS))
+            + grid(**base, scheme_name=list(QJL_SCHEMES), sketch=list(SENSITIVITY_SKETCHES),
+                   n=list(SENSITIVITY_BUDGETS)))
 
 
 def sweep_cells(scale: str, n_windows: int) -> list[dict]:

@@ -473,49 +473,56 @@ def claims(a: Analysis) -> list[Claim]:
             + [c for c in (formats_claim(a),) if c is not None])
 
 
-def real_data_text(a: Analysis, data: str) -> str:
-    """The data sentence of one real model's rows alone."""
+def real_data_text(a: Analysis, data: str, sketch: str = SKETCH) -> str:
+    """The data sentence of one real model's rows alone (its QJL stages under ``sketch``)."""
     facts, cfg = SHIPPED_MODELS[REAL_DATA[data]], a.cfg
     layers = sorted(int(x) for x in a.table["layer"].unique())
     windows = real_windows(cfg["window"], data)
     return (f"{facts.name} layers {', '.join(map(str, layers))} (d = {facts.head_dim}, {facts.kv_heads} KV / "
             f"{facts.q_heads} query heads), {a.n_windows} disjoint windows of {cfg['window']} tokens over "
             f"{len({doc for doc, _ in windows})} documents (of {len(DOCUMENT_TITLES)}), its own last {cfg['n_q'] // 2} "
-            f"queries per head, causal; the srht sketch; Holm over this model's tests alone; {a.scale} scale")
+            f"queries per head, causal; the {sketch} sketch; Holm over this model's tests alone; {a.scale} scale")
 
 
 def real_claims(a: Analysis, data: str) -> list[Claim]:
     """D'Alberto's findings (1) and (2) and his 2.25× on one real model's windows alone (an analysis of its rows
-    only: its own Holm family), by the rules of the combined rows: the per-model verdicts that the two models'
-    comparison row sets side by side."""
+    only: its own Holm family per sketch), by the rules of the combined rows: the per-model verdicts that the two
+    models' comparison row sets side by side — under the paper's sketch, then under each sensitivity sketch at
+    :data:`SENSITIVITY_BUDGETS` where the model's rows have it."""
+    sketches = [SKETCH] + [s for s in SENSITIVITY_SKETCHES if (a.ratios["sketch"] == s).any()]
+    return [c for sketch in sketches for c in _real_claims(a, data, sketch)]
+
+
+def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
     model = REAL_DATA[data]
     name = SHIPPED_MODELS[model].name
-    f1 = [c for m in FINDING1_METRICS for other in ("qkqv", "kv") for c in _pr(_cells(a.pairs, m, other, SKETCH, 4))]
-    f1_text = ", ".join(f"{m} vs {o.upper()} {_count(_cells(a.pairs, m, o, SKETCH, 4), -1)}"
+    f1 = [c for m in FINDING1_METRICS for other in ("qkqv", "kv") for c in _pr(_cells(a.pairs, m, other, sketch, 4))]
+    f1_text = ", ".join(f"{m} vs {o.upper()} {_count(_cells(a.pairs, m, o, sketch, 4), -1)}"
                         for m in FINDING1_METRICS for o in ("qkqv", "kv"))
-    f2 = _cells(a.pairs, "attention_kl", "qkqv", SKETCH)
-    r = a.ratios[a.ratios["sketch"] == SKETCH]
+    f2 = _cells(a.pairs, "attention_kl", "qkqv", sketch)
+    r = a.ratios[a.ratios["sketch"] == sketch]
     r4 = r[r["n"] == 4]
     ratios = [ratio_verdict((row.ci_low, row.ci_high), row.ratio) for row in r4.itertuples()]
-    data_text_ = real_data_text(a, data)
+    data_text_ = real_data_text(a, data, sketch)
+    note, suffix = _sensitivity(sketch), _suffix(sketch)
     return [
-        Claim(id=model_claim_id("dalberto-finding1-n4-kqv-wins-smollm2", model),
+        Claim(id=model_claim_id("dalberto-finding1-n4-kqv-wins-smollm2", model) + suffix,
               claim="At n = 4, KQV wins on KL, geometric K error and 6D distance (here: on one model's real "
-                    "attention, every layer tested).",
+                    f"attention, every layer tested){note}.",
               source="D'Alberto, arXiv 2605.08114, abstract, finding (1)",
               measurement=measurement(f"{name}, n = 4, KQV significantly lower (cells for / cells): {f1_text}"),
               data=data_text_, verdict=kqv_lower(f1), figure=None),
-        Claim(id=model_claim_id("dalberto-finding2-qkqv-worse-kl-smollm2", model),
+        Claim(id=model_claim_id("dalberto-finding2-qkqv-worse-kl-smollm2", model) + suffix,
               claim="QKQV is worse than KQV in KL at every budget (here: on one model's real attention, every "
-                    "layer tested).",
+                    f"layer tested){note}.",
               source="D'Alberto, arXiv 2605.08114, abstract, finding (2)",
               measurement=measurement(f"{name}, n ∈ {sorted(set(f2['n']))}: KQV's KL significantly lower in "
                                       f"{_count(f2, -1)} (layer, n) cells",
                                       f"median KL ratio QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×"),
               data=data_text_, verdict=kqv_lower(_pr(f2)), figure=None),
-        Claim(id=model_claim_id("dalberto-kl-ratio-2.25-smollm2", model),
+        Claim(id=model_claim_id("dalberto-kl-ratio-2.25-smollm2", model) + suffix,
               claim="At n = 4, KQV's KL is 2.25× lower than QKQV's (here: on one model's real attention, per "
-                    "layer).",
+                    f"layer){note}.",
               source="D'Alberto, arXiv 2605.08114, abstract",
               measurement=measurement(f"{name}, QKQV/KQV median attention KL at n = 4 per layer: " + ", ".join(
                   f"{lab.split()[-1]}: {row.ratio:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"

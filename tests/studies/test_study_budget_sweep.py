@@ -225,9 +225,16 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
             assert claims[f"{base}-{model}"]["rule"] in ("direction", "number", "combine")
     assert "Gemma-3-270M layers 2 (d = 256, 1 KV / 4 query heads), 6 disjoint windows" in claims[
         "dalberto-finding2-qkqv-worse-kl-gemma3"]["data"]
-    assert "of 3 claims" in claims["budget-sweep-models"]["measurement"]
+    # each model's rows under every sensitivity sketch too (n = 4), the sketch named in their data
+    for model in ("smollm2", "gemma3"):
+        for sketch in bs.SENSITIVITY_SKETCHES:
+            ratio = claims[f"dalberto-kl-ratio-2.25-{model}-sketch-{sketch}"]
+            assert f"the {sketch} sketch" in ratio["data"] and "(sensitivity: " in ratio["claim"]
+    assert "the srht sketch" in claims["dalberto-kl-ratio-2.25-gemma3"]["data"]
+    assert f"of {3 * (1 + len(bs.SENSITIVITY_SKETCHES))} claims" in claims["budget-sweep-models"]["measurement"]
     gemma = pd.read_csv(tmp_path / "figures" / "data" / "budget_sweep_gemma3_kl_ratio.csv")
     assert set(gemma["label"]) == {"Gemma3 layer 2"} and set(gemma["n"]) == set(bs.BUDGETS)
+    assert set(gemma[gemma["sketch"] != "srht"]["n"]) == set(bs.SENSITIVITY_BUDGETS)
     for sketch in ("", "-sketch-gaussian", "-sketch-orthogonal"):
         for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-kl-ratio-2.25"):
             assert base + sketch in claims
