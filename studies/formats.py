@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 from kvstats.study.models import (
-    ModelRun,
+    ModelAnalysis,
     available_models,
     cell_model,
     file_suffix,
@@ -187,7 +187,7 @@ def retrieval_cells(cfg: dict, model: str = SMOLLM2) -> list[dict]:
 
 
 @dataclass(frozen=True)
-class Analysis(ModelRun):
+class Analysis(ModelAnalysis):
     """One model's units (one row per method and document; one per method and retrieval trial) and, per budget and
     metric, the significance groups; each method against the fp model. SmolLM2's holds every other model's
     (``others``) and those that could not run (``missing``); ``refusal``: why transformers' quanto cache did not
@@ -200,15 +200,8 @@ class Analysis(ModelRun):
     groups: dict  # (budget, metric) -> SignificanceGroups; metric "success": the retrieval trials
     versus_fp: pd.DataFrame  # per method: Holm-corrected Wilcoxon p of its top-1 disagreement (1 − top1) against 0
     retrieval_versus_fp: pd.DataFrame  # per method: exact McNemar against the exact cache on the same trials, Holm
-    model: str = SMOLLM2
     refusal: str | None = None
-    others: dict = field(default_factory=dict)
-    missing: dict = field(default_factory=dict)
-
-    @property
-    def prefix(self) -> str:
-        """The stem of this model's files: ``formats``, ``formats_gemma3``."""
-        return f"{STUDY}{file_suffix(self.model)}"
+    study = STUDY
 
 
 def _budget_groups(data: pd.DataFrame, metric: str, lower: bool, paired_by: str, budget: float, cfg: dict):
@@ -267,8 +260,8 @@ def analyse(units: pd.DataFrame, trials: pd.DataFrame, cfg: dict, scale: str, mo
         groups[(budget, "success")] = _budget_groups(trials[trials.method != FP], "success", False, "trial", budget,
                                                      cfg)
     groups = {k: g for k, g in groups.items() if g is not None}
-    return Analysis(cfg, scale, units, trials, groups, _versus_fp(units), _retrieval_versus_fp(trials), model,
-                    refusal)
+    return Analysis(cfg, scale, units, trials, groups, _versus_fp(units), _retrieval_versus_fp(trials), refusal,
+                    model=model)
 
 
 def pareto_figure(a: Analysis) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -53,7 +53,7 @@ from kvstats.measure import verdicts
 from kvstats.study import plots
 from kvstats.study.claims import Claim
 from kvstats.study.models import (
-    ModelRun,
+    ModelAnalysis,
     available_models,
     cell_model,
     file_suffix,
@@ -151,7 +151,7 @@ def retrieval_cells(cfg: dict, join: pd.DataFrame, model: str = MODEL) -> list[d
 
 
 @dataclass(frozen=True)
-class Analysis(ModelRun):
+class Analysis(ModelAnalysis):
     """One model's recipe JSON (``r``: config, budgets, units), the scale and its configuration; SmolLM2's holds
     every other model's (``others``) and those that could not run (``missing``: model -> why)."""
 
@@ -159,14 +159,7 @@ class Analysis(ModelRun):
     scale: str
     r: dict
     retrieval: pd.DataFrame | None = None
-    model: str = MODEL
-    others: dict = field(default_factory=dict)
-    missing: dict = field(default_factory=dict)
-
-    @property
-    def prefix(self) -> str:
-        """The stem of this model's files: ``recipe``, ``recipe_gemma3``."""
-        return f"{STUDY}{file_suffix(self.model)}"
+    study = STUDY
 
     @property
     def formats(self) -> list[str]:
@@ -520,7 +513,7 @@ class RecipeStudy(study.Study):
         def of(model: str) -> Analysis:
             prefix = f"{STUDY}{file_suffix(model)}"
             return Analysis(SCALE[scale], scale, json.loads(tables[f"{prefix}_join"].iloc[0]["recipe"]),
-                            tables.get(f"{prefix}_retrieval"), model)
+                            tables.get(f"{prefix}_retrieval"), model=model)
 
         others = {model: of(model) for model in self.models() if model != MODEL}
         return replace(of(MODEL), others=others, missing=missing)

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
-__all__ = ["LABELS", "REAL_MODELS", "ModelRun", "available_models", "cell_model", "file_suffix", "missing_model_claim",
-           "model_claim_id", "models_compared_claim", "per_model_claims"]
+__all__ = ["LABELS", "REAL_MODELS", "ModelAnalysis", "ModelRun", "available_models", "cell_model", "file_suffix",
+           "missing_model_claim", "model_claim_id", "models_compared_claim", "per_model_claims"]
 
 #: The models every real-data study runs on, in the report's order.
 REAL_MODELS = (SMOLLM2, GEMMA3)
@@ -141,3 +143,21 @@ class ModelRun:
     def model_architecture(self) -> str:
         """The model's attention facts in words (:attr:`kvstats.hf.models.ShippedModel.architecture`)."""
         return SHIPPED_MODELS[self.model].architecture
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelAnalysis(ModelRun):
+    """Base of a study's frozen analysis dataclass for one model's rows, its keyword fields after the study's own:
+    ``model``; on SmolLM2's analysis, every other model's (``others``: model -> analysis) and the models that could
+    not run (``missing``: model -> why). A subclass names its study (``study = STUDY``) for :attr:`prefix`."""
+
+    model: str = SMOLLM2
+    others: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+    study: ClassVar[str] = ""
+
+    @property
+    def prefix(self) -> str:
+        """The stem of this model's figure and data files: the study's name + :func:`file_suffix` (``nova``,
+        ``nova_gemma3``)."""
+        return f"{self.study}{file_suffix(self.model)}"

@@ -4,7 +4,7 @@ scheme (Holm over the table), the grouping and ablation tests, the bit counts.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from kvstats.studies.nova.cells import (
     WILCOXON_RESAMPLES,
     make_scheme,
 )
-from kvstats.study.models import ModelRun, file_suffix
+from kvstats.study.models import ModelAnalysis
 from kvstats.study.sweep import cell_seed
 
 
@@ -186,7 +186,7 @@ def data_text(units: pd.DataFrame, cfg: dict, scale: str, model: str = SMOLLM2) 
 
 
 @dataclass(frozen=True)
-class Analysis(ModelRun):
+class Analysis(ModelAnalysis):
     """What the figures and claims read, for one model: the scale's configuration, the per-(query head) units,
     nova's tests against every other scheme, the Parseval rows per (layer, KV head), the bit counts, the grouping
     tests, the schemes shown and the claims' data sentence; SmolLM2's analysis holds every other model's
@@ -203,14 +203,7 @@ class Analysis(ModelRun):
     data: str
     ablation: pd.DataFrame = None
     ablation_tests: pd.DataFrame = None
-    model: str = SMOLLM2
-    others: dict = field(default_factory=dict)
-    missing: dict = field(default_factory=dict)
-
-    @property
-    def prefix(self) -> str:
-        """The stem of this model's figure and data files: ``nova``, ``nova_gemma3``."""
-        return f"{STUDY}{file_suffix(self.model)}"
+    study = STUDY
 
     @property
     def dim(self) -> int:

@@ -124,7 +124,7 @@ class Retrieval(study.Study):
 
     def figures(self, tables, a: Analysis) -> None:
         for m in (a, *a.others.values()):
-            prefix = f"{STUDY}{file_suffix(m.model)}"
+            prefix = m.prefix
             # every trial (the headline accuracies and tests recompute from it): columns constant over the table
             # dropped and the attention KL rounded to 6 significant digits, so the table is small enough to commit
             plots.write_csv(f"{prefix}_trials", compact_trials(m.trials))

@@ -4,7 +4,7 @@ family), the paired differences' Newcombe intervals for the equivalence claim, N
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ from kvstats.hf.models import SMOLLM2
 from kvstats.measure.stats import cluster_bootstrap_ci
 from kvstats.studies.retrieval import cells
 from kvstats.studies.retrieval.cells import ALPHA, BASELINE, FP, FP_BITS, SCALE, STUDY
-from kvstats.study.models import ModelRun
+from kvstats.study.models import ModelAnalysis
 from kvstats.study.sweep import cell_seed
 
 #: the per-element ("scalar") methods NOVA-KV's claim compares with: KIVI-style min-max, quanto's int codes, a
@@ -77,7 +77,7 @@ def formats_tests(trials: pd.DataFrame, formats: tuple[tuple[str, int], ...]) ->
 
 
 @dataclass(frozen=True, eq=False)
-class Analysis(ModelRun):
+class Analysis(ModelAnalysis):
     """The trials (one row per scheme, n and needle), the accuracies (per task, length, scheme, n; per task
     pooled over lengths; per task, length and depth) and the McNemar tests of one model; ``schemes``, the kvstats
     schemes the cells ran (:data:`~kvstats.studies.retrieval.cells.SCHEMES`, as the run read it); ``cfg`` the scale's
@@ -94,10 +94,8 @@ class Analysis(ModelRun):
     grid: pd.DataFrame
     tests: pd.DataFrame
     formats: tuple[tuple[str, int], ...] = ()  # the deployed formats' (spec, n) the formats sweep ran
-    model: str = SMOLLM2
     baseline_refused: str = ""
-    others: dict = field(default_factory=dict)
-    missing: dict = field(default_factory=dict)
+    study = STUDY
 
 
 def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = None, *, model: str = SMOLLM2,
@@ -120,8 +118,8 @@ def analyse(trials: pd.DataFrame, scale: str, formats: pd.DataFrame | None = Non
         tests = pd.concat([tests, formats_tests(trials, ran)], ignore_index=True)
     return Analysis(cfg, scale, schemes, trials, accuracy_table(trials, ["task", "length", "scheme", "n"]),
                     accuracy_table(trials, ["task", "scheme", "n"]),
-                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran, model, refused,
-                    dict(others or {}), dict(missing or {}))
+                    accuracy_table(trials, ["task", "length", "depth", "scheme", "n"]), tests, ran, refused,
+                    model=model, others=dict(others or {}), missing=dict(missing or {}))
 
 
 def compact_trials(trials: pd.DataFrame) -> pd.DataFrame:

@@ -43,7 +43,7 @@ def _test(a: Analysis, task: str, length: str, family: str, x: str, y: str, n: i
 
 
 def _figure(a: Analysis, name: str) -> str:
-    return f"{STUDY}{file_suffix(a.model)}_{name}.png"
+    return f"{a.prefix}_{name}.png"
 
 
 def _baseline_note(a: Analysis) -> str:
@@ -89,8 +89,8 @@ def schemes_claim(a: Analysis) -> Claim:
         source="kvstats",
         measurement="Accuracy pooled over lengths with Wilson 95% CIs and the paired difference to fp (exact "
                     "McNemar, Holm over the schemes and budgets of each task): " + " | ".join(parts)
-                    + f". Per length: figures/data/{STUDY}{file_suffix(a.model)}_accuracy.csv and "
-                      f"{STUDY}{file_suffix(a.model)}_tests.csv." + _baseline_note(a),
+                    + f". Per length: figures/data/{a.prefix}_accuracy.csv and "
+                      f"{a.prefix}_tests.csv." + _baseline_note(a),
         data=_data(a),
         verdict=measured(f"{len(worse)} of {len(lost)} (scheme, n, task) cells lose retrieval significantly"),
         figure=_figure(a, "accuracy_vs_kl"))

@@ -4,9 +4,8 @@ against attention KL."""
 from __future__ import annotations
 
 from kvstats.studies.retrieval.analysis import NOVA_BITS, Analysis
-from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS, STUDY
+from kvstats.studies.retrieval.cells import BASELINE, FP, FP_BITS
 from kvstats.study import plots
-from kvstats.study.models import file_suffix
 
 STYLE = {FP: {"color": "#000000", "marker": "o", "label": "fp32 (no quantization)"},
          BASELINE: {"color": "#8c564b", "marker": "P", "label": "transformers QuantizedCache (quanto)"},
@@ -32,7 +31,7 @@ def heatmap(a: Analysis, n: int = NOVA_BITS) -> None:
                        [((s, b), style(s)["label"] if s in (FP, BASELINE) else s) for s, b in cols],
                        f"Retrieval accuracy over context length × needle depth ({a.model_name}; quantized caches at "
                        f"n = {n})")
-    plots.save(fig, f"{STUDY}{file_suffix(a.model)}_heatmap_n{n}")
+    plots.save(fig, f"{a.prefix}_heatmap_n{n}")
     plt.close(fig)
 
 
@@ -58,4 +57,4 @@ def accuracy_vs_kl(a: Analysis) -> None:
         ax.set_title(task)
     axes[0, 0].set_ylabel("accuracy (Wilson 95% CI)")
     axes[0, -1].legend(fontsize=6, frameon=False, loc="lower left")
-    plots.save(fig, f"{STUDY}{file_suffix(a.model)}_accuracy_vs_kl")
+    plots.save(fig, f"{a.prefix}_accuracy_vs_kl")

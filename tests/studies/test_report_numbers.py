@@ -166,6 +166,19 @@ def test_recipe_additivity_from_the_documents(report):
             f"{at['measured'].mean():.3g}") in section(report, "recipe-additivity")
 
 
+@pytest.mark.parametrize("name, claim", [("nova", "nova-beats-scalar-n2"),
+                                         ("nova_gemma3", "nova-beats-scalar-n2-gemma3")])
+def test_nova_lowest_baseline_kl_from_the_units(report, name, claim):
+    """NOVA-KV at n = 2 on each model: the median attention KL over (layer, query head) units of nova and of the
+    data-oblivious baseline with the lowest median, from the unit rows (one seed)."""
+    units = data(f"{name}_units")
+    at2 = units[units["n"] == 2]
+    medians = at2.groupby("scheme")["kl"].median()
+    best = medians[["kqv", "qkqv", "kv", "minmax"]].idxmin()
+    assert (f"the baseline with the lowest median KL is {best} ({medians[best]:.3g} vs nova's "
+            f"{medians['nova']:.3g}") in section(report, claim)
+
+
 def test_nova_rotations_equalize_from_the_spectra(report):
     """Top-8 energy shares after the rotation and after NOVA-KV's T: medians and ranges over the units."""
     pars = data("nova_parseval")

@@ -76,3 +76,19 @@ def test_the_rows_after_smollm2s_pair_each_claim_by_its_id_and_skip_measured_one
     assert "agree on 1 of 2 claims" in rows[-1].measurement and "qjl-cache-smollm2: reproduced" in rows[-1].measurement
     missing = models.per_model_claims("end_to_end", ours, {}, {GEMMA3: "not installed"})
     assert [r.id for r in missing] == ["end-to-end-gemma3-rows"]
+
+
+def test_a_model_analysis_carries_its_model_and_names_its_files():
+    """ModelAnalysis: keyword fields after a study's own; the file stem is the study's name + the model's suffix."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Toy(models.ModelAnalysis):
+        rows: int
+        study = "toy"
+
+    ours, theirs = Toy(3), Toy(4, model=GEMMA3)
+    assert (ours.model, ours.prefix, ours.others, ours.missing) == (SMOLLM2, "toy", {}, {})
+    assert theirs.prefix == "toy_gemma3" and theirs.model_name == "Gemma-3-270M"
+    with pytest.raises(TypeError):
+        Toy(3, GEMMA3)  # the model is a keyword: a study's positional fields cannot shift into it
