@@ -18,7 +18,7 @@ from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, spearm
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, number
 from kvstats.studies.end_to_end import cells
 from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
-from kvstats.study.models import LABELS, ModelRun, available_models
+from kvstats.study.models import ModelRun, available_models, file_suffix
 from kvstats.study.sweep import cell_seed
 
 ALPHA = 0.05
@@ -268,8 +268,8 @@ def analyse(tables, scale: str) -> Analysis:
         side[name] = beside(t[t["kind"] == "token"][tokens.columns], t[t["kind"] == "cell"], cfg, docs) if ok else \
             (None, None)
     present, missing = available_models()
-    others = {model: model_analysis(tables[f"{STUDY}_{LABELS[model]}"], scale, model,
-                                    tables.get(f"{STUDY}_{LABELS[model]}_paths"))
+    others = {model: model_analysis(tables[f"{STUDY}{file_suffix(model)}"], scale, model,
+                                    tables.get(f"{STUDY}{file_suffix(model)}_paths"))
               for model in present if model != SMOLLM2}
     return Analysis(cfg, scale, tuple(cells.SCHEMES), summary, segs, tokens, layers, corr, gen,
                     tables[f"{STUDY}_paths"], docs, tables.get(f"{STUDY}_baselines"), *side["qjl"], *side["formats"],

@@ -27,7 +27,7 @@ from kvstats.hf.baselines import output_metrics
 from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
 from kvstats.measure.metrics import attention_kl_from_scores
 from kvstats.studies.formats import DEPLOYED
-from kvstats.study.models import LABELS, available_models
+from kvstats.study.models import available_models, file_suffix
 from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "end_to_end"
@@ -358,8 +358,8 @@ def sweeps(cfg: dict) -> study.Sweeps:
             calibration_tokens=cfg["calibration_tokens"]))}
     for model in available_models()[0]:
         if model != SMOLLM2:
-            out[f"{STUDY}_{LABELS[model]}"] = (cell, model_cell_grid(cfg, model))
-            out[f"{STUDY}_{LABELS[model]}_paths"] = (agreement_cell, grid(scheme=list(DALBERTO), n=4,
+            out[f"{STUDY}{file_suffix(model)}"] = (cell, model_cell_grid(cfg, model))
+            out[f"{STUDY}{file_suffix(model)}_paths"] = (agreement_cell, grid(scheme=list(DALBERTO), n=4,
                                                                           tokens=cfg["agree_tokens"], model=model))
     backends = available_backends()
     if backends:

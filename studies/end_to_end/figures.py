@@ -11,7 +11,7 @@ from kvstats.hf.models import SHIPPED_MODELS
 from kvstats.studies.end_to_end.analysis import Analysis
 from kvstats.studies.end_to_end.cells import STUDY
 from kvstats.study import plots
-from kvstats.study.models import LABELS
+from kvstats.study.models import file_suffix
 
 STYLE = {"mse": {"color": "#17becf", "marker": "v", "label": "TurboQuant_mse on K and V"},
          "nova": {"color": "#9467bd", "marker": "*", "label": "NOVA-KV (calibrated)"}}
@@ -203,12 +203,12 @@ def figures(a: Analysis) -> None:
         plots.write_csv(f"{STUDY}_qjl", a.qjl_summary)
     for model, other in a.others.items():  # a second model's cells: summary (QJL's cache and the formats' rows
         # included), segments
-        plots.write_csv(f"{STUDY}_{LABELS[model]}", pd.concat([other.summary, other.qjl_summary,
+        plots.write_csv(f"{STUDY}{file_suffix(model)}", pd.concat([other.summary, other.qjl_summary,
                                                                 other.formats_summary]))
-        plots.write_csv(f"{STUDY}_{LABELS[model]}_segments", pd.concat([other.segs, other.qjl_segs,
+        plots.write_csv(f"{STUDY}{file_suffix(model)}_segments", pd.concat([other.segs, other.qjl_segs,
                                                                          other.formats_segs]))
         if len(other.agree):
-            plots.write_csv(f"{STUDY}_{LABELS[model]}_paths", other.agree)
+            plots.write_csv(f"{STUDY}{file_suffix(model)}_paths", other.agree)
     plots.setup()
     output_figure(a)
     attention_figure(a)
