@@ -141,42 +141,41 @@ def method_label(spec: str, bits: int) -> str:
 
 def retrieval_cell(task: str, length: int, prompt: int, model: str = SMOLLM2) -> list[dict]:
     """One retrieval prompt (studies/retrieval's prompts and pass rule, in ``model``'s tokens): the exact prefill
-    once, then the questions through a cache of every method (one scheme for every layer, every token as codes, no
-    exact window), transformers' quanto cache (where it holds the model's cache) and the exact cache; one row per
-    (method, needle): pass or fail, bits held."""
+    once (:class:`kvstats.evaluation.retrieval.PromptRun`: every token of every layer, a sliding-window layer's
+    included), then the questions through a cache of every method (one scheme for every layer, every token as codes,
+    no exact window), transformers' quanto cache (where it holds the model's cache) and the exact cache; one row per
+    (method, needle): pass or fail, and the bits per element each cache held for the context (before the questions
+    run, as the documents' units count them)."""
     import torch
 
     import kvstats
-    from kvstats.evaluation.model_engine import set_attention, shared_model
+    from kvstats.evaluation.model_engine import shared_model
+    from kvstats.evaluation.retrieval import PromptRun
     from kvstats.hf.baselines import available_backends, quantized_cache_memory, quantized_prefill
-    from kvstats.hf.cache import KVStatsCache, cache_kwargs, model_dims
-    from kvstats.studies.retrieval.cells import baseline_refusal, build_prompt, passed
+    from kvstats.hf.cache import model_dims
+    from kvstats.studies.retrieval.cells import baseline_refusal, build_prompt
 
     p = build_prompt(task, length, prompt, model)
     model = shared_model(model)[0]
     quanto = "quanto" in available_backends() and baseline_refusal(model) is None
-    context, chunk = torch.tensor([p.context]), torch.tensor([p.chunk])
     rows = []
 
-    def add(method: str, cache, bits_held: float) -> None:
-        logits = model(chunk, use_cache=True, **cache_kwargs(model, cache)).logits[0].float()
+    def add(method: str, success, bits_held: float) -> None:
         rows.extend({"method": method, "trial": f"{task}/{length}/{prompt}/{i}", "success": float(ok),
-                     "bits_held": bits_held} for i, ok in enumerate(passed(logits, p)))
+                     "bits_held": bits_held} for i, ok in enumerate(success))
 
     with torch.inference_mode():
-        set_attention(model, "sdpa")
-        past = model(context, use_cache=True, logits_to_keep=1).past_key_values
+        run = PromptRun(model, p, attention="sdpa")
         if quanto:
             for nbits in QUANTO_BITS:
-                q = quantized_prefill(model, past, "quanto", nbits=nbits)
-                add(f"transformers quanto int{nbits}", q, quantized_cache_memory(q)["bits_per_element"])
-        set_attention(model, "kvstats")
+                q = quantized_prefill(model, run.past, "quanto", nbits=nbits)
+                held = quantized_cache_memory(q)["bits_per_element"]  # the context's, before the questions
+                add(f"transformers quanto int{nbits}", run.through(q)["success"], held)
         for spec, bits in METHODS:
-            cache = KVStatsCache(kvstats.scheme(spec, bits=bits, dim=model_dims(model.config)["head_dim"], seed=prompt))
-            add(method_label(spec, bits), cache.prefill(past), cache.memory().bits_per_element)
-            cache.require_estimator_path(model)
-        set_attention(model, "sdpa")
-        add(FP, past, math.nan)  # last: this forward extends past itself
+            r = run.quantized(kvstats.scheme(spec, bits=bits, dim=model_dims(model.config)["head_dim"], seed=prompt),
+                              record=False)
+            add(method_label(spec, bits), r["success"], r["context_bits_per_element"])
+        add(FP, run.exact()["success"], math.nan)  # last: this forward extends the prefill itself
     return rows
 
 

@@ -73,30 +73,39 @@ class PromptRun:
     def quantized(self, scheme, *, record: bool = True) -> dict[str, Any]:
         """The questions through a KVStatsCache of ``scheme`` (one Scheme for every layer, or ``layer -> Scheme``)
         holding the prefill as codes, on the estimator path (verified): ``logits`` [chunk, V], ``success`` per
-        needle, the mean attention KL of every question query and layer (with ``record``) and the bits per element
-        the cache held."""
+        needle, the mean attention KL of every question query and layer (with ``record``), the bits per element
+        the cache held at the end (``bits_per_element``: the context and the questions) and those it held for the
+        context alone, before the questions (``context_bits_per_element``)."""
         from kvstats.evaluation.model_engine import set_attention
         from kvstats.hf.cache import KVStatsCache
 
         cache = KVStatsCache(scheme, record_attention=record)
         set_attention(self.model, "kvstats")
         try:
-            logits = self._logits(cache.prefill(self.past))
+            cache.prefill(self.past)
+            context_bits = float(cache.memory().bits_per_element)
+            logits = self._logits(cache)
             cache.require_estimator_path(self.model)
         finally:
             set_attention(self.model, self.attention)
         records = cache.attention_records
         kl = float(np.mean([r.kl.mean().item() for r in records])) if records else float("nan")
         return {"logits": logits, "success": passed(logits, self.p), "attn_kl": kl,
-                "bits_per_element": float(cache.memory().bits_per_element)}
+                "bits_per_element": float(cache.memory().bits_per_element), "context_bits_per_element": context_bits}
 
-    def exact(self) -> dict[str, Any]:
-        """The questions through the fp cache, with the model's own attention: ``logits`` and ``success``."""
+    def through(self, cache) -> dict[str, Any]:
+        """The questions through another ``cache`` holding the prefill (e.g. transformers' quantized cache made from
+        :attr:`past`), with the prefill's attention: ``logits`` and ``success``."""
         from kvstats.evaluation.model_engine import set_attention
 
         set_attention(self.model, self.attention)
-        logits = self._logits(self.past)
+        logits = self._logits(cache)
         return {"logits": logits, "success": passed(logits, self.p)}
+
+    def exact(self) -> dict[str, Any]:
+        """The questions through the fp cache, with the model's own attention: ``logits`` and ``success`` (last: the
+        forward extends the prefill itself)."""
+        return self.through(self.past)
 
 
 @dataclass(frozen=True)

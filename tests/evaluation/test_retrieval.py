@@ -221,3 +221,33 @@ def test_smollm2_retrieval_end_to_end_with_a_user_quantizer(smollm2, capsys):
     fp = [a for a in data["pooled"] if a["side"] == "fp"]
     assert fp and fp[0]["trials"] == 2
     assert [(t["a"], t["b"]) for t in data["tests"] if t["length"] == "all"] == [("A", "fp")]
+
+
+def test_a_prompt_run_prefills_every_token_of_a_sliding_window_model():
+    """PromptRun on a tiny Gemma 3 (the shipped 270M's attention: one KV head, d = 256, a 16-token window on its
+    sliding layers) with a 96-token context, six windows long: the prefill holds every token of every layer (a
+    model's default cache keeps only a sliding layer's window, which KVStatsCache.prefill refuses); a lossless
+    cache answers as the exact cache does; the context's bits are counted before the questions — KIVI-4 over 96
+    tokens holds exactly 5 bits per element (K per channel in groups of 32 tokens: 4 + 32/32; V per token: 4 + 1),
+    and the questions' 5 tokens, a partial group, then add to it."""
+    from kvstats.evaluation.retrieval import PromptRun
+    from kvstats.evaluation.retrieval_tasks import Prompt
+    from kvstats.hf.cache import IdentityScheme
+    from kvstats.quant.schemes import scheme
+    from tests.helpers.architectures import _tiny
+
+    model = _tiny("gemma3_270m")
+    assert model.config.sliding_window == 16 and "sliding_attention" in model.config.layer_types
+    gen = torch.Generator().manual_seed(3)
+    context = torch.randint(1, 128, (96,), generator=gen).tolist()
+    chunk = torch.randint(1, 128, (5,), generator=gen).tolist()
+    with torch.inference_mode():
+        run = PromptRun(model, Prompt(context, chunk, (0.5,), ((2, (chunk[2],)),)))
+        assert all(layer.keys.shape[-2] == 96 for layer in run.past.layers)
+        lossless = run.quantized(IdentityScheme(256), record=False)
+        kivi = run.quantized(scheme("kivi", bits=4, dim=256, group_size=32), record=False)
+        exact = run.exact()
+    torch.testing.assert_close(lossless["logits"], exact["logits"], rtol=0, atol=1e-4)
+    assert lossless["success"] == exact["success"]
+    assert kivi["context_bits_per_element"] == 5.0
+    assert kivi["bits_per_element"] > 5.0  # the 5 question tokens: a partial group of K's per-channel ranges
