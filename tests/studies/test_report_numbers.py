@@ -151,19 +151,27 @@ def test_model_damage_sensitivity_from_the_documents(report, name, claim):
     assert f"mean next-token KL {full.mean():.3g} [" in section(report, claim)
 
 
-def test_formats_next_token_kl_from_the_units(report):
-    """A format's mean next-token KL: the mean over the documents (the units) of each document's mean."""
-    units = data("formats_units")
-    mean = units[units["method"] == "int_token@2"]["out_kl"].mean()
-    assert f"int_token@2 {mean:.3g} (" in section(report, "formats-at-2.625-bits")
+@pytest.mark.parametrize("name, claim", [("formats", "formats-at-2.625-bits"),
+                                         ("formats_gemma3", "formats-at-2.25-bits-gemma3")])
+def test_formats_next_token_kl_from_the_units(report, name, claim):
+    """A format's mean next-token KL on each model: the mean over the documents (the units) of each document's
+    mean; and int_token@2's measured bits inside the budget's band (d = 64: 2 + 32/64; d = 256: 2 + 32/256)."""
+    units = data(f"{name}_units")
+    int2 = units[units["method"] == "int_token@2"]
+    assert f"int_token@2 {int2['out_kl'].mean():.3g} (" in section(report, claim)
+    assert (int2["bits"] == (2.5 if name == "formats" else 2.125)).all()
 
 
-def test_recipe_additivity_from_the_documents(report):
-    """The recipe at 3.5 bits: predicted (sum of isolated damages) and measured KL, means over the documents."""
-    docs = data("recipe_documents")
-    at = docs[docs["map"] == "budget 3.5"]
-    assert (f"budget 3.5 (3.5 bits held): predicted {at['predicted'].mean():.3g}, measured "
-            f"{at['measured'].mean():.3g}") in section(report, "recipe-additivity")
+@pytest.mark.parametrize("name, claim, budget", [("recipe", "recipe-additivity", "3.5"),
+                                                 ("recipe_gemma3", "recipe-additivity-gemma3", "4.125")])
+def test_recipe_additivity_from_the_documents(report, name, claim, budget):
+    """The recipe at one budget on each model: predicted (sum of isolated damages) and measured KL, means over the
+    documents; the bits it holds from the budgets table."""
+    docs = data(f"{name}_documents")
+    at = docs[docs["map"] == f"budget {budget}"]
+    bits = data(f"{name}_budgets").set_index("budget").loc[float(budget), "bits"]
+    assert (f"budget {budget} ({bits:.3g} bits held): predicted {at['predicted'].mean():.3g}, measured "
+            f"{at['measured'].mean():.3g}") in section(report, claim)
 
 
 @pytest.mark.parametrize("name, claim", [("nova", "nova-beats-scalar-n2"),
