@@ -101,7 +101,7 @@ def method_cell(spec: str, bits: int, documents: int | None, segment: int, model
             for u in ev.units]
 
 
-def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
+def quanto_cell(nbits: int, documents: int | None, segment: int, model: str = SMOLLM2) -> list[dict]:
     """transformers' QuantizedCache (optimum-quanto, int ``nbits``, q_group_size 64, a residual of 1 token) over the
     segments evaluate reads, fed token by token, against the same reference (the model's own attention, no cache);
     its bits held: every tensor of its quantized states and its residual at the segment's end
@@ -110,7 +110,7 @@ def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
     from kvstats.evaluation.model_engine import model_source, plain_logits, set_attention
     from kvstats.hf.baselines import output_metrics, quantized_cache_memory, teacher_forced_logits
 
-    source = model_source("smollm2", segment=segment, documents=shipped(documents))
+    source = model_source(model, segment=segment, documents=shipped(documents))
     set_attention(source.model, "sdpa")
     rows = []
     for document, _, ids in source.segments:  # the document's index, as evaluate's units name it
@@ -125,13 +125,11 @@ def quanto_cell(nbits: int, documents: int | None, segment: int) -> list[dict]:
 
 
 def cell(kind: str, spec: str, bits: int, documents: int | None, segment: int, model: str = SMOLLM2) -> list[dict]:
-    """One method's per-document rows: a kvstats spec (``kind="kvstats"``) or transformers' quanto cache (SmolLM2
-    only: a model it refuses gets no quanto cell)."""
+    """One method's per-document rows: a kvstats spec (``kind="kvstats"``) or transformers' quanto cache (a model it
+    refuses gets no quanto cell: :meth:`Formats.cells`)."""
     if kind == "kvstats":
         return method_cell(spec, bits, documents, segment, model)
-    if model != SMOLLM2:
-        raise ValueError(f"model must be {SMOLLM2!r} for a quanto cell, got {model!r}")
-    return quanto_cell(bits, documents, segment)
+    return quanto_cell(bits, documents, segment, model)
 
 
 def method_label(spec: str, bits: int) -> str:
@@ -299,6 +297,8 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
     parts = []
     for metric, _, what in METRICS + (("success", False, "retrieval pass rate (studies/retrieval's trials)"),):
         g = a.groups.get((budget, metric))
+        if g is None and metric == "success" and (budget, "out_kl") in a.groups:
+            parts.append(_no_retrieval_group(a, budget))
         if g is None:
             continue
         table = g.table[g.table.grouped]
@@ -339,6 +339,17 @@ def budget_claim(a: Analysis, budget: float) -> Claim | None:
              f"{a.cfg['segment']} tokens of each, teacher-forced ({a.scale} scale)",
         verdict=verdicts.measured(f"{apart} of {len(pairs)} pairs distinguishable in next-token KL"),
         figure=f"{a.prefix}_pareto.png")
+
+
+def _no_retrieval_group(a: Analysis, budget: float) -> str:
+    """Why a budget has no retrieval comparison: the bits its documents' methods hold on the retrieval contexts
+    (lengths that are not multiples of a format's group hold a partial group's side bits) leave fewer than two
+    inside the band."""
+    g = a.groups[(budget, "out_kl")]
+    methods = g.table[g.table.grouped].method.tolist()
+    held = a.trials[a.trials.method.isin(methods)].groupby("method").bits.mean()
+    return ("retrieval pass rate: not compared — on the retrieval contexts fewer than two of these methods hold "
+            f"{budget:g} ± {TOLERANCE:g} bits (" + ", ".join(f"{m} {b:.3f}" for m, b in held.items()) + ")")
 
 
 def published_claims() -> list[Claim]:
@@ -399,7 +410,7 @@ class Formats(study.Study):
             named = cell_model(model)
             cells = [{"kind": "kvstats", "spec": s, "bits": b, **common, **named} for s, b in METHODS]
             if "quanto" in available_backends() and _quanto_refusal(model) is None:
-                cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common} for b in QUANTO_BITS]
+                cells += [{"kind": "quanto", "spec": "quanto", "bits": b, **common, **named} for b in QUANTO_BITS]
             prefix = f"{STUDY}{file_suffix(model)}"
             out |= {prefix: (cell, cells), f"{prefix}_retrieval": (retrieval_cell, retrieval_cells(cfg, model))}
         return out

@@ -267,9 +267,11 @@ class Scheme:
         p − window < j ≤ p; :func:`kvstats.quant.attention.window_visible`); needs ``causal=True``.
         With ``return_weights=True`` returns (output, weights [B, H_q, N, S]).
         """
-        if window is not None and not causal:
-            raise ValueError(f"window = {window} needs causal=True (a sliding window is a causal mask), got "
-                             f"causal={causal!r}")
+        if window is not None:
+            if not causal:
+                raise ValueError(f"window = {window} needs causal=True (a sliding window is a causal mask), got "
+                                 f"causal={causal!r}")
+            window = check_int_range(window, "window", 1, 2**62)
         logits = self.scores(queries, cache) / math.sqrt(self.dim)
         visible = causal_mask(logits.shape[-2], logits.shape[-1], logits.device) if causal else None
         if window is not None:

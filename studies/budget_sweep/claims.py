@@ -514,7 +514,7 @@ def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
               data=data_text_, verdict=kqv_lower(f1), figure=None),
         Claim(id=model_claim_id("dalberto-finding2-qkqv-worse-kl-smollm2", model) + suffix,
               claim="QKQV is worse than KQV in KL at every budget (here: on one model's real attention, every "
-                    f"layer tested){note}.",
+                    f"layer tested){_sensitivity(sketch, ' at n = 4')}.",
               source="D'Alberto, arXiv 2605.08114, abstract, finding (2)",
               measurement=measurement(f"{name}, n ∈ {sorted(set(f2['n']))}: KQV's KL significantly lower in "
                                       f"{_count(f2, -1)} (layer, n) cells",

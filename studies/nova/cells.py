@@ -140,9 +140,16 @@ def layer_window(name: str, layer: int, model: str = SMOLLM2) -> int | None:
     layer's logits are what every scheme here computes, ``q·kᵀ/√d`` with no soft cap: a model whose layer scales
     otherwise or soft-caps is refused, naming the layer (its attention would be measured against the wrong
     softmax)."""
+    from kvstats.hf.models import SHIPPED_MODELS
+
     f = _file(name, model)
     d = int(f.keys(layer).shape[-1])
-    rule = {a["layer"]: a for a in f.metadata.get("attention") or []}.get(layer, {})
+    rules = {a["layer"]: a for a in f.metadata.get("attention") or []}
+    if layer not in rules and SHIPPED_MODELS[model].sliding_layers:
+        raise ValueError(f"{model} has {SHIPPED_MODELS[model].sliding_layers} sliding-window layers but the capture "
+                         f"{capture_path(name, model).name} records no attention rule for layer {layer}: its window "
+                         "is unknown; capture it again (kvstats.hf.capture records each layer's rule)")
+    rule = rules.get(layer, {})
     scaling = rule.get("scaling", f.metadata.get("attn_scaling", 1 / math.sqrt(d)))
     if not math.isclose(scaling, 1 / math.sqrt(d), rel_tol=1e-9):
         raise ValueError(f"{model} layer {layer} scales its logits by {scaling!r}, not 1/sqrt(d) = "

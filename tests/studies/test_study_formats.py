@@ -72,3 +72,19 @@ def test_formats_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, s
         table = [[int((own & fp).sum()), int((own & ~fp).sum())], [int((~own & fp).sum()), int((~own & ~fp).sum())]]
         want = 1.0 if table[0][1] + table[1][0] == 0 else mcnemar(np.array(table), exact=True).pvalue
         assert row.p == pytest.approx(want, rel=1e-12)
+
+
+def test_a_budget_without_a_retrieval_group_says_why():
+    """Where the methods grouped on the documents hold other bits on the retrieval contexts (a partial group's side
+    bits), the claim names each one's held bits instead of dropping the retrieval comparison silently."""
+    from types import SimpleNamespace
+
+    from tests.helpers.studies import load_study
+
+    formats = load_study("formats")
+    table = pd.DataFrame({"method": ["kivi@4", "nvfp4@4", "kqv@4"], "grouped": [True, True, False]})
+    trials = pd.DataFrame({"method": ["kivi@4", "kivi@4", "nvfp4@4", "kqv@4"], "bits": [5.01, 5.03, 4.5, 4.19]})
+    a = SimpleNamespace(groups={(4.75, "out_kl"): SimpleNamespace(table=table)}, trials=trials)
+    text = formats._no_retrieval_group(a, 4.75)
+    assert text == ("retrieval pass rate: not compared — on the retrieval contexts fewer than two of these methods "
+                    "hold 4.75 ± 0.25 bits (kivi@4 5.020, nvfp4@4 4.500)")

@@ -216,6 +216,40 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     got = units[(units["layer"] == 0) & (units["scheme"] == "nova")].sort_values("head")["sink_mass"].to_numpy()
     np.testing.assert_allclose(got, mass, rtol=1e-5)  # the CSV keeps 6 significant digits (≤ 5e-6 relative)
     assert mass.min() > 0 and not band[2:, 0].any()  # two queries see token 0, two do not: the band matters
+    # the sink's errors over the layers that attend token 0 (the full-attention one), from the unit rows
+    sink = claims["nova-attention-sink-gemma3"]["measurement"]
+    full = units[(units["window"] == 0) & (units["scheme"] == "nova") & (units["n"] == 2)]
+    assert (f"full-attention layers): nova {full['abs_logit_err_sink'].median():.2f} vs "
+            f"{full['abs_logit_err_rest'].median():.2f}") in sink
+    assert "in the 1 sliding-window layers keeping token 0 exact changes nothing" in sink
+
+
+def test_layer_window_reads_the_captures_rule_and_refuses_what_it_cannot_measure(nv, monkeypatch):
+    """nova's layer rule from a capture's metadata: the window of a sliding layer, None for full attention; a
+    scaling other than 1/sqrt(d), a soft cap, or a model with sliding layers whose capture records no rule for the
+    layer are refused by name."""
+    from types import SimpleNamespace
+
+    from kvstats.hf.models import GEMMA3, SMOLLM2
+
+    def capture(attention, d=256, **meta):
+        f = SimpleNamespace(metadata={"attention": attention, **meta}, keys=lambda layer: torch.zeros(1, 1, 4, d))
+        monkeypatch.setattr(nv.cells, "_file", lambda name, model=SMOLLM2: f)
+
+    capture([{"layer": 0, "scaling": 1 / 16, "softcap": None, "sliding_window": 512},
+             {"layer": 1, "scaling": 1 / 16, "softcap": None, "sliding_window": None}])
+    assert nv.cells.layer_window("x", 0, GEMMA3) == 512 and nv.cells.layer_window("x", 1, GEMMA3) is None
+    capture([{"layer": 0, "scaling": 0.1, "softcap": None, "sliding_window": None}])
+    with pytest.raises(ValueError, match="layer 0 scales its logits by 0.1, not 1/sqrt"):
+        nv.cells.layer_window("x", 0, GEMMA3)
+    capture([{"layer": 0, "scaling": 1 / 16, "softcap": 50.0, "sliding_window": None}])
+    with pytest.raises(ValueError, match="soft-caps its logits"):
+        nv.cells.layer_window("x", 0, GEMMA3)
+    capture([])
+    with pytest.raises(ValueError, match="15 sliding-window layers but the capture .* no attention rule for layer 3"):
+        nv.cells.layer_window("constitution_lincoln", 3, GEMMA3)
+    capture([], d=64)  # SmolLM2: full attention everywhere, an older capture without rules reads as 1/sqrt(d)
+    assert nv.cells.layer_window("x", 3, SMOLLM2) is None
 
 
 # ------------------------------------------------------------------------------------------ end_to_end
