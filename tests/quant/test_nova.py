@@ -328,7 +328,7 @@ def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
     """studies/nova/ end to end on small stand-ins of SmolLM2's tensors (GQA 3/1, d = 16, 300 tokens)."""
     study = load_study("nova")
 
-    def stand_in(name, layer):
+    def stand_in(name, layer, model="smollm2"):
         seed = 100 * layer + (name == study.TEXTS[1])
         q, _ = calibration_data(d=D, n_q=3 * 300, seed=seed)
         _, k = calibration_data(d=D, n_k=300, seed=seed + 7)
@@ -336,6 +336,7 @@ def test_nova_study_cell_and_analysis_on_stand_in_tensors(monkeypatch):
         return q.reshape(1, 3, 300, D).float(), k.reshape(1, 1, 300, D).float(), v.reshape(1, 1, 300, D).float()
 
     monkeypatch.setattr(study.cells, "layer_qkv", stand_in)
+    monkeypatch.setattr(study.cells, "layer_window", lambda name, layer, model="smollm2": None)  # full attention
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the sweep runs cells
     try:

@@ -507,10 +507,12 @@ def test_nova_cell_attention_from_kvstats_attention(monkeypatch):
     # 260 tokens: nova's key codebook (2^8 entries at n = 2) needs at least 256 calibration tokens
     fake = {name: (torch.randn(1, 9, 260, 64, generator=gen), torch.randn(1, 3, 260, 64, generator=gen),
                    torch.randn(1, 3, 260, 64, generator=gen)) for name in nv.TEXTS}
-    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer: fake[name])
+    monkeypatch.setattr(nv.cells, "layer_qkv", lambda name, layer, model="smollm2": fake[name])
+    monkeypatch.setattr(nv.cells, "layer_window", lambda name, layer, model="smollm2": None)  # full attention
     for module in (nv, nv.cells):  # one budget keeps the test short
         monkeypatch.setattr(module, "BUDGETS", (2,))
-    assert nv.cells._visible(3, 5).tolist() == [[j <= 2 + i for j in range(5)] for i in range(3)]
+    ref = nv.cells.metrics.AttentionReference(torch.zeros(1, 1, 3, 5), causal=True)  # the cell's mask
+    assert ref.visible.tolist() == [[j <= 2 + i for j in range(5)] for i in range(3)]
     rows = [r for r in nv.cell(0, 0, 4, False) if r["kind"] == "unit"]
     assert {r["scheme"] for r in rows} == {"nova", *nv.OBLIVIOUS}
     assert len(rows) == 9 * len(nv.BUDGETS) * (1 + len(nv.OBLIVIOUS))  # one row per query head
