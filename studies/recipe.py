@@ -59,6 +59,7 @@ from kvstats.study.models import (
     file_suffix,
     model_claim_id,
     per_model_claims,
+    run_models,
 )
 
 STUDY = "recipe"
@@ -478,11 +479,6 @@ class RecipeStudy(study.Study):
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
 
-    @staticmethod
-    def models() -> list[str]:
-        """SmolLM2 and every other shipped model installed here."""
-        return [MODEL] + [m for m in available_models()[0] if m != MODEL]
-
     def cells(self, scale: str) -> study.Sweeps:
         """Per model, one cell per document (``recipe``, ``recipe_<label>``; a second model's cells name it)."""
         from kvstats.evaluation.unit_store import kvstats_digest
@@ -491,7 +487,7 @@ class RecipeStudy(study.Study):
         return {f"{STUDY}{file_suffix(model)}": (
             cell, [{"task": "document", "document": i, "formats": list(cfg["formats"]), "documents": cfg["documents"],
                     "segment": cfg["segment"], "code": code, **cell_model(model)} for i in range(cfg["documents"])])
-            for model in self.models()}
+            for model in run_models()}
 
     def run_sweeps(self, run: study.StudyRun) -> dict:
         import warnings
@@ -499,7 +495,7 @@ class RecipeStudy(study.Study):
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
         cfg = SCALE[run.scale]
-        for model in self.models():
+        for model in run_models():
             prefix = f"{STUDY}{file_suffix(model)}"
             tables[f"{prefix}_join"] = run.sweep(cell, join_cells(cfg, tables[prefix], run.scale, model),
                                                  version=self.version, name=f"{prefix}_join")
@@ -515,7 +511,7 @@ class RecipeStudy(study.Study):
             return Analysis(SCALE[scale], scale, json.loads(tables[f"{prefix}_join"].iloc[0]["recipe"]),
                             tables.get(f"{prefix}_retrieval"), model=model)
 
-        others = {model: of(model) for model in self.models() if model != MODEL}
+        others = {model: of(model) for model in run_models() if model != MODEL}
         return replace(of(MODEL), others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:

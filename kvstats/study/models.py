@@ -25,7 +25,7 @@ from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
 __all__ = ["LABELS", "REAL_MODELS", "ModelAnalysis", "ModelRun", "available_models", "cell_model", "file_suffix",
-           "missing_model_claim", "model_claim_id", "models_compared_claim", "per_model_claims"]
+           "missing_model_claim", "model_claim_id", "models_compared_claim", "per_model_claims", "run_models"]
 
 #: The models every real-data study runs on, in the report's order.
 REAL_MODELS = (SMOLLM2, GEMMA3)
@@ -58,6 +58,12 @@ def available_models(models: Sequence[str] = REAL_MODELS) -> tuple[list[str], di
         else:
             missing[model] = why
     return present, missing
+
+
+def run_models() -> list[str]:
+    """The models a real-data study runs, in report order: SmolLM2 (its rows are the study's own, installed or not)
+    and every other shipped model installed here."""
+    return [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]
 
 
 def model_claim_id(base: str, model: str) -> str:

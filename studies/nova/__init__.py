@@ -122,7 +122,7 @@ from kvstats.studies.nova.verdicts import (
 )
 from kvstats.study import plots
 from kvstats.study.claims import Claim
-from kvstats.study.models import available_models, cell_model, file_suffix, per_model_claims
+from kvstats.study.models import available_models, cell_model, file_suffix, per_model_claims, run_models
 from kvstats.study.sweep import grid
 
 __all__ = ["POSITION", "ABLATION_ARMS", "ABLATION_BUDGETS", "ABLATION_FAMILIES", "ALPHA", "BUDGETS", "CLAIM_METRICS",
@@ -145,7 +145,7 @@ class Nova(study.Study):
         """SmolLM2's sweep (``nova``) and, for every other model installed, the same on its captures
         (``nova_<label>``: each cell names the model, so SmolLM2's keep their keys)."""
         cfg, out = SCALE[scale], {}
-        for model in [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]:
+        for model in run_models():
             ensure_captures(model)  # once here (cached), never in parallel workers
             out[f"{STUDY}{file_suffix(model)}"] = (
                 cell, grid(layer=model_layers(cfg, model), seed=list(cfg["seeds"]), n_q=cfg["n_q"],

@@ -92,3 +92,11 @@ def test_a_model_analysis_carries_its_model_and_names_its_files():
     assert theirs.prefix == "toy_gemma3" and theirs.model_name == "Gemma-3-270M"
     with pytest.raises(TypeError):
         Toy(3, GEMMA3)  # the model is a keyword: a study's positional fields cannot shift into it
+
+
+def test_the_run_models_are_smollm2_then_every_other_installed_one(monkeypatch):
+    """SmolLM2's rows are always a study's own; another shipped model runs where its package is installed."""
+    monkeypatch.setattr(models, "available_models", lambda: ([SMOLLM2, GEMMA3], {}))
+    assert models.run_models() == [SMOLLM2, GEMMA3]
+    monkeypatch.setattr(models, "available_models", lambda: ([], {SMOLLM2: "no", GEMMA3: "no"}))
+    assert models.run_models() == [SMOLLM2]
