@@ -1,11 +1,11 @@
 """Statistics for comparing quantizers: Mann–Whitney and Wilcoxon with effect sizes, multiple testing, bootstrap
-CIs (means, ratios, Spearman ρ), power, binary outcomes (Wilson / Clopper–Pearson, exact McNemar) and
-equivalence (TOST, non-inferiority), significance groups at one budget (a compact letter display). See
+CIs (means, ratios, Spearman ρ), power and sample-size planning, binary outcomes (Wilson / Clopper–Pearson, exact
+McNemar) and equivalence (TOST, non-inferiority), significance groups at one budget (a compact letter display). See
 docs/statistics.md.
 
 One private module per family of tests (``_mann_whitney``, ``_mann_whitney_reported``, ``_wilcoxon``, ``_compare``,
-``_bootstrap``, ``_correlation``, ``_power``, ``_binary``, ``_equivalence``, ``_normal_theory``, ``_groups``); the
-public names are the ones below.
+``_bootstrap``, ``_correlation``, ``_power``, ``_planning``, ``_binary``, ``_equivalence``, ``_normal_theory``,
+``_groups``); the public names are the ones below.
 
 Conventions (docs/references.md §5):
 
@@ -68,6 +68,24 @@ from kvstats.measure.stats._normal_theory import (
     z_difference_test,
 )
 from kvstats.measure.stats._options import InferenceOptions, inference_options
+from kvstats.measure.stats._planning import EXACT_POWER_MAX_N as EXACT_POWER_MAX_N
+from kvstats.measure.stats._planning import (
+    SamplePlan,
+    binomial_mde,
+    binomial_power,
+    binomial_sample_size,
+    binomial_window,
+    binomtest_pvalues,
+    mcnemar_critical_values,
+    mcnemar_mde,
+    mcnemar_power,
+    mcnemar_sample_size,
+    mcnemar_window,
+    plan_sample_size,
+    tost_mde,
+    tost_power,
+    tost_sample_size,
+)
 from kvstats.measure.stats._power import (
     PowerResult,
     detectable_shift,
@@ -90,12 +108,18 @@ __all__ = [
     "ProportionResult",
     "MannWhitneyResult",
     "PowerResult",
+    "SamplePlan",
     "WilcoxonResult",
     "MeanResult",
     "RankBiserialReport",
     "TIntervalResult",
     "ZTestResult",
     "SignificanceGroups",
+    "binomial_mde",
+    "binomial_power",
+    "binomial_sample_size",
+    "binomial_window",
+    "binomtest_pvalues",
     "bootstrap_ci",
     "cluster_bootstrap_ci",
     "compact_letters",
@@ -111,12 +135,18 @@ __all__ = [
     "mann_whitney_min_pvalue",
     "mann_whitney_u_pvalue",
     "mcnemar",
+    "mcnemar_critical_values",
+    "mcnemar_mde",
+    "mcnemar_power",
+    "mcnemar_sample_size",
+    "mcnemar_window",
     "mean_ci",
     "mwu_null_cdf",
     "noninferiority",
     "ols_slope",
     "paired_equivalence_trials",
     "paired_t_power",
+    "plan_sample_size",
     "proportion_ci",
     "rank_biserial_report",
     "ratio_ci",
@@ -124,6 +154,9 @@ __all__ = [
     "spearman",
     "t_interval",
     "t_standard_error",
+    "tost_mde",
+    "tost_power",
+    "tost_sample_size",
     "wilcoxon",
     "wilcoxon_min_pvalue",
     "wilcoxon_power",
