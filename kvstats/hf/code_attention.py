@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kvstats._validation import all_finite, check_float_tensor, first_non_finite
+from kvstats.hf.decoded_attention import attend_decoded_block, attend_decoded_window, scores_are_decoded
 from kvstats.hf.decoded_plan import DecodedPlan, decodable_sides
 from kvstats.hf.logit_rules import LogitRules, mask_block, mask_shows_any, mask_shows_later_keys
 from kvstats.hf.records import AttentionRecord
@@ -29,6 +30,9 @@ QUERY_BLOCK = 64
 #: (``scheme.weighted_values``: no V̂ formed); a longer forward (a prefill) decodes V̂ once and multiplies, which
 #: costs less when many query rows share the keys (one decode, then a GEMM; docs/cache.md).
 CODE_VALUES_MAX_QUERIES = 8
+#: Queries per block of a long forward from decoded keys (:meth:`CodeAttention._attend_decoded`): its band — the keys
+#: where the block's queries differ, read explicitly — is DECODED_QUERY_BLOCK × (DECODED_QUERY_BLOCK + W) per head.
+DECODED_QUERY_BLOCK = 128
 
 
 def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -123,12 +127,13 @@ class CodeAttention:
         and the weights [B, H_q, N, S] when transformers records them (else None); the records of the blocks
         joined into one per layer and forward."""
         n, seq = query.shape[2], self.cumulative_length
+        keep_weights = _weights_requested() or n <= QUERY_BLOCK
+        if (not keep_weights and self._decoded_keys_apply(attention_mask, dropout, training, rules)
+                and (self.chunks or self.n_sinks)):
+            return self._attend_decoded(query, scaling, span), None
         v_hat = None
         if n > CODE_VALUES_MAX_QUERIES and (self.chunks or self.n_sinks):
-            parts = [self.sink_values] if self.n_sinks else []  # the sinks' exact values, then the codes' V̂
-            parts += [self.scheme.v.decode(c.v) for c in self.chunks]
-            v_hat = torch.cat(parts, dim=-2).to(acc_dtype(query.dtype))
-        keep_weights = _weights_requested() or n <= QUERY_BLOCK
+            v_hat = self._decoded("v", acc_dtype(query.dtype))
         first_record = len(self.records)
         out, weights = None, []
         for r0 in range(0, n, QUERY_BLOCK):
@@ -153,6 +158,60 @@ class CodeAttention:
                                                 torch.cat([r.kl for r in parts], dim=-1),
                                                 torch.cat([r.recall for r in parts], dim=-1), parts[0].top_k))
         return out, (None if not keep_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+    def _decoded(self, side: str, dtype: torch.dtype) -> torch.Tensor:
+        """K̂ (``side`` "k") or V̂ ("v") of every key held outside the window [B, H_kv, n_coded, d] in ``dtype``: the
+        sinks' exact states, then the codes decoded."""
+        parts = [getattr(self, f"sink_{'keys' if side == 'k' else 'values'}")] if self.n_sinks else []
+        quantizer = getattr(self.scheme, side)
+        parts += [quantizer.decode(getattr(c, side)) for c in self.chunks]
+        return _as_dtype(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2), dtype)
+
+    def _decoded_keys_apply(self, attention_mask: torch.Tensor | None, dropout: float, training: bool,
+                            rules: LogitRules) -> bool:
+        """Whether a long forward whose weights nobody reads may take :meth:`_attend_decoded`: no records (they need
+        every logit), a causal forward without a mask, a sliding window, soft capping, sinks or dropout, and scores
+        that are ⟨q, decode(code)⟩ (:func:`~kvstats.hf.decoded_attention.scores_are_decoded`)."""
+        if (self.record or attention_mask is not None or rules.softcap is not None or rules.sinks is not None
+                or rules.sliding_window is not None or (training and dropout)):
+            return False
+        linear = self.__dict__.get("_scores_are_decoded")
+        if linear is None:
+            linear = self._scores_are_decoded = scores_are_decoded(self.scheme)
+        return linear
+
+    def _attend_decoded(self, query: torch.Tensor, scaling: float,
+                        span: tuple[int, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """:meth:`attend` of a long causal forward from K̂ and V̂ decoded once
+        (:func:`~kvstats.hf.decoded_attention.attend_decoded_block` per block of :data:`DECODED_QUERY_BLOCK`
+        queries): output [B, N, H_q, d]."""
+        n, seq, nq = query.shape[2], self.cumulative_length, self.n_quantized
+        acc = acc_dtype(query.dtype)
+        k_hat, v_hat = self._decoded("k", acc), self._decoded("v", acc)
+        span_start, span_k, span_v = span[0], _as_dtype(span[1], acc), _as_dtype(span[2], acc)
+        if self.flush_size == 1 and not self.sinks and span_start <= max(0, seq - n - self.window + 1):
+            out = attend_decoded_window(_as_dtype(query, acc), k_hat, v_hat, span_k, span_v, span_start, seq - n,
+                                        self.window, scaling)
+            return out.to(query.dtype).transpose(1, 2).contiguous()
+        out = None
+        for r0 in range(0, n, DECODED_QUERY_BLOCK):
+            r1 = min(n, r0 + DECODED_QUERY_BLOCK)
+            first = seq - n + r0
+            width = first + r1 - r0
+            # keys [0, far) are read through the codes by every query of the block; the band [far, width) is not
+            far = max(span_start, int(self.quantized_count(first + 1)))
+            hi = min(nq, int(self.quantized_count(width)))
+            pos_q = torch.arange(first, width, device=query.device).unsqueeze(-1)
+            use_exact = torch.arange(far, width, device=query.device) >= self.quantized_count(pos_q + 1)
+            rows = attend_decoded_block(_as_dtype(query[:, :, r0:r1], acc), k_hat, v_hat, span_k, span_v,
+                                        span_start, first, far, hi, use_exact, scaling)
+            rows = rows.to(query.dtype).transpose(1, 2)
+            if r1 - r0 == n:
+                return rows.contiguous()
+            if out is None:
+                out = rows.new_empty((rows.shape[0], n, *rows.shape[2:]))
+            out[:, r0:r1] = rows
+        return out
 
     def attend_shared(self, reader: int, key: torch.Tensor, value: torch.Tensor, query: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
