@@ -26,11 +26,11 @@ from kvstats.study.sweep import SCALES
 
 __all__ = ["CLAIM_KEYS", "Claim", "VERDICTS", "listing", "measurement", "validate_claim"]
 
-#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule`` and ``reason``
-#: are required.
+#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule``, ``reason`` and
+#: ``code`` (the fingerprint of the code that computed it, :mod:`kvstats.study.fingerprint`) are required.
 CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale", "position",
-              "discrepancy", "rule", "reason")
-_REQUIRED = CLAIM_KEYS[:-6]
+              "discrepancy", "rule", "reason", "code")
+_REQUIRED = CLAIM_KEYS[:-7]
 #: Allowed verdicts (:data:`kvstats.measure.verdicts.VERDICTS`). ``measured``: our own measurement (source kvstats).
 VERDICTS = _verdicts.VERDICTS
 
@@ -114,7 +114,7 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bo
     if strict and (out["rule"] is None or out["reason"] is None):
         raise ValueError(f"{where}['verdict'] must be a kvstats.measure.verdicts.Verdict (computed by a rule, with its "
                          f"reason), got the bare string {out['verdict']!r}")
-    for key in ("figure", "details", "discrepancy", "rule", "reason"):
+    for key in ("figure", "details", "discrepancy", "rule", "reason", "code"):
         if out[key] is not None and not isinstance(out[key], str):
             raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
     if out["scale"] is not None and out["scale"] not in SCALES:

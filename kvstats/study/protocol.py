@@ -15,8 +15,10 @@ A study script (``studies/<name>.py``) declares its name and its place in the re
 
 ``start`` parses the common command line (:func:`kvstats.study.sweep.study_args`: ``--scale``, ``--scheduler``,
 ``--n-jobs``, ``--no-progress``, ``--recompute``) and starts the clock; ``sweep`` runs a sweep with those
-options and counts computed and cached cells; ``finish`` writes the claims (with the scale and the study's
-position) and prints the wall time.
+options and counts computed and cached cells; ``finish`` writes the claims (with the scale, the study's
+position and the fingerprint of its code) and prints the wall time. Every cell's key holds the fingerprint of the
+code its cell function runs (:mod:`kvstats.study.fingerprint`), so an edit that can move a number recomputes the
+cells it can move, and no others.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvstats.study.fingerprint import function_fingerprint, study_fingerprint
 from kvstats.study.report import write_claims, write_definitions
 from kvstats.study.sweep import Sweep, study_args
 
@@ -48,6 +51,8 @@ class StudyRun:
     started: float = field(default_factory=time.perf_counter)
     computed: int = 0
     cached: int = 0
+    #: defining module of a cell function -> its code fingerprint (:meth:`cell_code`)
+    codes: dict = field(default_factory=dict)
 
     @property
     def scale(self) -> str:
@@ -58,13 +63,21 @@ class StudyRun:
               name: str | None = None) -> pd.DataFrame:
         """Run ``cells`` through :class:`kvstats.study.sweep.Sweep` (named ``name``, default the study's) with the run's
         scheduler, workers, progress bar and recompute flag; return its table."""
-        table = Sweep(name or self.name, cell, list(cells), version=version).run(
+        table = Sweep(name or self.name, cell, list(cells), version=f"{version}+code.{self.cell_code(cell)}").run(
             scheduler=self.args.scheduler, n_jobs=self.args.n_jobs, progress=not self.args.no_progress,
             recompute=self.args.recompute)
         info = table.attrs.get("sweep", {})
         self.computed += int(info.get("computed") or 0)
         self.cached += int(info.get("cached") or 0)
         return table
+
+    def cell_code(self, cell: Callable[..., list[dict]]) -> str:
+        """The fingerprint of the code a cell function runs (:func:`kvstats.study.fingerprint.function_fingerprint`),
+        part of every cell's key: a cell stored by other code is computed again. Once per defining module and run."""
+        module = getattr(cell, "__module__", None)
+        if module not in self.codes:
+            self.codes[module] = function_fingerprint(cell)
+        return self.codes[module]
 
     def elapsed(self) -> float:
         """Wall seconds since :func:`start`."""
@@ -75,7 +88,8 @@ class StudyRun:
         """Write the claims (``figures/data/<study>_claims.json``, with scale and position) and the definitions
         (:func:`kvstats.study.report.write_definitions`: what the study's terms mean, generated from its
         configuration), print the wall time and the cell counts; return 0, the study's exit code."""
-        write_claims(self.name, claims, scale=self.scale, position=self.position, echo=echo)
+        write_claims(self.name, claims, scale=self.scale, position=self.position, echo=echo,
+                     code=study_fingerprint(self.name))
         if definitions is not None:
             write_definitions(self.name, definitions)
         print(f"{self.name} done in {self.elapsed():.1f} s ({self.computed} cells computed, {self.cached} cached)")

@@ -56,6 +56,7 @@ from kvstats.study.sweep import SCALES
 
 __all__ = [
     "CLAIM_KEYS",
+    "code_status",
     "DEFAULT_PREAMBLE",
     "VERDICTS",
     "build_report",
@@ -78,13 +79,15 @@ def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Pat
 
 def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
                  position: int | None = None, figures_dir: str | os.PathLike | None = None,
-                 echo: bool = False) -> Path:
+                 echo: bool = False, code: str | None = None) -> Path:
     """Validate ``claims`` (:class:`kvstats.study.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write
     them to ``figures/data/<study>_claims.json`` (atomically); return the path.
 
     Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
     a report assembled from studies run at different scales says which ran at which; ``position`` (the
-    study's ``POSITION``) is recorded likewise and orders the report. ``figures_dir``
+    study's ``POSITION``) is recorded likewise and orders the report; ``code``, the fingerprint of the code that
+    computed them (:func:`kvstats.study.fingerprint.study_fingerprint`), too, so :func:`build_report` can tell
+    claims of other code. ``figures_dir``
     defaults to :func:`default_figures_dir`. With ``echo`` each claim is printed as
     ``[verdict] id: measurement`` (what a study shows its user).
     """
@@ -101,6 +104,10 @@ def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str 
         checked = [c | {"scale": scale} for c in checked]
     if position is not None:
         checked = [c | {"position": position} for c in checked]
+    if code is not None:
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"code must be a code fingerprint (a non-empty string), got {code!r}")
+        checked = [c | {"code": code} for c in checked]
     ids = [c["id"] for c in checked]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -342,6 +349,37 @@ def _scale_line(scales: Mapping[str, str], default: str) -> str:
     return f"{main}, except " + ", ".join(f"{s} ({v})" for s, v in others.items())
 
 
+def code_status(claims: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Per study, whether its claims are the current code's: ``"current"`` (every claim records the fingerprint
+    :func:`kvstats.study.fingerprint.study_fingerprint` gives now), ``"stale"`` (some record another),
+    ``"unrecorded"`` (some record none: written before fingerprints, or by code that did not pass one) or
+    ``"unknown"`` (not a shipped study: nothing to compare with)."""
+    from kvstats.study.fingerprint import study_fingerprint
+
+    status = {}
+    for study, cs in claims.items():
+        now = study_fingerprint(study)
+        recorded = {c.get("code") for c in cs}
+        status[study] = ("unknown" if now is None else "unrecorded" if None in recorded
+                         else "current" if recorded == {now} else "stale")
+    return status
+
+
+def _code_lines(status: Mapping[str, str]) -> list[str]:
+    """The report's statement of which studies' claims other code computed."""
+    other = {k: [s for s, v in status.items() if v == k] for k in ("stale", "unrecorded")}
+    if not other["stale"] and not other["unrecorded"]:
+        return []
+    parts = []
+    if other["stale"]:
+        parts.append(f"computed by other code than this commit's: {', '.join(other['stale'])}")
+    if other["unrecorded"]:
+        parts.append(f"recording no code fingerprint (written before they were recorded): "
+                     f"{', '.join(other['unrecorded'])}")
+    return [f"**Not this code's numbers** — claims {'; '.join(parts)}. Rerun those studies "
+            "(`kvstats reproduce`) for numbers this commit computes.", ""]
+
+
 def _report_commit(fig: Path) -> str:
     """The commit of the checkout the figures folder is in, else the one kvstats runs from (an installed copy: the
     commit pip recorded, :func:`kvstats.study.provenance.kvstats_commit`)."""
@@ -359,6 +397,7 @@ def build_report(
     date: _dt.datetime | None = None,
     out: str | os.PathLike | None = None,
     failed: Sequence[str] = (),
+    require_current: bool = False,
 ) -> Path:
     """Assemble ``figures/REPORT.md`` from every ``figures/data/*_claims.json``.
 
@@ -372,6 +411,8 @@ def build_report(
         date: the run's date (default now, UTC).
         out: output path (default ``<figures_dir>/REPORT.md``).
         failed: studies that failed in this run (named at the top: their claims files, if any, are stale).
+        require_current: refuse (ValueError naming them) studies whose claims are not the current code's
+            (:func:`code_status`); otherwise the report names them at the top and in their sections.
 
     Returns:
         the path written.
@@ -383,6 +424,10 @@ def build_report(
     claims = {s: read_claims(found[s]) for s in order if s in found}
     date = date or _dt.datetime.now(_dt.timezone.utc)
     scales = _study_scales(claims, scale)
+    status = code_status(claims)
+    if require_current and any(v in ("stale", "unrecorded") for v in status.values()):
+        raise ValueError("claims not computed by the current code: " + ", ".join(
+            f"{s} ({v})" for s, v in status.items() if v in ("stale", "unrecorded")) + "; rerun those studies")
     any_quick = "quick" in scales.values()
     lines = [
         "# kvstats — published claims against our measurements",
@@ -400,6 +445,7 @@ def build_report(
     if failed:
         lines += [f"**Failed in this run: {', '.join(failed)}** — their sections below (if any) come from an "
                   "earlier run.", ""]
+    lines += _code_lines(status)
     if preamble:
         lines += [preamble.strip(), ""]
     lines += _discrepancies(claims)
@@ -418,7 +464,12 @@ def build_report(
         lines += [f"| {s} | {t:.0f} |" for s, t in timings.items()]
         lines += [f"| **total** | **{sum(timings.values()):.0f}** |", ""]
     for study, cs in claims.items():
-        lines += [f"## {study}", "", f"Scale: {scales[study]}.", ""]
+        code = ", ".join(sorted({c.get("code") for c in cs} - {None}))
+        lines += [f"## {study}", "", f"Scale: {scales[study]}. Code: " + {
+            "current": f"this commit's (fingerprint {code}).",
+            "stale": f"**other than this commit's** (claims record {code}).",
+            "unrecorded": "**not recorded** (claims written before code fingerprints).",
+            "unknown": "not a shipped study (no fingerprint to compare)."}[status[study]], ""]
         for c in cs:
             lines += [
                 f"### {c['id']} — {_VERDICT_MARK[c['verdict']]}",
