@@ -31,15 +31,20 @@ STORE_VERSION = "2"
 
 @functools.lru_cache(maxsize=1)
 def kvstats_digest() -> str:
-    """sha256 of kvstats' Python sources and the compiled extension's file (size and mtime): kvstats' own code."""
+    """sha256 of kvstats' Python sources and of what its compiled extension is built from (the sources under
+    cuda_ext/csrc in a source checkout, else the library's bytes: :func:`kvstats.study.fingerprint.extension_files`):
+    kvstats' own code. A rebuild of the same sources keeps it (before, the library's mtime was hashed, so every
+    fresh build recomputed every stored unit)."""
+    from kvstats.study.fingerprint import extension_files
+
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
-    for lib in sorted(root.glob("_C*")):
-        st = lib.stat()
-        digest.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for path in extension_files():
+        digest.update(f"{path.parent.name}/{path.name}".encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:24]
 
 

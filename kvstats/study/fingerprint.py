@@ -30,7 +30,8 @@ import platform
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ROOTS", "code_fingerprint", "function_fingerprint", "import_closure", "module_path", "study_fingerprint"]
+__all__ = ["ROOTS", "code_fingerprint", "extension_files", "function_fingerprint", "import_closure", "module_path",
+           "study_fingerprint"]
 
 #: the top-level packages whose modules a fingerprint follows (the studies also import as ``kvstats.studies``)
 ROOTS = ("kvstats", "studies")
@@ -160,7 +161,7 @@ def _package_data() -> list[Path]:
                   and "__pycache__" not in p.parts)
 
 
-def _extension_files() -> list[Path]:
+def extension_files() -> list[Path]:
     """What the compiled extension is built from: cuda_ext/csrc's sources in a source checkout, else the built
     library itself."""
     from kvstats.study.provenance import source_root
@@ -209,7 +210,7 @@ def code_fingerprint(modules: str | Iterable[str] = (), files: Iterable[str | Pa
         add(f"file:{path.name}", path.read_bytes())
     for path in _package_data():
         add(f"data:{path.resolve().relative_to(kvstats_root).as_posix()}", path.read_bytes())
-    for path in _extension_files():
+    for path in extension_files():
         add(f"extension:{path.name}:{path.parent.name}", path.read_bytes())
     for name in LIBRARIES:
         add(f"library:{name}", _version(name).encode())
