@@ -24,15 +24,85 @@ from kvstats.measure import verdicts as _verdicts
 from kvstats.measure.verdicts import Verdict
 from kvstats.study.sweep import SCALES
 
-__all__ = ["CLAIM_KEYS", "Claim", "VERDICTS", "listing", "measurement", "validate_claim"]
+__all__ = ["CLAIM_KEYS", "Claim", "SampleSize", "VERDICTS", "listing", "measurement", "validate_claim"]
 
-#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule``, ``reason`` and
-#: ``code`` (the fingerprint of the code that computed it, :mod:`kvstats.study.fingerprint`) are required.
+#: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule``, ``reason``,
+#: ``code`` (the fingerprint of the code that computed it, :mod:`kvstats.study.fingerprint`) and ``sample`` (its
+#: sample size planned by power, :class:`SampleSize`) are required.
 CLAIM_KEYS = ("id", "claim", "source", "measurement", "data", "verdict", "figure", "details", "scale", "position",
-              "discrepancy", "rule", "reason", "code")
-_REQUIRED = CLAIM_KEYS[:-7]
+              "discrepancy", "rule", "reason", "code", "sample")
+_REQUIRED = CLAIM_KEYS[:-8]
 #: Allowed verdicts (:data:`kvstats.measure.verdicts.VERDICTS`). ``measured``: our own measurement (source kvstats).
 VERDICTS = _verdicts.VERDICTS
+
+
+@dataclass(frozen=True)
+class SampleSize:
+    """A claim's sample size planned by power (issue 50): the n its test needs to reach each verdict with
+    ``power`` for the effect of interest, the n it got, and the smallest effect detectable with that power there.
+
+    Attributes:
+        test: the test the verdict rests on ("exact McNemar test", "paired TOST", ...).
+        effect: the effect of interest (or margin) the plan is for, in words with its number.
+        planned_n, achieved_n: the planned and the achieved sample size (in ``unit``), ≥ 1.
+        mde: the minimum detectable effect at ``achieved_n`` (of ``mde_of``), or None where no effect reaches
+            ``power`` at that n.
+        mde_of: what ``mde`` measures ("p_a − p_b", "|Δ| shown equivalent", ...).
+        power: the target power of the plan, in (0, 1). unit: what n counts ("trials", "documents", ...).
+    """
+
+    test: str
+    effect: str
+    planned_n: int
+    achieved_n: int
+    mde: float | None
+    mde_of: str
+    power: float = 0.8
+    unit: str = "trials"
+
+    def __post_init__(self):
+        _check_sample(asdict(self), "SampleSize")
+
+    @classmethod
+    def from_plan(cls, plan, *, effect: str, mde_of: str, unit: str = "trials") -> SampleSize:
+        """From a :class:`kvstats.measure.stats.SamplePlan` made with ``n_achieved`` (its planned n, target power,
+        test, and MDE there)."""
+        if getattr(plan, "n_achieved", None) is None:
+            raise ValueError("plan must be made with n_achieved= (the sample size the claim got), got none")
+        mde = float(plan.mde_achieved)
+        return cls(test=plan.test, effect=effect, planned_n=int(plan.n_planned), achieved_n=int(plan.n_achieved),
+                   mde=None if mde != mde else mde, mde_of=mde_of, power=float(plan.target_power), unit=unit)
+
+    @property
+    def under_powered(self) -> bool:
+        """Whether the claim got fewer than its test needs."""
+        return self.achieved_n < self.planned_n
+
+
+def _check_sample(sample: Any, where: str) -> dict[str, Any]:
+    """A claim's ``sample`` as a dict of :class:`SampleSize`'s fields, checked (ValueError/TypeError naming the
+    field and the value)."""
+    if isinstance(sample, SampleSize):
+        sample = asdict(sample)
+    if not isinstance(sample, Mapping):
+        raise TypeError(f"{where} must be a SampleSize or a dict of its fields, got {type(sample).__name__}")
+    fields = ("test", "effect", "planned_n", "achieved_n", "mde", "mde_of", "power", "unit")
+    if set(sample) != set(fields):
+        raise ValueError(f"{where} must have exactly the fields {list(fields)}, got {sorted(sample)}")
+    for key in ("test", "effect", "mde_of", "unit"):
+        if not isinstance(sample[key], str) or not sample[key].strip():
+            raise ValueError(f"{where}[{key!r}] must be a non-empty string, got {sample[key]!r}")
+    for key in ("planned_n", "achieved_n"):
+        value = sample[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}[{key!r}] must be an int >= 1, got {value!r}")
+    mde, power = sample["mde"], sample["power"]
+    if mde is not None and (isinstance(mde, bool) or not isinstance(mde, (int, float)) or mde != mde
+                            or mde in (float("inf"), float("-inf"))):
+        raise ValueError(f"{where}['mde'] must be a finite number or None, got {mde!r}")
+    if isinstance(power, bool) or not isinstance(power, (int, float)) or not 0 < power < 1:
+        raise ValueError(f"{where}['power'] must be in (0, 1), got {power!r}")
+    return dict(sample)
 
 
 @dataclass(frozen=True)
@@ -46,6 +116,7 @@ class Claim:
         verdict: a :class:`kvstats.measure.verdicts.Verdict` (its verdict, rule and reason are stored).
         figure: the figure file that shows it, or None. details: a longer note, or None.
         discrepancy: where the paper's number and the verified math disagree, or None.
+        sample: its sample size planned by power (:class:`SampleSize`), or None.
     """
 
     id: str
@@ -57,6 +128,7 @@ class Claim:
     figure: str | None = None
     details: str | None = None
     discrepancy: str | None = None
+    sample: SampleSize | None = None
 
     def __post_init__(self):
         if not isinstance(self.verdict, Verdict):
@@ -117,6 +189,8 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bo
     for key in ("figure", "details", "discrepancy", "rule", "reason", "code"):
         if out[key] is not None and not isinstance(out[key], str):
             raise TypeError(f"{where}[{key!r}] must be a string or None, got {type(out[key]).__name__}")
+    if out["sample"] is not None:
+        out["sample"] = _check_sample(out["sample"], f"{where}['sample']")
     if out["scale"] is not None and out["scale"] not in SCALES:
         raise ValueError(f"{where}['scale'] must be one of {list(SCALES)} or None, got {out['scale']!r}")
     _check_position(out["position"], f"{where}['position']")

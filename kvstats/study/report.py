@@ -57,6 +57,7 @@ from kvstats.study.sweep import SCALES
 __all__ = [
     "CLAIM_KEYS",
     "code_status",
+    "sample_text",
     "DEFAULT_PREAMBLE",
     "VERDICTS",
     "build_report",
@@ -380,6 +381,26 @@ def _code_lines(status: Mapping[str, str]) -> list[str]:
             "(`kvstats reproduce`) for numbers this commit computes.", ""]
 
 
+def sample_text(sample: Mapping[str, Any]) -> str:
+    """A claim's planned sample size in words (:class:`kvstats.study.claims.SampleSize` as stored)."""
+    mde = ("no effect is detectable with that power there" if sample["mde"] is None
+           else f"minimum detectable {sample['mde_of']} there {sample['mde']:.3g}")
+    short = " — **fewer than planned**" if sample["achieved_n"] < sample["planned_n"] else ""
+    return (f"{sample['achieved_n']:,} {sample['unit']} achieved, {sample['planned_n']:,} planned "
+            f"({sample['test']}, {sample['power']:.0%} power for {sample['effect']}); {mde}{short}.")
+
+
+def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """How many claims plan their sample size by power, and which got fewer than planned."""
+    every = [c for cs in claims.values() for c in cs]
+    planned = [c for c in every if c.get("sample")]
+    if not every:
+        return []
+    short = [c["id"] for c in planned if c["sample"]["achieved_n"] < c["sample"]["planned_n"]]
+    return [f"Sample sizes planned by power: {len(planned)} of {len(every)} claims"
+            + (f"; fewer than planned: {', '.join(short)}" if short else "") + ".", ""]
+
+
 def _report_commit(fig: Path) -> str:
     """The commit of the checkout the figures folder is in, else the one kvstats runs from (an installed copy: the
     commit pip recorded, :func:`kvstats.study.provenance.kvstats_commit`)."""
@@ -453,6 +474,7 @@ def build_report(
     counts = {v: sum(c["verdict"] == v for cs in claims.values() for c in cs) for v in VERDICTS}
     lines += ["## Summary", "",
               "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "",
+              *_sample_line(claims),
               "| study | claim | verdict | our measurement |", "|---|---|---|---|"]
     for study, cs in claims.items():
         for c in cs:
@@ -481,6 +503,8 @@ def build_report(
             ]
             if c["rule"]:
                 lines.append(f"- **Verdict by the {c['rule']} rule:** {c['reason']}")
+            if c["sample"]:
+                lines.append(f"- **Sample size:** {sample_text(c['sample'])}")
             if c["figure"]:
                 lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
             lines.append("")
