@@ -32,9 +32,9 @@ def test_dask_worker_processes_give_joblibs_rows_byte_for_byte(tmp_path):
         chosen = [c for c in cells if c.get("bits", 2) in (2, 3) and c["rep"] < 2][:12]
         sweeps[name] = Sweep(name, cell, chosen, version=study.version)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
-        for name, sweep in sweeps.items():
+        for sweep in sweeps.values():
             sweep.run(scheduler=c.scheduler_address, cache_dir=tmp_path / "dask", progress=False)
-    for name, sweep in sweeps.items():
+    for sweep in sweeps.values():
         sweep.run(n_jobs=2, cache_dir=tmp_path / "joblib", progress=False)
         sweep.run(n_jobs=1, cache_dir=tmp_path / "here", progress=False)
     for name, sweep in sweeps.items():
