@@ -90,12 +90,13 @@ def _member(package: str, attribute: str) -> set[str]:
     return {table[attribute]} if attribute in table else set(loose)
 
 
-def _imports(name: str, path: Path) -> set[str]:
+def _imports(name: str, path: Path, package: str | None = None) -> set[str]:
     """The modules of :data:`ROOTS` that module ``name`` (source at ``path``; "" for a file outside them, whose
     relative imports are not followed) imports, or loads through a package's lazy attributes
     (``from kvstats import scheme``, ``kvstats.quantizer(...)``)."""
     tree = ast.parse(path.read_bytes(), filename=str(path))
-    package = name if _is_package(name) else name.rpartition(".")[0]
+    if package is None:  # the package relative imports start from (given for a file found by its path)
+        package = name if _is_package(name) else name.rpartition(".")[0]
     found: set[str] = set()
     bound: dict[str, str] = {}  # names bound to modules by ``import a.b`` (a) or ``import a.b as c`` (c)
     for node in ast.walk(tree):
@@ -194,22 +195,32 @@ def code_fingerprint(modules: str | Iterable[str] = (), files: Iterable[str | Pa
     if not start and not paths:
         raise ValueError("code_fingerprint needs modules or files to fingerprint, got neither")
     digest = hashlib.sha256()
-    kvstats_root = module_path("kvstats").parent.parent.resolve()
+    repository = module_path("kvstats").parent.parent.resolve()
 
     def add(label: str, data: bytes) -> None:
         digest.update(f"{label}\0{len(data)}\0".encode())
         digest.update(data)
 
-    # by file, not by name: a study's modules import under two names (studies.nova, kvstats.studies.nova) that are
-    # one file, and the same code must give the same fingerprint whichever name ran it
-    sources = sorted({module_path(name).resolve() for name in (import_closure(start) if start else [])})
-    for path in sources:
-        label = path.relative_to(kvstats_root).as_posix() if path.is_relative_to(kvstats_root) else str(path)
-        add(f"module:{label}", path.read_bytes())
-    for path in paths:
-        add(f"file:{path.name}", path.read_bytes())
+    # by file, not by name: a study's modules import under two names (studies.nova, kvstats.studies.nova) and a study
+    # script also runs as __main__ (given here as a file), and the same code must give the same fingerprint whichever
+    # way it ran: every source is labelled by its path in the repository, and a file inside one of its packages
+    # brings its parent packages' __init__.py as its module's import would
+    files_here = set()
+    for path in (p.resolve() for p in paths):
+        files_here.add(path)
+        if path.is_relative_to(repository) and path.relative_to(repository).parts[0] in ROOTS:
+            for parent in path.parents:
+                init = parent / "__init__.py"
+                if parent != repository and parent.is_relative_to(repository) and init.is_file():
+                    package = ".".join(parent.relative_to(repository).parts)
+                    files_here.add(init)
+                    start += sorted(_imports(package, init, package))
+    sources = files_here | {module_path(name).resolve() for name in (import_closure(start) if start else [])}
+    for path in sorted(sources):
+        label = path.relative_to(repository).as_posix() if path.is_relative_to(repository) else str(path)
+        add(f"source:{label}", path.read_bytes())
     for path in _package_data():
-        add(f"data:{path.resolve().relative_to(kvstats_root).as_posix()}", path.read_bytes())
+        add(f"data:{path.resolve().relative_to(repository).as_posix()}", path.read_bytes())
     for path in extension_files():
         add(f"extension:{path.name}:{path.parent.name}", path.read_bytes())
     for name in LIBRARIES:

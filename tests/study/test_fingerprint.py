@@ -49,6 +49,9 @@ def test_closures_follow_what_each_study_imports_and_no_more():
     assert not any(m.startswith("kvstats.hf") for m in theory)  # a synthetic study does not run the cache
     assert {"kvstats.hf.capture", "kvstats.studies.nova.cells"} <= real  # the package imports itself so
     assert code_fingerprint("studies.nova") == code_fingerprint("kvstats.studies.nova")  # one file, two names
+    # a study script run as __main__ is fingerprinted by its file: the same code, the same fingerprint
+    assert code_fingerprint(files=[REPO / "studies" / "formats.py"]) == code_fingerprint("kvstats.studies.formats")
+    assert code_fingerprint(files=[REPO / "studies" / "nova" / "cells.py"]) == code_fingerprint("studies.nova.cells")
     assert code_fingerprint("studies.sphere_law") != code_fingerprint("studies.nova")
     assert code_fingerprint("studies.sphere_law") == study_fingerprint("sphere_law")
     assert study_fingerprint("no_such_study") is None
