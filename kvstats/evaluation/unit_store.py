@@ -31,20 +31,17 @@ STORE_VERSION = "2"
 
 @functools.lru_cache(maxsize=1)
 def kvstats_digest() -> str:
-    """sha256 of kvstats' Python sources and of what its compiled extension is built from (the sources under
-    cuda_ext/csrc in a source checkout, else the library's bytes: :func:`kvstats.study.fingerprint.extension_files`):
-    kvstats' own code. A rebuild of the same sources keeps it (before, the library's mtime was hashed, so every
-    fresh build recomputed every stored unit)."""
-    from kvstats.study.fingerprint import extension_files
+    """sha256 of kvstats' own code as it runs here: its Python sources, its data files (the codebook tables, the
+    shipped texts) and the loaded compiled extension's bytes (:func:`kvstats.study.fingerprint.extension_identity`:
+    the binary that runs, not the sources it was built from)."""
+    from kvstats.study.fingerprint import extension_identity, package_data
 
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
+    for path in sorted(root.rglob("*.py")) + package_data():
+        digest.update(str(path.resolve().relative_to(root)).encode())
         digest.update(path.read_bytes())
-    for path in extension_files():
-        digest.update(f"{path.parent.name}/{path.name}".encode())
-        digest.update(path.read_bytes())
+    digest.update(extension_identity())
     return digest.hexdigest()[:24]
 
 

@@ -170,11 +170,12 @@ class CodeAttention:
     def _decoded_keys_apply(self, attention_mask: torch.Tensor | None, dropout: float, training: bool,
                             rules: LogitRules) -> bool:
         """Whether a long forward whose weights nobody reads may take :meth:`_attend_decoded`: no records (they need
-        every logit), a causal forward without a mask, a sliding window, soft capping, sinks or dropout, and scores
-        that are ⟨q, decode(code)⟩ (:func:`~kvstats.hf.decoded_attention.scores_are_decoded`)."""
+        every logit), a causal forward without a mask, a sliding window, soft capping, sinks or dropout, on the CPU
+        (torch's fused flash kernel), and scores that are ⟨q, decode(code)⟩ by construction
+        (:func:`~kvstats.hf.decoded_attention.scores_are_decoded`)."""
         if (self.record or attention_mask is not None or rules.softcap is not None or rules.sinks is not None
-                or rules.sliding_window is not None or (training and dropout)):
-            return False
+                or rules.sliding_window is not None or (training and dropout) or self.device.type != "cpu"):
+            return False  # off the CPU the flash part would form whole [N, S] logits: the blocks bound them
         linear = self.__dict__.get("_scores_are_decoded")
         if linear is None:
             linear = self._scores_are_decoded = scores_are_decoded(self.scheme)

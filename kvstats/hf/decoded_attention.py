@@ -32,25 +32,26 @@ __all__ = ["attend_decoded_block", "attend_decoded_window", "flash_part", "merge
 
 #: Most logits :func:`window_part` forms at once (fp32: 32 MiB): its blocks are taken in groups under this.
 WINDOW_PART_ELEMENTS = 1 << 23
+#: Most queries of one block of :func:`window_part` (a long window's band is then Q × (Q + W − 1), not W × (2W − 1)).
+WINDOW_QUERY_BLOCK = 64
 
 
 def scores_are_decoded(scheme) -> bool:
-    """Whether ``scheme``'s scores are ⟨q, decode(code)⟩, so a long forward may score K̂ = decode(codes) instead:
-    kvstats' own quantizers as their scheme uses them (every one is a linear estimator, checked by
-    :func:`kvstats.quant.conformance.check_quantizer` on each registered name, tests/quant/test_conformance.py), or
-    a user's quantizer whose ``inner`` is the protocol's decode-then-dot
-    (:func:`~kvstats.hf.decoded_plan.decodable_sides`).
-    False for a scheme or a quantizer with an estimator of its own (it may not be linear): its scores come from it."""
-    from kvstats.hf.decoded_plan import decodable_sides
+    """Whether ``scheme``'s scores are ⟨q, decode(code)⟩ by construction, so a long forward may score K̂ =
+    decode(codes) instead: kvstats' own quantizers as their scheme uses them (every one is a linear estimator,
+    checked by :func:`kvstats.quant.conformance.check_quantizer` on each registered name,
+    tests/quant/test_conformance.py), or a user's subclass of kvstats' Quantizer that keeps its decode-then-dot
+    ``inner``. False for a scheme or a quantizer with an estimator of its own (it may not be linear), and for a
+    quantizer written on the protocol alone, whose ``inner`` nothing guarantees: the cache checks that one against
+    q·K̂ᵀ on every new chunk (:class:`~kvstats.hf.decoded_plan.DecodedPlan`) on the code-logit path, which it keeps."""
+    from kvstats.hf.decoded_plan import _default_estimator
     from kvstats.quant.schemes import Scheme
 
-    if not isinstance(scheme, Scheme):
+    if not isinstance(scheme, Scheme) or type(scheme).own_scores is not Scheme.own_scores or not scheme._own_inner():
         return False
-    if decodable_sides(scheme)[0]:
-        return True
     module = type(scheme.k).__module__ or ""
-    return (type(scheme).own_scores is Scheme.own_scores and scheme._own_inner()
-            and (module == "kvstats" or module.startswith("kvstats.")))
+    return (module == "kvstats" or module.startswith("kvstats.")
+            or _default_estimator(scheme.k, "inner", "_inner", "inner_plan"))
 
 
 def flash_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -102,6 +103,8 @@ def attend_decoded_block(q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tens
     states of positions [span_start, ...)). Returns the output [B, H_q, N, d]."""
     n = q.shape[2]
     width = first + n
+    if width == far:  # every key of the block is read through the codes (sink tokens or flushes, no window)
+        return flash_part(q, k_hat[..., :far, :], v_hat[..., :far, :], scale)[0]
     exact = slice(far - span_start, width - span_start)
     logits = _attention.scores(q, span_k[..., exact, :], scale=scale)  # [B, H_q, N, width − far]
     if hi > far:  # the band's columns a query reads through the codes
@@ -133,37 +136,39 @@ def window_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, w
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query of q [B, H_q, N, d] (positions [first, first + N)) over its ``window`` = W exact keys, positions
     [i − W + 1, i] ∩ [0, i]: k, v [B, H_kv, first + N − p0, d] hold positions [p0, first + N),
-    p0 = max(0, first − W + 1).
-    Returns (output [B, H_q, N, d], log-sum-exp [B, H_q, N]). The queries go in blocks of W, each block against the
-    2W − 1 keys its queries can see, all blocks in one batched product (the band, at most twice its own size)."""
+    p0 = max(0, first − W + 1). Returns (output [B, H_q, N, d], log-sum-exp [B, H_q, N]). The queries go in blocks
+    of Q = min(W, :data:`WINDOW_QUERY_BLOCK`), each block against the Q + W − 1 keys its queries can see (the band,
+    at most twice its own size), all blocks in batched products of at most :data:`WINDOW_PART_ELEMENTS` logits."""
     b, hq, n, d = q.shape
     hkv, g = k.shape[1], hq // k.shape[1]
-    blocks = -(-n // window)
+    block = min(window, WINDOW_QUERY_BLOCK)
+    span = block + window - 1  # the keys one block's queries see
+    blocks = -(-n // block)
     lead = window - 1 - min(first, window - 1)  # positions before 0 the first block's keys would start at
-    tail = blocks * window - n
+    tail = blocks * block - n
     kp, vp = (torch.nn.functional.pad(t, (0, 0, lead, tail)) for t in (k, v))  # positions [first − W + 1, ...)
-    qb = torch.nn.functional.pad(q, (0, 0, 0, tail)).reshape(b, hkv, g, blocks, window, d)
-    qb = qb.permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, blocks, g * window, d)
-    kb = kp.unfold(2, 2 * window - 1, window)  # [B, H_kv, blocks, d, 2W − 1]: block j's keys, a view
-    vb = vp.unfold(2, 2 * window - 1, window).transpose(-1, -2)
-    # query t of a block (position first + jW + t) sees its keys c ∈ [t, t + W − 1] (position first + jW + c − W + 1)
-    t, c = torch.arange(window, device=q.device).unsqueeze(-1), torch.arange(2 * window - 1, device=q.device)
-    hidden = ((c < t) | (c > t + window - 1)).repeat(g, 1)  # [G·W, 2W − 1]
-    out = qb.new_empty(b, hkv, blocks, g * window, d)
-    lse = qb.new_empty(b, hkv, blocks, g * window)
-    step = max(1, WINDOW_PART_ELEMENTS // max(1, b * hkv * g * window * (2 * window - 1)))
+    qb = torch.nn.functional.pad(q, (0, 0, 0, tail)).reshape(b, hkv, g, blocks, block, d)
+    qb = qb.permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, blocks, g * block, d)
+    kb = kp.unfold(2, span, block)  # [B, H_kv, blocks, d, Q + W − 1]: block j's keys, a view
+    vb = vp.unfold(2, span, block).transpose(-1, -2)
+    # query t of block j (position first + jQ + t) sees its keys c ∈ [t, t + W − 1] (position first + jQ + c − W + 1)
+    t, c = torch.arange(block, device=q.device).unsqueeze(-1), torch.arange(span, device=q.device)
+    hidden = ((c < t) | (c > t + window - 1)).repeat(g, 1)  # [G·Q, Q + W − 1]
+    out = qb.new_empty(b, hkv, blocks, g * block, d)
+    lse = qb.new_empty(b, hkv, blocks, g * block)
+    step = max(1, WINDOW_PART_ELEMENTS // max(1, b * hkv * g * block * span))
     for j0 in range(0, blocks, step):
         j1 = min(blocks, j0 + step)
         logits = (qb[:, :, j0:j1] @ kb[:, :, j0:j1]).mul_(scale).masked_fill_(hidden, float("-inf"))
-        if j0 == 0 and lead:  # the first block's keys before position 0 (zero padding): hidden
-            logits[:, :, 0, :, :lead] = float("-inf")
+        for j in range(j0, min(j1, -(-lead // block))):  # keys before position 0 (the zero padding): hidden
+            logits[:, :, j - j0, :, :lead - j * block] = float("-inf")
         top = logits.amax(dim=-1, keepdim=True)  # finite: every query sees its own key
         weights = logits.sub_(top).exp_()  # unnormalised: the sums are divided once, on the output
         total = weights.sum(dim=-1, keepdim=True)
         out[:, :, j0:j1] = torch.matmul(weights, vb[:, :, j0:j1]).div_(total)
         lse[:, :, j0:j1] = top.squeeze(-1).add_(total.squeeze(-1).log_())
-    out = out.reshape(b, hkv, blocks, g, window, d).permute(0, 1, 3, 2, 4, 5).reshape(b, hq, blocks * window, d)
-    lse = lse.reshape(b, hkv, blocks, g, window).permute(0, 1, 3, 2, 4).reshape(b, hq, blocks * window)
+    out = out.reshape(b, hkv, blocks, g, block, d).permute(0, 1, 3, 2, 4, 5).reshape(b, hq, blocks * block, d)
+    lse = lse.reshape(b, hkv, blocks, g, block).permute(0, 1, 3, 2, 4).reshape(b, hq, blocks * block)
     return out[:, :, :n], lse[:, :, :n]
 
 

@@ -11,9 +11,12 @@ says so (:func:`kvstats.study.report.build_report`). The digest covers
   ``studies``, with each module's parent packages (run on import) and the modules a package's lazy attributes load
   where they are used (``from kvstats import scheme`` or ``kvstats.scheme(...)`` → ``kvstats.quant.schemes``);
 * the data files shipped inside ``kvstats`` (the texts the real-model studies read);
-* the compiled extension: the sources under ``cuda_ext/csrc`` in a source checkout, else the library's bytes;
-* the versions of the libraries that compute (torch, numpy, scipy, statsmodels, transformers, safetensors) and of
-  Python.
+* the compiled extension as loaded: the library's bytes (or that none is loaded);
+* the versions of the libraries that compute (torch, numpy, scipy, statsmodels, pandas, transformers,
+  safetensors) and of Python.
+
+Sources are named by their place in the package (``kvstats/...``, the studies as ``kvstats/studies/...``), so a
+checkout and an installed copy of the same code give the same fingerprint.
 
 What it does not see, by design: code reached only through a name built at run time (a user's ``module:Class``
 quantizer), and files outside the package a study reads (a model's weights: their own checksums key them).
@@ -27,16 +30,17 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import platform
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ROOTS", "code_fingerprint", "extension_files", "function_fingerprint", "import_closure", "module_path",
-           "study_fingerprint"]
+__all__ = ["ROOTS", "code_fingerprint", "extension_identity", "function_fingerprint", "import_closure", "module_path",
+           "package_data", "study_fingerprint"]
 
 #: the top-level packages whose modules a fingerprint follows (the studies also import as ``kvstats.studies``)
 ROOTS = ("kvstats", "studies")
 #: libraries whose version can move a number
-LIBRARIES = ("torch", "numpy", "scipy", "statsmodels", "transformers", "safetensors")
+LIBRARIES = ("torch", "numpy", "scipy", "statsmodels", "pandas", "transformers", "safetensors")
 _SOURCE_SUFFIXES = {".py", ".pyc", ".pyo", ".pyd", ".so"}
 
 
@@ -119,11 +123,19 @@ def _imports(name: str, path: Path, package: str | None = None) -> set[str]:
                     found.update(members)
                     if len(members) == 1 and f"{base}.{alias.name}" in members:
                         bound[alias.asname or alias.name] = f"{base}.{alias.name}"
-    for node in ast.walk(tree):  # attributes of bound modules: kvstats.scheme(...), stats.mcnemar(...)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
-            module = bound[node.value.id]
-            if module.split(".")[0] in ROOTS and module_path(module) is not None:
-                found.update(_member(module, node.attr) if _is_package(module) else ())
+    for node in ast.walk(tree):  # attributes of bound modules: kvstats.scheme(...), kvstats.evaluation.sensitivity
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if not chain or not isinstance(node, ast.Name) or node.id not in bound:
+            continue
+        module = bound[node.id]
+        for attr in reversed(chain):  # down the chain while it names packages
+            if module.split(".")[0] not in ROOTS or not _is_package(module):
+                break
+            found.update(_member(module, attr))
+            module = f"{module}.{attr}"
     return {m for m in found if m and m.split(".")[0] in ROOTS and module_path(m) is not None}
 
 
@@ -155,22 +167,34 @@ def import_closure(modules: str | Iterable[str]) -> list[str]:
     return list(_closure(tuple(sorted(set(start)))))
 
 
-def _package_data() -> list[Path]:
+def package_data() -> list[Path]:
     """The files inside the kvstats package that are not code (the shipped texts, tables), sorted."""
     root = module_path("kvstats").parent
     return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in _SOURCE_SUFFIXES
                   and "__pycache__" not in p.parts)
 
 
-def extension_files() -> list[Path]:
-    """What the compiled extension is built from: cuda_ext/csrc's sources in a source checkout, else the built
-    library itself."""
-    from kvstats.study.provenance import source_root
+def extension_identity() -> bytes:
+    """The compiled extension as it runs here: the bytes of the loaded library ``kvstats._C`` (the binary, not the
+    sources it was built from — sources edited but not rebuilt still run the old one), or a marker when it is not
+    loaded (the pure-torch references then run: other float rounding)."""
+    from kvstats.quant import ops
 
-    root = source_root()
-    if root is not None and (root / "cuda_ext" / "csrc").is_dir():
-        return sorted(p for p in (root / "cuda_ext" / "csrc").rglob("*") if p.is_file())
-    return sorted(module_path("kvstats").parent.glob("_C*.so"))
+    library = getattr(sys.modules.get("kvstats._C"), "__file__", None)
+    if not ops.HAS_EXTENSION or not library:
+        return b"no compiled extension: the pure-torch references"
+    return Path(library).read_bytes()
+
+
+def _label(path: Path) -> str:
+    """A source's name in the fingerprint, the same in a checkout and in an installed copy: its path inside the
+    kvstats package (``kvstats/quant/...``), the shipped studies as ``kvstats/studies/...`` (a checkout's
+    ``studies/``), anything else by its absolute path."""
+    for package in ("kvstats.studies", "kvstats"):
+        init = module_path(package)
+        if init is not None and path.is_relative_to(init.parent.resolve()):
+            return "/".join((*package.split("."), *path.relative_to(init.parent.resolve()).parts))
+    return str(path)
 
 
 def _version(name: str) -> str:
@@ -203,8 +227,8 @@ def code_fingerprint(modules: str | Iterable[str] = (), files: Iterable[str | Pa
 
     # by file, not by name: a study's modules import under two names (studies.nova, kvstats.studies.nova) and a study
     # script also runs as __main__ (given here as a file), and the same code must give the same fingerprint whichever
-    # way it ran: every source is labelled by its path in the repository, and a file inside one of its packages
-    # brings its parent packages' __init__.py as its module's import would
+    # way it ran: every source is labelled by its place in the package (_label), and a file inside one of the
+    # packages brings its parent packages' __init__.py and what they import, as its module's import would
     files_here = set()
     for path in (p.resolve() for p in paths):
         files_here.add(path)
@@ -217,12 +241,10 @@ def code_fingerprint(modules: str | Iterable[str] = (), files: Iterable[str | Pa
                     start += sorted(_imports(package, init, package))
     sources = files_here | {module_path(name).resolve() for name in (import_closure(start) if start else [])}
     for path in sorted(sources):
-        label = path.relative_to(repository).as_posix() if path.is_relative_to(repository) else str(path)
-        add(f"source:{label}", path.read_bytes())
-    for path in _package_data():
-        add(f"data:{path.resolve().relative_to(repository).as_posix()}", path.read_bytes())
-    for path in extension_files():
-        add(f"extension:{path.name}:{path.parent.name}", path.read_bytes())
+        add(f"source:{_label(path)}", path.read_bytes())
+    for path in package_data():
+        add(f"data:{_label(path.resolve())}", path.read_bytes())
+    add("extension", extension_identity())
     for name in LIBRARIES:
         add(f"library:{name}", _version(name).encode())
     add("python", platform.python_version().encode())

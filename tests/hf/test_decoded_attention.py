@@ -87,8 +87,12 @@ CASES = {  # scheme, cache options: per-vector codes, a transposed K̂ (per-chan
     "flush": (lambda: scheme("kqv", bits=4, dim=D, seed=6), {"window": 12, "flush_size": 5}),
     "no-window": (lambda: scheme("kqv", bits=4, dim=D, seed=7), {"window": 0}),
     "window-past-the-segment": (lambda: scheme("kqv", bits=4, dim=D, seed=8), {"window": 170}),
-    "user-decode-then-dot": (lambda: Scheme("user", 4, GroupAbsmax(4, D), GroupAbsmax(4, D)), {"window": 16}),
+    "user-subclass": (lambda: Scheme("user", 4, Int4PerToken(4, D, seed=0), Int4PerToken(4, D, seed=0)),
+                      {"window": 16}),
+    "user-protocol-only": (lambda: Scheme("user", 4, GroupAbsmax(4, D), GroupAbsmax(4, D)), {"window": 16}),
 }
+#: cases whose K estimator is not decode-then-dot by construction: the code-logit blocks (their plan checks inner)
+BLOCKS = {"user-protocol-only"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -101,12 +105,53 @@ def test_long_forward_from_decoded_keys_equals_its_definition(case, monkeypatch)
     k, v, q = _states(450, seed=len(case), batch=2)
     layer = KVStatsLayer(make(), layer_idx=0, **options)
     layer.update(k[..., :300, :], v[..., :300, :])
-    out = _attend(layer, q[:, :, :300], monkeypatch)
+    out = _attend(layer, q[:, :, :300], monkeypatch, expect_decoded=case not in BLOCKS)
     torch.testing.assert_close(out.double(), _layer_oracle(layer, k[..., :300, :], v[..., :300, :], q[:, :, :300]),
                                rtol=0, atol=2e-5)
     layer.update(k[..., 300:, :], v[..., 300:, :])
-    out = _attend(layer, q[:, :, 300:], monkeypatch)
+    out = _attend(layer, q[:, :, 300:], monkeypatch, expect_decoded=case not in BLOCKS)
     torch.testing.assert_close(out.double(), _layer_oracle(layer, k, v, q[:, :, 300:]), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("options", [{"window": 0, "sinks": 4}, {"window": 0, "flush_size": 3},
+                                     {"window": 2, "sinks": 3, "flush_size": 2}])
+def test_blocks_of_one_query_whose_keys_are_all_codes(options, monkeypatch):
+    """Blocks of one query with no exact key in their band (W = 0 with sink tokens or flushes: the query's own key
+    is already a code): the far part alone, against the definition."""
+    monkeypatch.setattr(code_attention, "DECODED_QUERY_BLOCK", 1)
+    k, v, q = _states(70, seed=5)
+    layer = KVStatsLayer(scheme("kqv", bits=3, dim=D, seed=1), layer_idx=0, **options)
+    layer.update(k, v)
+    out = _attend(layer, q, monkeypatch)
+    torch.testing.assert_close(out.double(), _layer_oracle(layer, k, v, q), rtol=0, atol=2e-5)
+
+
+def test_a_protocol_only_quantizer_keeps_its_checked_estimator(monkeypatch):
+    """A quantizer on the protocol alone whose inner is not ⟨q, decode⟩ (here 1.25 times it): the long forward
+    keeps the code-logit blocks, whose plan compares inner with q·K̂ᵀ, warns and scores through inner — the
+    attention of its own estimator, never K̂'s."""
+
+    class Stretched(GroupAbsmax):
+        def inner(self, q, code):
+            return 1.25 * super().inner(q, code)
+
+    sch = Scheme("stretched", 4, Stretched(4, D), GroupAbsmax(4, D))
+    assert not scores_are_decoded(sch)
+    k, v, q = _states(200, seed=8)
+    layer = KVStatsLayer(sch, window=8, layer_idx=0)
+    layer.update(k, v)
+    with pytest.warns(UserWarning):
+        out = _attend(layer, q, monkeypatch, expect_decoded=False)
+    torch.testing.assert_close(out.double(), _layer_oracle(layer, k, v, q), rtol=0, atol=2e-5)
+
+
+def test_off_the_cpu_the_decoded_path_is_not_taken():
+    """The flash part would form whole [N, S] logits on another device: the blocks bound them there."""
+    layer = KVStatsLayer(scheme("kqv", bits=4, dim=D), window=8, layer_idx=0)
+    layer.update(*_states(100, seed=1)[:2])
+    assert layer._decoded_keys_apply(None, 0.0, False, LogitRules())
+    layer.device = torch.device("cuda")
+    assert not layer._decoded_keys_apply(None, 0.0, False, LogitRules())
 
 
 def test_decoded_keys_agree_with_the_code_logits_path(monkeypatch):
@@ -155,7 +200,10 @@ def test_scores_are_decoded_names_the_linear_estimators():
     assert scores_are_decoded(scheme("kqv", bits=4, dim=D))
     assert scores_are_decoded(scheme("nova", bits=2, dim=D, queries=torch.randn(1, HQ, 300, D),
                                      keys=torch.randn(1, HKV, 300, D)))
-    assert scores_are_decoded(Scheme("user", 4, GroupAbsmax(4, D), GroupAbsmax(4, D)))  # decode-then-dot
+    # a subclass of kvstats' Quantizer keeping its inner: decode-then-dot by construction; a quantizer on the
+    # protocol alone: nothing guarantees its inner (the cache checks it on the code-logit path)
+    assert scores_are_decoded(Scheme("user", 4, Int4PerToken(4, D, seed=0), Int4PerToken(4, D, seed=0)))
+    assert not scores_are_decoded(Scheme("user", 4, GroupAbsmax(4, D), GroupAbsmax(4, D)))
     assert not scores_are_decoded(Scheme("mine", 4, _NonlinearInner(4, D, seed=0), Int4PerToken(4, D, seed=0)))
     overridden = scheme("kqv", bits=4, dim=D)
     overridden.k.inner = lambda q, code: torch.zeros(())  # honoured by the cache through scheme.scores

@@ -71,6 +71,22 @@ def test_lazy_attributes_count_where_they_are_used(tmp_path):
     assert "kvstats.quant.schemes" not in import_closure("kvstats")
 
 
+def test_attribute_chains_and_the_extension_count(tmp_path):
+    chained = tmp_path / "chained.py"
+    chained.write_text("import kvstats\nimport kvstats.evaluation\n\n"
+                       "def f():\n    return kvstats.evaluation.sensitivity, kvstats.study.StudyRun\n")
+    found = set(fingerprint._closure(tuple(sorted(fingerprint._imports("", chained)))))
+    assert {"kvstats.evaluation.sensitivity", "kvstats.study.protocol"} <= found
+    # the binary that runs, not the sources it was built from (an unrebuilt edit still runs the old library)
+    from kvstats.quant import ops
+
+    if ops.HAS_EXTENSION:
+        assert fingerprint.extension_identity() == Path(sys.modules["kvstats._C"].__file__).read_bytes()
+    # sources are named by their place in the package, in a checkout as in an installed copy
+    assert fingerprint._label((REPO / "studies" / "nova" / "cells.py").resolve()) == "kvstats/studies/nova/cells.py"
+    assert fingerprint._label((REPO / "kvstats" / "quant" / "sphere.py").resolve()) == "kvstats/quant/sphere.py"
+
+
 def test_a_fingerprint_follows_every_byte_of_its_files(tmp_path):
     script = tmp_path / "mine.py"
     script.write_text("from kvstats.quant import sphere\n")
