@@ -1,7 +1,8 @@
 """Exact power, sample size and minimum detectable effect for the binomial test, the exact McNemar test and the
-paired TOST (kvstats.measure.stats._planning) — every number against an independent oracle: scipy's binomtest on
-every outcome, kvstats' own mcnemar / equivalence on every table or on simulated data, closed forms (tiny n by hand,
-the Beta form of the one-sided binomial power), statsmodels' one-sided t power, a second quadrature, brute force.
+paired TOST (kvstats.measure.stats._exact_power and _planning) — every number against an independent oracle:
+scipy's binomtest on every outcome, kvstats' own mcnemar / equivalence on every table or on simulated data, closed
+forms (tiny n by hand, the Beta form of the one-sided binomial power), statsmodels' one-sided t power, a second
+quadrature, brute force.
 
 Monte Carlo checks: the simulated power of R draws has standard error se = √(P(1 − P)/R) around the exact power P;
 each check allows 5.3·se (two-sided normal tail 1.2e-7), and the file has 6 of them, so a correct implementation
@@ -20,7 +21,7 @@ import scipy.stats
 from statsmodels.stats.power import TTestPower
 
 from kvstats import stats
-from kvstats.measure.stats import _planning
+from kvstats.measure.stats import _exact_power, _planning
 
 MC_SIGMAS = 5.3  # P(|Z| > 5.3) = 1.2e-7 per check
 
@@ -473,6 +474,7 @@ def test_bad_input_is_refused_naming_the_argument_and_value(function, kwargs, me
 
 
 def test_the_planning_names_are_public_in_kvstats_stats():
-    for name in _planning.__all__:
-        assert getattr(stats, name) is getattr(_planning, name) and name in stats.__all__
+    for module in (_exact_power, _planning):
+        for name in module.__all__:
+            assert getattr(stats, name) is getattr(module, name) and name in stats.__all__
         assert getattr(stats, name).__module__ == "kvstats.measure.stats"

@@ -4,8 +4,8 @@ McNemar) and equivalence (TOST, non-inferiority), significance groups at one bud
 docs/statistics.md.
 
 One private module per family of tests (``_mann_whitney``, ``_mann_whitney_reported``, ``_wilcoxon``, ``_compare``,
-``_bootstrap``, ``_correlation``, ``_power``, ``_planning``, ``_binary``, ``_equivalence``, ``_normal_theory``,
-``_groups``); the public names are the ones below.
+``_bootstrap``, ``_correlation``, ``_power``, ``_exact_power``, ``_planning``, ``_binary``, ``_equivalence``,
+``_normal_theory``, ``_groups``); the public names are the ones below.
 
 Conventions (docs/references.md §5):
 
@@ -49,6 +49,14 @@ from kvstats.measure.stats._common import HL_MAX_PAIRS as HL_MAX_PAIRS
 from kvstats.measure.stats._compare import compare
 from kvstats.measure.stats._correlation import CorrelationResult, ols_slope, spearman
 from kvstats.measure.stats._equivalence import EquivalenceResult, equivalence, noninferiority
+from kvstats.measure.stats._exact_power import EXACT_POWER_MAX_N as EXACT_POWER_MAX_N
+from kvstats.measure.stats._exact_power import (
+    binomial_power,
+    binomtest_pvalues,
+    mcnemar_critical_values,
+    mcnemar_power,
+    tost_power,
+)
 from kvstats.measure.stats._goodness_of_fit import ks_distance_interval
 from kvstats.measure.stats._groups import SignificanceGroups, compact_letters, significance_groups
 from kvstats.measure.stats._mann_whitney import MannWhitneyResult, hodges_lehmann, mann_whitney, mwu_null_cdf
@@ -68,22 +76,16 @@ from kvstats.measure.stats._normal_theory import (
     z_difference_test,
 )
 from kvstats.measure.stats._options import InferenceOptions, inference_options
-from kvstats.measure.stats._planning import EXACT_POWER_MAX_N as EXACT_POWER_MAX_N
 from kvstats.measure.stats._planning import (
     SamplePlan,
     binomial_mde,
-    binomial_power,
     binomial_sample_size,
     binomial_window,
-    binomtest_pvalues,
-    mcnemar_critical_values,
     mcnemar_mde,
-    mcnemar_power,
     mcnemar_sample_size,
     mcnemar_window,
     plan_sample_size,
     tost_mde,
-    tost_power,
     tost_sample_size,
 )
 from kvstats.measure.stats._power import (
