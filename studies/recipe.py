@@ -67,8 +67,10 @@ VERSION = "1"
 POSITION = 96  # place in figures/REPORT.md (kvstats.study.report.study_order): after model_damage
 MODEL = SMOLLM2
 #: candidate formats (each ``name@bits`` or ``exact``), budgets in bits per element held, documents (the first ones
-#: of kvstats.data.texts), segment tokens, bootstrap resamples of the map's stability. Paper: 8 documents are the
-#: fewest at which a Holm family of 3 exact Wilcoxon tests can reject at 0.05 (smallest p 2/2^8 x 3 = 0.023).
+#: of kvstats.data.texts), segment tokens, bootstrap resamples of the map's stability. Paper: 8 documents, one more
+#: than the fewest at which a Holm family of 3 exact Wilcoxon tests can reject at 0.05 (7: smallest p 2/2^7 x 3 =
+#: 0.047; at 8 it is 0.023). Power is another matter: the 4.5-bit comparison's effect (d_z ≈ 0.45) has power ≈ 0.09
+#: at 8 documents and needs ≈ 58 (kvstats.stats.paired_t_power at α = 0.05/3, times π/3), more than the texts hold.
 #: ``retrieval``: each budget's map against its uniform comparator on kvstats retrieval's prompts (tasks, context
 #: lengths, prompts per (task, length)); exact McNemar on the same trials, TOST at δ = 0.05.
 SCALE = {"quick": {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0, 4.0), "documents": 4, "segment": 64,
