@@ -10,7 +10,7 @@ by *every* query of the block, and lie before all of them (no mask). When K's es
 inner(q, code) = ⟨q, decode(code)⟩, what :func:`scores_are_decoded` establishes for the scheme — that part is
 ordinary attention over K̂ = decode(codes) and V̂:
 
-    far:  o_f = softmax(s · q K̂[:r]ᵀ) V̂[:r],        ℓ_f = log Σ_{j<r} exp(s · q·k̂ⱼ)   (one fused CPU/GPU kernel)
+    far:  o_f = softmax(s · q K̂[:r]ᵀ) V̂[:r],        ℓ_f = log Σ_{j<r} exp(s · q·k̂ⱼ)   (one fused CPU kernel)
     band: o_b, ℓ_b over the keys [r, first + N): the code's or the exact logit per (query, key), causally masked
     out  = σ(ℓ_f − ℓ_b) · o_f + σ(ℓ_b − ℓ_f) · o_b                                    (σ the logistic function)
 
@@ -58,9 +58,11 @@ def flash_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of queries q [B, H_q, N, d] over every key of k, v [B, H_kv, S, d] (S ≥ 1), or with ``causal`` (S = N)
     query r over keys [0, r], grouped-query heads (query head h reads KV head h // G): (output [B, H_q, N, d],
-    log-sum-exp of the scaled logits [B, H_q, N]).
-    On the CPU one fused flash-attention kernel (torch's), whose [N, S] logits never exist; on other devices the
-    logits are formed."""
+    log-sum-exp of the scaled logits [B, H_q, N]). One call of torch's fused CPU flash-attention kernel, whose [N, S]
+    logits never exist; CPU tensors only (the cache takes this path on the CPU alone: elsewhere the fused kernels'
+    log-sum-exp layouts differ by device and dtype, and forming the logits would cost what the path saves)."""
+    if q.device.type != "cpu":
+        raise ValueError(f"flash_part runs torch's CPU flash-attention kernel: q must be on the CPU, got {q.device}")
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     if causal:  # the G query heads of a KV head as a batch axis, each causal over the keys
@@ -71,15 +73,8 @@ def flash_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     # torch's CPU kernel reads each row of d as contiguous: a transposed K̂ (a per-channel code's decode) gave
     # wrong outputs there, so every operand's last axis is made unit-stride first
     grouped, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (grouped, k, v))
-    if grouped.device.type == "cpu":
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        out, lse = flash(grouped, k, v, 0.0, causal, scale=scale)[:2]
-    else:  # elsewhere the logits are formed: the fused kernels' log-sum-exp layouts differ by device and dtype
-        logits = (grouped @ k.transpose(-1, -2)).mul_(scale)
-        if causal:
-            logits.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
-        lse = torch.logsumexp(logits, dim=-1)
-        out = logits.sub_(lse.unsqueeze(-1)).exp_() @ v
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(grouped, k, v, 0.0, causal, scale=scale)[:2]
     if causal:
         back = lambda t: t.reshape(b, hq // hkv, hkv, *t.shape[2:]).transpose(1, 2)  # noqa: E731
         return back(out).reshape(b, hq, n, d), back(lse).reshape(b, hq, n)

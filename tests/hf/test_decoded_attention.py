@@ -145,6 +145,12 @@ def test_a_protocol_only_quantizer_keeps_its_checked_estimator(monkeypatch):
     torch.testing.assert_close(out.double(), _layer_oracle(layer, k, v, q), rtol=0, atol=2e-5)
 
 
+def test_flash_part_refuses_tensors_off_the_cpu():
+    q = torch.randn(1, HQ, 3, D, device="meta")
+    with pytest.raises(ValueError, match="q must be on the CPU, got meta"):
+        flash_part(q, q[:, :HKV], q[:, :HKV], SCALING)
+
+
 def test_off_the_cpu_the_decoded_path_is_not_taken():
     """The flash part would form whole [N, S] logits on another device: the blocks bound them there."""
     layer = KVStatsLayer(scheme("kqv", bits=4, dim=D), window=8, layer_idx=0)
