@@ -207,9 +207,9 @@ def _version(name: str) -> str:
 def code_fingerprint(modules: str | Iterable[str] = (), files: Iterable[str | Path] = ()) -> str:
     """The sha256 (24 hex digits) of the code that running ``modules`` (and the source ``files`` outside the
     packages, e.g. a user's study script) can execute: the sources of :func:`import_closure` of the modules and of
-    what the files import, the files themselves, kvstats' data files, the extension's sources (or library) and the
-    computing libraries' versions. Equal fingerprints: the same code on the same libraries; any edit of a file in
-    the closure changes it."""
+    what the files import, the files themselves, kvstats' data files, the loaded extension library
+    (:func:`extension_identity`) and the computing libraries' versions. Equal fingerprints: the same code on the same
+    libraries; any edit of a file in the closure changes it."""
     start = [modules] if isinstance(modules, str) else list(modules)
     paths = [Path(f) for f in files]
     for path in paths:
@@ -265,13 +265,9 @@ def function_fingerprint(fn) -> str:
         source = None
     if source is None:
         raise ValueError(f"cannot fingerprint {fn!r}: it has no module within {list(ROOTS)} and no source file")
-    path = Path(source).resolve()
-    root = module_path("kvstats").parent.parent.resolve()
-    if path.is_relative_to(root) and path.relative_to(root).parts[0] in ROOTS:  # a study script run as __main__
-        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
-        if module_path(name) is not None:
-            return code_fingerprint(name)
-    return code_fingerprint(files=[path])
+    # a study script run as __main__ gets, by its file, the fingerprint its module has (code_fingerprint labels
+    # sources by their place in the package and brings a file's parent packages)
+    return code_fingerprint(files=[Path(source)])
 
 
 def study_fingerprint(study: str) -> str | None:
