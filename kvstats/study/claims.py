@@ -16,6 +16,7 @@ parts of a measurement sentence from short templates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -71,7 +72,7 @@ class SampleSize:
             raise ValueError("plan must be made with n_achieved= (the sample size the claim got), got none")
         mde = float(plan.mde_achieved)
         return cls(test=plan.test, effect=effect, planned_n=int(plan.n_planned), achieved_n=int(plan.n_achieved),
-                   mde=None if mde != mde else mde, mde_of=mde_of, power=float(plan.target_power), unit=unit)
+                   mde=None if math.isnan(mde) else mde, mde_of=mde_of, power=float(plan.target_power), unit=unit)
 
     @property
     def under_powered(self) -> bool:
@@ -97,8 +98,7 @@ def _check_sample(sample: Any, where: str) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}[{key!r}] must be an int >= 1, got {value!r}")
     mde, power = sample["mde"], sample["power"]
-    if mde is not None and (isinstance(mde, bool) or not isinstance(mde, (int, float)) or mde != mde
-                            or mde in (float("inf"), float("-inf"))):
+    if mde is not None and (isinstance(mde, bool) or not isinstance(mde, (int, float)) or not math.isfinite(mde)):
         raise ValueError(f"{where}['mde'] must be a finite number or None, got {mde!r}")
     if isinstance(power, bool) or not isinstance(power, (int, float)) or not 0 < power < 1:
         raise ValueError(f"{where}['power'] must be in (0, 1), got {power!r}")

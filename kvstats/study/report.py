@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstats.measure.stats._common import EXACT_MAX_PAIRS
-from kvstats.study.claims import _REQUIRED, CLAIM_KEYS, VERDICTS, Claim, _check_position, validate_claim
+from kvstats.study.claims import _REQUIRED, CLAIM_KEYS, VERDICTS, Claim, SampleSize, _check_position, validate_claim
 from kvstats.study.paths import data_dir, default_figures_dir
 from kvstats.study.provenance import git_commit, kvstats_commit
 from kvstats.study.sweep import SCALES
@@ -385,7 +385,7 @@ def sample_text(sample: Mapping[str, Any]) -> str:
     """A claim's planned sample size in words (:class:`kvstats.study.claims.SampleSize` as stored)."""
     mde = ("no effect is detectable with that power there" if sample["mde"] is None
            else f"minimum detectable {sample['mde_of']} there {sample['mde']:.3g}")
-    short = " — **fewer than planned**" if sample["achieved_n"] < sample["planned_n"] else ""
+    short = " — **fewer than planned**" if SampleSize(**sample).under_powered else ""
     return (f"{sample['achieved_n']:,} {sample['unit']} achieved, {sample['planned_n']:,} planned "
             f"({sample['test']}, {sample['power']:.0%} power for {sample['effect']}); {mde}{short}.")
 
@@ -396,7 +396,7 @@ def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     planned = [c for c in every if c.get("sample")]
     if not every:
         return []
-    short = [c["id"] for c in planned if c["sample"]["achieved_n"] < c["sample"]["planned_n"]]
+    short = [c["id"] for c in planned if SampleSize(**c["sample"]).under_powered]
     return [f"Sample sizes planned by power: {len(planned)} of {len(every)} claims"
             + (f"; fewer than planned: {', '.join(short)}" if short else "") + ".", ""]
 
