@@ -37,6 +37,17 @@ def _sample(x, name: str, *, min_size: int = 1) -> np.ndarray:
     return arr
 
 
+#: The alternatives every test of kvstats.stats takes, as scipy names them.
+ALTERNATIVES = ("two-sided", "less", "greater")
+
+
+def check_alternative(alternative) -> str:
+    """``alternative`` when it is one of :data:`ALTERNATIVES`, else ValueError naming the value."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    return alternative
+
+
 def _check_level(confidence_level: float) -> float:
     if not 0.0 < float(confidence_level) < 1.0:
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")

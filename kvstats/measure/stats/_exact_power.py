@@ -19,6 +19,7 @@ import scipy.integrate
 import scipy.stats
 
 from kvstats._validation import check_int_range
+from kvstats.measure.stats._common import check_alternative
 from kvstats.measure.stats._equivalence import _alpha as _tost_alpha
 from kvstats.measure.stats._equivalence import _margin
 
@@ -28,7 +29,6 @@ __all__ = ["binomial_power", "binomtest_pvalues", "mcnemar_critical_values", "mc
 EXACT_POWER_MAX_N = 10**7
 #: scipy's binomtest: a pmf within this relative tolerance of the observed one counts as "as likely" (minlike)
 _BINOMTEST_RERR = 1 + 1e-7
-_ALTERNATIVES = ("two-sided", "less", "greater")
 
 
 # ------------------------------------------------------------------------------------------------- argument checks
@@ -59,12 +59,6 @@ def _target(target, alpha: float) -> float:
     if not alpha < t < 1.0:
         raise ValueError(f"target must be a power in (alpha, 1) = ({alpha:g}, 1), got {target!r}")
     return t
-
-
-def _alternative(alternative) -> str:
-    if alternative not in _ALTERNATIVES:
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
-    return alternative
 
 
 def _positive_sd(sd) -> float:
@@ -108,7 +102,7 @@ def binomtest_pvalues(n: int, p0: float, alternative: str = "two-sided") -> np.n
     ``F(k) + S(n − y)`` below n·p0 and ``F(y − 1) + S(k − 1)`` above it, 1 at k = n·p0, capped at 1."""
     n = check_int_range(n, "n", 1, EXACT_POWER_MAX_N)
     p0 = _probability(p0, "p0")
-    alternative = _alternative(alternative)
+    alternative = check_alternative(alternative)
     binom = scipy.stats.binom
     k = np.arange(n + 1)
     if alternative == "less":
@@ -159,7 +153,7 @@ def binomial_power(p0: float, p1: float, n: int, *, alpha: float = 0.05, alterna
     """
     p0, p1 = _probability(p0, "p0"), _probability(p1, "p1", closed=True)
     n = check_int_range(n, "n", 1, EXACT_POWER_MAX_N)
-    return _mass(_binomial_region(n, p0, _level(alpha), _alternative(alternative)), n, p1)
+    return _mass(_binomial_region(n, p0, _level(alpha), check_alternative(alternative)), n, p1)
 
 
 # ------------------------------------------------------------------------------------------------------- McNemar

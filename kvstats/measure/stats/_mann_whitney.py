@@ -9,7 +9,14 @@ import numpy as np
 import scipy.stats
 
 from kvstats._validation import check_int_range
-from kvstats.measure.stats._common import EXACT_CI_MAX_PAIRS, EXACT_MAX_PAIRS, HL_MAX_PAIRS, _check_level, _sample
+from kvstats.measure.stats._common import (
+    EXACT_CI_MAX_PAIRS,
+    EXACT_MAX_PAIRS,
+    HL_MAX_PAIRS,
+    _check_level,
+    _sample,
+    check_alternative,
+)
 from kvstats.results import TestResult
 
 
@@ -198,8 +205,7 @@ def mann_whitney(
     """
     a, b = _sample(a, "a"), _sample(b, "b")
     level = _check_level(confidence_level)
-    if alternative not in ("two-sided", "less", "greater"):
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    check_alternative(alternative)
     if method not in ("auto", "exact", "asymptotic"):
         raise ValueError(f"method must be 'auto', 'exact' or 'asymptotic', got {method!r}")
     n1, n2 = a.size, b.size

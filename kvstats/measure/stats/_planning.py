@@ -22,9 +22,9 @@ import numpy as np
 import scipy.optimize
 
 from kvstats._validation import check_int_range
+from kvstats.measure.stats._common import check_alternative
 from kvstats.measure.stats._exact_power import (
     EXACT_POWER_MAX_N,
-    _alternative,
     _binomial_region,
     _finite,
     _level,
@@ -142,7 +142,7 @@ def binomial_mde(p0: float, n: int, *, alpha: float = 0.05, target: float = 0.8,
     """
     p0, alpha = _probability(p0, "p0"), _level(alpha)
     n = check_int_range(n, "n", 1, EXACT_POWER_MAX_N)
-    target, alternative = _target(target, alpha), _alternative(alternative)
+    target, alternative = _target(target, alpha), check_alternative(alternative)
     side = direction if direction is not None else ("greater" if alternative == "two-sided" else alternative)
     if side not in ("greater", "less") or (alternative != "two-sided" and side != alternative):
         raise ValueError(f"direction must be 'greater' or 'less' (the alternative's side for a one-sided test, "
@@ -247,7 +247,7 @@ def binomial_sample_size(p0: float, p1: float, *, alpha: float = 0.05, target: f
     :func:`binomial_window`). With ``n_achieved``: the power there and the MDE there (:func:`binomial_mde`, on p1's
     side of p0)."""
     p0, p1, alpha = _probability(p0, "p0"), _probability(p1, "p1", closed=True), _level(alpha)
-    target, alternative = _target(target, alpha), _alternative(alternative)
+    target, alternative = _target(target, alpha), check_alternative(alternative)
     if p1 == p0 or (alternative == "greater" and p1 < p0) or (alternative == "less" and p1 > p0):
         raise ValueError(f"p1 must lie on the alternative's side of p0 ({alternative}): got p0={p0!r}, p1={p1!r}; "
                          "there the power never exceeds alpha")

@@ -12,7 +12,7 @@ import scipy.stats
 from kvstats._random import check_seed
 from kvstats._validation import check_int_range
 from kvstats.measure.stats._bootstrap import _stat_name
-from kvstats.measure.stats._common import _check_level, _sample
+from kvstats.measure.stats._common import _check_level, _sample, check_alternative
 from kvstats.measure.stats._wilcoxon import WILCOXON_EXACT_MAX_N
 from kvstats.results import TestResult
 
@@ -59,8 +59,7 @@ def paired_t_power(
     """
     from statsmodels.stats.power import TTestPower
 
-    if alternative not in _SM_ALTERNATIVE:
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    check_alternative(alternative)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     given = {"effect_size": effect_size, "n": n, "power": power}
@@ -124,8 +123,7 @@ def wilcoxon_power(
     n = check_int_range(n, "n", 2, 10**7)
     n_simulations = check_int_range(n_simulations, "n_simulations", 10, 10**8)
     level = _check_level(confidence_level)
-    if alternative not in ("two-sided", "less", "greater"):
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    check_alternative(alternative)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     rng = np.random.default_rng(check_seed(seed))
@@ -179,8 +177,7 @@ def wilcoxon_min_pvalue(n: int, alternative: str = "two-sided") -> float:
     n(n+1)(2n+1)/24). No test on n pairs, whatever the effect, can
     reach a smaller p; a family of m tests corrected by Holm or Bonferroni needs ``m·p_min < α``."""
     n = check_int_range(n, "n", 1, 10**9)
-    if alternative not in ("two-sided", "less", "greater"):
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    check_alternative(alternative)
     sides = 2.0 if alternative == "two-sided" else 1.0
     if n <= WILCOXON_EXACT_MAX_N:
         return min(1.0, sides * 2.0 ** -n)

@@ -9,7 +9,7 @@ import numpy as np
 import scipy.stats
 
 from kvstats.measure.stats._bootstrap import _bootstrap_interval
-from kvstats.measure.stats._common import _check_level, _sample, check_resamples, min_resamples
+from kvstats.measure.stats._common import _check_level, _sample, check_alternative, check_resamples, min_resamples
 from kvstats.results import TestResult
 
 #: Largest number of pairs for which :func:`wilcoxon` (method "auto") uses the exact null (scipy's rule).
@@ -134,8 +134,7 @@ def wilcoxon(
         n_resamples = max(9999, min_resamples(level)) if d.size <= WILCOXON_BOOTSTRAP_MAX_N else 0
     else:
         n_resamples = check_resamples(n_resamples, level, allow_zero=True)
-    if alternative not in ("two-sided", "less", "greater"):
-        raise ValueError(f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}")
+    check_alternative(alternative)
     if method not in ("auto", "exact", "asymptotic"):
         raise ValueError(f"method must be 'auto', 'exact' or 'asymptotic', got {method!r}")
     if zero_method not in ("wilcox", "pratt", "zsplit"):
