@@ -83,7 +83,8 @@ def flash_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def merge_parts(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """The attention over the union of two disjoint key sets from each one's output [..., N, d] and log-sum-exp
-    [..., N]: σ(ℓ_a − ℓ_b)·o_a + σ(ℓ_b − ℓ_a)·o_b (σ the logistic function; the same as the softmax over both sets)."""
+    [..., N]: σ(ℓ_a − ℓ_b)·o_a + σ(ℓ_b − ℓ_a)·o_b (σ the logistic function; the same as the softmax over both sets),
+    written into ``out_b`` (returned)."""
     share = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
     return out_b.add_(share * (out_a - out_b))
 
@@ -192,5 +193,5 @@ def attend_decoded_window(q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Ten
         codes_lse, codes = torch.logaddexp(far_lse, codes_lse), merge_parts(far, far_lse, codes, codes_lse)
     if not window:
         return codes
-    out[:, :, rows] = merge_parts(codes, codes_lse, out[:, :, rows], lse[:, :, rows])
+    merge_parts(codes, codes_lse, out[:, :, rows], lse[:, :, rows])  # in place: into the view of out's rows
     return out
