@@ -61,6 +61,9 @@ def method_specs() -> dict[str, tuple[str, dict]]:
 BITS = 4
 SCALE = {"quick": {"trials": 16, "seq": 256, "n_q": 16, "hist_vectors": 4096},
          "paper": {"trials": 80, "seq": 512, "n_q": 32, "hist_vectors": 32768}}
+#: The scales this study runs at: its claims are decided at paper scale (synthetic draws, seconds to minutes), so the
+#: full tier adds nothing to it (docs/studies.md, "Tiers").
+SCALES = ("quick", "paper")
 
 
 def data(kind: str, d: int, seq: int, n_q: int, trial: int):
@@ -143,7 +146,7 @@ def definitions(cfg: dict, scale: str, seq: dict) -> dict[str, str]:
 
 def sequence_lengths(cfg: dict, scale: str) -> dict[int, int]:
     """Keys per trial at each d: d = 1024 costs ~d² per key (the QJL sketch), half the keys there at quick scale."""
-    return {d: cfg["seq"] if d < 1024 or scale == "paper" else cfg["seq"] // 2 for d in DIMS}
+    return {d: cfg["seq"] if d < 1024 or scale != "quick" else cfg["seq"] // 2 for d in DIMS}
 
 
 def kl_samples(table: pd.DataFrame, d: int, kind: str, sketch: str = SKETCH) -> tuple[np.ndarray, np.ndarray]:
@@ -329,6 +332,7 @@ class BetaFigures(study.Study):
     and their KS distances, measured while the figures are drawn, complete the analysis."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg, seq = SCALE[scale], sequence_lengths(SCALE[scale], scale)
@@ -336,7 +340,7 @@ class BetaFigures(study.Study):
                                                               n_q=cfg["n_q"], trials=cfg["trials"])])}
 
     def main(self, argv: list[str] | None = None, *, echo: bool = True) -> int:
-        run = study.start(self.name, self.description, argv, position=self.position)
+        run = study.start(self.name, self.description, argv, position=self.position, scales=self.scales)
         cfg = SCALE[run.scale]
         cell_fn, cells = self.cells(run.scale)[STUDY]
         table = run.sweep(cell_fn, cells, version=self.version, name=STUDY)

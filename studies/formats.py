@@ -1,7 +1,7 @@
 """Study: the formats the field deploys, judged at equal measured bits on SmolLM2 and Gemma 3 270M — which are
 distinguishable.
 
-    python studies/formats.py --scale quick|paper [--scheduler ADDR]
+    python studies/formats.py --scale quick|full [--scheduler ADDR]
 
 vLLM and SGLang ship FP8 caches (e4m3, e5m2), NVFP4 and FP8-K/NVFP4-V; int per token-head and KIVI are the baselines
 every new method reports against; transformers ships QuantizedCache (optimum-quanto). Every method runs through
@@ -84,9 +84,13 @@ METRICS = (("out_kl", True, "next-token KL (nats), mean over a document's tokens
 #: induction and lookup five)
 SCALE = {"quick": {"documents": 8, "segment": 64, "resamples": 499,
                    "retrieval": {"passkey": {256: 2}, "induction": {256: 1}, "lookup": {256: 1}}},
-         "paper": {"documents": None, "segment": 128, "resamples": 1999,
-                   "retrieval": {"passkey": {256: 10, 512: 10}, "induction": {256: 4, 1024: 4},
-                                 "lookup": {256: 4, 1024: 4}}}}
+         "full": {"documents": None, "segment": 128, "resamples": 1999,
+                  "retrieval": {"passkey": {256: 10, 512: 10}, "induction": {256: 4, 1024: 4},
+                                "lookup": {256: 4, 1024: 4}}}}
+#: The scales this study runs at: its claims are measurements with no verdict to plan a sample size for (no
+#: published counterpart), so they are the full tier's, and the everyday paper report takes them from there
+#: (docs/studies.md, "Tiers").
+SCALES = ("quick", "full")
 
 
 def method_cell(spec: str, bits: int, documents: int | None, segment: int, model: str = SMOLLM2) -> list[dict]:
@@ -400,6 +404,7 @@ class Formats(study.Study):
     """The study on the protocol (kvstats.study.protocol.Study)."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         """SmolLM2's sweeps (``formats``, ``formats_retrieval``) and the same for every other model installed
@@ -408,7 +413,7 @@ class Formats(study.Study):
 
         cfg, out = SCALE[scale], {}
         common = {"documents": cfg["documents"], "segment": cfg["segment"]}
-        for model in run_models():
+        for model in run_models(scale):
             named = cell_model(model)
             cells = [{"kind": "kvstats", "spec": s, "bits": b, **common, **named} for s, b in METHODS]
             if "quanto" in available_backends() and _quanto_refusal(model) is None:
@@ -418,7 +423,7 @@ class Formats(study.Study):
         return out
 
     def analyse(self, tables, scale: str) -> Analysis:
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
 
         def of(model: str) -> Analysis:
             prefix = f"{STUDY}{file_suffix(model)}"

@@ -48,6 +48,9 @@ ALPHA = 0.05
 SIGMA2 = tuple(float(v) for v in np.round(np.geomspace(1e-3, 4.0, 10), 6))
 SCALE = {"quick": {"draws": 1000, "queries": 4, "trials": 8, "bias_seeds": 16},
          "paper": {"draws": 20000, "queries": 16, "trials": 40, "bias_seeds": 64}}
+#: The scales this study runs at: its claims are decided at paper scale (synthetic draws, seconds to minutes), so the
+#: full tier adds nothing to it (docs/studies.md, "Tiers").
+SCALES = ("quick", "paper")
 #: D'Alberto's eqs. 5–6 at this budget: "MSE n bits" (turbo_mse) against "MSE (n−1) + QJL 1" (turbo_prod, eq. 3's
 #: sketch), the per-key error over quantizer seeds on one data draw
 #: The equivalence margin of "QJL removes the bias": its per-key mean error's slope on the logit within ±10% of
@@ -504,6 +507,7 @@ class Jensen(study.Study):
     two claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]

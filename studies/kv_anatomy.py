@@ -52,7 +52,7 @@ from kvstats.study.sweep import grid  # noqa: E402
 
 STUDY = "kv_anatomy"
 VERSION = "3"
-SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}}
+SCALE = {"quick": {"tokens": 1024}, "paper": {"tokens": 2048}, "full": {"tokens": 2048}}  # full: + the second model
 HIST_LAYERS = {SMOLLM2: (0, 1, 7, 15, 22, 29), GEMMA3: (0, 1, 5, 9, 11, 17)}  # first, early, middle, global, last
 HIST_BINS = np.linspace(-0.6, 0.6, 81)
 POSITION = 20  # place in figures/REPORT.md (kvstats.study.report.study_order)
@@ -497,7 +497,7 @@ class KVAnatomy(study.Study):
     def cells(self, scale: str) -> study.Sweeps:
         tokens = SCALE[scale]["tokens"]
         cells = []
-        for model in available_models()[0]:
+        for model in available_models(scale=scale)[0]:
             cap = _capture(tokens, model)  # capture once here (cached on disk), never in parallel workers
             print(f"capture: {cap}", flush=True)
             cells += grid(model=model, layer=list(cap.layers), tokens=tokens, seed=0)
@@ -505,7 +505,7 @@ class KVAnatomy(study.Study):
 
     def analyse(self, tables, scale: str) -> Analyses:
         table = tables[STUDY]
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
         out = {}
         for model in present:
             t = table[table["model"] == model]

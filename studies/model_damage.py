@@ -68,8 +68,11 @@ ROWS = "srht"  # the sketch of KQV's QJL stage: D'Alberto's eq. (3), as in end_t
 #: ``bits``: KQV's budgets; ``formats``: the deployed formats' (spec, n) measured on the same documents
 SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "formats": (("nvfp4", 4), ("fp8_e4m3", 8)),
                    "sens_documents": 2, "sens_segment": 64, "sens_bits": 2, "resamples": 499, "side_bits": (2,)},
-         "paper": {"documents": None, "segment": 128, "bits": (2, 4), "formats": DEPLOYED, "sens_documents": 6,
-                   "sens_segment": 128, "sens_bits": 2, "resamples": 1999, "side_bits": (2, 3, 4)}}
+         "full": {"documents": None, "segment": 128, "bits": (2, 4), "formats": DEPLOYED, "sens_documents": 6,
+                  "sens_segment": 128, "sens_bits": 2, "resamples": 1999, "side_bits": (2, 3, 4)}}
+#: The everyday paper tier: SmolLM2's rows without the deployed formats' tails (a measurement with no verdict; the
+#: full tier's, beside the second model's rows)
+SCALE["paper"] = {**SCALE["full"], "formats": ()}
 #: QJL §4's value claim: one side quantized per token (int per token-head, every layer), the other kept exact
 SIDE_FORMAT = "int_token"
 #: "minimal accuracy drop": a mean NLL increase below 0.05 nats per token (perplexity × 1.051), five times the
@@ -469,7 +472,7 @@ class ModelDamage(study.Study):
         cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
         cells += side_cells(cfg)
         out = {STUDY: (cell, cells)}
-        for model in available_models()[0]:
+        for model in available_models(scale=scale)[0]:
             if model != SMOLLM2:  # every row again on the other model's tokens, its cells named by it
                 out[f"{STUDY}{file_suffix(model)}"] = (cell, [{**c, "model": model} for c in cells])
         return out
@@ -477,7 +480,7 @@ class ModelDamage(study.Study):
     def analyse(self, tables, scale: str) -> Analysis:
         first = tables[STUDY]
         cfg = SCALE[scale]
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
         others = {}
         def tails(t: pd.DataFrame) -> dict:
             return {(s, b): t[(t["task"] == "tail") & (t["scheme"] == s) & (t["bits"] == b)] for s, b in tail_rows(cfg)}
@@ -532,7 +535,7 @@ class ModelDamage(study.Study):
 
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
-        for model in available_models()[0]:
+        for model in available_models(scale=run.scale)[0]:
             name = f"{STUDY}{file_suffix(model)}"
             tables[f"{name}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[name], model),
                                                       version=SENSITIVITY_VERSION, name=f"{name}_sensitivity")

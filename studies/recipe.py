@@ -1,7 +1,7 @@
 """Study: per-layer, per-K/V precision recipes under a bit budget on SmolLM2 — does the solver's premise hold, and does
 the recipe beat uniform precision at the same measured bits?
 
-    python studies/recipe.py --scale quick|paper [--scheduler ADDR]
+    python studies/recipe.py --scale quick|full [--scheduler ADDR]
 
 Per-layer KV-cache dtypes are being settled in the engines (vLLM, SGLang, TensorRT-LLM) and tools choose them: NVIDIA
 Model-Optimizer's KV AutoQuantize scores each layer quantized alone by the output KL and solves a linear program
@@ -20,7 +20,7 @@ uniform precision at the same bits held. This study runs
   bits not above the recipe's; the refinement: the next most frequent maps of the resamples measured end to end
   beside the solver's;
 * per budget, retrieval: ``kvstats.evaluate_retrieval`` with the map against the uniform comparator on the same
-  trials (passkey and lookup at 256 and 512 tokens at paper scale; exact McNemar, TOST at δ = 0.05).
+  trials (passkey and lookup at 256 and 512 tokens at full scale; exact McNemar, TOST at δ = 0.05).
 
 Budgets are in bits per element held: int_token at b bits holds b + 0.5 at d = 64 (its per-token scale and zero
 point), so 3.5 and 4.5 are int_token@3's and int_token@4's own bits (the comparison at equal measured bits) and 3
@@ -75,11 +75,15 @@ MODEL = SMOLLM2
 #: lengths, prompts per (task, length)); exact McNemar on the same trials, TOST at δ = 0.05.
 SCALE = {"quick": {"formats": ("int_token@2", "int_token@4"), "budgets": (3.0, 4.0), "documents": 4, "segment": 64,
                    "resamples": 200, "retrieval": {"tasks": ("lookup",), "lengths": (256,), "prompts": 2}},
-         "paper": {"formats": ("int_token@2", "int_token@3", "int_token@4", "fp8_e4m3@8"), "budgets": (3.0, 3.5, 4.5),
-                   "documents": 8, "segment": 128, "resamples": 1000,
-                   "retrieval": {"tasks": ("passkey", "lookup"), "lengths": (256, 512), "prompts": 10}}}
+         "full": {"formats": ("int_token@2", "int_token@3", "int_token@4", "fp8_e4m3@8"), "budgets": (3.0, 3.5, 4.5),
+                  "documents": 8, "segment": 128, "resamples": 1000,
+                  "retrieval": {"tasks": ("passkey", "lookup"), "lengths": (256, 512), "prompts": 10}}}
+#: The scales this study runs at: its claims are measurements with no verdict to plan a sample size for (no
+#: published counterpart), so they are the full tier's, and the everyday paper report takes them from there
+#: (docs/studies.md, "Tiers").
+SCALES = ("quick", "full")
 #: a second model's budgets per scale, from its own measured bits (Gemma 3, d = 256: int_token@b holds b + 0.125)
-SECOND_BUDGETS = {GEMMA3: {"quick": (2.625, 4.125), "paper": (2.625, 3.125, 4.125)}}
+SECOND_BUDGETS = {GEMMA3: {"quick": (2.625, 4.125), "full": (2.625, 3.125, 4.125)}}
 SEED = 0
 
 
@@ -480,6 +484,7 @@ class RecipeStudy(study.Study):
     from their results (:meth:`run_sweeps`)."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         """Per model, one cell per document (``recipe``, ``recipe_<label>``; a second model's cells name it)."""
@@ -489,7 +494,7 @@ class RecipeStudy(study.Study):
         return {f"{STUDY}{file_suffix(model)}": (
             cell, [{"task": "document", "document": i, "formats": list(cfg["formats"]), "documents": cfg["documents"],
                     "segment": cfg["segment"], "code": code, **cell_model(model)} for i in range(cfg["documents"])])
-            for model in run_models()}
+            for model in run_models(scale)}
 
     def run_sweeps(self, run: study.StudyRun) -> dict:
         import warnings
@@ -497,7 +502,7 @@ class RecipeStudy(study.Study):
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
         cfg = SCALE[run.scale]
-        for model in run_models():
+        for model in run_models(run.scale):
             prefix = f"{STUDY}{file_suffix(model)}"
             tables[f"{prefix}_join"] = run.sweep(cell, join_cells(cfg, tables[prefix], run.scale, model),
                                                  version=self.version, name=f"{prefix}_join")
@@ -506,14 +511,14 @@ class RecipeStudy(study.Study):
         return tables
 
     def analyse(self, tables, scale: str) -> Analysis:
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
 
         def of(model: str) -> Analysis:
             prefix = f"{STUDY}{file_suffix(model)}"
             return Analysis(SCALE[scale], scale, json.loads(tables[f"{prefix}_join"].iloc[0]["recipe"]),
                             tables.get(f"{prefix}_retrieval"), model=model)
 
-        others = {model: of(model) for model in run_models() if model != MODEL}
+        others = {model: of(model) for model in run_models(scale) if model != MODEL}
         return replace(of(MODEL), others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:

@@ -39,6 +39,9 @@ STUDY = "sphere_law"
 VERSION = "2"
 SCALE = {"quick": {"n_vectors": 20_000, "max_dim": 32768, "n_dims": 25, "max_codebook_dim": 1024},
          "paper": {"n_vectors": 200_000, "max_dim": 2**20, "n_dims": 61, "max_codebook_dim": 32768}}
+#: The scales this study runs at: its claims are decided at paper scale (synthetic draws, seconds to minutes), so the
+#: full tier adds nothing to it (docs/studies.md, "Tiers").
+SCALES = ("quick", "paper")
 CODEBOOK_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096, 32768)
 DENSITY_DIMS = (2, 3, 4, 8, 16, 1024)
 POSITION = 10  # place in figures/REPORT.md (kvstats.study.report.study_order)
@@ -275,6 +278,7 @@ class SphereLaw(study.Study):
     """The study on the protocol (kvstats.study.protocol.Study): four sweeps, their figures and three claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]

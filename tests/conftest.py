@@ -4,6 +4,13 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def everyday_tier(monkeypatch):
+    """Every test starts in the everyday tier's folder: a study run at full scale (kvstats.study.paths.use_tier) sets
+    $KVSTATS_TIER for its process, which must not leak into the next test."""
+    monkeypatch.setenv("KVSTATS_TIER", "paper")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors: one torch thread is faster, and does not spin against other work on a shared machine (a module

@@ -1,4 +1,8 @@
-"""``kvstats reproduce``: every study script, then figures/REPORT.md (docs/studies.md)."""
+"""``kvstats reproduce``: every study script that runs at the scale, then the tier's REPORT.md (docs/studies.md).
+
+``--scale paper`` (the everyday report) writes figures/ and sets the full tier's rows (figures/full) beside its own;
+``--scale full`` writes figures/full (kvstats.study.paths.use_tier), best through a Dask cluster (``--scheduler``).
+A study that does not run at the scale (its ``SCALES``) is skipped and named."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import sys
 
 from kvstats.cli.registry import arg, subcommand
+from kvstats.study.scales import SCALES
 
 __all__: list[str] = []
 
@@ -14,11 +19,15 @@ __all__: list[str] = []
     "reproduce",
     help="run every study script (figures/*.png, figures/data/*.csv) and rebuild figures/REPORT.md",
     args=[
-        arg("--scale", choices=["quick", "paper"], default="quick", help="sample sizes (default quick)"),
+        arg("--scale", choices=list(SCALES), default="quick",
+            help="quick (smoke run), paper (the everyday report, ~20 min on 2 cores) or full (figures/full: the "
+                 "second model, descriptive sweeps, long contexts; a cluster's work) (default quick)"),
         arg("--studies-dir", default=None,
             help="folder of study scripts (default: the studies shipped with kvstats, kvstats.studies)"),
         arg("--only", nargs="*", default=None, help="run only these studies (names without .py)"),
         arg("--scheduler", default=None, help="Dask scheduler address (default: joblib on all cores)"),
+        arg("--n-jobs", type=int, default=None, help="joblib workers (default: all cores; 1 runs cells in this "
+                                                     "process)"),
         arg("--isolate", action="store_true",
             help="run each study in its own Python process (default: all in this process, sharing one pool of "
                  "joblib workers, which saves each study's start-up: imports and worker spawn)"),
@@ -42,11 +51,24 @@ def _reproduce(args: argparse.Namespace) -> int:
     if not scripts:
         print(f"no study scripts in {studies_dir}")
         return 0
-    extra = ["--scale", args.scale] + (["--scheduler", args.scheduler] if args.scheduler else [])
-    env = dict(os.environ, MPLBACKEND="Agg")
-    from kvstats.study.report import DEFAULT_PREAMBLE, build_report, study_order
+    from kvstats.study.paths import use_tier
+    from kvstats.study.report import DEFAULT_PREAMBLE, build_report, script_scales, study_order, write_timings
 
-    if not args.isolate and not args.scheduler:
+    runs_at = {p.stem: script_scales(p) for p in scripts}
+    skipped = {p.stem: runs_at[p.stem] for p in scripts if args.scale not in runs_at[p.stem]}
+    for name, scales in sorted(skipped.items()):
+        print(f"skipping {name}: it runs at {', '.join(scales)} scale"
+              + (" (the report takes its rows from the full tier)" if args.scale == "paper" else ""))
+    scripts = [p for p in scripts if p.stem not in skipped]
+    if not scripts:
+        print(f"no study runs at {args.scale} scale in {studies_dir}")
+        return 0
+    folder = use_tier(args.scale)  # the full tier writes figures/full; the study scripts (and subprocesses) inherit it
+    extra = (["--scale", args.scale] + (["--scheduler", args.scheduler] if args.scheduler else [])
+             + (["--n-jobs", str(args.n_jobs)] if args.n_jobs is not None else []))
+    env = dict(os.environ, MPLBACKEND="Agg")
+
+    if not args.isolate and not args.scheduler and args.n_jobs != 1:
         from kvstats.study.sweep import warm_workers
 
         warm_workers()  # the joblib pool starts while the first studies run
@@ -65,8 +87,12 @@ def _reproduce(args: argparse.Namespace) -> int:
         if code != 0:  # keep going: the other studies and the report are still worth having
             print(f"study {name} failed (exit {code})", file=sys.stderr)
             failed[name] = code
-    # the report holds what this run ran (a partial run reports only its studies)
-    report = build_report(scale=args.scale, studies=study_order(by_name), timings=timings,
+    write_timings(timings, scale=args.scale, figures_dir=folder,
+                  note=f"{os.cpu_count()} CPUs, " + (f"Dask {args.scheduler}" if args.scheduler else
+                                                     f"joblib, {args.n_jobs or os.cpu_count()} worker(s)"))
+    # the report holds what this run ran (a partial run reports only its studies) and, beside a paper run's, the
+    # full tier's rows
+    report = build_report(folder, scale=args.scale, studies=study_order(by_name), timings=timings,
                           preamble=DEFAULT_PREAMBLE, failed=sorted(failed))
     print(f"all studies done in {time.perf_counter() - t_all:.0f} s; report: {report}")
     if failed:

@@ -24,8 +24,9 @@ from kvstats.hf.models import GEMMA3, SHIPPED_MODELS, SMOLLM2
 from kvstats.measure import verdicts
 from kvstats.study.claims import Claim
 
-__all__ = ["LABELS", "REAL_MODELS", "ModelAnalysis", "ModelRun", "available_models", "cell_model", "file_suffix",
-           "missing_model_claim", "model_claim_id", "models_compared_claim", "per_model_claims", "run_models"]
+__all__ = ["LABELS", "REAL_MODELS", "SCALE_MODELS", "ModelAnalysis", "ModelRun", "available_models", "cell_model",
+           "file_suffix", "missing_model_claim", "model_claim_id", "models_compared_claim", "per_model_claims",
+           "run_models"]
 
 #: The models every real-data study runs on, in the report's order.
 REAL_MODELS = (SMOLLM2, GEMMA3)
@@ -48,8 +49,20 @@ def missing_reason(model: str) -> str | None:
             f"(make setup installs them; the model: {SHIPPED_MODELS[model].install})")
 
 
-def available_models(models: Sequence[str] = REAL_MODELS) -> tuple[list[str], dict[str, str]]:
-    """``(models that can run here, {model: why not} for the others)``, in the given order."""
+#: The models each scale runs (docs/studies.md, "Tiers"): the everyday paper tier judges SmolLM2's rows alone; the
+#: second model's rows are the full tier's (and the quick scale's smoke run).
+SCALE_MODELS = {"quick": REAL_MODELS, "paper": (SMOLLM2,), "full": REAL_MODELS}
+
+
+def available_models(models: Sequence[str] = REAL_MODELS, *, scale: str | None = None
+                     ) -> tuple[list[str], dict[str, str]]:
+    """``(models that can run here, {model: why not} for the others)``, in the given order; with ``scale``, only the
+    models that scale runs (:data:`SCALE_MODELS`: the paper tier leaves the others to the full tier, so they are
+    neither run nor missing)."""
+    if scale is not None:
+        if scale not in SCALE_MODELS:
+            raise ValueError(f"scale must be one of {list(SCALE_MODELS)} or None, got {scale!r}")
+        models = [m for m in models if m in SCALE_MODELS[scale]]
     present, missing = [], {}
     for model in models:
         why = missing_reason(model)
@@ -60,10 +73,10 @@ def available_models(models: Sequence[str] = REAL_MODELS) -> tuple[list[str], di
     return present, missing
 
 
-def run_models() -> list[str]:
-    """The models a real-data study runs, in report order: SmolLM2 (its rows are the study's own, installed or not)
-    and every other shipped model installed here."""
-    return [SMOLLM2] + [m for m in available_models()[0] if m != SMOLLM2]
+def run_models(scale: str | None = None) -> list[str]:
+    """The models a real-data study runs at ``scale``, in report order: SmolLM2 (its rows are the study's own,
+    installed or not) and every other shipped model installed here that the scale runs (:data:`SCALE_MODELS`)."""
+    return [SMOLLM2] + [m for m in available_models(scale=scale)[0] if m != SMOLLM2]
 
 
 def model_claim_id(base: str, model: str) -> str:

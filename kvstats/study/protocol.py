@@ -14,10 +14,13 @@ A study script (``studies/<name>.py``) declares its name and its place in the re
         return run.finish(claims)                             # write_claims + "<study> done in …" + exit code 0
 
 ``start`` parses the common command line (:func:`kvstats.study.sweep.study_args`: ``--scale``, ``--scheduler``,
-``--n-jobs``, ``--no-progress``, ``--recompute``) and starts the clock; ``sweep`` runs a sweep with those
-options and counts computed and cached cells; ``finish`` writes the claims (with the scale, the study's
-position and the fingerprint of its code) and prints the wall time. Every cell's key holds the fingerprint of the
-code its cell function runs (:mod:`kvstats.study.fingerprint`), so an edit that can move a number recomputes the
+``--n-jobs``, ``--no-progress``, ``--recompute``), selects the scale's folder (:func:`kvstats.study.paths.use_tier`:
+the full tier writes under ``figures/full``) and starts the clock; a study that runs at fewer scales than
+:data:`kvstats.study.sweep.SCALES` declares them (``SCALES = ("quick", "full")`` at module level: its claims are all
+descriptive, so the everyday paper tier takes them from the full tier) and is refused at the others; ``sweep`` runs
+a sweep with those options and counts computed and cached cells; ``finish`` writes the claims (with the scale, the
+study's position and the fingerprint of its code) and prints the wall time. Every cell's key holds the fingerprint of
+the code its cell function runs (:mod:`kvstats.study.fingerprint`), so an edit that can move a number recomputes the
 cells it can move, and no others.
 """
 
@@ -32,8 +35,9 @@ from typing import Any
 import pandas as pd
 
 from kvstats.study.fingerprint import function_fingerprint, study_fingerprint
+from kvstats.study.paths import use_tier
 from kvstats.study.report import write_claims, write_definitions
-from kvstats.study.sweep import Sweep, study_args
+from kvstats.study.sweep import SCALES, Sweep, study_args
 
 __all__ = ["Study", "StudyRun", "Sweeps", "start"]
 
@@ -56,7 +60,7 @@ class StudyRun:
 
     @property
     def scale(self) -> str:
-        """``"quick"`` or ``"paper"``."""
+        """``"quick"``, ``"paper"`` or ``"full"`` (:data:`kvstats.study.sweep.SCALES`)."""
         return self.args.scale
 
     def sweep(self, cell: Callable[..., list[dict]], cells: Sequence[Mapping[str, Any]], *, version: str,
@@ -97,9 +101,12 @@ class StudyRun:
 
 
 def start(name: str, description: str | None = None, argv: Sequence[str] | None = None, *,
-          position: int | None = None) -> StudyRun:
-    """Parse the study's command line and start its clock."""
-    return StudyRun(name, study_args(description, argv), position)
+          position: int | None = None, scales: Sequence[str] = SCALES) -> StudyRun:
+    """Parse the study's command line (``--scale`` one of ``scales``, the ones the study runs at), write into that
+    scale's folder (:func:`kvstats.study.paths.use_tier`) and start its clock."""
+    args = study_args(description, argv, scales=scales)
+    use_tier(args.scale)
+    return StudyRun(name, args, position)
 
 
 class Study:
@@ -126,6 +133,8 @@ class Study:
     versions: Mapping[str, str] = {}
     position: int | None = None
     description: str | None = None
+    #: the scales the study runs at (a study of descriptive claims alone leaves out ``paper``)
+    scales: Sequence[str] = SCALES
 
     def cells(self, scale: str) -> Sweeps:
         raise NotImplementedError
@@ -149,7 +158,7 @@ class Study:
                 for name, (cell, cells) in self.cells(run.scale).items()}
 
     def main(self, argv: Sequence[str] | None = None, *, echo: bool = True) -> int:
-        run = start(self.name, self.description, argv, position=self.position)
+        run = start(self.name, self.description, argv, position=self.position, scales=self.scales)
         tables = self.run_sweeps(run)
         analysis = self.analyse(tables, run.scale)
         self.figures(tables, analysis)

@@ -50,7 +50,7 @@ from typing import Any
 
 from kvstats.measure.stats._common import EXACT_MAX_PAIRS
 from kvstats.study.claims import _REQUIRED, CLAIM_KEYS, VERDICTS, Claim, SampleSize, _check_position, validate_claim
-from kvstats.study.paths import data_dir, default_figures_dir
+from kvstats.study.paths import FULL_TIER, data_dir, default_figures_dir
 from kvstats.study.provenance import git_commit, kvstats_commit
 from kvstats.study.sweep import SCALES
 
@@ -68,9 +68,13 @@ __all__ = [
     "default_figures_dir",
     "fmt_p",
     "read_claims",
+    "read_timings",
+    "script_scales",
     "study_order",
+    "timings_path",
     "validate_claim",
     "write_claims",
+    "write_timings",
 ]
 
 def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
@@ -182,8 +186,8 @@ def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [validate_claim(c, f"{path.name}[{i}]") for i, c in enumerate(payload)]
 
 
-def script_position(path: str | os.PathLike) -> int | None:
-    """The ``POSITION = <int>`` a study declares at module level (read without importing it), or None: a study
+def _script_constant(path: str | os.PathLike, name: str) -> Any:
+    """The literal value a study assigns to ``name`` at module level (read without importing it), or None: a study
     script ``studies/<name>.py``, or a study package ``studies/<name>/`` (its ``__init__.py``)."""
     path = Path(path)
     if path.is_dir():
@@ -193,11 +197,69 @@ def script_position(path: str | os.PathLike) -> int | None:
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "POSITION" for t in node.targets):
-            value = node.value
-            if isinstance(value, ast.Constant) and isinstance(value.value, int) and not isinstance(value.value, bool):
-                return value.value
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return None
     return None
+
+
+def script_position(path: str | os.PathLike) -> int | None:
+    """The ``POSITION = <int>`` a study declares at module level (read without importing it), or None."""
+    value = _script_constant(path, "POSITION")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def script_scales(path: str | os.PathLike) -> tuple[str, ...]:
+    """The scales a study runs at: the ``SCALES = (...)`` it declares at module level (read without importing it),
+    else every scale (:data:`kvstats.study.sweep.SCALES`). ValueError for a declaration that names no known scale."""
+    value = _script_constant(path, "SCALES")
+    if value is None:
+        return SCALES
+    if not isinstance(value, tuple) or not value or any(s not in SCALES for s in value):
+        raise ValueError(f"{path}: SCALES must be a non-empty tuple of {list(SCALES)}, got {value!r}")
+    return value
+
+
+def timings_path(figures_dir: str | os.PathLike | None = None) -> Path:
+    """``<figures_dir>/data/timings.json``: the wall time of each study in the tier's last ``kvstats reproduce``."""
+    return data_dir(figures_dir) / "timings.json"
+
+
+def write_timings(timings: Mapping[str, float], *, scale: str, figures_dir: str | os.PathLike | None = None,
+                  note: str | None = None) -> Path:
+    """Record a run's wall seconds per study (``timings``), its scale and when and on what it ran (threads, workers,
+    CPUs) beside its claims: the report prints each tier's own timing table from it."""
+    import datetime as dt
+
+    from kvstats.study.provenance import git_commit
+
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}")
+    for study, seconds in timings.items():
+        if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"timings[{study!r}] must be finite seconds ≥ 0, got {seconds!r}")
+    path = timings_path(figures_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"scale": scale, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "commit": git_commit(Path(figures_dir or default_figures_dir()).parent), "cpus": os.cpu_count(),
+               "note": note, "studies": {k: round(float(v), 1) for k, v in timings.items()}}
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_timings(figures_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The tier's recorded timings (:func:`write_timings`), or None where none were recorded."""
+    path = timings_path(figures_dir)
+    if not path.is_file():
+        return None
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(payload, dict) or not isinstance(payload.get("studies"), dict):
+        raise ValueError(f"{path} must hold a JSON object with a 'studies' object of seconds")
+    return payload
 
 
 def _claims_position(path: Path) -> int | None:
@@ -321,12 +383,50 @@ def _cell(text: str | None) -> str:
     return (text or "—").replace("|", "\\|").replace("\n", " ")
 
 
-def _study_figures(figures_dir: Path, study: str, claims: list[dict]) -> list[str]:
-    """The study's PNGs: those its claims name, then every ``<study>_*.png`` / ``<study>.png``, no repeats."""
+def _study_figures(figures_dir: Path, study: str, claims: list[dict], prefix: str = "") -> list[str]:
+    """The study's PNGs: those its claims name, then every ``<study>_*.png`` / ``<study>.png`` (named ``prefix`` +
+    file name: the full tier's are under ``full/``), no repeats."""
     named = [c["figure"] for c in claims if c["figure"]]
-    globbed = sorted(p.name for p in figures_dir.glob(f"{study}*.png")
+    globbed = sorted(prefix + p.name for p in figures_dir.glob(f"{study}*.png")
                      if p.stem == study or p.stem.startswith(study + "_"))
     return list(dict.fromkeys(named + globbed))
+
+
+def _claims_files(folder: Path) -> dict[str, Path]:
+    """``{study: <folder>/data/<study>_claims.json}`` of every claims file in a tier's folder."""
+    return {p.name[: -len("_claims.json")]: p for p in sorted((folder / "data").glob("*_claims.json"))}
+
+
+def _tier(claim: Mapping[str, Any]) -> str:
+    """The tier a report row comes from: the full tier's folder, else the scale its claims record."""
+    return claim.get("tier") or claim.get("scale") or "—"
+
+
+def _code_words(status: str, claims: Sequence[Mapping[str, Any]]) -> str:
+    code = ", ".join(sorted({c.get("code") for c in claims} - {None}))
+    return {"current": f"this commit's (fingerprint {code}).",
+            "stale": f"**other than this commit's** (claims record {code}).",
+            "unrecorded": "**not recorded** (claims written before code fingerprints).",
+            "unknown": "not a shipped study (no fingerprint to compare)."}[status]
+
+
+def _tier_lines(claims: Mapping[str, list[dict[str, Any]]], full_status: Mapping[str, str]) -> list[str]:
+    """The report's statement of its two tiers: how many rows each gives and whose code computed the full tier's."""
+    rows = [c for cs in claims.values() for c in cs]
+    full_rows = [c for c in rows if c.get("tier") == FULL_TIER]
+    not_current = sorted(s for s, v in full_status.items() if v in ("stale", "unrecorded")
+                         and any(c.get("tier") == FULL_TIER for c in claims.get(s, [])))
+    return [f"**Tiers.** {len(rows) - len(full_rows)} rows come from this run; {len(full_rows)} from the full tier "
+            "(`kvstats reproduce --scale full`, figures/full: the second model's rows, descriptive sweeps, long "
+            "contexts, every format at every budget), which this run does not recompute. Each row names its tier."
+            + (f" The full tier's rows of {', '.join(not_current)} were not computed by this commit's code (see "
+               "their sections)." if not_current else ""), ""]
+
+
+def _timing_table(title: str, timings: Mapping[str, float], note: str | None) -> list[str]:
+    return ([f"**{title}**" + (f": {note}" if note else ""), "", "| study | wall time (s) |", "|---|---:|"]
+            + [f"| {s} | {t:.0f} |" for s, t in timings.items()]
+            + [f"| **total** | **{sum(timings.values()):.0f}** |", ""])
 
 
 def _study_scales(claims: Mapping[str, list[dict[str, Any]]], default: str) -> dict[str, str]:
@@ -427,28 +527,48 @@ def build_report(
         scale: the scale of the command (stated at the top); a study whose claims record their own scale
             (``write_claims(scale=)``) is reported at that one, and a mixed run names the exceptions.
         studies: the studies to include, in this order (default: every claims file, in :func:`study_order`).
-        timings: wall seconds per study (shown in the run table when given).
+            The full tier's rows (``<figures_dir>/full``, :func:`kvstats.study.paths.tier_dir`) that the folder's
+            own claims lack follow each study's, each row naming its tier, their figures under ``full/`` and that
+            tier's code status and timing table beside; a study only the full tier runs is included whole.
+        timings: wall seconds per study (shown in the run table; default the folder's recorded ones,
+            :func:`write_timings`, when they are of ``scale``).
         preamble: markdown inserted after the header (conventions, how to read the verdicts).
         date: the run's date (default now, UTC).
         out: output path (default ``<figures_dir>/REPORT.md``).
         failed: studies that failed in this run (named at the top: their claims files, if any, are stale).
-        require_current: refuse (ValueError naming them) studies whose claims are not the current code's
-            (:func:`code_status`); otherwise the report names them at the top and in their sections.
+        require_current: refuse (ValueError naming them) studies whose claims in this folder are not the current
+            code's (:func:`code_status`); otherwise the report names them at the top and in their sections. The full
+            tier's rows are never refused: the report states whose code computed them.
 
     Returns:
         the path written.
     """
     fig = Path(figures_dir or default_figures_dir())
-    data = fig / "data"
-    found = {p.name[: -len("_claims.json")]: p for p in sorted(data.glob("*_claims.json"))}
-    order = list(studies) if studies is not None else study_order(list(found), fig)
+    found = _claims_files(fig)
+    # the full tier's rows (<figures>/full, kvstats.study.paths.tier_dir) that this folder's claims lack
+    full = fig / FULL_TIER if fig.name != FULL_TIER else None
+    found_full = _claims_files(full) if full is not None else {}
+    every = list(dict.fromkeys([*found, *found_full]))
+    order = study_order(list(dict.fromkeys([*(every if studies is None else studies), *found_full])), fig)
+    if studies is not None and [s for s in order if s in studies] != list(studies):  # the caller's order first
+        order = [*studies, *(s for s in order if s not in studies)]
     claims = {s: read_claims(found[s]) for s in order if s in found}
-    date = date or _dt.datetime.now(_dt.timezone.utc)
-    scales = _study_scales(claims, scale)
     status = code_status(claims)
     if require_current and any(v in ("stale", "unrecorded") for v in status.values()):
         raise ValueError("claims not computed by the current code: " + ", ".join(
             f"{s} ({v})" for s, v in status.items() if v in ("stale", "unrecorded")) + "; rerun those studies")
+    full_claims = {s: read_claims(found_full[s]) for s in order if s in found_full}
+    full_status = code_status(full_claims)
+    for s, cs in full_claims.items():
+        ours = {c["id"] for c in claims.get(s, [])}
+        added = [c | {"figure": f"{FULL_TIER}/{c['figure']}" if c["figure"] else None, "tier": FULL_TIER}
+                 for c in cs if c["id"] not in ours]
+        if added:
+            claims[s] = claims.get(s, []) + added
+    claims = {s: claims[s] for s in order if s in claims}
+    date = date or _dt.datetime.now(_dt.timezone.utc)
+    ours = {s: [c for c in cs if "tier" not in c] for s, cs in claims.items()}
+    scales = _study_scales({s: cs for s, cs in ours.items() if cs}, scale)
     any_quick = "quick" in scales.values()
     lines = [
         "# kvstats — published claims against our measurements",
@@ -467,6 +587,8 @@ def build_report(
         lines += [f"**Failed in this run: {', '.join(failed)}** — their sections below (if any) come from an "
                   "earlier run.", ""]
     lines += _code_lines(status)
+    if full_claims:
+        lines += _tier_lines(claims, full_status)
     if preamble:
         lines += [preamble.strip(), ""]
     lines += _discrepancies(claims)
@@ -475,27 +597,35 @@ def build_report(
     lines += ["## Summary", "",
               "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "",
               *_sample_line(claims),
-              "| study | claim | verdict | our measurement |", "|---|---|---|---|"]
+              "| study | claim | tier | verdict | our measurement |", "|---|---|---|---|---|"]
     for study, cs in claims.items():
         for c in cs:
-            lines.append(f"| [{study}](#{study}) | {_cell(c['claim'])} | "
+            lines.append(f"| [{study}](#{study}) | {_cell(c['claim'])} | {_tier(c)} | "
                          f"{_VERDICT_MARK[c['verdict']]} | {_cell(c['measurement'])} |")
     lines.append("")
+    recorded = read_timings(fig)
+    if timings is None and recorded is not None and recorded["scale"] == scale:
+        timings = recorded["studies"]
     if timings:
-        lines += ["| study | wall time (s) |", "|---|---:|"]
-        lines += [f"| {s} | {t:.0f} |" for s, t in timings.items()]
-        lines += [f"| **total** | **{sum(timings.values()):.0f}** |", ""]
+        lines += _timing_table(f"Wall time of this run ({scale} scale)", timings, None)
+    full_timings = read_timings(full) if full_claims else None
+    if full_timings:
+        lines += _timing_table(f"Wall time of the full tier's run ({full_timings['date']}, commit "
+                               f"{full_timings['commit']})", full_timings["studies"], full_timings.get("note"))
     for study, cs in claims.items():
-        code = ", ".join(sorted({c.get("code") for c in cs} - {None}))
-        lines += [f"## {study}", "", f"Scale: {scales[study]}. Code: " + {
-            "current": f"this commit's (fingerprint {code}).",
-            "stale": f"**other than this commit's** (claims record {code}).",
-            "unrecorded": "**not recorded** (claims written before code fingerprints).",
-            "unknown": "not a shipped study (no fingerprint to compare)."}[status[study]], ""]
+        ours = [c for c in cs if "tier" not in c]
+        head = []
+        if ours:
+            head.append(f"Scale: {scales[study]}. Code: " + _code_words(status[study], ours))
+        if len(ours) < len(cs):
+            head.append(f"{len(cs) - len(ours)} row(s) from the full tier (figures/full): code "
+                        + _code_words(full_status[study], full_claims[study]))
+        lines += [f"## {study}", "", " ".join(head), ""]
         for c in cs:
             lines += [
                 f"### {c['id']} — {_VERDICT_MARK[c['verdict']]}",
                 "",
+                f"- **Tier:** {_tier(c)}",
                 f"- **Claim:** {c['claim']}",
                 f"- **Source:** {c['source']}",
                 f"- **Measured:** {c['measurement']}",
@@ -510,11 +640,14 @@ def build_report(
             lines.append("")
             if c["details"]:
                 lines += [c["details"].strip(), ""]
-        figs = _study_figures(fig, study, cs)
+        figs = _study_figures(fig, study, ours)
+        if full is not None and len(ours) < len(cs):
+            figs += [f for f in _study_figures(full, study, [c for c in cs if "tier" in c], FULL_TIER + "/")
+                     if f not in figs and Path(f).name not in figs]
         if figs:
             lines += [f"#### Figures of {study}", ""]
             lines += [f"![{Path(f).stem}]({f})\n" for f in figs]
-    missing = [s for s in order if s not in found]
+    missing = [s for s in order if s not in claims]
     if missing:
         lines += ["## Studies without a claims file", "", ", ".join(missing), ""]
     path = Path(out) if out else fig / "REPORT.md"

@@ -70,7 +70,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstats.study.paths import default_figures_dir  # the figures folder: one home, kvstats.study.paths
+from kvstats.study.paths import base_figures_dir, default_figures_dir  # the figures folder: kvstats.study.paths
+from kvstats.study.scales import SCALES  # quick, paper, full (docs/studies.md, "Tiers")
 from kvstats.study.workers import parallel_map, run_cells, warm_workers
 
 __all__ = [
@@ -87,8 +88,6 @@ __all__ = [
     "warm_workers",
 ]
 
-#: The scales every study accepts.
-SCALES = ("quick", "paper")
 
 _SCALAR = (str, int, float, bool, type(None))
 
@@ -101,9 +100,10 @@ class BadCellWarning(UserWarning):
 
 
 def cells_dir() -> Path:
-    """Where finished cells are stored: ``$KVSTATS_CELLS_DIR``, else ``<figures>/.cells``."""
+    """Where finished cells are stored: ``$KVSTATS_CELLS_DIR``, else ``<figures>/.cells`` (one store for every tier:
+    :func:`kvstats.study.paths.base_figures_dir`)."""
     env = os.environ.get("KVSTATS_CELLS_DIR")
-    return Path(env) if env else default_figures_dir() / ".cells"
+    return Path(env) if env else base_figures_dir() / ".cells"
 
 
 def grid(**axes: Iterable) -> list[dict[str, Any]]:
@@ -460,11 +460,15 @@ def _progress_bar(study: str, total: int, initial: int, enabled: bool):
 # ------------------------------------------------------------------------------------- study command lines
 
 
-def study_args(description: str | None = None, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse a study script's command line: ``--scale quick|paper``, ``--scheduler ADDR``, ``--n-jobs N``,
-    ``--no-progress``, ``--recompute``."""
+def study_args(description: str | None = None, argv: Sequence[str] | None = None, *,
+               scales: Sequence[str] = SCALES) -> argparse.Namespace:
+    """Parse a study script's command line: ``--scale quick|paper|full`` (of ``scales``: the ones the study runs
+    at), ``--scheduler ADDR``, ``--n-jobs N``, ``--no-progress``, ``--recompute``."""
+    unknown = [s for s in scales if s not in SCALES]
+    if not scales or unknown:
+        raise ValueError(f"scales must be a non-empty subset of {list(SCALES)}, got {list(scales)!r}")
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=SCALES, default="quick", help="sample sizes (default quick)")
+    parser.add_argument("--scale", choices=list(scales), default="quick", help="sample sizes (default quick)")
     parser.add_argument("--scheduler", default=None,
                         help="Dask scheduler address, or 'local' (default: joblib on all cores)")
     parser.add_argument("--n-jobs", type=int, default=None, help="joblib workers (default: all cores)")

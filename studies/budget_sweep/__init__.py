@@ -149,7 +149,7 @@ class BudgetSweep(study.Study):
         n_windows = window_count(SCALE[scale], capture=True)
         out = {STUDY: (cell, sweep_cells(scale, n_windows)),
                f"{STUDY}_formats": (cell, formats_cells(scale, n_windows))}
-        if "gemma3-270m" in available_models()[0]:
+        if "gemma3-270m" in available_models(scale=scale)[0]:
             gemma = window_count(SCALE[scale], capture=True, data="gemma3")
             out[f"{STUDY}_gemma3"] = (cell, model_cells(scale, "gemma3", gemma))
         return out
@@ -161,7 +161,7 @@ class BudgetSweep(study.Study):
         if f"{STUDY}_gemma3" in tables and len(tables[f"{STUDY}_gemma3"]):
             real["gemma3"] = analyse(trial_table(tables[f"{STUDY}_gemma3"]), scale,
                                      window_count(SCALE[scale], data="gemma3"))
-        return Analyses(main, real, available_models()[1])
+        return Analyses(main, real, available_models(scale=scale)[1])
 
     def figures(self, tables, a: Analyses) -> None:
         write_tables(a.main)

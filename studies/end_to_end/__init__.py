@@ -130,7 +130,7 @@ class EndToEnd(study.Study):
                 f"{STUDY}_gemma3_paths": MODELS_VERSION}
 
     def cells(self, scale: str) -> study.Sweeps:
-        return sweeps(SCALE[scale])
+        return sweeps(SCALE[scale], scale)
 
     def analyse(self, tables, scale: str) -> Analysis:
         return analyse(tables, scale)

@@ -21,6 +21,10 @@ from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
 from kvstats.study.models import ModelRun, available_models, file_suffix
 from kvstats.study.sweep import cell_seed
 
+#: the generation table's columns (its sweep's parameters and rows), for a scale that runs no generation
+GENERATION_COLUMNS = ("scheme", "n", "seed", "window", "prompt_len", "calibration_tokens", "offset",
+                      "tokens_before_divergence", "agreement", "new", "fp_nll", "fp_nll_reference")
+
 ALPHA = 0.05
 PAPER_RATIO_N4 = "2.25"  # D'Alberto's KQV/QKQV KL ratio at n = 4, as printed
 KEYS = ["scheme", "n", "seed", "window"]
@@ -260,14 +264,17 @@ def analyse(tables, scale: str) -> Analysis:
     docs = segment_documents(cfg["segment_tokens"], cfg["segments"])
     summary = summary_table(segs, table[table["kind"] == "cell"], cfg["resamples"], docs)
     corr = correlations(summary, tokens, cfg["resamples"])
-    gen = tables[f"{STUDY}_generation"].drop(columns="offsets")  # each row names its prompt (offset)
+    # each row names its prompt (offset); no generation at paper scale (a greedy continuation that one fp32 reordering
+    # sends down another path is no claim's evidence: the full tier measures it)
+    gen = (tables[f"{STUDY}_generation"].drop(columns="offsets") if f"{STUDY}_generation" in tables
+           else pd.DataFrame(columns=GENERATION_COLUMNS))
     side = {}
     for name in ("qjl", "formats"):  # the sweeps measured beside the main one
         t = tables.get(f"{STUDY}_{name}")
         ok = t is not None and len(t)
         side[name] = beside(t[t["kind"] == "token"][tokens.columns], t[t["kind"] == "cell"], cfg, docs) if ok else \
             (None, None)
-    present, missing = available_models()
+    present, missing = available_models(scale=scale)
     others = {model: model_analysis(tables[f"{STUDY}{file_suffix(model)}"], scale, model,
                                     tables.get(f"{STUDY}{file_suffix(model)}_paths"))
               for model in present if model != SMOLLM2}

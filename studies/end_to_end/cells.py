@@ -51,11 +51,15 @@ SCALE = {
               "window_budget": 4, "calibration_tokens": 1024, "nova_budgets": (2,), "qjl_budgets": (2,),
               "prompts": (0,), "formats": (("nvfp4", 4),),
               "gen_budgets": (2,), "prompt_len": 48, "new": 24, "agree_tokens": 64, "resamples": 999},
-    "paper": {"segment_tokens": 128, "segments": None, "budgets": (2, 3, 4, 5, 6), "seeds": (0,), "windows": (0, 16),
-              "window_budget": 4, "calibration_tokens": None, "nova_budgets": (2, 3, 4, 5, 6), "qjl_budgets": (3,),
-              "prompts": (0, 480, 960), "formats": DEPLOYED, "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
-              "agree_tokens": 256, "resamples": 4999},
+    "full": {"segment_tokens": 128, "segments": None, "budgets": (2, 3, 4, 5, 6), "seeds": (0,), "windows": (0, 16),
+             "window_budget": 4, "calibration_tokens": None, "nova_budgets": (2, 3, 4, 5, 6), "qjl_budgets": (3,),
+             "prompts": (0, 480, 960), "formats": DEPLOYED, "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
+             "agree_tokens": 256, "resamples": 4999},
 }
+#: The everyday paper tier: the full tier's teacher-forced cells on SmolLM2 (every verdict rests on them), without the
+#: greedy generation (a continuation one fp32 reordering sends down another path: no claim's evidence, issue 50) and
+#: transformers' baselines (a measurement with no verdict); both stay the full tier's.
+SCALE["paper"] = {**SCALE["full"], "gen_budgets": (), "baselines": False}
 #: QJL's own cache (kvstats.scheme("qjl_cache"), arXiv 2406.03482 §4-5): keys m = n·d sign bits on orthogonalised rows
 #: (the paper's practice) with the OUTLIERS channels of largest mean |k| per layer, found on the calibration
 #: document (the paper finds them in the prompt), in their own sketch of ROWS_PER_OUTLIER rows each; values min-max
@@ -336,10 +340,11 @@ def model_cell_grid(cfg: dict, model: str) -> list[dict]:
             + grid(scheme="identity", n=0, **{**base, "seed": 0}))
 
 
-def sweeps(cfg: dict) -> study.Sweeps:
+def sweeps(cfg: dict, scale: str | None = None) -> study.Sweeps:
     """The study's sweeps at one scale: the teacher-forced cells (:func:`cell_grid`), QJL's cache and the deployed
-    formats (each its own sweep and version), the two paths, the generation and, when transformers' quantized caches
-    are installed, the baselines."""
+    formats (each its own sweep and version), the two paths, the generation (where the scale has ``gen_budgets``)
+    and, when transformers' quantized caches are installed and the scale runs them, the baselines; the other models
+    the scale runs (:data:`kvstats.study.models.SCALE_MODELS`) on their own segments."""
     from kvstats.hf.baselines import available_backends  # transformers' quantized caches, when installed
 
     out = {
@@ -351,17 +356,18 @@ def sweeps(cfg: dict) -> study.Sweeps:
                                      "segment_tokens": cfg["segment_tokens"], "segments": cfg["segments"],
                                      "calibration_tokens": cfg["calibration_tokens"]}
                                     for spec, n in cfg.get("formats", ())]),
-        f"{STUDY}_paths": (agreement_cell, grid(scheme=list(DALBERTO), n=4, tokens=cfg["agree_tokens"])),
-        f"{STUDY}_generation": (generation_cell, grid(
+        f"{STUDY}_paths": (agreement_cell, grid(scheme=list(DALBERTO), n=4, tokens=cfg["agree_tokens"]))}
+    if cfg["gen_budgets"]:
+        out[f"{STUDY}_generation"] = (generation_cell, grid(
             scheme=list(SCHEMES), n=list(cfg["gen_budgets"]), seed=cfg["seeds"][0], window=0,
             offsets=[list(cfg["prompts"])], prompt_len=cfg["prompt_len"], new=cfg["new"],
-            calibration_tokens=cfg["calibration_tokens"]))}
-    for model in available_models()[0]:
+            calibration_tokens=cfg["calibration_tokens"]))
+    for model in available_models(scale=scale)[0]:
         if model != SMOLLM2:
             out[f"{STUDY}{file_suffix(model)}"] = (cell, model_cell_grid(cfg, model))
             out[f"{STUDY}{file_suffix(model)}_paths"] = (agreement_cell, grid(scheme=list(DALBERTO), n=4,
                                                                           tokens=cfg["agree_tokens"], model=model))
-    backends = available_backends()
+    backends = available_backends() if cfg.get("baselines", True) else []
     if backends:
         out[f"{STUDY}_baselines"] = (baseline_cell, grid(
             backend=backends, n=[2, 4], residual_length=[1, 16], segment_tokens=cfg["segment_tokens"],

@@ -63,6 +63,9 @@ def _output_axes(axes, a: Analysis) -> None:
         ref_nll = gen.drop_duplicates("offset")["fp_nll_reference"].mean()
         axes[0, 3].axhline(ref_nll, color="k", ls=":", lw=1, label="fp's own greedy text")
         axes[0, 3].legend(loc="upper right", fontsize=7)
+    else:
+        axes[0, 3].text(0.5, 0.5, f"not run at {a.scale} scale\n(the full tier's)", transform=axes[0, 3].transAxes,
+                        ha="center", va="center", fontsize=8)
     axes[0, 3].set(xlabel="budget n", ylabel="NLL under the fp model (nats/token)",
                    title=f"greedy generation ({int(gen['new'].max()) if len(gen) else 0} tokens, "
                          f"{gen['offset'].nunique() if len(gen) else 0} prompt(s))")
@@ -197,7 +200,8 @@ def figures(a: Analysis) -> None:
     plots.write_csv(f"{STUDY}_tokens", a.tokens)
     plots.write_csv(f"{STUDY}_layers", a.layers)
     plots.write_csv(f"{STUDY}_correlation", a.corr)
-    plots.write_csv(f"{STUDY}_generation", a.gen)
+    if len(a.gen):
+        plots.write_csv(f"{STUDY}_generation", a.gen)
     plots.write_csv(f"{STUDY}_paths", a.agree)
     if a.qjl_summary is not None:
         plots.write_csv(f"{STUDY}_qjl", a.qjl_summary)

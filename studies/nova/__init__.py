@@ -145,7 +145,7 @@ class Nova(study.Study):
         """SmolLM2's sweep (``nova``) and, for every other model installed, the same on its captures
         (``nova_<label>``: each cell names the model, so SmolLM2's keep their keys)."""
         cfg, out = SCALE[scale], {}
-        for model in run_models():
+        for model in run_models(scale):
             ensure_captures(model)  # once here (cached), never in parallel workers
             out[f"{STUDY}{file_suffix(model)}"] = (
                 cell, grid(layer=model_layers(cfg, model), seed=list(cfg["seeds"]), n_q=cfg["n_q"],
@@ -153,7 +153,7 @@ class Nova(study.Study):
         return out
 
     def analyse(self, tables, scale: str) -> Analysis:
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
         others = {model: self._analyse(tables[f"{STUDY}{file_suffix(model)}"], scale, model)
                   for model in present if model != SMOLLM2}
         return dataclasses.replace(self._analyse(tables[STUDY], scale, SMOLLM2), others=others, missing=missing)

@@ -44,6 +44,7 @@ SCALE = {
     "quick": {"layers": tuple(range(0, 30, 5)), "seeds": (0,), "n_q": 64, "insample": False},
     "paper": {"layers": tuple(range(30)), "seeds": (0,), "n_q": 256, "insample": True},
 }
+SCALE["full"] = SCALE["paper"]  # the full tier adds the second model's rows (kvstats.study.models.SCALE_MODELS)
 
 METRICS = {"kl": ("attention KL [nats]", True, "low"), "top5": ("top-5 recall", False, "high"),
            "output_error": ("attention-output rel. error", True, "low"),

@@ -104,13 +104,16 @@ from kvstats.study.claims import Claim
 from kvstats.study.sweep import grid
 
 __all__ = ["POSITION", "ALPHA", "COS_AT_M", "COS_VALUES", "D", "LEMMA_35", "M_AT_COS", "M_VALUES", "OUTLIER_DATA",
-           "OUTLIER_KEYS", "OUTLIER_M_TOTAL", "OUTLIER_QUERIES", "OUTLIER_SCALES", "QJL_BITS", "SCALE", "SPARSITY",
-           "SPIKY_PAIRS", "SPIKY_ROWS", "STUDY", "TAIL_PAIRS", "THEOREM_36", "THEOREM_36_SCALING", "UNBIASED_ATOL",
-           "VERSION", "Analysis", "bits_verdict", "cell", "error_cell", "jl_cell", "jl_comparison", "jl_verdict",
-           "main", "needed_m_log_ratio", "scaling_verdict", "control_m",
-           "orthogonal_verdict", "outlier_cell", "outlier_verdict", "qjl_bits", "QjlVariance", "scores_cell",
-           "scores_verdict", "spiky_cell", "spiky_verdict", "tail_cell", "tail_verdict", "unit_pairs", "equivalent_to"]
+           "OUTLIER_KEYS", "OUTLIER_M_TOTAL", "OUTLIER_QUERIES", "OUTLIER_SCALES", "QJL_BITS", "SCALE", "SCALES",
+           "SPARSITY", "SPIKY_PAIRS", "SPIKY_ROWS", "STUDY", "TAIL_PAIRS", "THEOREM_36", "THEOREM_36_SCALING",
+           "UNBIASED_ATOL", "VERSION", "Analysis", "bits_verdict", "cell", "error_cell", "jl_cell", "jl_comparison",
+           "jl_verdict", "main", "needed_m_log_ratio", "scaling_verdict", "control_m", "orthogonal_verdict",
+           "outlier_cell", "outlier_verdict", "qjl_bits", "QjlVariance", "scores_cell", "scores_verdict", "spiky_cell",
+           "spiky_verdict", "tail_cell", "tail_verdict", "unit_pairs", "equivalent_to"]
 
+#: The scales this study runs at: its claims are decided at paper scale (synthetic draws, seconds to minutes), so the
+#: full tier adds nothing to it (docs/studies.md, "Tiers").
+SCALES = ("quick", "paper")
 POSITION = 50  # place in figures/REPORT.md (kvstats.study.report.study_order)
 
 
@@ -122,6 +125,7 @@ class QjlVariance(study.Study):
     """The study on the protocol (kvstats.study.protocol.Study): six sweeps, two figures and eleven claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]

@@ -110,13 +110,13 @@ class Retrieval(study.Study):
         on its tokens and its tasks (``retrieval_<label>``, ``retrieval_<label>_formats``; each cell names the
         model)."""
         out = _model_sweeps(SCALE[scale], SMOLLM2)
-        for model in available_models()[0]:
+        for model in available_models(scale=scale)[0]:
             if model != SMOLLM2:
                 out.update(_model_sweeps(SCALE[scale], model))
         return out
 
     def analyse(self, tables, scale: str) -> Analysis:
-        present, missing = available_models()
+        present, missing = available_models(scale=scale)
         others = {model: analyse(tables[f"{STUDY}{file_suffix(model)}"], scale,
                                  tables.get(f"{STUDY}{file_suffix(model)}_formats"), model=model)
                   for model in present if model != SMOLLM2}

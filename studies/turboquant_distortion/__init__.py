@@ -90,11 +90,14 @@ from kvstats.study.sweep import grid
 
 __all__ = ["POSITION", "ALPHA", "BITS", "D", "METHODS", "NORM_DTYPES", "OUTLIER_CLAIMED_BITS", "OUTLIER_DATA",
            "OUTLIER_SPLIT", "OUTLIER_VECTORS", "PRINTED_DMSE", "PRINTED_DPROD_TIMES_D", "PRINTED_RTOL", "SCALE",
-           "SKETCH_NAMES", "STUDY", "TWO_PI_SKETCH", "VERSION", "Analysis", "any_y_verdict", "bounds_verdict", "cell",
-           "exact_dmse", "exact_dprod", "main", "outlier_cell", "outlier_verdict", "paired_ratios", "rounding_text",
-           "split_bits", "TurboQuantDistortion", "two_pi_closed_form", "two_pi_verdict", "value_verdict",
-           "worst_cell"]
+           "SCALES", "SKETCH_NAMES", "STUDY", "TWO_PI_SKETCH", "VERSION", "Analysis", "any_y_verdict", "bounds_verdict",
+           "cell", "exact_dmse", "exact_dprod", "main", "outlier_cell", "outlier_verdict", "paired_ratios",
+           "rounding_text", "split_bits", "TurboQuantDistortion", "two_pi_closed_form", "two_pi_verdict",
+           "value_verdict", "worst_cell"]
 
+#: The scales this study runs at: its claims are decided at paper scale (synthetic draws, seconds to minutes), so the
+#: full tier adds nothing to it (docs/studies.md, "Tiers").
+SCALES = ("quick", "paper")
 POSITION = 40  # place in figures/REPORT.md (kvstats.study.report.study_order)
 
 
@@ -103,6 +106,7 @@ class TurboQuantDistortion(study.Study):
     configuration), two figures and seven claims."""
 
     name, version, position, description = STUDY, VERSION, POSITION, __doc__
+    scales = SCALES
 
     def cells(self, scale: str) -> study.Sweeps:
         cfg = SCALE[scale]

@@ -3,7 +3,8 @@
 Each test reads a claim's section of the report and the CSV its numbers come from, recomputes the number with numpy,
 scipy or statsmodels (never kvstats' own analysis code), formats it as the report prints it and finds it in the
 section: the report says what its data say. The report and its data are regenerated together (``make figures``),
-so these hold at any scale; a section or a file that is missing fails, it is not skipped.
+so these hold at any scale; a section or a file that is missing fails, it is not skipped. A row of the full tier
+(docs/studies.md, "Tiers") is recomputed from the full tier's data, figures/full/data.
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ def section(report: str, claim_id: str) -> str:
     return match.group(0)
 
 
-def data(name: str) -> pd.DataFrame:
-    return pd.read_csv(FIGURES / "data" / f"{name}.csv")
+def data(name: str, where: str | None = None) -> pd.DataFrame:
+    """The CSV ``name`` of the tier the claim section ``where`` names (its **Tier** line); without a section, the
+    everyday tier's file, else the full tier's (a table only the full tier writes)."""
+    everyday, full = FIGURES / "data" / f"{name}.csv", FIGURES / "full" / "data" / f"{name}.csv"
+    if where is not None:
+        return pd.read_csv(full if "- **Tier:** full" in where else everyday)
+    return pd.read_csv(everyday if everyday.is_file() else full)
 
 
 def listed(text: str) -> list[float]:
@@ -260,7 +266,7 @@ def test_second_model_rows_from_their_data(report):
     text = section(report, "dalberto-kl-ratio-2.25-gemma3")
     for row in r4.itertuples():
         assert f"{row.label.split()[-1]}: {row.median_kl_qkqv / row.median_kl_kqv:.2f} [" in text
-    ks = data("kv_anatomy_ks")
+    ks = data("kv_anatomy_ks", section(report, "gemma3-wht-sphere-law"))
     gemma = ks[ks["model"] == "gemma3-270m"]
     assert len(gemma) == 18 and (gemma["n"] == 2048).all()
     assert (f"after the WHT {gemma['ks_wht'].min():.3f}–{gemma['ks_wht'].max():.3f}"

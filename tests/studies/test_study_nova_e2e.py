@@ -179,7 +179,7 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     import kvstats.study.models as study_models
 
     for module in (nv, study_models):  # the analysis asks nv's name, run_models the module's
-        monkeypatch.setattr(module, "available_models", lambda: ([SMOLLM2, GEMMA3], {}))
+        monkeypatch.setattr(module, "available_models", lambda scale=None: ([SMOLLM2, GEMMA3], {}))
     for module in (nv, nv.cells, nv.analysis, nv.figures, nv.claims):  # each module that reads BUDGETS
         monkeypatch.setattr(module, "BUDGETS", (2,))
     monkeypatch.setitem(nv.SCALE, "quick", {"layers": (0, 1), "seeds": (0,), "n_q": 4, "insample": False})

@@ -145,7 +145,7 @@ def test_retrieval_runs_through_the_shell_and_the_lossless_scheme_is_the_fp_mode
 def test_model_tasks_go_past_a_context_only_where_the_model_holds_it(rt):
     """``long`` lengths join a model's tasks below its context: SmolLM2 (8,192 tokens) gets none, Gemma 3 270M
     (32,768) the 16,384-token induction prompts; the scale's own tasks are every model's."""
-    cfg = rt.SCALE["paper"]
+    cfg = rt.SCALE["full"]  # the tier that runs the second model and long contexts (docs/studies.md, "Tiers")
     smol, gemma = rt.model_tasks(cfg, "smollm2"), rt.model_tasks(cfg, "gemma3-270m")
     assert smol == cfg["tasks"] and cfg["long"] == {"induction": {16384: 2}}
     assert gemma["induction"] == {**cfg["tasks"]["induction"], 16384: 2}

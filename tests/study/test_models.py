@@ -96,7 +96,21 @@ def test_a_model_analysis_carries_its_model_and_names_its_files():
 
 def test_the_run_models_are_smollm2_then_every_other_installed_one(monkeypatch):
     """SmolLM2's rows are always a study's own; another shipped model runs where its package is installed."""
-    monkeypatch.setattr(models, "available_models", lambda: ([SMOLLM2, GEMMA3], {}))
+    monkeypatch.setattr(models, "available_models", lambda scale=None: ([SMOLLM2, GEMMA3], {}))
     assert models.run_models() == [SMOLLM2, GEMMA3]
-    monkeypatch.setattr(models, "available_models", lambda: ([], {SMOLLM2: "no", GEMMA3: "no"}))
+    monkeypatch.setattr(models, "available_models", lambda scale=None: ([], {SMOLLM2: "no", GEMMA3: "no"}))
     assert models.run_models() == [SMOLLM2]
+
+
+def test_the_paper_tier_runs_smollm2_alone_and_calls_no_other_model_missing(monkeypatch):
+    """The everyday paper tier judges SmolLM2's rows; the second model's are the full tier's (and the quick smoke
+    run's), so at paper scale it is neither run nor reported missing."""
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # every package "installed"
+    assert models.available_models(scale="paper") == ([SMOLLM2], {})
+    assert models.available_models(scale="full") == ([SMOLLM2, GEMMA3], {})
+    assert models.available_models(scale="quick") == ([SMOLLM2, GEMMA3], {})
+    assert models.run_models("paper") == [SMOLLM2]
+    with pytest.raises(ValueError, match="scale must be one of"):
+        models.available_models(scale="huge")
