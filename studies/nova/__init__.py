@@ -45,8 +45,9 @@ Writes figures/nova_attention.png, nova_layers.png, nova_parseval.png and in fig
 (every unit × scheme × n × seed), nova_tests.csv, nova_parseval.csv, nova_bits.csv, nova_grouping.csv,
 nova_ablation.csv, nova_claims.json,
 nova_definitions.json.
-quick: layers 0, 5, ..., 25 (6 layers, 54 units per scheme), 64 queries; paper: all 30 layers (270
-units), 256 queries, nova_insample.
+quick: layers 0, 5, ..., 25 (6 layers, 54 units per scheme), 64 queries; paper: layers 0, 3, ..., 27 (10 layers: 30
+test units of a KV head, 90 query-head units), 256 queries, nova_insample; full: all 30 layers (90 test units, 270
+query-head units) and the second model.
 
 A package (docs/studies.md, "A study that outgrows one file"): cells (the study's declarations, the captures, the
 schemes, the cell with its grouping, ablation and Parseval rows), analysis (units, tests, bit counts), verdicts (the

@@ -152,6 +152,8 @@ def _model_sweeps(cfg: dict, model: str) -> study.Sweeps:
     (:func:`~kvstats.studies.retrieval.cells.model_tasks`), the longest first (they bound the wall time); a model
     other than SmolLM2 named in its cells, so SmolLM2's keep their keys."""
     nova = {"nova_bits": list(cfg["nova_bits"])} if "nova_bits" in cfg else {}
+    if "runs" in cfg:  # only the (scheme, n) pairs the scale's claims read
+        nova["runs"] = [list(r) for r in cfg["runs"]]
     named = cell_model(model)
     prompts = sorted(((task, length, i) for task, lengths in model_tasks(cfg, model).items()
                       for length, count in lengths.items() for i in range(count)), key=lambda c: -c[1])

@@ -51,12 +51,14 @@ PASSKEY_PROMPTS = -(-EQUIVALENCE_TRIALS // len(PASSKEY_LENGTHS))
 SCALE = {
     "quick": {"tasks": {"passkey": {256: 4}, "induction": {256: 2, 1024: 1}, "lookup": {256: 2}},
               "bits": (2, 4), "calibration_tokens": 1024, "nova_bits": (2,), "formats": (("nvfp4", 4),)},
-    # the everyday tier: the budgets of the two verdicts (NOVA-KV against the scalar methods at 2 bits, KQV at 4 bits
-    # within ±5 points of fp) on contexts up to 2,048 tokens; induction's 60 trials (power 0.46 to exclude KQV-4's
-    # observed -14.7 points by itself) leave that verdict to lookup (90 trials, which exclude it; issue 50's audit)
+    # the everyday tier: what the two verdicts read (``runs``: NOVA-KV against every scalar method at 2 bits, KQV at
+    # 4 bits within ±5 points of fp) on contexts up to 1,024 tokens: the pass key's planned 54 trials, induction's and
+    # lookup's 60 (the full tier's rows ask ≥ 52 of lookup to exclude KQV-4's -21 points, 152 of induction for its
+    # -14.7: lookup decides that verdict; NOVA-KV's McNemar asks 76 of the pooled 174; issue 50's audit)
     "paper": {"tasks": {"passkey": dict.fromkeys(PASSKEY_LENGTHS, PASSKEY_PROMPTS),
-                        "induction": {256: 6, 1024: 6}, "lookup": {256: 6, 1024: 6, 2048: 6}},
-              "bits": (2, 4), "calibration_tokens": None, "nova_bits": (2,), "formats": ()},
+                        "induction": {256: 6, 1024: 6}, "lookup": {256: 6, 1024: 6}},
+              "bits": (2, 4), "calibration_tokens": None, "formats": (),
+              "runs": (("minmax", 2), ("kv", 2), ("mse", 2), ("nova", 2), (BASELINE, 2), ("kqv", 4))},
     # every budget, the deployed formats, induction at 4,096 and 8,192 tokens (16,384 on a model whose context holds
     # them) and the second model
     "full": {"tasks": {"passkey": dict.fromkeys(PASSKEY_LENGTHS, PASSKEY_PROMPTS),
@@ -168,26 +170,32 @@ class _PromptRun:
 
 
 def cell(task: str, length: int, prompt: int, bits: tuple, calibration_tokens: int | None,
-         nova_bits: tuple | None = None, model: str = SMOLLM2) -> list[dict]:
+         nova_bits: tuple | None = None, model: str = SMOLLM2, runs: list | None = None) -> list[dict]:
     """One prompt in ``model``'s tokens: the exact prefill once, then the questions through the fp cache, every
     kvstats scheme at every n (NOVA-KV at ``nova_bits``, default every n: its calibration is the quick scale's
-    largest cost) and transformers' quantized cache: one row per (scheme, n, needle), the fp rows first. A model
-    whose cache transformers' quantized cache refuses (:func:`baseline_refusal`) has no baseline rows; its fp rows
-    say why in ``baseline_refused``."""
+    largest cost) and transformers' quantized cache — or only the (scheme, n) pairs of ``runs`` — : one row per
+    (scheme, n, needle), the fp rows first. A model whose cache transformers' quantized cache refuses
+    (:func:`baseline_refusal`) has no baseline rows; its fp rows say why in ``baseline_refused``."""
     from kvstats.hf.baselines import available_backends
 
+    if runs is None:
+        runs = [(BASELINE, n) for n in bits if n in (2, 4)]  # quanto's nbits
+        runs += [(name, n) for name in SCHEMES for n in (bits if name != "nova" or nova_bits is None else nova_bits)]
+    unknown = sorted({str(name) for name, _ in runs} - {*SCHEMES, BASELINE})
+    if unknown:
+        raise ValueError(f"runs names unknown schemes {unknown}; known: {[*SCHEMES, BASELINE]}")
     with torch.inference_mode():
         run = _PromptRun(task, length, prompt, model)
         refused = {}
-        if BASELINE in available_backends():
+        if any(name == BASELINE for name, _ in runs) and BASELINE in available_backends():
             why = baseline_refusal(run.model)
             if why is None:
-                for n in (b for b in bits if b in (2, 4)):  # quanto's nbits
+                for _, n in (r for r in runs if r[0] == BASELINE):
                     run.baseline(n)
             else:
                 refused = {"baseline_refused": why}
-        for name in SCHEMES:
-            for n in (bits if name != "nova" or nova_bits is None else nova_bits):
+        for name, n in runs:
+            if name != BASELINE:
                 seed = cell_seed(STUDY, "scheme", task, length, prompt) if name != "nova" else 0
                 run.kvstats(name, n, run.schemes(name, n, seed, calibration_tokens))
         quantized = len(run.rows)

@@ -230,7 +230,10 @@ def definitions(a: Analysis) -> dict[str, str]:
                    "fresh scheme seeds; transformers' QuantizedCache with the quanto backend at nbits 2 and 4 only "
                    "(its backend's choice; it refuses models with sliding-window layers, so not on Gemma 3 270M)"
                    + ("" if "hqq" in set(a.trials["scheme"]) else
-                                               "; its hqq backend did not run (the hqq package was not installed)"),
+                                               "; its hqq backend did not run (the hqq package was not installed)")
+                   + ("; at this scale only the pairs its verdicts read: " + ", ".join(f"{s} n = {n}" for s, n in
+                                                                                      a.cfg["runs"])
+                      + " (every scheme at every n is the full tier's)" if a.cfg.get("runs") else ""),
         "tests": "Wilson 95% intervals (kvstats.stats.proportion_ci); exact McNemar on the same trials "
                  "(kvstats.stats.mcnemar) with the paired difference's Newcombe interval, Holm within each (task, "
                  "length, family); the five needles of a prompt share its text, so trials are not independent: "

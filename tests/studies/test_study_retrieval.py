@@ -222,3 +222,17 @@ def test_transformers_quantized_cache_is_refused_on_sliding_window_layers_only(r
     assert rt.cells.baseline_refusal(_tiny("llama")) is None
     why = rt.cells.baseline_refusal(_tiny("gemma3_270m"))
     assert "only full attention layers" in why and "sliding_attention" in why
+
+
+def test_the_paper_tier_runs_what_its_two_verdicts_read(rt):
+    """The everyday tier's cells run only the (scheme, n) pairs its verdicts read (docs/studies.md, "Tiers"): NOVA-KV
+    and every scalar method at NOVA-KV's budget (the best scalar method is chosen among them) and KQV at 4 bits (the
+    neutrality claim); the pass key keeps its planned trials; an unknown scheme is refused before a model loads."""
+    from kvstats.studies.retrieval import analysis
+
+    runs = set(rt.SCALE["paper"]["runs"])
+    assert {("nova", analysis.NOVA_BITS), ("kqv", 4)} | {(s, analysis.NOVA_BITS) for s in analysis.SCALAR} == runs
+    assert sum(rt.SCALE["paper"]["tasks"]["passkey"].values()) >= rt.cells.EQUIVALENCE_TRIALS
+    assert all(n in rt.SCALE["paper"]["bits"] for _, n in runs)
+    with pytest.raises(ValueError, match=r"runs names unknown schemes \['bogus'\]"):
+        rt.cells.cell("passkey", 256, 0, (2,), None, runs=[["bogus", 2]])
