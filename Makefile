@@ -8,6 +8,8 @@ PIP := $(PY) -m pip
 PIP_FLAGS := -q --disable-pip-version-check -c constraints.txt
 EXT_SOURCES := $(shell find cuda_ext/csrc -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 SCALE ?= quick
+# a Dask scheduler for `make figures` (SCALE=full is a cluster's work): SCHEDULER=tcp://host:8786 or local
+SCHEDULER ?=
 # CUDA compile check: a separate venv with a CUDA build of torch (no GPU needed to compile).
 CUDA_VENV ?= .venv-cuda
 CUDA_TORCH ?= torch==2.14.1
@@ -70,8 +72,8 @@ docs: $(VENV)/.stamp-deps
 	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 figures: setup
-	@echo ">> regenerating figures and figures/REPORT.md (scale: $(SCALE))"
-	@$(PY) -m kvstats.cli reproduce --scale $(SCALE)
+	@echo ">> regenerating figures and figures/REPORT.md (scale: $(SCALE); full writes figures/full)"
+	@$(PY) -m kvstats.cli reproduce --scale $(SCALE) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
 
 bench: setup
 	@echo ">> benchmarks (results in benchmarks/results/)"
