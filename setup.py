@@ -6,9 +6,37 @@ KVSTATS_NO_EXTENSION=1 to install the pure-Python package (the references run in
 """
 
 import glob
+import hashlib
+import json
 import os
+import subprocess
 
 from setuptools import setup
+
+#: the record of what the op library was built from, written beside it (kvstats.study.fingerprint.extension_identity)
+BUILD_RECORD = "_C.build.json"
+
+
+def build_record(here: str, csrc: str, flags: dict, cuda: bool) -> dict:
+    """What a build of kvstats._C depends on, independent of where the checkout lies: the sha256 of every file under
+    cuda_ext/csrc (relative path and bytes), the compile flags, torch's version and CUDA's, and the compiler's
+    first line of ``--version``. The binary itself embeds the checkout's absolute paths (the sources' __FILE__ in
+    torch's checks), so its bytes differ between two checkouts of one commit."""
+    import torch
+
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(here, csrc, "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            digest.update(os.path.relpath(path, here).encode() + b"\0")
+            digest.update(open(path, "rb").read())
+    try:
+        compiler = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True,
+                                  check=False).stdout.splitlines()[:1]
+    except OSError:
+        compiler = []
+    return {"sources_sha256": digest.hexdigest(), "flags": {k: list(v) for k, v in flags.items()},
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda if cuda else None, "compiler": compiler[0] if compiler else "unknown"}
 
 ext_modules = []
 cmdclass = {}
@@ -62,7 +90,21 @@ if os.environ.get("KVSTATS_NO_EXTENSION", "0") != "1":
             py_limited_api=True,
         )
     ]
-    cmdclass = {"build_ext": BuildExtension}
+    record = build_record(here, csrc, extra_compile_args, use_cuda)
+
+    class BuildAndRecord(BuildExtension):
+        """torch's BuildExtension, then the build record beside the library where it lands (the package folder of
+        an in-place build, else the build folder a wheel is made from)."""
+
+        def run(self):
+            super().run()
+            for ext in self.extensions:
+                folder = os.path.dirname(self.get_ext_fullpath(ext.name))
+                with open(os.path.join(folder, BUILD_RECORD), "w", encoding="utf-8") as f:
+                    json.dump(record, f, indent=2, sort_keys=True)
+                    f.write("\n")
+
+    cmdclass = {"build_ext": BuildAndRecord}
 
 setup(
     ext_modules=ext_modules,

@@ -11,7 +11,8 @@ says so (:func:`kvstats.study.report.build_report`). The digest covers
   ``studies``, with each module's parent packages (run on import) and the modules a package's lazy attributes load
   where they are used (``from kvstats import scheme`` or ``kvstats.scheme(...)`` → ``kvstats.quant.schemes``);
 * the data files shipped inside ``kvstats`` (the texts the real-model studies read);
-* the compiled extension as loaded: the library's bytes (or that none is loaded);
+* the compiled extension as loaded: the build record setup.py wrote beside the library (what it compiled: the
+  sources' sha256, flags, torch's and the compiler's versions), else the library's bytes (or that none is loaded);
 * the versions of the libraries that compute (torch, numpy, scipy, statsmodels, pandas, transformers,
   safetensors) and of Python.
 
@@ -34,8 +35,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ROOTS", "code_fingerprint", "extension_identity", "function_fingerprint", "import_closure", "module_path",
-           "package_data", "study_fingerprint"]
+__all__ = ["BUILD_RECORD", "ROOTS", "code_fingerprint", "extension_identity", "function_fingerprint", "import_closure",
+           "module_path", "package_data", "study_fingerprint"]
 
 #: the top-level packages whose modules a fingerprint follows (the studies also import as ``kvstats.studies``)
 ROOTS = ("kvstats", "studies")
@@ -174,15 +175,24 @@ def package_data() -> list[Path]:
                   and "__pycache__" not in p.parts)
 
 
+#: The record setup.py writes beside the library it builds: what that build was made from (setup.py, build_record).
+BUILD_RECORD = "_C.build.json"
+
+
 def extension_identity() -> bytes:
-    """The compiled extension as it runs here: the bytes of the loaded library ``kvstats._C`` (the binary, not the
-    sources it was built from — sources edited but not rebuilt still run the old one), or a marker when it is not
-    loaded (the pure-torch references then run: other float rounding)."""
+    """The compiled extension as it runs here: the build record beside the loaded library ``kvstats._C`` — the
+    sha256 of the sources that build compiled, its flags, torch's and the compiler's versions (written by setup.py
+    when it built that library, so sources edited but not rebuilt still name the old build) — else the library's
+    bytes (a build without a record; they embed the checkout's absolute paths, so two checkouts of one commit
+    differ), or a marker when it is not loaded (the pure-torch references then run: other float rounding)."""
     from kvstats.quant import ops
 
     library = getattr(sys.modules.get("kvstats._C"), "__file__", None)
     if not ops.HAS_EXTENSION or not library:
         return b"no compiled extension: the pure-torch references"
+    record = Path(library).with_name(BUILD_RECORD)
+    if record.is_file():
+        return b"kvstats._C built from " + record.read_bytes()
     return Path(library).read_bytes()
 
 

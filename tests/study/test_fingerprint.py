@@ -77,11 +77,12 @@ def test_attribute_chains_and_the_extension_count(tmp_path):
                        "def f():\n    return kvstats.evaluation.sensitivity, kvstats.study.StudyRun\n")
     found = set(fingerprint._closure(tuple(sorted(fingerprint._imports("", chained)))))
     assert {"kvstats.evaluation.sensitivity", "kvstats.study.protocol"} <= found
-    # the binary that runs, not the sources it was built from (an unrebuilt edit still runs the old library)
+    # the build that runs, by the record setup.py wrote beside it (an unrebuilt edit still runs the old library)
     from kvstats.quant import ops
 
     if ops.HAS_EXTENSION:
-        assert fingerprint.extension_identity() == Path(sys.modules["kvstats._C"].__file__).read_bytes()
+        record = Path(sys.modules["kvstats._C"].__file__).with_name(fingerprint.BUILD_RECORD)
+        assert fingerprint.extension_identity() == b"kvstats._C built from " + record.read_bytes()
     # sources are named by their place in the package, in a checkout as in an installed copy
     assert fingerprint._label((REPO / "studies" / "nova" / "cells.py").resolve()) == "kvstats/studies/nova/cells.py"
     assert fingerprint._label((REPO / "kvstats" / "quant" / "sphere.py").resolve()) == "kvstats/quant/sphere.py"
@@ -150,3 +151,44 @@ def test_the_report_names_claims_of_other_code(tmp_path):
         build_report(figures, require_current=True)
     with pytest.raises(ValueError, match="code must be"):
         write_claims("jensen", [claim], figures_dir=figures, code="")
+
+
+def test_the_extension_is_named_by_its_build_record_else_by_its_bytes(tmp_path, monkeypatch):
+    """Two checkouts of one commit build libraries whose bytes differ (they embed the checkout's absolute paths:
+    the sources' __FILE__ in torch's checks), so the fingerprint names a build by the record setup.py writes beside
+    it; a library without one is named by its bytes, and no library by a marker."""
+    import types
+
+    from kvstats.quant import ops
+
+    library = tmp_path / "_C.abi3.so"
+    library.write_bytes(b"\x7fELF /some/checkout/cuda_ext/csrc/ops.cpp")
+    monkeypatch.setitem(sys.modules, "kvstats._C", types.SimpleNamespace(__file__=str(library)))
+    monkeypatch.setattr(ops, "HAS_EXTENSION", True)
+    assert fingerprint.extension_identity() == library.read_bytes()
+    (tmp_path / fingerprint.BUILD_RECORD).write_text('{"sources_sha256": "ab"}\n')
+    assert fingerprint.extension_identity() == b'kvstats._C built from {"sources_sha256": "ab"}\n'
+    library.write_bytes(b"\x7fELF /another/checkout/cuda_ext/csrc/ops.cpp")  # the same build elsewhere
+    assert fingerprint.extension_identity() == b'kvstats._C built from {"sources_sha256": "ab"}\n'
+    monkeypatch.setattr(ops, "HAS_EXTENSION", False)
+    assert fingerprint.extension_identity() == b"no compiled extension: the pure-torch references"
+
+
+def test_the_built_extension_is_this_checkouts_sources():
+    """The record beside the loaded library names the sources it was built from: their sha256 (relative path, a NUL,
+    the bytes, over every file under cuda_ext/csrc in sorted order) must be this checkout's, or the library runs
+    other code than the checkout holds (rebuild: make setup)."""
+    import hashlib
+
+    from kvstats.quant import ops
+
+    if not ops.HAS_EXTENSION:
+        pytest.skip("the compiled extension is not loaded: the pure-torch references run")
+    record = Path(sys.modules["kvstats._C"].__file__).with_name(fingerprint.BUILD_RECORD)
+    if not record.is_file():
+        pytest.skip(f"no build record beside the library ({record}): it was built before setup.py wrote one")
+    digest = hashlib.sha256()
+    for path in sorted((p for p in (REPO / "cuda_ext" / "csrc").rglob("*") if p.is_file()), key=str):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    assert json.loads(record.read_text())["sources_sha256"] == digest.hexdigest()
