@@ -80,13 +80,19 @@ class SampleSize:
         return self.achieved_n < self.planned_n
 
 
-def _check_sample(sample: Any, where: str) -> dict[str, Any]:
-    """A claim's ``sample`` as a dict of :class:`SampleSize`'s fields, checked (ValueError/TypeError naming the
+def _check_sample(sample: Any, where: str) -> dict[str, Any] | str:
+    """A claim's ``sample`` as a dict of :class:`SampleSize`'s fields, or the reason no sample size applies (a
+    non-empty string, e.g. :data:`kvstats.study.sample_plans.EXACT`), checked (ValueError/TypeError naming the
     field and the value)."""
+    if isinstance(sample, str):
+        if not sample.strip():
+            raise ValueError(f"{where} must be a SampleSize or a non-empty reason, got {sample!r}")
+        return sample
     if isinstance(sample, SampleSize):
         sample = asdict(sample)
     if not isinstance(sample, Mapping):
-        raise TypeError(f"{where} must be a SampleSize or a dict of its fields, got {type(sample).__name__}")
+        raise TypeError(f"{where} must be a SampleSize, a dict of its fields or a reason string, got "
+                        f"{type(sample).__name__}")
     fields = ("test", "effect", "planned_n", "achieved_n", "mde", "mde_of", "power", "unit")
     if set(sample) != set(fields):
         raise ValueError(f"{where} must have exactly the fields {list(fields)}, got {sorted(sample)}")
@@ -116,7 +122,9 @@ class Claim:
         verdict: a :class:`kvstats.measure.verdicts.Verdict` (its verdict, rule and reason are stored).
         figure: the figure file that shows it, or None. details: a longer note, or None.
         discrepancy: where the paper's number and the verified math disagree, or None.
-        sample: its sample size planned by power (:class:`SampleSize`), or None.
+        sample: its sample size planned by power (:class:`SampleSize`; :mod:`kvstats.study.sample_plans` builds it
+            from the claim's test), the reason none applies (a string, e.g. values computed without sampling), or
+            None.
     """
 
     id: str
@@ -128,7 +136,7 @@ class Claim:
     figure: str | None = None
     details: str | None = None
     discrepancy: str | None = None
-    sample: SampleSize | None = None
+    sample: SampleSize | str | None = None
 
     def __post_init__(self):
         if not isinstance(self.verdict, Verdict):

@@ -481,8 +481,21 @@ def _code_lines(status: Mapping[str, str]) -> list[str]:
             "(`kvstats reproduce`) for numbers this commit computes.", ""]
 
 
-def sample_text(sample: Mapping[str, Any]) -> str:
-    """A claim's planned sample size in words (:class:`kvstats.study.claims.SampleSize` as stored)."""
+#: What a claim without a recorded sample size says, by the rule that labelled it (these rules test nothing).
+_NO_TEST = {"measured": "none planned: a measurement of our own, held to no test",
+            "not testable": "none planned: not testable here",
+            "implementation check": "none planned: an implementation check (it holds by construction; no data can "
+                                    "contradict the paper)"}
+
+
+def sample_text(sample: Mapping[str, Any] | str | None, rule: str | None = None) -> str:
+    """A claim's planned sample size in words (:class:`kvstats.study.claims.SampleSize` as stored), the reason none
+    applies, or — for a claim that recorded none — what its rule implies (:data:`_NO_TEST`; a rule that tests and
+    records no plan is flagged)."""
+    if isinstance(sample, str):
+        return sample.rstrip(".") + "."
+    if not sample:
+        return _NO_TEST.get(rule, "**no plan recorded** for a verdict by a test") + "."
     mde = ("no effect is detectable with that power there" if sample["mde"] is None
            else f"minimum detectable {sample['mde_of']} there {sample['mde']:.3g}")
     short = " — **fewer than planned**" if SampleSize(**sample).under_powered else ""
@@ -491,14 +504,22 @@ def sample_text(sample: Mapping[str, Any]) -> str:
 
 
 def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
-    """How many claims plan their sample size by power, and which got fewer than planned."""
-    every = [c for cs in claims.values() for c in cs]
-    planned = [c for c in every if c.get("sample")]
-    if not every:
+    """How the claims' sample sizes stand: planned by power (and which got fewer than planned), computed without
+    sampling, labels that test nothing, and verdicts by a test with no plan recorded."""
+    rows = [c for cs in claims.values() for c in cs]
+    if not rows:
         return []
+    planned = [c for c in rows if isinstance(c.get("sample"), Mapping)]
+    reasons = [c for c in rows if isinstance(c.get("sample"), str)]
+    untested = [c for c in rows if not c.get("sample") and c.get("rule") in _NO_TEST]
+    missing = [c["id"] for c in rows if not c.get("sample") and c.get("rule") not in _NO_TEST]
     short = [c["id"] for c in planned if SampleSize(**c["sample"]).under_powered]
-    return [f"Sample sizes planned by power: {len(planned)} of {len(every)} claims"
-            + (f"; fewer than planned: {', '.join(short)}" if short else "") + ".", ""]
+    parts = [f"{len(planned)} of {len(rows)} claims planned by power"
+             + (f" (fewer than planned: {', '.join(short)})" if short else ""),
+             f"{len(reasons)} without sampling", f"{len(untested)} measurements or labels that test nothing"]
+    if missing:
+        parts.append(f"**{len(missing)} verdicts by a test with no plan recorded**: {', '.join(missing)}")
+    return ["Sample sizes: " + "; ".join(parts) + ".", ""]
 
 
 def _report_commit(fig: Path) -> str:
@@ -633,8 +654,7 @@ def build_report(
             ]
             if c["rule"]:
                 lines.append(f"- **Verdict by the {c['rule']} rule:** {c['reason']}")
-            if c["sample"]:
-                lines.append(f"- **Sample size:** {sample_text(c['sample'])}")
+            lines.append(f"- **Sample size:** {sample_text(c['sample'], c['rule'])}")
             if c["figure"]:
                 lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
             lines.append("")

@@ -52,12 +52,24 @@ def test_the_report_prints_planned_and_achieved_n_and_the_mde(tmp_path):
                         mde=0.0952, mde_of="p − ½")
     short = SampleSize(test="paired TOST", effect="margin ±0.05 nats", planned_n=52, achieved_n=30, mde=None,
                        mde_of="|Δ| shown equivalent", unit="documents")
-    write_claims("mine", [_claim("enough", enough), _claim("short", short), _claim("none", None)],
+    exact = Claim(id="exact", claim="a closed form", source="kvstats", measurement="m", data="d",
+                  verdict=verdicts.identity([1.0], [1.0], atol=1e-12), sample="none planned: computed by quadrature")
+    unplanned = Claim(id="unplanned", claim="a direction", source="kvstats", measurement="m", data="d",
+                      verdict=verdicts.direction([1]))
+    write_claims("mine", [_claim("enough", enough), _claim("short", short), _claim("none", None), exact, unplanned],
                  figures_dir=figures)
     stored = read_claims(figures / "data" / "mine_claims.json")
     assert stored[0]["sample"] == {**enough.__dict__} and stored[2]["sample"] is None
+    assert stored[3]["sample"] == "none planned: computed by quadrature"
     text = build_report(figures, studies=["mine"]).read_text()
-    assert "Sample sizes planned by power: 2 of 3 claims; fewer than planned: short." in text
+    assert ("Sample sizes: 2 of 5 claims planned by power (fewer than planned: short); 1 without sampling; 1 "
+            "measurements or labels that test nothing; **1 verdicts by a test with no plan recorded**: unplanned."
+            ) in text
+    assert "- **Sample size:** none planned: computed by quadrature." in text
+    assert "- **Sample size:** none planned: a measurement of our own, held to no test." in text
+    assert "- **Sample size:** **no plan recorded** for a verdict by a test." in text
+    with pytest.raises(ValueError, match="non-empty reason"):
+        validate_claim(_claim("c", None).to_dict() | {"sample": "  "})
     assert ("- **Sample size:** 240 trials achieved, 210 planned (exact binomial test, 80% power for p = 0.6 against "
             "½); minimum detectable p − ½ there 0.0952.") in text
     assert sample_text(stored[1]["sample"]).endswith("no effect is detectable with that power there — **fewer than "

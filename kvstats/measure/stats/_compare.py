@@ -35,7 +35,7 @@ _UNPAIRED_COLUMNS = ["level_a", "level_b", "n_a", "n_b", "u1", "p", "p_method", 
                      "median_b", "median_ratio"]
 _PAIRED_COLUMNS = ["level_a", "level_b", "n_pairs", "n_zero", "w_plus", "w_minus", "p", "p_method", "p_holm", "p_bh",
                    "p_adj", "rank_biserial", "rb_ci_low", "rb_ci_high", "median_difference", "median_a", "median_b",
-                   "median_ratio", "detectable_shift"]
+                   "median_ratio", "sd_difference", "detectable_shift"]
 
 
 def _paired_levels(cell: pd.DataFrame, by: str, levels, metrics: list[str], pair: list[str]) -> dict:
@@ -112,7 +112,8 @@ def compare(
         ``median_a``, ``median_b``, ``median_ratio``; paired: ``level_a``, ``level_b``, ``n_pairs``,
         ``n_zero``, ``w_plus``, ``w_minus``, ``p``, ``p_method``, ``p_holm``, ``p_bh``, ``p_adj``,
         ``rank_biserial`` (matched pairs, positive when A is larger), ``rb_ci_low``, ``rb_ci_high``,
-        ``median_difference`` (of A − B), ``median_a``, ``median_b``, ``median_ratio``, ``detectable_shift``:
+        ``median_difference`` (of A − B), ``median_a``, ``median_b``, ``median_ratio``, ``sd_difference`` (sd of
+        A − B over the pairs, ddof 1; nan for one pair: what a sample-size plan reads), ``detectable_shift``:
         the mean difference A − B the Wilcoxon test on these pairs detects with 80% power at
         ``detectable_alpha / m`` (m the size of the row's correction family; :func:`kvstats.stats.detectable_shift`,
         inf where no p can reach that level), the minimum detectable effect to read beside a non-significant row.
@@ -191,6 +192,7 @@ def compare(
         out[col] = adjusted
     if pair:
         shift = np.empty(len(out))
+        out["sd_difference"] = [float(np.std(d, ddof=1)) if d.size >= 2 else math.nan for d in differences]
         for idx in groups:
             for i in idx:
                 d = differences[i]  # no spread: detectable_shift says inf itself; one pair: no test to size

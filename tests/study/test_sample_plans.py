@@ -1,0 +1,114 @@
+"""kvstats.study.sample_plans: a claim's planned n, achieved n and MDE from its test, held to independent oracles
+(statsmodels' power solution, a closed form, a Wilcoxon power simulation with scipy, the exact binomial tail)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+from statsmodels.stats.power import TTestPower
+
+from kvstats import stats
+from kvstats.study import sample_plans as P
+from kvstats.study.claims import SampleSize
+
+
+@pytest.mark.parametrize("effect, sd, alpha", [(0.5, 1.0, 0.05), (0.1, 0.3, 0.01), (2.0, 1.0, 0.001)])
+def test_wilcoxon_n_is_the_t_tests_n_times_pi_over_3(effect, sd, alpha):
+    n_t = TTestPower().solve_power(effect_size=effect / sd, alpha=alpha, power=0.8)
+    floor = next(n for n in range(2, 100) if stats.wilcoxon_min_pvalue(n) < alpha)
+    assert P.wilcoxon_n(effect, sd, alpha=alpha) == max(floor, math.ceil(n_t * math.pi / 3))
+
+
+def test_wilcoxon_n_far_beyond_the_solver_follows_guenthers_formula():
+    # d_z = 0.002: about 2·10⁶ pairs; the t correction z²/2 is then below one pair of the exact solution
+    z = scipy.stats.norm.isf(0.025) + scipy.stats.norm.ppf(0.8)
+    expected = math.ceil(((z / 0.002) ** 2 + scipy.stats.norm.isf(0.025) ** 2 / 2) * math.pi / 3)
+    assert P.wilcoxon_n(0.002, 1.0, alpha=0.05) == expected
+
+
+def test_the_planned_wilcoxon_n_reaches_its_power_in_simulation():
+    # normal differences d_z = 0.5 at α = 0.05: planned n ≈ 35. 20,000 simulated samples estimate the power with sd
+    # ≤ 0.0035; the band [0.78, 0.86] is ≥ 5.7 sd from 0.8 on both sides (the planned n is rounded up, so the true
+    # power lies in about [0.80, 0.82]): a correct plan fails with probability < 1e-8. Fixed seed.
+    n = P.wilcoxon_n(0.5, 1.0, alpha=0.05)
+    rng = np.random.default_rng(20261207)
+    draws = rng.normal(0.5, 1.0, size=(20_000, n))
+    power = float(np.mean(scipy.stats.wilcoxon(draws, axis=1).pvalue < 0.05))
+    assert 0.78 <= power <= 0.86, (n, power)
+
+
+def test_wilcoxon_mde_is_detectable_shift_from_the_sd_alone():
+    d = np.random.default_rng(3).normal(0.2, 0.7, size=40)
+    sd = float(np.std(d, ddof=1))
+    assert P.wilcoxon_mde(40, sd, alpha=0.01) == pytest.approx(
+        stats.detectable_shift(d, alpha=0.01).extra["shift"], rel=1e-12)
+    assert P.wilcoxon_mde(5, sd, alpha=0.01) is None  # 5 pairs: the smallest p is 0.0625
+
+
+def test_paired_sample_takes_the_hardest_cell():
+    cells = [P.PairedCell(n=40, sd=0.1, scale=1.0), P.PairedCell(n=30, sd=0.5, scale=2.0)]
+    s = P.paired_sample(cells, effect=0.1, effect_words="10% of the median", alpha=0.01, unit="trials")
+    assert s.planned_n == max(P.wilcoxon_n(0.1, 0.1, alpha=0.01), P.wilcoxon_n(0.2, 0.5, alpha=0.01))
+    assert s.achieved_n == 30
+    assert s.mde == pytest.approx(max(P.wilcoxon_mde(40, 0.1, alpha=0.01), P.wilcoxon_mde(30, 0.5, alpha=0.01) / 2))
+    absolute = P.paired_sample(cells, effect=0.1, effect_words="0.1", alpha=0.01, unit="trials", relative=False)
+    assert absolute.planned_n == P.wilcoxon_n(0.1, 0.5, alpha=0.01)
+    with pytest.raises(ValueError, match="cells must hold"):
+        P.paired_sample([], effect=0.1, effect_words="e", alpha=0.01, unit="trials")
+    with pytest.raises(ValueError, match=r"cells\[0\].scale"):
+        P.paired_sample([P.PairedCell(10, 1.0, 0.0)], effect=0.1, effect_words="e", alpha=0.01, unit="trials")
+
+
+def test_paired_cells_read_a_compare_table():
+    rng = np.random.default_rng(0)
+    import pandas as pd
+    rows = [{"unit": u, "scheme": s, "x": rng.normal(1.0 if s == "a" else 1.2, 0.1)} for u in range(12) for s in "ab"]
+    table = stats.compare(pd.DataFrame(rows), "x", "scheme", paired_by="unit")
+    (cell,) = P.paired_cells(table)
+    a = np.array([r["x"] for r in rows if r["scheme"] == "a"])
+    b = np.array([r["x"] for r in rows if r["scheme"] == "b"])
+    assert cell.n == 12 and cell.sd == pytest.approx(np.std(a - b, ddof=1)) and cell.scale == pytest.approx(
+        abs(np.median(b)))
+    with pytest.raises(ValueError, match="sd_difference"):
+        P.paired_cells(table.drop(columns="sd_difference"))
+
+
+def test_interval_sample_is_the_normal_theory_closed_form():
+    s = P.interval_sample((-1.959963984540054, 1.959963984540054), 100, effect=2.8, effect_words="2.8",
+                          test="normal CI", unit="samples")
+    mde = scipy.stats.norm.isf(0.025) + scipy.stats.norm.ppf(0.8)  # se = 1
+    assert s.mde == pytest.approx(mde, rel=1e-12) and s.planned_n == math.ceil(100 * (mde / 2.8) ** 2)
+    with pytest.raises(ValueError, match="ci must be"):
+        P.interval_sample((1.0, 0.0), 10, effect=1.0, effect_words="e", test="t", unit="u")
+    with pytest.raises(ValueError, match="effect must be"):
+        P.interval_sample((0.0, 1.0), 10, effect=0.0, effect_words="e", test="t", unit="u")
+
+
+def test_tost_and_mcnemar_samples_are_the_exact_planners():
+    s = P.tost_sample(0.2, 60, margin=0.1, effect_words="±0.1", unit="documents")
+    plan = stats.tost_sample_size(0.0, 0.2, margin=0.1, n_achieved=60)
+    assert (s.planned_n, s.achieved_n, s.mde) == (plan.n_planned, 60, plan.mde_achieved)
+    assert 0 < s.mde < 0.1 and P.tost_sample(0.2, 30, margin=0.1, effect_words="e", unit="u").mde is None
+    m = P.mcnemar_sample(0.15, 0.05, 100, effect_words="0.10", unit="prompts")
+    assert m.planned_n == 168 and m.achieved_n == 100  # docs/statistics.md's example
+
+
+def test_binomial_sample_of_a_bound_with_no_failures_expected():
+    # H0: rate = 0.05 against less; with none expected the test rejects at 0 failures once 0.95ⁿ ≤ 0.05: n = 59
+    s = P.binomial_sample(0, 40, limit=0.05, expected=0.0, effect_words="no failure", unit="trials")
+    assert s.planned_n == math.ceil(math.log(0.05) / math.log(0.95)) == 59 and s.achieved_n == 40
+    assert s.mde is None  # 40 trials cannot show any rate below 0.05
+    with pytest.raises(ValueError, match="failures"):
+        P.binomial_sample(41, 40, limit=0.05, expected=0.0, effect_words="e", unit="trials")
+
+
+def test_hardest_part_and_reasons():
+    a = SampleSize(test="t", effect="e", planned_n=10, achieved_n=20, mde=0.1, mde_of="m")
+    b = SampleSize(test="t", effect="e", planned_n=30, achieved_n=20, mde=0.2, mde_of="m")
+    assert P.hardest([a, P.EXACT, b, None]) is b
+    assert P.hardest([P.EXACT, None]) == P.EXACT
+    with pytest.raises(ValueError, match="samples must hold"):
+        P.hardest([None])
