@@ -25,7 +25,7 @@ from kvstats.measure import verdicts as _verdicts
 from kvstats.measure.verdicts import Verdict
 from kvstats.study.sweep import SCALES
 
-__all__ = ["CLAIM_KEYS", "Claim", "SampleSize", "VERDICTS", "listing", "measurement", "validate_claim"]
+__all__ = ["CLAIM_KEYS", "Claim", "SampleSize", "VERDICTS", "fmt_p", "listing", "measurement", "validate_claim"]
 
 #: Keys of a claim object; all but ``details``, ``scale``, ``position``, ``discrepancy``, ``rule``, ``reason``,
 #: ``code`` (the fingerprint of the code that computed it, :mod:`kvstats.study.fingerprint`) and ``sample`` (its
@@ -208,3 +208,12 @@ def validate_claim(claim: Mapping[str, Any], where: str = "claim", *, strict: bo
 def _check_position(position: Any, where: str) -> None:
     if position is not None and (isinstance(position, bool) or not isinstance(position, int)):
         raise TypeError(f"{where} must be an int or None, got {position!r}")
+
+
+def fmt_p(p: float) -> str:
+    """A p-value for text: ``p = 0.031``, ``p = 2.1e-08``, ``p < 1e-300`` (underflow)."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "p = n/a"
+    if p == 0.0:
+        return "p < 1e-300"
+    return f"p = {p:.2g}" if p >= 1e-3 else f"p = {p:.1e}"

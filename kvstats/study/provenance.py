@@ -117,3 +117,10 @@ def provenance(*, started: float, seeds: dict[str, Any] | None = None, argv: lis
         "command": shlex.join(argv),
         "seeds": dict(seeds or {}),
     }
+
+
+def figures_commit(fig: str | os.PathLike) -> str:
+    """The commit of the checkout the figures folder is in, else the one kvstats runs from (an installed copy: the
+    commit pip recorded, :func:`kvstats_commit`)."""
+    found = git_commit(Path(fig).parent)
+    return found if found != "unknown" else kvstats_commit()

@@ -1,33 +1,7 @@
-"""Claims files and figures/REPORT.md: every published claim beside our measurement.
+"""figures/REPORT.md: every published claim beside our measurement.
 
-Each study writes ``figures/data/<study>_claims.json``: a JSON list of claim objects, one per claim it
-checks (or per measurement of its own), with these keys:
-
-=============  ==============================================================================================
-key            meaning
-=============  ==============================================================================================
-``id``         short stable identifier, unique within the study (``"dalberto-ratio-n4"``)
-``claim``      the published claim in words, with its numbers
-``source``     paper and where in it (``"D'Alberto, arXiv 2605.08114, abstract"``); ``"kvstats"`` for our own
-``measurement`` what we measured, with numbers, CI, effect size and p (and which p) as text
-``data``       which data and at which scale (``"synthetic gaussian, d=128, seq 512, 12 trials (quick)"``)
-``verdict``    one of :data:`kvstats.measure.verdicts.VERDICTS`: ``"reproduced"``, ``"partly"``, ``"not reproduced"``,
-               ``"inconclusive"``, ``"measured"`` (no published counterpart), ...
-``figure``     path of the figure relative to ``figures/`` (``"budget_sweep_kl.png"``), or null
-``details``    optional markdown (a table, a caveat); may be omitted or null
-``scale``      optional: the scale the study ran at (``"quick"`` or ``"paper"``), set by ``write_claims(scale=)``
-``position``   optional: the study's place in the report (an int, smaller first), set by ``write_claims(position=)``
-``discrepancy`` optional: one sentence, computed by the study from its numbers, stating where a published
-               number or statement disagrees with ours; listed under "Known discrepancies" in REPORT.md
-``rule``       the verdict rule that produced ``verdict`` (:mod:`kvstats.measure.verdicts`); set from a ``Verdict``
-``reason``     the rule's sentence, generated from the numbers it saw; set from a ``Verdict``
-=============  ==============================================================================================
-
-Files written before ``position`` and ``discrepancy`` existed stay valid (the keys are optional).
-
-    from kvstats.study.report import write_claims
-    write_claims("budget_sweep", [{"id": ..., "claim": ..., "source": ..., "measurement": ..., "data": ...,
-                                   "verdict": "reproduced", "figure": "budget_sweep_kl.png"}])
+The studies write their claims files (:mod:`kvstats.study.claims_files`, which documents the keys; its names are
+re-exported here).
 
 :func:`build_report` assembles ``figures/REPORT.md`` from all claims files (in :func:`study_order`), with a
 summary table, the known discrepancies (generated from the claims' ``discrepancy`` texts), one section per
@@ -41,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,10 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from kvstats.measure.stats._common import EXACT_MAX_PAIRS
-from kvstats.study.claims import _REQUIRED, CLAIM_KEYS, VERDICTS, Claim, SampleSize, _check_position, validate_claim
-from kvstats.study.paths import FULL_TIER, data_dir, default_figures_dir
-from kvstats.study.provenance import git_commit, kvstats_commit
-from kvstats.study.sweep import SCALES
+from kvstats.study.claims import CLAIM_KEYS, VERDICTS, SampleSize, fmt_p, validate_claim
+from kvstats.study.claims_files import (
+    claims_path,
+    definitions_path,
+    read_claims,
+    read_definitions,
+    read_timings,
+    timings_path,
+    write_claims,
+    write_definitions,
+    write_timings,
+)
+from kvstats.study.paths import FULL_TIER, default_figures_dir
+from kvstats.study.provenance import figures_commit
+from kvstats.study.scales import SCALES
 
 __all__ = [
     "CLAIM_KEYS",
@@ -77,92 +61,6 @@ __all__ = [
     "write_timings",
 ]
 
-def claims_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
-    """``<figures_dir>/data/<study>_claims.json``."""
-    return data_dir(figures_dir) / f"{study}_claims.json"
-
-
-def write_claims(study: str, claims: Sequence[Mapping[str, Any]], *, scale: str | None = None,
-                 position: int | None = None, figures_dir: str | os.PathLike | None = None,
-                 echo: bool = False, code: str | None = None) -> Path:
-    """Validate ``claims`` (:class:`kvstats.study.claims.Claim` records, or dicts of :data:`CLAIM_KEYS`) and write
-    them to ``figures/data/<study>_claims.json`` (atomically); return the path.
-
-    Ids must be unique within the study. ``scale`` (``"quick"``/``"paper"``) is recorded in every claim, so
-    a report assembled from studies run at different scales says which ran at which; ``position`` (the
-    study's ``POSITION``) is recorded likewise and orders the report; ``code``, the fingerprint of the code that
-    computed them (:func:`kvstats.study.fingerprint.study_fingerprint`), too, so :func:`build_report` can tell
-    claims of other code. ``figures_dir``
-    defaults to :func:`default_figures_dir`. With ``echo`` each claim is printed as
-    ``[verdict] id: measurement`` (what a study shows its user).
-    """
-    if not isinstance(study, str) or not study or "/" in study:
-        raise ValueError(f"study must be a study name like 'budget_sweep', got {study!r}")
-    if isinstance(claims, (str, bytes, Mapping)) or not isinstance(claims, Iterable):
-        raise TypeError(f"claims must be a list of Claims (or dicts), got {type(claims).__name__}")
-    if scale is not None and scale not in SCALES:
-        raise ValueError(f"scale must be one of {list(SCALES)} or None, got {scale!r}")
-    _check_position(position, "position")
-    checked = [validate_claim(c.to_dict() if isinstance(c, Claim) else c, f"claims[{i}]", strict=True)
-               for i, c in enumerate(claims)]
-    if scale is not None:
-        checked = [c | {"scale": scale} for c in checked]
-    if position is not None:
-        checked = [c | {"position": position} for c in checked]
-    if code is not None:
-        if not isinstance(code, str) or not code:
-            raise ValueError(f"code must be a code fingerprint (a non-empty string), got {code!r}")
-        checked = [c | {"code": code} for c in checked]
-    ids = [c["id"] for c in checked]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise ValueError(f"claim ids must be unique within study {study!r}, repeated: {dupes}")
-    path = claims_path(study, figures_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    # optional keys that are None are left out: files keep the shape older readers know
-    payload = [{k: v for k, v in c.items() if v is not None or k in _REQUIRED or k == "details"} for c in checked]
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    if echo:
-        for c in checked:
-            print(f"[{c['verdict']}] {c['id']}: {c['measurement']}")
-    return path
-
-
-def definitions_path(study: str, figures_dir: str | os.PathLike | None = None) -> Path:
-    """``<figures_dir>/data/<study>_definitions.json``."""
-    return data_dir(figures_dir) / f"{study}_definitions.json"
-
-
-def write_definitions(study: str, definitions: Mapping[str, str], *,
-                      figures_dir: str | os.PathLike | None = None) -> Path:
-    """Write what the study's numbers mean (``{term: definition}``, e.g. ``{"sketch": "srht, m = d"}``).
-
-    The texts should be generated from the study's configuration (the constants its cells use), so the
-    report's "Definitions" section states what the code ran. Written atomically; returns the path.
-    """
-    if not isinstance(definitions, Mapping) or not definitions:
-        raise TypeError(f"definitions must be a non-empty dict of str -> str, got {definitions!r}")
-    for key, value in definitions.items():
-        if not isinstance(key, str) or not key.strip() or not isinstance(value, str) or not value.strip():
-            raise ValueError(f"definitions must map non-empty strings to non-empty strings, got {key!r}: {value!r}")
-    path = definitions_path(study, figures_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(dict(definitions), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def read_definitions(path: str | os.PathLike) -> dict[str, str]:
-    """Read one definitions file (see :func:`write_definitions`)."""
-    path = Path(path)
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(payload, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in payload.items()):
-        raise ValueError(f"{path} must hold a JSON object of strings")
-    return payload
-
 
 def _definitions(fig: Path, studies: Iterable[str]) -> list[str]:
     """The "Definitions" section: per study, what its terms mean, from ``<study>_definitions.json``."""
@@ -175,15 +73,6 @@ def _definitions(fig: Path, studies: Iterable[str]) -> list[str]:
             lines.append("")
     return ["## Definitions", "", "What each study's numbers mean, written from the configuration its code ran.",
             "", *lines] if lines else []
-
-
-def read_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read and validate one claims file."""
-    path = Path(path)
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(payload, list):
-        raise ValueError(f"{path} must hold a JSON list of claims, got {type(payload).__name__}")
-    return [validate_claim(c, f"{path.name}[{i}]") for i, c in enumerate(payload)]
 
 
 def _script_constant(path: str | os.PathLike, name: str) -> Any:
@@ -222,46 +111,6 @@ def script_scales(path: str | os.PathLike) -> tuple[str, ...]:
     return value
 
 
-def timings_path(figures_dir: str | os.PathLike | None = None) -> Path:
-    """``<figures_dir>/data/timings.json``: the wall time of each study in the tier's last ``kvstats reproduce``."""
-    return data_dir(figures_dir) / "timings.json"
-
-
-def write_timings(timings: Mapping[str, float], *, scale: str, figures_dir: str | os.PathLike | None = None,
-                  note: str | None = None) -> Path:
-    """Record a run's wall seconds per study (``timings``), its scale and when and on what it ran (threads, workers,
-    CPUs) beside its claims: the report prints each tier's own timing table from it."""
-    import datetime as dt
-
-    from kvstats.study.provenance import git_commit
-
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}")
-    for study, seconds in timings.items():
-        if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"timings[{study!r}] must be finite seconds ≥ 0, got {seconds!r}")
-    path = timings_path(figures_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"scale": scale, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               "commit": git_commit(Path(figures_dir or default_figures_dir()).parent), "cpus": os.cpu_count(),
-               "note": note, "studies": {k: round(float(v), 1) for k, v in timings.items()}}
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def read_timings(figures_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
-    """The tier's recorded timings (:func:`write_timings`), or None where none were recorded."""
-    path = timings_path(figures_dir)
-    if not path.is_file():
-        return None
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(payload, dict) or not isinstance(payload.get("studies"), dict):
-        raise ValueError(f"{path} must hold a JSON object with a 'studies' object of seconds")
-    return payload
-
-
 def _claims_position(path: Path) -> int | None:
     try:
         positions = {c["position"] for c in read_claims(path) if c["position"] is not None}
@@ -292,15 +141,6 @@ def study_order(names: Iterable[str] | Mapping[str, str | os.PathLike],
             pos = script_position(script if script.is_file() else studies_dir / name)
         positions[name] = pos
     return sorted(names, key=lambda n: (positions[n] is None, positions[n] or 0, n))
-
-
-def fmt_p(p: float) -> str:
-    """A p-value for text: ``p = 0.031``, ``p = 2.1e-08``, ``p < 1e-300`` (underflow)."""
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return "p = n/a"
-    if p == 0.0:
-        return "p < 1e-300"
-    return f"p = {p:.2g}" if p >= 1e-3 else f"p = {p:.1e}"
 
 
 # ------------------------------------------------------------------------------------------- the report
@@ -522,13 +362,6 @@ def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     return ["Sample sizes: " + "; ".join(parts) + ".", ""]
 
 
-def _report_commit(fig: Path) -> str:
-    """The commit of the checkout the figures folder is in, else the one kvstats runs from (an installed copy: the
-    commit pip recorded, :func:`kvstats.study.provenance.kvstats_commit`)."""
-    found = git_commit(fig.parent)
-    return found if found != "unknown" else kvstats_commit()
-
-
 def build_report(
     figures_dir: str | os.PathLike | None = None,
     *,
@@ -569,8 +402,8 @@ def build_report(
     # the full tier's rows (<figures>/full, kvstats.study.paths.tier_dir) that this folder's claims lack
     full = fig / FULL_TIER if fig.name != FULL_TIER else None
     found_full = _claims_files(full) if full is not None else {}
-    every = list(dict.fromkeys([*found, *found_full]))
-    order = study_order(list(dict.fromkeys([*(every if studies is None else studies), *found_full])), fig)
+    wanted = [*found, *found_full] if studies is None else studies
+    order = study_order(list(dict.fromkeys([*wanted, *found_full])), fig)
     if studies is not None and [s for s in order if s in studies] != list(studies):  # the caller's order first
         order = [*studies, *(s for s in order if s not in studies)]
     claims = {s: read_claims(found[s]) for s in order if s in found}
@@ -595,7 +428,7 @@ def build_report(
         "# kvstats — published claims against our measurements",
         "",
         f"Generated by `kvstats reproduce --scale {scale}` on {date:%Y-%m-%d %H:%M} UTC "
-        f"(commit {_report_commit(fig)}). **Scale: {_scale_line(scales, scale)}.**"
+        f"(commit {figures_commit(fig)}). **Scale: {_scale_line(scales, scale)}.**"
         + (" Quick-scale sample sizes are small: p-values and CIs of quick-scale studies are those of the quick "
            "run, not the paper-scale numbers; `kvstats reproduce --scale paper` reruns at the sizes the claims need."
            if any_quick else ""),
@@ -634,12 +467,12 @@ def build_report(
         lines += _timing_table(f"Wall time of the full tier's run ({full_timings['date']}, commit "
                                f"{full_timings['commit']})", full_timings["studies"], full_timings.get("note"))
     for study, cs in claims.items():
-        ours = [c for c in cs if "tier" not in c]
+        mine = ours[study]
         head = []
-        if ours:
-            head.append(f"Scale: {scales[study]}. Code: " + _code_words(status[study], ours))
-        if len(ours) < len(cs):
-            head.append(f"{len(cs) - len(ours)} row(s) from the full tier (figures/full): code "
+        if mine:
+            head.append(f"Scale: {scales[study]}. Code: " + _code_words(status[study], mine))
+        if len(mine) < len(cs):
+            head.append(f"{len(cs) - len(mine)} row(s) from the full tier (figures/full): code "
                         + _code_words(full_status[study], full_claims[study]))
         lines += [f"## {study}", "", " ".join(head), ""]
         for c in cs:
@@ -660,8 +493,8 @@ def build_report(
             lines.append("")
             if c["details"]:
                 lines += [c["details"].strip(), ""]
-        figs = _study_figures(fig, study, ours)
-        if full is not None and len(ours) < len(cs):
+        figs = _study_figures(fig, study, mine)
+        if full is not None and len(mine) < len(cs):
             figs += [f for f in _study_figures(full, study, [c for c in cs if "tier" in c], FULL_TIER + "/")
                      if f not in figs and Path(f).name not in figs]
         if figs:

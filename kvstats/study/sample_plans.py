@@ -157,8 +157,9 @@ def paired_sample(cells: Iterable[PairedCell], *, effect: float, effect_words: s
 def tost_sample(sd: float, n: int, *, margin: float, effect_words: str, unit: str, alpha: float = 0.05,
                 delta: float = 0.0, power: float = PLAN_POWER) -> SampleSize:
     """The sample size of an equivalence claim tested by the paired TOST within ±``margin`` over ``n`` pairs of sd
-    ``sd``, planned for a true difference ``delta`` (0: "no difference"): :func:`kvstats.measure.stats.tost_sample_size`;
-    the MDE is the largest |Δ| still shown equivalent with ``power`` at n."""
+    ``sd``, planned for a true difference ``delta`` (0: "no difference"):
+    :func:`kvstats.measure.stats.tost_sample_size`; the MDE is the largest |Δ| still shown equivalent with ``power``
+    at n."""
     plan = tost_sample_size(delta, _positive(sd, "sd"), margin=margin, alpha=alpha, target=power,
                             n_achieved=_count(n, "n"))
     return SampleSize.from_plan(plan, effect=effect_words, mde_of="largest |Δ| shown equivalent", unit=unit)
@@ -194,8 +195,8 @@ def binomial_sample(failures: int, trials: int, *, limit: float, expected: float
     mde = binomial_mde(limit, trials, alpha=alpha, target=power, alternative="less")
     return SampleSize(test=f"exact binomial test of the rate against {limit:g} (one-sided, α = {alpha:g})",
                       effect=effect_words, planned_n=int(plan.n_planned), achieved_n=trials,
-                      mde=None if math.isnan(mde) else float(mde), mde_of=f"rate − {limit:g} shown below the limit", power=power,
-                      unit=unit)
+                      mde=None if math.isnan(mde) else float(mde), mde_of=f"rate − {limit:g} shown below the limit",
+                      power=power, unit=unit)
 
 
 def mcnemar_sample(p10: float, p01: float, n: int, *, effect_words: str, unit: str, alpha: float = 0.05,

@@ -147,3 +147,21 @@ def test_write_timings_refuses_bad_seconds_and_records_the_run(tmp_path):
     with pytest.raises(ValueError, match="scale"):
         write_timings({"a": 1.0}, scale="huge", figures_dir=tmp_path)
     assert read_timings(tmp_path / "nowhere") is None
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda p: p.pop("scale"), "'scale' must be one of"),
+    (lambda p: p.update(scale="huge"), "'scale' must be one of"),
+    (lambda p: p["studies"].update(a="slow"), r"studies\['a'\] must be finite seconds"),
+    (lambda p: p["studies"].update(a=-1.0), r"studies\['a'\] must be finite seconds"),
+    (lambda p: p["studies"].update(a=True), r"studies\['a'\] must be finite seconds"),
+    (lambda p: p.pop("commit"), "'commit' must be a string"),
+    (lambda p: p.update(studies=[1.0]), "'studies' object"),
+])
+def test_read_timings_refuses_a_bad_record_by_name(tmp_path, edit, match):
+    path = write_timings({"a": 1.0}, scale="paper", figures_dir=tmp_path)
+    payload = json.loads(path.read_text())
+    edit(payload)
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=match):
+        read_timings(tmp_path)
