@@ -70,13 +70,17 @@ def _alpha(alpha) -> float:
 def _t_test_n(d_z: float, alpha: float, power: float) -> float:
     """Pairs the two-sided paired t test needs to detect the standardised effect ``d_z`` (statsmodels' TTestPower);
     beyond 10⁶ pairs the normal approximation with Guenther's t correction, ``((z_{1−α/2} + z_β)/d)² + z²_{1−α/2}/2``,
-    which agrees with the exact noncentral-t solution to far below one pair there."""
+    which agrees with the exact noncentral-t solution to far below one pair there; an effect so large that 3 pairs
+    reach the power gives 3 (statsmodels' root finder fails below that, and every Wilcoxon plan needs more pairs than
+    that to reach its level at all)."""
     z_a, z_b = _stats.norm.isf(alpha / 2), _stats.norm.ppf(power)
     approx = ((z_a + z_b) / d_z) ** 2 + z_a ** 2 / 2
     if approx > 1e6:
         return approx
     from statsmodels.stats.power import TTestPower
 
+    if TTestPower().power(d_z, 3, alpha, alternative="two-sided") >= power:
+        return 3.0
     return float(TTestPower().solve_power(effect_size=d_z, alpha=alpha, power=power, alternative="two-sided"))
 
 

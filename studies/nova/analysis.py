@@ -48,7 +48,8 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
 
     ``w_*``: Wilcoxon signed-rank over (layer, KV head) units paired across schemes (:func:`kv_units`;
     matched-pairs rank-biserial r of nova − other: negative = nova smaller), Holm over the table: the test the
-    verdicts use. ``rank_biserial``, ``p``: Mann–Whitney over (layer, query head) units (the figure's r).
+    verdicts use; ``sd_difference`` the sd of its paired differences (the spread its sample size is planned on).
+    ``rank_biserial``, ``p``: Mann–Whitney over (layer, query head) units (the figure's r).
     """
     from statsmodels.stats.multitest import multipletests
 
@@ -68,7 +69,7 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
                 res = mann_whitney(a.to_numpy(), b.to_numpy())
                 w = wilcoxon(ka.to_numpy(), kb.to_numpy(), n_resamples=WILCOXON_RESAMPLES,
                              seed=cell_seed(STUDY, "wilcoxon", n, other, metric))
-                diff = (a - b).to_numpy()
+                diff, kdiff = (a - b).to_numpy(), (ka - kb).to_numpy()
                 win = (diff < 0) if better == "low" else (diff > 0)
                 rows.append({"n": n, "metric": metric, "nova_vs": other, "units": len(a), "kv_units": len(ka),
                              "median_nova": float(a.median()), "median_other": float(b.median()),
@@ -76,12 +77,17 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
                              "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
                              "p_method": res.pvalue_method, "nova_better_fraction": float(win.mean()),
                              "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                             "_diffs": ka.to_numpy() - kb.to_numpy()})
+                             "sd_difference": _sd(kdiff), "_diffs": kdiff})
     out = pd.DataFrame(rows)
     out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
     out["w_p_holm"] = multipletests(out["w_p"].to_numpy(), method="holm")[1]
     out["w_detectable_shift"] = [_detectable(d, len(out)) for d in out.pop("_diffs")]
     return out
+
+
+def _sd(differences: np.ndarray) -> float:
+    """The sd of a test's paired differences (ddof 1; nan under 2 pairs): the spread its sample size is planned on."""
+    return float(np.std(differences, ddof=1)) if differences.size >= 2 else math.nan
 
 
 def _detectable(differences: np.ndarray, family: int) -> float:
@@ -103,7 +109,7 @@ def grouping_tests(grp: pd.DataFrame) -> pd.DataFrame:
             rows.append({"n": int(n), "metric": metric, "units": len(a), "median_stratified": float(np.median(a)),
                          "median_contiguous": float(np.median(b)), "stratified_lower_fraction": float((a < b).mean()),
                          "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                         "w_detectable_shift": _detectable(a - b, 1),
+                         "sd_difference": _sd(a - b), "w_detectable_shift": _detectable(a - b, 1),
                          "logvol_spread_stratified": float(g["logvol_spread_stratified"].median()),
                          "logvol_spread_contiguous": float(g["logvol_spread_contiguous"].median())})
     return pd.DataFrame(rows)
@@ -135,7 +141,7 @@ def ablation_tests(abl: pd.DataFrame) -> pd.DataFrame:
                                  "median_a": float(a.median()), "median_b": float(b.median()),
                                  "a_better_fraction": float(((diff < 0) if sign < 0 else (diff > 0)).mean()),
                                  "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                                 "_diffs": diff})
+                                 "sd_difference": _sd(diff), "_diffs": diff})
         fam = pd.DataFrame(rows)
         fam["p_holm"] = multipletests(fam["w_p"].to_numpy(), method="holm")[1]
         fam["w_detectable_shift"] = [_detectable(d, len(fam)) for d in fam.pop("_diffs")]

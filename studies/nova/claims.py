@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -47,9 +49,9 @@ from kvstats.studies.nova.verdicts import (
     grouping_verdict,
     parseval_verdict,
 )
-from kvstats.study.claims import Claim, measurement
+from kvstats.study.claims import Claim, SampleSize, fmt_p, measurement
 from kvstats.study.models import model_claim_id
-from kvstats.study.report import fmt_p
+from kvstats.study.sample_plans import EXACT, PairedCell, hardest, paired_sample
 
 CONVENTIONS = ("Tests: Wilcoxon signed-rank of nova − other over (layer, KV head) units (metrics averaged over the "
                "KV head's query heads; every scheme sees the same keys and queries), matched-pairs rank-biserial r "
@@ -57,6 +59,44 @@ CONVENTIONS = ("Tests: Wilcoxon signed-rank of nova − other over (layer, KV he
                f"the claim when Holm p < {ALPHA:g} in the better direction; beside each test its minimum detectable "
                f"mean difference (80% power at {ALPHA:g}/m, column w_detectable_shift). Layers of one text are not "
                "independent either: read the effect sizes beside the p-values.")
+
+
+#: The effect of interest of every paired direction claim (nova vs a baseline, ablation arm a vs b, stratified vs
+#: contiguous groups): an error 10% below the reference's (for top-5 recall, of its miss rate 1 − recall). Why 10%:
+#: at distortion ∝ 2^(−2b) it is what 0.076 bit per element buys, a third of the 0.22 bit the paper's 2.22 spends
+#: above 2 bits, the size of the bit differences between the schemes compared
+EFFECT = 0.10
+UNIT = "(layer, KV head) units"
+
+
+def _higher_better(metric: str) -> bool:
+    return METRICS.get(metric, ("", True, "low"))[2] == "high"
+
+
+def _error(metric: str, median: float) -> float:
+    """The reference's error a relative effect is a fraction of: its |median|, or for a higher-is-better metric
+    (recall) its miss rate 1 − median."""
+    return 1.0 - median if _higher_better(metric) else abs(median)
+
+
+def paired_plan(rows: pd.DataFrame, *, n_col: str, ref_col: str, alpha: float, what: str,
+                test: str = "paired Wilcoxon signed-rank test") -> SampleSize | str:
+    """The sample size of a direction claim over its tests ``rows`` (``metric``, ``sd_difference``, the pairs
+    ``n_col``, the reference's median ``ref_col``) at the per-cell level ``alpha``: per cell the Wilcoxon n for a
+    mean difference :data:`EFFECT`·(the reference's error, :func:`_error`) at the cell's sd of differences
+    (:func:`kvstats.study.sample_plans.paired_sample`); the claim's the hardest cell's. ``what``: the errors in
+    words."""
+    rows = rows[rows[n_col] >= 2]
+    cells = [PairedCell(int(r[n_col]), float(r["sd_difference"]), _error(r["metric"], r[ref_col]))
+             for r in rows.to_dict("records")]
+    cells = [c for c in cells if c.scale > 0]  # a reference without error (recall 1) leaves nothing to improve on
+    if not cells:
+        return "none planned: no cell has two paired units and a reference error to improve on"
+    s = paired_sample(cells, effect=EFFECT, alpha=alpha, unit=UNIT, test=test,
+                        effect_words=f"a {EFFECT:.0%} lower {what}")
+    recall = any(map(_higher_better, rows["metric"]))
+    return dataclasses.replace(s, mde_of="mean difference over the reference's median error"
+                                         + (" (1 − recall for recall)" if recall else ""))
 
 
 def _beats_cell(r) -> str:
@@ -95,6 +135,10 @@ def beats_claim(a: Analysis, n: int) -> Claim:
     kl = t[t["metric"] == "kl"]
     best = kl.loc[kl["median_other"].idxmin()]
     rec = t[(t["metric"] == "top5") & (t["nova_vs"] == best["nova_vs"])].iloc[0]
+    m = len(a.tst)  # Holm over the whole table: its first step α/m is the conservative per-cell level
+    sample = paired_plan(t[t["metric"].isin(list(CLAIM_METRICS))], n_col="kv_units", ref_col="median_other",
+                         alpha=ALPHA / m, test=f"paired Wilcoxon signed-rank test, Holm over {m} tests",
+                         what="attention KL and top-5 miss rate (1 − recall) than the baseline's median")
     return Claim(
         id=model_claim_id(f"nova-beats-scalar-n{n}", a.model),
         claim=("A transform derived from calibration statistics (non-orthogonal, attention-aware) with MSE-"
@@ -111,7 +155,8 @@ def beats_claim(a: Analysis, n: int) -> Claim:
         data=a.data,
         verdict=verdict,
         figure=f"{a.prefix}_attention.png",
-        details=_beats_details(a, t, n))
+        details=_beats_details(a, t, n),
+        sample=sample)
 
 
 def minmax_claim(a: Analysis) -> Claim:
@@ -208,6 +253,7 @@ def bits_claim(a: Analysis) -> Claim:
                      f"{b64['mean_total']:.4f}; at Gemma 3 270M's d = 256: {b256['mean_total']:.4f}."),
         data="bit accounting (kvstats.quant.quantizers.nova.NovaQuantizer.bits_per_coordinate, docs/nova.md)",
         verdict=bv,
+        sample=EXACT,
         discrepancy=(None if bv.verdict == "reproduced" else
                      f"our accounting gives {b128['mean_total']:.4f} bits per element, {gap:+.4f} from the "
                      f"published {PUBLISHED_BITS} (tolerance ±{printed_half_unit(PUBLISHED_BITS):g}); the paper "
@@ -226,6 +272,9 @@ def _held_ratio(pars: pd.DataFrame) -> pd.Series:
 #: "Equal variances" after a rotation: the 8 largest of d coordinate variances hold at most this many times their
 #: equal share 8/d of the energy
 EQUALIZED_FACTOR = 2.0
+#: The effect of interest of "T compacts energy" (its top-8 share above the rotation's, paired over units), in equal
+#: shares 8/d: the excess the bound above lets an equalizing rotation have, EQUALIZED_FACTOR − 1 of them
+COMPACTION_SHARES = EQUALIZED_FACTOR - 1
 
 
 def spectrum_claim(a: Analysis) -> Claim | None:
@@ -241,6 +290,12 @@ def spectrum_claim(a: Analysis) -> Claim | None:
                          what="comparisons (T's top-8 share above the rotation's, paired over units)")
     equal = bound(list(rot), [(x, x) for x in rot], EQUALIZED_FACTOR * uniform,
                   what=f"(layer, KV head) units (rotated top-8 share ≤ {EQUALIZED_FACTOR:g} × 8/d)")
+    shift = COMPACTION_SHARES * uniform
+    compact_n = paired_sample([PairedCell(len(rot), float(np.std(klt - rot, ddof=1)))], effect=shift, alpha=ALPHA,
+                                relative=False, unit=UNIT, effect_words=f"T's top-8 share {shift:.3g} above the "
+                                f"rotation's (({EQUALIZED_FACTOR:g} − 1)·8/d: what the bound lets a rotation exceed "
+                                "equal shares by)")
+    # the bound's shares are exact per unit (one seeded rotation each): the Wilcoxon part is the one that samples
     return Claim(
         id=model_claim_id("nova-rotations-equalize", a.model),
         claim="Rotations equalize variances rather than compacting energy: after a randomized rotation the "
@@ -255,6 +310,7 @@ def spectrum_claim(a: Analysis) -> Claim | None:
                      f"{w.effect_size:+.2f}, {fmt_p(w.pvalue)}."),
         data=a.data + "; the calibration text's keys and queries",
         verdict=combine([compacts, equal]),
+        sample=hardest([compact_n, EXACT]),
         figure=None,
         details="The rotation keeps the total energy trace(M) and spreads it; T diagonalises M, so its coefficient "
                 "variances are M's eigenvalues, sorted. Both shares are exact computations on the calibration "
@@ -311,6 +367,8 @@ def grouping_claim(a: Analysis) -> Claim | None:
                      "not built; this tests the direction the theorem implies."),
         data=a.data + f"; n ∈ {list(GROUPING_BUDGETS)}",
         verdict=gv,
+        sample=paired_plan(grp, n_col="units", ref_col="median_contiguous", alpha=ALPHA,
+                           what="held-out coefficient MSE and attention KL than contiguous groups' median"),
         details=("| n | metric | stratified (median) | contiguous (median) | Wilcoxon r | p | stratified "
                  "lower in |\n|---|---|---|---|---|---|---|\n" + lines
                  + "\n\nWilcoxon signed-rank over (layer, KV head) units, r of stratified − contiguous."))
@@ -348,6 +406,14 @@ def ablation_claims(a: Analysis) -> list[Claim]:
                  "Holm over all tests in figures/data/nova_tests.csv", "Holm within each claim's family"))
     fam = {f: t[t["family"] == f] for f in ABLATION_FAMILIES}
     v_t, v_q, v_v = (ablation_verdict(fam[f].to_dict("records")) for f in ("transform", "quantizer", "values"))
+
+    def plan(f: str, what: str) -> SampleSize | str:
+        """Family ``f``'s sample size: Holm within the family, its first step α/m per cell."""
+        m = len(fam[f])
+        return paired_plan(fam[f], n_col="units", ref_col="median_b", alpha=ALPHA / m, what=what,
+                           test="paired Wilcoxon signed-rank test" + (f", Holm over the family's {m} tests" if m > 1
+                                                                     else ""))
+
     vals = fam["values"].iloc[0]
     return [
         Claim(
@@ -359,6 +425,7 @@ def ablation_claims(a: Analysis) -> list[Claim]:
             source="NOVA-KV, arXiv 2608.04074, abstract; docs/references.md §6",
             measurement=f"n = {n}: {v_t.reason}.",
             data=data, verdict=v_t,
+            sample=plan("transform", "attention KL and top-5 miss rate (1 − recall) than the rotation's median"),
             details=_ablation_table(fam["transform"]) + "\n\n" + setup + (
                 " With a scalar quantizer every coefficient gets the same b bits; the compacting transform "
                 "then wastes levels on low-variance coefficients (it needs a bit allocation), while the "
@@ -372,6 +439,8 @@ def ablation_claims(a: Analysis) -> list[Claim]:
             source="NOVA-KV, arXiv 2608.04074, abstract; docs/references.md §6",
             measurement=f"n = {n}: {v_q.reason}.",
             data=data, verdict=v_q,
+            sample=plan("quantizer", "attention KL and top-5 miss rate (1 − recall) than the scalar codebook's "
+                                     "median"),
             details=_ablation_table(fam["quantizer"]) + "\n\n" + setup),
         Claim(
             id=model_claim_id("nova-value-transform", a.model),
@@ -390,6 +459,7 @@ def ablation_claims(a: Analysis) -> list[Claim]:
                                      f"r = {r.w_r:+.2f}, {fmt_p(r.p_holm)}"
                                      for r in fam["value_quantizer"].itertuples()) + "."),
             data=data, verdict=v_v,
+            sample=plan("values", "attention-output error than the rotation + VQ values' median"),
             details=_ablation_table(pd.concat([fam["values"], fam["value_quantizer"]])) + "\n\n" + setup),
     ]
 

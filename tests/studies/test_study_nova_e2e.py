@@ -89,6 +89,40 @@ def test_nova_ablation_tests_pair_units_and_apply_holm_per_family(nv):
     assert nv.ablation_verdict(t[t["family"] == "values"].to_dict("records")).verdict == "reproduced"
 
 
+def test_nova_paired_plan_is_the_wilcoxon_n_of_its_hardest_cell(nv):
+    """A direction claim's sample size: per cell a mean difference of 10% of the reference's error (its |median|,
+    for recall the miss rate 1 − median) at the cell's sd of differences and per-cell level; oracle: statsmodels'
+    paired t test n × π/3 (the Wilcoxon test's ARE 3/π) and its detectable effect at n·3/π pairs."""
+    import math
+
+    from statsmodels.stats.power import TTestPower
+
+    assert nv.claims.EFFECT == 0.10
+    rows = pd.DataFrame([
+        {"metric": "kl", "kv_units": 18, "sd_difference": 0.01, "median_other": 0.4},  # d_z = 0.04 / 0.01 = 4
+        {"metric": "top5", "kv_units": 18, "sd_difference": 0.05, "median_other": 0.6},  # 0.1·(1 − 0.6)/0.05 = 0.8
+        {"metric": "kl", "kv_units": 1, "sd_difference": np.nan, "median_other": 0.4}])  # one pair: no test
+    alpha = 0.05 / 40  # Holm's first step over 40 tests
+    s = nv.claims.paired_plan(rows, n_col="kv_units", ref_col="median_other", alpha=alpha, what="error")
+    t = TTestPower()
+    assert s.planned_n == math.ceil(t.solve_power(effect_size=0.8, alpha=alpha, power=0.8) * math.pi / 3) == 33
+    assert s.achieved_n == 18 and s.under_powered and "2 cell(s)" in s.test and "a 10% lower error" in s.effect
+    d_z = t.solve_power(nobs=18 * 3 / math.pi, alpha=alpha, power=0.8)
+    assert s.mde == pytest.approx(d_z * 0.05 / 0.4, rel=1e-4)  # the top-5 cell's, relative to its miss rate
+    # an effect 40 sds large (statsmodels' solve gives nan there): the Wilcoxon floor, the fewest pairs whose exact
+    # two-sided p can fall below α = 0.05 (2/2^6), and the MDE at the cell's own sd
+    from kvstats.study.sample_plans import PairedCell, paired_sample
+
+    tight = paired_sample([PairedCell(18, 0.001)], effect=0.04, alpha=0.05, relative=False, unit="u",
+                          effect_words="x")
+    assert tight.planned_n == min(n for n in range(2, 20) if 2 / 2 ** n < 0.05) == 6
+    assert tight.mde == pytest.approx(t.solve_power(nobs=18 * 3 / math.pi, alpha=0.05, power=0.8) * 0.001, rel=1e-4)
+    # a reference with perfect recall leaves nothing to improve on: a reason, not a plan
+    perfect = pd.DataFrame([{"metric": "top5", "kv_units": 18, "sd_difference": 0.05, "median_other": 1.0}])
+    assert isinstance(nv.claims.paired_plan(perfect, n_col="kv_units", ref_col="median_other", alpha=alpha,
+                                            what="error"), str)
+
+
 def test_nova_bits_verdict_holds_the_printed_number_to_half_a_unit(nv):
     assert nv.bits_verdict(2.224).verdict == "reproduced"  # |2.224 - 2.22| <= 0.005
     v = nv.bits_verdict(2.211)
@@ -205,6 +239,14 @@ def test_nova_runs_through_the_shell_with_rule_verdicts_and_definitions(tmp_path
     assert "1 of the 2 layers within their 298-token sliding window" in claims["nova-beats-scalar-n2-gemma3"]["data"]
     assert "nova-bits-per-element-gemma3" not in claims and "nova-ruler-longbench-gemma3" not in claims
     assert claims["nova-models"]["verdict"] == "measured"
+    # every claim's sample size: a plan, a reason none applies, or a label that tests nothing
+    labels = ("measured", "not testable here", "implementation check")
+    assert all(c["sample"] or c["verdict"] in labels for c in claims.values())
+    assert claims["nova-bits-per-element"]["sample"].startswith("none planned")
+    for cid in ("nova-beats-scalar-n2", "nova-equal-volume-grouping", "nova-ablation-transform",
+                "nova-value-transform", "nova-rotations-equalize"):
+        assert claims[cid]["sample"]["achieved_n"] == 6 and claims[cid]["sample"]["unit"] == "(layer, KV head) units"
+    assert "Holm over 20 tests" in claims["nova-beats-scalar-n2"]["sample"]["test"]  # 4 baselines × 5 metrics
     assert "unit (Gemma-3-270M)" in defs
     units = pd.read_csv(data / "nova_gemma3_units.csv")
     assert set(units["window"]) == {0, FAKE_WINDOW}
@@ -284,6 +326,32 @@ def test_e2e_paired_tests_holm_over_the_claims_family(e2e):
     np.testing.assert_allclose(t["p_holm"], multipletests(t["p"], method="holm")[1])
 
 
+def test_e2e_direction_sample_plans_the_hardest_cell_at_holms_first_step(e2e):
+    """A direction claim's sample: each paired_tests row a Wilcoxon cell at α/m with the sd of its differences; the
+    planned n is the hardest cell's, statsmodels' paired t test n for QKQV_EFFECT·mean(KQV) at α/m times π/3."""
+    import math
+
+    from statsmodels.stats.power import TTestPower
+
+    rng = np.random.default_rng(1)
+    kqv = {m: rng.uniform(0.5, 1.5, 16) for m in ("out_kl", "attn_kl")}
+    noise = {"out_kl": 0.3, "attn_kl": 0.05}
+    rows = [{"scheme": s, "n": 2, "seed": 0, "window": 0, "segment": i,
+             **{m: kqv[m][i] + (rng.normal(0.2, noise[m]) if s == "qkqv" else 0.0) for m in kqv}}
+            for s in ("kqv", "qkqv") for i in range(16)]
+    t = e2e.paired_tests(pd.DataFrame(rows), [("qkqv", "kqv")], metrics=("out_kl", "attn_kl"), resamples=99)
+    sample = e2e.claims.direction_sample(t, e2e.claims.QKQV_EFFECT, "10% above")
+    expected = []
+    for r in t.itertuples():
+        d = np.array([rows[16 + i][r.metric] - rows[i][r.metric] for i in range(16)])
+        assert r.sd_difference == pytest.approx(np.std(d, ddof=1))
+        d_z = e2e.claims.QKQV_EFFECT * abs(r.mean_b) / np.std(d, ddof=1)
+        n_t = TTestPower().solve_power(effect_size=d_z, alpha=e2e.analysis.ALPHA / 2, power=0.8)
+        expected.append(math.ceil(n_t * math.pi / 3))
+    assert sample.planned_n == max(expected) > 16 and sample.achieved_n == 16 and sample.unit == "segments"
+    assert "α = 0.025 per cell, hardest of 2 cell(s)" in sample.test and sample.mde is not None
+
+
 def test_e2e_ratio_verdict_is_the_number_rule_on_the_printed_ratio(e2e):
     assert e2e.ratio_verdict(2.3, 2.1, 2.4).verdict == "reproduced"           # 2.25 inside the CI
     assert e2e.ratio_verdict(1.6, 1.4, 1.8).verdict == "partly"               # outside, but above 1
@@ -343,6 +411,9 @@ def test_e2e_runs_through_the_shell_at_a_tiny_scale(tmp_path, monkeypatch, e2e, 
     claims = {c["id"]: c for c in read_claims(data / "end_to_end_claims.json")}
     assert claims["e2e-nova-2bit-output"]["rule"] == "direction"
     assert claims["e2e-qkqv-worse-than-kqv"]["rule"] == "direction"
+    # every verdict by a test records its sample size (issue 50): 6 segments achieved
+    tested = [c for c in claims.values() if c["rule"] not in ("measured", "not testable", "implementation check")]
+    assert tested and all(isinstance(c["sample"], dict) and c["sample"]["achieved_n"] == 6 for c in tested)
     assert "6 disjoint segments of 12 tokens" in claims["e2e-nova-2bit-output"]["data"]
     # QJL's cache ran in its own sweep and is compared with min-max at its budget
     assert claims["qjl-cache-smollm2"]["rule"] == "direction" and "n = 2" in claims["qjl-cache-smollm2"]["measurement"]

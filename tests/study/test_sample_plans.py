@@ -29,6 +29,13 @@ def test_wilcoxon_n_far_beyond_the_solver_follows_guenthers_formula():
     assert P.wilcoxon_n(0.002, 1.0, alpha=0.05) == expected
 
 
+@pytest.mark.parametrize("effect", [5.0, 6.0, 20.0, 1e6])
+def test_wilcoxon_n_of_an_effect_many_sds_large_is_the_wilcoxon_floor(effect):
+    # statsmodels' root finder returns nan where fewer than 3 pairs would do: the floor decides there
+    floor = next(n for n in range(2, 100) if stats.wilcoxon_min_pvalue(n) < 0.05)
+    assert P.wilcoxon_n(effect, 1.0, alpha=0.05) == floor == 6
+
+
 def test_the_planned_wilcoxon_n_reaches_its_power_in_simulation():
     # normal differences d_z = 0.5 at α = 0.05: planned n ≈ 35. 20,000 simulated samples estimate the power with sd
     # ≤ 0.0035; the band [0.78, 0.86] is ≥ 5.7 sd from 0.8 on both sides (the planned n is rounded up, so the true
