@@ -92,6 +92,7 @@ from kvstats.measure.stats._power import (
     PowerResult,
     detectable_shift,
     paired_t_power,
+    signed_rank_shift_se,
     wilcoxon_min_pvalue,
     wilcoxon_power,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "interval_text",
     "ks_distance_interval",
     "detectable_shift",
+    "signed_rank_shift_se",
     "equivalence",
     "hodges_lehmann",
     "log_ratio_t_interval",

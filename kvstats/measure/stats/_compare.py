@@ -11,7 +11,7 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.measure.stats._mann_whitney import mann_whitney
-from kvstats.measure.stats._power import detectable_shift
+from kvstats.measure.stats._power import detectable_shift, signed_rank_shift_se
 from kvstats.measure.stats._wilcoxon import wilcoxon
 
 
@@ -35,7 +35,7 @@ _UNPAIRED_COLUMNS = ["level_a", "level_b", "n_a", "n_b", "u1", "p", "p_method", 
                      "median_b", "median_ratio"]
 _PAIRED_COLUMNS = ["level_a", "level_b", "n_pairs", "n_zero", "w_plus", "w_minus", "p", "p_method", "p_holm", "p_bh",
                    "p_adj", "rank_biserial", "rb_ci_low", "rb_ci_high", "median_difference", "median_a", "median_b",
-                   "median_ratio", "sd_difference", "detectable_shift"]
+                   "median_ratio", "sd_difference", "shift_se", "detectable_shift"]
 
 
 def _paired_levels(cell: pd.DataFrame, by: str, levels, metrics: list[str], pair: list[str]) -> dict:
@@ -113,7 +113,9 @@ def compare(
         ``n_zero``, ``w_plus``, ``w_minus``, ``p``, ``p_method``, ``p_holm``, ``p_bh``, ``p_adj``,
         ``rank_biserial`` (matched pairs, positive when A is larger), ``rb_ci_low``, ``rb_ci_high``,
         ``median_difference`` (of A − B), ``median_a``, ``median_b``, ``median_ratio``, ``sd_difference`` (sd of
-        A − B over the pairs, ddof 1; nan for one pair: what a sample-size plan reads), ``detectable_shift``:
+        A − B over the pairs, ddof 1; nan for one pair), ``shift_se`` (the standard error of the paired Hodges–Lehmann
+        shift, :func:`kvstats.stats.signed_rank_shift_se`: what the signed-rank test's sample size is planned on),
+        ``detectable_shift``:
         the mean difference A − B the Wilcoxon test on these pairs detects with 80% power at
         ``detectable_alpha / m`` (m the size of the row's correction family; :func:`kvstats.stats.detectable_shift`,
         inf where no p can reach that level), the minimum detectable effect to read beside a non-significant row.
@@ -193,6 +195,7 @@ def compare(
     if pair:
         shift = np.empty(len(out))
         out["sd_difference"] = [float(np.std(d, ddof=1)) if d.size >= 2 else math.nan for d in differences]
+        out["shift_se"] = [signed_rank_shift_se(d) if d.size >= 2 else math.nan for d in differences]
         for idx in groups:
             for i in idx:
                 d = differences[i]  # no spread: detectable_shift says inf itself; one pair: no test to size

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
 
 from kvstats._random import check_seed
@@ -51,15 +52,14 @@ def paired_t_power(
     alternative: str = "two-sided",
 ) -> PowerResult:
     """Power, sample size or detectable effect of the paired (= one-sample) t test; give exactly two of
-    ``effect_size``, ``n``, ``power``, the third is solved (``statsmodels.stats.power.TTestPower``).
+    ``effect_size``, ``n``, ``power``, the third is solved (Brent's method on the exact power, :func:`_t_power`;
+    statsmodels' ``TTestPower`` computes the same power, but its ``solve_power`` misses the root below α ≈ 1e-3).
 
     ``effect_size`` is Cohen's ``d_z = mean(a − b)/sd(a − b)`` (standardised mean of the differences);
     power ``= P(|T| > t_{1−α/2, n−1})`` with T noncentral t, n − 1 df, noncentrality ``d_z·√n``.
     For the Wilcoxon test on normal differences multiply n by ``π/3 ≈ 1.05`` (its asymptotic relative
     efficiency 3/π), or simulate the actual design with :func:`wilcoxon_power`.
     """
-    from statsmodels.stats.power import TTestPower
-
     check_alternative(alternative)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -73,19 +73,15 @@ def paired_t_power(
         raise ValueError(f"power must be in (alpha, 1) = ({alpha}, 1), got {power}")
     if effect_size is not None and (not math.isfinite(float(effect_size)) or float(effect_size) == 0):
         raise ValueError(f"effect_size must be finite and non-zero, got {effect_size}")
-    raw = TTestPower().solve_power(effect_size=effect_size, nobs=n, alpha=alpha, power=power,
-                                   alternative=_SM_ALTERNATIVE[alternative])
-    # statsmodels answers a float, or a 1-element array when its bracketing root finder falls back to fsolve
-    solved = np.asarray(raw, dtype=np.float64).reshape(-1)
-    if solved.size != 1 or not math.isfinite(solved[0]):
-        raise ValueError(f"statsmodels' TTestPower did not solve for {missing[0]} (got {raw!r}) from {given}")
-    solved = float(solved[0])
+    solved = _solve_t_power(missing[0], effect_size, n, power, float(alpha), _SM_ALTERNATIVE[alternative])
+    if not math.isfinite(solved):
+        raise ValueError(f"the paired t test's power does not reach {power} for any {missing[0]} from {given}")
     values = {"effect_size": effect_size, "n": n, "power": power} | {missing[0]: solved}
     n_pairs = float(values["n"])
     return PowerResult(
         statistic=solved,
         pvalue=math.nan,
-        method="power of the paired / one-sample t test (statsmodels TTestPower, noncentral t)",
+        method="power of the paired / one-sample t test (noncentral t, scipy.stats.nct; solved by brentq)",
         null_hypothesis="mean(a - b) = 0",
         n=math.ceil(n_pairs - 1e-6),
         effect_size=float(values["effect_size"]),
@@ -97,6 +93,49 @@ def paired_t_power(
         solved_for="n" if missing[0] == "n" else missing[0],
         alternative=alternative,
     )
+
+
+def _t_power(d: float, n: float, alpha: float, alternative: str) -> float:
+    """Power of the one-sample t test at standardised effect ``d`` over ``n`` pairs: noncentral t (scipy.stats.nct)
+    with n − 1 df and noncentrality d·√n; the lower tail as the upper tail at −d·√n (scipy's nct.cdf returns nan
+    there where it underflows)."""
+    df, nc = n - 1.0, d * math.sqrt(n)
+    if alternative == "two-sided":
+        t = scipy.stats.t.isf(alpha / 2, df)
+        return float(scipy.stats.nct.sf(t, df, nc) + scipy.stats.nct.sf(t, df, -nc))
+    t = scipy.stats.t.isf(alpha, df)
+    return float(scipy.stats.nct.sf(t, df, nc if alternative == "larger" else -nc))
+
+
+def _solve_t_power(missing: str, effect_size, n, power, alpha: float, alternative: str) -> float:
+    """The one unknown of the paired t test's power (:func:`_t_power`) = ``power``, by Brent's method on the exact
+    power. Not statsmodels' ``TTestPower.solve_power``: below α ≈ 1e-3 its root finder stops where the power is
+    0.35–0.68, not the target (α = 0.05/1530, n = 19.1: d_z 1.118 at power 0.35), and its power is nan for large
+    effects there."""
+    def at(d: float, m: float) -> float:
+        return _t_power(d, m, alpha, alternative)
+
+    if missing == "power":
+        return at(float(effect_size), float(n))
+    target = float(power)
+    if missing == "effect_size":  # power rises with |d| on the alternative's side ("smaller": negative d)
+        sign = -1.0 if alternative == "smaller" else 1.0
+        high = 1.0
+        while at(sign * high, float(n)) < target:
+            high *= 2.0
+            if high > 1e6:
+                return math.inf
+        return sign * float(scipy.optimize.brentq(lambda d: at(sign * d, float(n)) - target, 0.0, high, xtol=1e-13,
+                                                  rtol=1e-12))
+    d = float(effect_size)
+    if at(d, 2.0) >= target:
+        return 2.0
+    high = 4.0
+    while at(d, high) < target:  # the power rises with n toward 1 for an effect on the alternative's side
+        high *= 2.0
+        if high > 1e12:
+            return math.inf
+    return float(scipy.optimize.brentq(lambda m: at(d, m) - target, high / 2, high, xtol=1e-10, rtol=1e-12))
 
 
 def wilcoxon_power(
@@ -170,6 +209,38 @@ def wilcoxon_power(
     )
 
 
+#: Above this many differences :func:`signed_rank_shift_se` reads the interval from this many evenly spaced order
+#: statistics (n(n + 1)/2 Walsh averages would not fit in memory) and scales it by √(thinned / n).
+SHIFT_SE_MAX_N = 4096
+
+
+def signed_rank_shift_se(differences, *, confidence_level: float = 0.95) -> float:
+    """The standard error of the paired Hodges–Lehmann shift (the median of the Walsh averages (dᵢ + dⱼ)/2, i ≤ j),
+    read from the distribution-free interval the Wilcoxon signed-rank test inverts to: with N = n(n + 1)/2 Walsh
+    averages in order, the interval is [W₍ₖ₊₁₎, W₍N₋ₖ₎], k = ⌊N/2 − z·√(n(n + 1)(2n + 1)/24)⌋ (the signed-rank
+    statistic's normal approximation, z = z_{(1+level)/2}), and ``se = (W₍N₋ₖ₎ − W₍ₖ₊₁₎)/(2z)``.
+
+    It is the spread a sample size of the signed-rank test is planned on: by the test's Pitman efficiency its power
+    against a shift Δ is that of a z test of Δ/se, so a plan needs no normality of the differences (their sd, which
+    the t-based plan reads, is inflated by heavy tails the ranks ignore). For normal differences se² → πσ²/(3n),
+    the π/3 of the t-based plan. Above :data:`SHIFT_SE_MAX_N` differences it is read from that many evenly spaced
+    order statistics and scaled by √(that / n)."""
+    d = np.sort(_sample(differences, "differences", min_size=2))
+    level = _check_level(confidence_level)
+    n = d.size
+    if n > SHIFT_SE_MAX_N:
+        thin = d[np.round(np.linspace(0, n - 1, SHIFT_SE_MAX_N)).astype(np.int64)]
+        return signed_rank_shift_se(thin, confidence_level=level) * math.sqrt(SHIFT_SE_MAX_N / n)
+    i, j = np.triu_indices(n)
+    walsh = (d[i] + d[j]) / 2.0
+    total = walsh.size
+    z = float(scipy.stats.norm.isf((1.0 - level) / 2.0))
+    k = int(math.floor(total / 2.0 - z * math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)))
+    k = min(max(k, 0), (total - 1) // 2)
+    low, high = np.partition(walsh, (k, total - 1 - k))[[k, total - 1 - k]]
+    return float(high - low) / (2.0 * z)
+
+
 def wilcoxon_min_pvalue(n: int, alternative: str = "two-sided") -> float:
     """The smallest p-value the Wilcoxon signed-rank test can give at ``n`` pairs (every difference of one sign,
     no ties, no zeros), under the p-value rule of :func:`wilcoxon`: ``2/2ⁿ`` two-sided (``1/2ⁿ`` one-sided) from
@@ -189,8 +260,8 @@ def wilcoxon_min_pvalue(n: int, alternative: str = "two-sided") -> float:
 @functools.lru_cache(maxsize=4096)
 def _detectable_d_z(n_eff: float, power: float, alpha: float, alternative: str) -> float:
     """The standardised effect the paired t test detects at ``n_eff`` pairs: it depends on the sample only through
-    its size, so a study's thousands of comparisons of a few sizes solve it a few times (statsmodels' root finder
-    takes ≈ 20 ms a call)."""
+    its size, so a study's thousands of comparisons of a few sizes solve it a few times (a root finder on the
+    noncentral t's power, milliseconds a call)."""
     return paired_t_power(n=n_eff, power=power, alpha=alpha, alternative=alternative).effect_size
 
 
@@ -204,7 +275,8 @@ def detectable_shift(
     """The minimum detectable effect of a paired comparison: the smallest mean difference that the Wilcoxon
     signed-rank test on these ``n`` pairs detects with probability ``power`` at level ``alpha``.
 
-    Solved with statsmodels' ``TTestPower`` for the standardised effect ``d_z`` at ``n·3/π`` pairs (the
+    Solved with the paired t test's exact power (:func:`paired_t_power`) for the standardised effect ``d_z`` at
+    ``n·3/π`` pairs (the
     Wilcoxon test's asymptotic relative efficiency 3/π against the t test on normal differences), then
     expressed in the units of the differences: ``shift = d_z · sd(differences)`` (``extra["shift"]``). Where
     the test cannot reach ``alpha`` at n pairs at all (:func:`wilcoxon_min_pvalue`), or the differences have
@@ -234,7 +306,7 @@ def detectable_shift(
         statistic=d_z,
         pvalue=math.nan,
         method="minimum detectable effect of the Wilcoxon signed-rank test (t-test power at n·3/π pairs, "
-               "statsmodels TTestPower)",
+               "noncentral t)",
         null_hypothesis="a - b symmetric about 0",
         n=n,
         effect_size=d_z,
