@@ -30,13 +30,13 @@ from statsmodels.stats.multitest import multipletests
 
 from kvstats import study
 from kvstats.measure import metrics, verdicts
-from kvstats.measure.stats import ks_distance_interval, mann_whitney, wilcoxon
+from kvstats.measure.stats import ks_distance_interval, mann_whitney, signed_rank_shift_se, wilcoxon
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.rotations import make_rotation
 from kvstats.quant.sphere import goodness_of_fit
 from kvstats.study import plots
-from kvstats.study.claims import Claim
-from kvstats.study.report import fmt_p
+from kvstats.study.claims import Claim, SampleSize, fmt_p
+from kvstats.study.sample_plans import PairedCell, hardest, ks_equivalence_sample, ks_exceedance_sample, paired_sample
 from kvstats.study.sweep import cell_seed, grid, parallel_map
 
 STUDY = "beta_figures"
@@ -44,6 +44,12 @@ VERSION = "2"  # 2: the QJL bit with D'Alberto's Hadamard sketch (eq. 3); Gaussi
 ALPHA = 0.05
 #: "follows f_d": the true Kolmogorov distance below 0.02 (as sphere_law's margin; decidable at paper scale)
 KS_MARGIN = 0.02
+#: the MSE-wins claim's effect of interest: a mean paired KL difference of 10% of MSE + QJL's median (a smaller gap
+#: would not make either arm the winner)
+RELATIVE_EFFECT = 0.10
+#: the rank-1 data's expected KS distance at d = 8: one coordinate per vector takes ≈ 2d values ±(Πu)_j (atoms of mass
+#: 1/(2d)), and an atom of mass h lies h/2 from any continuous law: about 1/(4d), a gap of 0.011 above KS_MARGIN
+RANK1_DISTANCE = 1 / 32
 POSITION = 30  # place in figures/REPORT.md (kvstats.study.report.study_order)
 DIMS = (2, 4, 8, 1024)
 KINDS = {"gaussian": {}, "heavy_tail": {"df": 3.0}, "low_rank": {"rank": 1, "noise": 0.01}}
@@ -106,6 +112,32 @@ def mse_wins_verdict(mw: pd.DataFrame, sketch: str = SKETCH) -> verdicts.Verdict
                                for r in mw[mw["sketch"] == sketch].itertuples()], what="(d, data) cells")
 
 
+def mse_wins_sample(mw: pd.DataFrame, sketch: str = SKETCH) -> SampleSize:
+    """The sample size of the MSE-wins claim under ``sketch``: its (d, data) cells' paired Wilcoxon tests at Holm's
+    first step ALPHA/cells (:func:`kvstats.study.sample_plans.paired_sample`) for a mean paired KL difference of
+    RELATIVE_EFFECT × MSE + QJL's median."""
+    rows = mw[mw["sketch"] == sketch]
+    return paired_sample([PairedCell(int(r.n_pairs), float(r.sd_difference), abs(float(r.median_kl_mse_qjl)),
+                                     float(r.shift_se)) for r in rows.itertuples()],
+                         effect=RELATIVE_EFFECT, alpha=ALPHA / len(rows), unit="trials",
+                         effect_words=f"a shift of {RELATIVE_EFFECT:.0%} of MSE + QJL's median KL")
+
+
+def sphere_law_sample(ks: pd.DataFrame) -> SampleSize:
+    """The sample size of the sphere-law claim: the harder of its equivalence part (gaussian, planned at true
+    distance 0 for the margin) and its bound part (rank 1 at d = 8, planned at RANK1_DISTANCE)."""
+    g = ks[ks["kind"] == "gaussian"]
+    lr8 = ks[(ks["kind"] == "low_rank") & (ks["d"] == 8)].iloc[0]
+    return hardest([ks_equivalence_sample(int(g["n"].min()), margin=KS_MARGIN, alpha=ALPHA, unit="vectors",
+                                          effect_words=f"the margin {KS_MARGIN:g} at a true distance 0 (rotated "
+                                                       "gaussian data follow f_d exactly)"),
+                    ks_exceedance_sample(int(lr8["n"]), margin=KS_MARGIN, gap=RANK1_DISTANCE - KS_MARGIN, alpha=ALPHA,
+                                         unit="vectors",
+                                         effect_words=f"rank-1 data ≈ 1/(4d) = {RANK1_DISTANCE:.3g} from f_8, "
+                                                      f"{RANK1_DISTANCE - KS_MARGIN:.3g} beyond the limit "
+                                                      f"{KS_MARGIN:g}")])
+
+
 def sphere_law_verdict(ks: pd.DataFrame) -> verdicts.Verdict:
     """(1) gaussian data after the WHT follows f_d within KS_MARGIN in Kolmogorov distance at every d (equivalence
     rule on the distance's interval, kvstats.measure.verdicts.ks_equivalence); (2) rank-1 data at d = 8 is off f_d
@@ -158,8 +190,9 @@ def kl_samples(table: pd.DataFrame, d: int, kind: str, sketch: str = SKETCH) -> 
 
 def mann_whitney_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per sketch and (d, data) cell, in the panels' order: median KLs, their ratio, the exact Mann–Whitney
-    test (MSE first) and its Holm-adjusted p over the sketch's cells (one family per sketch: the primary
-    sketch's family is the paper's 12 cells, unchanged by the sensitivity rows)."""
+    test (MSE first) and the paired Wilcoxon test (its pairs and the sd of the paired differences MSE − MSE + QJL)
+    with their Holm-adjusted p over the sketch's cells (one family per sketch: the primary sketch's family is the
+    paper's 12 cells, unchanged by the sensitivity rows)."""
     rows = []
     for sketch in (SKETCH, *SENSITIVITY_SKETCHES):
         for d in DIMS:
@@ -172,7 +205,9 @@ def mann_whitney_table(table: pd.DataFrame) -> pd.DataFrame:
                              "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
                              "p_method": res.pvalue_method, "p_asymptotic": res.p_asymptotic,
                              "wilcoxon_r": paired.effect_size, "wilcoxon_p": paired.pvalue,
-                             "bits_mse": held_bits("turbo_mse", d), "bits_mse_qjl": held_bits("turbo_prod", d)})
+                             "bits_mse": held_bits("turbo_mse", d), "bits_mse_qjl": held_bits("turbo_prod", d),
+                             "n_pairs": len(a), "sd_difference": float(np.std(a - b, ddof=1)),
+                             "shift_se": signed_rank_shift_se(a - b)})
     mw = pd.DataFrame(rows)
     for col in ("p", "wilcoxon_p"):  # Holm per sketch: p_holm (the paper's Mann–Whitney), wilcoxon_p_holm
         mw[f"{col}_holm"] = mw.groupby("sketch")[col].transform(lambda p: multipletests(p, method="holm")[1])
@@ -294,6 +329,7 @@ def mse_wins_claim(a: Analysis, sketch: str = SKETCH) -> Claim:
         data=data_text(a),
         verdict=mse_wins_verdict(a.mw, sketch),
         figure=f"{STUDY}_d8.png",
+        sample=mse_wins_sample(a.mw, sketch),
         details=table_md + "\n\nWilcoxon signed-rank over trials (both methods quantize the same data in a trial), "
                            "matched-pairs rank-biserial r with the MSE sample first (negative: MSE lower), Holm over "
                            f"the {len(mw)} cells of this sketch: the verdict's test. Beside it the paper's test: "
@@ -316,6 +352,7 @@ def sphere_law_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=sphere_law_verdict(ks),
         figure=f"{STUDY}_d8.png",
+        sample=sphere_law_sample(ks),
         details=("| d | data | KS distance to f_d | p |\n|---|---|---|---|\n" +
                  "\n".join(f"| {r.d} | {r.kind} | {r.ks:.3f} | {r.p:.2g} |" for r in ks.itertuples())))
 

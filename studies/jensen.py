@@ -34,7 +34,8 @@ from kvstats.measure.stats import wilcoxon
 from kvstats.quant.quantizers import quantizer
 from kvstats.quant.schemes import scheme
 from kvstats.study import plots
-from kvstats.study.claims import Claim
+from kvstats.study.claims import Claim, SampleSize
+from kvstats.study.sample_plans import PairedCell, hardest, interval_sample, paired_sample, tost_sample
 from kvstats.study.sweep import cell_seed, grid
 
 STUDY = "jensen"
@@ -56,6 +57,14 @@ SCALES = ("quick", "paper")
 #: The equivalence margin of "QJL removes the bias": its per-key mean error's slope on the logit within ±10% of
 #: the MSE stage's slope at the same budget (the bias of MSE n bits is −D_mse·s, linear in the logit s)
 BIAS_REMOVED_MARGIN = 0.1
+#: Effects of interest of the direction tests (issue 50), each the smallest difference that matters. A 10% higher
+#: attention KL (QKQV over KQV); a 10% higher mean squared logit error, to first order a 10% higher KL
+#: (E[KL] ≈ ½Σpᵢ(1 − pᵢ)σᵢ²); a KL ratio 10% above the σ̄² ratio (log 1.1); a Spearman(err², score) of 0.1, Cohen's
+#: small correlation. The MSE stage's slope: the −D_mse(n) of TurboQuant's figure 1 (exact codebook, d = D).
+KL_EFFECT = 0.1
+VARIANCE_EFFECT = 0.1
+SUPERLINEAR_EFFECT = math.log(1.1)
+CORRELATION_EFFECT = 0.1
 
 
 def data(trial: int):
@@ -145,7 +154,8 @@ def bias_table(bias: pd.DataFrame, seeds: int) -> dict:
 
 def kl_at_budgets(points: pd.DataFrame) -> dict[int, dict]:
     """KL(QKQV) against KL(KQV) at every budget n, paired over trials: the ratio of medians, Wilcoxon's r and p,
-    Holm over the budgets, and the cell's direction (+1: QKQV significantly higher)."""
+    Holm over the budgets, the cell's direction (+1: QKQV significantly higher), the sd of the paired differences
+    and KQV's median (the cell's plan)."""
     from statsmodels.stats.multitest import multipletests
 
     tests = {}
@@ -153,7 +163,9 @@ def kl_at_budgets(points: pd.DataFrame) -> dict[int, dict]:
         arr = points_arrays(points, n)
         w = wilcoxon(arr["kl_qkqv"], arr["kl_kqv"])
         tests[n] = {"ratio": float(np.median(arr["kl_qkqv"]) / np.median(arr["kl_kqv"])), "r": float(w.effect_size),
-                    "p": float(w.pvalue), "trials": len(arr["kl_kqv"])}
+                    "p": float(w.pvalue), "trials": len(arr["kl_kqv"]),
+                    "differences": arr["kl_qkqv"] - arr["kl_kqv"],
+                    "median_kqv": float(np.median(arr["kl_kqv"]))}
     p_holm = multipletests([t["p"] for t in tests.values()], method="holm")[1]
     for t, p in zip(tests.values(), p_holm):
         t["p_holm"] = float(p)
@@ -190,6 +202,40 @@ def bias_verdict(tab: dict, kl: dict[int, dict]) -> verdicts.Verdict:
         verdicts.direction(more_var, what=f"{what} (QJL stage's mean squared error above MSE n's)"),
         verdicts.direction([kl[n]["cell"] for n in budgets], what=f"{what} (KL of QKQV above KQV)")])
 
+
+def bias_sample(tab: dict, kl: dict[int, dict]) -> SampleSize:
+    """The sample size of :func:`bias_verdict`'s claim, the hardest of its four parts: (1) the MSE slope's 95%
+    t-interval over the keys for the slope D_mse(n) (:func:`kvstats.study.sample_plans.interval_sample`); (2) the TOST
+    within ±BIAS_REMOVED_MARGIN for a true slope 0, the sd ``se·√n`` read back from the 90% interval
+    (:func:`kvstats.study.sample_plans.tost_sample`); (3) the
+    paired Wilcoxon over keys of the mean squared errors for VARIANCE_EFFECT and (4) over trials of the KL for
+    KL_EFFECT, both at Holm's first step ALPHA/budgets."""
+    from kvstats.quant.codebooks import beta_codebook
+
+    budgets = sorted(b for m, b in tab if m == "turbo_mse")
+    alpha = ALPHA / len(budgets)
+    slope, removed, var_cells = [], [], []
+    for b in budgets:
+        mse, prod = tab["turbo_mse", b], tab["turbo_prod", b]
+        d_mse = beta_codebook(D, b).d_mse
+        slope.append(interval_sample((mse["slope_lo"], mse["slope_hi"]), mse["keys"], effect=d_mse,
+                                     effect_words=f"the slope −D_mse({b}) = {-d_mse:.4g} of TurboQuant's figure 1",
+                                     test=f"95% t-interval of the OLS slope over (query, key) cells (n = {b})",
+                                     unit="(query, key) cells", mde_of="slope"))
+        low, high = (v / abs(mse["slope"]) for v in prod["slope_90"])  # the TOST's 90% interval, in MSE n's slopes
+        removed.append(tost_sample((high - low) / (2 * scipy.stats.norm.isf(ALPHA)) * math.sqrt(prod["keys"]),
+                                   prod["keys"], margin=BIAS_REMOVED_MARGIN, alpha=ALPHA, unit="(query, key) cells",
+                                   effect_words=f"the margin ±{BIAS_REMOVED_MARGIN:.0%} of MSE n's slope with a "
+                                                "true slope 0"))
+        var_cells.append(PairedCell.from_differences(prod["ms_err"] - mse["ms_err"],
+                                                     abs(float(np.median(mse["ms_err"])))))
+    kl_cells = [PairedCell.from_differences(kl[b]["differences"], abs(kl[b]["median_kqv"])) for b in budgets]
+    return hardest([hardest(slope), hardest(removed),
+                    paired_sample(var_cells, effect=VARIANCE_EFFECT, alpha=alpha, unit="(query, key) cells",
+                                         effect_words=f"a {VARIANCE_EFFECT:.0%} higher mean squared logit error "
+                                                      "than MSE n bits'"),
+                    paired_sample(kl_cells, effect=KL_EFFECT, alpha=alpha, unit="trials",
+                                         effect_words=f"a {KL_EFFECT:.0%} higher median KL than KQV's")])
 
 def points_arrays(points, n: int) -> dict[str, np.ndarray]:
     """Per-trial arrays at budget n, trials aligned: σ̄² and KL of KQV and QKQV, and QKQV's Spearman(err², score)."""
@@ -253,6 +299,29 @@ def mechanism_verdict(by_budget: dict) -> verdicts.Verdict:
                            link(tests["cor"], "budgets (Spearman(err², score) > 0)")])
 
 
+def mechanism_sample(by_budget: dict) -> SampleSize:
+    """The sample size of :func:`mechanism_verdict`'s claim: per link paired Wilcoxon cells over the trials (one per
+    budget, Holm's first step ALPHA/budgets) — σ̄² QKQV − KQV for VARIANCE_EFFECT of KQV's median, the excess log
+    KL-ratio − log σ̄²-ratio for SUPERLINEAR_EFFECT, Spearman(err², score) for CORRELATION_EFFECT; the hardest link."""
+    alpha = ALPHA / len(by_budget)
+
+    def cells(diffs, scales=None):
+        scales = [1.0] * len(diffs) if scales is None else scales
+        return [PairedCell.from_differences(d, abs(float(sc))) for d, sc in zip(diffs, scales)]
+
+    arrs = list(by_budget.values())
+    amp = cells([a["sigma2_qkqv"] - a["sigma2_kqv"] for a in arrs], [np.median(a["sigma2_kqv"]) for a in arrs])
+    sup = cells([np.log(a["kl_qkqv"] / a["kl_kqv"]) - np.log(a["sigma2_qkqv"] / a["sigma2_kqv"]) for a in arrs])
+    cor = cells([a["rho_qkqv"] for a in arrs])
+    return hardest([
+        paired_sample(amp, effect=VARIANCE_EFFECT, alpha=alpha, unit="trials",
+                             effect_words=f"a {VARIANCE_EFFECT:.0%} higher σ̄² than KQV's"),
+        paired_sample(sup, effect=SUPERLINEAR_EFFECT, alpha=alpha, unit="trials", relative=False,
+                             effect_words=f"a KL ratio 10% above the σ̄² ratio (log 1.1 = {SUPERLINEAR_EFFECT:.3f})"),
+        paired_sample(cor, effect=CORRELATION_EFFECT, alpha=alpha, unit="trials", relative=False,
+                             test="Wilcoxon signed-rank test of Spearman(err², score) against 0",
+                             effect_words=f"a Spearman(err², score) of {CORRELATION_EFFECT:g}")])
+
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
     """The study's terms, generated from its configuration constants."""
     return {
@@ -300,6 +369,7 @@ class Analysis:
     bias: pd.DataFrame | None = None  # bias_cell's rows with a method column
     bias_stats: dict | None = None  # bias_table(bias): per (method, bits), read by the claim and the summary CSV
     kl_tests: dict | None = None  # KL(QKQV) vs KL(KQV) per budget over trials (kl_at_budgets)
+    mechanism_plan: SampleSize | None = None  # the mechanism verdict's sample size (mechanism_sample)
 
 
 def scheme_points(points: pd.DataFrame) -> pd.DataFrame:
@@ -326,9 +396,10 @@ def analyse(curves: pd.DataFrame, points: pd.DataFrame, cfg: dict, scale: str) -
     se = curves.groupby(["mode", "sigma2"])["kl_se"].apply(lambda x: float(np.sqrt((x**2).sum())) / len(x))
     inflation = inflation_verdict(list(SIGMA2), u["kl"].to_numpy(), se.loc["uniform"].to_numpy(),
                                   c["kl"].to_numpy(), se.loc["correlated"].to_numpy())
-    mech = mechanism_verdict({n: points_arrays(points, n) for n in BUDGETS})
+    by_budget = {n: points_arrays(points, n) for n in BUDGETS}
     return Analysis(cfg, scale, mean_curves, scheme_points(points), u, c, curves["inflation_max_rel_dev"],
-                    sigma4_coefficients(cfg["queries"]), inflation, mech)
+                    sigma4_coefficients(cfg["queries"]), inflation, mechanism_verdict(by_budget),
+                    mechanism_plan=mechanism_sample(by_budget))
 
 
 # --------------------------------------------------------------------------------------------- the figure
@@ -457,6 +528,7 @@ def schemes_claim(a: Analysis) -> Claim:
                      f"{pts['rho'].min():+.2f} to {pts['rho'].max():+.2f}."),
         data=data_text(a),
         verdict=a.mechanism,
+        sample=a.mechanism_plan,
         figure=f"{STUDY}.png",
         details=schemes_table(a))
 
@@ -489,6 +561,7 @@ def bias_claim(a: Analysis) -> Claim:
                      + "; ".join(at(b) for b in budgets) + "."),
         data=data_text(a) + f"; the per-key rows: trial 0, KV head 0, query head 0 ({N_Q} queries × {SEQ} keys)",
         verdict=bias_verdict(tab, kl),
+        sample=bias_sample(tab, kl),
         figure=None,
         details=("The bias of MSE n bits is E⟨q, k̂⟩ − ⟨q, k⟩ = −D_mse·⟨q, k⟩ over the rotation (TurboQuant, figure 1): "
                  "proportional to the logit, hence key-specific; QJL's residual correction is unbiased, and its "

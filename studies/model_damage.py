@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -50,6 +50,7 @@ from kvstats.study.models import (
     model_claim_id,
     per_model_claims,
 )
+from kvstats.study.sample_plans import PairedCell, hardest, interval_sample, paired_sample
 
 STUDY = "model_damage"
 # 3: unit seeds spawned from SeedSequence(seed) (evaluate); 2: pooled statistics by cluster BCa (no interval for
@@ -79,6 +80,10 @@ SIDE_FORMAT = "int_token"
 #: "minimal accuracy drop": a mean NLL increase below 0.05 nats per token (perplexity × 1.051), five times the
 #: end_to_end study's "quality-neutral" margin of 0.01
 MINIMAL_DROP = 0.05
+#: The value claim's effects of interest (issue 50): V-only next-token KL half K-only's ("insensitive, unlike the keys"
+#: is a difference in kind, not a few percent); and for its bound, the distance from an insensitive value cache's
+#: NLL increase (0) to the limit MINIMAL_DROP.
+VALUES_EFFECT = 0.5
 
 
 def _triple(r, prefix: str) -> dict[str, float]:
@@ -386,13 +391,14 @@ def values_claim(a: Analysis) -> Claim | None:
         return None
     docs = a.sides[a.sides["kind"] == "side_document"]
     summ = a.sides[a.sides["kind"] == "side_summary"].set_index(["part", "bits"])
-    cells, parts, means, cis = [], [], [], []
+    cells, parts, means, cis, paired = [], [], [], [], []
     budgets = sorted(int(b) for b in docs["bits"].unique())
     for b in budgets:
         k, v = (docs[(docs["part"] == side) & (docs["bits"] == b)].set_index("document")["out_kl"] for side in "KV")
         v = v.loc[k.index]
         w = wilcoxon(v.to_numpy(float), k.to_numpy(float))
         cells.append(verdicts.cell_direction(w.pvalue, w.effect_size, expected_sign=-1, alpha=0.05))
+        paired.append(PairedCell.from_differences(v.to_numpy(float) - k.to_numpy(float), abs(float(k.mean()))))
         sk, sv = summ.loc[("K", b)], summ.loc[("V", b)]
         means.append(float(sv["delta_nll_mean"]))
         cis.append((float(sv["delta_nll_low"]), float(sv["delta_nll_high"])))
@@ -416,7 +422,23 @@ def values_claim(a: Analysis) -> Claim | None:
         verdict=verdicts.combine([
             verdicts.direction(cells, what="budgets (V-only KL below K-only, paired over documents)"),
             verdicts.bound(means, cis, MINIMAL_DROP, what=f"budgets (V-only NLL increase ≤ {MINIMAL_DROP:g} nats)",
-                           n=n_docs, unit="documents")]))
+                           n=n_docs, unit="documents")]),
+        sample=values_sample(paired, cis, n_docs))
+
+
+def values_sample(paired: list[PairedCell], cis: list[tuple[float, float]], n_docs: int):
+    """The value claim's sample size, the hardest of its parts: the paired Wilcoxon cells (one per budget, α = 0.05
+    each: the verdict applies no correction) for V-only KL VALUES_EFFECT below K-only's, and each budget's bound on
+    the V-only NLL increase read from its CI over ``n_docs`` documents (distance MINIMAL_DROP)."""
+    direction = replace(paired_sample(paired, effect=VALUES_EFFECT, alpha=0.05, unit="documents",
+                                      effect_words=f"V-only next-token KL {VALUES_EFFECT:.0%} below K-only's"),
+                        mde_of="shift as a fraction of K-only's mean")
+    bounds = [interval_sample(ci, n_docs, effect=MINIMAL_DROP, unit="documents",
+                              test=f"95% CI over documents (studentized bootstrap) of the V-only NLL increase (bound "
+                                   f"rule, ≤ {MINIMAL_DROP:g} nats)",
+                              effect_words=f"an NLL increase of 0 against the limit {MINIMAL_DROP:g} nats",
+                              mde_of="distance below the limit its CI clears") for ci in cis]
+    return hardest([direction, *bounds])
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:

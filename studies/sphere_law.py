@@ -33,6 +33,7 @@ from kvstats.quant.sphere import coordinate_law, gaussian_limit_distance, goodne
 from kvstats.study import plots
 from kvstats.study.claims import Claim, listing  # noqa: E402
 from kvstats.study.paths import figure_path  # noqa: E402
+from kvstats.study.sample_plans import EXACT, hardest, ks_equivalence_sample  # noqa: E402
 from kvstats.study.sweep import grid  # noqa: E402
 
 STUDY = "sphere_law"
@@ -234,6 +235,9 @@ def gaussian_limit_claim(a: Analysis) -> Claim:
                      "(≈ 0.350/d); KL ≈ 3/(4d²)."),
         data=f"closed-form densities (quadrature); histograms of sampled coordinates ({a.scale} scale)",
         verdict=sphere_law_verdict(a.ks, n, dist[2].d, dist[2].total_variation),
+        sample=hardest([ks_equivalence_sample(n, margin=KS_MARGIN, alpha=ALPHA, unit="draws per d",
+                                              effect_words=f"the margin {KS_MARGIN:g} in Kolmogorov distance with the "
+                                                           "draws from f_d (true distance 0)"), EXACT]),
         figure="sphere_law_gaussian_distance.png")
 
 
@@ -249,7 +253,8 @@ def lloyd_max_claim(a: Analysis) -> Claim:
                      + f"; largest relative difference {100 * worst:.2f}%."),
         data="Newton-solved Lloyd–Max codebooks (kvstats.quant.codebooks.gaussian_codebook)",
         verdict=verdicts.identity([gauss[b] for b in MAX_1960_MSE], [MAX_1960_MSE[b] for b in MAX_1960_MSE],
-                                  rtol=RTOL_MAX, what="bit widths"))
+                                  rtol=RTOL_MAX, what="bit widths"),
+        sample=EXACT)
 
 
 def codebook_claim(a: Analysis) -> Claim:
@@ -268,6 +273,7 @@ def codebook_claim(a: Analysis) -> Claim:
                      f"limit: {100 * a.dmse_rows[2]['rel_diff_limit_vs_exact']:+.1f}% at b = 3."),
         data=f"exact codebooks, d = 2..{d_big}",
         verdict=codebook_verdict(large, glev, gap),
+        sample=EXACT,
         figure=f"{STUDY}_codebook_convergence.png")
 
 

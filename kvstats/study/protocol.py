@@ -34,9 +34,9 @@ from typing import Any
 
 import pandas as pd
 
+from kvstats.study.claims_files import write_claims, write_definitions
 from kvstats.study.fingerprint import function_fingerprint, study_fingerprint
 from kvstats.study.paths import use_tier
-from kvstats.study.claims_files import write_claims, write_definitions
 from kvstats.study.sweep import SCALES, Sweep, study_args
 
 __all__ = ["Study", "StudyRun", "Sweeps", "start"]

@@ -33,15 +33,18 @@ from kvstats.studies.budget_sweep.verdicts import (
     CROSSOVER_DISTINCTIVE,
     SUPERLINEAR_MARGIN,
     crossover_verdict,
+    direction_sample,
     energy_verdict,
     kqv_higher,
     kqv_lower,
+    ratio_sample,
     ratio_verdict,
+    superlinear_sample,
     superlinear_verdict,
 )
-from kvstats.study.claims import Claim, measurement
+from kvstats.study.claims import Claim, fmt_p, measurement
 from kvstats.study.models import model_claim_id
-from kvstats.study.report import fmt_p
+from kvstats.study.sample_plans import EXACT
 
 
 def published_triple(r: str = PAPER_R, n: int = PAPER_N) -> dict:
@@ -78,6 +81,21 @@ def _cells(pairs, metric, other, sketch=SKETCH, n=None, labels=None):
 
 def _pr(sel) -> list[tuple[float, float]]:
     return list(zip(sel["p_holm"], sel["rank_biserial"]))
+
+
+def _finding1_cells(pairs, sketch) -> pd.DataFrame:
+    """Finding 1's rows of the paired table: its metrics, KQV vs QKQV and vs KV, at n = 4."""
+    return pd.concat([_cells(pairs, m, other, sketch, 4) for m in FINDING1_METRICS for other in ("qkqv", "kv")])
+
+
+def _family(a: Analysis, sketch: str = SKETCH) -> int:
+    """The size of ``sketch``'s Holm family: its rows of the paired table."""
+    return int((a.pairs["sketch"] == sketch).sum())
+
+
+def _unit(a: Analysis) -> str:
+    """What a direction claim's n counts: trials, and windows where the real rows are among its cells."""
+    return "trials (windows on SmolLM2)" if a.n_windows else "trials"
 
 
 def _split(labels):
@@ -155,8 +173,7 @@ def per_model(a: Analysis, metric: str, other: str, sign: int, sketch: str = SKE
 
 
 def finding1_claim(a: Analysis, sketch: str) -> Claim:
-    cells = [c for m in FINDING1_METRICS for other in ("qkqv", "kv")
-             for c in _pr(_cells(a.pairs, m, other, sketch, 4))]
+    sel = _finding1_cells(a.pairs, sketch)
     parts = ", ".join(f"{m} vs {o.upper()} {per_model(a, m, o, -1, sketch, 4)}"
                       for m in FINDING1_METRICS for o in ("qkqv", "kv"))
     return Claim(
@@ -166,8 +183,9 @@ def finding1_claim(a: Analysis, sketch: str) -> Claim:
         source="D'Alberto, arXiv 2605.08114, abstract, finding (1)",
         measurement=measurement(f"{sketch_txt(sketch)}, n = 4, KQV significantly lower (cells for / cells): {parts}"),
         data=data_text(a),
-        verdict=kqv_lower(cells),
+        verdict=kqv_lower(_pr(sel)),
         figure=f"{STUDY}_n4.png",
+        sample=direction_sample(sel, _family(a, sketch), unit=_unit(a)),
         details=conventions(a) + " distance_6d: per trial ‖e/m‖ over the six 6D components (docs/metrics_error6d.md).")
 
 
@@ -186,6 +204,7 @@ def finding2_claim(a: Analysis, sketch: str) -> Claim:
         data=data_text(a),
         verdict=kqv_lower(_pr(sel)),
         figure=f"{STUDY}_kl.png",
+        sample=direction_sample(sel, _family(a, sketch), unit=_unit(a)),
         details=conventions(a))
 
 
@@ -203,6 +222,8 @@ def finding3_claim(a: Analysis) -> Claim:
     kd = a.cross[a.cross["metric"] == "k_direction"]
     cells = list(zip(kd["n"], kd["p_holm_k_direction"], kd["rank_biserial_kqv_minus_qkqv"]))
     better_q = {n: int((kd[kd["n"] == n]["better"] == "qkqv").sum()) for n in BUDGETS}
+    sel = _cells(a.pairs, "k_direction", "qkqv")  # the verdict's cells: crossover_table's rows at the distinctive n
+    sel = sel[sel["n"].isin(CROSSOVER_DISTINCTIVE) & ~sel["label"].str.endswith("(isotropic q)")]
     return Claim(
         id="dalberto-finding3-crossover",
         claim="Crossover: QKQV has better geometric K reconstruction at n ∈ {2, 3, 5}, KQV at n ∈ {4, 6}, "
@@ -215,6 +236,7 @@ def finding3_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=crossover_verdict(cells),
         figure=f"{STUDY}_crossover.png",
+        sample=direction_sample(sel, _family(a), unit=_unit(a)),
         details=crossover_markdown(kd, better_q) + "\n\nThe verdict counts the (data, n) cells at n ∈ "
                 f"{{{', '.join(map(str, CROSSOVER_DISTINCTIVE))}}}, where the paper has QKQV better: a cell is for the "
                 f"claim when the paired test of k_direction (Holm p < {ALPHA}) points to QKQV. At n ∈ {{4, 6}} the "
@@ -222,10 +244,15 @@ def finding3_claim(a: Analysis) -> Claim:
                 "figures/data/budget_sweep_crossover.csv.")
 
 
+def _gaussian(a: Analysis) -> list[str]:
+    """The gaussian data's labels (one per query model)."""
+    return [lab for lab in a.labels if lab.split(" (")[0] == "gaussian"]
+
+
 def _gaussian_ratios(a: Analysis, r4: pd.DataFrame) -> tuple[list[V.Verdict], list[str]]:
     """The number verdict and the measurement text of each gaussian query model's KL ratio at n = 4."""
     parts, texts = [], []
-    for lab in [lab for lab in a.labels if lab.split(" (")[0] == "gaussian"]:
+    for lab in _gaussian(a):
         row = r4.loc[lab]
         parts.append(ratio_verdict((row["ci_low"], row["ci_high"]), row["ratio"]))
         texts.append(f"{lab}{'' if lab.endswith(')') else ' (peaked q)'}: QKQV/KQV = {row['ratio']:.2f}× "
@@ -267,9 +294,15 @@ def kl_ratio_claim(a: Analysis, sketch: str) -> Claim:
         data=data_text(a),
         verdict=V.combine(parts) if len(parts) > 1 else parts[0],
         figure=f"{STUDY}_kl_ratio.png",
+        sample=ratio_sample(r4.loc[_gaussian(a)], unit="trials"),
         details=_ratio_details(r4, triple),
         discrepancy=(f"D'Alberto's {triple_text(triple)}."
                      if sketch == SKETCH and triple["p_normal"] >= PAPER_P else None))
+
+
+#: the 6D claim's cells are energy-distance permutation tests, which have no power formula to plan from
+ENERGY_SAMPLE = ("none planned: the energy-distance permutation test of two 6D clouds has no closed-form power, so no "
+                 "sample size follows from an effect of interest")
 
 
 def energy_claim(a: Analysis) -> Claim:
@@ -303,6 +336,7 @@ def energy_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=energy_verdict(en),
         figure=f"{STUDY}_n4.png",
+        sample=ENERGY_SAMPLE if len(open_cells) else None,  # None: not testable here
         details="Only a cell where no scalar separates the two schemes — neither attention KL (paired Wilcoxon over "
                 "trials, Holm within the paper sketch's tests) nor any one of the six 6D components (paired "
                 "Wilcoxon, Holm over the six) — can show the 6D error discriminating beyond scalar metrics; there "
@@ -330,6 +364,7 @@ def qjl_on_v_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=kqv_lower(_pr(sel)),
         figure=f"{STUDY}_n4.png",
+        sample=direction_sample(sel, _family(a), unit=_unit(a)),
         details=conventions(a) + f" The verdict uses output_error over {len(sel)} cells; V's error is shown beside "
                 f"it ({len(vsel)} cells).")
 
@@ -349,6 +384,7 @@ def top5_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=kqv_higher(_pr(sel)),
         figure=f"{STUDY}_top5.png",
+        sample=direction_sample(sel, _family(a), unit=_unit(a), relative=False),
         details=conventions(a) + " top-5 recall: share of the reference top-5 keys (ties broken by index) among "
                 "the scheme's top 5 (kvstats.metrics.topk_recall_from_scores).")
 
@@ -372,6 +408,7 @@ def superlinear_claim(a: Analysis) -> Claim:
         data=data_text(a),
         verdict=superlinear_verdict(tab),
         figure=None,
+        sample=superlinear_sample(tab),
         details=("| data | scheme | β [95% CI] | trials |\n|---|---|---|---|\n"
                  + "\n".join(f"| {r.label} | {r.scheme} | {r.slope:.2f} [{r.lo:.2f}, {r.hi:.2f}] | {r.trials} |"
                               for r in tab.itertuples())
@@ -451,6 +488,7 @@ def equal_budget_claim(a: Analysis) -> Claim:
         verdict=V.identity([b for *_, b in others], [kv[n, d] for n, d, _, _ in others], atol=1e-9,
                            what="(scheme, n, d) rows of KQV and QKQV (bits held equal to KV's)"),
         figure=None,
+        sample=EXACT,
         details="The budget n counts payload bits per element; the QJL stage of KQV's V and of QKQV's K and V keeps "
                 "one more norm per vector (float32 by default), 32/d bits per element each. Every comparison of "
                 "this study at \"the same n\" therefore gives KQV and QKQV these extra bits; the claims state "
@@ -496,7 +534,7 @@ def real_claims(a: Analysis, data: str) -> list[Claim]:
 def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
     model = REAL_DATA[data]
     name = SHIPPED_MODELS[model].name
-    f1 = [c for m in FINDING1_METRICS for other in ("qkqv", "kv") for c in _pr(_cells(a.pairs, m, other, sketch, 4))]
+    f1 = _finding1_cells(a.pairs, sketch)
     f1_text = ", ".join(f"{m} vs {o.upper()} {_count(_cells(a.pairs, m, o, sketch, 4), -1)}"
                         for m in FINDING1_METRICS for o in ("qkqv", "kv"))
     f2 = _cells(a.pairs, "attention_kl", "qkqv", sketch)
@@ -511,7 +549,8 @@ def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
                     f"attention, every layer tested){note}.",
               source="D'Alberto, arXiv 2605.08114, abstract, finding (1)",
               measurement=measurement(f"{name}, n = 4, KQV significantly lower (cells for / cells): {f1_text}"),
-              data=data_text_, verdict=kqv_lower(f1), figure=None),
+              data=data_text_, verdict=kqv_lower(_pr(f1)), figure=None,
+              sample=direction_sample(f1, _family(a, sketch), unit="windows")),
         Claim(id=model_claim_id("dalberto-finding2-qkqv-worse-kl-smollm2", model) + suffix,
               claim="QKQV is worse than KQV in KL at every budget (here: on one model's real attention, every "
                     f"layer tested){_sensitivity(sketch, ' at n = 4')}.",
@@ -519,7 +558,8 @@ def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
               measurement=measurement(f"{name}, n ∈ {sorted(set(f2['n']))}: KQV's KL significantly lower in "
                                       f"{_count(f2, -1)} (layer, n) cells",
                                       f"median KL ratio QKQV/KQV {r['ratio'].min():.2f}–{r['ratio'].max():.2f}×"),
-              data=data_text_, verdict=kqv_lower(_pr(f2)), figure=None),
+              data=data_text_, verdict=kqv_lower(_pr(f2)), figure=None,
+              sample=direction_sample(f2, _family(a, sketch), unit="windows")),
         Claim(id=model_claim_id("dalberto-kl-ratio-2.25-smollm2", model) + suffix,
               claim="At n = 4, KQV's KL is 2.25× lower than QKQV's (here: on one model's real attention, per "
                     f"layer){note}.",
@@ -528,5 +568,6 @@ def _real_claims(a: Analysis, data: str, sketch: str) -> list[Claim]:
                   f"{lab.split()[-1]}: {row.ratio:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
                   for lab, row in r4.set_index("label").iterrows()) + " (95% cluster BCa CIs: documents, then "
                   "windows)"),
-              data=data_text_, verdict=V.combine(ratios) if len(ratios) > 1 else ratios[0], figure=None),
+              data=data_text_, verdict=V.combine(ratios) if len(ratios) > 1 else ratios[0], figure=None,
+              sample=ratio_sample(r4, unit="windows")),
     ]

@@ -1,4 +1,5 @@
-"""The verdict rules of the claims (kvstats.measure.verdicts)."""
+"""The verdict rules of the claims (kvstats.measure.verdicts) and the sample sizes of their tests
+(kvstats.study.sample_plans, issue 50)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import pandas as pd
 
 from kvstats.measure import verdicts as V
 from kvstats.studies.budget_sweep.cells import ALPHA, CROSSOVER, PAPER_RATIO
+from kvstats.study.claims import SampleSize
+from kvstats.study.sample_plans import (
+    hardest,
+    interval_sample,
+    paired_cells,
+    paired_sample,
+)
 
 
 def kqv_lower(cells) -> V.Verdict:
@@ -75,3 +83,52 @@ def superlinear_verdict(tab: pd.DataFrame) -> V.Verdict:
     edge = 1 + SUPERLINEAR_MARGIN
     cells = [1 if r.lo > edge else -1 if r.hi < edge else 0 for r in tab.itertuples()]
     return V.direction(cells, what=f"(data, scheme) cells (slope of log KL on log direction error above {edge:g})")
+
+
+# ------------------------------------------------------------------------------------ sample sizes (issue 50)
+
+#: the direction claims' effect of interest, relative to the other scheme's median: a gap under a tenth of it is too
+#: small to call one scheme the winner (the paper's own gap, KL at n = 4, is 2.25×: KQV 56% lower)
+RELATIVE_EFFECT = 0.10
+#: top-5 recall's, absolute: one of the five reference tokens lost in every fourth query
+TOP5_EFFECT = 0.05
+#: the 2.25× claim's number rule: the distance at stake between the published ratio and no difference (1×)
+RATIO_EFFECT = float(PAPER_RATIO) - 1.0
+
+
+def direction_sample(cells: pd.DataFrame, family: int, *, unit: str, relative: bool = True) -> SampleSize:
+    """The sample size of a direction claim over rows of the paired table (``cells``: paired Wilcoxon tests, Holm
+    over a family of ``family`` tests): :func:`kvstats.study.sample_plans.paired_sample` at Holm's first step
+    ALPHA/family, rank-based on each cell's Hodges–Lehmann standard error, for a shift of RELATIVE_EFFECT × the other
+    scheme's median (``relative``) or of TOP5_EFFECT."""
+    words = (f"a shift of {RELATIVE_EFFECT:.0%} of the other scheme's median" if relative
+             else f"a shift of {TOP5_EFFECT:g} in top-5 recall")
+    return paired_sample(paired_cells(cells, scale="median_b" if relative else None),
+                         effect=RELATIVE_EFFECT if relative else TOP5_EFFECT, effect_words=words,
+                         alpha=ALPHA / family, unit=unit, relative=relative)
+
+
+def ratio_sample(rows: pd.DataFrame, unit: str) -> SampleSize:
+    """The sample size of the 2.25× claim: per row of the ratio table (its 95% bootstrap CI of median KL(QKQV) /
+    median KL(KQV) over ``n_trials``) :func:`kvstats.study.sample_plans.interval_sample` for the distance
+    RATIO_EFFECT; the hardest row."""
+    return hardest([interval_sample((r.ci_low, r.ci_high), int(r.n_trials), effect=RATIO_EFFECT,
+                                    effect_words=f"the distance {RATIO_EFFECT:g} between the published {PAPER_RATIO}× "
+                                                 "and no difference (1×)",
+                                    test=f"number rule on the 95% BCa {r.ci_method.split(' (')[0]} CI of the ratio of "
+                                         "medians",
+                                    unit=unit, mde_of="ratio's distance from 1")
+                    for r in rows.itertuples()])
+
+
+def superlinear_sample(tab: pd.DataFrame) -> SampleSize:
+    """The sample size of the super-linear claim: per (data, scheme) cell its slope's 95% bootstrap CI over
+    ``trials`` against 1 + SUPERLINEAR_MARGIN (:func:`kvstats.study.sample_plans.interval_sample` for the distance
+    SUPERLINEAR_MARGIN: the quadratic baseline β = 1 below the edge, β = 1.2 above it); the hardest cell."""
+    edge = 1 + SUPERLINEAR_MARGIN
+    return hardest([interval_sample((r.lo, r.hi), int(r.trials), effect=SUPERLINEAR_MARGIN,
+                                    effect_words=f"a slope {SUPERLINEAR_MARGIN:g} from the edge {edge:g} (the "
+                                                 "quadratic baseline β = 1)",
+                                    test=f"95% BCa bootstrap CI of the slope β against {edge:g}",
+                                    unit="trials (windows on real data)", mde_of="distance of β from the edge")
+                    for r in tab.itertuples()])

@@ -14,7 +14,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
-from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, spearman, wilcoxon
+from kvstats.measure.stats import cluster_bootstrap_ci, detectable_shift, signed_rank_shift_se, spearman, wilcoxon
 from kvstats.measure.verdicts import Verdict, cell_direction, direction, number
 from kvstats.studies.end_to_end import cells
 from kvstats.studies.end_to_end.cells import DOCUMENTS, SCALE, STUDY, _segments
@@ -83,7 +83,9 @@ def paired_tests(segs: pd.DataFrame, pairs, metrics=("out_kl", "d_nll", "attn_kl
     """Wilcoxon signed-rank over segments (paired: every scheme sees the same segments) of a − b, per n, for the
     (a, b) scheme pairs present at that n: matched-pairs rank-biserial r (positive: a larger). The rows returned
     are one claim's family: ``p_holm`` is Holm over them, and ``mde`` (the mean difference detectable with 80%
-    power) is at α/m, m the family's size."""
+    power) is at α/m, m the family's size; ``sd_difference`` and ``shift_se`` are the sd of the paired differences and
+    the standard error of their Hodges–Lehmann shift (:func:`kvstats.measure.stats.signed_rank_shift_se`, what a
+    claim's sample size is planned on)."""
     rows, differences = [], []
     sel = segs[segs["window"] == window]
     for n in sorted(sel["n"].unique()):
@@ -97,9 +99,12 @@ def paired_tests(segs: pd.DataFrame, pairs, metrics=("out_kl", "d_nll", "attn_kl
                 x, y = ga[m].mean().align(gb[m].mean(), join="inner")
                 w = wilcoxon(x.to_numpy(), y.to_numpy(), n_resamples=resamples,
                              seed=cell_seed(STUDY, "wilcoxon", n, a, b, m))
-                differences.append(x.to_numpy() - y.to_numpy())
+                d = x.to_numpy() - y.to_numpy()
+                differences.append(d)
                 rows.append({"n": int(n), "a": a, "b": b, "metric": m, "segments": len(x), "mean_a": float(x.mean()),
-                             "mean_b": float(y.mean()), "r": w.rank_biserial, "p": w.pvalue,
+                             "mean_b": float(y.mean()), "sd_difference": float(np.std(d, ddof=1)) if len(d) > 1
+                             else math.nan, "shift_se": signed_rank_shift_se(d) if len(d) > 1 else math.nan,
+                             "r": w.rank_biserial, "p": w.pvalue,
                              "p_method": w.pvalue_method, "a_lower_fraction": float((x < y).mean())})
     out = pd.DataFrame(rows)
     if out.empty:

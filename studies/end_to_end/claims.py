@@ -4,7 +4,9 @@ terms."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
@@ -24,11 +26,29 @@ from kvstats.studies.end_to_end.analysis import (
     ratio_verdict,
 )
 from kvstats.studies.end_to_end.cells import DOCUMENTS, HEAD_DIM, QJL_CACHE, QJL_ROWS, STUDY
-from kvstats.study.claims import Claim
+from kvstats.study.claims import Claim, SampleSize, fmt_p
 from kvstats.study.models import model_claim_id, per_model_claims
-from kvstats.study.report import fmt_p
+from kvstats.study.sample_plans import interval_sample, paired_cells, paired_sample, tost_sample
 
 NOVA_BITS = 2  # NOVA-KV's claim is about the model's output at 2 bits per element
+
+#: The effects of interest of the direction claims (issue 50), each a fraction of the reference scheme's mean over
+#: segments (b of a − b). QKQV against KQV: 10%, the smallest gap that still ranks two schemes for a deployment
+#: (D'Alberto's own gap at n = 4 is 125%: KQV's KL 2.25× lower).
+QKQV_EFFECT = 0.10
+#: NOVA-KV against each scalar method: "recovers most of what scalar methods lose" is at least half the damage.
+NOVA_EFFECT = 0.50
+#: QJL's cache against KIVI-style min-max: "scores best among the quantized caches", the same 10% ranking gap.
+QJL_EFFECT = 0.10
+
+
+def direction_sample(tst: pd.DataFrame, effect: float, words: str) -> SampleSize:
+    """The sample size of a direction claim over :func:`paired_tests`' rows: each row a paired Wilcoxon cell at
+    α/m (Holm's first step, m the claim's tests) with the spread of its differences (``shift_se``), the effect of
+    interest ``effect``·|mean of b| (:func:`kvstats.study.sample_plans.paired_sample`)."""
+    cells = paired_cells(tst.rename(columns={"segments": "n_pairs"}), scale="mean_b")
+    sample = paired_sample(cells, effect=effect, effect_words=words, alpha=ALPHA / len(tst), unit="segments")
+    return replace(sample, mde_of="shift as a fraction of the reference scheme's mean")
 
 
 def _mde(r) -> str:
@@ -132,6 +152,7 @@ def qkqv_claim(a: Analysis) -> Claim:
         measurement=(f"{a.model_name}: QKQV − KQV per segment, next-token KL and attention KL at n = {a.budgets}: "
                      f"{v_dq.reason}."),
         verdict=v_dq,
+        sample=direction_sample(dq, QKQV_EFFECT, f"QKQV's mean KL {QKQV_EFFECT:.0%} above KQV's"),
         details=(table + "\n\nRatios of means over segments, paired cluster BCa bootstrap (documents, then "
                  "segments).\n\n"
                  + TEST_HEADER + _test_lines(dq) + "\n\n" + a.unit
@@ -151,6 +172,10 @@ def ratio_claim(a: Analysis) -> Claim | None:
                      f"{r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] (paired cluster BCa over {a.n_docs} documents, "
                      f"then their {a.n_seg} segments)"),
         verdict=v4,
+        sample=interval_sample(r4[1:], a.n_seg, effect=float(PAPER_RATIO_N4) - 1.0, unit="segments",
+                               effect_words=f"the published ratio's distance from no difference, {PAPER_RATIO_N4} − 1",
+                               test="paired cluster BCa bootstrap CI of QKQV/KQV (number rule)",
+                               mde_of="distance of the ratio from 1 its CI clears"),
         discrepancy=(None if v4.verdict == "reproduced" else
                      f"QKQV/KQV attention KL at n = 4 is {r4[0]:.2f} [{r4[1]:.2f}, {r4[2]:.2f}] on {a.model_name}'s "
                      f"attention, against the published {PAPER_RATIO_N4} on the paper's data."),
@@ -176,6 +201,7 @@ def nova_claim(a: Analysis) -> Claim | None:
         measurement=(f"{a.model_name}: best baseline on next-token KL: {best['b']} ({best['mean_b']:.3g} vs NOVA-KV's "
                      f"{best['mean_a']:.3g} nats, r = {best['r']:+.2f}, {fmt_p(best['p'])}); {v_nova.reason}."),
         verdict=v_nova,
+        sample=direction_sample(nt, NOVA_EFFECT, f"NOVA-KV's mean damage {NOVA_EFFECT:.0%} below each baseline's"),
         details=TEST_HEADER + _test_lines(nt) + "\n\n" + a.unit + " d_nll: mean NLL of the true next token "
                 "minus the exact model's.")
 
@@ -219,6 +245,7 @@ def qjl_cache_claim(a: Analysis) -> Claim | None:
                      + (f"; the best same-budget scheme on next-token KL is {best['b']} ({best['mean_b']:.3g} vs "
                         f"QJL's {best['mean_a']:.3g} nats)" if best is not None else "") + "."),
         verdict=verdict,
+        sample=direction_sample(kivi, QJL_EFFECT, f"QJL's mean damage {QJL_EFFECT:.0%} below KIVI-style min-max's"),
         discrepancy=(None if verdict.verdict == "reproduced" else
                      f"QJL's cache (keys m = {budgets[0]}·d sign bits with the outlier split, values per token) is "
                      f"not better than KIVI-style min-max at n = {budgets[0]} on {a.model_name} (d = "
@@ -335,7 +362,10 @@ def neutral_claim(a: Analysis) -> Claim | None:
                      f"{r.effect_size:+.4f} nats/token, 90% CI [{r.confidence_interval.low:+.4f}, "
                      f"{r.confidence_interval.high:+.4f}] (TOST, α = 0.05 each side: {fmt_p(r.pvalue)}). Segments "
                      f"share {a.n_docs} documents: the t interval treats them as independent."),
-        verdict=v)
+        verdict=v,
+        sample=replace(tost_sample(float(np.std(x.to_numpy() - y.to_numpy(), ddof=1)), r.n, margin=NEUTRAL_MARGIN,
+                                   effect_words=f"no true difference, within the margin δ = {NEUTRAL_MARGIN:g} nats",
+                                   unit="segments"), test="paired TOST over segments, α = 0.05 each side"))
 
 
 def top1_claim(a: Analysis) -> Claim | None:

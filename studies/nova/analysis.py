@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from kvstats.hf.models import SHIPPED_MODELS, SMOLLM2
-from kvstats.measure.stats import detectable_shift, mann_whitney, wilcoxon
+from kvstats.measure.stats import detectable_shift, mann_whitney, signed_rank_shift_se, wilcoxon
 from kvstats.quant.quantizers.nova import (
     DEFAULT_AMORTIZE_TOKENS,
     RotatedMinMax,
@@ -48,7 +48,8 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
 
     ``w_*``: Wilcoxon signed-rank over (layer, KV head) units paired across schemes (:func:`kv_units`;
     matched-pairs rank-biserial r of nova − other: negative = nova smaller), Holm over the table: the test the
-    verdicts use; ``sd_difference`` the sd of its paired differences (the spread its sample size is planned on).
+    verdicts use; ``sd_difference`` the sd of its paired differences and ``shift_se`` their Hodges–Lehmann shift's
+    standard error (the spread its sample size is planned on).
     ``rank_biserial``, ``p``: Mann–Whitney over (layer, query head) units (the figure's r).
     """
     from statsmodels.stats.multitest import multipletests
@@ -77,7 +78,7 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
                              "rank_biserial": res.rank_biserial, "r_z": res.r_z, "p": res.pvalue,
                              "p_method": res.pvalue_method, "nova_better_fraction": float(win.mean()),
                              "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                             "sd_difference": _sd(kdiff), "_diffs": kdiff})
+                             **_spread(kdiff), "_diffs": kdiff})
     out = pd.DataFrame(rows)
     out["p_holm"] = multipletests(out["p"].to_numpy(), method="holm")[1]
     out["w_p_holm"] = multipletests(out["w_p"].to_numpy(), method="holm")[1]
@@ -85,9 +86,13 @@ def tests(units: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _sd(differences: np.ndarray) -> float:
-    """The sd of a test's paired differences (ddof 1; nan under 2 pairs): the spread its sample size is planned on."""
-    return float(np.std(differences, ddof=1)) if differences.size >= 2 else math.nan
+def _spread(differences: np.ndarray) -> dict[str, float]:
+    """A test's paired differences' sd (ddof 1) and their Hodges–Lehmann shift's standard error
+    (:func:`kvstats.measure.stats.signed_rank_shift_se`: the spread its sample size is planned on); nan under 2
+    pairs."""
+    if differences.size < 2:
+        return {"sd_difference": math.nan, "shift_se": math.nan}
+    return {"sd_difference": float(np.std(differences, ddof=1)), "shift_se": signed_rank_shift_se(differences)}
 
 
 def _detectable(differences: np.ndarray, family: int) -> float:
@@ -109,7 +114,7 @@ def grouping_tests(grp: pd.DataFrame) -> pd.DataFrame:
             rows.append({"n": int(n), "metric": metric, "units": len(a), "median_stratified": float(np.median(a)),
                          "median_contiguous": float(np.median(b)), "stratified_lower_fraction": float((a < b).mean()),
                          "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                         "sd_difference": _sd(a - b), "w_detectable_shift": _detectable(a - b, 1),
+                         **_spread(a - b), "w_detectable_shift": _detectable(a - b, 1),
                          "logvol_spread_stratified": float(g["logvol_spread_stratified"].median()),
                          "logvol_spread_contiguous": float(g["logvol_spread_contiguous"].median())})
     return pd.DataFrame(rows)
@@ -141,7 +146,7 @@ def ablation_tests(abl: pd.DataFrame) -> pd.DataFrame:
                                  "median_a": float(a.median()), "median_b": float(b.median()),
                                  "a_better_fraction": float(((diff < 0) if sign < 0 else (diff > 0)).mean()),
                                  "w_r": w.rank_biserial, "w_p": w.pvalue, "w_p_method": w.pvalue_method,
-                                 "sd_difference": _sd(diff), "_diffs": diff})
+                                 **_spread(diff), "_diffs": diff})
         fam = pd.DataFrame(rows)
         fam["p_holm"] = multipletests(fam["w_p"].to_numpy(), method="holm")[1]
         fam["w_detectable_shift"] = [_detectable(d, len(fam)) for d in fam.pop("_diffs")]

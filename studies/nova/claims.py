@@ -87,7 +87,7 @@ def paired_plan(rows: pd.DataFrame, *, n_col: str, ref_col: str, alpha: float, w
     (:func:`kvstats.study.sample_plans.paired_sample`); the claim's the hardest cell's. ``what``: the errors in
     words."""
     rows = rows[rows[n_col] >= 2]
-    cells = [PairedCell(int(r[n_col]), float(r["sd_difference"]), _error(r["metric"], r[ref_col]))
+    cells = [PairedCell(int(r[n_col]), float(r["sd_difference"]), _error(r["metric"], r[ref_col]), float(r["shift_se"]))
              for r in rows.to_dict("records")]
     cells = [c for c in cells if c.scale > 0]  # a reference without error (recall 1) leaves nothing to improve on
     if not cells:
@@ -291,10 +291,10 @@ def spectrum_claim(a: Analysis) -> Claim | None:
     equal = bound(list(rot), [(x, x) for x in rot], EQUALIZED_FACTOR * uniform,
                   what=f"(layer, KV head) units (rotated top-8 share ≤ {EQUALIZED_FACTOR:g} × 8/d)")
     shift = COMPACTION_SHARES * uniform
-    compact_n = paired_sample([PairedCell(len(rot), float(np.std(klt - rot, ddof=1)))], effect=shift, alpha=ALPHA,
-                                relative=False, unit=UNIT, effect_words=f"T's top-8 share {shift:.3g} above the "
-                                f"rotation's (({EQUALIZED_FACTOR:g} − 1)·8/d: what the bound lets a rotation exceed "
-                                "equal shares by)")
+    compact_n = paired_sample([PairedCell.from_differences(np.asarray(klt) - np.asarray(rot))], effect=shift,
+                              alpha=ALPHA, relative=False, unit=UNIT,
+                              effect_words=f"T's top-8 share {shift:.3g} above the rotation's (({EQUALIZED_FACTOR:g} − "
+                                           "1)·8/d: what the bound lets a rotation exceed equal shares by)")
     # the bound's shares are exact per unit (one seeded rotation each): the Wilcoxon part is the one that samples
     return Claim(
         id=model_claim_id("nova-rotations-equalize", a.model),

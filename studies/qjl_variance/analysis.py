@@ -52,14 +52,15 @@ def error_summary(errs: pd.DataFrame) -> pd.DataFrame:
 
 def jl_comparison(jl: pd.DataFrame) -> pd.DataFrame:
     """Per cos: mean squared error of QJL and of unquantized JL over the sketches, the paired t-test of the
-    per-sketch difference (QJL − JL; the sketches are independent), the ratio of means and its closed form
-    ((π/2) − c²)/(1 + c²) (Gaussian rows, docs/references.md §4)."""
+    per-sketch difference (QJL − JL; the sketches are independent; its mean and sd), the ratio of means and its
+    closed form ((π/2) − c²)/(1 + c²) (Gaussian rows, docs/references.md §4)."""
     rows = []
     for (m, cos), g in jl.groupby(["m", "cos"]):
         diff = (g["mse_qjl"] - g["mse_jl"]).to_numpy()
         rows.append({"m": int(m), "cos": float(cos), "sketches": len(g), "var_qjl": float(g["mse_qjl"].mean()),
                      "var_jl": float(g["mse_jl"].mean()), "ratio": float(g["mse_qjl"].mean() / g["mse_jl"].mean()),
                      "ratio_closed_form": (math.pi / 2 - cos**2) / (1 + cos**2), "mean_diff": float(diff.mean()),
+                     "sd_diff": float(diff.std(ddof=1)),
                      "p": float(scipy.stats.ttest_1samp(diff, 0.0).pvalue)})
     return pd.DataFrame(rows)
 

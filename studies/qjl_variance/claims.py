@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
 
 from kvstats.measure import verdicts
 from kvstats.measure.inference import spherical_abs_moment
@@ -36,22 +35,32 @@ from kvstats.studies.qjl_variance.cells import (
 )
 from kvstats.studies.qjl_variance.verdicts import (
     SCALE_MARGIN,
+    SQRT_PI_2_EFFECT,
     TURBO_MARGIN,
     UNBIASED_MARGIN,
     VARIANCE_RTOL,
     bits_verdict,
+    equivalent_sample,
     equivalent_to,
+    jl_sample,
     jl_verdict,
+    lemma35_expected,
     needed_m_log_ratio,
+    orthogonal_sample,
     orthogonal_verdict,
+    outlier_sample,
     outlier_verdict,
+    scaling_sample,
     scaling_verdict,
+    scores_sample,
     scores_verdict,
+    spiky_sample,
     spiky_verdict,
+    tail_sample,
     tail_verdict,
 )
-from kvstats.study.claims import Claim, listing, measurement
-from kvstats.study.report import fmt_p
+from kvstats.study.claims import Claim, fmt_p, listing, measurement
+from kvstats.study.sample_plans import EXACT, interval_sample
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
@@ -73,7 +82,8 @@ def definitions(cfg: dict, scale: str) -> dict[str, str]:
                                    f"{cfg['theorem_trials']} sketches (0 failures decide 'at most 1/n' from "
                                    f"{math.ceil(-math.log(0.025) * THEOREM_36['n'])}); Clopper–Pearson intervals; "
                                    f"the scaling over n ∈ {THEOREM_36_SCALING['keys']} and d ∈ "
-                                   f"{THEOREM_36_SCALING['d']} by the needed sketch size m* = m·median(largest "
+                                   f"{THEOREM_36_SCALING['d']} ({cfg['scaling_trials']} sketches per cell) by the "
+                                   f"needed sketch size m* = m·median(largest "
                                    f"|ŝ/s − 1|)² (deviation ∝ 1/√m), equivalence within a factor {SCALING_MARGIN:g}",
         "outlier sketch": f"kvstats.data.synthetic.generate('gaussian', outlier_channels="
                           f"{OUTLIER_DATA['outlier_channels']}, outlier_scale ∈ {OUTLIER_SCALES}), {OUTLIER_KEYS} "
@@ -107,7 +117,9 @@ def unbiased_claim(a: Analysis) -> Claim:
         data=a.data_txt,
         verdict=equivalent_to(unb["bias"], 0.0, unb["bias_lo"], unb["bias_hi"], unb["sketches"], UNBIASED_MARGIN,
                               what="(rows, m, cos) settings (bias, units of ‖q‖‖k‖)"),
-        figure=f"{STUDY}.png")
+        figure=f"{STUDY}.png",
+        sample=equivalent_sample(0.0, unb["bias_lo"], unb["bias_hi"], unb["sketches"], UNBIASED_MARGIN,
+                                 effect_words=f"the margin ±{UNBIASED_MARGIN:g}·‖q‖‖k‖ with a true bias 0"))
 
 
 def closed_form_claim(a: Analysis) -> Claim:
@@ -132,7 +144,10 @@ def closed_form_claim(a: Analysis) -> Claim:
         verdict=equivalent_to(g["var"], g["qjl_closed_form"], g["var_lo"], g["var_hi"], g["sketches"],
                               VARIANCE_RTOL, relative=True, what="(m, cos) points (Var / closed form − 1)"),
         figure=f"{STUDY}.png",
-        details=var_md)
+        details=var_md,
+        sample=equivalent_sample(g["qjl_closed_form"], g["var_lo"], g["var_hi"], g["sketches"], VARIANCE_RTOL,
+                                 relative=True, effect_words=f"the margin ±{VARIANCE_RTOL:.0%} on Var / closed form "
+                                                             "− 1 with a true ratio 1"))
 
 
 def orthogonal_claim(a: Analysis) -> Claim:
@@ -146,7 +161,8 @@ def orthogonal_claim(a: Analysis) -> Claim:
                      + f" (cos = {COS_AT_M})."),
         data=a.data_txt,
         verdict=orthogonal_verdict(a.g, a.o),
-        figure=f"{STUDY}.png")
+        figure=f"{STUDY}.png",
+        sample=orthogonal_sample(a.g, a.o))
 
 
 def scale_factor_claim(a: Analysis) -> Claim:
@@ -170,6 +186,9 @@ def scale_factor_claim(a: Analysis) -> Claim:
         verdict=equivalent_to([rg[0], rex[0]], [predicted, 1.0], [rg[1], rex[1]], [rg[2], rex[2]],
                               int(ratio_g["sketches"]), SCALE_MARGIN,
                               what="constants (√(π/2): the predicted factor; exact: 1)"),
+        sample=equivalent_sample([predicted, 1.0], [rg[1], rex[1]], [rg[2], rex[2]], int(ratio_g["sketches"]),
+                                 SCALE_MARGIN, effect_words=f"the margin ±{SCALE_MARGIN:g} on E[Prod]/⟨q, k⟩ with the "
+                                                            "true factor the predicted one"),
         details=(f"Predicted E[Prod]/⟨q, k⟩ with √(π/2) on spherical rows: {predicted:.5f}, a "
                  f"bias of {100 * (predicted - 1):+.2f}% of ⟨q, k⟩; the 95% CI "
                  f"half-width at this scale is {100 * (rg[2] - rg[1]) / 2:.2f}%. Mean error with the exact "
@@ -203,7 +222,12 @@ def turboquant_claim(a: Analysis) -> Claim:
                           TURBO_MARGIN, what="turbo_mse b (mean error − predicted)"),
             equivalent_to(prod_t["mean"], 0.0, prod_t["ci_low"], prod_t["ci_high"], n, TURBO_MARGIN,
                           what="turbo_prod b (mean error)")]),
-        figure=f"{STUDY}_errors.png")
+        figure=f"{STUDY}_errors.png",
+        sample=equivalent_sample(np.r_[mse_t["predicted_bias"], np.zeros(len(prod_t))],
+                                 np.r_[mse_t["ci_low"], prod_t["ci_low"]], np.r_[mse_t["ci_high"], prod_t["ci_high"]],
+                                 n, TURBO_MARGIN, unit="vectors",
+                                 effect_words=f"the margin ±{TURBO_MARGIN:g} on the mean error − its prediction with "
+                                              "a true difference 0"))
 
 
 def eq3_claim(a: Analysis) -> Claim:
@@ -220,6 +244,7 @@ def eq3_claim(a: Analysis) -> Claim:
                      + f"; largest 95% CI half-width {half:.4f}."),
         data=f"d = {D}, m = d, {a.cfg['spiky_sketches']} sketches × {SPIKY_PAIRS} vectors per k ({a.scale} scale)",
         verdict=spiky_verdict(a.spiky[a.spiky["rows"] == "srht"]),
+        sample=spiky_sample(a.spiky[a.spiky["rows"] == "srht"]),
         details="Gaussian rows (TurboQuant's sketch) as the sensitivity row: the same rule gives "
                 + spiky_verdict(a.spiky[a.spiky["rows"] == "gaussian"]).verdict + ".",
         discrepancy=(f"D'Alberto's eq. (3) with the Hadamard sketch is not unbiased for spiky r: "
@@ -260,6 +285,11 @@ def sqrt_pi_2_claim(a: Analysis, rows: str = SQRT_PI_2_SKETCH) -> Claim:
                      f"π/2 = {math.pi / 2:.3f}."),
         data=a.data_txt,
         verdict=verdicts.number(math.pi / 2, amp[1:], null=null, expected_sign=1, estimate=amp[0]),
+        sample=interval_sample(amp[1:], int(g0["sketches"]), effect=SQRT_PI_2_EFFECT, unit="sketches",
+                               effect_words=f"Var·m π/2 against the unquantized JL value 1 (π/2 − 1 = "
+                                            f"{SQRT_PI_2_EFFECT:.3f})",
+                               test="number rule on the 95% t-interval over sketches (Var·m)",
+                               mde_of="Var·m difference"),
         figure=f"{STUDY}.png",
         details="The 2π statement (§3.3) is verdicted in turboquant_distortion (dalberto-2pi-variance).",
         discrepancy=(f"With D'Alberto's Hadamard sketch at m = d the unquantized estimate is exact, and the sign step "
@@ -282,9 +312,10 @@ def lemma35_claim(a: Analysis) -> Claim:
         data=f"unit q, k uniform, d = {D}, Gaussian rows, {a.cfg['tail_trials']} sketches × {TAIL_PAIRS} pairs "
              "(CIs over the sketches)",
         verdict=verdict,
+        sample=tail_sample(rows),
         details="The Gaussian approximation of the error, N(0, ((π/2) − cos²)/m), gives tails "
-                + ", ".join(f"{2 * scipy.stats.norm.sf(r['eps'] / math.sqrt(math.pi / 2 / r['m'])):.4f}"
-                            for r in rows) + " at cos = 0 for the same (ε, δ, m).",
+                + ", ".join(f"{lemma35_expected(r['eps'], r['m']):.4f}" for r in rows)
+                + " at cos = 0 for the same (ε, δ, m).",
         discrepancy=("QJL's Lemma 3.5 sketch size does not keep the tail below δ: " + "; ".join(
             f"ε = {r['eps']:g}, δ = {r['delta']:g}, m = {r['m']}: measured {r['hits'] / r['n']:.4f}"
             for r in rows if r["hits"] / r["n"] > r["delta"]) + "."
@@ -310,6 +341,7 @@ def jl_claim(a: Analysis) -> Claim:
         data=f"unit pairs with fixed cos∠(q, k), d = {D}, m = {M_AT_COS}, Gaussian rows, {a.cfg['sketches']} "
              f"sketches × {a.cfg['pairs']} pairs per cos, both estimators on the same sketch and pairs",
         verdict=verdict,
+        sample=jl_sample(t.to_dict("records")),
         details=("| cos | Var·m QJL | Var·m JL | ratio | closed form ((π/2) − c²)/(1 + c²) | paired t-test p |\n"
                  "|---|---|---|---|---|---|\n" + lines + "\n\nThe paper's comparison is of the tail-bound "
                  "constants (Lemma 3.5's m ≥ (4/3)(1+ε)ε⁻² log(2/δ) against the JL lemma's); measured here is the "
@@ -330,7 +362,8 @@ def theorem36_claim(a: Analysis) -> Claim:
                                   f"{r['median_dev']:.3f}) vs 3ε = {3 * r['eps']:g}" for r in rows)),
         data=f"r = {THEOREM_36['r']:g}, n = {THEOREM_36['n']} keys, d = {D}, Gaussian rows, "
              f"{a.cfg['theorem_trials']} sketches",
-        verdict=scores_verdict(rows))
+        verdict=scores_verdict(rows),
+        sample=scores_sample(rows))
 
 
 def theorem36_scaling_claim(a: Analysis) -> Claim:
@@ -363,8 +396,9 @@ def theorem36_scaling_claim(a: Analysis) -> Claim:
                      + "; ".join(f"n = {int(n)}: " + ", ".join(f"{v:.3f}" for v in by_d.loc[n]) for n in by_d.index)
                      + "."),
         data=f"r = {THEOREM_36['r']:g}, unit q and keys uniform on the sphere, Gaussian rows, "
-             f"{a.cfg['theorem_trials']} sketches per (n, d)",
+             f"{a.cfg['scaling_trials']} sketches per (n, d)",
         verdict=scaling_verdict(rows),
+        sample=scaling_sample(rows),
         details=(f"Equivalence rule within a factor {SCALING_MARGIN:g} (90% percentile bootstrap intervals over the "
                  "sketches, TOST at 0.05) on the ratios of m* = m·median(largest |ŝ/s − 1|)², the sketch size at which "
                  "the median deviation reaches a fixed target when the deviation scales as 1/√m. Extrapolation check: "
@@ -392,6 +426,7 @@ def outlier_claim(a: Analysis) -> Claim:
                                 f"{outl['bits_split'].iloc[0]:.3f} (split: one more norm)"),
         data=f"synthetic keys, {c} outlier channels, d = {D}, {a.cfg['outlier_reps']} replicates ({a.scale} scale)",
         verdict=outlier_verdict(by_scale),
+        sample=outlier_sample(by_scale),
         details=(f"Equal sign-bit budget: the split gives 8 rows per outlier channel ({8 * c} rows) and "
                  f"{OUTLIER_M_TOTAL - 8 * c} to the inliers; the result "
                  "depends on this allocation and on the queries (peaked queries aimed at keys share their "
@@ -430,4 +465,5 @@ def bits_claim(a: Analysis) -> Claim:
                      f"({bits['split_ratio']:.2f}×); side information {bits['plain_side']:g} bits."),
         data="bit accounting (no sampling)",
         verdict=bits_verdict(bits),
+        sample=EXACT,
         details="The per-key norm(s) are the overhead the abstract's \"zero overhead\" leaves out.")

@@ -24,14 +24,19 @@ from kvstats.studies.turboquant_distortion.cells import (
     exact_dmse,
 )
 from kvstats.studies.turboquant_distortion.verdicts import (
+    any_y_sample,
     any_y_verdict,
+    bounds_sample,
     bounds_verdict,
+    outlier_sample,
     outlier_verdict,
     rounding_text,
+    two_pi_sample,
     two_pi_verdict,
     value_verdict,
 )
 from kvstats.study.claims import Claim, listing, measurement
+from kvstats.study.sample_plans import EXACT
 
 
 def definitions(cfg: dict, scale: str) -> dict[str, str]:
@@ -123,6 +128,7 @@ def dmse_values_claim(a: Analysis) -> Claim:
                     + (f" {mse_gap} (figures/data/{STUDY}_table.csv)." if mse_gap else ""),
         data=a.data_text,
         verdict=value_verdict(PRINTED_DMSE, exact),
+        sample=EXACT,
         figure=f"{STUDY}.png",
         details=mse_table_md(t4) + f"\n\nVerdict: each printed value against the exact one, tolerance "
                 f"{PRINTED_RTOL:.0%}. Rounding: {rounding_text(PRINTED_DMSE, exact)}."
@@ -149,6 +155,7 @@ def dprod_values_claim(a: Analysis) -> Claim:
                                 "printed vs exact: " + listing(off, "b={}: {:+.1f}%")),
         data=a.data_text + "; y independent of x",
         verdict=value_verdict(PRINTED_DPROD_TIMES_D, exact),
+        sample=EXACT,
         figure=f"{STUDY}.png",
         details=prod_table_md(t4) + f"\n\nVerdict: each printed value against the exact one, tolerance "
                 f"{PRINTED_RTOL:.0%}. Rounding: {rounding_text(PRINTED_DPROD_TIMES_D, exact)}." + "".join(
@@ -173,6 +180,7 @@ def bounds_claim(a: Analysis) -> Claim:
                     f"[{tab.iloc[-1].lower_d_mse:.2e}, {tab.iloc[-1].upper_d_mse:.2e}]).",
         data=a.data_text,
         verdict=bounds_verdict(tab),
+        sample=bounds_sample(tab, a.cfg["reps"]),
         figure=f"{STUDY}.png",
         details="The D_prod upper bound √3π²/d·4^−b is TurboQuant's Theorem 2 as stated in the paper "
                 "(docs/references.md §3 lists only the lower bound).")
@@ -195,6 +203,7 @@ def dprod_any_y_claim(a: Analysis) -> Claim:
                      f"independent y: {b2['turbo_prod_d_prod_x_d']:.4f}."),
         data=a.data_text,
         verdict=any_y_verdict(a.tab),
+        sample=any_y_sample(a.tab, a.cfg["reps"]),
         details="The residual r = x − x̂_mse has a component along x (E⟨r, x⟩ = D_mse), so E⟨r, y⟩² depends on "
                 "the angle between x and y; the formula holds averaged over y's direction "
                 "(kvstats.inference.turbo_prod_distortion gives both).",
@@ -260,6 +269,7 @@ def two_pi_claim(a: Analysis, sketch: str = TWO_PI_SKETCH) -> Claim:
                      + _closed_form_fit(ratios, sketch)),
         data=a.data_text + "; y independent of x",
         verdict=two_pi_verdict(ratios),
+        sample=two_pi_sample(ratios, a.cfg["reps"]),
         figure=f"{STUDY}.png",
         discrepancy=(f"With D'Alberto's own Hadamard sketch (eq. 3) the cost of swapping an MSE bit for QJL is a "
                      f"{min(e for e, _, _ in ratios.values()):.2f}–{max(e for e, _, _ in ratios.values()):.2f}-fold "
@@ -286,4 +296,5 @@ def outlier_claim(a: Analysis) -> Claim:
         data=f"synthetic keys with {OUTLIER_DATA['outlier_channels']} outlier channels ×"
              f"{OUTLIER_DATA['outlier_scale']:g}, d = {D}, {OUTLIER_VECTORS} keys × {a.cfg['outlier_reps']} "
              f"replicates ({a.scale} scale)",
-        verdict=outlier_verdict(cost, ov["split"], ov["uniform2"]))
+        verdict=outlier_verdict(cost, ov["split"], ov["uniform2"]),
+        sample=outlier_sample(ov["split"], ov["uniform2"]))

@@ -394,6 +394,9 @@ def test_turboquant_distortion_runs_through_the_shell_and_states_its_discrepanci
     assert "worst case: squared error 0.25" in claims["kvstats-wht-worst-case"]["discrepancy"]
     text = build_report(tmp_path / "figures").read_text()
     assert "## Known discrepancies" in text and f"{gap:.1f}% below" in text
+    # every claim's sample size: a plan, the reason none applies, or a label that tests nothing
+    assert all(isinstance(c["sample"], (dict, str)) or c["rule"] == "measured" for c in claims.values())
+    assert claims["turboquant-dmse-values"]["sample"].startswith("none planned")
 
 
 @pytest.mark.slow
@@ -451,6 +454,9 @@ def test_kv_anatomy_runs_through_the_shell_on_a_stand_in_capture(tmp_path, monke
     monkeypatch.setattr(ka, "_capture", lambda tokens, model="smollm2": smol if model == "smollm2" else gemma)
     monkeypatch.setattr(study_models, "missing_reason", lambda model: None)
     claims = {c["id"]: c for c in run_tiny("kv_anatomy", {"tokens": 40}, tmp_path, monkeypatch)}
+    tested = [c for c in claims.values() if c["rule"] not in ("measured", "not testable")]
+    assert len(tested) == 7 and all(c["sample"] for c in tested)  # a plan, or the reason none applies (issue 50)
+    assert claims["smollm2-wht-sphere-law"]["sample"]["achieved_n"] == 3 * 40  # one draw per key: 3 KV heads
     prof = np.stack([keys[i].abs().mean(dim=(0, 1, 2)).numpy() for i in range(4)])
     kr = prof.max(1) / np.median(prof, 1)
     assert f"keys max/median {kr.min():.1f}–{kr.max():.1f}" in claims["smollm2-key-outliers"]["measurement"]
@@ -484,7 +490,7 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
     from kvstats.quant.rotations import spherical_sign_scale
 
     tiny = {"sketches": 3, "pairs": 16, "scale_sketches": 4, "err_vectors": 64, "tail_trials": 3, "outlier_reps": 3,
-            "spiky_sketches": 2, "theorem_trials": 4}
+            "spiky_sketches": 2, "theorem_trials": 4, "scaling_trials": 4}
     claims = {c["id"]: c for c in run_tiny("qjl_variance", tiny, tmp_path, monkeypatch)}
     factor = math.sqrt(math.pi / 2) / spherical_sign_scale(64)  # closed form, not sampled
     assert f"over-scales by the factor {factor:.4f} at d = 64" in claims["qjl-orthogonal-scale-factor"]["discrepancy"]
@@ -496,6 +502,9 @@ def test_qjl_variance_runs_through_the_shell_and_states_the_scale_factor(tmp_pat
     # D'Alberto's √(π/2) claim is verdicted on his Hadamard sketch, Gaussian rows beside it
     assert "Hadamard sketch" in claims["dalberto-sqrt-pi-2"]["measurement"]
     assert claims["dalberto-sqrt-pi-2-sketch-gaussian"]["rule"] == "number"
+    # every claim's sample size: a plan, the reason none applies, or a label that tests nothing
+    assert all(isinstance(c["sample"], (dict, str)) or c["rule"] == "not testable" for c in claims.values())
+    assert claims["qjl-theorem-3.6"]["sample"]["planned_n"] == 943 and claims["qjl-bits"]["sample"].startswith("none")
 
 
 @pytest.mark.slow

@@ -5,12 +5,14 @@ tests/measure/test_stats_mann_whitney_reported.py.)"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.optimize
 import scipy.stats
 import torch
 
@@ -244,6 +246,13 @@ def test_budget_sweep_main_tiny(tmp_path, monkeypatch, fake_smollm2):
     for c in claims.values():
         assert c["rule"] and c["reason"]
         assert (c["verdict"] == "measured") == (c["source"] == "kvstats")
+        # issue 50: every claim a test decides carries its sample size (a plan, or the reason none applies)
+        if c["rule"] not in ("measured", "not testable"):
+            assert isinstance(c["sample"], dict) or c["sample"].startswith("none planned"), c["id"]
+    for base in ("dalberto-finding1-n4-kqv-wins", "dalberto-finding2-qkqv-worse-kl", "dalberto-qjl-on-v-useful"):
+        assert f"α = {bs.ALPHA / bs.paired_family_size(tiny):.3g} per cell" in claims[base]["sample"]["test"]
+    assert claims["dalberto-kl-ratio-2.25"]["sample"]["achieved_n"] == tiny["trials"]
+    assert claims["dalberto-equal-budget-fair"]["sample"].startswith("none planned")
     # the D'Alberto rows say which sketch they ran; the primary ones the paper's
     assert claims["dalberto-kl-ratio-2.25"]["measurement"].startswith("srht sketch (D'Alberto eq. 3)")
     assert claims["dalberto-kl-ratio-2.25"]["rule"] == "combine"  # peaked and isotropic queries, combined
@@ -375,3 +384,51 @@ def test_equal_budget_claim_is_not_reproduced():
     text = claim.measurement
     assert "d = 128: n = 2: 2.25/2.375/2.5" in text and "n = 4: 4.5/4.75/5" in text.split("d = 64")[1]
     assert "d = 128: KQV +0.125, QKQV +0.25; d = 64: KQV +0.25, QKQV +0.5" in text
+
+
+# ------------------------------------------------------------------------------------ sample sizes (issue 50)
+
+bv = importlib.import_module("kvstats.studies.budget_sweep.verdicts")
+
+
+def _paired_rows(se: float, median_b: float = 1.0, n: int = 40, cells: int = 1) -> pd.DataFrame:
+    return pd.DataFrame({"n_pairs": [n] * cells, "sd_difference": [10 * se] * cells, "shift_se": [se] * cells,
+                         "median_b": [median_b] * cells})
+
+
+def _rank_n(n: int, se: float, effect: float, alpha: float) -> int:
+    """Independent oracle: the normal closed form of the rank plan, ⌈n·((z_{α/2} + z_β)·se/Δ)²⌉, at least the
+    fewest pairs whose smallest Wilcoxon p (2/2ⁿ) is below α."""
+    z = scipy.stats.norm.isf(alpha / 2) + scipy.stats.norm.ppf(0.8)
+    return max(next(m for m in range(2, 64) if 2 / 2 ** m < alpha), math.ceil(n * (z * se / effect) ** 2))
+
+
+@pytest.mark.parametrize("family, se", [(1, 0.05), (1530, 0.02)])
+def test_direction_sample_is_the_rank_plan_of_its_hardest_cell(family, se):
+    """The planned n of a direction claim is its hardest cell's rank plan for a shift of RELATIVE_EFFECT × median_b
+    at Holm's first step ALPHA/family (1530: the paper sketch's family)."""
+    rows = pd.concat([_paired_rows(se), _paired_rows(se / 4, n=25)])
+    s = bv.direction_sample(rows, family, unit="trials")
+    alpha = bs.ALPHA / family
+    assert s.planned_n == max(_rank_n(40, se, bv.RELATIVE_EFFECT, alpha), _rank_n(25, se / 4, bv.RELATIVE_EFFECT,
+                                                                                    alpha))
+    assert s.achieved_n == 25 and s.unit == "trials" and f"α = {alpha:.3g}" in s.test
+    z = scipy.stats.norm.isf(alpha / 2) + scipy.stats.norm.ppf(0.8)
+    assert s.mde == pytest.approx(z * se)  # relative to median_b = 1
+    top5 = bv.direction_sample(_paired_rows(0.01, median_b=0.5), family, unit="windows", relative=False)
+    assert top5.planned_n == _rank_n(40, 0.01, bv.TOP5_EFFECT, alpha)
+
+
+def test_ratio_and_superlinear_samples_read_their_intervals():
+    """interval_sample's closed form: se = half-width / z_0.975, MDE (z_0.975 + z_0.8)·se, planned ⌈n·(MDE/Δ)²⌉; the
+    hardest row decides."""
+    z = scipy.stats.norm.isf(0.025)
+    ratios = pd.DataFrame({"ci_low": [2.0, 1.5], "ci_high": [2.2, 3.5], "n_trials": [40, 25],
+                           "ci_method": ["paired bootstrap (BCa, 1999 resamples)", "cluster bootstrap (4 clusters)"]})
+    s = bv.ratio_sample(ratios, unit="trials")
+    mde = (z + scipy.stats.norm.ppf(0.8)) * 1.0 / z
+    assert s.mde == pytest.approx(mde) and s.achieved_n == 25
+    assert s.planned_n == math.ceil(25 * (mde / bv.RATIO_EFFECT) ** 2) == 33 and "cluster bootstrap" in s.test
+    tab = pd.DataFrame({"lo": [0.9, 1.5], "hi": [1.0, 2.5], "trials": [40, 40]})
+    s = bv.superlinear_sample(tab)
+    assert s.planned_n == math.ceil(40 * ((z + scipy.stats.norm.ppf(0.8)) * 0.5 / z / bv.SUPERLINEAR_MARGIN) ** 2)

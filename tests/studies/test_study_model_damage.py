@@ -95,3 +95,36 @@ def test_the_value_claim_gives_each_verdict():
     # three documents decide neither part
     assert claim(_sides(k[:3], 0.5 * k[:3], 0.04, (-0.2, 0.3))).verdict.verdict == "inconclusive"
     assert md.values_claim(md.Analysis(md.SCALE["quick"], "quick", {}, pd.DataFrame(), pd.DataFrame())) is None
+
+
+def test_the_value_claim_plans_its_sample_size():
+    """Issue 50: the value claim's sample is the harder of its parts — the paired Wilcoxon cell, planned on the
+    Hodges–Lehmann shift's standard error (by hand: the Walsh averages' distribution-free 95% interval over 2·z_.975)
+    for V-only KL VALUES_EFFECT·mean(K-only) below K-only's at α = 0.05, ⌈n·((z_.975 + z_.8)·se/effect)²⌉ — and the
+    bound read from the V-only NLL increase's CI (⌈n·((z_.975 + z_.8)·se/MINIMAL_DROP)²⌉, se its half-width over
+    z_.975)."""
+    import math
+
+    import scipy.stats
+
+    from tests.helpers.studies import load_study
+
+    md = load_study("model_damage")
+    k = np.linspace(1.0, 2.0, 12)
+    v = 0.6 * k + np.random.default_rng(3).normal(0.0, 0.8, 12)
+
+    def sample(ci):
+        return md.values_claim(md.Analysis(md.SCALE["quick"], "quick", {}, pd.DataFrame(),
+                                           _sides(k, v, 0.01, ci))).sample
+
+    z = scipy.stats.norm.isf(0.025)
+    d = v - k
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(12) for j in range(i, 12))
+    lo = math.floor(len(walsh) / 2 - z * math.sqrt(12 * 13 * 25 / 24))
+    shift_se = (walsh[len(walsh) - 1 - lo] - walsh[lo]) / (2 * z)
+    wilcoxon_n = math.ceil(12 * ((z + scipy.stats.norm.ppf(0.8)) * shift_se / (md.VALUES_EFFECT * k.mean())) ** 2)
+    wide, narrow = (-0.06, 0.08), (0.005, 0.015)
+    bound_n = math.ceil(12 * ((z + scipy.stats.norm.ppf(0.8)) * 0.14 / (2 * z) / md.MINIMAL_DROP) ** 2)
+    assert wilcoxon_n < bound_n  # the wide interval's bound is the harder part, the narrow one's the easier
+    assert (sample(wide).planned_n, sample(wide).achieved_n, sample(wide).unit) == (bound_n, 12, "documents")
+    assert sample(narrow).planned_n == wilcoxon_n and "Wilcoxon" in sample(narrow).test

@@ -89,26 +89,26 @@ def test_nova_ablation_tests_pair_units_and_apply_holm_per_family(nv):
     assert nv.ablation_verdict(t[t["family"] == "values"].to_dict("records")).verdict == "reproduced"
 
 
-def test_nova_paired_plan_is_the_wilcoxon_n_of_its_hardest_cell(nv):
-    """A direction claim's sample size: per cell a mean difference of 10% of the reference's error (its |median|,
-    for recall the miss rate 1 − median) at the cell's sd of differences and per-cell level; oracle: statsmodels'
-    paired t test n × π/3 (the Wilcoxon test's ARE 3/π) and its detectable effect at n·3/π pairs."""
+def test_nova_paired_plan_is_the_rank_plan_of_its_hardest_cell(nv):
+    """A direction claim's sample size: per cell a shift of 10% of the reference's error (its |median|, for recall
+    the miss rate 1 − median) at the cell's Hodges–Lehmann standard error and per-cell level; oracle: the normal
+    closed form n·((z_{α/2} + z_β)·se/Δ)² and MDE (z_{α/2} + z_β)·se over the reference's error."""
     import math
 
-    from statsmodels.stats.power import TTestPower
+    import scipy.stats
 
     assert nv.claims.EFFECT == 0.10
     rows = pd.DataFrame([
-        {"metric": "kl", "kv_units": 18, "sd_difference": 0.01, "median_other": 0.4},  # d_z = 0.04 / 0.01 = 4
-        {"metric": "top5", "kv_units": 18, "sd_difference": 0.05, "median_other": 0.6},  # 0.1·(1 − 0.6)/0.05 = 0.8
-        {"metric": "kl", "kv_units": 1, "sd_difference": np.nan, "median_other": 0.4}])  # one pair: no test
+        {"metric": "kl", "kv_units": 18, "sd_difference": 0.04, "shift_se": 0.002, "median_other": 0.4},
+        {"metric": "top5", "kv_units": 18, "sd_difference": 0.2, "shift_se": 0.01, "median_other": 0.6},
+        {"metric": "kl", "kv_units": 1, "sd_difference": np.nan, "shift_se": np.nan, "median_other": 0.4}])
     alpha = 0.05 / 40  # Holm's first step over 40 tests
     s = nv.claims.paired_plan(rows, n_col="kv_units", ref_col="median_other", alpha=alpha, what="error")
-    t = TTestPower()
-    assert s.planned_n == math.ceil(t.solve_power(effect_size=0.8, alpha=alpha, power=0.8) * math.pi / 3) == 33
+    z = scipy.stats.norm.isf(alpha / 2) + scipy.stats.norm.ppf(0.8)
+    # the top-5 cell: Δ = 0.1·(1 − 0.6) = 0.04, se 0.01: n = 18·(z·0.01/0.04)²; the KL cell needs 18·(z·0.002/0.04)²
+    assert s.planned_n == max(math.ceil(18 * (z * 0.01 / 0.04) ** 2), 11)
     assert s.achieved_n == 18 and s.under_powered and "2 cell(s)" in s.test and "a 10% lower error" in s.effect
-    d_z = t.solve_power(nobs=18 * 3 / math.pi, alpha=alpha, power=0.8)
-    assert s.mde == pytest.approx(d_z * 0.05 / 0.4, rel=1e-4)  # the top-5 cell's, relative to its miss rate
+    assert s.mde == pytest.approx(z * 0.01 / 0.4, rel=1e-9)  # the top-5 cell's, relative to its miss rate
     # an effect 40 sds large (statsmodels' solve gives nan there): the Wilcoxon floor, the fewest pairs whose exact
     # two-sided p can fall below α = 0.05 (2/2^6), and the MDE at the cell's own sd
     from kvstats.study.sample_plans import PairedCell, paired_sample
@@ -116,9 +116,13 @@ def test_nova_paired_plan_is_the_wilcoxon_n_of_its_hardest_cell(nv):
     tight = paired_sample([PairedCell(18, 0.001)], effect=0.04, alpha=0.05, relative=False, unit="u",
                           effect_words="x")
     assert tight.planned_n == min(n for n in range(2, 20) if 2 / 2 ** n < 0.05) == 6
-    assert tight.mde == pytest.approx(t.solve_power(nobs=18 * 3 / math.pi, alpha=0.05, power=0.8) * 0.001, rel=1e-4)
+    from statsmodels.stats.power import TTestPower
+
+    d_z = TTestPower().solve_power(nobs=18 * 3 / math.pi, alpha=0.05, power=0.8)  # α = 0.05: its solver is right
+    assert tight.mde == pytest.approx(d_z * 0.001, rel=1e-4)
     # a reference with perfect recall leaves nothing to improve on: a reason, not a plan
-    perfect = pd.DataFrame([{"metric": "top5", "kv_units": 18, "sd_difference": 0.05, "median_other": 1.0}])
+    perfect = pd.DataFrame([{"metric": "top5", "kv_units": 18, "sd_difference": 0.05, "shift_se": 0.01,
+                             "median_other": 1.0}])
     assert isinstance(nv.claims.paired_plan(perfect, n_col="kv_units", ref_col="median_other", alpha=alpha,
                                             what="error"), str)
 
@@ -326,12 +330,26 @@ def test_e2e_paired_tests_holm_over_the_claims_family(e2e):
     np.testing.assert_allclose(t["p_holm"], multipletests(t["p"], method="holm")[1])
 
 
-def test_e2e_direction_sample_plans_the_hardest_cell_at_holms_first_step(e2e):
-    """A direction claim's sample: each paired_tests row a Wilcoxon cell at α/m with the sd of its differences; the
-    planned n is the hardest cell's, statsmodels' paired t test n for QKQV_EFFECT·mean(KQV) at α/m times π/3."""
+def _walsh_shift_se(d) -> float:
+    """The Hodges–Lehmann shift's standard error by hand: the distribution-free 95% interval of the Walsh averages
+    the signed-rank test inverts to, [W(k+1), W(N−k)], over 2·z_.975."""
     import math
 
-    from statsmodels.stats.power import TTestPower
+    import scipy.stats
+
+    n, z = len(d), scipy.stats.norm.isf(0.025)
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(n) for j in range(i, n))
+    k = math.floor(len(walsh) / 2 - z * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
+    return (walsh[len(walsh) - 1 - k] - walsh[k]) / (2 * z)
+
+
+def test_e2e_direction_sample_plans_the_hardest_cell_at_holms_first_step(e2e):
+    """A direction claim's sample (issue 50): each paired_tests row a Wilcoxon cell at α/m (m = 2 here) planned on
+    its Hodges–Lehmann shift's standard error se: n = ⌈16·((z_{1−α/2m} + z_.8)·se/(QKQV_EFFECT·mean(KQV)))²⌉; the
+    claim's planned n is the hardest cell's."""
+    import math
+
+    import scipy.stats
 
     rng = np.random.default_rng(1)
     kqv = {m: rng.uniform(0.5, 1.5, 16) for m in ("out_kl", "attn_kl")}
@@ -345,11 +363,12 @@ def test_e2e_direction_sample_plans_the_hardest_cell_at_holms_first_step(e2e):
     for r in t.itertuples():
         d = np.array([rows[16 + i][r.metric] - rows[i][r.metric] for i in range(16)])
         assert r.sd_difference == pytest.approx(np.std(d, ddof=1))
-        d_z = e2e.claims.QKQV_EFFECT * abs(r.mean_b) / np.std(d, ddof=1)
-        n_t = TTestPower().solve_power(effect_size=d_z, alpha=e2e.analysis.ALPHA / 2, power=0.8)
-        expected.append(math.ceil(n_t * math.pi / 3))
+        assert r.shift_se == pytest.approx(_walsh_shift_se(d))
+        mde = (scipy.stats.norm.isf(e2e.analysis.ALPHA / 4) + scipy.stats.norm.ppf(0.8)) * r.shift_se
+        expected.append(math.ceil(16 * (mde / (e2e.claims.QKQV_EFFECT * abs(r.mean_b))) ** 2))
     assert sample.planned_n == max(expected) > 16 and sample.achieved_n == 16 and sample.unit == "segments"
-    assert "α = 0.025 per cell, hardest of 2 cell(s)" in sample.test and sample.mde is not None
+    assert "α = 0.025 per cell, hardest of 2 cell(s)" in sample.test and "Hodges–Lehmann" in sample.test
+    assert sample.mde is not None
 
 
 def test_e2e_ratio_verdict_is_the_number_rule_on_the_printed_ratio(e2e):

@@ -236,3 +236,42 @@ def test_the_paper_tier_runs_what_its_two_verdicts_read(rt):
     assert all(n in rt.SCALE["paper"]["bits"] for _, n in runs)
     with pytest.raises(ValueError, match=r"runs names unknown schemes \['bogus'\]"):
         rt.cells.cell("passkey", 256, 0, (2,), None, runs=[["bogus", 2]])
+
+
+def test_the_verdicts_plan_their_sample_sizes(rt):
+    """Issue 50. NOVA-KV's McNemar part, planned for p10 − p01 = NOVA_EFFECT at the run's discordance (0.3 here),
+    against the exact power by brute force (scipy's binomtest on every discordant count): below 0.8 one trial before
+    the plan, at least 0.8 from the plan on; with the recovered fraction's interval the bound part, ⌈n·(mde/Δ)²⌉
+    prompts, is the harder. The neutrality claim: per task the paired TOST at δ = MARGIN for a true difference 0 (about
+    the normal approximation ((z_.95 + z_.9)·sd/δ)², a few trials more for the t), never below the Newcombe floor."""
+    import math
+
+    rc = rt.claims
+    row = {"trials": 60, "a_only": 15, "b_only": 3}
+    sample = rc.nova_sample(row, (math.nan, math.nan), 12)
+    p10, p01 = (0.3 + rc.NOVA_EFFECT) / 2, (0.3 - rc.NOVA_EFFECT) / 2
+    top = sample.planned_n + 30
+    reject = [[False]] + [[scipy.stats.binomtest(k, m, 0.5).pvalue < rc.ALPHA for k in range(m + 1)]
+                          for m in range(1, top + 1)]
+
+    def power(n: int) -> float:
+        return sum(scipy.stats.binom.pmf(m, n, p10 + p01)
+                   * sum(scipy.stats.binom.pmf(k, m, p10 / (p10 + p01)) for k in range(m + 1) if reject[m][k])
+                   for m in range(n + 1))
+
+    assert power(sample.planned_n - 1) < 0.8 <= min(power(n) for n in range(sample.planned_n, top + 1))
+    assert sample.achieved_n == 60 and sample.unit == "trials" and "McNemar" in sample.test
+    bound = rc.nova_sample(row, (0.3, 0.9), 12)
+    mde = (scipy.stats.norm.isf(0.025) + scipy.stats.norm.ppf(0.8)) * 0.6 / (2 * scipy.stats.norm.isf(0.025))
+    assert bound.unit == "prompts" and bound.achieved_n == 12
+    assert bound.planned_n == math.ceil(12 * (mde / (rc.RECOVERED_EXPECTED - rc.RECOVERED_LIMIT)) ** 2)
+    rows = [{"task": "passkey", "trials": 30, "difference": 0.0, "a_only": 0, "b_only": 0},
+            {"task": "lookup", "trials": 60, "difference": -0.05, "a_only": 1, "b_only": 4}]
+    plans = {r["task"]: rc.neutral_sample([r]) for r in rows}
+    for r in rows:
+        n = r["trials"]
+        sd = math.sqrt(max((r["a_only"] + r["b_only"] - n * r["difference"] ** 2) / (n - 1), 1 / n))
+        normal = ((scipy.stats.norm.isf(0.05) + scipy.stats.norm.isf(0.1)) * sd / rc.MARGIN) ** 2
+        assert normal <= plans[r["task"]].planned_n <= normal + 3 and plans[r["task"]].planned_n >= 52
+    assert plans["passkey"].mde is None  # 30 trials: below the 52 at which any outcome can be shown equivalent
+    assert rc.neutral_sample(rows) == plans["lookup"]  # the harder task: 283 planned for 60

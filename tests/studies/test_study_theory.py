@@ -19,6 +19,18 @@ from tests.helpers.studies import load_study, run_tiny
 # ------------------------------------------------------------------------------------------------ jensen
 
 
+#: The rules that test nothing: a claim by one of them may leave its sample size out (the report says why).
+UNTESTED_RULES = ("measured", "not testable", "implementation check")
+
+
+def assert_sampled(claims: dict) -> None:
+    """Every claim of a run carries its sample size, a plan (a dict of SampleSize's fields) or the reason none
+    applies; only a label that tests nothing may leave it out."""
+    for c in claims.values():
+        assert isinstance(c["sample"], (dict, str)) or c["rule"] in UNTESTED_RULES, c["id"]
+        assert not isinstance(c["sample"], dict) or c["sample"]["planned_n"] >= 1, c["id"]
+
+
 def test_sigma4_coefficient_closed_forms_and_monte_carlo():
     # closed forms: p = (0.9, 0.1) uniform noise -> +0.0207 (by hand from the expansion); flat p -> -(S-1)/(4S²)
     assert kl_sigma4_coefficient([0.9, 0.1], 1.0) == pytest.approx(0.0207, abs=1e-12)
@@ -83,6 +95,30 @@ def test_jensen_runs_through_the_shell(tmp_path, monkeypatch):
     assert "σ⁴ coefficient" in claims["jensen-inflation"]["measurement"]
     assert claims["dalberto-per-instance-bias"]["rule"] == "combine"
     assert (tmp_path / "figures" / "data" / "jensen_definitions.json").is_file()
+    assert_sampled(claims)
+    assert isinstance(claims["jensen-schemes-on-curve"]["sample"], dict)
+
+
+def test_jensen_sample_sizes_against_statsmodels():
+    """A paired Wilcoxon cell's planned n is the paired t test's (statsmodels' TTestPower) times π/3: 40 trials of
+    differences with sd 0.5 against a 10% effect of a median 2 (d_z = 0.4) at Holm's first step 0.05/5. An effect far
+    beyond TTestPower's reach (d_z = 200) is planned at the Wilcoxon test's fewest deciding pairs, 2/2⁸ < 0.01."""
+    from statsmodels.stats.power import TTestPower
+
+    from kvstats.study.sample_plans import PairedCell, paired_sample, wilcoxon_mde
+
+    js = load_study("jensen")
+    s = paired_sample([PairedCell(40, 0.5, 2.0)], effect=0.1, alpha=0.01, unit="trials", effect_words="e")
+    n_t = TTestPower().solve_power(effect_size=0.4, alpha=0.01, power=0.8, alternative="two-sided")
+    assert s.planned_n == math.ceil(n_t * math.pi / 3) and s.achieved_n == 40
+    big = paired_sample([PairedCell(40, 0.001, 2.0)], effect=0.1, alpha=0.01, unit="trials", effect_words="e")
+    assert big.planned_n == 8 and big.mde == pytest.approx(wilcoxon_mde(40, 0.001, alpha=0.01) / 2.0)
+    rng = np.random.default_rng(0)
+    arrays = {n: {"sigma2_kqv": rng.uniform(1, 2, 12), "sigma2_qkqv": rng.uniform(2, 3, 12),
+                  "kl_kqv": rng.uniform(1, 2, 12), "kl_qkqv": rng.uniform(2, 4, 12),
+                  "rho_qkqv": rng.uniform(0, 0.4, 12)} for n in (2, 3)}
+    plan = js.mechanism_sample(arrays)
+    assert plan.achieved_n == 12 and "α = 0.025 per cell" in plan.test
 
 
 @pytest.mark.slow
@@ -158,6 +194,9 @@ def test_sphere_law_claims_are_verdicted_by_rules(tmp_path, monkeypatch):
     assert claims["codebook-gaussian-limit"]["verdict"] == "reproduced"
     assert claims["sphere-law-gaussian-limit"]["rule"] == "combine"
     assert claims["lloyd-max-gaussian-table"]["rule"] == "identity"
+    assert_sampled(claims)
+    assert claims["lloyd-max-gaussian-table"]["sample"].startswith("none planned")
+    assert claims["sphere-law-gaussian-limit"]["sample"]["achieved_n"] == 500
 
 
 # ------------------------------------------------------------------------- docs/metrics_error6d.md norms
@@ -235,6 +274,23 @@ def test_turboquant_distortion_bounds_verdict():
     assert td.bounds_verdict(pd.DataFrame([row | bad | prod])).verdict == "partly"
 
 
+def test_turboquant_distortion_sample_sizes():
+    """The plans on small inputs against their closed forms: a number claim read from a 95% interval over n
+    replicates plans ⌈n·((z_{0.975} + z_{0.8})·se/Δ)²⌉ with se = width/(2·z_{0.975}) and Δ = 2π − 1 for the 2π claim;
+    the 2.5-bit claim's exact cost part leaves its paired part, even for differences far tighter than TTestPower
+    solves (it plans the Wilcoxon test's fewest deciding pairs, 2/2⁶ < 0.05)."""
+    from scipy import stats
+
+    from kvstats.studies.turboquant_distortion import verdicts as tdv
+
+    z = stats.norm.isf(0.025)
+    s = tdv.two_pi_sample({2: (4.0, 0.0, 10.0), 3: (5.0, 4.9, 5.1)}, 10)
+    assert s.planned_n == math.ceil(10 * ((z + stats.norm.ppf(0.8)) * 10 / (2 * z) / (2 * math.pi - 1)) ** 2) == 19
+    u2 = np.linspace(0.11, 0.12, 10)
+    tight = tdv.outlier_sample(u2 * 0.8 + 1e-6 * np.arange(10), u2)
+    assert tight.planned_n == 6 and tight.achieved_n == 10
+
+
 # ---------------------------------------------------------------------------------------------- beta_figures
 
 
@@ -310,6 +366,38 @@ def test_kv_anatomy_verdicts_return_each_verdict():
     assert ka.qjl_outlier_verdict(single, 2.0 * single).verdict == "not reproduced"
 
 
+def test_kv_anatomy_claims_plan_their_sample_sizes():
+    """Issue 50. The sphere law's KS equivalence at true distance 0, as its rule reads it (margin KS_MARGIN, level
+    1 − ALPHA): power kstwo.cdf(margin − c_n, n) reaches 0.8 at the planned n and not one draw before, near the
+    asymptotic ((K_.95 + K_.8)/margin)² (Kolmogorov's law); the outlier sketch's Wilcoxon cell over the layers,
+    planned on the Hodges–Lehmann shift's standard error (by hand: the Walsh averages' 95% interval over 2·z_.975),
+    ⌈n·((z_.975 + z_.8)·se/effect)²⌉; the ratio claims are exact."""
+    import math
+
+    from scipy import stats
+
+    ka = load_study("kv_anatomy")
+    s = ka.ks_equivalence_sample(6000, margin=ka.KS_MARGIN, alpha=ka.ALPHA, effect_words="0")
+
+    def power(n):
+        return stats.kstwo.cdf(ka.KS_MARGIN - stats.kstwo.isf(ka.ALPHA, n), n)
+
+    assert power(s.planned_n - 1) < 0.8 <= power(s.planned_n) and s.achieved_n == 6000
+    asymptotic = ((stats.kstwobign.isf(ka.ALPHA) + stats.kstwobign.ppf(0.8)) / ka.KS_MARGIN) ** 2
+    assert s.planned_n == pytest.approx(asymptotic, rel=0.01)
+    assert s.mde == pytest.approx(ka.KS_MARGIN - stats.kstwo.isf(ka.ALPHA, 6000) - stats.kstwo.ppf(0.8, 6000))
+    single = np.linspace(1.0, 2.0, 30)
+    split = 0.95 * single + np.random.default_rng(2).normal(0.0, 0.2, 30)
+    d, z = split - single, stats.norm.isf(0.025)
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(30) for j in range(i, 30))
+    k = math.floor(len(walsh) / 2 - z * math.sqrt(30 * 31 * 61 / 24))
+    se = (walsh[len(walsh) - 1 - k] - walsh[k]) / (2 * z)
+    plan = ka.qjl_outlier_sample(single, split)
+    assert plan.planned_n == math.ceil(30 * ((z + stats.norm.ppf(0.8)) * se / (ka.SKETCH_EFFECT * single.mean())) ** 2)
+    assert plan.achieved_n == 30 and plan.unit == "layers" and plan.planned_n > 6  # above the Wilcoxon floor
+    assert ka.EXACT_CAPTURE.startswith("none planned: ")
+
+
 # ---------------------------------------------------------------------------------------------- qjl_variance
 
 
@@ -378,6 +466,30 @@ def test_qjl_variance_verdicts_return_each_verdict():
     assert qv.orthogonal_verdict(g, g.assign(var=[0.01, 0.02], var_lo=[0.0095, 0.019], var_hi=[0.0105, 0.021])
                                  ).verdict == "partly"
     assert qv.orthogonal_verdict(g, g.assign(var=0.03, var_lo=0.029, var_hi=0.031)).verdict == "not reproduced"
+
+
+def test_qjl_variance_sample_sizes():
+    """The plans on small inputs against closed forms. Theorem 3.6's "failure rate ≤ 1/256" expecting no failures:
+    0 failures in N sketches decide it once (1 − 1/256)^N ≤ 0.025 (the 95% Clopper–Pearson upper end), N = 943 (the
+    verdict's own plan). An equivalence against a closed form: the TOST for a true difference 0 within ±0.002 of
+    estimates of sd 0.05 needs ((z_{0.95} + z_{0.9})·sd/margin)² = 5,352 sketches (normal approximation; the t
+    test's is within 0.1% at that n). A sparsity whose ratio is the same in every sketch needs no sampling."""
+    import pandas as pd
+
+    from kvstats.studies.qjl_variance import verdicts as qvv
+    from kvstats.study.sample_plans import EXACT
+
+    s = qvv.scores_sample([{"failures": 0, "n": 200}])
+    assert s.planned_n == math.ceil(math.log(0.025) / math.log(1 - 1 / 256)) == 943 and s.achieved_n == 200
+    t975, se = scipy.stats.t.ppf(0.975, 999), 0.05 / math.sqrt(1000)
+    s = qvv.equivalent_sample(0.0, [-t975 * se], [t975 * se], 1000, 0.002, effect_words="e")
+    z = scipy.stats.norm.isf(0.05) + scipy.stats.norm.isf(0.1)
+    assert s.planned_n == pytest.approx((z * 0.05 / 0.002) ** 2, rel=1e-3) and s.achieved_n == 1000
+    same = pd.DataFrame({"k": [1] * 3, "ratio": [math.sqrt(math.pi / 2)] * 3})
+    assert qvv.spiky_sample(same) == EXACT
+    assert qvv.spiky_sample(pd.concat([same, pd.DataFrame({"k": [8] * 3, "ratio": [0.99, 1.0, 1.01]})])).achieved_n == 3
+    # Lemma 3.5's expected tail: the Gaussian approximation at ε = 0.2, m = 148 (δ = 0.05) is 1.04δ
+    assert qvv.lemma35_expected(0.2, 148) / 0.05 == pytest.approx(1.044, abs=0.001)
 
 
 def test_hadamard_sketch_spike_is_biased_by_sqrt_pi_over_2():

@@ -169,3 +169,37 @@ def test_the_rank_plan_ignores_heavy_tails_the_sd_plan_inflates():
                               unit="u", relative=False)
     rank_plan = P.paired_sample([pilot], effect=0.5, effect_words="0.5", alpha=0.05, unit="u", relative=False)
     assert sd_plan.planned_n > 50 * rank_plan.planned_n
+
+
+def test_ks_plans_against_kolmogorovs_limit_law():
+    """The KS plans against their closed forms in Kolmogorov's limit law (K = √n·D_n): equivalence at true distance
+    0, n ≈ ((K_{0.95} + K_{0.8})/margin)²; exceedance at a true distance ``gap`` beyond the margin,
+    n ≈ ((K_{0.95} + z_{0.8}/2)/gap)² — within 1% at these n (10⁴ draws). The MDEs at the planned n are the effects
+    planned for."""
+    k, margin = scipy.stats.kstwobign, 0.02
+    fit = P.ks_equivalence_sample(32768, margin=margin, effect_words="x")
+    assert fit.planned_n == pytest.approx(((k.isf(0.05) + k.ppf(0.8)) / margin) ** 2, rel=0.01)
+    gap = 1 / 32 - margin
+    off = P.ks_exceedance_sample(32768, margin=margin, gap=gap, effect_words="x")
+    assert off.planned_n == pytest.approx(((k.isf(0.05) + scipy.stats.norm.ppf(0.8) / 2) / gap) ** 2, rel=0.01)
+    assert P.ks_equivalence_sample(fit.planned_n, margin=margin, effect_words="x").mde == pytest.approx(0, abs=1e-4)
+    assert P.ks_exceedance_sample(off.planned_n, margin=margin, gap=gap, effect_words="x").mde == pytest.approx(
+        gap, rel=1e-3)
+    assert P.ks_equivalence_sample(64, margin=margin, effect_words="x").mde is None  # too few to show a fit
+    with pytest.raises(ValueError, match="margin"):
+        P.ks_equivalence_sample(64, margin=0.0, effect_words="x")
+
+
+def test_ks_equivalence_plan_is_the_fewest_draws_by_kolmogorovs_exact_law():
+    """The fewest draws at which a sample of the law itself (true distance 0) is shown within the margin with power
+    0.8, D + kstwo.isf(α, n) < margin, by Kolmogorov's exact law; asymptotically ((K_{1−α} + K_{0.8})/margin)² with K
+    the quantiles of sup|Brownian bridge| (kstwobign): ≈ 14,770 at 0.02."""
+    s = P.ks_equivalence_sample(20_000, margin=0.02, effect_words="x")
+
+    def power(n):
+        return scipy.stats.kstwo.cdf(0.02 - scipy.stats.kstwo.isf(0.05, n), n)
+
+    assert power(s.planned_n) >= 0.8 > power(s.planned_n - 1)
+    asymptotic = ((scipy.stats.kstwobign.isf(0.05) + scipy.stats.kstwobign.ppf(0.8)) / 0.02) ** 2
+    assert s.planned_n == pytest.approx(asymptotic, rel=0.01) and s.achieved_n == 20_000
+    assert s.mde == pytest.approx(0.02 - scipy.stats.kstwo.isf(0.05, 20_000) - scipy.stats.kstwo.ppf(0.8, 20_000))
