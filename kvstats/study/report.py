@@ -343,23 +343,32 @@ def sample_text(sample: Mapping[str, Any] | str | None, rule: str | None = None)
             f"({sample['test']}, {sample['power']:.0%} power for {sample['effect']}); {mde}{short}.")
 
 
-def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
-    """How the claims' sample sizes stand: planned by power (and which got fewer than planned), computed without
+def _sample_counts(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One tier's sample sizes in words: planned by power (and which got fewer than planned), computed without
     sampling, labels that test nothing, and verdicts by a test with no plan recorded."""
-    rows = [c for cs in claims.values() for c in cs]
-    if not rows:
-        return []
     planned = [c for c in rows if isinstance(c.get("sample"), Mapping)]
     reasons = [c for c in rows if isinstance(c.get("sample"), str)]
     untested = [c for c in rows if not c.get("sample") and c.get("rule") in _NO_TEST]
     missing = [c["id"] for c in rows if not c.get("sample") and c.get("rule") not in _NO_TEST]
     short = [c["id"] for c in planned if SampleSize(**c["sample"]).under_powered]
     parts = [f"{len(planned)} of {len(rows)} claims planned by power"
-             + (f" (fewer than planned: {', '.join(short)})" if short else ""),
+             + (f" ({len(short)} got fewer than planned: {', '.join(short)})" if short else ""),
              f"{len(reasons)} without sampling", f"{len(untested)} measurements or labels that test nothing"]
     if missing:
         parts.append(f"**{len(missing)} verdicts by a test with no plan recorded**: {', '.join(missing)}")
-    return ["Sample sizes: " + "; ".join(parts) + ".", ""]
+    return "; ".join(parts)
+
+
+def _sample_line(claims: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """How the claims' sample sizes stand, per tier (:func:`_sample_counts`)."""
+    rows = [c for cs in claims.values() for c in cs]
+    if not rows:
+        return []
+    tiers = list(dict.fromkeys(_tier(c) for c in rows))
+    if len(tiers) == 1:
+        return ["Sample sizes: " + _sample_counts(rows) + ".", ""]
+    return ["Sample sizes, " + "; ".join(f"{tier} tier: " + _sample_counts([c for c in rows if _tier(c) == tier])
+                                         for tier in tiers) + ".", ""]
 
 
 def build_report(

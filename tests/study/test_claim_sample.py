@@ -62,7 +62,7 @@ def test_the_report_prints_planned_and_achieved_n_and_the_mde(tmp_path):
     assert stored[0]["sample"] == {**enough.__dict__} and stored[2]["sample"] is None
     assert stored[3]["sample"] == "none planned: computed by quadrature"
     text = build_report(figures, studies=["mine"]).read_text()
-    assert ("Sample sizes: 2 of 5 claims planned by power (fewer than planned: short); 1 without sampling; 1 "
+    assert ("Sample sizes: 2 of 5 claims planned by power (1 got fewer than planned: short); 1 without sampling; 1 "
             "measurements or labels that test nothing; **1 verdicts by a test with no plan recorded**: unplanned."
             ) in text
     assert "- **Sample size:** none planned: computed by quadrature." in text

@@ -105,6 +105,9 @@ def test_the_full_tiers_rows_name_their_figures_under_full_and_are_never_refused
     assert "![sphere_law_gemma3](full/sphere_law_gemma3.png)" in text and "![sphere_law_x](sphere_law_x.png)" in text
     assert "1 row(s) from the full tier (figures/full): code **not recorded**" in text
     assert "The full tier's rows of sphere_law were not computed by this commit's code" in text
+    # the sample sizes are counted per tier: the paper tier's labels, the full tier's row
+    assert ("Sample sizes, paper tier: 0 of 1 claims planned by power; 0 without sampling; 1 measurements or labels "
+            "that test nothing; full tier: 0 of 1 claims planned by power;") in text
     # this folder's own claims are refused when another code computed them
     write_claims("sphere_law", [_claim("a1")], scale="paper", figures_dir=tmp_path, code="other")
     with pytest.raises(ValueError, match=r"sphere_law \(stale\)"):
