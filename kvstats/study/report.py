@@ -496,7 +496,10 @@ def build_report(
             ]
             if c["rule"]:
                 lines.append(f"- **Verdict by the {c['rule']} rule:** {c['reason']}")
-            lines.append(f"- **Sample size:** {sample_text(c['sample'], c['rule'])}")
+            unplanned_full = c.get("tier") == FULL_TIER and not c["sample"] and c["rule"] not in _NO_TEST
+            lines.append("- **Sample size:** " + ("**no plan recorded**: the full tier's run predates sample plans "
+                                                  "(rerun the full tier)." if unplanned_full
+                                                  else sample_text(c["sample"], c["rule"])))
             if c["figure"]:
                 lines.append(f"- **Figure:** [{c['figure']}]({c['figure']})")
             lines.append("")

@@ -105,9 +105,15 @@ def test_the_full_tiers_rows_name_their_figures_under_full_and_are_never_refused
     assert "![sphere_law_gemma3](full/sphere_law_gemma3.png)" in text and "![sphere_law_x](sphere_law_x.png)" in text
     assert "1 row(s) from the full tier (figures/full): code **not recorded**" in text
     assert "The full tier's rows of sphere_law were not computed by this commit's code" in text
-    # the sample sizes are counted per tier: the paper tier's labels, the full tier's row
+    # the sample sizes are counted per tier: the paper tier's labels, the full tier's row; a full-tier verdict by a
+    # test without a plan says why
+    write_claims("sphere_law", [_claim("a1"), {**_claim("a3"), "verdict": V.direction([1])}], scale="full",
+                 figures_dir=full)
+    text = build_report(tmp_path, scale="paper").read_text()
+    assert "- **Sample size:** **no plan recorded**: the full tier's run predates sample plans" in text
     assert ("Sample sizes, paper tier: 0 of 1 claims planned by power; 0 without sampling; 1 measurements or labels "
             "that test nothing; full tier: 0 of 1 claims planned by power;") in text
+    assert "**1 verdicts by a test with no plan recorded**: a3" in text
     # this folder's own claims are refused when another code computed them
     write_claims("sphere_law", [_claim("a1")], scale="paper", figures_dir=tmp_path, code="other")
     with pytest.raises(ValueError, match=r"sphere_law \(stale\)"):
